@@ -1,0 +1,269 @@
+//! The idem guard.
+//!
+//! The decision logic lives in plain modules ([`decide`], [`guard`],
+//! [`limits`], [`fingerprint`]) over plain types ([`model`]); on
+//! `wasm32` this file adds the generated bindings, `export!` and the
+//! conversions between the two, and nothing else.
+
+#![cfg_attr(target_arch = "wasm32", no_std)]
+
+extern crate alloc;
+
+pub mod decide;
+pub mod fingerprint;
+pub mod guard;
+pub mod limits;
+pub mod model;
+
+#[cfg(target_arch = "wasm32")]
+#[global_allocator]
+static ALLOCATOR: dlmalloc::GlobalDlmalloc = dlmalloc::GlobalDlmalloc;
+
+/// A panic is a bug in the guard: trap, and the host answers unavailable.
+#[cfg(target_arch = "wasm32")]
+#[panic_handler]
+fn panic(_: &core::panic::PanicInfo<'_>) -> ! {
+    core::arch::wasm32::unreachable()
+}
+
+/// Without std there is no libc: the routines the compiler and the canonical
+/// ABI expect from it that `compiler_builtins` does not provide on this target.
+#[cfg(target_arch = "wasm32")]
+#[allow(unsafe_code)]
+mod libc {
+    /// # Safety
+    /// `a` and `b` are valid for `n` bytes, as the compiler guarantees for its own calls.
+    #[unsafe(no_mangle)]
+    pub unsafe extern "C" fn memcmp(a: *const u8, b: *const u8, n: usize) -> i32 {
+        for i in 0..n {
+            // SAFETY: both point to at least `n` readable bytes.
+            let (x, y) = unsafe { (*a.add(i), *b.add(i)) };
+            if x != y {
+                return i32::from(x) - i32::from(y);
+            }
+        }
+        0
+    }
+
+    /// The canonical ABI's allocator, which the host calls to pass strings
+    /// and lists in. std's libc provides it on wasip2; without std, we do.
+    ///
+    /// # Safety
+    /// Called by the host per the canonical ABI: `old_ptr`/`old_len`/`align`
+    /// describe a live allocation (or `old_len` is 0).
+    #[unsafe(no_mangle)]
+    pub unsafe extern "C" fn cabi_realloc(old_ptr: *mut u8, old_len: usize, align: usize, new_len: usize) -> *mut u8 {
+        use alloc::alloc::{Layout, alloc, realloc};
+        if new_len == 0 {
+            return align as *mut u8;
+        }
+        // SAFETY: the host passes a power-of-two alignment and, when
+        // `old_len` is non-zero, a pointer this allocator returned with that layout.
+        let ptr = unsafe {
+            if old_len == 0 {
+                alloc(Layout::from_size_align_unchecked(new_len, align))
+            } else {
+                realloc(old_ptr, Layout::from_size_align_unchecked(old_len, align), new_len)
+            }
+        };
+        if ptr.is_null() {
+            core::arch::wasm32::unreachable();
+        }
+        ptr
+    }
+
+    /// # Safety
+    /// As for `memcmp`.
+    #[unsafe(no_mangle)]
+    pub unsafe extern "C" fn bcmp(a: *const u8, b: *const u8, n: usize) -> i32 {
+        // SAFETY: forwarded with the caller's guarantee.
+        unsafe { memcmp(a, b, n) }
+    }
+}
+
+#[cfg(target_arch = "wasm32")]
+#[allow(unsafe_code, clippy::pedantic)] // generated bindings
+mod bindings {
+    wit_bindgen::generate!({ path: "../wit", world: "idem" });
+}
+
+#[cfg(target_arch = "wasm32")]
+#[allow(unsafe_code)] // `export!` expands to the component's exported symbols
+mod component {
+    use crate::bindings::exports::idem::guard::guard as wit;
+    use crate::bindings::idem::guard::{clock, store, types};
+    use crate::model;
+    use alloc::string::String;
+
+    struct Component;
+
+    /// The imported store, as the pure guard sees it.
+    struct ImportedStore;
+
+    impl crate::guard::Primitives for ImportedStore {
+        fn now_ms(&mut self) -> u64 {
+            clock::now_ms()
+        }
+
+        fn insert(&mut self, key: &str, record: &model::Record, now_ms: u64) -> Result<model::InsertOutcome, model::StoreFailure> {
+            match store::insert(key, &to_wit_record(record), now_ms) {
+                Ok(store::InsertOutcome::Inserted(v)) => Ok(model::InsertOutcome::Inserted(v)),
+                Ok(store::InsertOutcome::Existing(e)) => Ok(model::InsertOutcome::Existing(from_wit_entry(e))),
+                Err(e) => Err(from_wit_failure(e)),
+            }
+        }
+
+        fn replace(
+            &mut self,
+            key: &str,
+            expected_version: u64,
+            record: &model::Record,
+            now_ms: u64,
+        ) -> Result<Option<u64>, model::StoreFailure> {
+            store::replace(key, expected_version, &to_wit_record(record), now_ms).map_err(from_wit_failure)
+        }
+    }
+
+    impl wit::Guest for Component {
+        fn begin(key: String, fingerprint: String, policy: wit::Policy) -> Result<wit::Decision, wit::GuardError> {
+            #[cfg(feature = "misbehave")]
+            misbehave(&key);
+            crate::guard::begin(&mut ImportedStore, &key, &fingerprint, &from_wit_policy(policy))
+                .map(to_wit_decision)
+                .map_err(to_wit_error)
+        }
+
+        fn complete(claim: wit::Claim, response: types::Response, policy: wit::Policy) -> Result<(), wit::GuardError> {
+            crate::guard::complete(&mut ImportedStore, &from_wit_claim(claim), from_wit_response(response), &from_wit_policy(policy))
+                .map_err(to_wit_error)
+        }
+
+        fn release(claim: wit::Claim) -> Result<(), wit::GuardError> {
+            crate::guard::release(&mut ImportedStore, &from_wit_claim(claim)).map_err(to_wit_error)
+        }
+
+        fn renew(claim: wit::Claim, policy: wit::Policy) -> Result<wit::Claim, wit::GuardError> {
+            crate::guard::renew(&mut ImportedStore, &from_wit_claim(claim), &from_wit_policy(policy))
+                .map(to_wit_claim)
+                .map_err(to_wit_error)
+        }
+
+        fn fingerprint(request: wit::RequestParts) -> String {
+            crate::fingerprint::fingerprint(&request.method, &request.path, &request.headers, &request.body)
+        }
+    }
+
+    bindings_export!();
+
+    macro_rules! bindings_export {
+        () => {
+            crate::bindings::export!(Component with_types_in crate::bindings);
+        };
+    }
+    use bindings_export;
+
+    #[cfg(feature = "misbehave")]
+    fn misbehave(key: &str) {
+        match key {
+            "!trap" => core::arch::wasm32::unreachable(),
+            "!spin" => loop {
+                core::hint::spin_loop();
+            },
+            "!grow" => {
+                let mut hoard = alloc::vec::Vec::new();
+                loop {
+                    hoard.push(alloc::vec![1u8; 1 << 20]);
+                }
+            }
+            _ => {}
+        }
+    }
+
+    fn to_wit_record(r: &model::Record) -> types::Record {
+        // The record is lowered by reference; only the response needs a copy,
+        // and only complete writes one.
+        types::Record {
+            fingerprint: r.fingerprint.clone(),
+            state: match r.state {
+                model::State::Processing => types::State::Processing,
+                model::State::Done => types::State::Done,
+            },
+            lease_until_ms: r.lease_until_ms,
+            expires_at_ms: r.expires_at_ms,
+            response: r.response.clone().map(to_wit_response),
+        }
+    }
+
+    fn from_wit_entry(e: types::Entry) -> model::Entry {
+        let r = e.record;
+        model::Entry {
+            record: model::Record {
+                fingerprint: r.fingerprint,
+                state: match r.state {
+                    types::State::Processing => model::State::Processing,
+                    types::State::Done => model::State::Done,
+                },
+                lease_until_ms: r.lease_until_ms,
+                expires_at_ms: r.expires_at_ms,
+                response: r.response.map(from_wit_response),
+            },
+            version: e.version,
+        }
+    }
+
+    fn to_wit_response(r: model::Response) -> types::Response {
+        types::Response { status: r.status, headers: r.headers, body: r.body }
+    }
+
+    fn from_wit_response(r: types::Response) -> model::Response {
+        model::Response { status: r.status, headers: r.headers, body: r.body }
+    }
+
+    fn from_wit_failure(e: store::StoreError) -> model::StoreFailure {
+        match e {
+            store::StoreError::Unavailable(why) => model::StoreFailure::Unavailable(why),
+            store::StoreError::Corrupt(why) => model::StoreFailure::Corrupt(why),
+        }
+    }
+
+    fn from_wit_policy(p: wit::Policy) -> model::Policy {
+        model::Policy { lease_ms: p.lease_ms, retention_ms: p.retention_ms, max_response_bytes: p.max_response_bytes }
+    }
+
+    fn from_wit_claim(c: wit::Claim) -> model::Claim {
+        model::Claim {
+            key: c.key,
+            fingerprint: c.fingerprint,
+            fence: c.fence,
+            lease_until_ms: c.lease_until_ms,
+            expires_at_ms: c.expires_at_ms,
+        }
+    }
+
+    fn to_wit_claim(c: model::Claim) -> wit::Claim {
+        wit::Claim {
+            key: c.key,
+            fingerprint: c.fingerprint,
+            fence: c.fence,
+            lease_until_ms: c.lease_until_ms,
+            expires_at_ms: c.expires_at_ms,
+        }
+    }
+
+    fn to_wit_decision(d: model::Decision) -> wit::Decision {
+        match d {
+            model::Decision::Proceed(c) => wit::Decision::Proceed(to_wit_claim(c)),
+            model::Decision::Replay(r) => wit::Decision::Replay(to_wit_response(r)),
+            model::Decision::InFlight { retry_after_ms } => wit::Decision::InFlight(retry_after_ms),
+            model::Decision::Conflict => wit::Decision::Conflict,
+        }
+    }
+
+    fn to_wit_error(e: model::GuardError) -> wit::GuardError {
+        match e {
+            model::GuardError::Unavailable(why) => wit::GuardError::Unavailable(why),
+            model::GuardError::InvalidInput(why) => wit::GuardError::InvalidInput(why),
+            model::GuardError::StaleClaim(why) => wit::GuardError::StaleClaim(why),
+        }
+    }
+}

@@ -1,0 +1,144 @@
+//! The contract's values as plain Rust types, free of generated bindings, so
+//! the decision logic runs and is tested natively. They mirror `wit/types.wit`
+//! and `wit/guard.wit` one to one.
+
+use alloc::string::String;
+use alloc::vec::Vec;
+
+/// A response as the guarded operation produced it, stored and replayed byte for byte.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Response {
+    pub status: u16,
+    pub headers: Vec<(String, Vec<u8>)>,
+    pub body: Vec<u8>,
+}
+
+impl Response {
+    /// The bytes counted against `Policy::max_response_bytes`.
+    pub fn size_bytes(&self) -> usize {
+        self.body.len()
+            + self
+                .headers
+                .iter()
+                .map(|(name, value)| name.len() + value.len())
+                .sum::<usize>()
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum State {
+    Processing,
+    Done,
+}
+
+impl State {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            State::Processing => "processing",
+            State::Done => "done",
+        }
+    }
+
+    pub fn parse(text: &str) -> Option<State> {
+        match text {
+            "processing" => Some(State::Processing),
+            "done" => Some(State::Done),
+            _ => None,
+        }
+    }
+}
+
+/// What a store keeps for one key.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Record {
+    pub fingerprint: String,
+    pub state: State,
+    pub lease_until_ms: u64,
+    pub expires_at_ms: u64,
+    pub response: Option<Response>,
+}
+
+impl Record {
+    /// Whether the record is live at `now_ms`; an expired record is absent.
+    pub fn is_live(&self, now_ms: u64) -> bool {
+        now_ms < self.expires_at_ms
+    }
+}
+
+/// A record with the version its store gave it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Entry {
+    pub record: Record,
+    pub version: u64,
+}
+
+/// What `insert` found.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum InsertOutcome {
+    Inserted(u64),
+    Existing(Entry),
+}
+
+/// Why a store primitive failed.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum StoreFailure {
+    Unavailable(String),
+    Corrupt(String),
+}
+
+/// Durations and limits for one call.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Policy {
+    pub lease_ms: u64,
+    pub retention_ms: u64,
+    pub max_response_bytes: u32,
+}
+
+impl Default for Policy {
+    /// A 30 s lease, a 24 h retention window, responses up to 1 MiB.
+    fn default() -> Self {
+        Policy {
+            lease_ms: 30_000,
+            retention_ms: 24 * 60 * 60 * 1000,
+            max_response_bytes: 1 << 20,
+        }
+    }
+}
+
+/// The right to run the operation for a key, proven by its fence.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Claim {
+    pub key: String,
+    pub fingerprint: String,
+    pub fence: u64,
+    pub lease_until_ms: u64,
+    pub expires_at_ms: u64,
+}
+
+/// What a caller of `begin` must do.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Decision {
+    Proceed(Claim),
+    Replay(Response),
+    InFlight { retry_after_ms: u64 },
+    Conflict,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum GuardError {
+    Unavailable(String),
+    InvalidInput(String),
+    StaleClaim(String),
+}
+
+impl core::fmt::Display for GuardError {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        match self {
+            GuardError::Unavailable(why) => write!(f, "idempotency store unavailable: {why}"),
+            GuardError::InvalidInput(why) => write!(f, "invalid input: {why}"),
+            GuardError::StaleClaim(why) => write!(f, "stale claim: {why}"),
+        }
+    }
+}
+
+impl core::error::Error for GuardError {}

@@ -1,0 +1,65 @@
+//! Builds the guard component (`guest/`, target `wasm32-wasip2`) so that a
+//! plain `cargo build` or `cargo test` of the workspace embeds it: no manual
+//! wasm step. Two variants are built: the guard itself, and a deliberately
+//! misbehaving one (feature `misbehave`) that the host's tests use to prove
+//! that traps and runaway guests fail closed.
+
+use std::env;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+fn main() {
+    let manifest_dir = PathBuf::from(env::var("CARGO_MANIFEST_DIR").unwrap());
+    let root = manifest_dir.parent().unwrap();
+    let guest = root.join("guest");
+    let out_dir = PathBuf::from(env::var("OUT_DIR").unwrap());
+
+    for path in ["guest/src", "guest/Cargo.toml", "wit", "Cargo.lock"] {
+        println!("cargo:rerun-if-changed={}", root.join(path).display());
+    }
+
+    // A target directory of its own: the outer cargo holds the lock on its own.
+    // Beside the outer target dir (found from OUT_DIR), so it is kept between builds.
+    let target_dir = out_dir
+        .ancestors()
+        .nth(4)
+        .map_or_else(|| out_dir.join("guest-target"), |t| t.join("guest-target"));
+
+    build(&guest, &target_dir.join("guard"), &[], &out_dir.join("idem_guard.wasm"));
+    build(
+        &guest,
+        &target_dir.join("misbehaving"),
+        &["--features", "misbehave"],
+        &out_dir.join("idem_guard_misbehaving.wasm"),
+    );
+}
+
+fn build(guest: &Path, target_dir: &Path, extra: &[&str], dest: &Path) {
+    let cargo = env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    let mut cmd = Command::new(cargo);
+    cmd.current_dir(guest)
+        .args(["build", "--lib", "--target", "wasm32-wasip2", "--profile", "guest"])
+        .args(extra)
+        .arg("--target-dir")
+        .arg(target_dir);
+    // What the outer build set for host code must not leak into the guest's.
+    for var in [
+        "CARGO_ENCODED_RUSTFLAGS",
+        "RUSTFLAGS",
+        "RUSTC_WORKSPACE_WRAPPER",
+        "CARGO_BUILD_TARGET",
+        "CARGO_TARGET_DIR",
+        "CARGO_PROFILE_RELEASE_DEBUG",
+        "CARGO_LLVM_COV",
+        "LLVM_PROFILE_FILE",
+    ] {
+        cmd.env_remove(var);
+    }
+    let status = cmd.status().expect("run cargo to build the guard component");
+    assert!(
+        status.success(),
+        "building the guard component failed (is the wasm32-wasip2 target installed? rust-toolchain.toml lists it)"
+    );
+    let built = target_dir.join("wasm32-wasip2/guest/idem_guest.wasm");
+    std::fs::copy(&built, dest).unwrap_or_else(|e| panic!("copy {}: {e}", built.display()));
+}

@@ -1,0 +1,267 @@
+//! The guard as Rust callers use it: claim a key, run a handler once, store
+//! its response, replay it to every repeat — through the component.
+
+use crate::clock::{Clock, SystemClock};
+use crate::engine::{Pool, PoolStats, Runtime};
+use crate::store::Store;
+use idem_guest::model::{Claim, Decision, GuardError, Policy, Response};
+use std::sync::Arc;
+use std::time::Duration;
+
+/// What `run` did.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Outcome {
+    /// The handler ran (exactly once for this key) and its response is stored.
+    Executed(Response),
+    /// The handler had already run with these parameters: its stored response.
+    Replayed(Response),
+    /// Another caller holds the key; nothing ran. Retry after this long.
+    InFlight { retry_after: Duration },
+    /// The key was used with other parameters; nothing ran.
+    Conflict,
+    /// The store (or the guard component) failed; nothing ran. Fail closed.
+    Unavailable(String),
+}
+
+impl Outcome {
+    /// The seed's names: `EXECUTED`, `REPLAYED`, `IN_FLIGHT`, `CONFLICT`, `UNAVAILABLE`.
+    pub fn name(&self) -> &'static str {
+        match self {
+            Outcome::Executed(_) => "EXECUTED",
+            Outcome::Replayed(_) => "REPLAYED",
+            Outcome::InFlight { .. } => "IN_FLIGHT",
+            Outcome::Conflict => "CONFLICT",
+            Outcome::Unavailable(_) => "UNAVAILABLE",
+        }
+    }
+}
+
+/// Why `run` did not produce an outcome.
+#[derive(Debug, thiserror::Error)]
+pub enum RunError<E> {
+    /// The handler failed. Its claim was released, or held until its lease
+    /// runs out, as the guard's [`OnHandlerError`] says.
+    #[error("handler failed: {0}")]
+    Handler(E),
+    /// The key or fingerprint breaks a limit; nothing ran.
+    #[error("{0}")]
+    InvalidInput(String),
+    /// The handler ran but its response could not be stored (the store
+    /// failed, the response was too large, or the claim was taken over).
+    /// Here is the response; the key stays claimed until its lease runs out,
+    /// and then a retry runs the handler again — the downstream operation
+    /// must absorb that retry, as after a crash.
+    #[error("the handler ran but its response was not recorded: {error}")]
+    NotRecorded { response: Response, error: GuardError },
+}
+
+/// What happens to a claim when its handler fails.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum OnHandlerError {
+    /// Give the claim up: a retry runs at once. Right when a failed handler
+    /// left no side effect behind.
+    #[default]
+    Release,
+    /// Keep the claim until its lease runs out, as if the process had crashed.
+    Hold,
+}
+
+/// The proof of a claim, passed to the handler: pass it downstream so that a
+/// stale holder's writes can be refused there too.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub struct Fence(pub u64);
+
+/// The parts of a request that make its fingerprint.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct RequestParts {
+    pub method: String,
+    pub path: String,
+    pub headers: Vec<(String, Vec<u8>)>,
+    pub body: Vec<u8>,
+}
+
+/// An idempotency guard over one store. Cheap to clone; clones share instances.
+#[derive(Clone)]
+pub struct Guard {
+    pool: Arc<Pool>,
+    policy: Policy,
+    on_handler_error: OnHandlerError,
+}
+
+/// Builds a [`Guard`].
+pub struct GuardBuilder {
+    store: Arc<dyn Store>,
+    clock: Arc<dyn Clock>,
+    runtime: Option<Runtime>,
+    policy: Policy,
+    on_handler_error: OnHandlerError,
+}
+
+impl GuardBuilder {
+    /// The clock the guard sees (default: the system clock).
+    #[must_use]
+    pub fn clock(mut self, clock: impl Clock) -> Self {
+        self.clock = Arc::new(clock);
+        self
+    }
+
+    /// How long a claim is held before another caller may take it over.
+    #[must_use]
+    pub fn lease(mut self, lease: Duration) -> Self {
+        self.policy.lease_ms = lease.as_millis() as u64;
+        self
+    }
+
+    /// How long keys are remembered after their latest claim or completion.
+    #[must_use]
+    pub fn retention(mut self, retention: Duration) -> Self {
+        self.policy.retention_ms = retention.as_millis() as u64;
+        self
+    }
+
+    /// The largest response stored, body plus headers (default 1 MiB).
+    #[must_use]
+    pub fn max_response_bytes(mut self, bytes: u32) -> Self {
+        self.policy.max_response_bytes = bytes;
+        self
+    }
+
+    #[must_use]
+    pub fn on_handler_error(mut self, policy: OnHandlerError) -> Self {
+        self.on_handler_error = policy;
+        self
+    }
+
+    /// The compiled component to run (default: the embedded one, compiled
+    /// once per process).
+    #[must_use]
+    pub fn runtime(mut self, runtime: Runtime) -> Self {
+        self.runtime = Some(runtime);
+        self
+    }
+
+    pub fn build(self) -> Result<Guard, GuardError> {
+        idem_guest::limits::check_policy(&self.policy)?;
+        let runtime = match self.runtime {
+            Some(runtime) => runtime,
+            None => Runtime::shared()?,
+        };
+        Ok(Guard {
+            pool: Arc::new(Pool::new(runtime, self.store, self.clock)),
+            policy: self.policy,
+            on_handler_error: self.on_handler_error,
+        })
+    }
+}
+
+impl Guard {
+    pub fn builder(store: impl Store) -> GuardBuilder {
+        GuardBuilder::from_arc(Arc::new(store))
+    }
+
+    pub fn policy(&self) -> Policy {
+        self.policy
+    }
+
+    /// The store this guard decides over.
+    pub fn store(&self) -> &Arc<dyn Store> {
+        self.pool.store()
+    }
+
+    pub fn clock(&self) -> &Arc<dyn Clock> {
+        self.pool.clock()
+    }
+
+    pub fn pool_stats(&self) -> PoolStats {
+        self.pool.stats()
+    }
+
+    /// Claims `key` for a request with this `fingerprint`.
+    pub async fn begin(&self, key: &str, fingerprint: &str) -> Result<Decision, GuardError> {
+        self.pool.begin(key, fingerprint, &self.policy).await
+    }
+
+    /// `begin` with durations other than the guard's for this call.
+    pub async fn begin_with(&self, key: &str, fingerprint: &str, policy: &Policy) -> Result<Decision, GuardError> {
+        self.pool.begin(key, fingerprint, policy).await
+    }
+
+    /// Stores `response` for `claim`. The response comes back either way.
+    pub async fn complete(&self, claim: Claim, response: Response) -> (Response, Result<(), GuardError>) {
+        self.pool.complete(claim, response, &self.policy).await
+    }
+
+    /// Gives `claim` up so that a retry runs at once.
+    pub async fn release(&self, claim: Claim) -> Result<(), GuardError> {
+        self.pool.release(claim).await
+    }
+
+    /// Extends `claim`'s lease; returns it with its new fence.
+    pub async fn renew(&self, claim: Claim) -> Result<Claim, GuardError> {
+        self.pool.renew(claim, &self.policy).await
+    }
+
+    /// The canonical fingerprint of a request, computed by the component.
+    pub async fn fingerprint(&self, parts: &RequestParts) -> Result<String, GuardError> {
+        self.pool.fingerprint(parts).await
+    }
+
+    /// Runs `handler` at most once per key and fingerprint within the
+    /// retention window, and replays its response to every repeat.
+    ///
+    /// ```
+    /// use idem::{Guard, MemoryStore, Outcome, Response};
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() {
+    /// let guard = Guard::builder(MemoryStore::new()).build().unwrap();
+    /// let pay = |_fence| async { Ok::<_, std::io::Error>(Response { status: 200, headers: vec![], body: b"paid".to_vec() }) };
+    /// let first = guard.run("order-1", "sku=A&qty=1", pay).await.unwrap();
+    /// assert!(matches!(first, Outcome::Executed(_)));
+    /// let again = guard.run("order-1", "sku=A&qty=1", pay).await.unwrap();
+    /// assert_eq!(again, Outcome::Replayed(Response { status: 200, headers: vec![], body: b"paid".to_vec() }));
+    /// # }
+    /// ```
+    pub async fn run<F, Fut, E>(&self, key: &str, fingerprint: &str, handler: F) -> Result<Outcome, RunError<E>>
+    where
+        F: FnOnce(Fence) -> Fut,
+        Fut: Future<Output = Result<Response, E>>,
+    {
+        let claim = match self.begin(key, fingerprint).await {
+            Ok(Decision::Proceed(claim)) => claim,
+            Ok(Decision::Replay(response)) => return Ok(Outcome::Replayed(response)),
+            Ok(Decision::InFlight { retry_after_ms }) => {
+                return Ok(Outcome::InFlight { retry_after: Duration::from_millis(retry_after_ms) });
+            }
+            Ok(Decision::Conflict) => return Ok(Outcome::Conflict),
+            Err(GuardError::InvalidInput(why)) => return Err(RunError::InvalidInput(why)),
+            Err(e) => return Ok(Outcome::Unavailable(e.to_string())),
+        };
+        match handler(Fence(claim.fence)).await {
+            Ok(response) => match self.complete(claim, response).await {
+                (response, Ok(())) => Ok(Outcome::Executed(response)),
+                (response, Err(error)) => Err(RunError::NotRecorded { response, error }),
+            },
+            Err(e) => {
+                if self.on_handler_error == OnHandlerError::Release {
+                    // If the release fails too, the lease runs out as after a crash.
+                    let _ = self.release(claim).await;
+                }
+                Err(RunError::Handler(e))
+            }
+        }
+    }
+}
+
+impl GuardBuilder {
+    /// A builder over a store that is already shared.
+    pub fn from_arc(store: Arc<dyn Store>) -> Self {
+        GuardBuilder {
+            store,
+            clock: Arc::new(SystemClock),
+            runtime: None,
+            policy: Policy::default(),
+            on_handler_error: OnHandlerError::default(),
+        }
+    }
+}

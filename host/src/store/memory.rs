@@ -1,0 +1,176 @@
+//! Records in this process's memory: fast, and gone when it exits.
+
+use super::{Entry, InsertOutcome, ListQuery, Record, Store, StoreError};
+use crate::clock::Clock;
+use async_trait::async_trait;
+use std::collections::HashMap;
+use std::hash::{BuildHasher, RandomState};
+use std::sync::{Arc, Mutex, Weak};
+use std::time::Duration;
+
+/// Enough shards that 2–64 cores rarely wait on one another.
+const SHARDS: usize = 64;
+
+/// An in-memory store, sharded by key hash.
+///
+/// Each shard is a `std::sync::Mutex`: it is held only for a hash-map
+/// operation, never across an `.await`, so an async mutex would only add cost.
+#[derive(Clone)]
+pub struct MemoryStore {
+    inner: Arc<Shards>,
+}
+
+struct Shards {
+    hasher: RandomState,
+    shards: Vec<Mutex<HashMap<String, Entry>>>,
+}
+
+impl Default for MemoryStore {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl MemoryStore {
+    pub fn new() -> Self {
+        MemoryStore {
+            inner: Arc::new(Shards {
+                hasher: RandomState::new(),
+                shards: (0..SHARDS).map(|_| Mutex::new(HashMap::new())).collect(),
+            }),
+        }
+    }
+
+    fn shard(&self, key: &str) -> std::sync::MutexGuard<'_, HashMap<String, Entry>> {
+        let i = (self.inner.hasher.hash_one(key) as usize) % SHARDS;
+        // A poisoned shard only means a panic elsewhere mid-operation; every
+        // operation below leaves the map consistent, so keep serving.
+        self.inner.shards[i].lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Synchronous `insert`, for callers outside an async context.
+    pub fn insert_now(&self, key: &str, record: Record, now_ms: u64) -> InsertOutcome {
+        let mut shard = self.shard(key);
+        match shard.get_mut(key) {
+            Some(entry) if entry.record.is_live(now_ms) => InsertOutcome::Existing(entry.clone()),
+            Some(expired) => {
+                expired.version += 1;
+                expired.record = record;
+                InsertOutcome::Inserted(expired.version)
+            }
+            None => {
+                shard.insert(key.to_owned(), Entry { record, version: 1 });
+                InsertOutcome::Inserted(1)
+            }
+        }
+    }
+
+    /// Synchronous `replace`.
+    pub fn replace_now(&self, key: &str, expected_version: u64, record: Record, now_ms: u64) -> Option<u64> {
+        let mut shard = self.shard(key);
+        match shard.get_mut(key) {
+            Some(entry) if entry.version == expected_version && entry.record.is_live(now_ms) => {
+                entry.version += 1;
+                entry.record = record;
+                Some(entry.version)
+            }
+            _ => None,
+        }
+    }
+
+    /// How many records are held, live or expired-but-not-purged.
+    pub fn len(&self) -> usize {
+        self.inner.shards.iter().map(|s| s.lock().map_or(0, |m| m.len())).sum()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Starts a task that purges up to `batch` expired records every
+    /// `every`, by `clock`. It ends when the last handle to the store is dropped.
+    pub fn spawn_purger(&self, clock: Arc<dyn Clock>, every: Duration, batch: usize) -> tokio::task::JoinHandle<()> {
+        let weak: Weak<Shards> = Arc::downgrade(&self.inner);
+        tokio::spawn(async move {
+            let mut tick = tokio::time::interval(every);
+            loop {
+                tick.tick().await;
+                let Some(inner) = weak.upgrade() else { return };
+                MemoryStore { inner }.purge(clock.now_ms(), batch);
+            }
+        })
+    }
+
+    fn purge(&self, now_ms: u64, limit: usize) -> usize {
+        let mut purged = 0;
+        for shard in &self.inner.shards {
+            if purged >= limit {
+                break;
+            }
+            let mut map = shard.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+            let expired: Vec<String> = map
+                .iter()
+                .filter(|(_, e)| !e.record.is_live(now_ms))
+                .map(|(k, _)| k.clone())
+                .take(limit - purged)
+                .collect();
+            for key in expired {
+                map.remove(&key);
+                purged += 1;
+            }
+        }
+        purged
+    }
+}
+
+#[async_trait]
+impl Store for MemoryStore {
+    fn name(&self) -> &'static str {
+        "memory"
+    }
+
+    async fn get(&self, key: &str, now_ms: u64) -> Result<Option<Entry>, StoreError> {
+        Ok(self.shard(key).get(key).filter(|e| e.record.is_live(now_ms)).cloned())
+    }
+
+    async fn insert(&self, key: &str, record: Record, now_ms: u64) -> Result<InsertOutcome, StoreError> {
+        Ok(self.insert_now(key, record, now_ms))
+    }
+
+    async fn replace(&self, key: &str, expected_version: u64, record: Record, now_ms: u64) -> Result<Option<u64>, StoreError> {
+        Ok(self.replace_now(key, expected_version, record, now_ms))
+    }
+
+    async fn delete(&self, key: &str, expected_version: Option<u64>) -> Result<bool, StoreError> {
+        let mut shard = self.shard(key);
+        match (shard.get(key), expected_version) {
+            (Some(entry), Some(v)) if entry.version != v => Ok(false),
+            (Some(_), _) => Ok(shard.remove(key).is_some()),
+            (None, _) => Ok(false),
+        }
+    }
+
+    async fn list(&self, query: &ListQuery, now_ms: u64) -> Result<Vec<(String, Entry)>, StoreError> {
+        let mut rows: Vec<(String, Entry)> = Vec::new();
+        for shard in &self.inner.shards {
+            let map = shard.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+            rows.extend(
+                map.iter()
+                    .filter(|(k, e)| {
+                        e.record.is_live(now_ms)
+                            && k.starts_with(&query.prefix)
+                            && query.state.is_none_or(|s| s == e.record.state)
+                            && query.after.as_ref().is_none_or(|a| k.as_str() > a.as_str())
+                    })
+                    .map(|(k, e)| (k.clone(), e.clone())),
+            );
+        }
+        rows.sort_unstable_by(|a, b| a.0.cmp(&b.0));
+        rows.truncate(query.limit);
+        Ok(rows)
+    }
+
+    async fn purge_expired(&self, now_ms: u64, limit: usize) -> Result<usize, StoreError> {
+        Ok(self.purge(now_ms, limit))
+    }
+}

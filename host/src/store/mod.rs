@@ -1,0 +1,122 @@
+//! Where records live. A store does atomic reads and writes on one key and
+//! nothing else: every decision is the guard's.
+//!
+//! The atomic operations are required methods with no default, so no store
+//! can fall back to a racy read-then-write.
+//!
+//! ```
+//! use idem::store::{MemoryStore, Store, InsertOutcome};
+//! use idem::{Record, State};
+//!
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() {
+//! let store = MemoryStore::new();
+//! let record = Record {
+//!     fingerprint: "fp".into(),
+//!     state: State::Processing,
+//!     lease_until_ms: 2_000,
+//!     expires_at_ms: 10_000,
+//!     response: None,
+//! };
+//! let first = store.insert("order-1", record.clone(), 1_000).await.unwrap();
+//! assert_eq!(first, InsertOutcome::Inserted(1));
+//! // A second insert finds the live record instead of writing.
+//! assert!(matches!(store.insert("order-1", record, 1_000).await.unwrap(), InsertOutcome::Existing(_)));
+//! # }
+//! ```
+
+mod faulty;
+mod memory;
+
+pub use faulty::{FaultHandle, FaultKind, FaultRule, Faulty, Op, ParseFaultError};
+pub use idem_guest::model::{Entry, InsertOutcome, Record, State};
+pub use memory::MemoryStore;
+
+use async_trait::async_trait;
+use std::sync::Arc;
+
+/// Why a store operation failed. The guard fails closed on either.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum StoreError {
+    /// The store could not be reached or did not answer in time. A write
+    /// whose reply was lost may have been applied.
+    #[error("{store} store unavailable: {reason}")]
+    Unavailable { store: &'static str, reason: String },
+    /// The bytes stored for a key do not decode.
+    #[error("{store} store: the record for key {key:?} does not decode: {reason}")]
+    Corrupt { store: &'static str, key: String, reason: String },
+}
+
+/// A page of live records for operators, in key order.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ListQuery {
+    /// Only keys starting with this.
+    pub prefix: String,
+    /// Only records in this state.
+    pub state: Option<State>,
+    /// Only keys after this one (the previous page's last key).
+    pub after: Option<String>,
+    pub limit: usize,
+}
+
+/// The atomic primitives of `wit/store.wit`, for one key at a time.
+///
+/// Every method treats a record whose `expires_at_ms` is at or before
+/// `now_ms` as absent, whether or not a purge has removed it yet.
+#[async_trait]
+pub trait Store: Send + Sync + 'static {
+    /// A short name for errors and metrics: `memory`, `sqlite`, `redis`, `postgres`.
+    fn name(&self) -> &'static str;
+
+    /// The live record for `key`, or `None` when absent or expired.
+    async fn get(&self, key: &str, now_ms: u64) -> Result<Option<Entry>, StoreError>;
+
+    /// Writes `record` only if `key` is absent or expired (version 1, or the
+    /// expired record's version + 1); otherwise returns the live record.
+    async fn insert(&self, key: &str, record: Record, now_ms: u64) -> Result<InsertOutcome, StoreError>;
+
+    /// Overwrites the live record only if its version is `expected_version`;
+    /// returns the new version (`expected_version + 1`), or `None`.
+    async fn replace(
+        &self,
+        key: &str,
+        expected_version: u64,
+        record: Record,
+        now_ms: u64,
+    ) -> Result<Option<u64>, StoreError>;
+
+    /// Removes the record (only at `expected_version`, when given).
+    async fn delete(&self, key: &str, expected_version: Option<u64>) -> Result<bool, StoreError>;
+
+    /// Live records matching `query`, in key order.
+    async fn list(&self, query: &ListQuery, now_ms: u64) -> Result<Vec<(String, Entry)>, StoreError>;
+
+    /// Frees the space of up to `limit` expired records; returns how many.
+    /// Reads never depend on it.
+    async fn purge_expired(&self, now_ms: u64, limit: usize) -> Result<usize, StoreError>;
+}
+
+#[async_trait]
+impl<S: Store + ?Sized> Store for Arc<S> {
+    fn name(&self) -> &'static str {
+        (**self).name()
+    }
+    async fn get(&self, key: &str, now_ms: u64) -> Result<Option<Entry>, StoreError> {
+        (**self).get(key, now_ms).await
+    }
+    async fn insert(&self, key: &str, record: Record, now_ms: u64) -> Result<InsertOutcome, StoreError> {
+        (**self).insert(key, record, now_ms).await
+    }
+    async fn replace(&self, key: &str, expected_version: u64, record: Record, now_ms: u64) -> Result<Option<u64>, StoreError> {
+        (**self).replace(key, expected_version, record, now_ms).await
+    }
+    async fn delete(&self, key: &str, expected_version: Option<u64>) -> Result<bool, StoreError> {
+        (**self).delete(key, expected_version).await
+    }
+    async fn list(&self, query: &ListQuery, now_ms: u64) -> Result<Vec<(String, Entry)>, StoreError> {
+        (**self).list(query, now_ms).await
+    }
+    async fn purge_expired(&self, now_ms: u64, limit: usize) -> Result<usize, StoreError> {
+        (**self).purge_expired(now_ms, limit).await
+    }
+}
