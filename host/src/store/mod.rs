@@ -27,10 +27,12 @@
 
 mod faulty;
 mod memory;
+mod open;
 
 pub use faulty::{FaultHandle, FaultKind, FaultRule, Faulty, Op, ParseFaultError};
 pub use idem_guest::model::{Entry, InsertOutcome, Record, State};
 pub use memory::MemoryStore;
+pub use open::{OpenError, open};
 
 use async_trait::async_trait;
 use std::sync::Arc;
