@@ -1,0 +1,246 @@
+//! One suite, every store: the atomic primitives' contracts and the guard's
+//! guarantees, run by `store_conformance!` against each store.
+//!
+//! A store joins by adding one line at the bottom:
+//! `store_conformance!(name, async { /* -> Option<Arc<dyn Store>> */ });`
+//! returning `None` (after printing why) only when the store's server is not
+//! configured; CI configures every one.
+
+use idem::store::{InsertOutcome, ListQuery, Store};
+use idem::{Decision, Guard, ManualClock, Outcome, Record, Response, State};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+/// 2026-10-19 04:00 UTC, the seed's base time.
+pub const BASE_MS: u64 = 1_792_382_400_000;
+
+pub fn record(fingerprint: &str, state: State, lease_until_ms: u64, expires_at_ms: u64) -> Record {
+    let response = (state == State::Done).then(|| Response { status: 200, headers: vec![], body: b"paid".to_vec() });
+    Record { fingerprint: fingerprint.into(), state, lease_until_ms, expires_at_ms, response }
+}
+
+/// A key no other test (or earlier run against a shared server) uses.
+pub fn unique(name: &str) -> String {
+    static N: AtomicUsize = AtomicUsize::new(0);
+    format!("{name}-{}-{}-{}", std::process::id(), N.fetch_add(1, Ordering::Relaxed), fastrand::u64(..))
+}
+
+pub async fn insert_if_absent_or_expired(store: Arc<dyn Store>) {
+    let key = unique("insert");
+    let now = BASE_MS;
+    let r = record("fp", State::Processing, now + 1_000, now + 10_000);
+    assert_eq!(store.insert(&key, r.clone(), now).await.unwrap(), InsertOutcome::Inserted(1));
+    // Live: nothing written, the live record returned.
+    let other = record("other", State::Processing, now + 5_000, now + 20_000);
+    match store.insert(&key, other.clone(), now + 1).await.unwrap() {
+        InsertOutcome::Existing(e) => {
+            assert_eq!(e.record, r);
+            assert_eq!(e.version, 1);
+        }
+        o => panic!("expected existing, got {o:?}"),
+    }
+    // Expired (at exactly expires_at): overwritten with a higher version.
+    match store.insert(&key, other.clone(), now + 10_000).await.unwrap() {
+        InsertOutcome::Inserted(v) => assert!(v > 1, "version {v} must exceed the expired record's"),
+        o => panic!("expected inserted, got {o:?}"),
+    }
+    assert_eq!(store.get(&key, now + 10_000).await.unwrap().unwrap().record, other);
+}
+
+pub async fn replace_only_at_version(store: Arc<dyn Store>) {
+    let key = unique("replace");
+    let now = BASE_MS;
+    let r = record("fp", State::Processing, now + 1_000, now + 10_000);
+    store.insert(&key, r, now).await.unwrap();
+    let done = record("fp", State::Done, 0, now + 10_000);
+    assert_eq!(store.replace(&key, 2, done.clone(), now).await.unwrap(), None, "wrong version");
+    assert_eq!(store.replace(&key, 1, done.clone(), now).await.unwrap(), Some(2));
+    assert_eq!(store.replace(&key, 1, done.clone(), now).await.unwrap(), None, "stale version");
+    let got = store.get(&key, now).await.unwrap().unwrap();
+    assert_eq!((got.record, got.version), (done.clone(), 2));
+    // Absent and expired keys are never replaced.
+    assert_eq!(store.replace(&unique("absent"), 1, done.clone(), now).await.unwrap(), None);
+    assert_eq!(store.replace(&key, 2, done, now + 10_000).await.unwrap(), None);
+}
+
+pub async fn delete_at_version(store: Arc<dyn Store>) {
+    let key = unique("delete");
+    let now = BASE_MS;
+    store.insert(&key, record("fp", State::Processing, now + 1, now + 10_000), now).await.unwrap();
+    assert!(!store.delete(&key, Some(7)).await.unwrap());
+    assert!(store.get(&key, now).await.unwrap().is_some());
+    assert!(store.delete(&key, Some(1)).await.unwrap());
+    assert!(store.get(&key, now).await.unwrap().is_none());
+    assert!(!store.delete(&key, None).await.unwrap());
+    store.insert(&key, record("fp", State::Processing, now + 1, now + 10_000), now).await.unwrap();
+    assert!(store.delete(&key, None).await.unwrap());
+}
+
+pub async fn reads_never_return_expired(store: Arc<dyn Store>) {
+    let key = unique("expiry");
+    let now = BASE_MS;
+    store.insert(&key, record("fp", State::Done, 0, now + 100), now).await.unwrap();
+    assert!(store.get(&key, now + 99).await.unwrap().is_some());
+    assert!(store.get(&key, now + 100).await.unwrap().is_none(), "expired at expires_at, purged or not");
+    let listed = store
+        .list(&ListQuery { prefix: key.clone(), limit: 10, ..ListQuery::default() }, now + 100)
+        .await
+        .unwrap();
+    assert!(listed.is_empty(), "list must hide expired records too");
+}
+
+pub async fn keys_round_trip_any_allowed_bytes(store: Arc<dyn Store>) {
+    let now = BASE_MS;
+    for name in ["with space", "with \"quotes\" and 'single'", "colon:separated:key", "ünïcödé ✓", "semi;colon%25\\back"] {
+        let key = format!("{}/{name}", unique("bytes"));
+        let r = record("fp", State::Done, 0, now + 10_000);
+        assert_eq!(store.insert(&key, r.clone(), now).await.unwrap(), InsertOutcome::Inserted(1), "{key}");
+        assert_eq!(store.get(&key, now).await.unwrap().unwrap().record, r, "{key}");
+    }
+}
+
+pub async fn list_filters_and_pages(store: Arc<dyn Store>) {
+    let now = BASE_MS;
+    let prefix = unique("list");
+    for i in 0..5 {
+        let state = if i % 2 == 0 { State::Done } else { State::Processing };
+        store.insert(&format!("{prefix}/{i}"), record("fp", state, now + 1_000, now + 10_000), now).await.unwrap();
+    }
+    let q = ListQuery { prefix: prefix.clone(), limit: 2, ..ListQuery::default() };
+    let page1 = store.list(&q, now).await.unwrap();
+    assert_eq!(page1.iter().map(|(k, _)| k.clone()).collect::<Vec<_>>(), [format!("{prefix}/0"), format!("{prefix}/1")]);
+    let q2 = ListQuery { after: Some(page1[1].0.clone()), ..q.clone() };
+    let page2 = store.list(&q2, now).await.unwrap();
+    assert_eq!(page2[0].0, format!("{prefix}/2"));
+    let done = store.list(&ListQuery { state: Some(State::Done), limit: 10, ..q }, now).await.unwrap();
+    assert_eq!(done.len(), 3);
+}
+
+pub async fn one_of_64_concurrent_claimers_proceeds(store: Arc<dyn Store>) {
+    let clock = ManualClock::new(BASE_MS);
+    let guard = Guard::builder(store).clock(clock).build().unwrap();
+    let key = unique("claim64");
+    let mut tasks = tokio::task::JoinSet::new();
+    for _ in 0..64 {
+        let (guard, key) = (guard.clone(), key.clone());
+        tasks.spawn(async move { guard.begin(&key, "fp").await });
+    }
+    let mut proceeded = 0;
+    while let Some(d) = tasks.join_next().await {
+        match d.unwrap().unwrap() {
+            Decision::Proceed(_) => proceeded += 1,
+            Decision::InFlight { .. } => {}
+            other => panic!("unexpected {other:?}"),
+        }
+    }
+    assert_eq!(proceeded, 1, "exactly one claimer proceeds");
+}
+
+pub async fn takeover_fencing_and_retention(store: Arc<dyn Store>) {
+    let clock = ManualClock::new(BASE_MS);
+    let guard = Guard::builder(store)
+        .clock(clock.clone())
+        .lease(Duration::from_secs(1))
+        .retention(Duration::from_secs(3600))
+        .build()
+        .unwrap();
+    let key = unique("fence");
+    let Decision::Proceed(zombie) = guard.begin(&key, "fp").await.unwrap() else { panic!() };
+    assert!(matches!(guard.begin(&key, "fp").await.unwrap(), Decision::InFlight { .. }));
+    clock.advance(Duration::from_secs(1));
+    let Decision::Proceed(taker) = guard.begin(&key, "fp").await.unwrap() else { panic!("takeover after the lease") };
+    assert!(taker.fence > zombie.fence);
+    let taker_response = Response { status: 201, headers: vec![("x".into(), b"taker".to_vec())], body: b"taker".to_vec() };
+    assert!(guard.complete(taker, taker_response.clone()).await.1.is_ok());
+    let zombie_response = Response { status: 200, headers: vec![], body: b"zombie".to_vec() };
+    let (_, refused) = guard.complete(zombie, zombie_response).await;
+    assert!(matches!(refused, Err(idem::GuardError::StaleClaim(_))), "{refused:?}");
+    assert_eq!(guard.begin(&key, "fp").await.unwrap(), Decision::Replay(taker_response));
+    clock.advance(Duration::from_secs(3600));
+    assert!(matches!(guard.begin(&key, "fp").await.unwrap(), Decision::Proceed(_)), "new after retention");
+}
+
+pub async fn replays_the_stored_bytes(store: Arc<dyn Store>) {
+    let guard = Guard::builder(store).clock(ManualClock::new(BASE_MS)).build().unwrap();
+    let key = unique("bytes");
+    let body: Vec<u8> = (0..=255u8).cycle().take(70_000).collect();
+    let response = Response {
+        status: 201,
+        headers: vec![("content-type".into(), b"application/octet-stream".to_vec()), ("x-raw".into(), vec![0, 159, 255])],
+        body,
+    };
+    let calls = AtomicUsize::new(0);
+    let first = guard
+        .run(&key, "fp", |_| async {
+            calls.fetch_add(1, Ordering::SeqCst);
+            Ok::<_, std::convert::Infallible>(response.clone())
+        })
+        .await
+        .unwrap();
+    assert_eq!(first, Outcome::Executed(response.clone()));
+    let again = guard.run(&key, "fp", |_| async { Ok::<_, std::convert::Infallible>(Response::default()) }).await.unwrap();
+    assert_eq!(again, Outcome::Replayed(response), "the bytes replayed are the bytes stored");
+    assert_eq!(calls.load(Ordering::SeqCst), 1);
+}
+
+/// Runs the whole suite against the store `$open` yields.
+#[macro_export]
+macro_rules! store_conformance {
+    ($name:ident, $open:expr) => {
+        mod $name {
+            use super::*;
+
+            async fn open() -> Option<Arc<dyn Store>> {
+                $open.await
+            }
+
+            macro_rules! case {
+                ($case:ident) => {
+                    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+                    async fn $case() {
+                        if let Some(store) = open().await {
+                            super::$case(store).await;
+                        }
+                    }
+                };
+            }
+
+            case!(insert_if_absent_or_expired);
+            case!(replace_only_at_version);
+            case!(delete_at_version);
+            case!(reads_never_return_expired);
+            case!(keys_round_trip_any_allowed_bytes);
+            case!(list_filters_and_pages);
+            case!(one_of_64_concurrent_claimers_proceeds);
+            case!(takeover_fencing_and_retention);
+            case!(replays_the_stored_bytes);
+            case!(seed_concurrent_same_key);
+            case!(seed_lease_takeover_faults_and_window);
+            case!(fails_closed_when_down_and_recovers);
+        }
+    };
+}
+
+pub use crate::seed::{seed_concurrent_same_key, seed_lease_takeover_faults_and_window};
+
+/// The store is wrapped in `Faulty` and made to fail every operation; the
+/// handler never runs; then the faults clear and the same guard works.
+pub async fn fails_closed_when_down_and_recovers(store: Arc<dyn Store>) {
+    let (faulty, faults) = idem::Faulty::new(store);
+    let guard = Guard::builder(faulty).clock(ManualClock::new(BASE_MS)).build().unwrap();
+    faults.set_all(&idem::FaultRule::error("connection refused")).unwrap();
+    let calls = AtomicUsize::new(0);
+    let handler = |_| async {
+        calls.fetch_add(1, Ordering::SeqCst);
+        Ok::<_, std::convert::Infallible>(Response { status: 200, headers: vec![], body: b"ok".to_vec() })
+    };
+    let key = unique("down");
+    assert!(matches!(guard.run(&key, "fp", handler).await.unwrap(), Outcome::Unavailable(_)));
+    assert_eq!(calls.load(Ordering::SeqCst), 0, "fail closed: the handler never runs");
+    faults.clear_all();
+    assert!(matches!(guard.run(&key, "fp", handler).await.unwrap(), Outcome::Executed(_)));
+    assert_eq!(calls.load(Ordering::SeqCst), 1);
+}
+
+store_conformance!(memory, async { Some(Arc::new(idem::MemoryStore::new()) as Arc<dyn Store>) });

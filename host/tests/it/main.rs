@@ -1,0 +1,6 @@
+//! The host's integration tests, one binary to keep link times down.
+
+mod conformance;
+mod engine;
+mod guard;
+mod seed;
