@@ -78,6 +78,9 @@ impl Client {
     /// `admin_url` is where the admin listener is, e.g. `http://127.0.0.1:9090`.
     pub fn new(admin_url: &str, token: Option<String>) -> Result<Self, ClientError> {
         let bad = |why: &str| ClientError::BadUrl { url: admin_url.to_owned(), why: why.to_owned() };
+        if !admin_url.contains("://") {
+            return Err(bad(&format!("no scheme; write it as http://{admin_url}")));
+        }
         let base = Url::parse(admin_url).map_err(|e| bad(&e.to_string()))?;
         match base.scheme() {
             "http" => {}

@@ -1,1 +1,7 @@
-fn main(){}
+//! idem-tui's one integration test binary.
+
+mod client;
+mod fake;
+mod frames;
+mod terminal;
+mod update;
