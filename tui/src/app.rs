@@ -510,6 +510,12 @@ impl App {
         commands
     }
 
+    /// After a move: if the detail pane shows another key now, watch it.
+    fn rewatch(&self, before: Option<String>) -> Vec<Command> {
+        let now = self.keys.selected_key().map(|k| k.key.clone());
+        if self.detail_open && now != before { self.watch() } else { vec![] }
+    }
+
     /// Which key's detail the client should poll.
     fn watch(&self) -> Vec<Command> {
         let key = if self.detail_open { self.keys.selected_key().map(|k| k.key.clone()) } else { None };
@@ -559,7 +565,7 @@ impl App {
             _ => {}
         }
         self.keep_selection_visible();
-        if self.keys.selected_key().map(|k| k.key.clone()) == before { vec![] } else { self.watch() }
+        self.rewatch(before)
     }
 
     /// Asks the server for the next or the previous page.
@@ -694,7 +700,7 @@ impl App {
                     keys.selected = i;
                 }
                 self.keep_selection_visible();
-                if self.keys.selected_key().map(|k| k.key.clone()) == before { vec![] } else { self.watch() }
+                self.rewatch(before)
             }
             Update::Detail(detail) => {
                 if self.detail_open && self.keys.selected_key().is_some_and(|k| k.key == detail.info.key) {
