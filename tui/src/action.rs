@@ -92,30 +92,33 @@ const fn b(keys: &'static str, what: &'static str) -> Binding {
 
 /// The bindings of each part of the console, as the help overlay lists them.
 pub fn bindings() -> [(&'static str, &'static [Binding]); 4] {
+    // Each text fits the help overlay's half of an 80-column screen.
     const GLOBAL: &[Binding] = &[
-        b("1 2 3 / Tab", "keys, faults, activity"),
+        b("1 2 3 Tab", "keys, faults, activity"),
         b("?", "this help"),
-        b("q / Ctrl-C", "quit"),
+        b("q  Ctrl-C", "quit"),
     ];
     const KEYS: &[Binding] = &[
         b("↑↓ j k", "move"),
-        b("PgUp PgDn", "page (server pages past this one)"),
-        b("Home g / End G", "first / last row"),
+        b("PgUp PgDn", "previous / next page"),
+        b("g G Home End", "first / last row"),
         b("s / o", "sort column / order"),
-        b("f", "state: all, processing, done"),
+        b("f", "state: all, proc., done"),
         b("/", "filter by key prefix"),
-        b("Esc", "clear filters"),
+        b("Esc", "clear the filters"),
         b("Enter", "detail pane"),
-        b("r / e / d", "release lease / expire / delete"),
+        b("r / e / d", "release, expire, delete"),
     ];
     const FAULTS: &[Binding] = &[
-        b("↑↓ j k", "choose the store operation"),
-        b("o e t d l", "off, error, timeout, delay, lost"),
+        b("↑↓ j k", "choose the operation"),
+        b("o / e", "off / error"),
+        b("t / d / l", "timeout / delay / lost"),
         b("Space", "fault on / off"),
         b("+ / -", "latency ±100 ms"),
         b("] / [", "probability ±10 %"),
-        b("> / <", "count ±1 (0 = unlimited)"),
-        b("L P C M", "type latency, probability, count, message"),
+        b("> / <", "count ±1 (0: unlimited)"),
+        b("L / P", "type latency / prob."),
+        b("C / M", "type count / message"),
     ];
     const ACTIVITY: &[Binding] = &[b("c", "clear the decision log")];
     [("Everywhere", GLOBAL), ("Keys", KEYS), ("Faults", FAULTS), ("Activity", ACTIVITY)]

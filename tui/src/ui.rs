@@ -189,10 +189,7 @@ impl App {
             return;
         };
         let r = &stats.rates_per_s;
-        let mut spans = vec![
-            Span::styled(format!(" {} ", stats.store), LABEL),
-            Span::styled(format!("up {}  ", duration(stats.uptime_ms)), DIM),
-        ];
+        let mut rates = vec![Span::raw(" ")];
         for (outcome, rate) in [
             (Outcome::Executed, r.executed),
             (Outcome::Replayed, r.replayed),
@@ -200,17 +197,29 @@ impl App {
             (Outcome::Conflict, r.conflict),
             (Outcome::Unavailable, r.unavailable),
         ] {
-            spans.push(Span::styled(format!("{} {rate:.1}/s  ", short(outcome)), outcome_style(outcome)));
+            rates.push(Span::styled(format!("{} {rate:.1}/s ", short(outcome)), outcome_style(outcome)));
         }
-        spans.push(Span::styled(format!("p99 {}", micros(stats.store_latency_us.p99)), DIM));
         let active: Vec<String> = crate::api::Op::ALL
             .iter()
             .filter(|op| self.faults.faults.rule(**op).kind != FaultKind::Off)
             .map(|op| format!("{op} {}", self.faults.faults.rule(*op).kind.as_str()))
             .collect();
-        if !active.is_empty() {
-            spans.push("  ".into());
-            spans.push(Span::styled(format!("⚡ {}", active.join(", ")), Style::new().fg(Color::Red).bold()));
+        let faults = if active.is_empty() {
+            None
+        } else {
+            Some(Span::styled(format!(" faults: {}  ", active.join(", ")), Style::new().fg(Color::Red).bold()))
+        };
+        let p99 = Span::styled(format!(" p99 {}  ", micros(stats.store_latency_us.p99)), DIM);
+        let store = Span::styled(format!("{} up {}", stats.store, duration(stats.uptime_ms)), LABEL);
+        // Rates and faults matter most; latency and the store name go first
+        // when the screen is narrow.
+        let width = |spans: &[Span]| spans.iter().map(Span::width).sum::<usize>();
+        let mut spans = rates;
+        spans.extend(faults);
+        for extra in [p99, store] {
+            if width(&spans) + extra.width() <= usize::from(area.width) {
+                spans.push(extra);
+            }
         }
         Line::from(spans).render(area, buf);
     }
@@ -562,7 +571,7 @@ impl App {
     }
 
     fn render_help(&self, area: Rect, buf: &mut Buffer) {
-        let dialog = centered(area, 78, 20);
+        let dialog = centered(area, 76, 18);
         Clear.render(dialog, buf);
         let outer = block(Span::styled(" Help · ? or Esc closes ", Style::new().bold())).border_style(LABEL);
         let inner = outer.inner(dialog);
@@ -574,7 +583,7 @@ impl App {
             for (title, list) in parts {
                 lines.push(Line::from(Span::styled(*title, Style::new().bold().underlined())));
                 for b in *list {
-                    lines.push(Line::from(vec![Span::styled(format!(" {:<14}", b.keys), LABEL), Span::raw(b.what)]));
+                    lines.push(Line::from(vec![Span::styled(format!(" {:<13}", b.keys), LABEL), Span::raw(b.what)]));
                 }
                 lines.push(Line::default());
             }

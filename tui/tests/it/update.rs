@@ -20,7 +20,7 @@ pub fn row(key: &str, state: KeyState, i: u64) -> KeyInfo {
         lease_remaining_ms: if processing { 1000 * (i + 1) } else { 0 },
         expires_at_ms: NOW + 3_600_000 - 30_000 * i,
         expires_in_ms: 3_600_000 - 30_000 * i,
-        fingerprint: format!("{:016x}", (i + 1) * 0x9e37_79b9),
+        fingerprint: format!("{:016x}", (i + 1).wrapping_mul(0x9e37_79b9_7f4a_7c15)),
         status: (!processing).then_some(201),
         replays: i % 4,
     }
