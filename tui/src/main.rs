@@ -19,6 +19,11 @@ struct Args {
 #[tokio::main]
 async fn main() -> ExitCode {
     let args = Args::parse();
+    // A wrong URL is named before the terminal is touched.
+    if let Err(e) = idem_tui::client::Client::new(&args.admin, None) {
+        eprintln!("idem-tui: {e}");
+        return ExitCode::from(2);
+    }
     if !std::io::stdout().is_terminal() {
         eprintln!("idem-tui: stdout is not a terminal; the console needs one (the admin API itself is plain JSON)");
         return ExitCode::FAILURE;

@@ -185,3 +185,4 @@ async fn a_lost_server_is_reported_and_found_again_on_the_same_address() {
     assert!(matches!(update, Update::Keys { page, .. } if page.keys[0].key == "back-00000"));
     session.shutdown().await;
 }
+

@@ -336,7 +336,8 @@ async fn stats(State(shared): State<Arc<Shared>>, headers: HeaderMap) -> Respons
     if let Err(r) = authorized(&shared, &headers) {
         return r;
     }
-    let inner = shared.lock();
+    let mut inner = shared.lock();
+    inner.keys_queries.push("stats".into());
     let processing = inner.keys.values().filter(|s| s.state == KeyState::Processing).count() as f64;
     let mut stats = Stats { uptime_ms: 754_000, store: "memory".into(), ..Stats::default() };
     stats.rates_per_s.executed = 12.0;
