@@ -9,6 +9,9 @@ use crate::app::{App, KeyQuery, Mode, View};
 use crossterm::event::{KeyCode, KeyEvent, KeyEventKind, KeyModifiers};
 
 /// Everything that changes the state. `App::update` is the only consumer.
+// A page of keys makes `Server` the big variant; each action is built,
+// moved once and dropped, so boxing would only add an allocation.
+#[allow(clippy::large_enum_variant)]
 #[derive(Clone, Debug, PartialEq)]
 pub enum Action {
     Quit,
@@ -64,7 +67,10 @@ pub enum Action {
 pub enum Update {
     /// A page of keys, with the query it answers (a late answer to an old
     /// query is dropped).
-    Keys { query: KeyQuery, page: KeyPage },
+    Keys {
+        query: KeyQuery,
+        page: KeyPage,
+    },
     Detail(KeyDetail),
     /// The watched key no longer exists.
     DetailGone(String),
@@ -121,7 +127,12 @@ pub fn bindings() -> [(&'static str, &'static [Binding]); 4] {
         b("C / M", "type count / message"),
     ];
     const ACTIVITY: &[Binding] = &[b("c", "clear the decision log")];
-    [("Everywhere", GLOBAL), ("Keys", KEYS), ("Faults", FAULTS), ("Activity", ACTIVITY)]
+    [
+        ("Everywhere", GLOBAL),
+        ("Keys", KEYS),
+        ("Faults", FAULTS),
+        ("Activity", ACTIVITY),
+    ]
 }
 
 /// Maps a key press to an action, given what is on screen.

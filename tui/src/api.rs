@@ -129,7 +129,13 @@ pub struct FaultRule {
 
 impl Default for FaultRule {
     fn default() -> Self {
-        FaultRule { kind: FaultKind::Off, latency_ms: 0, probability: 1.0, count: None, message: String::new() }
+        FaultRule {
+            kind: FaultKind::Off,
+            latency_ms: 0,
+            probability: 1.0,
+            count: None,
+            message: String::new(),
+        }
     }
 }
 

@@ -12,10 +12,11 @@
 
 use crate::action::{Action, Update};
 use crate::api::{
-    DecisionEvent, FaultEvent, FaultKind, FaultRule, Faults, KeyDetail, KeyInfo, KeyState, MAX_LATENCY_MS, Op,
-    Outcomes, Stats,
+    DecisionEvent, FaultEvent, FaultKind, FaultRule, Faults, KeyDetail, KeyInfo, KeyState,
+    MAX_LATENCY_MS, Op, Outcomes, Stats,
 };
 use std::collections::VecDeque;
+use std::fmt::Write as _;
 
 /// Rows per page asked of the server: a screenful or two. The server pages
 /// through the rest, so the console holds one page whatever the store holds.
@@ -103,7 +104,14 @@ pub struct KeyQuery {
 
 impl Default for KeyQuery {
     fn default() -> Self {
-        KeyQuery { state: None, prefix: String::new(), sort: Sort::Key, order: Order::Asc, after: None, limit: PAGE_SIZE }
+        KeyQuery {
+            state: None,
+            prefix: String::new(),
+            sort: Sort::Key,
+            order: Order::Asc,
+            after: None,
+            limit: PAGE_SIZE,
+        }
     }
 }
 
@@ -125,7 +133,11 @@ pub enum Connection {
     Connecting,
     Connected,
     /// Lost at `since_ms` (local clock); the client keeps retrying.
-    Lost { error: String, since_ms: u64, attempts: u32 },
+    Lost {
+        error: String,
+        since_ms: u64,
+        attempts: u32,
+    },
 }
 
 /// An action on a key, waiting for `y`.
@@ -225,6 +237,7 @@ impl Keys {
 }
 
 /// The whole console.
+#[allow(clippy::struct_excessive_bools)] // independent flags, each shown on screen
 pub struct App {
     pub admin_url: String,
     pub view: View,
@@ -316,6 +329,7 @@ impl App {
     }
 
     /// Applies one action; returns what the client must do.
+    #[allow(clippy::too_many_lines)] // one arm per action: the console's behaviour in one table
     pub fn update(&mut self, action: Action) -> Vec<Command> {
         match action {
             Action::Quit => {
@@ -333,15 +347,25 @@ impl App {
             Action::NextView | Action::PrevView => {
                 let i = View::ALL.iter().position(|v| *v == self.view).unwrap_or(0);
                 let n = View::ALL.len();
-                let i = if action == Action::NextView { (i + 1) % n } else { (i + n - 1) % n };
+                let i = if action == Action::NextView {
+                    (i + 1) % n
+                } else {
+                    (i + n - 1) % n
+                };
                 self.view = View::ALL[i];
                 vec![]
             }
-            Action::Up | Action::Down | Action::PageUp | Action::PageDown | Action::Home | Action::End => {
-                self.navigate(&action)
-            }
+            Action::Up
+            | Action::Down
+            | Action::PageUp
+            | Action::PageDown
+            | Action::Home
+            | Action::End => self.navigate(&action),
             Action::NextSort => {
-                let i = Sort::ALL.iter().position(|s| *s == self.keys.query.sort).unwrap_or(0);
+                let i = Sort::ALL
+                    .iter()
+                    .position(|s| *s == self.keys.query.sort)
+                    .unwrap_or(0);
                 self.keys.query.sort = Sort::ALL[(i + 1) % Sort::ALL.len()];
                 self.requery()
             }
@@ -361,7 +385,10 @@ impl App {
                 self.requery()
             }
             Action::StartPrefixFilter => {
-                self.input = Some(Input { field: Field::Prefix, text: self.keys.query.prefix.clone() });
+                self.input = Some(Input {
+                    field: Field::Prefix,
+                    text: self.keys.query.prefix.clone(),
+                });
                 vec![]
             }
             Action::ClearFilters => {
@@ -385,9 +412,17 @@ impl App {
                 };
                 match self.keys.selected_key() {
                     Some(row) if verb == KeyVerb::Release && row.state != KeyState::Processing => {
-                        self.say(format!("{} holds no lease: it is done", row.key), Severity::Error);
+                        self.say(
+                            format!("{} holds no lease: it is done", row.key),
+                            Severity::Error,
+                        );
                     }
-                    Some(row) => self.confirm = Some(Confirm { verb, key: row.key.clone() }),
+                    Some(row) => {
+                        self.confirm = Some(Confirm {
+                            verb,
+                            key: row.key.clone(),
+                        });
+                    }
                     None => self.say("no key selected", Severity::Error),
                 }
                 vec![]
@@ -431,7 +466,11 @@ impl App {
                 Ok(())
             }),
             Action::ToggleFault => self.edit_fault(|rule| {
-                rule.kind = if rule.kind == FaultKind::Off { FaultKind::Error } else { FaultKind::Off };
+                rule.kind = if rule.kind == FaultKind::Off {
+                    FaultKind::Error
+                } else {
+                    FaultKind::Off
+                };
                 if rule.kind == FaultKind::Error && rule.message.is_empty() {
                     rule.message = "injected by idem-tui".into();
                 }
@@ -464,13 +503,21 @@ impl App {
                 };
                 Ok(())
             }),
-            Action::EditLatency | Action::EditProbability | Action::EditCount | Action::EditMessage => {
+            Action::EditLatency
+            | Action::EditProbability
+            | Action::EditCount
+            | Action::EditMessage => {
                 let op = self.selected_op();
                 let rule = self.faults.faults.rule(op);
                 let (field, text) = match action {
                     Action::EditLatency => (Field::Latency(op), rule.latency_ms.to_string()),
-                    Action::EditProbability => (Field::Probability(op), format_percent(rule.probability)),
-                    Action::EditCount => (Field::Count(op), rule.count.map(|n| n.to_string()).unwrap_or_default()),
+                    Action::EditProbability => {
+                        (Field::Probability(op), format_percent(rule.probability))
+                    }
+                    Action::EditCount => (
+                        Field::Count(op),
+                        rule.count.map(|n| n.to_string()).unwrap_or_default(),
+                    ),
                     _ => (Field::Message(op), rule.message.clone()),
                 };
                 self.input = Some(Input { field, text });
@@ -511,14 +558,22 @@ impl App {
     }
 
     /// After a move: if the detail pane shows another key now, watch it.
-    fn rewatch(&self, before: Option<String>) -> Vec<Command> {
-        let now = self.keys.selected_key().map(|k| k.key.clone());
-        if self.detail_open && now != before { self.watch() } else { vec![] }
+    fn rewatch(&self, before: Option<&str>) -> Vec<Command> {
+        let now = self.keys.selected_key().map(|k| k.key.as_str());
+        if self.detail_open && now != before {
+            self.watch()
+        } else {
+            vec![]
+        }
     }
 
     /// Which key's detail the client should poll.
     fn watch(&self) -> Vec<Command> {
-        let key = if self.detail_open { self.keys.selected_key().map(|k| k.key.clone()) } else { None };
+        let key = if self.detail_open {
+            self.keys.selected_key().map(|k| k.key.clone())
+        } else {
+            None
+        };
         vec![Command::Watch(key)]
     }
 
@@ -565,18 +620,22 @@ impl App {
             _ => {}
         }
         self.keep_selection_visible();
-        self.rewatch(before)
+        self.rewatch(before.as_deref())
     }
 
     /// Asks the server for the next or the previous page.
     fn turn_page(&mut self, forward: bool) -> Vec<Command> {
         if forward {
-            let Some(next) = self.keys.next.clone() else { return vec![] };
+            let Some(next) = self.keys.next.clone() else {
+                return vec![];
+            };
             self.keys.previous.push(self.keys.query.after.take());
             self.keys.query.after = Some(next);
             self.keys.selected = 0;
         } else {
-            let Some(after) = self.keys.previous.pop() else { return vec![] };
+            let Some(after) = self.keys.previous.pop() else {
+                return vec![];
+            };
             self.keys.query.after = after;
             // Land on the last row of the page before, where PgUp came from.
             self.keys.selected = usize::MAX;
@@ -601,9 +660,15 @@ impl App {
     /// Changes the selected operation's rule and sends it at once. The
     /// table shows the change right away; the server's answer (or its
     /// refusal) has the last word.
-    fn edit_fault(&mut self, change: impl FnOnce(&mut FaultRule) -> Result<(), String>) -> Vec<Command> {
+    fn edit_fault(
+        &mut self,
+        change: impl FnOnce(&mut FaultRule) -> Result<(), String>,
+    ) -> Vec<Command> {
         if !self.faults_loaded {
-            self.say("faults not loaded yet: waiting for the server", Severity::Error);
+            self.say(
+                "faults not loaded yet: waiting for the server",
+                Severity::Error,
+            );
             return vec![];
         }
         let op = self.selected_op();
@@ -616,12 +681,17 @@ impl App {
             return vec![];
         }
         self.faults.faults.rule_mut(op).clone_from(&rule);
-        self.say(format!("{op}: {} — sending", describe_rule(&rule)), Severity::Info);
+        self.say(
+            format!("{op}: {} — sending", describe_rule(&rule)),
+            Severity::Info,
+        );
         vec![Command::SetFault(op, rule)]
     }
 
     fn submit(&mut self) -> Vec<Command> {
-        let Some(Input { field, text }) = self.input.take() else { return vec![] };
+        let Some(Input { field, text }) = self.input.take() else {
+            return vec![];
+        };
         let text = text.trim().to_owned();
         match field {
             Field::Prefix => {
@@ -635,7 +705,9 @@ impl App {
                         r.latency_ms = ms;
                         Ok(())
                     }),
-                    _ => self.refuse(format!("latency {text:?} is not a whole number of ms from 0 to {MAX_LATENCY_MS}")),
+                    _ => self.refuse(format!(
+                        "latency {text:?} is not a whole number of ms from 0 to {MAX_LATENCY_MS}"
+                    )),
                 }
             }
             Field::Probability(op) => {
@@ -645,18 +717,26 @@ impl App {
                         r.probability = p / 100.0;
                         Ok(())
                     }),
-                    _ => self.refuse(format!("probability {text:?} is not a percentage from 0 to 100")),
+                    _ => self.refuse(format!(
+                        "probability {text:?} is not a percentage from 0 to 100"
+                    )),
                 }
             }
             Field::Count(op) => {
                 self.fault_selected = op_index(op);
-                let count = if text.is_empty() { Ok(0) } else { text.parse::<u64>() };
+                let count = if text.is_empty() {
+                    Ok(0)
+                } else {
+                    text.parse::<u64>()
+                };
                 match count {
                     Ok(n) => self.edit_fault(|r| {
                         r.count = (n > 0).then_some(n);
                         Ok(())
                     }),
-                    Err(_) => self.refuse(format!("count {text:?} is not a whole number (0 = unlimited)")),
+                    Err(_) => self.refuse(format!(
+                        "count {text:?} is not a whole number (0 = unlimited)"
+                    )),
                 }
             }
             Field::Message(op) => {
@@ -674,6 +754,7 @@ impl App {
         vec![]
     }
 
+    #[allow(clippy::too_many_lines)] // one arm per update
     fn apply(&mut self, update: Update) -> Vec<Command> {
         match update {
             Update::Keys { query, page } => {
@@ -681,7 +762,7 @@ impl App {
                     return vec![];
                 }
                 let before = self.keys.selected_key().map(|k| k.key.clone());
-                self.clock_offset_ms = page.now_ms as i64 - self.local_ms as i64;
+                self.clock_offset_ms = page.now_ms.cast_signed() - self.local_ms.cast_signed();
                 let keys = &mut self.keys;
                 keys.lease_scale_ms = page
                     .keys
@@ -700,10 +781,15 @@ impl App {
                     keys.selected = i;
                 }
                 self.keep_selection_visible();
-                self.rewatch(before)
+                self.rewatch(before.as_deref())
             }
             Update::Detail(detail) => {
-                if self.detail_open && self.keys.selected_key().is_some_and(|k| k.key == detail.info.key) {
+                if self.detail_open
+                    && self
+                        .keys
+                        .selected_key()
+                        .is_some_and(|k| k.key == detail.info.key)
+                {
                     self.detail = Some(detail);
                 }
                 vec![]
@@ -730,7 +816,10 @@ impl App {
                 vec![]
             }
             Update::Fault(event) => {
-                self.faults.faults.rule_mut(event.op).clone_from(&event.rule);
+                self.faults
+                    .faults
+                    .rule_mut(event.op)
+                    .clone_from(&event.rule);
                 push_bounded(&mut self.log, LogLine::Fault(event), LOG_LINES);
                 vec![]
             }
@@ -743,10 +832,21 @@ impl App {
                 vec![]
             }
             Update::Disconnected(error) => {
-                self.connection = match std::mem::replace(&mut self.connection, Connection::Connecting) {
-                    Connection::Lost { since_ms, attempts, .. } => Connection::Lost { error, since_ms, attempts: attempts + 1 },
-                    _ => Connection::Lost { error, since_ms: self.local_ms, attempts: 1 },
-                };
+                self.connection =
+                    match std::mem::replace(&mut self.connection, Connection::Connecting) {
+                        Connection::Lost {
+                            since_ms, attempts, ..
+                        } => Connection::Lost {
+                            error,
+                            since_ms,
+                            attempts: attempts + 1,
+                        },
+                        _ => Connection::Lost {
+                            error,
+                            since_ms: self.local_ms,
+                            attempts: 1,
+                        },
+                    };
                 vec![]
             }
             Update::Done(text) => {
@@ -775,7 +875,11 @@ fn push_bounded<T>(queue: &mut VecDeque<T>, item: T, cap: usize) {
 /// `0.25` → `"25"`; whole percentages without decimals.
 pub fn format_percent(p: f64) -> String {
     let pct = p * 100.0;
-    if (pct - pct.round()).abs() < 1e-9 { format!("{pct:.0}") } else { format!("{pct:.1}") }
+    if (pct - pct.round()).abs() < 1e-9 {
+        format!("{pct:.0}")
+    } else {
+        format!("{pct:.1}")
+    }
 }
 
 /// A rule in the seed's fault grammar, e.g. `25% 3× timeout 500ms`.
@@ -785,17 +889,17 @@ pub fn describe_rule(rule: &FaultRule) -> String {
     }
     let mut text = String::new();
     if rule.probability < 1.0 {
-        text.push_str(&format!("{}% ", format_percent(rule.probability)));
+        let _ = write!(text, "{}% ", format_percent(rule.probability));
     }
     if let Some(n) = rule.count {
-        text.push_str(&format!("{n}× "));
+        let _ = write!(text, "{n}× ");
     }
     text.push_str(rule.kind.as_str());
     if rule.kind.uses_latency() {
-        text.push_str(&format!(" {}ms", rule.latency_ms));
+        let _ = write!(text, " {}ms", rule.latency_ms);
     }
     if rule.kind == FaultKind::Error && !rule.message.is_empty() {
-        text.push_str(&format!(" ({})", rule.message));
+        let _ = write!(text, " ({})", rule.message);
     }
     text
 }

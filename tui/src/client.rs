@@ -9,7 +9,8 @@
 
 use crate::action::Update;
 use crate::api::{
-    DecisionEvent, FaultEvent, FaultRule, Faults, KeyDetail, KeyInfo, KeyPage, KeyState, Op, Problem, Stats,
+    DecisionEvent, FaultEvent, FaultRule, Faults, KeyDetail, KeyInfo, KeyPage, KeyState, Op,
+    Problem, Stats,
 };
 use crate::app::{Command, KeyQuery};
 use futures_util::StreamExt;
@@ -77,7 +78,10 @@ pub struct Client {
 impl Client {
     /// `admin_url` is where the admin listener is, e.g. `http://127.0.0.1:9090`.
     pub fn new(admin_url: &str, token: Option<String>) -> Result<Self, ClientError> {
-        let bad = |why: &str| ClientError::BadUrl { url: admin_url.to_owned(), why: why.to_owned() };
+        let bad = |why: &str| ClientError::BadUrl {
+            url: admin_url.to_owned(),
+            why: why.to_owned(),
+        };
         if !admin_url.contains("://") {
             return Err(bad(&format!("no scheme; write it as http://{admin_url}")));
         }
@@ -85,7 +89,9 @@ impl Client {
         match base.scheme() {
             "http" => {}
             "https" => {
-                return Err(bad("https is not supported: the admin API listens on plain http (loopback by default)"));
+                return Err(bad(
+                    "https is not supported: the admin API listens on plain http (loopback by default)",
+                ));
             }
             other => return Err(bad(&format!("scheme {other:?} is not http"))),
         }
@@ -97,12 +103,19 @@ impl Client {
             .read_timeout(STREAM_SILENCE)
             .build()
             .map_err(|e| transport(&e))?;
-        Ok(Client { http, base, token: token.filter(|t| !t.is_empty()) })
+        Ok(Client {
+            http,
+            base,
+            token: token.filter(|t| !t.is_empty()),
+        })
     }
 
     fn url(&self, segments: &[&str]) -> Url {
         let mut url = self.base.clone();
-        url.path_segments_mut().expect("checked in new").pop_if_empty().extend(segments);
+        url.path_segments_mut()
+            .expect("checked in new")
+            .pop_if_empty()
+            .extend(segments);
         url
     }
 
@@ -115,7 +128,11 @@ impl Client {
     }
 
     async fn send(&self, request: reqwest::RequestBuilder) -> Result<Vec<u8>, ClientError> {
-        let response = request.timeout(REQUEST_TIMEOUT).send().await.map_err(|e| transport(&e))?;
+        let response = request
+            .timeout(REQUEST_TIMEOUT)
+            .send()
+            .await
+            .map_err(|e| transport(&e))?;
         let status = response.status();
         let body = response.bytes().await.map_err(|e| transport(&e))?.to_vec();
         if status.is_success() {
@@ -124,10 +141,19 @@ impl Client {
         let detail = match serde_json::from_slice::<Problem>(&body) {
             Ok(p) if !p.detail.is_empty() => p.detail,
             Ok(p) if !p.title.is_empty() => p.title,
-            _ => String::from_utf8_lossy(&body[..body.len().min(200)]).trim().to_owned(),
+            _ => String::from_utf8_lossy(&body[..body.len().min(200)])
+                .trim()
+                .to_owned(),
         };
-        let detail = if detail.is_empty() { status.canonical_reason().unwrap_or("error").to_owned() } else { detail };
-        Err(ClientError::Refused { status: status.as_u16(), detail })
+        let detail = if detail.is_empty() {
+            status.canonical_reason().unwrap_or("error").to_owned()
+        } else {
+            detail
+        };
+        Err(ClientError::Refused {
+            status: status.as_u16(),
+            detail,
+        })
     }
 
     async fn get_json<T: DeserializeOwned>(&self, url: Url) -> Result<T, ClientError> {
@@ -140,7 +166,14 @@ impl Client {
         {
             let mut pairs = url.query_pairs_mut();
             if let Some(state) = query.state {
-                pairs.append_pair("state", if state == KeyState::Processing { "processing" } else { "done" });
+                pairs.append_pair(
+                    "state",
+                    if state == KeyState::Processing {
+                        "processing"
+                    } else {
+                        "done"
+                    },
+                );
             }
             if !query.prefix.is_empty() {
                 pairs.append_pair("prefix", &query.prefix);
@@ -165,16 +198,22 @@ impl Client {
     }
 
     pub async fn release(&self, key: &str) -> Result<KeyInfo, ClientError> {
-        let body = self.send(self.request(Method::POST, self.url(&["v1", "keys", key, "release"]))).await?;
+        let body = self
+            .send(self.request(Method::POST, self.url(&["v1", "keys", key, "release"])))
+            .await?;
         serde_json::from_slice(&body).map_err(|e| ClientError::Decode(e.to_string()))
     }
 
     pub async fn expire(&self, key: &str) -> Result<(), ClientError> {
-        self.send(self.request(Method::POST, self.url(&["v1", "keys", key, "expire"]))).await.map(drop)
+        self.send(self.request(Method::POST, self.url(&["v1", "keys", key, "expire"])))
+            .await
+            .map(drop)
     }
 
     pub async fn delete(&self, key: &str) -> Result<(), ClientError> {
-        self.send(self.request(Method::DELETE, self.url(&["v1", "keys", key]))).await.map(drop)
+        self.send(self.request(Method::DELETE, self.url(&["v1", "keys", key])))
+            .await
+            .map(drop)
     }
 
     pub async fn faults(&self) -> Result<Faults, ClientError> {
@@ -268,7 +307,14 @@ impl SseParser {
     fn line_done(&mut self, line: &str) -> Option<SseEvent> {
         if line.is_empty() {
             let event = std::mem::take(&mut self.event);
-            return self.data.take().map(|data| SseEvent { event: if event.is_empty() { "message".into() } else { event }, data });
+            return self.data.take().map(|data| SseEvent {
+                event: if event.is_empty() {
+                    "message".into()
+                } else {
+                    event
+                },
+                data,
+            });
         }
         if line.starts_with(':') {
             return None;
@@ -293,8 +339,12 @@ impl SseParser {
 /// Turns an SSE event into what the console shows; unknown events are skipped.
 pub fn decode_event(event: &SseEvent) -> Option<Update> {
     match event.event.as_str() {
-        "decision" => serde_json::from_str::<DecisionEvent>(&event.data).ok().map(Update::Decision),
-        "fault" => serde_json::from_str::<FaultEvent>(&event.data).ok().map(Update::Fault),
+        "decision" => serde_json::from_str::<DecisionEvent>(&event.data)
+            .ok()
+            .map(Update::Decision),
+        "fault" => serde_json::from_str::<FaultEvent>(&event.data)
+            .ok()
+            .map(Update::Fault),
         _ => None,
     }
 }
@@ -315,7 +365,13 @@ impl Session {
         let wake = Arc::new(Notify::new());
         let mut tasks = JoinSet::new();
 
-        tasks.spawn(poll(client.clone(), query_rx, watch_rx, wake.clone(), updates_tx.clone()));
+        tasks.spawn(poll(
+            client.clone(),
+            query_rx,
+            watch_rx,
+            wake.clone(),
+            updates_tx.clone(),
+        ));
         tasks.spawn(stream(client.clone(), updates_tx.clone()));
         tasks.spawn(async move {
             while let Some(command) = commands_rx.recv().await {
@@ -330,9 +386,16 @@ impl Session {
                         wake.notify_one();
                         continue;
                     }
-                    Command::Release(key) => report(client.release(&key).await, format!("released the lease of {key}")),
-                    Command::Expire(key) => report(client.expire(&key).await, format!("expired {key}")),
-                    Command::Delete(key) => report(client.delete(&key).await, format!("deleted {key}")),
+                    Command::Release(key) => report(
+                        client.release(&key).await,
+                        format!("released the lease of {key}"),
+                    ),
+                    Command::Expire(key) => {
+                        report(client.expire(&key).await, format!("expired {key}"))
+                    }
+                    Command::Delete(key) => {
+                        report(client.delete(&key).await, format!("deleted {key}"))
+                    }
                     Command::SetFault(op, rule) => match client.set_fault(op, &rule).await {
                         Ok(faults) => {
                             let _ = updates_tx.send(Update::Faults(faults)).await;
@@ -347,7 +410,11 @@ impl Session {
                 wake.notify_one();
             }
         });
-        Session { commands, updates, tasks }
+        Session {
+            commands,
+            updates,
+            tasks,
+        }
     }
 
     /// Stops every task and waits for them to end.
@@ -383,7 +450,11 @@ async fn poll(
         let watched = watched.borrow().clone();
         let detail = async {
             match &watched {
-                Some(key) => client.key(key).await.map(|d| d.ok_or_else(|| key.clone())).map(Some),
+                Some(key) => client
+                    .key(key)
+                    .await
+                    .map(|d| d.ok_or_else(|| key.clone()))
+                    .map(Some),
                 None => Ok(None),
             }
         };
@@ -395,7 +466,11 @@ async fn poll(
                     batch.push(Update::Connected);
                     connected = true;
                 }
-                batch.extend([Update::Keys { query, page }, Update::Stats(stats), Update::Faults(faults)]);
+                batch.extend([
+                    Update::Keys { query, page },
+                    Update::Stats(stats),
+                    Update::Faults(faults),
+                ]);
                 match detail {
                     Some(Ok(detail)) => batch.push(Update::Detail(detail)),
                     Some(Err(gone)) => batch.push(Update::DetailGone(gone)),

@@ -35,7 +35,8 @@ const FRAME: Duration = Duration::from_millis(250);
 /// ends: quit, error, or panic. A server that cannot be reached is not an
 /// error: the console shows it and keeps retrying.
 pub async fn run(admin_url: &str, token: Option<String>) -> io::Result<()> {
-    let client = Client::new(admin_url, token).map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))?;
+    let client = Client::new(admin_url, token)
+        .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))?;
     let _restore = RestoreOnDrop;
     let mut terminal = ratatui::try_init()?;
     let size = terminal.size()?;
@@ -58,10 +59,16 @@ impl Drop for RestoreOnDrop {
 }
 
 fn local_ms() -> u64 {
-    SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
 }
 
-async fn event_loop(terminal: &mut ratatui::DefaultTerminal, app: &mut App, session: &mut Session) -> io::Result<()> {
+async fn event_loop(
+    terminal: &mut ratatui::DefaultTerminal,
+    app: &mut App,
+    session: &mut Session,
+) -> io::Result<()> {
     let mut events = EventStream::new();
     let mut frame = tokio::time::interval(FRAME);
     frame.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);

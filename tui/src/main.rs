@@ -12,7 +12,12 @@ struct Args {
     #[arg(long, env = "IDEM_ADMIN_URL", value_name = "URL")]
     admin: String,
     /// Bearer token, if the admin API asks for one.
-    #[arg(long, env = "IDEM_ADMIN_TOKEN", value_name = "T", hide_env_values = true)]
+    #[arg(
+        long,
+        env = "IDEM_ADMIN_TOKEN",
+        value_name = "T",
+        hide_env_values = true
+    )]
     token: Option<String>,
 }
 
@@ -25,7 +30,9 @@ async fn main() -> ExitCode {
         return ExitCode::from(2);
     }
     if !std::io::stdout().is_terminal() {
-        eprintln!("idem-tui: stdout is not a terminal; the console needs one (the admin API itself is plain JSON)");
+        eprintln!(
+            "idem-tui: stdout is not a terminal; the console needs one (the admin API itself is plain JSON)"
+        );
         return ExitCode::FAILURE;
     }
     match idem_tui::run(&args.admin, args.token).await {

@@ -2,6 +2,9 @@
 //! in-memory table the test owns. It filters, sorts and pages like the real
 //! one should, records every mutating request, and streams SSE events.
 
+// A handler's early return is a whole response; the fake's counts are small.
+#![allow(clippy::result_large_err, clippy::cast_precision_loss)]
+
 use axum::extract::{Path, Query, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::sse::{Event, KeepAlive, Sse};
@@ -10,8 +13,8 @@ use axum::routing::{get, post};
 use axum::{Json, Router};
 use futures_util::StreamExt;
 use idem_tui::api::{
-    DecisionEvent, FaultEvent, FaultRule, FaultSet, Faults, KeyDetail, KeyInfo, KeyPage, KeyState, Op, Outcome,
-    Stats, StoredResponse,
+    DecisionEvent, FaultEvent, FaultRule, FaultSet, Faults, KeyDetail, KeyInfo, KeyPage, KeyState,
+    Op, Outcome, Stats, StoredResponse,
 };
 use serde::Deserialize;
 use serde_json::json;
@@ -22,7 +25,10 @@ use tokio::net::TcpListener;
 use tokio::sync::{broadcast, oneshot};
 
 pub fn now_ms() -> u64 {
-    SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_millis() as u64
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as u64
 }
 
 #[derive(Clone)]
@@ -58,8 +64,17 @@ impl Shared {
     }
 
     pub fn decision(&self, key: &str, outcome: Outcome) {
-        let event = DecisionEvent { ts_ms: now_ms(), key: key.into(), outcome, status: Some(200), latency_us: 420, detail: None };
-        let _ = self.events.send(("decision", serde_json::to_string(&event).unwrap()));
+        let event = DecisionEvent {
+            ts_ms: now_ms(),
+            key: key.into(),
+            outcome,
+            status: Some(200),
+            latency_us: 420,
+            detail: None,
+        };
+        let _ = self
+            .events
+            .send(("decision", serde_json::to_string(&event).unwrap()));
     }
 
     pub fn requests(&self) -> Vec<String> {
@@ -82,7 +97,11 @@ impl Fake {
 
     pub async fn start_on(addr: &str, token: Option<&str>) -> Fake {
         let (events, _) = broadcast::channel(1024);
-        let shared = Arc::new(Shared { inner: Mutex::default(), events, token: token.map(Into::into) });
+        let shared = Arc::new(Shared {
+            inner: Mutex::default(),
+            events,
+            token: token.map(Into::into),
+        });
         let listener = TcpListener::bind(addr).await.unwrap();
         let addr = listener.local_addr().unwrap();
         let app = Router::new()
@@ -103,7 +122,13 @@ impl Fake {
                 .await
                 .unwrap();
         });
-        Fake { url: format!("http://{addr}"), addr, shared, stop: Some(stop), task: Some(task) }
+        Fake {
+            url: format!("http://{addr}"),
+            addr,
+            shared,
+            stop: Some(stop),
+            task: Some(task),
+        }
     }
 
     /// Adds keys `prefix-00000`…: processing ones with a lease of 30 s, done
@@ -120,7 +145,10 @@ impl Fake {
                     fence: i as u64 + 1,
                     lease_until_ms: if done { 0 } else { now + 30_000 },
                     expires_at_ms: now + 3_600_000,
-                    fingerprint: format!("{:016x}", (i as u64 + 1).wrapping_mul(0x9e37_79b9_7f4a_7c15)),
+                    fingerprint: format!(
+                        "{:016x}",
+                        (i as u64 + 1).wrapping_mul(0x9e37_79b9_7f4a_7c15)
+                    ),
                     response: done.then(|| StoredResponse {
                         status: 201,
                         headers: vec![("content-type".into(), "application/json".into())],
@@ -148,7 +176,12 @@ impl Fake {
 
 fn problem(status: StatusCode, detail: impl Into<String>) -> Response {
     let body = json!({"type": "about:blank", "title": status.canonical_reason(), "status": status.as_u16(), "detail": detail.into()});
-    (status, [("content-type", "application/problem+json")], body.to_string()).into_response()
+    (
+        status,
+        [("content-type", "application/problem+json")],
+        body.to_string(),
+    )
+        .into_response()
 }
 
 fn authorized(shared: &Shared, headers: &HeaderMap) -> Result<(), Response> {
@@ -156,10 +189,14 @@ fn authorized(shared: &Shared, headers: &HeaderMap) -> Result<(), Response> {
         None => Ok(()),
         Some(token) => {
             let expected = format!("Bearer {token}");
-            if headers.get("authorization").and_then(|v| v.to_str().ok()) == Some(expected.as_str()) {
+            if headers.get("authorization").and_then(|v| v.to_str().ok()) == Some(expected.as_str())
+            {
                 Ok(())
             } else {
-                Err(problem(StatusCode::UNAUTHORIZED, "a bearer token is required"))
+                Err(problem(
+                    StatusCode::UNAUTHORIZED,
+                    "a bearer token is required",
+                ))
             }
         }
     }
@@ -191,13 +228,20 @@ struct ListParams {
     order: Option<String>,
 }
 
-async fn list(State(shared): State<Arc<Shared>>, headers: HeaderMap, Query(p): Query<ListParams>) -> Response {
+async fn list(
+    State(shared): State<Arc<Shared>>,
+    headers: HeaderMap,
+    Query(p): Query<ListParams>,
+) -> Response {
     if let Err(r) = authorized(&shared, &headers) {
         return r;
     }
     let limit = p.limit.unwrap_or(100);
     if limit == 0 || limit > 1000 {
-        return problem(StatusCode::BAD_REQUEST, format!("limit {limit} is outside 1 to 1000"));
+        return problem(
+            StatusCode::BAD_REQUEST,
+            format!("limit {limit} is outside 1 to 1000"),
+        );
     }
     let now = now_ms();
     let mut inner = shared.lock();
@@ -209,7 +253,12 @@ async fn list(State(shared): State<Arc<Shared>>, headers: HeaderMap, Query(p): Q
         None => None,
         Some("processing") => Some(KeyState::Processing),
         Some("done") => Some(KeyState::Done),
-        Some(other) => return problem(StatusCode::BAD_REQUEST, format!("state {other:?} is not processing or done")),
+        Some(other) => {
+            return problem(
+                StatusCode::BAD_REQUEST,
+                format!("state {other:?} is not processing or done"),
+            );
+        }
     };
     let prefix = p.prefix.unwrap_or_default();
     let mut rows: Vec<KeyInfo> = inner
@@ -224,31 +273,59 @@ async fn list(State(shared): State<Arc<Shared>>, headers: HeaderMap, Query(p): Q
         "lease" => rows.sort_by_key(|r| r.lease_until_ms),
         "expires" => rows.sort_by_key(|r| r.expires_at_ms),
         "replays" => rows.sort_by_key(|r| r.replays),
-        other => return problem(StatusCode::BAD_REQUEST, format!("sort {other:?} is not key, expires, lease or replays")),
+        other => {
+            return problem(
+                StatusCode::BAD_REQUEST,
+                format!("sort {other:?} is not key, expires, lease or replays"),
+            );
+        }
     }
     if p.order.as_deref() == Some("desc") {
         rows.reverse();
     }
     // The fake's cursor is an offset; the real one is opaque too.
-    let start: usize = p.after.as_deref().and_then(|a| a.strip_prefix('o')).and_then(|n| n.parse().ok()).unwrap_or(0);
+    let start: usize = p
+        .after
+        .as_deref()
+        .and_then(|a| a.strip_prefix('o'))
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(0);
     let total = rows.len();
     let page: Vec<KeyInfo> = rows.into_iter().skip(start).take(limit).collect();
     let next = (start + page.len() < total).then(|| format!("o{}", start + page.len()));
-    Json(KeyPage { now_ms: now, keys: page, next, total: Some(total as u64) }).into_response()
+    Json(KeyPage {
+        now_ms: now,
+        keys: page,
+        next,
+        total: Some(total as u64),
+    })
+    .into_response()
 }
 
-async fn one(State(shared): State<Arc<Shared>>, headers: HeaderMap, Path(key): Path<String>) -> Response {
+async fn one(
+    State(shared): State<Arc<Shared>>,
+    headers: HeaderMap,
+    Path(key): Path<String>,
+) -> Response {
     if let Err(r) = authorized(&shared, &headers) {
         return r;
     }
     let inner = shared.lock();
     match inner.keys.get(&key) {
-        Some(s) => Json(KeyDetail { info: info(&key, s, now_ms()), response: s.response.clone() }).into_response(),
+        Some(s) => Json(KeyDetail {
+            info: info(&key, s, now_ms()),
+            response: s.response.clone(),
+        })
+        .into_response(),
         None => problem(StatusCode::NOT_FOUND, format!("no key {key:?}")),
     }
 }
 
-async fn remove(State(shared): State<Arc<Shared>>, headers: HeaderMap, Path(key): Path<String>) -> Response {
+async fn remove(
+    State(shared): State<Arc<Shared>>,
+    headers: HeaderMap,
+    Path(key): Path<String>,
+) -> Response {
     if let Err(r) = authorized(&shared, &headers) {
         return r;
     }
@@ -260,7 +337,11 @@ async fn remove(State(shared): State<Arc<Shared>>, headers: HeaderMap, Path(key)
     }
 }
 
-async fn release(State(shared): State<Arc<Shared>>, headers: HeaderMap, Path(key): Path<String>) -> Response {
+async fn release(
+    State(shared): State<Arc<Shared>>,
+    headers: HeaderMap,
+    Path(key): Path<String>,
+) -> Response {
     if let Err(r) = authorized(&shared, &headers) {
         return r;
     }
@@ -272,12 +353,19 @@ async fn release(State(shared): State<Arc<Shared>>, headers: HeaderMap, Path(key
             s.lease_until_ms = now;
             Json(info(&key, s, now)).into_response()
         }
-        Some(_) => problem(StatusCode::CONFLICT, format!("{key:?} is done, not processing")),
+        Some(_) => problem(
+            StatusCode::CONFLICT,
+            format!("{key:?} is done, not processing"),
+        ),
         None => problem(StatusCode::NOT_FOUND, format!("no key {key:?}")),
     }
 }
 
-async fn expire(State(shared): State<Arc<Shared>>, headers: HeaderMap, Path(key): Path<String>) -> Response {
+async fn expire(
+    State(shared): State<Arc<Shared>>,
+    headers: HeaderMap,
+    Path(key): Path<String>,
+) -> Response {
     if let Err(r) = authorized(&shared, &headers) {
         return r;
     }
@@ -294,7 +382,10 @@ async fn expire(State(shared): State<Arc<Shared>>, headers: HeaderMap, Path(key)
 }
 
 fn faults_body(inner: &Inner) -> Json<Faults> {
-    Json(Faults { faults: inner.faults.clone(), injected: inner.injected })
+    Json(Faults {
+        faults: inner.faults.clone(),
+        injected: inner.injected,
+    })
 }
 
 async fn faults(State(shared): State<Arc<Shared>>, headers: HeaderMap) -> Response {
@@ -309,7 +400,11 @@ struct FaultsPut {
     faults: BTreeMap<Op, FaultRule>,
 }
 
-async fn set_faults(State(shared): State<Arc<Shared>>, headers: HeaderMap, body: String) -> Response {
+async fn set_faults(
+    State(shared): State<Arc<Shared>>,
+    headers: HeaderMap,
+    body: String,
+) -> Response {
     if let Err(r) = authorized(&shared, &headers) {
         return r;
     }
@@ -321,13 +416,25 @@ async fn set_faults(State(shared): State<Arc<Shared>>, headers: HeaderMap, body:
     };
     for (op, rule) in &put.faults {
         if !(0.0..=1.0).contains(&rule.probability) {
-            return problem(StatusCode::BAD_REQUEST, format!("faults.{op}.probability {} is outside 0 to 1", rule.probability));
+            return problem(
+                StatusCode::BAD_REQUEST,
+                format!(
+                    "faults.{op}.probability {} is outside 0 to 1",
+                    rule.probability
+                ),
+            );
         }
     }
     for (op, rule) in put.faults {
         inner.faults.rule_mut(op).clone_from(&rule);
-        let event = FaultEvent { ts_ms: now_ms(), op, rule };
-        let _ = shared.events.send(("fault", serde_json::to_string(&event).unwrap()));
+        let event = FaultEvent {
+            ts_ms: now_ms(),
+            op,
+            rule,
+        };
+        let _ = shared
+            .events
+            .send(("fault", serde_json::to_string(&event).unwrap()));
     }
     faults_body(&inner).into_response()
 }
@@ -338,8 +445,16 @@ async fn stats(State(shared): State<Arc<Shared>>, headers: HeaderMap) -> Respons
     }
     let mut inner = shared.lock();
     inner.keys_queries.push("stats".into());
-    let processing = inner.keys.values().filter(|s| s.state == KeyState::Processing).count() as f64;
-    let mut stats = Stats { uptime_ms: 754_000, store: "memory".into(), ..Stats::default() };
+    let processing = inner
+        .keys
+        .values()
+        .filter(|s| s.state == KeyState::Processing)
+        .count() as f64;
+    let mut stats = Stats {
+        uptime_ms: 754_000,
+        store: "memory".into(),
+        ..Stats::default()
+    };
     stats.rates_per_s.executed = 12.0;
     stats.rates_per_s.replayed = 3.5;
     stats.rates_per_s.in_flight = processing.min(9.0);
@@ -358,6 +473,14 @@ async fn event_stream(State(shared): State<Arc<Shared>>, headers: HeaderMap) -> 
     let rx = shared.events.subscribe();
     let stream = tokio_stream::wrappers::BroadcastStream::new(rx)
         .filter_map(|e| async move { e.ok() })
-        .map(|(name, data)| Ok::<_, std::convert::Infallible>(Event::default().event(name).data(data)));
-    Sse::new(stream).keep_alive(KeepAlive::new().interval(Duration::from_secs(10)).text("keep-alive")).into_response()
+        .map(|(name, data)| {
+            Ok::<_, std::convert::Infallible>(Event::default().event(name).data(data))
+        });
+    Sse::new(stream)
+        .keep_alive(
+            KeepAlive::new()
+                .interval(Duration::from_secs(10))
+                .text("keep-alive"),
+        )
+        .into_response()
 }

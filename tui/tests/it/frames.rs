@@ -4,8 +4,8 @@
 use crate::update::{NOW, loaded, row};
 use idem_tui::action::{Action, Update};
 use idem_tui::api::{
-    DecisionEvent, FaultEvent, FaultKind, FaultRule, Faults, KeyDetail, KeyState, Op, Outcome, Outcomes, Stats,
-    StoredResponse,
+    DecisionEvent, FaultEvent, FaultKind, FaultRule, Faults, KeyDetail, KeyState, Op, Outcome,
+    Outcomes, Stats, StoredResponse,
 };
 use idem_tui::app::App;
 use ratatui::Terminal;
@@ -48,8 +48,19 @@ fn fg_at(buf: &Buffer, text: &str) -> Color {
 }
 
 fn stats() -> Stats {
-    let mut stats = Stats { uptime_ms: 3_723_000, store: "sqlite".into(), ..Stats::default() };
-    stats.rates_per_s = Outcomes { executed: 41.0, replayed: 12.5, in_flight: 3.0, conflict: 0.5, unavailable: 0.0, invalid: 0.0 };
+    let mut stats = Stats {
+        uptime_ms: 3_723_000,
+        store: "sqlite".into(),
+        ..Stats::default()
+    };
+    stats.rates_per_s = Outcomes {
+        executed: 41.0,
+        replayed: 12.5,
+        in_flight: 3.0,
+        conflict: 0.5,
+        unavailable: 0.0,
+        invalid: 0.0,
+    };
     stats.store_latency_us.p50 = 85;
     stats.store_latency_us.p90 = 240;
     stats.store_latency_us.p99 = 1800;
@@ -59,7 +70,13 @@ fn stats() -> Stats {
     stats
 }
 
-fn decision(i: u64, key: &str, outcome: Outcome, status: Option<u16>, detail: Option<&str>) -> Update {
+fn decision(
+    i: u64,
+    key: &str,
+    outcome: Outcome,
+    status: Option<u16>,
+    detail: Option<&str>,
+) -> Update {
     Update::Decision(DecisionEvent {
         ts_ms: NOW - 5000 + i * 250,
         key: key.into(),
@@ -85,15 +102,32 @@ fn busy() -> App {
     app.keys.rows.insert(2, expired);
     for (i, (key, outcome, status, detail)) in [
         ("order-000", Outcome::Executed, Some(201), None),
-        ("order-000", Outcome::InFlight, None, Some("held by fence 1")),
+        (
+            "order-000",
+            Outcome::InFlight,
+            None,
+            Some("held by fence 1"),
+        ),
         ("order-003", Outcome::Replayed, Some(201), None),
-        ("order-004", Outcome::Conflict, None, Some("fingerprint differs")),
-        ("order-005", Outcome::Unavailable, None, Some("store: insert failed: injected by idem-tui")),
+        (
+            "order-004",
+            Outcome::Conflict,
+            None,
+            Some("fingerprint differs"),
+        ),
+        (
+            "order-005",
+            Outcome::Unavailable,
+            None,
+            Some("store: insert failed: injected by idem-tui"),
+        ),
     ]
     .into_iter()
     .enumerate()
     {
-        app.update(Action::Server(decision(i as u64, key, outcome, status, detail)));
+        app.update(Action::Server(decision(
+            i as u64, key, outcome, status, detail,
+        )));
     }
     app
 }
@@ -109,7 +143,11 @@ fn keys_view() {
     assert_eq!(fg_at(buf, "LAPSED"), Color::Red);
     assert_eq!(fg_at(buf, "EXPIRED"), Color::DarkGray);
     let (x, y) = find(buf, "order-000").unwrap();
-    assert_eq!(buf[(x, y)].bg, Color::DarkGray, "the selected row stands out");
+    assert_eq!(
+        buf[(x, y)].bg,
+        Color::DarkGray,
+        "the selected row stands out"
+    );
     assert!(buf[(x, y)].modifier.contains(Modifier::BOLD));
     assert_eq!(fg_at(buf, "● connected"), Color::Green);
 }
@@ -117,12 +155,17 @@ fn keys_view() {
 #[test]
 fn keys_view_at_the_smallest_size() {
     let mut app = busy();
-    app.update(Action::Resize { width: 80, height: 24 });
+    app.update(Action::Resize {
+        width: 80,
+        height: 24,
+    });
     let terminal = draw(&app, 80, 24);
     insta::assert_snapshot!("keys_80x24", terminal.backend());
     // Every column is still there.
     let buf = terminal.backend().buffer();
-    for column in ["KEY", "STATE", "LEASE", "EXPIRES", "FENCE", "FINGERPR", "STATUS", "REPLAYS"] {
+    for column in [
+        "KEY", "STATE", "LEASE", "EXPIRES", "FENCE", "FINGERPR", "STATUS", "REPLAYS",
+    ] {
         assert!(find(buf, column).is_some(), "{column} missing at 80×24");
     }
 }
@@ -131,7 +174,9 @@ fn keys_view_at_the_smallest_size() {
 fn the_lease_bar_counts_down_with_the_clock() {
     let mut app = busy();
     let before = draw(&app, 120, 40);
-    app.update(Action::Tick { local_ms: NOW + 1500 });
+    app.update(Action::Tick {
+        local_ms: NOW + 1500,
+    });
     let after = draw(&app, 120, 40);
     // order-003 holds a 4 s lease: 4.0s, then 2.5s.
     let line = |t: &Terminal<TestBackend>| {
@@ -156,7 +201,10 @@ fn detail_pane() {
         info,
         response: Some(StoredResponse {
             status: 201,
-            headers: vec![("content-type".into(), "application/json".into()), ("x-order".into(), "A-17".into())],
+            headers: vec![
+                ("content-type".into(), "application/json".into()),
+                ("x-order".into(), "A-17".into()),
+            ],
             body_bytes: 38,
             body_preview: "{\"order\":\"A-17\",\n \"charged\":1000}".into(),
             body_base64: String::new(),
@@ -170,13 +218,36 @@ fn detail_pane() {
 fn faults_panel() {
     let mut app = busy();
     let mut faults = Faults::default();
-    faults.faults.insert = FaultRule { kind: FaultKind::Error, message: "injected by idem-tui".into(), ..FaultRule::default() };
-    faults.faults.get = FaultRule { kind: FaultKind::Delay, latency_ms: 250, probability: 0.3, ..FaultRule::default() };
-    faults.faults.replace = FaultRule { kind: FaultKind::Lost, count: Some(2), ..FaultRule::default() };
+    faults.faults.insert = FaultRule {
+        kind: FaultKind::Error,
+        message: "injected by idem-tui".into(),
+        ..FaultRule::default()
+    };
+    faults.faults.get = FaultRule {
+        kind: FaultKind::Delay,
+        latency_ms: 250,
+        probability: 0.3,
+        ..FaultRule::default()
+    };
+    faults.faults.replace = FaultRule {
+        kind: FaultKind::Lost,
+        count: Some(2),
+        ..FaultRule::default()
+    };
     faults.injected = 1234;
     app.update(Action::Server(Update::Faults(faults.clone())));
-    app.update(Action::Server(Update::Fault(FaultEvent { ts_ms: NOW - 100, op: Op::Insert, rule: faults.faults.insert.clone() })));
-    app.update(Action::Server(decision(30, "order-009", Outcome::Unavailable, None, Some("store: insert failed"))));
+    app.update(Action::Server(Update::Fault(FaultEvent {
+        ts_ms: NOW - 100,
+        op: Op::Insert,
+        rule: faults.faults.insert.clone(),
+    })));
+    app.update(Action::Server(decision(
+        30,
+        "order-009",
+        Outcome::Unavailable,
+        None,
+        Some("store: insert failed"),
+    )));
     app.update(Action::ShowView(idem_tui::app::View::Faults));
     app.update(Action::Down);
     let terminal = draw(&app, 120, 40);
@@ -186,7 +257,11 @@ fn faults_panel() {
     assert_eq!(fg_at(buf, "● delay"), Color::Yellow);
     assert_eq!(fg_at(buf, "○ off"), Color::DarkGray);
     assert_eq!(fg_at(buf, "UNAVAILABLE"), Color::Red);
-    assert_eq!(fg_at(buf, "faults: get delay, insert error, replace lost"), Color::Red, "active faults are flagged in the summary");
+    assert_eq!(
+        fg_at(buf, "faults: get delay, insert error, replace lost"),
+        Color::Red,
+        "active faults are flagged in the summary"
+    );
 }
 
 #[test]
@@ -230,16 +305,25 @@ fn confirmation_dialog() {
 #[test]
 fn disconnected() {
     let mut app = busy();
-    app.update(Action::Server(Update::Disconnected("Connection refused (os error 111)".into())));
-    app.update(Action::Tick { local_ms: NOW + 4000 });
-    app.update(Action::Server(Update::Disconnected("Connection refused (os error 111)".into())));
+    app.update(Action::Server(Update::Disconnected(
+        "Connection refused (os error 111)".into(),
+    )));
+    app.update(Action::Tick {
+        local_ms: NOW + 4000,
+    });
+    app.update(Action::Server(Update::Disconnected(
+        "Connection refused (os error 111)".into(),
+    )));
     let terminal = draw(&app, 120, 40);
     insta::assert_snapshot!("disconnected_120x40", terminal.backend());
     let buf = terminal.backend().buffer();
     let (x, y) = find(buf, "connection lost").unwrap();
     assert_eq!(buf[(x, y)].bg, Color::Red);
     assert_eq!(fg_at(buf, "✗ disconnected"), Color::Red);
-    assert!(find(buf, "order-000").is_some(), "the last data stays on screen");
+    assert!(
+        find(buf, "order-000").is_some(),
+        "the last data stays on screen"
+    );
 }
 
 #[test]

@@ -3,9 +3,12 @@
 use crossterm::event::{KeyCode, KeyEvent, KeyEventKind, KeyModifiers};
 use idem_tui::action::{Action, Update, from_key};
 use idem_tui::api::{
-    DecisionEvent, FaultEvent, FaultKind, FaultRule, Faults, KeyDetail, KeyInfo, KeyPage, KeyState, Op, Outcome, Stats,
+    DecisionEvent, FaultEvent, FaultKind, FaultRule, Faults, KeyDetail, KeyInfo, KeyPage, KeyState,
+    Op, Outcome, Stats,
 };
-use idem_tui::app::{App, Command, Connection, HISTORY, KeyQuery, KeyVerb, LOG_LINES, Mode, Order, Sort, View};
+use idem_tui::app::{
+    App, Command, Connection, HISTORY, KeyQuery, KeyVerb, LOG_LINES, Mode, Order, Sort, View,
+};
 
 pub const NOW: u64 = 1_764_669_600_000; // 2025-12-02 10:00:00 UTC
 
@@ -30,7 +33,17 @@ pub fn page(n: usize, next: Option<&str>) -> KeyPage {
     KeyPage {
         now_ms: NOW,
         keys: (0..n as u64)
-            .map(|i| row(&format!("order-{i:03}"), if i % 3 == 0 { KeyState::Processing } else { KeyState::Done }, i))
+            .map(|i| {
+                row(
+                    &format!("order-{i:03}"),
+                    if i % 3 == 0 {
+                        KeyState::Processing
+                    } else {
+                        KeyState::Done
+                    },
+                    i,
+                )
+            })
             .collect(),
         next: next.map(Into::into),
         total: Some(n as u64 + if next.is_some() { 1000 } else { 0 }),
@@ -42,7 +55,10 @@ pub fn loaded(n: usize, next: Option<&str>) -> App {
     let mut app = App::new("http://127.0.0.1:9090", NOW, (120, 40));
     app.update(Action::Server(Update::Connected));
     let query = app.keys.query.clone();
-    app.update(Action::Server(Update::Keys { query, page: page(n, next) }));
+    app.update(Action::Server(Update::Keys {
+        query,
+        page: page(n, next),
+    }));
     app.update(Action::Server(Update::Faults(Faults::default())));
     app
 }
@@ -102,7 +118,11 @@ fn every_binding_maps_to_its_action() {
         (KeyCode::Delete, A::AskDelete),
     ];
     for (code, action) in keys {
-        assert_eq!(from_key(&app, key(*code)).as_ref(), Some(action), "keys view: {code:?}");
+        assert_eq!(
+            from_key(&app, key(*code)).as_ref(),
+            Some(action),
+            "keys view: {code:?}"
+        );
     }
     let mut app = loaded(10, None);
     app.update(Action::ShowView(View::Faults));
@@ -128,20 +148,41 @@ fn every_binding_maps_to_its_action() {
         (KeyCode::Char('q'), A::Quit),
     ];
     for (code, action) in faults {
-        assert_eq!(from_key(&app, key(*code)).as_ref(), Some(action), "faults view: {code:?}");
+        assert_eq!(
+            from_key(&app, key(*code)).as_ref(),
+            Some(action),
+            "faults view: {code:?}"
+        );
     }
     app.update(Action::ShowView(View::Activity));
     assert_eq!(from_key(&app, key(KeyCode::Char('c'))), Some(A::ClearLog));
-    assert_eq!(from_key(&app, key(KeyCode::Char('e'))), None, "no key actions outside the keys view");
+    assert_eq!(
+        from_key(&app, key(KeyCode::Char('e'))),
+        None,
+        "no key actions outside the keys view"
+    );
 
     // Ctrl-C quits in every mode, even while typing.
     let mut typing = loaded(1, None);
     ch(&mut typing, '/');
     assert_eq!(typing.mode(), Mode::Input);
-    assert_eq!(from_key(&typing, KeyEvent::new(KeyCode::Char('c'), KeyModifiers::CONTROL)), Some(A::Quit));
-    assert_eq!(from_key(&typing, key(KeyCode::Char('q'))), Some(A::InputChar('q')), "q is a letter while typing");
+    assert_eq!(
+        from_key(
+            &typing,
+            KeyEvent::new(KeyCode::Char('c'), KeyModifiers::CONTROL)
+        ),
+        Some(A::Quit)
+    );
+    assert_eq!(
+        from_key(&typing, key(KeyCode::Char('q'))),
+        Some(A::InputChar('q')),
+        "q is a letter while typing"
+    );
     // Key releases (kitty protocol) are not presses.
-    let release = KeyEvent { kind: KeyEventKind::Release, ..key(KeyCode::Char('q')) };
+    let release = KeyEvent {
+        kind: KeyEventKind::Release,
+        ..key(KeyCode::Char('q'))
+    };
     assert_eq!(from_key(&app, release), None);
 }
 
@@ -179,7 +220,10 @@ fn views_cycle_both_ways() {
 fn moving_stays_in_the_page_and_keeps_the_selection_on_screen() {
     let mut app = loaded(100, None);
     let rows = app.visible_rows();
-    assert_eq!(rows, 34, "40 lines less header, summary, footer, borders and column header");
+    assert_eq!(
+        rows, 34,
+        "40 lines less header, summary, footer, borders and column header"
+    );
     ch(&mut app, 'k');
     assert_eq!(app.keys.selected, 0);
     ch(&mut app, 'j');
@@ -207,7 +251,9 @@ fn paging_past_the_page_asks_the_server_and_comes_back() {
     let mut app = loaded(100, Some("c100"));
     ch(&mut app, 'G');
     let commands = press(&mut app, KeyCode::PageDown);
-    let Some(Command::Query(query)) = commands.first() else { panic!("{commands:?}") };
+    let Some(Command::Query(query)) = commands.first() else {
+        panic!("{commands:?}")
+    };
     assert_eq!(query.after.as_deref(), Some("c100"));
     assert_eq!(app.keys.previous, vec![None]);
     // The next page arrives.
@@ -215,15 +261,28 @@ fn paging_past_the_page_asks_the_server_and_comes_back() {
     for (i, k) in second.keys.iter_mut().enumerate() {
         k.key = format!("order-{:03}", 100 + i);
     }
-    app.update(Action::Server(Update::Keys { query: query.clone(), page: second }));
+    app.update(Action::Server(Update::Keys {
+        query: query.clone(),
+        page: second,
+    }));
     assert_eq!(app.keys.selected_key().unwrap().key, "order-100");
     assert_eq!(app.keys.page_start(), 100);
-    assert!(press(&mut app, KeyCode::PageDown).is_empty(), "no next page: stays here");
+    assert!(
+        press(&mut app, KeyCode::PageDown).is_empty(),
+        "no next page: stays here"
+    );
     ch(&mut app, 'g');
     let commands = press(&mut app, KeyCode::PageUp);
     assert_eq!(commands, vec![Command::Query(KeyQuery::default())]);
-    app.update(Action::Server(Update::Keys { query: KeyQuery::default(), page: page(100, Some("c100")) }));
-    assert_eq!(app.keys.selected_key().unwrap().key, "order-099", "back on the row PgUp came from");
+    app.update(Action::Server(Update::Keys {
+        query: KeyQuery::default(),
+        page: page(100, Some("c100")),
+    }));
+    assert_eq!(
+        app.keys.selected_key().unwrap().key,
+        "order-099",
+        "back on the row PgUp came from"
+    );
 }
 
 #[test]
@@ -240,7 +299,10 @@ fn sort_order_and_filters_restart_from_the_first_page() {
             other => panic!("{other:?}"),
         })
         .collect();
-    assert_eq!(sorts, [Sort::Lease, Sort::Expires, Sort::Replays, Sort::Key]);
+    assert_eq!(
+        sorts,
+        [Sort::Lease, Sort::Expires, Sort::Replays, Sort::Key]
+    );
     assert!(matches!(ch(&mut app, 'o').first(), Some(Command::Query(q)) if q.order == Order::Desc));
     assert!(matches!(ch(&mut app, 'o').first(), Some(Command::Query(q)) if q.order == Order::Asc));
     let states: Vec<Option<KeyState>> = (0..3)
@@ -249,7 +311,10 @@ fn sort_order_and_filters_restart_from_the_first_page() {
             other => panic!("{other:?}"),
         })
         .collect();
-    assert_eq!(states, [Some(KeyState::Processing), Some(KeyState::Done), None]);
+    assert_eq!(
+        states,
+        [Some(KeyState::Processing), Some(KeyState::Done), None]
+    );
 
     ch(&mut app, '/');
     type_text(&mut app, "ordx");
@@ -257,17 +322,25 @@ fn sort_order_and_filters_restart_from_the_first_page() {
     type_text(&mut app, "er-0");
     assert_eq!(app.keys.query.prefix, "", "nothing applied while typing");
     let commands = press(&mut app, KeyCode::Enter);
-    assert!(matches!(commands.first(), Some(Command::Query(q)) if q.prefix == "order-0"), "{commands:?}");
+    assert!(
+        matches!(commands.first(), Some(Command::Query(q)) if q.prefix == "order-0"),
+        "{commands:?}"
+    );
     assert_eq!(app.mode(), Mode::Normal);
 
     ch(&mut app, '/');
     type_text(&mut app, "zzz");
     press(&mut app, KeyCode::Esc);
-    assert_eq!(app.keys.query.prefix, "order-0", "Esc while typing keeps the old prefix");
+    assert_eq!(
+        app.keys.query.prefix, "order-0",
+        "Esc while typing keeps the old prefix"
+    );
 
     ch(&mut app, 'f');
     let commands = press(&mut app, KeyCode::Esc);
-    assert!(matches!(commands.first(), Some(Command::Query(q)) if q.prefix.is_empty() && q.state.is_none()));
+    assert!(
+        matches!(commands.first(), Some(Command::Query(q)) if q.prefix.is_empty() && q.state.is_none())
+    );
     assert!(press(&mut app, KeyCode::Esc).is_empty(), "nothing to clear");
 }
 
@@ -276,7 +349,10 @@ fn a_late_page_for_an_old_query_is_dropped() {
     let mut app = loaded(10, None);
     let old = app.keys.query.clone();
     ch(&mut app, 'f');
-    app.update(Action::Server(Update::Keys { query: old, page: page(3, None) }));
+    app.update(Action::Server(Update::Keys {
+        query: old,
+        page: page(3, None),
+    }));
     assert_eq!(app.keys.rows.len(), 10);
     assert!(!app.keys.loaded);
 }
@@ -289,7 +365,10 @@ fn the_selection_follows_its_key_when_rows_move() {
     assert_eq!(app.keys.selected_key().unwrap().key, "order-002");
     let mut moved = page(10, None);
     moved.keys.reverse();
-    app.update(Action::Server(Update::Keys { query: app.keys.query.clone(), page: moved }));
+    app.update(Action::Server(Update::Keys {
+        query: app.keys.query.clone(),
+        page: moved,
+    }));
     assert_eq!(app.keys.selected_key().unwrap().key, "order-002");
     assert_eq!(app.keys.selected, 7);
 }
@@ -297,13 +376,25 @@ fn the_selection_follows_its_key_when_rows_move() {
 #[test]
 fn the_detail_pane_watches_the_selected_key() {
     let mut app = loaded(10, None);
-    assert_eq!(press(&mut app, KeyCode::Enter), vec![Command::Watch(Some("order-000".into()))]);
+    assert_eq!(
+        press(&mut app, KeyCode::Enter),
+        vec![Command::Watch(Some("order-000".into()))]
+    );
     assert!(app.detail_open);
-    assert_eq!(ch(&mut app, 'j'), vec![Command::Watch(Some("order-001".into()))]);
+    assert_eq!(
+        ch(&mut app, 'j'),
+        vec![Command::Watch(Some("order-001".into()))]
+    );
     // A detail for a key no longer selected is ignored.
-    app.update(Action::Server(Update::Detail(KeyDetail { info: row("order-000", KeyState::Processing, 0), response: None })));
+    app.update(Action::Server(Update::Detail(KeyDetail {
+        info: row("order-000", KeyState::Processing, 0),
+        response: None,
+    })));
     assert!(app.detail.is_none());
-    app.update(Action::Server(Update::Detail(KeyDetail { info: row("order-001", KeyState::Done, 1), response: None })));
+    app.update(Action::Server(Update::Detail(KeyDetail {
+        info: row("order-001", KeyState::Done, 1),
+        response: None,
+    })));
     assert_eq!(app.detail.as_ref().unwrap().info.key, "order-001");
     app.update(Action::Server(Update::DetailGone("order-001".into())));
     assert!(app.detail.is_none());
@@ -320,7 +411,10 @@ fn key_actions_wait_for_confirmation() {
     ] {
         let mut app = loaded(3, None);
         assert_eq!(ch(&mut app, c), vec![], "nothing is sent before the answer");
-        assert_eq!(app.confirm.as_ref().map(|c| (c.verb, c.key.as_str())), Some((verb, "order-000")));
+        assert_eq!(
+            app.confirm.as_ref().map(|c| (c.verb, c.key.as_str())),
+            Some((verb, "order-000"))
+        );
         assert_eq!(ch(&mut app, 'x'), vec![], "other keys are ignored");
         assert_eq!(ch(&mut app, 'n'), vec![]);
         assert!(app.confirm.is_none());
@@ -360,10 +454,21 @@ fn fault_kinds_are_one_key_each_and_reach_the_server_at_once() {
     let mut app = faults_app();
     ch(&mut app, 'j');
     let (op, rule) = sent(&ch(&mut app, 'e'));
-    assert_eq!((op, rule.kind, rule.message.as_str()), (Op::Insert, FaultKind::Error, "injected by idem-tui"));
-    assert_eq!(app.faults.faults.insert.kind, FaultKind::Error, "shown at once");
+    assert_eq!(
+        (op, rule.kind, rule.message.as_str()),
+        (Op::Insert, FaultKind::Error, "injected by idem-tui")
+    );
+    assert_eq!(
+        app.faults.faults.insert.kind,
+        FaultKind::Error,
+        "shown at once"
+    );
     let (_, rule) = sent(&ch(&mut app, 't'));
-    assert_eq!((rule.kind, rule.latency_ms), (FaultKind::Timeout, 500), "a latency fault gets a latency");
+    assert_eq!(
+        (rule.kind, rule.latency_ms),
+        (FaultKind::Timeout, 500),
+        "a latency fault gets a latency"
+    );
     assert_eq!(sent(&ch(&mut app, 'd')).1.kind, FaultKind::Delay);
     assert_eq!(sent(&ch(&mut app, 'l')).1.kind, FaultKind::Lost);
     assert_eq!(sent(&ch(&mut app, 'o')).1.kind, FaultKind::Off);
@@ -371,7 +476,14 @@ fn fault_kinds_are_one_key_each_and_reach_the_server_at_once() {
     let (op, rule) = sent(&ch(&mut app, ' '));
     assert_eq!((op, rule.kind), (Op::Insert, FaultKind::Error));
     assert_eq!(sent(&ch(&mut app, ' ')).1.kind, FaultKind::Off);
-    for (c, op) in [('g', Op::Get), ('j', Op::Insert), ('j', Op::Replace), ('j', Op::Delete), ('j', Op::Delete), ('k', Op::Replace)] {
+    for (c, op) in [
+        ('g', Op::Get),
+        ('j', Op::Insert),
+        ('j', Op::Replace),
+        ('j', Op::Delete),
+        ('j', Op::Delete),
+        ('k', Op::Replace),
+    ] {
         ch(&mut app, c);
         assert_eq!(app.selected_op(), op);
     }
@@ -400,7 +512,11 @@ fn latency_probability_and_count_adjust_in_place_within_limits() {
     assert_eq!(sent(&ch(&mut app, '>')).1.count, Some(1));
     assert_eq!(sent(&ch(&mut app, '>')).1.count, Some(2));
     assert_eq!(sent(&ch(&mut app, '<')).1.count, Some(1));
-    assert_eq!(sent(&ch(&mut app, '<')).1.count, None, "below one is unlimited");
+    assert_eq!(
+        sent(&ch(&mut app, '<')).1.count,
+        None,
+        "below one is unlimited"
+    );
 }
 
 #[test]
@@ -409,7 +525,11 @@ fn typed_fault_values_are_checked_before_sending() {
     ch(&mut app, 'j');
     ch(&mut app, 't');
     ch(&mut app, 'L');
-    assert_eq!(app.input.as_ref().unwrap().text, "500", "starts from the current value");
+    assert_eq!(
+        app.input.as_ref().unwrap().text,
+        "500",
+        "starts from the current value"
+    );
     for _ in 0..3 {
         press(&mut app, KeyCode::Backspace);
     }
@@ -420,7 +540,11 @@ fn typed_fault_values_are_checked_before_sending() {
     ch(&mut app, 'L');
     type_text(&mut app, "00");
     assert_eq!(press(&mut app, KeyCode::Enter), vec![]);
-    assert!(app.status.as_ref().unwrap().0.contains("from 0 to 60000"), "{:?}", app.status);
+    assert!(
+        app.status.as_ref().unwrap().0.contains("from 0 to 60000"),
+        "{:?}",
+        app.status
+    );
     assert_eq!(app.faults.faults.insert.latency_ms, 1500);
 
     ch(&mut app, 'P');
@@ -432,21 +556,34 @@ fn typed_fault_values_are_checked_before_sending() {
     ch(&mut app, 'P');
     type_text(&mut app, "0");
     assert_eq!(press(&mut app, KeyCode::Enter), vec![], "250 % is refused");
-    assert!(app.status.as_ref().unwrap().0.contains("percentage from 0 to 100"));
+    assert!(
+        app.status
+            .as_ref()
+            .unwrap()
+            .0
+            .contains("percentage from 0 to 100")
+    );
 
     ch(&mut app, 'C');
     type_text(&mut app, "3");
     assert_eq!(sent(&press(&mut app, KeyCode::Enter)).1.count, Some(3));
     ch(&mut app, 'C');
     press(&mut app, KeyCode::Backspace);
-    assert_eq!(sent(&press(&mut app, KeyCode::Enter)).1.count, None, "empty is unlimited");
+    assert_eq!(
+        sent(&press(&mut app, KeyCode::Enter)).1.count,
+        None,
+        "empty is unlimited"
+    );
     ch(&mut app, 'C');
     type_text(&mut app, "x");
     assert_eq!(press(&mut app, KeyCode::Enter), vec![]);
 
     ch(&mut app, 'M');
     type_text(&mut app, "disk full");
-    assert_eq!(sent(&press(&mut app, KeyCode::Enter)).1.message, "disk full");
+    assert_eq!(
+        sent(&press(&mut app, KeyCode::Enter)).1.message,
+        "disk full"
+    );
 }
 
 #[test]
@@ -460,8 +597,16 @@ fn faults_are_not_edited_before_the_server_said_what_they_are() {
 #[test]
 fn fault_events_update_the_table_and_the_log() {
     let mut app = faults_app();
-    let rule = FaultRule { kind: FaultKind::Delay, latency_ms: 200, ..FaultRule::default() };
-    app.update(Action::Server(Update::Fault(FaultEvent { ts_ms: NOW, op: Op::Replace, rule: rule.clone() })));
+    let rule = FaultRule {
+        kind: FaultKind::Delay,
+        latency_ms: 200,
+        ..FaultRule::default()
+    };
+    app.update(Action::Server(Update::Fault(FaultEvent {
+        ts_ms: NOW,
+        op: Op::Replace,
+        rule: rule.clone(),
+    })));
     assert_eq!(app.faults.faults.replace, rule);
     assert_eq!(app.log.len(), 1);
 }
@@ -470,11 +615,21 @@ fn fault_events_update_the_table_and_the_log() {
 fn history_and_log_stay_bounded() {
     let mut app = loaded(1, None);
     for i in 0..(LOG_LINES + 50) as u64 {
-        let event = DecisionEvent { ts_ms: i, key: "k".into(), outcome: Outcome::Executed, status: None, latency_us: 1, detail: None };
+        let event = DecisionEvent {
+            ts_ms: i,
+            key: "k".into(),
+            outcome: Outcome::Executed,
+            status: None,
+            latency_us: 1,
+            detail: None,
+        };
         app.update(Action::Server(Update::Decision(event)));
     }
     assert_eq!(app.log.len(), LOG_LINES);
-    assert!(matches!(app.log.front(), Some(idem_tui::app::LogLine::Decision(d)) if d.ts_ms == 50), "oldest dropped");
+    assert!(
+        matches!(app.log.front(), Some(idem_tui::app::LogLine::Decision(d)) if d.ts_ms == 50),
+        "oldest dropped"
+    );
     for _ in 0..HISTORY + 5 {
         app.update(Action::Server(Update::Stats(Stats::default())));
     }
@@ -489,11 +644,26 @@ fn history_and_log_stay_bounded() {
 fn the_connection_is_lost_counted_and_found_without_losing_the_view() {
     let mut app = loaded(10, None);
     ch(&mut app, 'j');
-    app.update(Action::Tick { local_ms: NOW + 5000 });
-    app.update(Action::Server(Update::Disconnected("Connection refused".into())));
-    app.update(Action::Tick { local_ms: NOW + 6000 });
-    app.update(Action::Server(Update::Disconnected("Connection refused".into())));
-    assert_eq!(app.connection, Connection::Lost { error: "Connection refused".into(), since_ms: NOW + 5000, attempts: 2 });
+    app.update(Action::Tick {
+        local_ms: NOW + 5000,
+    });
+    app.update(Action::Server(Update::Disconnected(
+        "Connection refused".into(),
+    )));
+    app.update(Action::Tick {
+        local_ms: NOW + 6000,
+    });
+    app.update(Action::Server(Update::Disconnected(
+        "Connection refused".into(),
+    )));
+    assert_eq!(
+        app.connection,
+        Connection::Lost {
+            error: "Connection refused".into(),
+            since_ms: NOW + 5000,
+            attempts: 2
+        }
+    );
     assert_eq!(app.keys.rows.len(), 10, "the last data stays");
     assert_eq!(app.keys.selected, 1);
     app.update(Action::Server(Update::Connected));
@@ -505,7 +675,10 @@ fn the_connection_is_lost_counted_and_found_without_losing_the_view() {
 fn the_clock_follows_the_server_between_polls() {
     let mut app = App::new("http://x", 5_000, (120, 40));
     let query = app.keys.query.clone();
-    app.update(Action::Server(Update::Keys { query, page: page(1, None) }));
+    app.update(Action::Server(Update::Keys {
+        query,
+        page: page(1, None),
+    }));
     assert_eq!(app.now_ms(), NOW, "the server's clock, whatever ours says");
     app.update(Action::Tick { local_ms: 5_750 });
     assert_eq!(app.now_ms(), NOW + 750);
@@ -515,10 +688,16 @@ fn the_clock_follows_the_server_between_polls() {
 fn resizing_keeps_the_selection_visible() {
     let mut app = loaded(100, None);
     ch(&mut app, 'G');
-    app.update(Action::Resize { width: 80, height: 24 });
+    app.update(Action::Resize {
+        width: 80,
+        height: 24,
+    });
     assert_eq!(app.visible_rows(), 18);
     assert_eq!(app.keys.offset, 100 - 18);
-    app.update(Action::Resize { width: 200, height: 60 });
+    app.update(Action::Resize {
+        width: 200,
+        height: 60,
+    });
     assert!(app.keys.selected >= app.keys.offset);
 }
 
@@ -528,7 +707,10 @@ fn server_reports_show_in_the_status_line() {
     app.update(Action::Server(Update::Done("deleted order-000".into())));
     assert_eq!(app.status.as_ref().unwrap().0, "deleted order-000");
     app.update(Action::Server(Update::Failed("409: not processing".into())));
-    assert_eq!(app.status.as_ref().unwrap(), &("409: not processing".into(), idem_tui::app::Severity::Error));
+    assert_eq!(
+        app.status.as_ref().unwrap(),
+        &("409: not processing".into(), idem_tui::app::Severity::Error)
+    );
 }
 
 #[test]
