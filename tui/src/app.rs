@@ -625,6 +625,10 @@ impl App {
 
     /// Asks the server for the next or the previous page.
     fn turn_page(&mut self, forward: bool) -> Vec<Command> {
+        // Until the page asked for arrives, `next` belongs to the old one.
+        if !self.keys.loaded {
+            return vec![];
+        }
         if forward {
             let Some(next) = self.keys.next.clone() else {
                 return vec![];

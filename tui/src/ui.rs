@@ -566,7 +566,7 @@ impl App {
                     ]));
                 }
                 lines.push(Line::from(label("body")));
-                for line in response.body_preview.lines() {
+                for line in response.body_preview.lines().take(usize::from(area.height)) {
                     lines.push(Line::from(format!("  {line}")));
                 }
             }

@@ -382,3 +382,52 @@ fn bad_arguments_are_refused_before_touching_the_terminal() {
         "the env var is read, then the tty checked"
     );
 }
+
+/// The resident memory of the console (the pane's shell's child), in KiB.
+fn console_rss_kib(tmux: &Tmux) -> u64 {
+    let shell = tmux.display("#{pane_pid}");
+    let children = std::fs::read_to_string(format!("/proc/{shell}/task/{shell}/children")).unwrap();
+    let pid = children
+        .split_whitespace()
+        .next()
+        .expect("idem-tui is running");
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    let line = status.lines().find(|l| l.starts_with("VmRSS:")).unwrap();
+    line.split_whitespace().nth(1).unwrap().parse().unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn memory_stays_flat_while_paging_through_a_hundred_thousand_keys() {
+    let fake = Fake::start().await;
+    fake.seed("k", 100_000, KeyState::Processing);
+    let tmux = Tmux::start("memory", 80, 24, &fake.url);
+    let emitter = {
+        let shared = fake.shared.clone();
+        tokio::spawn(async move {
+            for i in 0u64.. {
+                shared.decision(&format!("k-{:05}", i % 100_000), Outcome::Executed);
+                tokio::time::sleep(Duration::from_millis(2)).await;
+            }
+        })
+    };
+    tmux.wait_for_text("1–100 of 100,000").await;
+    let mut baseline = 0;
+    for page in 1..=20u32 {
+        tmux.keys(&["G", "PageDown"]);
+        let first = format!("│k-{:05}", page * 100);
+        tmux.wait_for(&first, |s| s.contains(&first) && !s.contains("loading"))
+            .await;
+        if page == 3 {
+            baseline = console_rss_kib(&tmux);
+        }
+    }
+    let after = console_rss_kib(&tmux);
+    eprintln!("console RSS: {baseline} KiB after 3 pages, {after} KiB after 20");
+    emitter.abort();
+    assert!(
+        after < baseline + 8 * 1024,
+        "RSS grew from {baseline} KiB to {after} KiB over 17 pages and thousands of decisions"
+    );
+    tmux.keys(&["q"]);
+    tmux.wait_for_text("exit=0").await;
+}

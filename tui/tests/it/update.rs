@@ -256,6 +256,11 @@ fn paging_past_the_page_asks_the_server_and_comes_back() {
     };
     assert_eq!(query.after.as_deref(), Some("c100"));
     assert_eq!(app.keys.previous, vec![None]);
+    assert!(
+        press(&mut app, KeyCode::PageDown).is_empty(),
+        "no second turn before the page arrives"
+    );
+    assert!(press(&mut app, KeyCode::PageUp).is_empty());
     // The next page arrives.
     let mut second = page(100, None);
     for (i, k) in second.keys.iter_mut().enumerate() {
