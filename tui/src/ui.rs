@@ -660,7 +660,7 @@ impl App {
             choice.push("  ".into());
         }
         choice.push(Span::styled(
-            "+- latency  [] probability  <> count  LPCM type",
+            "+- latency  [] prob.  <> count  L P C M type",
             DIM,
         ));
         Paragraph::new(vec![Line::default(), Line::from(choice)]).render(keys_area, buf);
