@@ -285,7 +285,7 @@ impl App {
             DIM,
         );
         let store = Span::styled(
-            format!("{} up {}", stats.store, duration(stats.uptime_ms)),
+            format!("store {} · up {}", stats.store, duration(stats.uptime_ms)),
             LABEL,
         );
         // Rates and faults matter most; latency and the store name go first
@@ -513,7 +513,7 @@ impl App {
                 label("lease"),
                 Span::raw(if info.state == KeyState::Processing {
                     format!(
-                        "{} left (until {})",
+                        "{} left (until {} UTC)",
                         duration(info.lease_until_ms.saturating_sub(now)),
                         clock(info.lease_until_ms)
                     )
@@ -524,7 +524,7 @@ impl App {
             Line::from(vec![
                 label("expires"),
                 Span::raw(format!(
-                    "in {} (at {})",
+                    "in {} (at {} UTC)",
                     duration(info.expires_at_ms.saturating_sub(now)),
                     clock(info.expires_at_ms)
                 )),
