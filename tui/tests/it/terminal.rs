@@ -321,8 +321,28 @@ async fn a_lost_server_shows_and_the_console_reconnects_by_itself() {
 async fn a_hundred_thousand_keys_are_paged_by_the_server() {
     let fake = Fake::start().await;
     fake.seed("k", 100_000, KeyState::Done);
-    let tmux = Tmux::start("scale", 80, 24, &fake.url);
+    let tmux = Tmux::start("scale", 120, 40, &fake.url);
     tmux.wait_for_text("1–100 of 100,000").await;
+    // Shrinking to the smallest supported size re-lays the screen out.
+    assert!(
+        tmux.cmd()
+            .args(["resize-window", "-t", "t", "-x", "80", "-y", "24"])
+            .status()
+            .unwrap()
+            .success()
+    );
+    let screen = tmux
+        .wait_for("the 80×24 layout", |s| {
+            s.lines()
+                .nth(22)
+                .is_some_and(|l| l.starts_with('╰') && l.ends_with('╯'))
+        })
+        .await;
+    assert!(screen.lines().all(|l| l.chars().count() <= 80), "{screen}");
+    assert!(
+        line_with(&screen, "KEY▲").contains("REPLAYS"),
+        "every column still there: {screen}"
+    );
     // Past the end of the page, the next one comes from the server.
     tmux.keys(&["G", "PageDown"]);
     let screen = tmux
