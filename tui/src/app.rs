@@ -392,6 +392,11 @@ impl App {
                 vec![]
             }
             Action::ClearFilters => {
+                // Esc backs out one step: the detail pane first, then the filters.
+                if self.detail_open {
+                    self.detail_open = false;
+                    return vec![Command::Watch(None)];
+                }
                 if self.keys.query.state.is_none() && self.keys.query.prefix.is_empty() {
                     return vec![];
                 }

@@ -405,6 +405,19 @@ fn the_detail_pane_watches_the_selected_key() {
     assert!(app.detail.is_none());
     assert_eq!(press(&mut app, KeyCode::Enter), vec![Command::Watch(None)]);
     assert_eq!(app.visible_rows(), 34);
+    // Esc closes the pane before it clears any filter.
+    ch(&mut app, 'f');
+    press(&mut app, KeyCode::Enter);
+    assert_eq!(press(&mut app, KeyCode::Esc), vec![Command::Watch(None)]);
+    assert!(!app.detail_open);
+    assert_eq!(
+        app.keys.query.state,
+        Some(KeyState::Processing),
+        "the filter stays"
+    );
+    assert!(
+        matches!(press(&mut app, KeyCode::Esc).first(), Some(Command::Query(q)) if q.state.is_none())
+    );
 }
 
 #[test]
