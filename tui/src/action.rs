@@ -111,7 +111,7 @@ pub fn bindings() -> [(&'static str, &'static [Binding]); 4] {
         b("s / o", "sort column / order"),
         b("f", "state: all, proc., done"),
         b("/", "filter by key prefix"),
-        b("Esc", "close detail, clear filters"),
+        b("Esc", "back (pane, filters)"),
         b("Enter", "detail pane"),
         b("r / e / d", "release, expire, delete"),
     ];
