@@ -13,9 +13,9 @@
 use crate::action::{Action, Update};
 use crate::api::{
     DecisionEvent, FaultEvent, FaultKind, FaultRule, Faults, KeyDetail, KeyInfo, KeyState,
-    MAX_LATENCY_MS, Op, Outcomes, Stats,
+    MAX_LATENCY_MS, Op, Outcome, Outcomes, Stats,
 };
-use std::collections::VecDeque;
+use std::collections::{HashMap, VecDeque};
 use std::fmt::Write as _;
 
 /// Rows per page asked of the server: a screenful or two. The server pages
@@ -252,6 +252,9 @@ pub struct App {
     pub rates: VecDeque<Outcomes<f64>>,
     pub p99_us: VecDeque<u64>,
     pub log: VecDeque<LogLine>,
+    /// The latest decision on each key of the page on screen (and only
+    /// those, so it is bounded by the page size).
+    pub last_outcome: HashMap<String, Outcome>,
     pub help: bool,
     pub confirm: Option<Confirm>,
     pub input: Option<Input>,
@@ -281,6 +284,7 @@ impl App {
             rates: VecDeque::with_capacity(HISTORY),
             p99_us: VecDeque::with_capacity(HISTORY),
             log: VecDeque::with_capacity(LOG_LINES),
+            last_outcome: HashMap::new(),
             help: false,
             confirm: None,
             input: None,
@@ -780,6 +784,9 @@ impl App {
                     .map(|k| k.lease_remaining_ms)
                     .fold(keys.lease_scale_ms, u64::max);
                 keys.rows = page.keys;
+                let rows = &keys.rows;
+                self.last_outcome
+                    .retain(|key, _| rows.iter().any(|r| &r.key == key));
                 keys.next = page.next;
                 keys.total = page.total;
                 keys.loaded = true;
@@ -821,6 +828,9 @@ impl App {
                 vec![]
             }
             Update::Decision(event) => {
+                if self.keys.rows.iter().any(|r| r.key == event.key) {
+                    self.last_outcome.insert(event.key.clone(), event.outcome);
+                }
                 push_bounded(&mut self.log, LogLine::Decision(event), LOG_LINES);
                 vec![]
             }

@@ -413,7 +413,9 @@ impl App {
                 Cell::from(name.to_owned())
             }
         };
-        let header = Row::new([
+        // The last decision on each key needs room: shown from 100 columns.
+        let wide = area.width >= 100;
+        let mut header = vec![
             head("KEY", Some(Sort::Key)),
             head("STATE", None),
             head("LEASE", Some(Sort::Lease)),
@@ -422,8 +424,11 @@ impl App {
             head("FINGERPR", None),
             head("STATUS", None),
             head("REPLAYS", Some(Sort::Replays)),
-        ])
-        .style(LABEL);
+        ];
+        if wide {
+            header.push(head("LAST", None));
+        }
+        let header = Row::new(header).style(LABEL);
         let scale = keys.lease_scale_ms.max(1);
         let selected = keys.selected.min(keys.rows.len().saturating_sub(1));
         let rows = keys.rows[start..end].iter().enumerate().map(|(i, row)| {
@@ -443,7 +448,7 @@ impl App {
                 Cell::from(Span::styled("      —", DIM))
             };
             let expires = row.expires_at_ms.saturating_sub(now);
-            let cells = vec![
+            let mut cells = vec![
                 Cell::from(row.key.clone()),
                 Cell::from(Span::styled(state, state_style)),
                 lease,
@@ -459,6 +464,15 @@ impl App {
                 ),
                 Cell::from(format!("{:>7}", row.replays)),
             ];
+            if wide {
+                cells.push(match self.last_outcome.get(&row.key) {
+                    Some(outcome) => Cell::from(Span::styled(
+                        outcome.as_str().to_uppercase(),
+                        outcome_style(*outcome),
+                    )),
+                    None => Cell::from(Span::styled("—", DIM)),
+                });
+            }
             let row_widget = Row::new(cells);
             if start + i == selected && !keys.rows.is_empty() {
                 row_widget.style(SELECTED)
@@ -466,7 +480,7 @@ impl App {
                 row_widget
             }
         });
-        let widths = [
+        let mut widths = vec![
             Constraint::Min(12),
             Constraint::Length(10),
             Constraint::Length(12),
@@ -476,6 +490,9 @@ impl App {
             Constraint::Length(6),
             Constraint::Length(7),
         ];
+        if wide {
+            widths.push(Constraint::Length(11));
+        }
         let table = Table::new(rows, widths)
             .header(header)
             .column_spacing(1)

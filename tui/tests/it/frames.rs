@@ -150,6 +150,15 @@ fn keys_view() {
     );
     assert!(buf[(x, y)].modifier.contains(Modifier::BOLD));
     assert_eq!(fg_at(buf, "● connected"), Color::Green);
+    // The last decision on a key, coloured by outcome.
+    assert!(line_with(buf, "order-004").contains("CONFLICT"));
+    assert_eq!(fg_at(buf, "CONFLICT"), Color::Magenta);
+    assert!(line_with(buf, "order-005").contains("UNAVAILABLE"));
+}
+
+fn line_with(buf: &Buffer, text: &str) -> String {
+    let (_, y) = find(buf, text).unwrap_or_else(|| panic!("{text:?} not on screen"));
+    (0..buf.area.width).map(|x| buf[(x, y)].symbol()).collect()
 }
 
 #[test]

@@ -736,3 +736,29 @@ fn the_first_commands_poll_the_default_query() {
     let app = App::new("http://x", NOW, (80, 24));
     assert_eq!(app.start(), vec![Command::Query(KeyQuery::default())]);
 }
+
+#[test]
+fn the_last_decision_is_kept_for_keys_on_screen_only() {
+    let mut app = loaded(10, None);
+    let decide = |key: &str, outcome| {
+        Action::Server(Update::Decision(DecisionEvent {
+            ts_ms: NOW,
+            key: key.into(),
+            outcome,
+            status: None,
+            latency_us: 1,
+            detail: None,
+        }))
+    };
+    app.update(decide("order-003", Outcome::Executed));
+    app.update(decide("order-003", Outcome::Conflict));
+    app.update(decide("elsewhere", Outcome::Replayed));
+    assert_eq!(app.last_outcome.len(), 1, "{:?}", app.last_outcome);
+    assert_eq!(app.last_outcome["order-003"], Outcome::Conflict);
+    // A new page forgets the keys that left the screen.
+    let query = app.keys.query.clone();
+    let mut other = page(2, None);
+    other.keys[1].key = "zz".into();
+    app.update(Action::Server(Update::Keys { query, page: other }));
+    assert!(app.last_outcome.is_empty());
+}
