@@ -454,10 +454,7 @@ impl App {
                 lease,
                 Cell::from(format!("{:>7}", duration(expires))),
                 Cell::from(format!("{:>5}", row.fence)),
-                Cell::from(Span::styled(
-                    row.fingerprint.chars().take(8).collect::<String>(),
-                    DIM,
-                )),
+                Cell::from(Span::styled(short_fingerprint(&row.fingerprint), DIM)),
                 Cell::from(
                     row.status
                         .map_or_else(|| "     —".to_owned(), |s| format!("{s:>6}")),
@@ -862,6 +859,12 @@ impl App {
         column(&sections[..2]).render(left, buf);
         column(&sections[2..]).render(right, buf);
     }
+}
+
+/// The first 8 digits of a fingerprint, after any `sha256:`-style prefix.
+pub fn short_fingerprint(fingerprint: &str) -> String {
+    let digits = fingerprint.rsplit(':').next().unwrap_or(fingerprint);
+    digits.chars().take(8).collect()
 }
 
 /// Picks one outcome's rate.

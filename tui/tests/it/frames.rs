@@ -354,3 +354,11 @@ fn too_small_says_so() {
     assert!(find(buf, "needs at least 80×24").is_some());
     assert!(find(buf, "60×10").is_some());
 }
+
+#[test]
+fn fingerprints_are_shortened_past_their_algorithm() {
+    use idem_tui::ui::short_fingerprint;
+    assert_eq!(short_fingerprint("sha256:9f86d081884c7d65"), "9f86d081");
+    assert_eq!(short_fingerprint("9f86d081884c7d65"), "9f86d081");
+    assert_eq!(short_fingerprint("abc"), "abc");
+}
