@@ -1,0 +1,364 @@
+//! Whole frames on a `TestBackend`, fixed clock and data: text as insta
+//! snapshots, and the colours that carry meaning checked on the buffer.
+
+use crate::update::{NOW, loaded, row};
+use idem_tui::action::{Action, Update};
+use idem_tui::api::{
+    DecisionEvent, FaultEvent, FaultKind, FaultRule, Faults, KeyDetail, KeyState, Op, Outcome,
+    Outcomes, Stats, StoredResponse,
+};
+use idem_tui::app::App;
+use ratatui::Terminal;
+use ratatui::backend::TestBackend;
+use ratatui::buffer::Buffer;
+use ratatui::style::{Color, Modifier};
+
+fn draw(app: &App, width: u16, height: u16) -> Terminal<TestBackend> {
+    let mut terminal = Terminal::new(TestBackend::new(width, height)).unwrap();
+    terminal.draw(|f| f.render_widget(app, f.area())).unwrap();
+    terminal
+}
+
+/// Where `text` starts on screen (first match, row by row).
+fn find(buf: &Buffer, text: &str) -> Option<(u16, u16)> {
+    let area = buf.area;
+    for y in 0..area.height {
+        let line: Vec<&str> = (0..area.width).map(|x| buf[(x, y)].symbol()).collect();
+        let joined: String = line.concat();
+        if let Some(byte) = joined.find(text) {
+            // Convert the byte offset back to a cell column.
+            let mut width = 0;
+            let mut x = 0u16;
+            for symbol in &line {
+                if width >= byte {
+                    break;
+                }
+                width += symbol.len();
+                x += 1;
+            }
+            return Some((x, y));
+        }
+    }
+    None
+}
+
+fn fg_at(buf: &Buffer, text: &str) -> Color {
+    let (x, y) = find(buf, text).unwrap_or_else(|| panic!("{text:?} not on screen"));
+    buf[(x, y)].fg
+}
+
+fn stats() -> Stats {
+    let mut stats = Stats {
+        uptime_ms: 3_723_000,
+        store: "sqlite".into(),
+        ..Stats::default()
+    };
+    stats.rates_per_s = Outcomes {
+        executed: 41.0,
+        replayed: 12.5,
+        in_flight: 3.0,
+        conflict: 0.5,
+        unavailable: 0.0,
+        invalid: 0.0,
+    };
+    stats.store_latency_us.p50 = 85;
+    stats.store_latency_us.p90 = 240;
+    stats.store_latency_us.p99 = 1800;
+    stats.store_latency_us.max = 12_000;
+    stats.pool.in_use = 3;
+    stats.pool.idle = 13;
+    stats
+}
+
+fn decision(
+    i: u64,
+    key: &str,
+    outcome: Outcome,
+    status: Option<u16>,
+    detail: Option<&str>,
+) -> Update {
+    Update::Decision(DecisionEvent {
+        ts_ms: NOW - 5000 + i * 250,
+        key: key.into(),
+        outcome,
+        status,
+        latency_us: 300 + i * 700,
+        detail: detail.map(Into::into),
+    })
+}
+
+/// The console as an operator sees it a minute into a demo.
+fn busy() -> App {
+    let mut app = loaded(60, Some("c60"));
+    app.update(Action::Server(Update::Stats(stats())));
+    // Lapsed and expired keys, to see every state.
+    let mut lapsed = row("order-lapsed", KeyState::Processing, 1);
+    lapsed.lease_until_ms = NOW - 10;
+    lapsed.lease_remaining_ms = 0;
+    let mut expired = row("order-expired", KeyState::Done, 2);
+    expired.expires_at_ms = NOW - 1;
+    expired.expires_in_ms = 0;
+    app.keys.rows.insert(1, lapsed);
+    app.keys.rows.insert(2, expired);
+    for (i, (key, outcome, status, detail)) in [
+        ("order-000", Outcome::Executed, Some(201), None),
+        (
+            "order-000",
+            Outcome::InFlight,
+            None,
+            Some("held by fence 1"),
+        ),
+        ("order-003", Outcome::Replayed, Some(201), None),
+        (
+            "order-004",
+            Outcome::Conflict,
+            None,
+            Some("fingerprint differs"),
+        ),
+        (
+            "order-005",
+            Outcome::Unavailable,
+            None,
+            Some("store: insert failed: injected by idem-tui"),
+        ),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        app.update(Action::Server(decision(
+            i as u64, key, outcome, status, detail,
+        )));
+    }
+    app
+}
+
+#[test]
+fn keys_view() {
+    let app = busy();
+    let terminal = draw(&app, 120, 40);
+    insta::assert_snapshot!("keys_120x40", terminal.backend());
+    let buf = terminal.backend().buffer();
+    assert_eq!(fg_at(buf, "PROCESSING"), Color::Yellow);
+    assert_eq!(fg_at(buf, "DONE"), Color::Green);
+    assert_eq!(fg_at(buf, "LAPSED"), Color::Red);
+    assert_eq!(fg_at(buf, "EXPIRED"), Color::DarkGray);
+    let (x, y) = find(buf, "order-000").unwrap();
+    assert_eq!(
+        buf[(x, y)].bg,
+        Color::DarkGray,
+        "the selected row stands out"
+    );
+    assert!(buf[(x, y)].modifier.contains(Modifier::BOLD));
+    assert_eq!(fg_at(buf, "● connected"), Color::Green);
+    // The last decision on a key, coloured by outcome.
+    assert!(line_with(buf, "order-004").contains("CONFLICT"));
+    assert_eq!(fg_at(buf, "CONFLICT"), Color::Magenta);
+    assert!(line_with(buf, "order-005").contains("UNAVAILABLE"));
+}
+
+fn line_with(buf: &Buffer, text: &str) -> String {
+    let (_, y) = find(buf, text).unwrap_or_else(|| panic!("{text:?} not on screen"));
+    (0..buf.area.width).map(|x| buf[(x, y)].symbol()).collect()
+}
+
+#[test]
+fn keys_view_at_the_smallest_size() {
+    let mut app = busy();
+    app.update(Action::Resize {
+        width: 80,
+        height: 24,
+    });
+    let terminal = draw(&app, 80, 24);
+    insta::assert_snapshot!("keys_80x24", terminal.backend());
+    // Every column is still there.
+    let buf = terminal.backend().buffer();
+    for column in [
+        "KEY", "STATE", "LEASE", "EXPIRES", "FENCE", "FINGERPR", "STATUS", "REPLAYS",
+    ] {
+        assert!(find(buf, column).is_some(), "{column} missing at 80×24");
+    }
+}
+
+#[test]
+fn the_lease_bar_counts_down_with_the_clock() {
+    let mut app = busy();
+    let before = draw(&app, 120, 40);
+    app.update(Action::Tick {
+        local_ms: NOW + 1500,
+    });
+    let after = draw(&app, 120, 40);
+    // order-003 holds a 4 s lease: 4.0s, then 2.5s.
+    let line = |t: &Terminal<TestBackend>| {
+        let buf = t.backend().buffer();
+        let (_, y) = find(buf, "order-003").unwrap();
+        (0..120).map(|x| buf[(x, y)].symbol()).collect::<String>()
+    };
+    assert!(line(&before).contains("4.0s"), "{}", line(&before));
+    assert!(line(&after).contains("2.5s"), "{}", line(&after));
+}
+
+#[test]
+fn detail_pane() {
+    let mut app = busy();
+    app.update(Action::Down);
+    app.update(Action::Down);
+    app.update(Action::Down);
+    app.update(Action::ToggleDetail);
+    let mut info = app.keys.selected_key().unwrap().clone();
+    info.replays = 2;
+    app.update(Action::Server(Update::Detail(KeyDetail {
+        info,
+        response: Some(StoredResponse {
+            status: 201,
+            headers: vec![
+                ("content-type".into(), "application/json".into()),
+                ("x-order".into(), "A-17".into()),
+            ],
+            body_bytes: 38,
+            body_preview: "{\"order\":\"A-17\",\n \"charged\":1000}".into(),
+            body_base64: String::new(),
+        }),
+    })));
+    let terminal = draw(&app, 120, 40);
+    insta::assert_snapshot!("detail_120x40", terminal.backend());
+}
+
+#[test]
+fn faults_panel() {
+    let mut app = busy();
+    let mut faults = Faults::default();
+    faults.faults.insert = FaultRule {
+        kind: FaultKind::Error,
+        message: "injected by idem-tui".into(),
+        ..FaultRule::default()
+    };
+    faults.faults.get = FaultRule {
+        kind: FaultKind::Delay,
+        latency_ms: 250,
+        probability: 0.3,
+        ..FaultRule::default()
+    };
+    faults.faults.replace = FaultRule {
+        kind: FaultKind::Lost,
+        count: Some(2),
+        ..FaultRule::default()
+    };
+    faults.injected = 1234;
+    app.update(Action::Server(Update::Faults(faults.clone())));
+    app.update(Action::Server(Update::Fault(FaultEvent {
+        ts_ms: NOW - 100,
+        op: Op::Insert,
+        rule: faults.faults.insert.clone(),
+    })));
+    app.update(Action::Server(decision(
+        30,
+        "order-009",
+        Outcome::Unavailable,
+        None,
+        Some("store: insert failed"),
+    )));
+    app.update(Action::ShowView(idem_tui::app::View::Faults));
+    app.update(Action::Down);
+    let terminal = draw(&app, 120, 40);
+    insta::assert_snapshot!("faults_120x40", terminal.backend());
+    let buf = terminal.backend().buffer();
+    assert_eq!(fg_at(buf, "● error"), Color::Red);
+    assert_eq!(fg_at(buf, "● delay"), Color::Yellow);
+    assert_eq!(fg_at(buf, "○ off"), Color::DarkGray);
+    assert_eq!(fg_at(buf, "UNAVAILABLE"), Color::Red);
+    assert_eq!(
+        fg_at(buf, "faults: get delay, insert error, replace lost"),
+        Color::Red,
+        "active faults are flagged in the summary"
+    );
+}
+
+#[test]
+fn activity_view() {
+    let mut app = busy();
+    for i in 0..80u32 {
+        let mut s = stats();
+        let wave = f64::from(i % 20);
+        s.rates_per_s.executed = 10.0 + wave * 2.0;
+        s.rates_per_s.replayed = wave;
+        s.rates_per_s.unavailable = if (40..55).contains(&i) { 25.0 } else { 0.0 };
+        s.store_latency_us.p99 = 500 + u64::from(i % 10) * 300;
+        app.update(Action::Server(Update::Stats(s)));
+    }
+    app.update(Action::ShowView(idem_tui::app::View::Activity));
+    let terminal = draw(&app, 120, 40);
+    insta::assert_snapshot!("activity_120x40", terminal.backend());
+    let buf = terminal.backend().buffer();
+    assert_eq!(fg_at(buf, "EXECUTED"), Color::Green);
+    assert_eq!(fg_at(buf, "REPLAYED"), Color::Cyan);
+    assert_eq!(fg_at(buf, "IN_FLIGHT"), Color::Yellow);
+    assert_eq!(fg_at(buf, "CONFLICT"), Color::Magenta);
+}
+
+#[test]
+fn help_overlay() {
+    let mut app = busy();
+    app.update(Action::ToggleHelp);
+    let terminal = draw(&app, 80, 24);
+    insta::assert_snapshot!("help_80x24", terminal.backend());
+}
+
+#[test]
+fn confirmation_dialog() {
+    let mut app = busy();
+    app.update(Action::AskRelease);
+    let terminal = draw(&app, 100, 30);
+    insta::assert_snapshot!("confirm_100x30", terminal.backend());
+}
+
+#[test]
+fn disconnected() {
+    let mut app = busy();
+    app.update(Action::Server(Update::Disconnected(
+        "Connection refused (os error 111)".into(),
+    )));
+    app.update(Action::Tick {
+        local_ms: NOW + 4000,
+    });
+    app.update(Action::Server(Update::Disconnected(
+        "Connection refused (os error 111)".into(),
+    )));
+    let terminal = draw(&app, 120, 40);
+    insta::assert_snapshot!("disconnected_120x40", terminal.backend());
+    let buf = terminal.backend().buffer();
+    let (x, y) = find(buf, "connection lost").unwrap();
+    assert_eq!(buf[(x, y)].bg, Color::Red);
+    assert_eq!(fg_at(buf, "✗ disconnected"), Color::Red);
+    assert!(
+        find(buf, "order-000").is_some(),
+        "the last data stays on screen"
+    );
+}
+
+#[test]
+fn waiting_for_the_server_and_typing_a_prefix() {
+    let mut app = App::new("http://127.0.0.1:9090", NOW, (80, 24));
+    app.update(Action::StartPrefixFilter);
+    for c in "order-1".chars() {
+        app.update(Action::InputChar(c));
+    }
+    let terminal = draw(&app, 80, 24);
+    insta::assert_snapshot!("connecting_80x24", terminal.backend());
+}
+
+#[test]
+fn too_small_says_so() {
+    let app = busy();
+    let terminal = draw(&app, 60, 10);
+    let buf = terminal.backend().buffer();
+    assert!(find(buf, "needs at least 80×24").is_some());
+    assert!(find(buf, "60×10").is_some());
+}
+
+#[test]
+fn fingerprints_are_shortened_past_their_algorithm() {
+    use idem_tui::ui::short_fingerprint;
+    assert_eq!(short_fingerprint("sha256:9f86d081884c7d65"), "9f86d081");
+    assert_eq!(short_fingerprint("9f86d081884c7d65"), "9f86d081");
+    assert_eq!(short_fingerprint("abc"), "abc");
+}

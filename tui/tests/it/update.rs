@@ -1,0 +1,764 @@
+//! `from_key` + `App::update`: every binding, every action, no terminal.
+
+use crossterm::event::{KeyCode, KeyEvent, KeyEventKind, KeyModifiers};
+use idem_tui::action::{Action, Update, from_key};
+use idem_tui::api::{
+    DecisionEvent, FaultEvent, FaultKind, FaultRule, Faults, KeyDetail, KeyInfo, KeyPage, KeyState,
+    Op, Outcome, Stats,
+};
+use idem_tui::app::{
+    App, Command, Connection, HISTORY, KeyQuery, KeyVerb, LOG_LINES, Mode, Order, Sort, View,
+};
+
+pub const NOW: u64 = 1_764_669_600_000; // 2025-12-02 10:00:00 UTC
+
+pub fn row(key: &str, state: KeyState, i: u64) -> KeyInfo {
+    let processing = state == KeyState::Processing;
+    KeyInfo {
+        key: key.into(),
+        state,
+        fence: i + 1,
+        version: i + 1,
+        lease_until_ms: if processing { NOW + 1000 * (i + 1) } else { 0 },
+        lease_remaining_ms: if processing { 1000 * (i + 1) } else { 0 },
+        expires_at_ms: NOW + 3_600_000 - 30_000 * i,
+        expires_in_ms: 3_600_000 - 30_000 * i,
+        fingerprint: format!("{:016x}", (i + 1).wrapping_mul(0x9e37_79b9_7f4a_7c15)),
+        status: (!processing).then_some(201),
+        replays: i % 4,
+    }
+}
+
+pub fn page(n: usize, next: Option<&str>) -> KeyPage {
+    KeyPage {
+        now_ms: NOW,
+        keys: (0..n as u64)
+            .map(|i| {
+                row(
+                    &format!("order-{i:03}"),
+                    if i % 3 == 0 {
+                        KeyState::Processing
+                    } else {
+                        KeyState::Done
+                    },
+                    i,
+                )
+            })
+            .collect(),
+        next: next.map(Into::into),
+        total: Some(n as u64 + if next.is_some() { 1000 } else { 0 }),
+    }
+}
+
+/// A console that has loaded `n` keys (and faults), at a fixed clock.
+pub fn loaded(n: usize, next: Option<&str>) -> App {
+    let mut app = App::new("http://127.0.0.1:9090", NOW, (120, 40));
+    app.update(Action::Server(Update::Connected));
+    let query = app.keys.query.clone();
+    app.update(Action::Server(Update::Keys {
+        query,
+        page: page(n, next),
+    }));
+    app.update(Action::Server(Update::Faults(Faults::default())));
+    app
+}
+
+fn key(code: KeyCode) -> KeyEvent {
+    KeyEvent::new(code, KeyModifiers::NONE)
+}
+
+fn press(app: &mut App, code: KeyCode) -> Vec<Command> {
+    match from_key(app, key(code)) {
+        Some(action) => app.update(action),
+        None => vec![],
+    }
+}
+
+fn ch(app: &mut App, c: char) -> Vec<Command> {
+    press(app, KeyCode::Char(c))
+}
+
+fn type_text(app: &mut App, text: &str) {
+    for c in text.chars() {
+        ch(app, c);
+    }
+}
+
+#[test]
+fn every_binding_maps_to_its_action() {
+    use Action as A;
+    let app = loaded(10, None);
+    let keys: &[(KeyCode, Action)] = &[
+        (KeyCode::Char('q'), A::Quit),
+        (KeyCode::Char('?'), A::ToggleHelp),
+        (KeyCode::Char('1'), A::ShowView(View::Keys)),
+        (KeyCode::Char('2'), A::ShowView(View::Faults)),
+        (KeyCode::Char('3'), A::ShowView(View::Activity)),
+        (KeyCode::Tab, A::NextView),
+        (KeyCode::BackTab, A::PrevView),
+        (KeyCode::Up, A::Up),
+        (KeyCode::Char('k'), A::Up),
+        (KeyCode::Down, A::Down),
+        (KeyCode::Char('j'), A::Down),
+        (KeyCode::PageUp, A::PageUp),
+        (KeyCode::PageDown, A::PageDown),
+        (KeyCode::Home, A::Home),
+        (KeyCode::Char('g'), A::Home),
+        (KeyCode::End, A::End),
+        (KeyCode::Char('G'), A::End),
+        (KeyCode::Char('s'), A::NextSort),
+        (KeyCode::Char('o'), A::ReverseOrder),
+        (KeyCode::Char('f'), A::NextStateFilter),
+        (KeyCode::Char('/'), A::StartPrefixFilter),
+        (KeyCode::Esc, A::ClearFilters),
+        (KeyCode::Enter, A::ToggleDetail),
+        (KeyCode::Char('r'), A::AskRelease),
+        (KeyCode::Char('e'), A::AskExpire),
+        (KeyCode::Char('d'), A::AskDelete),
+        (KeyCode::Delete, A::AskDelete),
+    ];
+    for (code, action) in keys {
+        assert_eq!(
+            from_key(&app, key(*code)).as_ref(),
+            Some(action),
+            "keys view: {code:?}"
+        );
+    }
+    let mut app = loaded(10, None);
+    app.update(Action::ShowView(View::Faults));
+    let faults: &[(KeyCode, Action)] = &[
+        (KeyCode::Char('o'), A::SetKind(FaultKind::Off)),
+        (KeyCode::Char('e'), A::SetKind(FaultKind::Error)),
+        (KeyCode::Char('t'), A::SetKind(FaultKind::Timeout)),
+        (KeyCode::Char('d'), A::SetKind(FaultKind::Delay)),
+        (KeyCode::Char('l'), A::SetKind(FaultKind::Lost)),
+        (KeyCode::Char(' '), A::ToggleFault),
+        (KeyCode::Char('+'), A::LatencyUp),
+        (KeyCode::Char('='), A::LatencyUp),
+        (KeyCode::Char('-'), A::LatencyDown),
+        (KeyCode::Char(']'), A::ProbabilityUp),
+        (KeyCode::Char('['), A::ProbabilityDown),
+        (KeyCode::Char('>'), A::CountUp),
+        (KeyCode::Char('<'), A::CountDown),
+        (KeyCode::Char('L'), A::EditLatency),
+        (KeyCode::Char('P'), A::EditProbability),
+        (KeyCode::Char('C'), A::EditCount),
+        (KeyCode::Char('M'), A::EditMessage),
+        (KeyCode::Char('j'), A::Down),
+        (KeyCode::Char('q'), A::Quit),
+    ];
+    for (code, action) in faults {
+        assert_eq!(
+            from_key(&app, key(*code)).as_ref(),
+            Some(action),
+            "faults view: {code:?}"
+        );
+    }
+    app.update(Action::ShowView(View::Activity));
+    assert_eq!(from_key(&app, key(KeyCode::Char('c'))), Some(A::ClearLog));
+    assert_eq!(
+        from_key(&app, key(KeyCode::Char('e'))),
+        None,
+        "no key actions outside the keys view"
+    );
+
+    // Ctrl-C quits in every mode, even while typing.
+    let mut typing = loaded(1, None);
+    ch(&mut typing, '/');
+    assert_eq!(typing.mode(), Mode::Input);
+    assert_eq!(
+        from_key(
+            &typing,
+            KeyEvent::new(KeyCode::Char('c'), KeyModifiers::CONTROL)
+        ),
+        Some(A::Quit)
+    );
+    assert_eq!(
+        from_key(&typing, key(KeyCode::Char('q'))),
+        Some(A::InputChar('q')),
+        "q is a letter while typing"
+    );
+    // Key releases (kitty protocol) are not presses.
+    let release = KeyEvent {
+        kind: KeyEventKind::Release,
+        ..key(KeyCode::Char('q'))
+    };
+    assert_eq!(from_key(&app, release), None);
+}
+
+#[test]
+fn q_quits_and_help_toggles_and_swallows_other_keys() {
+    let mut app = loaded(5, None);
+    ch(&mut app, '?');
+    assert_eq!(app.mode(), Mode::Help);
+    assert_eq!(ch(&mut app, 'd'), vec![]);
+    assert!(app.confirm.is_none(), "keys under the overlay do nothing");
+    press(&mut app, KeyCode::Esc);
+    assert_eq!(app.mode(), Mode::Normal);
+    ch(&mut app, '?');
+    ch(&mut app, '?');
+    assert!(!app.help);
+    ch(&mut app, 'q');
+    assert!(app.should_quit);
+}
+
+#[test]
+fn views_cycle_both_ways() {
+    let mut app = loaded(1, None);
+    press(&mut app, KeyCode::Tab);
+    assert_eq!(app.view, View::Faults);
+    press(&mut app, KeyCode::Tab);
+    press(&mut app, KeyCode::Tab);
+    assert_eq!(app.view, View::Keys);
+    press(&mut app, KeyCode::BackTab);
+    assert_eq!(app.view, View::Activity);
+    ch(&mut app, '1');
+    assert_eq!(app.view, View::Keys);
+}
+
+#[test]
+fn moving_stays_in_the_page_and_keeps_the_selection_on_screen() {
+    let mut app = loaded(100, None);
+    let rows = app.visible_rows();
+    assert_eq!(
+        rows, 34,
+        "40 lines less header, summary, footer, borders and column header"
+    );
+    ch(&mut app, 'k');
+    assert_eq!(app.keys.selected, 0);
+    ch(&mut app, 'j');
+    press(&mut app, KeyCode::Down);
+    assert_eq!(app.keys.selected, 2);
+    press(&mut app, KeyCode::Up);
+    assert_eq!(app.keys.selected, 1);
+    press(&mut app, KeyCode::PageDown);
+    assert_eq!(app.keys.selected, 1 + rows);
+    assert!(app.keys.offset <= app.keys.selected && app.keys.selected < app.keys.offset + rows);
+    ch(&mut app, 'G');
+    assert_eq!(app.keys.selected, 99);
+    assert_eq!(app.keys.offset, 100 - rows);
+    press(&mut app, KeyCode::PageUp);
+    assert_eq!(app.keys.selected, 99 - rows);
+    ch(&mut app, 'g');
+    assert_eq!((app.keys.selected, app.keys.offset), (0, 0));
+    press(&mut app, KeyCode::End);
+    press(&mut app, KeyCode::Home);
+    assert_eq!(app.keys.selected, 0);
+}
+
+#[test]
+fn paging_past_the_page_asks_the_server_and_comes_back() {
+    let mut app = loaded(100, Some("c100"));
+    ch(&mut app, 'G');
+    let commands = press(&mut app, KeyCode::PageDown);
+    let Some(Command::Query(query)) = commands.first() else {
+        panic!("{commands:?}")
+    };
+    assert_eq!(query.after.as_deref(), Some("c100"));
+    assert_eq!(app.keys.previous, vec![None]);
+    assert!(
+        press(&mut app, KeyCode::PageDown).is_empty(),
+        "no second turn before the page arrives"
+    );
+    assert!(press(&mut app, KeyCode::PageUp).is_empty());
+    // The next page arrives.
+    let mut second = page(100, None);
+    for (i, k) in second.keys.iter_mut().enumerate() {
+        k.key = format!("order-{:03}", 100 + i);
+    }
+    app.update(Action::Server(Update::Keys {
+        query: query.clone(),
+        page: second,
+    }));
+    assert_eq!(app.keys.selected_key().unwrap().key, "order-100");
+    assert_eq!(app.keys.page_start(), 100);
+    assert!(
+        press(&mut app, KeyCode::PageDown).is_empty(),
+        "no next page: stays here"
+    );
+    ch(&mut app, 'g');
+    let commands = press(&mut app, KeyCode::PageUp);
+    assert_eq!(commands, vec![Command::Query(KeyQuery::default())]);
+    app.update(Action::Server(Update::Keys {
+        query: KeyQuery::default(),
+        page: page(100, Some("c100")),
+    }));
+    assert_eq!(
+        app.keys.selected_key().unwrap().key,
+        "order-099",
+        "back on the row PgUp came from"
+    );
+}
+
+#[test]
+fn sort_order_and_filters_restart_from_the_first_page() {
+    let mut app = loaded(100, Some("c100"));
+    ch(&mut app, 'G');
+    press(&mut app, KeyCode::PageDown);
+    let sorts: Vec<Sort> = (0..4)
+        .map(|_| match ch(&mut app, 's').first() {
+            Some(Command::Query(q)) => {
+                assert_eq!(q.after, None, "a new sort starts at the first page");
+                q.sort
+            }
+            other => panic!("{other:?}"),
+        })
+        .collect();
+    assert_eq!(
+        sorts,
+        [Sort::Lease, Sort::Expires, Sort::Replays, Sort::Key]
+    );
+    assert!(matches!(ch(&mut app, 'o').first(), Some(Command::Query(q)) if q.order == Order::Desc));
+    assert!(matches!(ch(&mut app, 'o').first(), Some(Command::Query(q)) if q.order == Order::Asc));
+    let states: Vec<Option<KeyState>> = (0..3)
+        .map(|_| match ch(&mut app, 'f').first() {
+            Some(Command::Query(q)) => q.state,
+            other => panic!("{other:?}"),
+        })
+        .collect();
+    assert_eq!(
+        states,
+        [Some(KeyState::Processing), Some(KeyState::Done), None]
+    );
+
+    ch(&mut app, '/');
+    type_text(&mut app, "ordx");
+    press(&mut app, KeyCode::Backspace);
+    type_text(&mut app, "er-0");
+    assert_eq!(app.keys.query.prefix, "", "nothing applied while typing");
+    let commands = press(&mut app, KeyCode::Enter);
+    assert!(
+        matches!(commands.first(), Some(Command::Query(q)) if q.prefix == "order-0"),
+        "{commands:?}"
+    );
+    assert_eq!(app.mode(), Mode::Normal);
+
+    ch(&mut app, '/');
+    type_text(&mut app, "zzz");
+    press(&mut app, KeyCode::Esc);
+    assert_eq!(
+        app.keys.query.prefix, "order-0",
+        "Esc while typing keeps the old prefix"
+    );
+
+    ch(&mut app, 'f');
+    let commands = press(&mut app, KeyCode::Esc);
+    assert!(
+        matches!(commands.first(), Some(Command::Query(q)) if q.prefix.is_empty() && q.state.is_none())
+    );
+    assert!(press(&mut app, KeyCode::Esc).is_empty(), "nothing to clear");
+}
+
+#[test]
+fn a_late_page_for_an_old_query_is_dropped() {
+    let mut app = loaded(10, None);
+    let old = app.keys.query.clone();
+    ch(&mut app, 'f');
+    app.update(Action::Server(Update::Keys {
+        query: old,
+        page: page(3, None),
+    }));
+    assert_eq!(app.keys.rows.len(), 10);
+    assert!(!app.keys.loaded);
+}
+
+#[test]
+fn the_selection_follows_its_key_when_rows_move() {
+    let mut app = loaded(10, None);
+    ch(&mut app, 'j');
+    ch(&mut app, 'j');
+    assert_eq!(app.keys.selected_key().unwrap().key, "order-002");
+    let mut moved = page(10, None);
+    moved.keys.reverse();
+    app.update(Action::Server(Update::Keys {
+        query: app.keys.query.clone(),
+        page: moved,
+    }));
+    assert_eq!(app.keys.selected_key().unwrap().key, "order-002");
+    assert_eq!(app.keys.selected, 7);
+}
+
+#[test]
+fn the_detail_pane_watches_the_selected_key() {
+    let mut app = loaded(10, None);
+    assert_eq!(
+        press(&mut app, KeyCode::Enter),
+        vec![Command::Watch(Some("order-000".into()))]
+    );
+    assert!(app.detail_open);
+    assert_eq!(
+        ch(&mut app, 'j'),
+        vec![Command::Watch(Some("order-001".into()))]
+    );
+    // A detail for a key no longer selected is ignored.
+    app.update(Action::Server(Update::Detail(KeyDetail {
+        info: row("order-000", KeyState::Processing, 0),
+        response: None,
+    })));
+    assert!(app.detail.is_none());
+    app.update(Action::Server(Update::Detail(KeyDetail {
+        info: row("order-001", KeyState::Done, 1),
+        response: None,
+    })));
+    assert_eq!(app.detail.as_ref().unwrap().info.key, "order-001");
+    app.update(Action::Server(Update::DetailGone("order-001".into())));
+    assert!(app.detail.is_none());
+    assert_eq!(press(&mut app, KeyCode::Enter), vec![Command::Watch(None)]);
+    assert_eq!(app.visible_rows(), 34);
+    // Esc closes the pane before it clears any filter.
+    ch(&mut app, 'f');
+    press(&mut app, KeyCode::Enter);
+    assert_eq!(press(&mut app, KeyCode::Esc), vec![Command::Watch(None)]);
+    assert!(!app.detail_open);
+    assert_eq!(
+        app.keys.query.state,
+        Some(KeyState::Processing),
+        "the filter stays"
+    );
+    assert!(
+        matches!(press(&mut app, KeyCode::Esc).first(), Some(Command::Query(q)) if q.state.is_none())
+    );
+}
+
+#[test]
+fn key_actions_wait_for_confirmation() {
+    for (c, verb, command) in [
+        ('r', KeyVerb::Release, Command::Release("order-000".into())),
+        ('e', KeyVerb::Expire, Command::Expire("order-000".into())),
+        ('d', KeyVerb::Delete, Command::Delete("order-000".into())),
+    ] {
+        let mut app = loaded(3, None);
+        assert_eq!(ch(&mut app, c), vec![], "nothing is sent before the answer");
+        assert_eq!(
+            app.confirm.as_ref().map(|c| (c.verb, c.key.as_str())),
+            Some((verb, "order-000"))
+        );
+        assert_eq!(ch(&mut app, 'x'), vec![], "other keys are ignored");
+        assert_eq!(ch(&mut app, 'n'), vec![]);
+        assert!(app.confirm.is_none());
+        ch(&mut app, c);
+        assert_eq!(ch(&mut app, 'y'), vec![command.clone()]);
+        ch(&mut app, c);
+        assert_eq!(press(&mut app, KeyCode::Enter), vec![command.clone()]);
+        ch(&mut app, c);
+        assert_eq!(press(&mut app, KeyCode::Esc), vec![]);
+    }
+    let mut app = loaded(3, None);
+    ch(&mut app, 'j');
+    assert_eq!(ch(&mut app, 'r'), vec![]);
+    assert!(app.confirm.is_none(), "a done key has no lease to release");
+    assert!(app.status.as_ref().unwrap().0.contains("holds no lease"));
+    let mut empty = loaded(0, None);
+    ch(&mut empty, 'd');
+    assert!(empty.confirm.is_none());
+    assert!(empty.status.as_ref().unwrap().0.contains("no key selected"));
+}
+
+fn faults_app() -> App {
+    let mut app = loaded(1, None);
+    ch(&mut app, '2');
+    app
+}
+
+fn sent(commands: &[Command]) -> (Op, FaultRule) {
+    match commands {
+        [Command::SetFault(op, rule)] => (*op, rule.clone()),
+        other => panic!("expected one SetFault, got {other:?}"),
+    }
+}
+
+#[test]
+fn fault_kinds_are_one_key_each_and_reach_the_server_at_once() {
+    let mut app = faults_app();
+    ch(&mut app, 'j');
+    let (op, rule) = sent(&ch(&mut app, 'e'));
+    assert_eq!(
+        (op, rule.kind, rule.message.as_str()),
+        (Op::Insert, FaultKind::Error, "injected by idem-tui")
+    );
+    assert_eq!(
+        app.faults.faults.insert.kind,
+        FaultKind::Error,
+        "shown at once"
+    );
+    let (_, rule) = sent(&ch(&mut app, 't'));
+    assert_eq!(
+        (rule.kind, rule.latency_ms),
+        (FaultKind::Timeout, 500),
+        "a latency fault gets a latency"
+    );
+    assert_eq!(sent(&ch(&mut app, 'd')).1.kind, FaultKind::Delay);
+    assert_eq!(sent(&ch(&mut app, 'l')).1.kind, FaultKind::Lost);
+    assert_eq!(sent(&ch(&mut app, 'o')).1.kind, FaultKind::Off);
+    assert_eq!(ch(&mut app, 'o'), vec![], "no change, nothing sent");
+    let (op, rule) = sent(&ch(&mut app, ' '));
+    assert_eq!((op, rule.kind), (Op::Insert, FaultKind::Error));
+    assert_eq!(sent(&ch(&mut app, ' ')).1.kind, FaultKind::Off);
+    for (c, op) in [
+        ('g', Op::Get),
+        ('j', Op::Insert),
+        ('j', Op::Replace),
+        ('j', Op::Delete),
+        ('j', Op::Delete),
+        ('k', Op::Replace),
+    ] {
+        ch(&mut app, c);
+        assert_eq!(app.selected_op(), op);
+    }
+    press(&mut app, KeyCode::End);
+    assert_eq!(app.selected_op(), Op::Delete);
+}
+
+#[test]
+fn latency_probability_and_count_adjust_in_place_within_limits() {
+    let mut app = faults_app();
+    ch(&mut app, 'd');
+    assert_eq!(sent(&ch(&mut app, '+')).1.latency_ms, 600);
+    assert_eq!(sent(&ch(&mut app, '-')).1.latency_ms, 500);
+    for _ in 0..5 {
+        ch(&mut app, '-');
+    }
+    assert_eq!(app.faults.faults.get.latency_ms, 0);
+    assert_eq!(ch(&mut app, '-'), vec![], "latency stops at 0");
+    assert_eq!(sent(&ch(&mut app, '[')).1.probability, 0.9);
+    assert_eq!(sent(&ch(&mut app, ']')).1.probability, 1.0);
+    assert_eq!(ch(&mut app, ']'), vec![], "probability stops at 100 %");
+    for _ in 0..12 {
+        ch(&mut app, '[');
+    }
+    assert_eq!(app.faults.faults.get.probability, 0.0);
+    assert_eq!(sent(&ch(&mut app, '>')).1.count, Some(1));
+    assert_eq!(sent(&ch(&mut app, '>')).1.count, Some(2));
+    assert_eq!(sent(&ch(&mut app, '<')).1.count, Some(1));
+    assert_eq!(
+        sent(&ch(&mut app, '<')).1.count,
+        None,
+        "below one is unlimited"
+    );
+}
+
+#[test]
+fn typed_fault_values_are_checked_before_sending() {
+    let mut app = faults_app();
+    ch(&mut app, 'j');
+    ch(&mut app, 't');
+    ch(&mut app, 'L');
+    assert_eq!(
+        app.input.as_ref().unwrap().text,
+        "500",
+        "starts from the current value"
+    );
+    for _ in 0..3 {
+        press(&mut app, KeyCode::Backspace);
+    }
+    type_text(&mut app, "1500");
+    let (op, rule) = sent(&press(&mut app, KeyCode::Enter));
+    assert_eq!((op, rule.latency_ms), (Op::Insert, 1500));
+
+    ch(&mut app, 'L');
+    type_text(&mut app, "00");
+    assert_eq!(press(&mut app, KeyCode::Enter), vec![]);
+    assert!(
+        app.status.as_ref().unwrap().0.contains("from 0 to 60000"),
+        "{:?}",
+        app.status
+    );
+    assert_eq!(app.faults.faults.insert.latency_ms, 1500);
+
+    ch(&mut app, 'P');
+    press(&mut app, KeyCode::Backspace);
+    press(&mut app, KeyCode::Backspace);
+    press(&mut app, KeyCode::Backspace);
+    type_text(&mut app, "25%");
+    assert_eq!(sent(&press(&mut app, KeyCode::Enter)).1.probability, 0.25);
+    ch(&mut app, 'P');
+    type_text(&mut app, "0");
+    assert_eq!(press(&mut app, KeyCode::Enter), vec![], "250 % is refused");
+    assert!(
+        app.status
+            .as_ref()
+            .unwrap()
+            .0
+            .contains("percentage from 0 to 100")
+    );
+
+    ch(&mut app, 'C');
+    type_text(&mut app, "3");
+    assert_eq!(sent(&press(&mut app, KeyCode::Enter)).1.count, Some(3));
+    ch(&mut app, 'C');
+    press(&mut app, KeyCode::Backspace);
+    assert_eq!(
+        sent(&press(&mut app, KeyCode::Enter)).1.count,
+        None,
+        "empty is unlimited"
+    );
+    ch(&mut app, 'C');
+    type_text(&mut app, "x");
+    assert_eq!(press(&mut app, KeyCode::Enter), vec![]);
+
+    ch(&mut app, 'M');
+    type_text(&mut app, "disk full");
+    assert_eq!(
+        sent(&press(&mut app, KeyCode::Enter)).1.message,
+        "disk full"
+    );
+}
+
+#[test]
+fn faults_are_not_edited_before_the_server_said_what_they_are() {
+    let mut app = App::new("http://x", NOW, (120, 40));
+    ch(&mut app, '2');
+    assert_eq!(ch(&mut app, 'e'), vec![]);
+    assert!(app.status.as_ref().unwrap().0.contains("not loaded yet"));
+}
+
+#[test]
+fn fault_events_update_the_table_and_the_log() {
+    let mut app = faults_app();
+    let rule = FaultRule {
+        kind: FaultKind::Delay,
+        latency_ms: 200,
+        ..FaultRule::default()
+    };
+    app.update(Action::Server(Update::Fault(FaultEvent {
+        ts_ms: NOW,
+        op: Op::Replace,
+        rule: rule.clone(),
+    })));
+    assert_eq!(app.faults.faults.replace, rule);
+    assert_eq!(app.log.len(), 1);
+}
+
+#[test]
+fn history_and_log_stay_bounded() {
+    let mut app = loaded(1, None);
+    for i in 0..(LOG_LINES + 50) as u64 {
+        let event = DecisionEvent {
+            ts_ms: i,
+            key: "k".into(),
+            outcome: Outcome::Executed,
+            status: None,
+            latency_us: 1,
+            detail: None,
+        };
+        app.update(Action::Server(Update::Decision(event)));
+    }
+    assert_eq!(app.log.len(), LOG_LINES);
+    assert!(
+        matches!(app.log.front(), Some(idem_tui::app::LogLine::Decision(d)) if d.ts_ms == 50),
+        "oldest dropped"
+    );
+    for _ in 0..HISTORY + 5 {
+        app.update(Action::Server(Update::Stats(Stats::default())));
+    }
+    assert_eq!(app.rates.len(), HISTORY);
+    assert_eq!(app.p99_us.len(), HISTORY);
+    ch(&mut app, '3');
+    ch(&mut app, 'c');
+    assert!(app.log.is_empty());
+}
+
+#[test]
+fn the_connection_is_lost_counted_and_found_without_losing_the_view() {
+    let mut app = loaded(10, None);
+    ch(&mut app, 'j');
+    app.update(Action::Tick {
+        local_ms: NOW + 5000,
+    });
+    app.update(Action::Server(Update::Disconnected(
+        "Connection refused".into(),
+    )));
+    app.update(Action::Tick {
+        local_ms: NOW + 6000,
+    });
+    app.update(Action::Server(Update::Disconnected(
+        "Connection refused".into(),
+    )));
+    assert_eq!(
+        app.connection,
+        Connection::Lost {
+            error: "Connection refused".into(),
+            since_ms: NOW + 5000,
+            attempts: 2
+        }
+    );
+    assert_eq!(app.keys.rows.len(), 10, "the last data stays");
+    assert_eq!(app.keys.selected, 1);
+    app.update(Action::Server(Update::Connected));
+    assert_eq!(app.connection, Connection::Connected);
+    assert_eq!(app.status.as_ref().unwrap().0, "reconnected");
+}
+
+#[test]
+fn the_clock_follows_the_server_between_polls() {
+    let mut app = App::new("http://x", 5_000, (120, 40));
+    let query = app.keys.query.clone();
+    app.update(Action::Server(Update::Keys {
+        query,
+        page: page(1, None),
+    }));
+    assert_eq!(app.now_ms(), NOW, "the server's clock, whatever ours says");
+    app.update(Action::Tick { local_ms: 5_750 });
+    assert_eq!(app.now_ms(), NOW + 750);
+}
+
+#[test]
+fn resizing_keeps_the_selection_visible() {
+    let mut app = loaded(100, None);
+    ch(&mut app, 'G');
+    app.update(Action::Resize {
+        width: 80,
+        height: 24,
+    });
+    assert_eq!(app.visible_rows(), 18);
+    assert_eq!(app.keys.offset, 100 - 18);
+    app.update(Action::Resize {
+        width: 200,
+        height: 60,
+    });
+    assert!(app.keys.selected >= app.keys.offset);
+}
+
+#[test]
+fn server_reports_show_in_the_status_line() {
+    let mut app = loaded(1, None);
+    app.update(Action::Server(Update::Done("deleted order-000".into())));
+    assert_eq!(app.status.as_ref().unwrap().0, "deleted order-000");
+    app.update(Action::Server(Update::Failed("409: not processing".into())));
+    assert_eq!(
+        app.status.as_ref().unwrap(),
+        &("409: not processing".into(), idem_tui::app::Severity::Error)
+    );
+}
+
+#[test]
+fn the_first_commands_poll_the_default_query() {
+    let app = App::new("http://x", NOW, (80, 24));
+    assert_eq!(app.start(), vec![Command::Query(KeyQuery::default())]);
+}
+
+#[test]
+fn the_last_decision_is_kept_for_keys_on_screen_only() {
+    let mut app = loaded(10, None);
+    let decide = |key: &str, outcome| {
+        Action::Server(Update::Decision(DecisionEvent {
+            ts_ms: NOW,
+            key: key.into(),
+            outcome,
+            status: None,
+            latency_us: 1,
+            detail: None,
+        }))
+    };
+    app.update(decide("order-003", Outcome::Executed));
+    app.update(decide("order-003", Outcome::Conflict));
+    app.update(decide("elsewhere", Outcome::Replayed));
+    assert_eq!(app.last_outcome.len(), 1, "{:?}", app.last_outcome);
+    assert_eq!(app.last_outcome["order-003"], Outcome::Conflict);
+    // A new page forgets the keys that left the screen.
+    let query = app.keys.query.clone();
+    let mut other = page(2, None);
+    other.keys[1].key = "zz".into();
+    app.update(Action::Server(Update::Keys { query, page: other }));
+    assert!(app.last_outcome.is_empty());
+}
