@@ -356,9 +356,12 @@ fn write_loop(conn: &Connection, mut queue: mpsc::Receiver<Job>) {
             }
             // Rolled back: nothing of the batch is written. Retry each alone
             // so only the primitive that fails reports the failure.
-            Err(e) if batch.len() == 1 => {
-                let job = batch.pop().expect("one job");
-                let _ = job.reply.send(Err(sql_unavailable(&e)));
+            // Alone, or locked out by another process for the whole busy
+            // timeout: retrying each would only wait that long again.
+            Err(e) if batch.len() == 1 || is_busy(&e) => {
+                for job in batch.drain(..) {
+                    let _ = job.reply.send(Err(sql_unavailable(&e)));
+                }
             }
             Err(_) => {
                 for job in batch.drain(..) {
@@ -371,6 +374,10 @@ fn write_loop(conn: &Connection, mut queue: mpsc::Receiver<Job>) {
             }
         }
     }
+}
+
+fn is_busy(e: &rusqlite::Error) -> bool {
+    matches!(e.sqlite_error_code(), Some(rusqlite::ErrorCode::DatabaseBusy | rusqlite::ErrorCode::DatabaseLocked))
 }
 
 /// Applies `jobs` in one transaction. A database error rolls all of them back

@@ -210,7 +210,9 @@ async fn the_purger_frees_space_in_batches_and_stops_with_the_store() {
     clock.advance(Duration::from_millis(100));
     let purger = store.spawn_purger(Arc::new(clock), Duration::from_secs(1), 3);
     let mut seen = vec![rows(&db)];
-    for _ in 0..1_000 {
+    // Virtual time races ahead; the writer answers in real time: give it a real bound.
+    let give_up = std::time::Instant::now() + Duration::from_secs(30);
+    while std::time::Instant::now() < give_up {
         if *seen.last().unwrap() == 1 {
             break;
         }
@@ -220,9 +222,12 @@ async fn the_purger_frees_space_in_batches_and_stops_with_the_store() {
             seen.push(n);
         }
     }
-    assert_eq!(seen, [8, 5, 2, 1], "three per tick, the live record kept");
+    // Ticks may pass faster than the writer answers, so some steps can go
+    // unobserved; each purge is atomic, so every count seen is a whole batch.
+    assert_eq!(seen.last(), Some(&1), "every expired record purged, the live one kept: {seen:?}");
+    assert!(seen.iter().all(|n| [8, 5, 2, 1].contains(n)), "at most three per tick: {seen:?}");
     drop(store);
-    tokio::time::timeout(Duration::from_secs(5), purger).await.expect("the purger ends with the store").unwrap();
+    purger.await.expect("the purger ends with the store");
 }
 
 /// Two stores on one file stand for two processes: SQLite's write lock keeps
@@ -249,4 +254,28 @@ async fn two_stores_on_one_file_let_one_claimer_proceed() {
         }
         assert_eq!(proceeded, 1, "round {round}: exactly one claimer proceeds");
     }
+}
+
+/// Another process holding the write lock past the busy timeout: the guard
+/// fails closed (the handler never runs), and works again once it lets go.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_file_locked_by_another_process_fails_closed_then_recovers() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("idem.db");
+    let options = SqliteOptions { busy_timeout: Duration::from_millis(50), ..SqliteOptions::default() };
+    let guard = Guard::builder(SqliteStore::open(&db, options).unwrap()).clock(ManualClock::new(BASE_MS)).build().unwrap();
+    let calls = AtomicUsize::new(0);
+    let handler = |_| async {
+        calls.fetch_add(1, Ordering::SeqCst);
+        Ok::<_, std::convert::Infallible>(Response { status: 200, headers: vec![], body: b"ok".to_vec() })
+    };
+    let other_process = raw(&db);
+    other_process.execute_batch("BEGIN IMMEDIATE").unwrap();
+    let key = unique("locked");
+    let outcome = guard.run(&key, "fp", handler).await.unwrap();
+    assert!(matches!(&outcome, Outcome::Unavailable(why) if why.contains("locked")), "{outcome:?}");
+    assert_eq!(calls.load(Ordering::SeqCst), 0, "fail closed");
+    other_process.execute_batch("COMMIT").unwrap();
+    assert!(matches!(guard.run(&key, "fp", handler).await.unwrap(), Outcome::Executed(_)));
+    assert_eq!(calls.load(Ordering::SeqCst), 1);
 }
