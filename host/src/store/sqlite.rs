@@ -384,7 +384,8 @@ fn is_busy(e: &rusqlite::Error) -> bool {
 /// and is returned; a record that does not decode is that job's answer only
 /// (it is found by a read, so nothing was written for it).
 fn apply_batch(conn: &Connection, jobs: &[Job]) -> Result<Vec<Result<Written, StoreError>>, rusqlite::Error> {
-    conn.execute_batch("BEGIN IMMEDIATE")?;
+    // Prepared once: parsing BEGIN and COMMIT per batch is measurable at this rate.
+    conn.prepare_cached("BEGIN IMMEDIATE")?.execute([])?;
     let mut results = Vec::with_capacity(jobs.len());
     for job in jobs {
         match apply(conn, &job.write) {
@@ -397,7 +398,7 @@ fn apply_batch(conn: &Connection, jobs: &[Job]) -> Result<Vec<Result<Written, St
             }
         }
     }
-    if let Err(e) = conn.execute_batch("COMMIT") {
+    if let Err(e) = conn.prepare_cached("COMMIT").and_then(|mut commit| commit.execute([])) {
         if !conn.is_autocommit() {
             let _ = conn.execute_batch("ROLLBACK");
         }
