@@ -98,7 +98,8 @@ where
     let elapsed = started.elapsed();
     all.sort_unstable();
     let pct = |p: usize| all.get((all.len() * p / 100).min(all.len().saturating_sub(1))).copied().unwrap_or_default();
-    (all.len() as f64 / elapsed.as_secs_f64(), pct(50), pct(99))
+    let ops = u32::try_from(all.len()).expect("fewer than 4 billion ops");
+    (f64::from(ops) / elapsed.as_secs_f64(), pct(50), pct(99))
 }
 
 /// Benches one store: criterion for one caller, and the table's rows for
