@@ -246,10 +246,10 @@ pub async fn fails_closed_when_down_and_recovers(store: Arc<dyn Store>) {
 store_conformance!(memory, async { Some(Arc::new(idem::MemoryStore::new()) as Arc<dyn Store>) });
 
 store_conformance!(sqlite, async {
-    // The directory lives as long as the test process: the store's file must
-    // outlast every handle to it, and a temp dir is removed on drop.
-    let dir = Box::leak(Box::new(tempfile::tempdir().expect("temp dir")));
-    let store = idem::store::SqliteStore::open(dir.path().join("idem.db"), idem::store::SqliteOptions::default())
+    // Kept after the test (under target/tmp, which `cargo clean` empties): the
+    // file must outlive every handle the suite's tasks may still hold.
+    let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).expect("temp dir").keep();
+    let store = idem::store::SqliteStore::open(dir.join("idem.db"), idem::store::SqliteOptions::default())
         .expect("open the sqlite store");
     Some(Arc::new(store) as Arc<dyn Store>)
 });
