@@ -28,11 +28,13 @@
 mod faulty;
 mod memory;
 mod open;
+mod sqlite;
 
 pub use faulty::{FaultHandle, FaultKind, FaultRule, Faulty, Op, ParseFaultError};
 pub use idem_guest::model::{Entry, InsertOutcome, Record, State};
 pub use memory::MemoryStore;
 pub use open::{OpenError, open};
+pub use sqlite::{SqliteOptions, SqliteStore, Synchronous};
 
 use async_trait::async_trait;
 use std::sync::Arc;

@@ -1,6 +1,6 @@
 //! Choosing a store by URL: `memory:`, `sqlite:PATH`, `redis://…`, `postgres://…`.
 
-use super::{MemoryStore, Store};
+use super::{MemoryStore, SqliteOptions, SqliteStore, Store, Synchronous};
 use std::sync::Arc;
 
 /// Why a store could not be opened. Names the store and the URL's problem.
@@ -14,12 +14,41 @@ pub enum OpenError {
 
 /// Opens the store a URL names.
 pub async fn open(url: &str) -> Result<Arc<dyn Store>, OpenError> {
-    let (scheme, _rest) = url.split_once(':').ok_or_else(|| OpenError::BadUrl {
+    let (scheme, rest) = url.split_once(':').ok_or_else(|| OpenError::BadUrl {
         url: url.to_owned(),
         reason: "it has no scheme".into(),
     })?;
     match scheme {
         "memory" => Ok(Arc::new(MemoryStore::new())),
+        "sqlite" => {
+            let (path, options) = sqlite_url(url, rest)?;
+            let opened = tokio::task::spawn_blocking(move || SqliteStore::open(path, options)).await;
+            let store = opened
+                .map_err(|e| OpenError::Unreachable { store: "sqlite", url: url.to_owned(), reason: e.to_string() })??;
+            Ok(Arc::new(store))
+        }
         other => Err(OpenError::BadUrl { url: url.to_owned(), reason: format!("unknown store {other:?}") }),
     }
+}
+
+/// `sqlite:PATH`, `sqlite://PATH` (so `sqlite:///abs/path` works too), with
+/// an optional `?synchronous=normal|full`.
+fn sqlite_url(url: &str, rest: &str) -> Result<(std::path::PathBuf, SqliteOptions), OpenError> {
+    let bad = |reason: String| OpenError::BadUrl { url: url.to_owned(), reason };
+    let rest = rest.strip_prefix("//").unwrap_or(rest);
+    let (path, query) = rest.split_once('?').unwrap_or((rest, ""));
+    if path.is_empty() {
+        return Err(bad("sqlite: needs a file path, as in sqlite:idem.db".into()));
+    }
+    let mut options = SqliteOptions::default();
+    for pair in query.split('&').filter(|p| !p.is_empty()) {
+        match pair.split_once('=') {
+            Some(("synchronous", value)) => {
+                options.synchronous = Synchronous::parse(value)
+                    .ok_or_else(|| bad(format!("synchronous={value:?} is not one of normal, full")))?;
+            }
+            _ => return Err(bad(format!("unknown sqlite option {pair:?}; the one option is synchronous=normal|full"))),
+        }
+    }
+    Ok((path.into(), options))
 }

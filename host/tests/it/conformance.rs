@@ -244,3 +244,12 @@ pub async fn fails_closed_when_down_and_recovers(store: Arc<dyn Store>) {
 }
 
 store_conformance!(memory, async { Some(Arc::new(idem::MemoryStore::new()) as Arc<dyn Store>) });
+
+store_conformance!(sqlite, async {
+    // Kept after the test (under target/tmp, which `cargo clean` empties): the
+    // file must outlive every handle the suite's tasks may still hold.
+    let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).expect("temp dir").keep();
+    let store = idem::store::SqliteStore::open(dir.join("idem.db"), idem::store::SqliteOptions::default())
+        .expect("open the sqlite store");
+    Some(Arc::new(store) as Arc<dyn Store>)
+});

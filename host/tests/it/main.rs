@@ -4,3 +4,4 @@ mod conformance;
 mod engine;
 mod guard;
 mod seed;
+mod sqlite;

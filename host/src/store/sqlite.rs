@@ -1,0 +1,741 @@
+//! Records in one SQLite file: the embedded default (`sqlite:idem.db`).
+//!
+//! # Durability
+//!
+//! The file is in WAL mode. A primitive's reply is sent only after its
+//! transaction has committed, so a response the guard reported as recorded
+//! is in the file. What a commit survives depends on [`Synchronous`]:
+//!
+//! - [`Synchronous::Normal`] (the default): the commit is written to the WAL
+//!   before the reply, without an fsync. It survives the process dying in any
+//!   way (`kill -9`, a panic, the OOM killer). A power loss or kernel crash
+//!   MAY roll back the last transactions committed since the WAL was last
+//!   synced (at a checkpoint); the file stays consistent. A claim or response
+//!   lost that way makes a retry run the handler again: at-least-once across
+//!   power loss, exactly-once across process crashes.
+//! - [`Synchronous::Full`]: the WAL is fsynced at every commit (once per batch,
+//!   see below), so a recorded response also survives power loss, given a
+//!   disk that honours fsync.
+//!
+//! # Threads
+//!
+//! SQLite calls block, so none runs on the async runtime. All writes go to one
+//! dedicated writer thread over a bounded channel (SQLite allows one writer at
+//! a time anyway). The thread drains whatever is queued and applies it in one
+//! `BEGIN IMMEDIATE` transaction — group commit: each primitive still runs
+//! whole and alone (the thread runs them one after another), but 32 concurrent
+//! callers share one commit, and one fsync under `Full`. If any statement of a
+//! batch fails, the batch is rolled back and each primitive is retried in its
+//! own transaction, so one failure never fails its neighbours. `get` and
+//! `list` read on separate connections (WAL readers never block the writer)
+//! through `spawn_blocking`.
+//!
+//! ```no_run
+//! use idem::store::{SqliteStore, SqliteOptions, Synchronous};
+//!
+//! let store = SqliteStore::open("idem.db", SqliteOptions { synchronous: Synchronous::Full, ..Default::default() })
+//!     .expect("open idem.db");
+//! # drop(store);
+//! ```
+
+use super::{Entry, InsertOutcome, ListQuery, OpenError, Record, State, Store, StoreError};
+use crate::Response;
+use crate::clock::Clock;
+use async_trait::async_trait;
+use rusqlite::{Connection, OpenFlags, OptionalExtension, Row, params};
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, Weak};
+use std::time::Duration;
+use tokio::sync::{mpsc, oneshot};
+
+const STORE: &str = "sqlite";
+
+/// The schema this build writes, kept in `PRAGMA user_version`.
+const SCHEMA_VERSION: i64 = 1;
+
+/// Marks the file as idem's (`PRAGMA application_id`, ASCII "idem").
+const APPLICATION_ID: i64 = 0x6964_656d;
+
+/// Migrations, in order: `MIGRATIONS[i]` takes the schema from version `i` to `i + 1`.
+const MIGRATIONS: &[&str] = &["
+    CREATE TABLE records (
+        key            TEXT PRIMARY KEY NOT NULL,
+        version        INTEGER NOT NULL,
+        fingerprint    TEXT NOT NULL,
+        state          TEXT NOT NULL,
+        lease_until_ms INTEGER NOT NULL,
+        expires_at_ms  INTEGER NOT NULL,
+        -- The response: all three NULL when there is none.
+        status         INTEGER,
+        headers        BLOB,
+        body           BLOB
+    ) STRICT;
+    CREATE INDEX records_expires_at ON records (expires_at_ms);
+"];
+
+/// Writes queued beyond this make callers wait (backpressure, not memory growth).
+const QUEUE: usize = 4096;
+/// At most this many primitives share one transaction.
+const MAX_BATCH: usize = 256;
+/// Idle read connections kept open.
+const MAX_IDLE_READERS: usize = 8;
+
+/// When a commit is on disk; see the module docs for what each survives.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Synchronous {
+    /// Survives process crashes; a power loss may roll back the last commits.
+    #[default]
+    Normal,
+    /// Survives power loss too: an fsync per commit (per batch).
+    Full,
+}
+
+impl Synchronous {
+    fn pragma(self) -> &'static str {
+        match self {
+            Synchronous::Normal => "NORMAL",
+            Synchronous::Full => "FULL",
+        }
+    }
+
+    /// Parses `normal` or `full` (any case).
+    pub fn parse(text: &str) -> Option<Self> {
+        match text.to_ascii_lowercase().as_str() {
+            "normal" => Some(Synchronous::Normal),
+            "full" => Some(Synchronous::Full),
+            _ => None,
+        }
+    }
+}
+
+/// How to open the file.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SqliteOptions {
+    pub synchronous: Synchronous,
+    /// How long a statement waits for another process's write lock before
+    /// the primitive fails as unavailable.
+    pub busy_timeout: Duration,
+}
+
+impl Default for SqliteOptions {
+    fn default() -> Self {
+        SqliteOptions { synchronous: Synchronous::Normal, busy_timeout: Duration::from_secs(5) }
+    }
+}
+
+/// A store in one SQLite file, shared by every clone (and by other processes
+/// opening the same file: SQLite's locks keep each primitive atomic).
+#[derive(Clone)]
+pub struct SqliteStore {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    path: PathBuf,
+    options: SqliteOptions,
+    writes: Option<mpsc::Sender<Job>>,
+    writer: Option<std::thread::JoinHandle<()>>,
+    readers: Mutex<Vec<Connection>>,
+}
+
+impl Drop for Inner {
+    /// Closing the queue ends the writer thread after the writes already
+    /// queued; waiting for it means the file is closed when the store is gone.
+    fn drop(&mut self) {
+        self.writes.take();
+        if let Some(writer) = self.writer.take() {
+            let _ = writer.join();
+        }
+    }
+}
+
+impl std::fmt::Debug for SqliteStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SqliteStore").field("path", &self.inner.path).field("options", &self.inner.options).finish()
+    }
+}
+
+impl SqliteStore {
+    /// Opens (creating if needed) the database at `path`, creates or migrates
+    /// its schema, and starts the writer thread. Blocks: call it from
+    /// `spawn_blocking` on an async runtime.
+    ///
+    /// Fails when the directory does not exist, the file is not a database or
+    /// not idem's, or its schema is newer than this build understands.
+    pub fn open(path: impl AsRef<Path>, options: SqliteOptions) -> Result<Self, OpenError> {
+        let path = path.as_ref().to_path_buf();
+        let fail = |reason: String| OpenError::Unreachable { store: STORE, url: path.display().to_string(), reason };
+        if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty())
+            && !dir.is_dir()
+        {
+            return Err(fail(format!("the directory {} does not exist", dir.display())));
+        }
+        if path.is_dir() {
+            return Err(fail("it is a directory, not a database file".into()));
+        }
+        let conn = Connection::open_with_flags(
+            &path,
+            OpenFlags::SQLITE_OPEN_READ_WRITE | OpenFlags::SQLITE_OPEN_CREATE | OpenFlags::SQLITE_OPEN_NO_MUTEX,
+        )
+        .map_err(|e| fail(e.to_string()))?;
+        setup_writer(&conn, &options).map_err(fail)?;
+        migrate(&conn).map_err(fail)?;
+
+        let (writes, queue) = mpsc::channel(QUEUE);
+        let thread = std::thread::Builder::new()
+            .name("idem-sqlite-writer".into())
+            .spawn(move || write_loop(&conn, queue))
+            .map_err(|e| fail(format!("cannot start the writer thread: {e}")))?;
+        Ok(SqliteStore {
+            inner: Arc::new(Inner { path, options, writes: Some(writes), writer: Some(thread), readers: Mutex::new(Vec::new()) }),
+        })
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.inner.path
+    }
+
+    pub fn options(&self) -> &SqliteOptions {
+        &self.inner.options
+    }
+
+    /// Starts a task that purges up to `batch` expired records every
+    /// `every`, by `clock`. It ends when the last handle to the store is dropped.
+    pub fn spawn_purger(&self, clock: Arc<dyn Clock>, every: Duration, batch: usize) -> tokio::task::JoinHandle<()> {
+        let weak: Weak<Inner> = Arc::downgrade(&self.inner);
+        tokio::spawn(async move {
+            let mut tick = tokio::time::interval(every);
+            loop {
+                tick.tick().await;
+                let Some(inner) = weak.upgrade() else { return };
+                // A failed purge only delays freeing space; reads never depend on it.
+                let _ = SqliteStore { inner }.purge_expired(clock.now_ms(), batch).await;
+            }
+        })
+    }
+
+    async fn write(&self, write: Write) -> Result<Written, StoreError> {
+        let (reply, answer) = oneshot::channel();
+        let queue = self.inner.writes.as_ref().ok_or_else(|| unavailable("the store is closed"))?;
+        queue.send(Job { write, reply }).await.map_err(|_| unavailable("the writer thread has stopped"))?;
+        answer.await.map_err(|_| unavailable("the writer thread stopped before answering"))?
+    }
+
+    /// Runs `read` on a pooled read connection, off the async runtime.
+    async fn read<T: Send + 'static>(
+        &self,
+        read: impl FnOnce(&Connection) -> Result<T, StoreError> + Send + 'static,
+    ) -> Result<T, StoreError> {
+        let inner = self.inner.clone();
+        tokio::task::spawn_blocking(move || {
+            let pooled = inner.readers.lock().unwrap_or_else(std::sync::PoisonError::into_inner).pop();
+            let conn = match pooled {
+                Some(conn) => conn,
+                None => open_reader(&inner.path, &inner.options).map_err(|e| unavailable(&e))?,
+            };
+            let result = read(&conn);
+            let mut idle = inner.readers.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+            if idle.len() < MAX_IDLE_READERS {
+                idle.push(conn);
+            }
+            result
+        })
+        .await
+        .map_err(|e| unavailable(&format!("read task failed: {e}")))?
+    }
+}
+
+fn unavailable(reason: &str) -> StoreError {
+    StoreError::Unavailable { store: STORE, reason: reason.to_owned() }
+}
+
+fn sql_unavailable(e: &rusqlite::Error) -> StoreError {
+    unavailable(&e.to_string())
+}
+
+fn corrupt(key: &str, reason: impl Into<String>) -> StoreError {
+    StoreError::Corrupt { store: STORE, key: key.to_owned(), reason: reason.into() }
+}
+
+fn setup_writer(conn: &Connection, options: &SqliteOptions) -> Result<(), String> {
+    conn.busy_timeout(options.busy_timeout).map_err(|e| e.to_string())?;
+    let mode: String = conn
+        .query_row("PRAGMA journal_mode = WAL", [], |r| r.get(0))
+        .map_err(|e| format!("cannot read it as a database: {e}"))?;
+    if !mode.eq_ignore_ascii_case("wal") {
+        return Err(format!("cannot use WAL mode (the file system gave journal mode {mode:?})"));
+    }
+    conn.execute_batch(&format!("PRAGMA synchronous = {};", options.synchronous.pragma())).map_err(|e| e.to_string())?;
+    conn.set_prepared_statement_cache_capacity(32);
+    Ok(())
+}
+
+fn open_reader(path: &Path, options: &SqliteOptions) -> Result<Connection, String> {
+    let conn = Connection::open_with_flags(path, OpenFlags::SQLITE_OPEN_READ_WRITE | OpenFlags::SQLITE_OPEN_NO_MUTEX)
+        .map_err(|e| format!("cannot open a read connection to {}: {e}", path.display()))?;
+    conn.busy_timeout(options.busy_timeout).map_err(|e| e.to_string())?;
+    // Reads only: a bug here cannot write around the writer thread.
+    conn.execute_batch("PRAGMA query_only = 1;").map_err(|e| e.to_string())?;
+    Ok(conn)
+}
+
+/// Creates the schema in a new file, or brings an older one up to
+/// `SCHEMA_VERSION`, in one transaction. Refuses files that are not idem's
+/// and schemas newer than this build.
+fn migrate(conn: &Connection) -> Result<(), String> {
+    conn.execute_batch("BEGIN IMMEDIATE").map_err(|e| format!("cannot lock it to check its schema: {e}"))?;
+    let result = (|| {
+        let version: i64 = conn.query_row("PRAGMA user_version", [], |r| r.get(0)).map_err(|e| e.to_string())?;
+        let app: i64 = conn.query_row("PRAGMA application_id", [], |r| r.get(0)).map_err(|e| e.to_string())?;
+        if version > SCHEMA_VERSION {
+            return Err(format!(
+                "its schema version is {version}, newer than this idem understands ({SCHEMA_VERSION}); use a newer idem"
+            ));
+        }
+        if version == 0 {
+            let tables: i64 =
+                conn.query_row("SELECT count(*) FROM sqlite_schema", [], |r| r.get(0)).map_err(|e| e.to_string())?;
+            if tables > 0 && app != APPLICATION_ID {
+                return Err(format!("it is not an idem database: it has {tables} schema objects and no idem schema version"));
+            }
+        } else if app != APPLICATION_ID {
+            return Err(format!("it is not an idem database (application_id {app:#x})"));
+        }
+        for (from, sql) in MIGRATIONS.iter().enumerate().skip(usize::try_from(version).unwrap_or(0)) {
+            conn.execute_batch(sql).map_err(|e| format!("migrating the schema from version {from}: {e}"))?;
+        }
+        conn.execute_batch(&format!("PRAGMA user_version = {SCHEMA_VERSION}; PRAGMA application_id = {APPLICATION_ID};"))
+            .map_err(|e| e.to_string())
+    })();
+    match result {
+        Ok(()) => conn.execute_batch("COMMIT").map_err(|e| e.to_string()),
+        Err(e) => {
+            let _ = conn.execute_batch("ROLLBACK");
+            Err(e)
+        }
+    }
+}
+
+/// A primitive for the writer thread.
+enum Write {
+    Insert { key: String, record: Record, now_ms: u64 },
+    Replace { key: String, expected_version: u64, record: Record, now_ms: u64 },
+    Delete { key: String, expected_version: Option<u64> },
+    Purge { now_ms: u64, limit: usize },
+}
+
+enum Written {
+    Insert(InsertOutcome),
+    Replace(Option<u64>),
+    Delete(bool),
+    Purge(usize),
+}
+
+struct Job {
+    write: Write,
+    reply: oneshot::Sender<Result<Written, StoreError>>,
+}
+
+/// The writer thread: takes what is queued, applies it in one transaction,
+/// and answers only after the commit. Ends when every sender is gone.
+fn write_loop(conn: &Connection, mut queue: mpsc::Receiver<Job>) {
+    let mut batch: Vec<Job> = Vec::with_capacity(MAX_BATCH);
+    while let Some(first) = queue.blocking_recv() {
+        batch.push(first);
+        while batch.len() < MAX_BATCH {
+            match queue.try_recv() {
+                Ok(job) => batch.push(job),
+                Err(_) => break,
+            }
+        }
+        match apply_batch(conn, &batch) {
+            Ok(results) => {
+                for (job, result) in batch.drain(..).zip(results) {
+                    let _ = job.reply.send(result);
+                }
+            }
+            // Rolled back: nothing of the batch is written. Retry each alone
+            // so only the primitive that fails reports the failure.
+            // Alone, or locked out by another process for the whole busy
+            // timeout: retrying each would only wait that long again.
+            Err(e) if batch.len() == 1 || is_busy(&e) => {
+                for job in batch.drain(..) {
+                    let _ = job.reply.send(Err(sql_unavailable(&e)));
+                }
+            }
+            Err(_) => {
+                for job in batch.drain(..) {
+                    let result = match apply_batch(conn, std::slice::from_ref(&job)) {
+                        Ok(mut one) => one.pop().expect("one result"),
+                        Err(e) => Err(sql_unavailable(&e)),
+                    };
+                    let _ = job.reply.send(result);
+                }
+            }
+        }
+    }
+}
+
+fn is_busy(e: &rusqlite::Error) -> bool {
+    matches!(e.sqlite_error_code(), Some(rusqlite::ErrorCode::DatabaseBusy | rusqlite::ErrorCode::DatabaseLocked))
+}
+
+/// Applies `jobs` in one transaction. A database error rolls all of them back
+/// and is returned; a record that does not decode is that job's answer only
+/// (it is found by a read, so nothing was written for it).
+fn apply_batch(conn: &Connection, jobs: &[Job]) -> Result<Vec<Result<Written, StoreError>>, rusqlite::Error> {
+    // Prepared once: parsing BEGIN and COMMIT per batch is measurable at this rate.
+    conn.prepare_cached("BEGIN IMMEDIATE")?.execute([])?;
+    let mut results = Vec::with_capacity(jobs.len());
+    for job in jobs {
+        match apply(conn, &job.write) {
+            Ok(result) => results.push(result),
+            Err(e) => {
+                if !conn.is_autocommit() {
+                    let _ = conn.execute_batch("ROLLBACK");
+                }
+                return Err(e);
+            }
+        }
+    }
+    if let Err(e) = conn.prepare_cached("COMMIT").and_then(|mut commit| commit.execute([])) {
+        if !conn.is_autocommit() {
+            let _ = conn.execute_batch("ROLLBACK");
+        }
+        return Err(e);
+    }
+    Ok(results)
+}
+
+const COLUMNS: &str = "key, version, fingerprint, state, lease_until_ms, expires_at_ms, status, headers, body";
+
+const INSERT: &str = "
+    INSERT INTO records (key, version, fingerprint, state, lease_until_ms, expires_at_ms, status, headers, body)
+    VALUES (?1, 1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)
+    ON CONFLICT (key) DO UPDATE SET
+        version = records.version + 1,
+        fingerprint = excluded.fingerprint,
+        state = excluded.state,
+        lease_until_ms = excluded.lease_until_ms,
+        expires_at_ms = excluded.expires_at_ms,
+        status = excluded.status,
+        headers = excluded.headers,
+        body = excluded.body
+    WHERE records.expires_at_ms <= ?9
+    RETURNING version";
+
+const REPLACE: &str = "
+    UPDATE records SET
+        version = version + 1,
+        fingerprint = ?3, state = ?4, lease_until_ms = ?5, expires_at_ms = ?6,
+        status = ?7, headers = ?8, body = ?9
+    WHERE key = ?1 AND version = ?2 AND expires_at_ms > ?10
+    RETURNING version";
+
+fn apply(conn: &Connection, write: &Write) -> Result<Result<Written, StoreError>, rusqlite::Error> {
+    Ok(match write {
+        Write::Insert { key, record, now_ms } => {
+            let (status, headers, body) = response_columns(record.response.as_ref());
+            let inserted: Option<i64> = conn
+                .prepare_cached(INSERT)?
+                .query_row(
+                    params![
+                        key,
+                        record.fingerprint,
+                        record.state.as_str(),
+                        int(record.lease_until_ms),
+                        int(record.expires_at_ms),
+                        status,
+                        headers,
+                        body,
+                        int(*now_ms)
+                    ],
+                    |r| r.get(0),
+                )
+                .optional()?;
+            match inserted {
+                Some(version) => u64::try_from(version)
+                    .map(|v| Written::Insert(InsertOutcome::Inserted(v)))
+                    .map_err(|_| corrupt(key, format!("version {version} is negative"))),
+                // Not written, so the key holds a live record: read it in the
+                // same transaction, so the answer is the record that refused us.
+                None => match select(conn, key)? {
+                    Some(entry) => entry.map(|e| Written::Insert(InsertOutcome::Existing(e))),
+                    None => Err(unavailable("insert neither wrote nor found a record")),
+                },
+            }
+        }
+        Write::Replace { key, expected_version, record, now_ms } => {
+            let (status, headers, body) = response_columns(record.response.as_ref());
+            let replaced: Option<i64> = conn
+                .prepare_cached(REPLACE)?
+                .query_row(
+                    params![
+                        key,
+                        int(*expected_version),
+                        record.fingerprint,
+                        record.state.as_str(),
+                        int(record.lease_until_ms),
+                        int(record.expires_at_ms),
+                        status,
+                        headers,
+                        body,
+                        int(*now_ms)
+                    ],
+                    |r| r.get(0),
+                )
+                .optional()?;
+            match replaced {
+                Some(version) => u64::try_from(version)
+                    .map(|v| Written::Replace(Some(v)))
+                    .map_err(|_| corrupt(key, format!("version {version} is negative"))),
+                None => Ok(Written::Replace(None)),
+            }
+        }
+        Write::Delete { key, expected_version } => {
+            let deleted = conn
+                .prepare_cached("DELETE FROM records WHERE key = ?1 AND (?2 IS NULL OR version = ?2)")?
+                .execute(params![key, expected_version.map(int)])?;
+            Ok(Written::Delete(deleted > 0))
+        }
+        Write::Purge { now_ms, limit } => {
+            let purged = conn
+                .prepare_cached(
+                    "DELETE FROM records WHERE rowid IN
+                     (SELECT rowid FROM records WHERE expires_at_ms <= ?1 LIMIT ?2)",
+                )?
+                .execute(params![int(*now_ms), i64::try_from(*limit).unwrap_or(i64::MAX)])?;
+            Ok(Written::Purge(purged))
+        }
+    })
+}
+
+/// Times and versions are u64; SQLite integers are i64. Past `i64::MAX`
+/// (the year 292 million) a time saturates, which keeps every comparison right.
+fn int(v: u64) -> i64 {
+    i64::try_from(v).unwrap_or(i64::MAX)
+}
+
+/// The record for `key` whether live or not; the outer error is the
+/// database's, the inner one the record's.
+fn select(conn: &Connection, key: &str) -> Result<Option<Result<Entry, StoreError>>, rusqlite::Error> {
+    conn.prepare_cached(&format!("SELECT {COLUMNS} FROM records WHERE key = ?1"))?
+        .query_row([key], |row| Ok(decode(key, row)))
+        .optional()
+}
+
+fn response_columns(response: Option<&Response>) -> (Option<u16>, Option<Vec<u8>>, Option<&[u8]>) {
+    match response {
+        Some(r) => (Some(r.status), Some(encode_headers(&r.headers)), Some(r.body.as_slice())),
+        None => (None, None, None),
+    }
+}
+
+/// Headers as one BLOB: a u32 count, then for each header a u32 length and
+/// the name's UTF-8 bytes, a u32 length and the value's bytes; all big-endian.
+fn encode_headers(headers: &[(String, Vec<u8>)]) -> Vec<u8> {
+    let size = 4 + headers.iter().map(|(n, v)| 8 + n.len() + v.len()).sum::<usize>();
+    let mut out = Vec::with_capacity(size);
+    out.extend_from_slice(&(headers.len() as u32).to_be_bytes());
+    for (name, value) in headers {
+        out.extend_from_slice(&(name.len() as u32).to_be_bytes());
+        out.extend_from_slice(name.as_bytes());
+        out.extend_from_slice(&(value.len() as u32).to_be_bytes());
+        out.extend_from_slice(value);
+    }
+    out
+}
+
+/// The inverse of [`encode_headers`]; says what is wrong with a blob that is not one.
+fn decode_headers(mut blob: &[u8]) -> Result<Vec<(String, Vec<u8>)>, String> {
+    fn take<'a>(blob: &mut &'a [u8], n: usize, what: &str) -> Result<&'a [u8], String> {
+        if blob.len() < n {
+            return Err(format!("headers blob ends inside {what} ({n} bytes needed, {} left)", blob.len()));
+        }
+        let (head, rest) = blob.split_at(n);
+        *blob = rest;
+        Ok(head)
+    }
+    fn length(blob: &mut &[u8], what: &str) -> Result<usize, String> {
+        let bytes = take(blob, 4, what)?;
+        Ok(u32::from_be_bytes([bytes[0], bytes[1], bytes[2], bytes[3]]) as usize)
+    }
+    let count = length(&mut blob, "the header count")?;
+    // Every header takes at least 8 bytes: a count beyond that is corrupt, not a huge allocation.
+    if count > blob.len() / 8 {
+        return Err(format!("headers blob claims {count} headers in {} bytes", blob.len()));
+    }
+    let mut headers = Vec::with_capacity(count);
+    for i in 0..count {
+        let n = length(&mut blob, "a header name length")?;
+        let name = std::str::from_utf8(take(&mut blob, n, "a header name")?)
+            .map_err(|e| format!("header {i}'s name is not UTF-8: {e}"))?
+            .to_owned();
+        let n = length(&mut blob, "a header value length")?;
+        let value = take(&mut blob, n, "a header value")?.to_vec();
+        headers.push((name, value));
+    }
+    if !blob.is_empty() {
+        return Err(format!("headers blob has {} bytes after its {count} headers", blob.len()));
+    }
+    Ok(headers)
+}
+
+/// One row as an entry, or `Corrupt` naming the key and what is wrong.
+fn decode(key: &str, row: &Row<'_>) -> Result<Entry, StoreError> {
+    let bad = |e: rusqlite::Error| corrupt(key, e.to_string());
+    let unsigned = |column: &str, v: i64| u64::try_from(v).map_err(|_| corrupt(key, format!("{column} {v} is negative")));
+    let version = unsigned("version", row.get::<_, i64>(1).map_err(bad)?)?;
+    let fingerprint: String = row.get(2).map_err(bad)?;
+    let state_text: String = row.get(3).map_err(bad)?;
+    let state = State::parse(&state_text).ok_or_else(|| corrupt(key, format!("unknown state {state_text:?}")))?;
+    let lease_until_ms = unsigned("lease_until_ms", row.get::<_, i64>(4).map_err(bad)?)?;
+    let expires_at_ms = unsigned("expires_at_ms", row.get::<_, i64>(5).map_err(bad)?)?;
+    let status: Option<i64> = row.get(6).map_err(bad)?;
+    let headers: Option<Vec<u8>> = row.get(7).map_err(bad)?;
+    let body: Option<Vec<u8>> = row.get(8).map_err(bad)?;
+    let response = match (status, headers, body) {
+        (None, None, None) => None,
+        (Some(status), Some(headers), Some(body)) => Some(Response {
+            status: u16::try_from(status).map_err(|_| corrupt(key, format!("status {status} is not an HTTP status")))?,
+            headers: decode_headers(&headers).map_err(|reason| corrupt(key, reason))?,
+            body,
+        }),
+        _ => {
+            return Err(corrupt(key, "the response's status, headers and body are only partly present"));
+        }
+    };
+    Ok(Entry { record: Record { fingerprint, state, lease_until_ms, expires_at_ms, response }, version })
+}
+
+/// The smallest string above every string starting with `prefix`, or `None`
+/// when there is none; key order is UTF-8 byte order, which is char order.
+fn prefix_end(prefix: &str) -> Option<String> {
+    let mut chars: Vec<char> = prefix.chars().collect();
+    while let Some(last) = chars.pop() {
+        let next = (u32::from(last) + 1..=u32::from(char::MAX)).find_map(char::from_u32);
+        if let Some(next) = next {
+            chars.push(next);
+            return Some(chars.into_iter().collect());
+        }
+    }
+    None
+}
+
+#[async_trait]
+impl Store for SqliteStore {
+    fn name(&self) -> &'static str {
+        STORE
+    }
+
+    async fn get(&self, key: &str, now_ms: u64) -> Result<Option<Entry>, StoreError> {
+        let key = key.to_owned();
+        self.read(move |conn| {
+            let row = conn
+                .prepare_cached(&format!("SELECT {COLUMNS} FROM records WHERE key = ?1 AND expires_at_ms > ?2"))
+                .and_then(|mut s| s.query_row(params![key, int(now_ms)], |row| Ok(decode(&key, row))).optional())
+                .map_err(|e| sql_unavailable(&e))?;
+            row.transpose()
+        })
+        .await
+    }
+
+    async fn insert(&self, key: &str, record: Record, now_ms: u64) -> Result<InsertOutcome, StoreError> {
+        match self.write(Write::Insert { key: key.to_owned(), record, now_ms }).await? {
+            Written::Insert(outcome) => Ok(outcome),
+            _ => unreachable!("the writer answers in kind"),
+        }
+    }
+
+    async fn replace(&self, key: &str, expected_version: u64, record: Record, now_ms: u64) -> Result<Option<u64>, StoreError> {
+        match self.write(Write::Replace { key: key.to_owned(), expected_version, record, now_ms }).await? {
+            Written::Replace(version) => Ok(version),
+            _ => unreachable!("the writer answers in kind"),
+        }
+    }
+
+    async fn delete(&self, key: &str, expected_version: Option<u64>) -> Result<bool, StoreError> {
+        match self.write(Write::Delete { key: key.to_owned(), expected_version }).await? {
+            Written::Delete(deleted) => Ok(deleted),
+            _ => unreachable!("the writer answers in kind"),
+        }
+    }
+
+    async fn list(&self, query: &ListQuery, now_ms: u64) -> Result<Vec<(String, Entry)>, StoreError> {
+        let query = query.clone();
+        self.read(move |conn| {
+            let end = prefix_end(&query.prefix);
+            let sql = format!(
+                "SELECT {COLUMNS} FROM records
+                 WHERE key >= ?1 AND (?2 IS NULL OR key < ?2) AND (?3 IS NULL OR key > ?3)
+                   AND (?4 IS NULL OR state = ?4) AND expires_at_ms > ?5
+                 ORDER BY key LIMIT ?6"
+            );
+            let mut stmt = conn.prepare_cached(&sql).map_err(|e| sql_unavailable(&e))?;
+            let rows = stmt
+                .query_map(
+                    params![
+                        query.prefix,
+                        end,
+                        query.after,
+                        query.state.map(State::as_str),
+                        int(now_ms),
+                        i64::try_from(query.limit).unwrap_or(i64::MAX)
+                    ],
+                    |row| {
+                        let key: String = row.get(0)?;
+                        let entry = decode(&key, row);
+                        Ok((key, entry))
+                    },
+                )
+                .map_err(|e| sql_unavailable(&e))?;
+            let mut out = Vec::new();
+            for row in rows {
+                let (key, entry) = row.map_err(|e| sql_unavailable(&e))?;
+                out.push((key, entry?));
+            }
+            Ok(out)
+        })
+        .await
+    }
+
+    async fn purge_expired(&self, now_ms: u64, limit: usize) -> Result<usize, StoreError> {
+        match self.write(Write::Purge { now_ms, limit }).await? {
+            Written::Purge(n) => Ok(n),
+            _ => unreachable!("the writer answers in kind"),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn headers_round_trip_and_bad_blobs_are_named() {
+        let headers = vec![("content-type".to_owned(), b"text/plain".to_vec()), (String::new(), vec![0, 255])];
+        assert_eq!(decode_headers(&encode_headers(&headers)).unwrap(), headers);
+        assert_eq!(decode_headers(&encode_headers(&[])).unwrap(), vec![]);
+        let blob = encode_headers(&headers);
+        assert!(decode_headers(&blob[..blob.len() - 1]).unwrap_err().contains("ends inside a header value"));
+        let mut trailing = blob.clone();
+        trailing.push(0);
+        assert!(decode_headers(&trailing).unwrap_err().contains("1 bytes after"));
+        assert!(decode_headers(&[0xff, 0xff, 0xff, 0xff]).unwrap_err().contains("claims 4294967295 headers"));
+        assert!(decode_headers(b"").unwrap_err().contains("header count"));
+        let bad_name = [0, 0, 0, 1, 0, 0, 0, 1, 0xff, 0, 0, 0, 0];
+        assert!(decode_headers(&bad_name).unwrap_err().contains("not UTF-8"));
+    }
+
+    #[test]
+    fn prefix_end_bounds_exactly_the_keys_with_the_prefix() {
+        assert_eq!(prefix_end(""), None);
+        assert_eq!(prefix_end("ab").as_deref(), Some("ac"));
+        assert_eq!(prefix_end("a\u{d7ff}").as_deref(), Some("a\u{e000}"));
+        assert_eq!(prefix_end(&format!("a{}", char::MAX)).as_deref(), Some("b"));
+        assert_eq!(prefix_end(&char::MAX.to_string()), None);
+        for key in ["ab", "ab\u{10ffff}", "abz", "ab/1"] {
+            assert!(key >= "ab" && key < prefix_end("ab").unwrap().as_str(), "{key}");
+        }
+    }
+}
