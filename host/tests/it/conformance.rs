@@ -244,3 +244,8 @@ pub async fn fails_closed_when_down_and_recovers(store: Arc<dyn Store>) {
 }
 
 store_conformance!(memory, async { Some(Arc::new(idem::MemoryStore::new()) as Arc<dyn Store>) });
+
+store_conformance!(redis, async {
+    let url = crate::netstores::server_url("IDEM_TEST_REDIS_URL")?;
+    Some(Arc::new(idem::store::RedisStore::open(&url).await.expect("IDEM_TEST_REDIS_URL is set but the server cannot be opened")) as Arc<dyn Store>)
+});

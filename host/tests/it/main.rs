@@ -3,4 +3,6 @@
 mod conformance;
 mod engine;
 mod guard;
+mod netstores;
+mod proxy;
 mod seed;
