@@ -21,6 +21,7 @@ pub async fn open(url: &str) -> Result<Arc<dyn Store>, OpenError> {
     match scheme {
         "memory" => Ok(Arc::new(MemoryStore::new())),
         "redis" => Ok(Arc::new(super::RedisStore::open(url).await?)),
+        "postgres" | "postgresql" => Ok(Arc::new(super::PostgresStore::open(url).await?)),
         other => Err(OpenError::BadUrl { url: url.to_owned(), reason: format!("unknown store {other:?}") }),
     }
 }

@@ -394,3 +394,193 @@ mod redis {
         assert!(store.get("live", BASE_MS + 10).await.unwrap().is_some());
     }
 }
+
+mod postgres {
+    use super::*;
+    use deadpool_postgres::tokio_postgres::{self, NoTls};
+    use idem::store::PostgresStore;
+
+    fn url() -> Option<String> {
+        server_url("IDEM_TEST_POSTGRES_URL")
+    }
+
+    /// A raw connection for the test's own statements.
+    async fn raw(url: &str) -> tokio_postgres::Client {
+        let (client, connection) = tokio_postgres::connect(url, NoTls).await.unwrap();
+        tokio::spawn(connection);
+        client
+    }
+
+    /// A table name no other test run uses.
+    fn table() -> String {
+        format!("t_{}_{}", std::process::id(), fastrand::u32(..))
+    }
+
+    fn with(url: &str, param: &str) -> String {
+        format!("{url}{}{param}", if url.contains('?') { '&' } else { '?' })
+    }
+
+    async fn through_proxy() -> Option<(Arc<dyn Store>, Proxy)> {
+        let url = url()?;
+        let proxy = Proxy::start(&host_port(&url, 5432)).await;
+        let store = PostgresStore::open(&via(&url, proxy.addr)).await.unwrap();
+        Some((Arc::new(store), proxy))
+    }
+
+    #[tokio::test]
+    async fn postgres_claim_is_one_round_trip() {
+        let Some((store, proxy)) = through_proxy().await else {
+            return;
+        };
+        claim_is_one_round_trip(store, &proxy).await;
+    }
+
+    #[tokio::test]
+    async fn postgres_fails_closed_when_cut_and_recovers() {
+        let Some((store, proxy)) = through_proxy().await else {
+            return;
+        };
+        fails_closed_when_cut_and_recovers(store, &proxy).await;
+    }
+
+    #[tokio::test]
+    async fn postgres_open_unreachable_names_store_and_url() {
+        let addr = closed_port().await;
+        open_unreachable_names_store_and_url(
+            &format!("postgres://postgres@{addr}/test?timeout_ms=500"),
+            "postgres",
+        )
+        .await;
+        open_unreachable_names_store_and_url(
+            &format!("postgresql://postgres@{addr}/test?timeout_ms=500"),
+            "postgres",
+        )
+        .await;
+    }
+
+    #[tokio::test]
+    async fn postgres_bad_table_name_is_refused() {
+        let err = idem::store::open("postgres://postgres@127.0.0.1/test?table=x;drop")
+            .await
+            .err()
+            .unwrap()
+            .to_string();
+        assert!(
+            err.contains("table=\"x;drop\" must be 1 to 48 characters"),
+            "{err}"
+        );
+    }
+
+    #[tokio::test]
+    async fn postgres_corrupt_record_names_the_key() {
+        let Some(url) = url() else { return };
+        let store = PostgresStore::open(&url).await.unwrap();
+        let key = unique("garbled");
+        store
+            .insert(
+                &key,
+                record("fp", State::Done, 0, BASE_MS + 10_000),
+                BASE_MS,
+            )
+            .await
+            .unwrap();
+        raw(&url)
+            .await
+            .execute(
+                "UPDATE idem_records SET header_names = ARRAY['a', 'b'], header_values = ARRAY['\\x00'::bytea] WHERE key = $1",
+                &[&key],
+            )
+            .await
+            .unwrap();
+        corrupt_record_names_the_key(Arc::new(store), &key).await;
+    }
+
+    /// Guards starting together create the schema once, without racing.
+    #[tokio::test]
+    async fn postgres_concurrent_opens_create_one_schema() {
+        let Some(url) = url() else { return };
+        let t = table();
+        let store_url = with(&url, &format!("table={t}&pool=2"));
+        let opens = (0..4).map(|_| PostgresStore::open(&store_url));
+        for store in futures::future::join_all(opens).await {
+            store.unwrap();
+        }
+        let client = raw(&url).await;
+        let version: i32 = client
+            .query_one(
+                "SELECT version FROM idem_schema WHERE table_name = $1",
+                &[&t],
+            )
+            .await
+            .unwrap()
+            .get(0);
+        assert_eq!(version, idem::store::PostgresStore::SCHEMA_VERSION);
+        client.batch_execute(&format!("DROP TABLE {t}; DROP FUNCTION {t}_claim; DELETE FROM idem_schema WHERE table_name = '{t}'")).await.unwrap();
+    }
+
+    #[tokio::test]
+    async fn postgres_purge_is_bounded_and_frees_expired_rows_only() {
+        let Some(url) = url() else { return };
+        let t = table();
+        let store = PostgresStore::open(&with(&url, &format!("table={t}")))
+            .await
+            .unwrap();
+        for i in 0..5 {
+            store
+                .insert(
+                    &format!("old{i}"),
+                    record("fp", State::Done, 0, BASE_MS + 10),
+                    BASE_MS,
+                )
+                .await
+                .unwrap();
+        }
+        store
+            .insert(
+                "live",
+                record("fp", State::Done, 0, BASE_MS + 10_000),
+                BASE_MS,
+            )
+            .await
+            .unwrap();
+        assert_eq!(store.purge_expired(BASE_MS + 10, 3).await.unwrap(), 3);
+        assert_eq!(store.purge_expired(BASE_MS + 10, 100).await.unwrap(), 2);
+        assert!(store.get("live", BASE_MS + 10).await.unwrap().is_some());
+        let client = raw(&url).await;
+        let rows: i64 = client
+            .query_one(&format!("SELECT count(*) FROM {t}"), &[])
+            .await
+            .unwrap()
+            .get(0);
+        assert_eq!(rows, 1, "the expired rows are gone from the table");
+        client.batch_execute(&format!("DROP TABLE {t}; DROP FUNCTION {t}_claim; DELETE FROM idem_schema WHERE table_name = '{t}'")).await.unwrap();
+    }
+
+    /// The schema says which version wrote it; a table from another version is refused by name.
+    #[tokio::test]
+    async fn postgres_refuses_a_table_of_another_schema_version() {
+        let Some(url) = url() else { return };
+        let t = table();
+        PostgresStore::open(&with(&url, &format!("table={t}")))
+            .await
+            .unwrap();
+        let client = raw(&url).await;
+        client
+            .execute(
+                "UPDATE idem_schema SET version = 99 WHERE table_name = $1",
+                &[&t],
+            )
+            .await
+            .unwrap();
+        let err = PostgresStore::open(&with(&url, &format!("table={t}")))
+            .await
+            .err()
+            .unwrap()
+            .to_string();
+        assert!(
+            err.contains("schema version 99") && err.contains(&t),
+            "{err}"
+        );
+        client.batch_execute(&format!("DROP TABLE {t}; DROP FUNCTION {t}_claim; DELETE FROM idem_schema WHERE table_name = '{t}'")).await.unwrap();
+    }
+}
