@@ -4,6 +4,7 @@ use anyhow::Context;
 use clap::{Parser, Subcommand};
 use std::path::PathBuf;
 
+mod debug;
 mod demo;
 
 #[derive(Parser)]
@@ -24,6 +25,9 @@ enum Command {
         #[arg(long, value_name = "FILE")]
         out: PathBuf,
     },
+    /// Claims shared keys against a store and prints the keys it executed (multi-process tests).
+    #[command(hide = true)]
+    DebugHammer(debug::HammerArgs),
 }
 
 fn main() -> anyhow::Result<()> {
@@ -40,6 +44,7 @@ fn main() -> anyhow::Result<()> {
             eprintln!("wrote {} bytes to {}", idem::component::COMPONENT.len(), out.display());
             Ok(())
         }
+        Command::DebugHammer(args) => tokio::runtime::Runtime::new()?.block_on(debug::hammer(args)),
         Command::Demo(args) => {
             let runtime = tokio::runtime::Runtime::new()?;
             runtime.block_on(demo::run(args))

@@ -3,6 +3,7 @@
 mod conformance;
 mod engine;
 mod guard;
+mod multiprocess;
 mod netstores;
 mod proxy;
 mod seed;
