@@ -4,6 +4,7 @@ use anyhow::Context;
 use clap::{Parser, Subcommand};
 use std::path::PathBuf;
 
+mod debug;
 mod demo;
 
 #[derive(Parser)]
@@ -37,6 +38,9 @@ enum Command {
         #[arg(long, value_name = "FILE")]
         body_file: PathBuf,
     },
+    /// Claims shared keys against a store and prints the keys it executed (multi-process tests).
+    #[command(hide = true)]
+    DebugHammer(debug::HammerArgs),
 }
 
 fn main() -> anyhow::Result<()> {
@@ -62,6 +66,7 @@ fn main() -> anyhow::Result<()> {
                 std::thread::park();
             }
         }
+        Command::DebugHammer(args) => tokio::runtime::Runtime::new()?.block_on(debug::hammer(args)),
         Command::Demo(args) => {
             let runtime = tokio::runtime::Runtime::new()?;
             runtime.block_on(demo::run(args))

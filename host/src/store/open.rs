@@ -27,6 +27,8 @@ pub async fn open(url: &str) -> Result<Arc<dyn Store>, OpenError> {
                 .map_err(|e| OpenError::Unreachable { store: "sqlite", url: url.to_owned(), reason: e.to_string() })??;
             Ok(Arc::new(store))
         }
+        "redis" => Ok(Arc::new(super::RedisStore::open(url).await?)),
+        "postgres" | "postgresql" => Ok(Arc::new(super::PostgresStore::open(url).await?)),
         other => Err(OpenError::BadUrl { url: url.to_owned(), reason: format!("unknown store {other:?}") }),
     }
 }

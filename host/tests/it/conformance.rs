@@ -253,3 +253,13 @@ store_conformance!(sqlite, async {
         .expect("open the sqlite store");
     Some(Arc::new(store) as Arc<dyn Store>)
 });
+
+store_conformance!(redis, async {
+    let url = crate::netstores::server_url("IDEM_TEST_REDIS_URL")?;
+    Some(Arc::new(idem::store::RedisStore::open(&url).await.expect("IDEM_TEST_REDIS_URL is set but the server cannot be opened")) as Arc<dyn Store>)
+});
+
+store_conformance!(postgres, async {
+    let url = crate::netstores::server_url("IDEM_TEST_POSTGRES_URL")?;
+    Some(Arc::new(idem::store::PostgresStore::open(&url).await.expect("IDEM_TEST_POSTGRES_URL is set but the server cannot be opened")) as Arc<dyn Store>)
+});

@@ -3,5 +3,8 @@
 mod conformance;
 mod engine;
 mod guard;
+mod multiprocess;
+mod netstores;
+mod proxy;
 mod seed;
 mod sqlite;

@@ -1,0 +1,586 @@
+//! What the network stores promise beyond the conformance suite: a claim is
+//! one round trip, an unreachable server fails closed and the same store
+//! works again when it is back, undecodable bytes are `Corrupt` naming the
+//! key, and opening an unreachable server says which store and URL.
+//!
+//! Servers come from `IDEM_TEST_REDIS_URL` and `IDEM_TEST_POSTGRES_URL`;
+//! without them each test prints why it skipped.
+
+use crate::conformance::{BASE_MS, record, unique};
+use crate::proxy::Proxy;
+use idem::store::{InsertOutcome, Store, StoreError};
+use idem::{Guard, ManualClock, Outcome, Response, State};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+/// The server URL from `var`, or `None` after saying why the test skips.
+pub fn server_url(var: &str) -> Option<String> {
+    match std::env::var(var) {
+        Ok(url) if !url.is_empty() => Some(url),
+        _ => {
+            eprintln!(
+                "skipped: {var} is not set (CI sets it; e.g. {var}=redis://127.0.0.1:6379 or postgres://postgres@127.0.0.1:5432/test)"
+            );
+            None
+        }
+    }
+}
+
+/// `url` with its `host:port` replaced by `addr`.
+pub fn via(url: &str, addr: std::net::SocketAddr) -> String {
+    let (scheme, rest) = url.split_once("://").unwrap();
+    let end = rest.find(['/', '?']).unwrap_or(rest.len());
+    let (authority, tail) = rest.split_at(end);
+    let userinfo = authority
+        .rsplit_once('@')
+        .map(|(u, _)| format!("{u}@"))
+        .unwrap_or_default();
+    format!("{scheme}://{userinfo}{addr}{tail}")
+}
+
+/// The `host:port` a URL names.
+pub fn host_port(url: &str, default_port: u16) -> String {
+    let rest = url.split_once("://").unwrap().1;
+    let authority = &rest[..rest.find(['/', '?']).unwrap_or(rest.len())];
+    let host = authority.rsplit_once('@').map_or(authority, |(_, h)| h);
+    if host.contains(':') {
+        host.to_owned()
+    } else {
+        format!("{host}:{default_port}")
+    }
+}
+
+/// A port nothing listens on.
+pub async fn closed_port() -> std::net::SocketAddr {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    listener.local_addr().unwrap()
+}
+
+fn ok_handler(
+    calls: &AtomicUsize,
+) -> impl FnOnce(idem::Fence) -> std::future::Ready<Result<Response, std::convert::Infallible>> + '_
+{
+    move |_| {
+        calls.fetch_add(1, Ordering::SeqCst);
+        std::future::ready(Ok(Response {
+            status: 201,
+            headers: vec![],
+            body: b"created".to_vec(),
+        }))
+    }
+}
+
+/// A claim, the refusal's read, a completion and a replay: each one round trip.
+pub async fn claim_is_one_round_trip(store: Arc<dyn Store>, proxy: &Proxy) {
+    let now = BASE_MS;
+    // Warm: connections made and statements or scripts prepared.
+    store
+        .insert(
+            &unique("warm"),
+            record("fp", State::Processing, now + 1_000, now + 10_000),
+            now,
+        )
+        .await
+        .unwrap();
+    proxy.take_round_trips();
+
+    let key = unique("rt");
+    let claim = record("fp", State::Processing, now + 1_000, now + 10_000);
+    assert_eq!(
+        store.insert(&key, claim.clone(), now).await.unwrap(),
+        InsertOutcome::Inserted(1)
+    );
+    assert_eq!(proxy.take_round_trips(), 1, "a claim of an absent key");
+    assert!(matches!(
+        store.insert(&key, claim, now).await.unwrap(),
+        InsertOutcome::Existing(_)
+    ));
+    assert_eq!(
+        proxy.take_round_trips(),
+        1,
+        "a refused claim returns the live record in the same round trip"
+    );
+    assert_eq!(
+        store
+            .replace(&key, 1, record("fp", State::Done, 0, now + 10_000), now)
+            .await
+            .unwrap(),
+        Some(2)
+    );
+    assert_eq!(proxy.take_round_trips(), 1, "a completion");
+    assert!(store.get(&key, now).await.unwrap().is_some());
+    assert_eq!(proxy.take_round_trips(), 1, "a read");
+}
+
+/// Through a proxy that is cut and restored: Unavailable while cut and the
+/// handler never runs; then the same store object works again.
+pub async fn fails_closed_when_cut_and_recovers(store: Arc<dyn Store>, proxy: &Proxy) {
+    let guard = Guard::builder(store.clone())
+        .clock(ManualClock::new(BASE_MS))
+        .build()
+        .unwrap();
+    let calls = AtomicUsize::new(0);
+    let (done, later) = (unique("before-cut"), unique("during-cut"));
+    assert!(matches!(
+        guard.run(&done, "fp", ok_handler(&calls)).await.unwrap(),
+        Outcome::Executed(_)
+    ));
+
+    proxy.cut();
+    for key in [&later, &done] {
+        let outcome = guard.run(key, "fp", ok_handler(&calls)).await.unwrap();
+        assert!(
+            matches!(outcome, Outcome::Unavailable(_)),
+            "server gone, {key}: {outcome:?}"
+        );
+    }
+    assert!(matches!(
+        store.get(&done, BASE_MS).await,
+        Err(StoreError::Unavailable { .. })
+    ));
+    assert_eq!(
+        calls.load(Ordering::SeqCst),
+        1,
+        "fail closed: nothing ran while the server was gone"
+    );
+
+    proxy.restore().await;
+    let outcome = guard.run(&later, "fp", ok_handler(&calls)).await.unwrap();
+    assert!(
+        matches!(outcome, Outcome::Executed(_)),
+        "server back: {outcome:?}"
+    );
+    let replay = guard.run(&done, "fp", ok_handler(&calls)).await.unwrap();
+    assert_eq!(
+        replay,
+        Outcome::Replayed(Response {
+            status: 201,
+            headers: vec![],
+            body: b"created".to_vec()
+        })
+    );
+    assert_eq!(calls.load(Ordering::SeqCst), 2);
+}
+
+/// Bytes that do not decode are `Corrupt` naming the key, and the guard
+/// fails closed on them.
+pub async fn corrupt_record_names_the_key(store: Arc<dyn Store>, key: &str) {
+    for result in [
+        store.get(key, BASE_MS).await.map(|_| ()),
+        store
+            .insert(
+                key,
+                record("fp", State::Processing, BASE_MS + 1, BASE_MS + 10),
+                BASE_MS,
+            )
+            .await
+            .map(|_| ()),
+    ] {
+        match result {
+            Err(StoreError::Corrupt { key: named, .. }) => assert_eq!(named, key),
+            other => panic!("expected Corrupt for {key}, got {other:?}"),
+        }
+    }
+    let guard = Guard::builder(store)
+        .clock(ManualClock::new(BASE_MS))
+        .build()
+        .unwrap();
+    let calls = AtomicUsize::new(0);
+    let outcome = guard.run(key, "fp", ok_handler(&calls)).await.unwrap();
+    assert!(
+        matches!(&outcome, Outcome::Unavailable(why) if why.contains(key)),
+        "{outcome:?}"
+    );
+    assert_eq!(calls.load(Ordering::SeqCst), 0);
+}
+
+pub async fn open_unreachable_names_store_and_url(url: &str, store: &str) {
+    let Err(err) = idem::store::open(url).await else {
+        panic!("opened {url} with nothing listening")
+    };
+    let text = err.to_string();
+    assert!(text.contains(store) && text.contains(url), "{text}");
+}
+
+mod redis {
+    use super::*;
+    use idem::store::RedisStore;
+
+    fn url() -> Option<String> {
+        server_url("IDEM_TEST_REDIS_URL")
+    }
+
+    /// A raw connection for the test's own commands.
+    async fn raw(url: &str) -> ::redis::aio::MultiplexedConnection {
+        ::redis::Client::open(url)
+            .unwrap()
+            .get_multiplexed_async_connection()
+            .await
+            .unwrap()
+    }
+
+    async fn through_proxy() -> Option<(Arc<dyn Store>, Proxy)> {
+        let url = url()?;
+        let proxy = Proxy::start(&host_port(&url, 6379)).await;
+        let store = RedisStore::open(&via(&url, proxy.addr)).await.unwrap();
+        Some((Arc::new(store), proxy))
+    }
+
+    #[tokio::test]
+    async fn redis_claim_is_one_round_trip() {
+        let Some((store, proxy)) = through_proxy().await else {
+            return;
+        };
+        claim_is_one_round_trip(store, &proxy).await;
+    }
+
+    #[tokio::test]
+    async fn redis_fails_closed_when_cut_and_recovers() {
+        let Some((store, proxy)) = through_proxy().await else {
+            return;
+        };
+        fails_closed_when_cut_and_recovers(store, &proxy).await;
+    }
+
+    #[tokio::test]
+    async fn redis_open_unreachable_names_store_and_url() {
+        let addr = closed_port().await;
+        open_unreachable_names_store_and_url(&format!("redis://{addr}/0?timeout_ms=500"), "redis")
+            .await;
+    }
+
+    #[tokio::test]
+    async fn redis_bad_url_parameter_is_refused() {
+        let err = idem::store::open("redis://127.0.0.1:6379/0?grace_ms=soon")
+            .await
+            .err()
+            .unwrap()
+            .to_string();
+        assert!(
+            err.contains("grace_ms=\"soon\" must be a whole number"),
+            "{err}"
+        );
+    }
+
+    #[tokio::test]
+    async fn redis_corrupt_record_names_the_key() {
+        let Some(url) = url() else { return };
+        let store = RedisStore::open(&url).await.unwrap();
+        let mut conn = raw(&url).await;
+        // Not a hash at all.
+        let key = unique("garbage");
+        let () = ::redis::cmd("SET")
+            .arg(format!("{}{key}", store.prefix()))
+            .arg("garbage")
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+        corrupt_record_names_the_key(Arc::new(store.clone()), &key).await;
+        // A hash whose fields do not decode.
+        let key = unique("garbled");
+        let full = format!("{}{key}", store.prefix());
+        let () = ::redis::cmd("HSET")
+            .arg(&full)
+            .arg(&[
+                "ver",
+                "one",
+                "exp",
+                "99999999999999",
+                "fp",
+                "x",
+                "state",
+                "??",
+                "lease",
+                "0",
+                "status",
+                "",
+                "headers",
+                "",
+                "body",
+                "",
+            ])
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+        corrupt_record_names_the_key(Arc::new(store), &key).await;
+    }
+
+    /// Expiry follows the guard's clock, not the server's: a record written
+    /// at a test time far in the past still lives its full remaining time
+    /// (plus the grace) in Redis.
+    #[tokio::test]
+    async fn redis_expiry_is_relative_to_the_guards_clock() {
+        let Some(url) = url() else { return };
+        let store = RedisStore::open(&format!("{url}?grace_ms=1000"))
+            .await
+            .unwrap();
+        let key = unique("ttl");
+        store
+            .insert(
+                &key,
+                record("fp", State::Processing, BASE_MS + 1, BASE_MS + 50_000),
+                BASE_MS,
+            )
+            .await
+            .unwrap();
+        let ttl: i64 = ::redis::cmd("PTTL")
+            .arg(format!("{}{key}", store.prefix()))
+            .query_async(&mut raw(&url).await)
+            .await
+            .unwrap();
+        assert!(
+            (40_000..=51_000).contains(&ttl),
+            "PTTL {ttl} ms; expected about 50 s remaining + 1 s grace"
+        );
+        // Logically expired by the guard's clock while Redis still holds it: absent.
+        assert!(store.get(&key, BASE_MS + 50_000).await.unwrap().is_none());
+    }
+
+    #[tokio::test]
+    async fn redis_prefixes_keep_guards_apart() {
+        let Some(url) = url() else { return };
+        let (a, b) = (unique("a:"), unique("b:"));
+        let store_a = RedisStore::open(&format!("{url}?prefix={a}"))
+            .await
+            .unwrap();
+        let store_b = RedisStore::open(&format!("{url}?prefix={b}"))
+            .await
+            .unwrap();
+        let r = record("fp", State::Processing, BASE_MS + 1, BASE_MS + 10_000);
+        assert_eq!(
+            store_a.insert("k", r.clone(), BASE_MS).await.unwrap(),
+            InsertOutcome::Inserted(1)
+        );
+        assert_eq!(
+            store_b.insert("k", r.clone(), BASE_MS).await.unwrap(),
+            InsertOutcome::Inserted(1)
+        );
+        let q = idem::store::ListQuery {
+            limit: 10,
+            ..Default::default()
+        };
+        assert_eq!(store_a.list(&q, BASE_MS).await.unwrap().len(), 1);
+        assert!(store_a.delete("k", Some(1)).await.unwrap());
+        assert!(store_b.get("k", BASE_MS).await.unwrap().is_some());
+    }
+
+    #[tokio::test]
+    async fn redis_purge_frees_expired_records_only() {
+        let Some(url) = url() else { return };
+        let prefix = unique("purge:");
+        let store = RedisStore::open(&format!("{url}?prefix={prefix}"))
+            .await
+            .unwrap();
+        for i in 0..5 {
+            store
+                .insert(
+                    &format!("old{i}"),
+                    record("fp", State::Done, 0, BASE_MS + 10),
+                    BASE_MS,
+                )
+                .await
+                .unwrap();
+        }
+        store
+            .insert(
+                "live",
+                record("fp", State::Done, 0, BASE_MS + 10_000),
+                BASE_MS,
+            )
+            .await
+            .unwrap();
+        assert_eq!(store.purge_expired(BASE_MS + 10, 3).await.unwrap(), 3);
+        assert_eq!(store.purge_expired(BASE_MS + 10, 100).await.unwrap(), 2);
+        assert!(store.get("live", BASE_MS + 10).await.unwrap().is_some());
+    }
+}
+
+mod postgres {
+    use super::*;
+    use deadpool_postgres::tokio_postgres::{self, NoTls};
+    use idem::store::PostgresStore;
+
+    fn url() -> Option<String> {
+        server_url("IDEM_TEST_POSTGRES_URL")
+    }
+
+    /// A raw connection for the test's own statements.
+    async fn raw(url: &str) -> tokio_postgres::Client {
+        let (client, connection) = tokio_postgres::connect(url, NoTls).await.unwrap();
+        tokio::spawn(connection);
+        client
+    }
+
+    /// A table name no other test run uses.
+    fn table() -> String {
+        format!("t_{}_{}", std::process::id(), fastrand::u32(..))
+    }
+
+    fn with(url: &str, param: &str) -> String {
+        format!("{url}{}{param}", if url.contains('?') { '&' } else { '?' })
+    }
+
+    async fn through_proxy() -> Option<(Arc<dyn Store>, Proxy)> {
+        let url = url()?;
+        let proxy = Proxy::start(&host_port(&url, 5432)).await;
+        let store = PostgresStore::open(&via(&url, proxy.addr)).await.unwrap();
+        Some((Arc::new(store), proxy))
+    }
+
+    #[tokio::test]
+    async fn postgres_claim_is_one_round_trip() {
+        let Some((store, proxy)) = through_proxy().await else {
+            return;
+        };
+        claim_is_one_round_trip(store, &proxy).await;
+    }
+
+    #[tokio::test]
+    async fn postgres_fails_closed_when_cut_and_recovers() {
+        let Some((store, proxy)) = through_proxy().await else {
+            return;
+        };
+        fails_closed_when_cut_and_recovers(store, &proxy).await;
+    }
+
+    #[tokio::test]
+    async fn postgres_open_unreachable_names_store_and_url() {
+        let addr = closed_port().await;
+        open_unreachable_names_store_and_url(
+            &format!("postgres://postgres@{addr}/test?timeout_ms=500"),
+            "postgres",
+        )
+        .await;
+        open_unreachable_names_store_and_url(
+            &format!("postgresql://postgres@{addr}/test?timeout_ms=500"),
+            "postgres",
+        )
+        .await;
+    }
+
+    #[tokio::test]
+    async fn postgres_bad_table_name_is_refused() {
+        let err = idem::store::open("postgres://postgres@127.0.0.1/test?table=x;drop")
+            .await
+            .err()
+            .unwrap()
+            .to_string();
+        assert!(
+            err.contains("table=\"x;drop\" must be 1 to 48 characters"),
+            "{err}"
+        );
+    }
+
+    #[tokio::test]
+    async fn postgres_corrupt_record_names_the_key() {
+        let Some(url) = url() else { return };
+        let store = PostgresStore::open(&url).await.unwrap();
+        let key = unique("garbled");
+        store
+            .insert(
+                &key,
+                record("fp", State::Done, 0, BASE_MS + 10_000),
+                BASE_MS,
+            )
+            .await
+            .unwrap();
+        raw(&url)
+            .await
+            .execute(
+                "UPDATE idem_records SET header_names = ARRAY['a', 'b'], header_values = ARRAY['\\x00'::bytea] WHERE key = $1",
+                &[&key],
+            )
+            .await
+            .unwrap();
+        corrupt_record_names_the_key(Arc::new(store), &key).await;
+    }
+
+    /// Guards starting together create the schema once, without racing.
+    #[tokio::test]
+    async fn postgres_concurrent_opens_create_one_schema() {
+        let Some(url) = url() else { return };
+        let t = table();
+        let store_url = with(&url, &format!("table={t}&pool=2"));
+        let opens = (0..4).map(|_| PostgresStore::open(&store_url));
+        for store in futures::future::join_all(opens).await {
+            store.unwrap();
+        }
+        let client = raw(&url).await;
+        let version: i32 = client
+            .query_one(
+                "SELECT version FROM idem_schema WHERE table_name = $1",
+                &[&t],
+            )
+            .await
+            .unwrap()
+            .get(0);
+        assert_eq!(version, idem::store::PostgresStore::SCHEMA_VERSION);
+        client.batch_execute(&format!("DROP TABLE {t}; DROP FUNCTION {t}_claim; DELETE FROM idem_schema WHERE table_name = '{t}'")).await.unwrap();
+    }
+
+    #[tokio::test]
+    async fn postgres_purge_is_bounded_and_frees_expired_rows_only() {
+        let Some(url) = url() else { return };
+        let t = table();
+        let store = PostgresStore::open(&with(&url, &format!("table={t}")))
+            .await
+            .unwrap();
+        for i in 0..5 {
+            store
+                .insert(
+                    &format!("old{i}"),
+                    record("fp", State::Done, 0, BASE_MS + 10),
+                    BASE_MS,
+                )
+                .await
+                .unwrap();
+        }
+        store
+            .insert(
+                "live",
+                record("fp", State::Done, 0, BASE_MS + 10_000),
+                BASE_MS,
+            )
+            .await
+            .unwrap();
+        assert_eq!(store.purge_expired(BASE_MS + 10, 3).await.unwrap(), 3);
+        assert_eq!(store.purge_expired(BASE_MS + 10, 100).await.unwrap(), 2);
+        assert!(store.get("live", BASE_MS + 10).await.unwrap().is_some());
+        let client = raw(&url).await;
+        let rows: i64 = client
+            .query_one(&format!("SELECT count(*) FROM {t}"), &[])
+            .await
+            .unwrap()
+            .get(0);
+        assert_eq!(rows, 1, "the expired rows are gone from the table");
+        client.batch_execute(&format!("DROP TABLE {t}; DROP FUNCTION {t}_claim; DELETE FROM idem_schema WHERE table_name = '{t}'")).await.unwrap();
+    }
+
+    /// The schema says which version wrote it; a table from another version is refused by name.
+    #[tokio::test]
+    async fn postgres_refuses_a_table_of_another_schema_version() {
+        let Some(url) = url() else { return };
+        let t = table();
+        PostgresStore::open(&with(&url, &format!("table={t}")))
+            .await
+            .unwrap();
+        let client = raw(&url).await;
+        client
+            .execute(
+                "UPDATE idem_schema SET version = 99 WHERE table_name = $1",
+                &[&t],
+            )
+            .await
+            .unwrap();
+        let err = PostgresStore::open(&with(&url, &format!("table={t}")))
+            .await
+            .err()
+            .unwrap()
+            .to_string();
+        assert!(
+            err.contains("schema version 99") && err.contains(&t),
+            "{err}"
+        );
+        client.batch_execute(&format!("DROP TABLE {t}; DROP FUNCTION {t}_claim; DELETE FROM idem_schema WHERE table_name = '{t}'")).await.unwrap();
+    }
+}
