@@ -9,15 +9,23 @@ use std::time::Instant;
 
 #[tokio::main(flavor = "current_thread")]
 async fn main() {
-    let ops: u64 = std::env::args().nth(1).map_or(20_000, |n| n.parse().expect("OPS is a number"));
+    let ops: u64 = std::env::args()
+        .nth(1)
+        .map_or(20_000, |n| n.parse().expect("OPS is a number"));
     let guard = Guard::builder(MemoryStore::new()).build().expect("guard");
-    let response = Response { status: 200, headers: vec![("content-type".into(), b"text/plain".to_vec())], body: b"paid".to_vec() };
+    let response = Response {
+        status: 200,
+        headers: vec![("content-type".into(), b"text/plain".to_vec())],
+        body: b"paid".to_vec(),
+    };
 
     let call = |i: u64| {
         let guard = &guard;
         let response = response.clone();
         async move {
-            let Ok(Decision::Proceed(claim)) = guard.begin(&format!("order-{i}"), "sku=A&qty=1").await else {
+            let Ok(Decision::Proceed(claim)) =
+                guard.begin(&format!("order-{i}"), "sku=A&qty=1").await
+            else {
                 panic!("a new key must proceed");
             };
             guard.complete(claim, response).await.1.expect("complete");
