@@ -6,5 +6,6 @@ mod guard;
 mod multiprocess;
 mod netstores;
 mod proxy;
+mod scenarios;
 mod seed;
 mod sqlite;

@@ -1,0 +1,62 @@
+// An HTTP handler guarded by idem: POST /orders with an `Idempotency-Key`
+// header charges once per key; a retry gets the stored response back byte
+// for byte (marked `idempotent-replayed: true`), the same key with another
+// body is 422, a retry while the first is running is 409 with Retry-After,
+// and a failing store is 503 — nothing is charged unless the claim is held.
+//
+//   node http-server.js            # listens on PORT (default 8080)
+//   curl -XPOST -H 'Idempotency-Key: o-1' -d '{"sku":"A"}' localhost:8080/orders
+
+import { createServer } from 'node:http';
+import { fileURLToPath } from 'node:url';
+import { Guard, MemoryStore } from './idem.js';
+
+async function readBody(req) {
+  const chunks = [];
+  for await (const chunk of req) chunks.push(chunk);
+  return Buffer.concat(chunks);
+}
+
+/** The request handler; `charge(order, fence)` is the side effect to run once. */
+export function ordersHandler(guard, charge) {
+  return async (req, res) => {
+    const key = req.headers['idempotency-key'];
+    if (req.method !== 'POST' || req.url !== '/orders') return send(res, { status: 404, body: 'not found\n' });
+    if (!key) return send(res, { status: 400, body: 'the Idempotency-Key header is required\n' });
+    const body = await readBody(req);
+    const fingerprint = guard.fingerprint({ method: req.method, path: req.url, body });
+    try {
+      const result = await guard.run(key, fingerprint, async (fence) => {
+        const receipt = await charge(JSON.parse(body.toString('utf8')), fence);
+        return { status: 201, headers: [['content-type', 'application/json']], body: JSON.stringify(receipt) };
+      });
+      switch (result.outcome) {
+        case 'executed':
+          return send(res, result.response);
+        case 'replayed':
+          return send(res, result.response, [['idempotent-replayed', 'true']]);
+        case 'in-flight':
+          return send(res, { status: 409, headers: [['retry-after', String(Math.ceil(result.retryAfterMs / 1000))]], body: 'in flight\n' });
+        case 'conflict':
+          return send(res, { status: 422, body: 'this Idempotency-Key was used with another request\n' });
+        default:
+          return send(res, { status: 503, body: `idempotency store unavailable: ${result.message}\n` });
+      }
+    } catch (e) {
+      return send(res, { status: e.kind === 'invalid-input' ? 400 : 500, body: `${e.message}\n` });
+    }
+  };
+}
+
+function send(res, { status, headers = [], body }, extra = []) {
+  res.statusCode = status;
+  for (const [name, value] of [...headers, ...extra]) res.appendHeader(name, Buffer.from(value));
+  res.end(Buffer.from(body ?? ''));
+}
+
+if (process.argv[1] === fileURLToPath(import.meta.url)) {
+  const guard = Guard.load({ store: new MemoryStore(), leaseMs: 30_000 });
+  let next = 1;
+  const server = createServer(ordersHandler(guard, async (order) => ({ order: next++, ...order, charged: true })));
+  server.listen(Number(process.env.PORT ?? 8080), () => console.log(`listening on ${server.address().port}`));
+}

@@ -1,0 +1,326 @@
+// The idem guard component hosted in Node.js.
+//
+// The component (the very bytes `idem component --out FILE` writes, transpiled
+// by jco into ./gen) makes every decision; this file gives it a clock and a
+// store, and wraps its four calls in `Guard.run`, which runs a handler at
+// most once per key and replays its response to every repeat.
+//
+//   const guard = Guard.load({ store: new MemoryStore() });
+//   const outcome = await guard.run('order-1', 'sku=A&qty=1', async (fence) => charge());
+//
+// Conventions of jco (1.35) this relies on: a `result<T, E>` export returns T
+// or throws a `ComponentError` whose own `payload` is E; a `result<T, E>`
+// import returns T, or throws a value with an own `payload` property holding
+// E (any other thrown `Error` is a host bug and traps the instance); u64 is a
+// BigInt; `option<T>` is `undefined` or T; a variant is `{ tag, val }`.
+
+import { readFileSync } from 'node:fs';
+import { instantiate } from './gen/idem.js';
+
+const encoder = new TextEncoder();
+
+/** An error the guard returned: `unavailable`, `invalid-input` or `stale-claim`. */
+export class GuardError extends Error {
+  constructor(kind, message) {
+    super(`${kind}: ${message}`);
+    this.name = 'GuardError';
+    this.kind = kind;
+    this.detail = message;
+  }
+}
+
+/**
+ * The handler ran but its response could not be stored (store failure, too
+ * large, or the claim was taken over). The key stays claimed until its lease
+ * runs out; then a retry runs the handler again.
+ */
+export class NotRecordedError extends Error {
+  constructor(response, error) {
+    super(`the handler ran but its response was not recorded: ${error.message}`);
+    this.name = 'NotRecordedError';
+    this.response = response;
+    this.error = error;
+  }
+}
+
+/**
+ * A store failure as the guard sees it. Thrown from a store function, jco
+ * hands its `payload` to the component as `store-error` — the guard then
+ * fails closed with `unavailable`.
+ */
+export class StoreError extends Error {
+  constructor(kind, message) {
+    super(message);
+    this.name = 'StoreError';
+    // An own property: jco's `getErrorPayload` looks for exactly this.
+    this.payload = { tag: kind, val: message };
+  }
+}
+
+/** Wall-clock milliseconds. */
+export const systemClock = { nowMs: () => BigInt(Date.now()) };
+
+/** A clock that moves only when told to: tests expire leases without sleeping. */
+export class ManualClock {
+  constructor(ms) {
+    this.ms = BigInt(ms);
+  }
+  nowMs() {
+    return this.ms;
+  }
+  set(ms) {
+    this.ms = BigInt(ms);
+  }
+  advance(ms) {
+    this.ms += BigInt(ms);
+  }
+}
+
+/**
+ * The store primitives of wit/store.wit over a Map, with fault injection:
+ * `store.fault('replace', { kind: 'error', message, count })`.
+ * Kinds: `error` fails before applying, `lost` applies then fails (a lost
+ * reply), `trap` throws a plain Error (a host bug: the instance traps).
+ */
+export class MemoryStore {
+  #records = new Map();
+  #faults = new Map();
+
+  fault(primitive, rule) {
+    if (!['get', 'insert', 'replace', 'delete'].includes(primitive)) {
+      throw new Error(`unknown store primitive ${JSON.stringify(primitive)}; expected get, insert, replace or delete`);
+    }
+    this.#faults.set(primitive, { ...rule });
+  }
+
+  clearFaults() {
+    this.#faults.clear();
+  }
+
+  #apply(primitive, operation) {
+    const rule = this.#faults.get(primitive);
+    if (!rule) return operation();
+    if (rule.count !== undefined && --rule.count <= 0) this.#faults.delete(primitive);
+    switch (rule.kind) {
+      case 'error':
+        throw new StoreError('unavailable', `${rule.message ?? 'injected fault'} (injected on ${primitive})`);
+      case 'lost':
+        operation();
+        throw new StoreError('unavailable', `reply to ${primitive} lost (injected; the operation was applied)`);
+      case 'trap':
+        throw new Error(`host bug injected on ${primitive}`);
+      default:
+        throw new Error(`unknown fault kind ${rule.kind}`);
+    }
+  }
+
+  #live(key, nowMs) {
+    const entry = this.#records.get(key);
+    return entry && nowMs < entry.record.expiresAtMs ? entry : undefined;
+  }
+
+  get(key, nowMs) {
+    return this.#apply('get', () => this.#live(key, nowMs));
+  }
+
+  insert(key, record, nowMs) {
+    return this.#apply('insert', () => {
+      const live = this.#live(key, nowMs);
+      if (live) return { tag: 'existing', val: live };
+      // An expired record's version carries on, so an old fence never matches again.
+      const version = (this.#records.get(key)?.version ?? 0n) + 1n;
+      this.#records.set(key, { record, version });
+      return { tag: 'inserted', val: version };
+    });
+  }
+
+  replace(key, expectedVersion, record, nowMs) {
+    return this.#apply('replace', () => {
+      const live = this.#live(key, nowMs);
+      if (!live || live.version !== expectedVersion) return undefined;
+      const version = expectedVersion + 1n;
+      this.#records.set(key, { record, version });
+      return version;
+    });
+  }
+
+  delete(key, expectedVersion) {
+    return this.#apply('delete', () => {
+      const entry = this.#records.get(key);
+      if (!entry || (expectedVersion !== undefined && entry.version !== expectedVersion)) return false;
+      return this.#records.delete(key);
+    });
+  }
+
+  /** The live record for `key`, bypassing faults: for tests and operators. */
+  peek(key, nowMs) {
+    return this.#live(key, BigInt(nowMs));
+  }
+}
+
+const coreModules = new Map();
+
+/** Compiles the transpiled component's core modules once per process. */
+function coreModule(dir, name) {
+  const path = new URL(name, dir);
+  let module = coreModules.get(path.href);
+  if (!module) {
+    module = new WebAssembly.Module(readFileSync(path));
+    coreModules.set(path.href, module);
+  }
+  return module;
+}
+
+function bytes(value) {
+  if (value === undefined || value === null) return new Uint8Array();
+  return typeof value === 'string' ? encoder.encode(value) : value;
+}
+
+/** A response as the component stores it: status, headers in order, body bytes. */
+export function toResponse({ status, headers = [], body }) {
+  return { status, headers: headers.map(([name, value]) => [name, bytes(value)]), body: bytes(body) };
+}
+
+export class Guard {
+  #dir;
+  #imports;
+  #instance = null;
+
+  /**
+   * @param {object} options
+   * @param {object} options.store   the store primitives (default: a new MemoryStore)
+   * @param {object} options.clock   `{ nowMs(): bigint }` (default: the system clock)
+   * @param {number} options.leaseMs how long a claim is held (default 30 s)
+   * @param {number} options.retentionMs how long keys are remembered (default 24 h)
+   * @param {number} options.maxResponseBytes the largest stored response (default 1 MiB)
+   * @param {URL} options.dir where jco wrote the transpiled component (default ./gen/)
+   */
+  static load(options = {}) {
+    return new Guard(options);
+  }
+
+  constructor({
+    store = new MemoryStore(),
+    clock = systemClock,
+    leaseMs = 30_000,
+    retentionMs = 24 * 60 * 60 * 1000,
+    maxResponseBytes = 1 << 20,
+    dir = new URL('./gen/', import.meta.url),
+  } = {}) {
+    this.store = store;
+    this.clock = clock;
+    this.policy = { leaseMs: BigInt(leaseMs), retentionMs: BigInt(retentionMs), maxResponseBytes };
+    this.replaced = 0;
+    this.#dir = dir;
+    const clockImport = { nowMs: () => BigInt(clock.nowMs()) };
+    const storeImport = {
+      get: (key, nowMs) => store.get(key, nowMs),
+      insert: (key, record, nowMs) => store.insert(key, record, nowMs),
+      replace: (key, expectedVersion, record, nowMs) => store.replace(key, expectedVersion, record, nowMs),
+      delete: (key, expectedVersion) => store.delete(key, expectedVersion),
+    };
+    // jco 1.35's generated code looks imports up without the `@0.1.0`
+    // version its .d.ts shows; give both spellings.
+    this.#imports = {
+      'idem:guard/clock': clockImport,
+      'idem:guard/clock@0.1.0': clockImport,
+      'idem:guard/store': storeImport,
+      'idem:guard/store@0.1.0': storeImport,
+    };
+    this.#guard(); // fail at load, not at the first request, if the component is missing
+  }
+
+  #guard() {
+    if (!this.#instance) {
+      this.#instance = instantiate((name) => coreModule(this.#dir, name), this.#imports).guard;
+    }
+    return this.#instance;
+  }
+
+  /** Calls the component; a trap drops the instance (it is never reused) and fails closed. */
+  #call(call) {
+    const guard = this.#guard();
+    try {
+      return call(guard);
+    } catch (e) {
+      if (e && Object.hasOwn(e, 'payload') && typeof e.payload?.tag === 'string') {
+        throw new GuardError(e.payload.tag, e.payload.val);
+      }
+      this.#instance = null;
+      this.replaced += 1;
+      throw new GuardError('unavailable', `guard component failed, instance replaced: ${e?.message ?? e}`);
+    }
+  }
+
+  /** `{ tag: 'proceed', val: claim } | { tag: 'replay', val: response } | { tag: 'in-flight', val: ms } | { tag: 'conflict' }` */
+  begin(key, fingerprint) {
+    return this.#call((g) => g.begin(key, fingerprint, this.policy));
+  }
+
+  complete(claim, response) {
+    this.#call((g) => g.complete(claim, toResponse(response), this.policy));
+  }
+
+  release(claim) {
+    this.#call((g) => g.release(claim));
+  }
+
+  /** Extends the claim's lease; returns the claim with its new fence. */
+  renew(claim) {
+    return this.#call((g) => g.renew(claim, this.policy));
+  }
+
+  /** The canonical fingerprint of `{ method, path, headers, body }`. */
+  fingerprint({ method, path, headers = [], body }) {
+    return this.#call((g) =>
+      g.fingerprint({ method, path, headers: headers.map(([n, v]) => [n, bytes(v)]), body: bytes(body) }),
+    );
+  }
+
+  /**
+   * Runs `handler(fence)` at most once per key and fingerprint within the
+   * retention window and replays its response to every repeat.
+   *
+   * Resolves to `{ outcome: 'executed' | 'replayed', response }`,
+   * `{ outcome: 'in-flight', retryAfterMs }`, `{ outcome: 'conflict' }` or
+   * `{ outcome: 'unavailable', message }` (the store failed: nothing ran).
+   * Rejects with a `GuardError` of kind `invalid-input` for a bad key or
+   * fingerprint, a `NotRecordedError` if the response could not be stored,
+   * or the handler's own error (after releasing the claim).
+   */
+  async run(key, fingerprint, handler) {
+    let decision;
+    try {
+      decision = this.begin(key, fingerprint);
+    } catch (e) {
+      if (e instanceof GuardError && e.kind !== 'invalid-input') return { outcome: 'unavailable', message: e.detail };
+      throw e;
+    }
+    switch (decision.tag) {
+      case 'replay':
+        return { outcome: 'replayed', response: decision.val };
+      case 'in-flight':
+        return { outcome: 'in-flight', retryAfterMs: Number(decision.val) };
+      case 'conflict':
+        return { outcome: 'conflict' };
+    }
+    const claim = decision.val;
+    let response;
+    try {
+      response = toResponse(await handler(claim.fence));
+    } catch (e) {
+      try {
+        this.release(claim);
+      } catch {
+        // The lease runs out as after a crash.
+      }
+      throw e;
+    }
+    try {
+      this.complete(claim, response);
+    } catch (e) {
+      throw new NotRecordedError(response, e);
+    }
+    return { outcome: 'executed', response };
+  }
+}

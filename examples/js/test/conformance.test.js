@@ -1,0 +1,271 @@
+// Every conformance scenario (conformance/*.json, format in
+// conformance/README.md) against the component hosted in Node.js, with the
+// JavaScript MemoryStore and a ManualClock. The Rust and Python hosts run the
+// same files.
+
+import { test } from 'node:test';
+import assert from 'node:assert/strict';
+import { readdirSync, readFileSync } from 'node:fs';
+import { isDeepStrictEqual } from 'node:util';
+import { Guard, GuardError, ManualClock, MemoryStore, NotRecordedError } from '../idem.js';
+
+const dir = new URL('../../../conformance/', import.meta.url);
+const files = readdirSync(dir).filter((f) => f.endsWith('.json')).sort();
+const load = (file) => JSON.parse(readFileSync(new URL(file, dir), 'utf8'));
+const decoder = new TextDecoder();
+
+/** A string field: a string, or `{ repeat, times }`. */
+function text(v) {
+  if (typeof v === 'string') return v;
+  if (v && typeof v.repeat === 'string') return v.repeat.repeat(v.times);
+  throw new Error(`expected a string, got ${JSON.stringify(v)}`);
+}
+
+/** A bytes field: a UTF-8 string, `{ hex }` or `{ repeat, times }`. */
+function bytes(v) {
+  if (v === undefined || v === null) return new Uint8Array();
+  if (v && typeof v.hex === 'string') return Uint8Array.from(v.hex.match(/../g) ?? [], (h) => parseInt(h, 16));
+  return new TextEncoder().encode(text(v));
+}
+
+const hex = (b) => Buffer.from(b).toString('hex');
+
+function response(v) {
+  return { status: v.status, headers: (v.headers ?? []).map(([n, val]) => [text(n), bytes(val)]), body: bytes(v.body) };
+}
+
+function responseJson(r) {
+  return {
+    status: r.status,
+    headers: r.headers.map(([n, v]) => [n, decoder.decode(v)]),
+    body_hex: hex(r.body),
+  };
+}
+
+const claimJson = (c) => ({ fence: Number(c.fence), lease_until_ms: Number(c.leaseUntilMs), expires_at_ms: Number(c.expiresAtMs) });
+
+function errorJson(e) {
+  if (e instanceof GuardError) return { error: e.kind, message: e.detail };
+  throw e;
+}
+
+function decisionJson(d) {
+  switch (d.tag) {
+    case 'proceed':
+      return { decision: 'proceed', ...claimJson(d.val) };
+    case 'replay':
+      return { decision: 'replay', ...responseJson(d.val) };
+    case 'in-flight':
+      return { decision: 'in-flight', retry_after_ms: Number(d.val) };
+    case 'conflict':
+      return { decision: 'conflict' };
+  }
+  throw new Error(`unknown decision ${d.tag}`);
+}
+
+function attempt(call, ok) {
+  try {
+    return ok(call());
+  } catch (e) {
+    return errorJson(e);
+  }
+}
+
+/** Checks every field of `expect` against `actual`, as conformance/README.md says. */
+function check(expect, actual) {
+  for (const [name, want] of Object.entries(expect)) {
+    if (name === 'contains') {
+      for (const w of [want].flat()) {
+        if (typeof actual.message !== 'string' || !actual.message.includes(w)) return `message does not contain ${JSON.stringify(w)}`;
+      }
+    } else if (name === 'fence_above') {
+      if (!(actual.fence > want)) return `fence ${actual.fence} is not above ${want}`;
+    } else if (name === 'body') {
+      if (actual.body_hex !== hex(bytes(want))) return `body is ${actual.body_hex}, expected ${hex(bytes(want))}`;
+    } else if (!isDeepStrictEqual(actual[name], want)) {
+      return `${name} is ${JSON.stringify(actual[name])}, expected ${JSON.stringify(want)}`;
+    }
+  }
+  return null;
+}
+
+class Host {
+  constructor(scenario) {
+    this.clock = new ManualClock(scenario.clock_ms);
+    this.store = new MemoryStore();
+    const p = scenario.policy;
+    this.guard = Guard.load({
+      store: this.store,
+      clock: this.clock,
+      leaseMs: p.lease_ms,
+      retentionMs: p.retention_ms,
+      maxResponseBytes: p.max_response_bytes,
+    });
+    this.claims = new Map();
+    this.effects = new Map();
+  }
+
+  claim(step) {
+    const claim = this.claims.get(step.claim);
+    if (!claim) throw new Error(`no claim named ${step.claim}`);
+    return claim;
+  }
+
+  async step(step) {
+    const g = this.guard;
+    switch (step.op) {
+      case 'clock':
+        if (step.set_ms !== undefined) this.clock.set(step.set_ms);
+        else if (step.advance_ms !== undefined) this.clock.advance(step.advance_ms);
+        else throw new Error('clock needs set_ms or advance_ms');
+        return null;
+      case 'fault':
+        if (!['error', 'lost'].includes(step.kind)) throw new Error(`unknown fault kind ${step.kind}`);
+        this.store.fault(step.primitive, { kind: step.kind, message: step.message, count: step.count });
+        return null;
+      case 'clear_faults':
+        this.store.clearFaults();
+        return null;
+      case 'begin':
+        return attempt(
+          () => g.begin(text(step.key), text(step.fingerprint)),
+          (d) => {
+            if (d.tag === 'proceed' && step.as) this.claims.set(step.as, d.val);
+            return decisionJson(d);
+          },
+        );
+      case 'complete':
+        return attempt(() => g.complete(this.claim(step), response(step.response)), () => ({ ok: true }));
+      case 'release':
+        return attempt(() => g.release(this.claim(step)), () => ({ ok: true }));
+      case 'renew':
+        return attempt(
+          () => g.renew(this.claim(step)),
+          (c) => {
+            if (step.as) this.claims.set(step.as, c);
+            return { ok: true, ...claimJson(c) };
+          },
+        );
+      case 'run':
+        return this.run(step);
+      case 'effects':
+        return Object.fromEntries(Object.keys(step.expect).map((name) => [name, this.effects.get(name) ?? 0]));
+      case 'peek': {
+        const entry = this.store.peek(text(step.key), this.clock.nowMs());
+        if (!entry) return { absent: true };
+        const r = entry.record;
+        return {
+          absent: false,
+          state: r.state,
+          version: Number(entry.version),
+          fingerprint: r.fingerprint,
+          lease_until_ms: Number(r.leaseUntilMs),
+          expires_at_ms: Number(r.expiresAtMs),
+          ...(r.response ? responseJson(r.response) : {}),
+        };
+      }
+      case 'fingerprint': {
+        const q = step.request;
+        return attempt(
+          () => g.fingerprint({ method: text(q.method), path: text(q.path), headers: (q.headers ?? []).map(([n, v]) => [text(n), bytes(v)]), body: bytes(q.body) }),
+          (fingerprint) => ({ fingerprint }),
+        );
+      }
+    }
+    throw new Error(`unknown op ${step.op}`);
+  }
+
+  /** `guard.run` with a handler that counts its side effect. */
+  async run(step) {
+    const name = step.effect ?? 'effect';
+    const handler = async () => {
+      this.effects.set(name, (this.effects.get(name) ?? 0) + 1);
+      if (step.fails) throw new Error('handler failed');
+      return response(step.response);
+    };
+    try {
+      const r = await this.guard.run(text(step.key), text(step.fingerprint), handler);
+      switch (r.outcome) {
+        case 'executed':
+        case 'replayed':
+          return { outcome: r.outcome, ...responseJson(r.response) };
+        case 'in-flight':
+          return { outcome: 'in-flight', retry_after_ms: r.retryAfterMs };
+        case 'unavailable':
+          return { outcome: 'unavailable', message: r.message };
+        default:
+          return { outcome: r.outcome };
+      }
+    } catch (e) {
+      if (e instanceof NotRecordedError) return { outcome: 'not-recorded', ...errorJson(e.error) };
+      if (e instanceof GuardError) return errorJson(e);
+      if (e.message === 'handler failed') return { outcome: 'handler-failed' };
+      throw e;
+    }
+  }
+}
+
+/** Runs a scenario; returns the number of checked steps, or throws `step N (op): ...`. */
+async function runScenario(scenario) {
+  const host = new Host(scenario);
+  let checked = 0;
+  for (const [i, step] of scenario.steps.entries()) {
+    for (let n = 0; n < (step.times ?? 1); n++) {
+      const actual = await host.step(step);
+      if (actual === null) continue;
+      if (!step.expect) throw new Error(`step ${i} (${step.op}): no expect`);
+      const why = check(step.expect, actual);
+      if (why) throw new Error(`step ${i} (${step.op}): ${why}; got ${JSON.stringify(actual)}`);
+      checked += 1;
+    }
+  }
+  return checked;
+}
+
+/** A plausible wrong answer for an expectation (as the Rust runner's `mutate`). */
+function mutate(expect) {
+  if (!expect) return null;
+  const wrong = { ...expect };
+  if (typeof wrong.decision === 'string') wrong.decision = wrong.decision === 'proceed' ? 'in-flight' : 'proceed';
+  else if (typeof wrong.outcome === 'string') wrong.outcome = wrong.outcome === 'executed' ? 'replayed' : 'executed';
+  else if (typeof wrong.error === 'string') wrong.error = wrong.error === 'stale-claim' ? 'unavailable' : 'stale-claim';
+  else if ('ok' in wrong) {
+    delete wrong.ok;
+    wrong.error = 'unavailable';
+  } else if (typeof wrong.absent === 'boolean') wrong.absent = !wrong.absent;
+  else {
+    const n = Object.keys(wrong).find((k) => Number.isInteger(wrong[k]));
+    const s = Object.keys(wrong).find((k) => typeof wrong[k] === 'string');
+    if (n !== undefined) wrong[n] += 1;
+    else if (s !== undefined) wrong[s] += '!';
+    else return null;
+  }
+  return wrong;
+}
+
+test('the conformance suite is all there', () => {
+  assert.ok(files.length >= 15, `found ${files.length} scenario files`);
+});
+
+for (const file of files) {
+  test(`conformance: ${file}`, async () => {
+    const checked = await runScenario(load(file));
+    assert.ok(checked > 0);
+  });
+}
+
+test('a wrong expectation fails the scenario at that step', async () => {
+  for (const file of files) {
+    const scenario = load(file);
+    let broken = 0;
+    for (const [i, step] of scenario.steps.entries()) {
+      const wrong = mutate(step.expect);
+      if (!wrong) continue;
+      const mutant = structuredClone(scenario);
+      mutant.steps[i].expect = wrong;
+      await assert.rejects(runScenario(mutant), (e) => e.message.startsWith(`step ${i} `), `${file}: step ${i} mutated`);
+      broken += 1;
+    }
+    assert.ok(broken > 0, `${file}: no step could be broken`);
+  }
+});

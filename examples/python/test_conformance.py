@@ -1,0 +1,262 @@
+"""Every conformance scenario (conformance/*.json, format in conformance/README.md)
+against the component hosted in Python, with the Python MemoryStore and a
+ManualClock. The Rust and JavaScript hosts run the same files."""
+
+from __future__ import annotations
+
+import copy
+import json
+from pathlib import Path
+from typing import Any, Optional
+
+import pytest
+
+from idem_guard import Claim, Guard, GuardError, ManualClock, MemoryStore, NotRecorded, Response, _field
+
+CONFORMANCE = Path(__file__).resolve().parents[2] / "conformance"
+FILES = sorted(p.name for p in CONFORMANCE.glob("*.json"))
+
+
+def load(name: str) -> dict:
+    return json.loads((CONFORMANCE / name).read_text(encoding="utf-8"))
+
+
+def text(v: Any) -> str:
+    """A string field: a string, or `{"repeat": S, "times": N}`."""
+    if isinstance(v, str):
+        return v
+    if isinstance(v, dict) and "repeat" in v:
+        return v["repeat"] * v["times"]
+    raise ValueError(f"expected a string, got {v!r}")
+
+
+def data(v: Any) -> bytes:
+    """A bytes field: a UTF-8 string, `{"hex": H}` or `{"repeat": S, "times": N}`."""
+    if v is None:
+        return b""
+    if isinstance(v, dict) and "hex" in v:
+        return bytes.fromhex(v["hex"])
+    return text(v).encode()
+
+
+def response(v: dict) -> Response:
+    return Response(v["status"], [(text(n), data(val)) for n, val in v.get("headers", [])], data(v.get("body")))
+
+
+def response_json(r: Response) -> dict:
+    return {
+        "status": r.status,
+        "headers": [[n, v.decode("utf-8", "replace")] for n, v in r.headers],
+        "body_hex": r.body.hex(),
+    }
+
+
+def claim_json(c: Claim) -> dict:
+    return {"fence": c.fence, "lease_until_ms": c.lease_until_ms, "expires_at_ms": c.expires_at_ms}
+
+
+def error_json(e: GuardError) -> dict:
+    return {"error": e.kind, "message": e.detail}
+
+
+def check(expect: dict, actual: dict) -> Optional[str]:
+    """Checks every field of `expect` against `actual`, as conformance/README.md says."""
+    for name, want in expect.items():
+        if name == "contains":
+            for w in want if isinstance(want, list) else [want]:
+                if not isinstance(actual.get("message"), str) or w not in actual["message"]:
+                    return f"message does not contain {w!r}"
+        elif name == "fence_above":
+            if not (isinstance(actual.get("fence"), int) and actual["fence"] > want):
+                return f"fence {actual.get('fence')} is not above {want}"
+        elif name == "body":
+            if actual.get("body_hex") != data(want).hex():
+                return f"body is {actual.get('body_hex')}, expected {data(want).hex()}"
+        elif name not in actual or actual[name] != want or type(actual[name]) is not type(want):
+            return f"{name} is {json.dumps(actual.get(name))}, expected {json.dumps(want)}"
+    return None
+
+
+class Host:
+    def __init__(self, scenario: dict):
+        self.clock = ManualClock(scenario["clock_ms"])
+        self.store = MemoryStore()
+        p = scenario["policy"]
+        self.guard = Guard.load(
+            store=self.store,
+            clock=self.clock,
+            lease_ms=p["lease_ms"],
+            retention_ms=p["retention_ms"],
+            max_response_bytes=p["max_response_bytes"],
+        )
+        self.claims: dict[str, Claim] = {}
+        self.effects: dict[str, int] = {}
+
+    def step(self, step: dict) -> Optional[dict]:
+        g, op = self.guard, step["op"]
+        try:
+            if op == "clock":
+                if "set_ms" in step:
+                    self.clock.set(step["set_ms"])
+                else:
+                    self.clock.advance(step["advance_ms"])
+                return None
+            if op == "fault":
+                assert step["kind"] in ("error", "lost"), step["kind"]
+                self.store.fault(step["primitive"], step["kind"], step.get("message", "injected fault"), step.get("count"))
+                return None
+            if op == "clear_faults":
+                self.store.clear_faults()
+                return None
+            if op == "begin":
+                kind, value = g.begin(text(step["key"]), text(step["fingerprint"]))
+                if kind == "proceed":
+                    if "as" in step:
+                        self.claims[step["as"]] = value
+                    return {"decision": "proceed", **claim_json(value)}
+                if kind == "replay":
+                    return {"decision": "replay", **response_json(value)}
+                if kind == "in-flight":
+                    return {"decision": "in-flight", "retry_after_ms": value}
+                return {"decision": kind}
+            if op == "complete":
+                g.complete(self.claims[step["claim"]], response(step["response"]))
+                return {"ok": True}
+            if op == "release":
+                g.release(self.claims[step["claim"]])
+                return {"ok": True}
+            if op == "renew":
+                renewed = g.renew(self.claims[step["claim"]])
+                if "as" in step:
+                    self.claims[step["as"]] = renewed
+                return {"ok": True, **claim_json(renewed)}
+            if op == "run":
+                return self.run(step)
+            if op == "effects":
+                return {name: self.effects.get(name, 0) for name in step["expect"]}
+            if op == "peek":
+                entry = self.store.peek(text(step["key"]), self.clock.now_ms())
+                if entry is None:
+                    return {"absent": True}
+                r, version = entry
+                out = {
+                    "absent": False,
+                    "state": r.state,
+                    "version": version,
+                    "fingerprint": r.fingerprint,
+                    "lease_until_ms": _field(r, "lease_until_ms"),
+                    "expires_at_ms": _field(r, "expires_at_ms"),
+                }
+                if r.response is not None:
+                    out.update(response_json(Response(r.response.status, [(n, bytes(v)) for n, v in r.response.headers], bytes(r.response.body))))
+                return out
+            if op == "fingerprint":
+                q = step["request"]
+                headers = [(text(n), data(v)) for n, v in q.get("headers", [])]
+                return {"fingerprint": g.fingerprint(text(q["method"]), text(q["path"]), headers, data(q.get("body")))}
+        except GuardError as e:
+            return error_json(e)
+        raise ValueError(f"unknown op {op!r}")
+
+    def run(self, step: dict) -> dict:
+        """`guard.run` with a handler that counts its side effect."""
+        name = step.get("effect", "effect")
+
+        def handler(_fence: int) -> Response:
+            self.effects[name] = self.effects.get(name, 0) + 1
+            if step.get("fails"):
+                raise RuntimeError("handler failed")
+            return response(step["response"])
+
+        try:
+            out = self.guard.run(text(step["key"]), text(step["fingerprint"]), handler)
+        except NotRecorded as e:
+            return {"outcome": "not-recorded", **error_json(e.error)}
+        except GuardError as e:
+            return error_json(e)
+        except RuntimeError as e:
+            if str(e) != "handler failed":
+                raise
+            return {"outcome": "handler-failed"}
+        if out.kind in ("executed", "replayed"):
+            return {"outcome": out.kind, **response_json(out.response)}
+        if out.kind == "in-flight":
+            return {"outcome": "in-flight", "retry_after_ms": out.retry_after_ms}
+        if out.kind == "unavailable":
+            return {"outcome": "unavailable", "message": out.message}
+        return {"outcome": out.kind}
+
+
+class Mismatch(AssertionError):
+    pass
+
+
+def run_scenario(scenario: dict) -> int:
+    """Runs a scenario; returns the number of checked steps, or raises `Mismatch("step N (op): ...")`."""
+    host = Host(scenario)
+    checked = 0
+    for i, step in enumerate(scenario["steps"]):
+        for _ in range(step.get("times", 1)):
+            actual = host.step(step)
+            if actual is None:
+                continue
+            if "expect" not in step:
+                raise Mismatch(f"step {i} ({step['op']}): no expect")
+            why = check(step["expect"], actual)
+            if why:
+                raise Mismatch(f"step {i} ({step['op']}): {why}; got {json.dumps(actual)}")
+            checked += 1
+    return checked
+
+
+def mutate(expect: Optional[dict]) -> Optional[dict]:
+    """A plausible wrong answer for an expectation (as the Rust runner's `mutate`)."""
+    if not expect:
+        return None
+    wrong = dict(expect)
+    if isinstance(wrong.get("decision"), str):
+        wrong["decision"] = "in-flight" if wrong["decision"] == "proceed" else "proceed"
+    elif isinstance(wrong.get("outcome"), str):
+        wrong["outcome"] = "replayed" if wrong["outcome"] == "executed" else "executed"
+    elif isinstance(wrong.get("error"), str):
+        wrong["error"] = "unavailable" if wrong["error"] == "stale-claim" else "stale-claim"
+    elif "ok" in wrong:
+        del wrong["ok"]
+        wrong["error"] = "unavailable"
+    elif isinstance(wrong.get("absent"), bool):
+        wrong["absent"] = not wrong["absent"]
+    else:
+        n = next((k for k, v in wrong.items() if isinstance(v, int) and not isinstance(v, bool)), None)
+        s = next((k for k, v in wrong.items() if isinstance(v, str)), None)
+        if n is not None:
+            wrong[n] += 1
+        elif s is not None:
+            wrong[s] += "!"
+        else:
+            return None
+    return wrong
+
+
+def test_the_conformance_suite_is_all_there() -> None:
+    assert len(FILES) >= 15, FILES
+
+
+@pytest.mark.parametrize("name", FILES)
+def test_conformance(name: str) -> None:
+    assert run_scenario(load(name)) > 0
+
+
+@pytest.mark.parametrize("name", FILES)
+def test_a_wrong_expectation_fails_the_scenario_at_that_step(name: str) -> None:
+    scenario = load(name)
+    broken = 0
+    for i, step in enumerate(scenario["steps"]):
+        wrong = mutate(step.get("expect"))
+        if wrong is None:
+            continue
+        mutant = copy.deepcopy(scenario)
+        mutant["steps"][i]["expect"] = wrong
+        with pytest.raises(Mismatch, match=rf"^step {i} "):
+            run_scenario(mutant)
+        broken += 1
+    assert broken > 0

@@ -1,0 +1,42 @@
+#!/usr/bin/env bash
+# Runs the conformance scenarios in the JavaScript and Python hosts against the
+# exact component bytes the Rust host embeds. Exits non-zero on any failure.
+#
+#   examples/run-polyglot-tests.sh [REPO_ROOT]
+#
+# Needs: cargo, Node.js >= 20 with npm, Python 3.11. Installs from lock files
+# only (npm ci; pip install -r requirements.txt, into a venv under target/).
+# Set IDEM_BIN to use an already built idem binary instead of `cargo run`.
+set -euo pipefail
+
+root="$(cd "${1:-$(dirname "$0")/..}" && pwd)"
+target="${CARGO_TARGET_DIR:-$root/target}"
+component="$target/idem-guard.wasm"
+export IDEM_COMPONENT="$component"
+
+echo "== component: idem component --out $component"
+if [[ -n "${IDEM_BIN:-}" ]]; then
+  "$IDEM_BIN" component --out "$component"
+else
+  (cd "$root" && cargo run --quiet -p idem -- component --out "$component")
+fi
+
+echo "== JavaScript host (Node.js $(node --version))"
+(
+  cd "$root/examples/js"
+  npm ci --no-audit --no-fund --loglevel=error
+  rm -rf gen
+  npx --no-install jco transpile "$component" -o gen --name idem --instantiation sync --no-wasi-shim -q
+  node --test test/
+)
+
+echo "== Python host ($(python3.11 --version))"
+(
+  cd "$root/examples/python"
+  venv="$target/polyglot-venv"
+  [[ -x "$venv/bin/python" ]] || python3.11 -m venv "$venv"
+  "$venv/bin/pip" install --quiet --disable-pip-version-check -r requirements.txt
+  "$venv/bin/python" -m pytest -q -p no:cacheprovider
+)
+
+echo "== every host agrees with every scenario"

@@ -1,0 +1,539 @@
+//! The conformance scenarios (`conformance/*.json`, format in
+//! `conformance/README.md`) run against the component through `idem::Guard`,
+//! over a `Faulty<MemoryStore>` and a `ManualClock`. The JavaScript and Python
+//! hosts run the very same files; a host that disagrees with any step fails.
+
+use idem::{
+    Claim, Clock, Decision, FaultHandle, FaultRule, Faulty, Guard, GuardError, ManualClock,
+    MemoryStore, Op, Outcome, RequestParts, Response, RunError, State,
+};
+use serde_json::{Map, Value, json};
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+fn scenario_files() -> Vec<PathBuf> {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../conformance");
+    let mut files: Vec<PathBuf> = std::fs::read_dir(&dir)
+        .unwrap_or_else(|e| panic!("read {}: {e}", dir.display()))
+        .map(|entry| entry.unwrap().path())
+        .filter(|path| path.extension().is_some_and(|ext| ext == "json"))
+        .collect();
+    files.sort();
+    files
+}
+
+fn load(path: &Path) -> Value {
+    let text =
+        std::fs::read_to_string(path).unwrap_or_else(|e| panic!("read {}: {e}", path.display()));
+    serde_json::from_str(&text).unwrap_or_else(|e| panic!("{} is not JSON: {e}", path.display()))
+}
+
+#[tokio::test]
+async fn every_conformance_scenario_passes_in_the_rust_host() {
+    let files = scenario_files();
+    assert!(
+        files.len() >= 15,
+        "expected the full conformance suite, found {} files",
+        files.len()
+    );
+    let mut failures = Vec::new();
+    let mut steps = 0;
+    for path in &files {
+        let scenario = load(path);
+        match run_scenario(&scenario).await {
+            Ok(n) => steps += n,
+            Err(why) => failures.push(format!(
+                "{}: {why}",
+                path.file_name().unwrap().to_string_lossy()
+            )),
+        }
+    }
+    assert!(
+        failures.is_empty(),
+        "{} of {} scenarios failed:\n{}",
+        failures.len(),
+        files.len(),
+        failures.join("\n")
+    );
+    assert!(steps > 100, "only {steps} checked steps");
+}
+
+/// The runner must be able to fail: for every scenario, breaking one
+/// expectation (a decision, an outcome, an error kind or an effect count)
+/// makes it fail at that step.
+#[tokio::test]
+async fn a_wrong_expectation_fails_the_scenario() {
+    for path in scenario_files() {
+        let scenario = load(&path);
+        let steps = scenario["steps"].as_array().unwrap();
+        let mut broken = 0;
+        for (i, step) in steps.iter().enumerate() {
+            let Some(wrong) = mutate(&step["expect"]) else {
+                continue;
+            };
+            let mut mutant = scenario.clone();
+            mutant["steps"][i]["expect"] = wrong;
+            let err = run_scenario(&mutant)
+                .await
+                .expect_err(&format!("{}: step {i} mutated but passed", path.display()));
+            assert!(
+                err.starts_with(&format!("step {i} ")),
+                "{}: mutated step {i}, failed elsewhere: {err}",
+                path.display()
+            );
+            broken += 1;
+        }
+        assert!(broken > 0, "{}: no step could be broken", path.display());
+    }
+}
+
+/// A plausible wrong answer for an expectation, or `None` if there is nothing to flip.
+fn mutate(expect: &Value) -> Option<Value> {
+    let mut wrong = expect.as_object()?.clone();
+    if let Some(d) = wrong.get("decision").and_then(Value::as_str) {
+        let other = if d == "proceed" {
+            "in-flight"
+        } else {
+            "proceed"
+        };
+        wrong.insert("decision".into(), json!(other));
+    } else if let Some(o) = wrong.get("outcome").and_then(Value::as_str) {
+        let other = if o == "executed" {
+            "replayed"
+        } else {
+            "executed"
+        };
+        wrong.insert("outcome".into(), json!(other));
+    } else if let Some(e) = wrong.get("error").and_then(Value::as_str) {
+        let other = if e == "stale-claim" {
+            "unavailable"
+        } else {
+            "stale-claim"
+        };
+        wrong.insert("error".into(), json!(other));
+    } else if wrong.contains_key("ok") {
+        wrong.insert("error".into(), json!("unavailable"));
+        wrong.remove("ok");
+    } else if let Some(absent) = wrong.get("absent").and_then(Value::as_bool) {
+        wrong.insert("absent".into(), json!(!absent));
+    } else if let Some((name, n)) = wrong
+        .iter()
+        .find_map(|(k, v)| v.as_u64().map(|n| (k.clone(), n)))
+    {
+        wrong.insert(name, json!(n + 1));
+    } else if let Some((name, text)) = wrong
+        .iter()
+        .find_map(|(k, v)| v.as_str().map(|s| (k.clone(), s.to_owned())))
+    {
+        wrong.insert(name, json!(format!("{text}!")));
+    } else {
+        return None;
+    }
+    Some(Value::Object(wrong))
+}
+
+struct Host {
+    guard: Guard,
+    faults: FaultHandle,
+    clock: ManualClock,
+    claims: BTreeMap<String, Claim>,
+    effects: BTreeMap<String, Arc<AtomicU64>>,
+}
+
+/// Runs one scenario; returns how many steps were checked, or the first
+/// disagreement as `step N (op): ...`.
+async fn run_scenario(scenario: &Value) -> Result<usize, String> {
+    let policy = &scenario["policy"];
+    let clock = ManualClock::new(
+        scenario["clock_ms"]
+            .as_u64()
+            .ok_or("scenario needs clock_ms")?,
+    );
+    let (store, faults) = Faulty::new(MemoryStore::new());
+    let guard = Guard::builder(store)
+        .clock(clock.clone())
+        .lease(std::time::Duration::from_millis(
+            policy["lease_ms"].as_u64().ok_or("policy needs lease_ms")?,
+        ))
+        .retention(std::time::Duration::from_millis(
+            policy["retention_ms"]
+                .as_u64()
+                .ok_or("policy needs retention_ms")?,
+        ))
+        .max_response_bytes(
+            policy["max_response_bytes"]
+                .as_u64()
+                .ok_or("policy needs max_response_bytes")? as u32,
+        )
+        .build()
+        .map_err(|e| format!("policy: {e}"))?;
+    let mut host = Host {
+        guard,
+        faults,
+        clock,
+        claims: BTreeMap::new(),
+        effects: BTreeMap::new(),
+    };
+    let steps = scenario["steps"].as_array().ok_or("scenario needs steps")?;
+    let mut checked = 0;
+    for (i, step) in steps.iter().enumerate() {
+        let op = step["op"].as_str().unwrap_or("?");
+        let times = step.get("times").and_then(Value::as_u64).unwrap_or(1);
+        for _ in 0..times {
+            let actual = host
+                .step(step)
+                .await
+                .map_err(|e| format!("step {i} ({op}): {e}"))?;
+            if let Some(actual) = actual {
+                let expect = step
+                    .get("expect")
+                    .ok_or_else(|| format!("step {i} ({op}): no expect"))?;
+                matches(expect, &actual)
+                    .map_err(|e| format!("step {i} ({op}): {e}; got {actual}"))?;
+                checked += 1;
+            }
+        }
+    }
+    Ok(checked)
+}
+
+impl Host {
+    /// Performs one step; returns the normalized result to check, if the op has one.
+    #[allow(clippy::too_many_lines)] // one arm per op, as in conformance/README.md
+    async fn step(&mut self, step: &Value) -> Result<Option<Value>, String> {
+        let op = step["op"].as_str().ok_or("step needs op")?;
+        match op {
+            "clock" => {
+                if let Some(ms) = step.get("set_ms").and_then(Value::as_u64) {
+                    self.clock.set(ms);
+                } else if let Some(ms) = step.get("advance_ms").and_then(Value::as_u64) {
+                    self.clock.advance(std::time::Duration::from_millis(ms));
+                } else {
+                    return Err("clock needs set_ms or advance_ms".into());
+                }
+                Ok(None)
+            }
+            "fault" => {
+                let op: Op = step["primitive"]
+                    .as_str()
+                    .ok_or("fault needs primitive")?
+                    .parse()
+                    .map_err(|e| format!("{e}"))?;
+                let mut rule = match step["kind"].as_str() {
+                    Some("error") => {
+                        FaultRule::error(step["message"].as_str().unwrap_or("injected fault"))
+                    }
+                    Some("lost") => FaultRule::lost(),
+                    other => return Err(format!("unknown fault kind {other:?}")),
+                };
+                if let Some(n) = step.get("count").and_then(Value::as_u64) {
+                    rule = rule.times(n);
+                }
+                self.faults.set(op, rule).map_err(|e| e.to_string())?;
+                Ok(None)
+            }
+            "clear_faults" => {
+                self.faults.clear_all();
+                Ok(None)
+            }
+            "begin" => {
+                let result = self
+                    .guard
+                    .begin(&text(&step["key"])?, &text(&step["fingerprint"])?)
+                    .await;
+                if let (Ok(Decision::Proceed(claim)), Some(name)) = (&result, step["as"].as_str()) {
+                    self.claims.insert(name.to_owned(), claim.clone());
+                }
+                Ok(Some(match result {
+                    Ok(decision) => decision_json(&decision),
+                    Err(e) => error_json(&e),
+                }))
+            }
+            "complete" => {
+                let claim = self.claim(step)?;
+                let (_, result) = self
+                    .guard
+                    .complete(claim, response(&step["response"])?)
+                    .await;
+                Ok(Some(unit_json(&result)))
+            }
+            "release" => {
+                let claim = self.claim(step)?;
+                Ok(Some(unit_json(&self.guard.release(claim).await)))
+            }
+            "renew" => {
+                let claim = self.claim(step)?;
+                Ok(Some(match self.guard.renew(claim).await {
+                    Ok(renewed) => {
+                        let actual = claim_json(&renewed, json!({"ok": true}));
+                        if let Some(name) = step["as"].as_str() {
+                            self.claims.insert(name.to_owned(), renewed);
+                        }
+                        actual
+                    }
+                    Err(e) => error_json(&e),
+                }))
+            }
+            "run" => self.run(step).await.map(Some),
+            "effects" => {
+                let expect = step["expect"].as_object().ok_or("effects needs expect")?;
+                let counts: Map<String, Value> = expect
+                    .keys()
+                    .map(|name| {
+                        (
+                            name.clone(),
+                            json!(
+                                self.effects
+                                    .get(name)
+                                    .map_or(0, |n| n.load(Ordering::SeqCst))
+                            ),
+                        )
+                    })
+                    .collect();
+                Ok(Some(Value::Object(counts)))
+            }
+            "peek" => {
+                let key = text(&step["key"])?;
+                let entry = self
+                    .guard
+                    .store()
+                    .get(&key, self.clock.now_ms())
+                    .await
+                    .map_err(|e| e.to_string())?;
+                Ok(Some(match entry {
+                    None => json!({"absent": true}),
+                    Some(entry) => {
+                        let r = &entry.record;
+                        let mut v = json!({
+                            "absent": false,
+                            "state": match r.state { State::Processing => "processing", State::Done => "done" },
+                            "version": entry.version,
+                            "fingerprint": r.fingerprint,
+                            "lease_until_ms": r.lease_until_ms,
+                            "expires_at_ms": r.expires_at_ms,
+                        });
+                        if let Some(resp) = &r.response {
+                            merge(&mut v, response_json(resp));
+                        }
+                        v
+                    }
+                }))
+            }
+            "fingerprint" => {
+                let req = &step["request"];
+                let parts = RequestParts {
+                    method: text(&req["method"])?,
+                    path: text(&req["path"])?,
+                    headers: headers(&req["headers"])?,
+                    body: bytes(&req["body"])?,
+                };
+                Ok(Some(match self.guard.fingerprint(&parts).await {
+                    Ok(fp) => json!({"fingerprint": fp}),
+                    Err(e) => error_json(&e),
+                }))
+            }
+            other => Err(format!("unknown op {other:?}")),
+        }
+    }
+
+    fn claim(&self, step: &Value) -> Result<Claim, String> {
+        let name = step["claim"].as_str().ok_or("needs claim")?;
+        self.claims
+            .get(name)
+            .cloned()
+            .ok_or_else(|| format!("no claim named {name:?}"))
+    }
+
+    /// `Guard::run` with a handler that counts its side effect.
+    async fn run(&mut self, step: &Value) -> Result<Value, String> {
+        let name = step["effect"].as_str().unwrap_or("effect").to_owned();
+        let counter = self.effects.entry(name).or_default().clone();
+        let response = response(&step["response"])?;
+        let fails = step["fails"].as_bool().unwrap_or(false);
+        let handler = move |_fence| async move {
+            counter.fetch_add(1, Ordering::SeqCst);
+            if fails {
+                Err("handler failed")
+            } else {
+                Ok(response)
+            }
+        };
+        let result = self
+            .guard
+            .run(&text(&step["key"])?, &text(&step["fingerprint"])?, handler)
+            .await;
+        Ok(match result {
+            Ok(Outcome::Executed(r)) => with(json!({"outcome": "executed"}), response_json(&r)),
+            Ok(Outcome::Replayed(r)) => with(json!({"outcome": "replayed"}), response_json(&r)),
+            Ok(Outcome::InFlight { retry_after }) => {
+                json!({"outcome": "in-flight", "retry_after_ms": retry_after.as_millis() as u64})
+            }
+            Ok(Outcome::Conflict) => json!({"outcome": "conflict"}),
+            Ok(Outcome::Unavailable(message)) => {
+                json!({"outcome": "unavailable", "message": message})
+            }
+            Err(RunError::InvalidInput(message)) => {
+                json!({"error": "invalid-input", "message": message})
+            }
+            Err(RunError::NotRecorded { error, .. }) => {
+                with(json!({"outcome": "not-recorded"}), error_json(&error))
+            }
+            Err(RunError::Handler(_)) => json!({"outcome": "handler-failed"}),
+        })
+    }
+}
+
+fn decision_json(decision: &Decision) -> Value {
+    match decision {
+        Decision::Proceed(claim) => claim_json(claim, json!({"decision": "proceed"})),
+        Decision::Replay(r) => with(json!({"decision": "replay"}), response_json(r)),
+        Decision::InFlight { retry_after_ms } => {
+            json!({"decision": "in-flight", "retry_after_ms": retry_after_ms})
+        }
+        Decision::Conflict => json!({"decision": "conflict"}),
+    }
+}
+
+fn claim_json(claim: &Claim, base: Value) -> Value {
+    with(
+        base,
+        json!({"fence": claim.fence, "lease_until_ms": claim.lease_until_ms, "expires_at_ms": claim.expires_at_ms}),
+    )
+}
+
+fn response_json(r: &Response) -> Value {
+    json!({
+        "status": r.status,
+        "headers": r.headers.iter().map(|(n, v)| json!([n, String::from_utf8_lossy(v)])).collect::<Vec<_>>(),
+        "body_hex": hex(&r.body),
+    })
+}
+
+fn error_json(e: &GuardError) -> Value {
+    let (kind, message) = match e {
+        GuardError::Unavailable(m) => ("unavailable", m),
+        GuardError::InvalidInput(m) => ("invalid-input", m),
+        GuardError::StaleClaim(m) => ("stale-claim", m),
+    };
+    json!({"error": kind, "message": message})
+}
+
+fn unit_json(result: &Result<(), GuardError>) -> Value {
+    match result {
+        Ok(()) => json!({"ok": true}),
+        Err(e) => error_json(e),
+    }
+}
+
+fn with(mut a: Value, b: Value) -> Value {
+    merge(&mut a, b);
+    a
+}
+
+fn merge(a: &mut Value, b: Value) {
+    if let (Some(a), Value::Object(b)) = (a.as_object_mut(), b) {
+        a.extend(b);
+    }
+}
+
+/// Checks every field of `expect` against `actual`, as `conformance/README.md` says.
+fn matches(expect: &Value, actual: &Value) -> Result<(), String> {
+    let expect = expect.as_object().ok_or("expect must be an object")?;
+    for (name, want) in expect {
+        match name.as_str() {
+            "contains" => {
+                let message = actual["message"].as_str().ok_or("no message to search")?;
+                let wants: Vec<&Value> = match want {
+                    Value::Array(items) => items.iter().collect(),
+                    one => vec![one],
+                };
+                for w in wants {
+                    let w = w.as_str().ok_or("contains takes strings")?;
+                    if !message.contains(w) {
+                        return Err(format!("message does not contain {w:?}"));
+                    }
+                }
+            }
+            "fence_above" => {
+                let fence = actual["fence"].as_u64().ok_or("no fence")?;
+                if fence <= want.as_u64().ok_or("fence_above takes a number")? {
+                    return Err(format!("fence {fence} is not above {want}"));
+                }
+            }
+            "body" => {
+                let want = hex(&bytes(want)?);
+                if actual["body_hex"] != json!(want) {
+                    return Err(format!("body is {}, expected {want}", actual["body_hex"]));
+                }
+            }
+            _ => {
+                if actual.get(name) != Some(want) {
+                    return Err(format!(
+                        "{name} is {}, expected {want}",
+                        actual.get(name).unwrap_or(&Value::Null)
+                    ));
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+/// A string field: a JSON string, or `{"repeat": S, "times": N}`.
+fn text(v: &Value) -> Result<String, String> {
+    match v {
+        Value::String(s) => Ok(s.clone()),
+        Value::Object(o) if o.contains_key("repeat") => {
+            let s = o["repeat"].as_str().ok_or("repeat takes a string")?;
+            Ok(s.repeat(o["times"].as_u64().ok_or("repeat needs times")? as usize))
+        }
+        other => Err(format!("expected a string, got {other}")),
+    }
+}
+
+/// A bytes field: a UTF-8 string, `{"hex": H}`, or `{"repeat": S, "times": N}`.
+fn bytes(v: &Value) -> Result<Vec<u8>, String> {
+    match v {
+        Value::Null => Ok(Vec::new()),
+        Value::Object(o) if o.contains_key("hex") => {
+            let h = o["hex"].as_str().ok_or("hex takes a string")?;
+            (0..h.len())
+                .step_by(2)
+                .map(|i| {
+                    u8::from_str_radix(h.get(i..i + 2).ok_or("odd hex")?, 16)
+                        .map_err(|e| e.to_string())
+                })
+                .collect()
+        }
+        other => text(other).map(String::into_bytes),
+    }
+}
+
+fn hex(b: &[u8]) -> String {
+    use std::fmt::Write;
+    b.iter()
+        .fold(String::with_capacity(b.len() * 2), |mut out, x| {
+            let _ = write!(out, "{x:02x}");
+            out
+        })
+}
+
+fn headers(v: &Value) -> Result<Vec<(String, Vec<u8>)>, String> {
+    let Some(items) = v.as_array() else {
+        return Ok(Vec::new());
+    };
+    items
+        .iter()
+        .map(|pair| Ok((text(&pair[0])?, bytes(&pair[1])?)))
+        .collect()
+}
+
+fn response(v: &Value) -> Result<Response, String> {
+    Ok(Response {
+        status: v["status"].as_u64().ok_or("response needs status")? as u16,
+        headers: headers(&v["headers"])?,
+        body: bytes(&v["body"])?,
+    })
+}
