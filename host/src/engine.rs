@@ -324,6 +324,7 @@ impl wit_store::Host for HostState {
 // Conversions between the generated types and the plain ones. All moves: no
 // string or body is copied.
 
+#[allow(clippy::needless_pass_by_value)] // used as `map_err(to_wit_store_error)`
 fn to_wit_store_error(e: StoreError) -> wit_store::StoreError {
     match e {
         StoreError::Unavailable { .. } => wit_store::StoreError::Unavailable(e.to_string()),

@@ -191,7 +191,7 @@ impl FromStr for FaultRule {
             "off" => {}
             "error" => {
                 rule.kind = FaultKind::Error;
-                rule.message = arg.unwrap_or("injected fault").to_owned();
+                arg.unwrap_or("injected fault").clone_into(&mut rule.message);
             }
             "timeout" => {
                 rule.kind = FaultKind::Timeout;
