@@ -50,6 +50,7 @@ struct Row {
     ops_per_s: f64,
     p50: Duration,
     p99: Duration,
+    baseline: bool,
 }
 
 fn next_key(prefix: &str) -> String {
@@ -103,13 +104,14 @@ where
 }
 
 /// Benches one store: criterion for one caller, and the table's rows for
-/// every level of `CALLERS`, with `raw` measured the same way.
+/// every level of `CALLERS`, with each raw baseline measured the same way.
+/// The first baseline is the one "vs raw" compares with.
 fn bench_store(
     c: &mut Criterion,
     rt: &tokio::runtime::Runtime,
     name: &str,
     store: Arc<dyn Store>,
-    raw: Arc<dyn RawBaseline>,
+    raws: &[(&'static str, Arc<dyn RawBaseline>)],
     table_time: Duration,
     table: &mut Vec<Row>,
 ) {
@@ -135,7 +137,9 @@ fn bench_store(
             async { replay(&guard, key).await }
         });
     });
-    group.bench_function("raw", |b| b.to_async(rt).iter(|| async { raw.op(&next_key("r")).await }));
+    for (work, raw) in raws {
+        group.bench_function(*work, |b| b.to_async(rt).iter(|| async { raw.op(&next_key("r")).await }));
+    }
     group.finish();
 
     if !selected(name) {
@@ -147,21 +151,23 @@ fn bench_store(
             let g = g.clone();
             async move { guarded(&g, &next_key("tg")).await }
         }));
-        table.push(Row { store: name.into(), work: "guarded", callers, ops_per_s, p50, p99 });
+        table.push(Row { store: name.into(), work: "guarded", callers, ops_per_s, p50, p99, baseline: false });
 
         let (g, keys) = (guard.clone(), replay_keys.clone());
         let (ops_per_s, p50, p99) = rt.block_on(measure(callers, table_time, move |i| {
             let (g, keys) = (g.clone(), keys.clone());
             async move { replay(&g, &keys[i % keys.len()]).await }
         }));
-        table.push(Row { store: name.into(), work: "replay", callers, ops_per_s, p50, p99 });
+        table.push(Row { store: name.into(), work: "replay", callers, ops_per_s, p50, p99, baseline: false });
 
-        let r = raw.clone();
-        let (ops_per_s, p50, p99) = rt.block_on(measure(callers, table_time, move |_| {
-            let r = r.clone();
-            async move { r.op(&next_key("tr")).await }
-        }));
-        table.push(Row { store: name.into(), work: "raw", callers, ops_per_s, p50, p99 });
+        for (work, raw) in raws {
+            let r = raw.clone();
+            let (ops_per_s, p50, p99) = rt.block_on(measure(callers, table_time, move |_| {
+                let r = r.clone();
+                async move { r.op(&next_key("tr")).await }
+            }));
+            table.push(Row { store: name.into(), work, callers, ops_per_s, p50, p99, baseline: true });
+        }
     }
 }
 
@@ -175,15 +181,16 @@ fn selected(name: &str) -> bool {
 }
 
 /// SQLite's raw baseline: a connection on its own thread, like the store's
-/// writer, draining what is queued into one transaction, like the store's
-/// group commit; each op is a bare INSERT of a new row and an UPDATE of it.
+/// writer; each op is a bare INSERT of a new row and an UPDATE of it. With
+/// `group_commit`, what is queued is drained into one transaction, like the
+/// store does; without, each statement commits on its own.
 struct SqliteRaw {
     queue: mpsc::Sender<(String, oneshot::Sender<()>)>,
     _dir: tempfile::TempDir,
 }
 
 impl SqliteRaw {
-    fn open(synchronous: Synchronous) -> Self {
+    fn open(synchronous: Synchronous, group_commit: bool) -> Self {
         let dir = tempfile::tempdir().unwrap();
         let conn = Connection::open(dir.path().join("raw.db")).unwrap();
         let sync = if synchronous == Synchronous::Full { "FULL" } else { "NORMAL" };
@@ -203,13 +210,15 @@ impl SqliteRaw {
             let mut batch = Vec::new();
             while let Some(first) = rx.blocking_recv() {
                 batch.push(first);
-                while batch.len() < 256 {
+                while group_commit && batch.len() < 256 {
                     match rx.try_recv() {
                         Ok(job) => batch.push(job),
                         Err(_) => break,
                     }
                 }
-                conn.execute_batch("BEGIN IMMEDIATE").unwrap();
+                if group_commit {
+                    conn.execute_batch("BEGIN IMMEDIATE").unwrap();
+                }
                 for (key, _) in &batch {
                     conn.prepare_cached(
                         "INSERT INTO records (key, version, fingerprint, state, lease_until_ms, expires_at_ms)
@@ -225,7 +234,9 @@ impl SqliteRaw {
                     .execute(params![key, headers, body])
                     .unwrap();
                 }
-                conn.execute_batch("COMMIT").unwrap();
+                if group_commit {
+                    conn.execute_batch("COMMIT").unwrap();
+                }
                 for (_, reply) in batch.drain(..) {
                     let _ = reply.send(());
                 }
@@ -262,10 +273,12 @@ fn main() {
     let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build().unwrap();
     let mut table = Vec::new();
 
-    let (store, _dir) = open_sqlite(Synchronous::Normal);
-    bench_store(&mut c, &rt, "sqlite", store, Arc::new(SqliteRaw::open(Synchronous::Normal)), table_time, &mut table);
-    let (store, _dir_full) = open_sqlite(Synchronous::Full);
-    bench_store(&mut c, &rt, "sqlite-full", store, Arc::new(SqliteRaw::open(Synchronous::Full)), table_time, &mut table);
+    for (name, sync) in [("sqlite", Synchronous::Normal), ("sqlite-full", Synchronous::Full)] {
+        let (store, _dir) = open_sqlite(sync);
+        let raws: [(&'static str, Arc<dyn RawBaseline>); 2] =
+            [("raw", Arc::new(SqliteRaw::open(sync, true))), ("raw-auto", Arc::new(SqliteRaw::open(sync, false)))];
+        bench_store(&mut c, &rt, name, store, &raws, table_time, &mut table);
+    }
 
     c.final_summary();
     print_table(&table);
@@ -274,9 +287,9 @@ fn main() {
 fn print_table(table: &[Row]) {
     println!("\n{:<14} {:<8} {:>7} {:>12} {:>10} {:>10} {:>8}", "store", "work", "callers", "ops/s", "p50", "p99", "vs raw");
     for row in table {
-        let raw = table.iter().find(|r| r.store == row.store && r.callers == row.callers && r.work == "raw");
-        let ratio = match (row.work, raw) {
-            ("raw", _) | (_, None) => String::new(),
+        let raw = table.iter().find(|r| r.store == row.store && r.callers == row.callers && r.baseline);
+        let ratio = match (row.baseline, raw) {
+            (true, _) | (_, None) => String::new(),
             (_, Some(raw)) => format!("{:.0}%", 100.0 * row.ops_per_s / raw.ops_per_s),
         };
         println!(
