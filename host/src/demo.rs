@@ -27,10 +27,19 @@ struct Ledger {
 
 pub async fn run(args: Args) -> anyhow::Result<()> {
     let (store, faults) = Faulty::new(MemoryStore::new());
-    let guard = Guard::builder(store).lease(Duration::from_secs(1)).retention(Duration::from_secs(3600)).build()?;
-    let ledger = Arc::new(Mutex::new(Ledger { stock: args.orders as i64 * 2, ..Ledger::default() }));
+    let guard = Guard::builder(store)
+        .lease(Duration::from_secs(1))
+        .retention(Duration::from_secs(3600))
+        .build()?;
+    let ledger = Arc::new(Mutex::new(Ledger {
+        stock: args.orders as i64 * 2,
+        ..Ledger::default()
+    }));
     let started = Instant::now();
-    println!("idem demo: {} orders, each sent by {} concurrent workers, through the guard component", args.orders, args.workers);
+    println!(
+        "idem demo: {} orders, each sent by {} concurrent workers, through the guard component",
+        args.orders, args.workers
+    );
 
     let mut counts: HashMap<&'static str, usize> = HashMap::new();
     let mut tasks = tokio::task::JoinSet::new();
@@ -50,7 +59,11 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
                             l.reservations.insert(key.clone(), 1);
                             l.charges.insert(key, 1000);
                         }
-                        Ok::<_, std::convert::Infallible>(Response { status: 200, headers: vec![], body: b"paid".to_vec() })
+                        Ok::<_, std::convert::Infallible>(Response {
+                            status: 200,
+                            headers: vec![],
+                            body: b"paid".to_vec(),
+                        })
                     }
                 };
                 guard.run(&key, "sku=A&qty=1", handler).await
@@ -88,14 +101,19 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
             other => bail!("{key}: expected a conflict, got {other:?}"),
         }
     }
-    println!("repeats after completion: replayed={replayed}; same keys, other parameters: conflicts={conflicts}");
+    println!(
+        "repeats after completion: replayed={replayed}; same keys, other parameters: conflicts={conflicts}"
+    );
 
     // The store goes down: every call fails closed and nothing runs.
     faults.set_all(&FaultRule::error("connection refused"))?;
     let mut unavailable = 0;
     for order in 0..100 {
         let fresh = |_fence| async { unreachable_handler() };
-        if let Ok(Outcome::Unavailable(_)) = guard.run(&format!("down-{order}"), "sku=A&qty=1", fresh).await {
+        if let Ok(Outcome::Unavailable(_)) = guard
+            .run(&format!("down-{order}"), "sku=A&qty=1", fresh)
+            .await
+        {
             unavailable += 1;
         }
     }
