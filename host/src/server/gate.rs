@@ -67,10 +67,10 @@ impl Gate {
 
     /// Handles one request: `exec` forwards it (to the upstream, or to the
     /// inner service) and is called at most once.
-    pub async fn handle<F, Fut>(&self, req: Request<Body>, exec: F) -> HttpResponse
+    pub async fn handle<F, Fut>(self: &Arc<Self>, req: Request<Body>, exec: F) -> HttpResponse
     where
-        F: FnOnce(Request<Body>) -> Fut,
-        Fut: Future<Output = Result<HttpResponse, Problem>>,
+        F: FnOnce(Request<Body>) -> Fut + Send + 'static,
+        Fut: Future<Output = Result<HttpResponse, Problem>> + Send + 'static,
     {
         let profile = self.config.profile;
         let Ok(_permit) = self.permits.try_acquire() else {
@@ -146,15 +146,17 @@ impl Gate {
             match decision {
                 Decision::Proceed(claim) => {
                     drop(notified);
-                    return self
-                        .execute(
-                            scoped,
-                            claim,
-                            Request::from_parts(parts, Body::from(body)),
-                            exec,
-                            started,
-                        )
-                        .await;
+                    // The claimed request runs to completion in a task of its own, so a
+                    // client that disconnects cannot leave the key held until its lease ends.
+                    let gate = Arc::clone(self);
+                    let request = Request::from_parts(parts, Body::from(body));
+                    let run = tokio::spawn(async move {
+                        gate.execute(scoped, claim, request, exec, started).await
+                    });
+                    return run.await.unwrap_or_else(|e| {
+                        Problem::Internal(format!("the request task failed: {e}"))
+                            .into_response(self.config.profile)
+                    });
                 }
                 Decision::Replay(stored) => {
                     let mut response = to_http(&stored);
@@ -216,7 +218,7 @@ impl Gate {
 
     /// Runs the request under its claim and stores what the policy says to.
     async fn execute<F, Fut>(
-        &self,
+        self: Arc<Self>,
         scoped: String,
         claim: Claim,
         mut req: Request<Body>,

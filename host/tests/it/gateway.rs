@@ -1233,3 +1233,40 @@ async fn the_tower_layer_gives_an_axum_app_the_same_semantics() {
     assert_eq!(post("o-7", "other").await.0, 422);
     assert_eq!(runs.load(Ordering::SeqCst), 1);
 }
+
+#[tokio::test]
+async fn a_client_that_disconnects_mid_request_does_not_strand_its_key() {
+    let mut h = start(Config {
+        in_flight: InFlight::Wait(Duration::from_secs(10)),
+        ..Config::default()
+    })
+    .await;
+    let gone = {
+        let (client, proxy) = (h.client.clone(), h.proxy);
+        tokio::spawn(async move {
+            let req = Request::post(format!("http://{proxy}/slow"))
+                .header("idempotency-key", "d")
+                .body(Body::empty())
+                .unwrap();
+            client.request(req).await
+        })
+    };
+    h.arrivals.recv().await.unwrap();
+    gone.abort();
+    let _ = gone.await;
+    h.upstream.go.add_permits(1);
+    // The first request still completes and is stored: the retry gets its response.
+    let retry = h
+        .send("POST", "/slow", &[("idempotency-key", "d")], "")
+        .await;
+    assert_eq!(
+        (
+            retry.status,
+            &retry.body[..],
+            retry.header("idempotent-replayed")
+        ),
+        (200, &b"slow call 1"[..], Some("true"))
+    );
+    assert_eq!(h.calls(), 1);
+    h.shutdown().await;
+}
