@@ -38,7 +38,7 @@ enum Command {
         #[arg(long, default_value = "0ms", value_parser = idem::server::parse_duration)]
         latency: std::time::Duration,
     },
-    /// Runs the seed's scenarios at scale through the component and prints what happened.
+    /// Runs the ledger behind the gateway with misbehaving clients, then checks every order ran exactly once.
     Demo(demo::Args),
     /// Prints the WIT contract.
     Wit,
