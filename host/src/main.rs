@@ -4,6 +4,7 @@ use anyhow::Context;
 use clap::{Parser, Subcommand};
 use std::path::PathBuf;
 
+mod bench;
 mod demo;
 mod options;
 
@@ -40,6 +41,8 @@ enum Command {
     },
     /// Runs the ledger behind the gateway with misbehaving clients, then checks every order ran exactly once.
     Demo(demo::Args),
+    /// Measures the gateway against direct calls: requests/s and latency, new keys and replays.
+    Bench(bench::Args),
     /// Prints the WIT contract.
     Wit,
     /// Writes the exact component bytes this binary embeds, for other hosts to load.
@@ -92,6 +95,7 @@ fn main() -> anyhow::Result<()> {
             .await?;
             Ok(())
         }),
+        Command::Bench(args) => tokio::runtime::Runtime::new()?.block_on(bench::run(args)),
         Command::Demo(args) => {
             let runtime = tokio::runtime::Runtime::new()?;
             runtime.block_on(demo::run(args))

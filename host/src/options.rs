@@ -104,6 +104,7 @@ macro_rules! merge {
 }
 
 impl ServeOptions {
+    #[allow(clippy::too_many_lines)] // one line per option
     pub fn resolve(mut self) -> anyhow::Result<Serve> {
         if let Some(path) = &self.config {
             let text = std::fs::read_to_string(path)

@@ -183,6 +183,7 @@ struct ListParams {
     order: Option<String>,
 }
 
+#[allow(clippy::too_many_lines)] // parameter checks, then two ways to page
 async fn list_keys(
     State(admin): State<Admin>,
     params: Result<Query<ListParams>, axum::extract::rejection::QueryRejection>,
@@ -336,6 +337,7 @@ async fn delete_key(State(admin): State<Admin>, Path(key): Path<String>) -> Resp
     }
 }
 
+#[allow(clippy::result_large_err)] // the error is the response itself
 async fn release_key(State(admin): State<Admin>, Path(key): Path<String>) -> Response {
     rewrite(&admin, &key, |record, now| {
         if record.state != KeyState::Processing {
@@ -350,6 +352,7 @@ async fn release_key(State(admin): State<Admin>, Path(key): Path<String>) -> Res
     .await
 }
 
+#[allow(clippy::result_large_err)]
 async fn expire_key(State(admin): State<Admin>, Path(key): Path<String>) -> Response {
     rewrite(&admin, &key, |record, now| {
         record.expires_at_ms = now;

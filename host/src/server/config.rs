@@ -98,7 +98,7 @@ impl Default for Config {
             store_policy: StorePolicy::default(),
             in_flight: InFlight::Reject,
             lease: Duration::from_secs(30),
-            retention: Duration::from_secs(24 * 3600),
+            retention: Duration::from_hours(24),
             max_request_bytes: 1 << 20,
             max_response_bytes: 1 << 20,
             max_headers: 100,
@@ -181,7 +181,7 @@ mod tests {
         assert_eq!(parse_duration("250ms"), Ok(Duration::from_millis(250)));
         assert_eq!(parse_duration("10s"), Ok(Duration::from_secs(10)));
         assert_eq!(parse_duration("3"), Ok(Duration::from_secs(3)));
-        assert_eq!(parse_duration("2m"), Ok(Duration::from_secs(120)));
+        assert_eq!(parse_duration("2m"), Ok(Duration::from_mins(2)));
         assert!(
             parse_duration("10 parsecs")
                 .unwrap_err()

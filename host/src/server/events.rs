@@ -191,6 +191,7 @@ impl Observer {
     }
 
     /// Decisions per second over the last 10 s (or since start, if sooner).
+    #[allow(clippy::cast_precision_loss)] // counts far below 2^52
     pub fn rate(&self, outcome: Verdict) -> f64 {
         let second = self.started.elapsed().as_secs();
         let window = self.window.lock().unwrap_or_else(PoisonError::into_inner);
@@ -252,6 +253,7 @@ impl Observer {
     }
 
     /// Percentiles of the latest store operations.
+    #[allow(clippy::cast_precision_loss, clippy::cast_sign_loss)] // an index into at most 4096 samples
     pub fn store_latency_us(&self) -> Percentiles {
         let mut samples = self
             .latency

@@ -13,6 +13,7 @@ use http_body_util::{BodyExt, Limited};
 use idem_guest::model::{Claim, Decision, GuardError, Response as Stored};
 use sha2::{Digest, Sha256};
 use std::collections::HashMap;
+use std::fmt::Write as _;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 use tokio::sync::{Notify, Semaphore};
@@ -67,6 +68,7 @@ impl Gate {
 
     /// Handles one request: `exec` forwards it (to the upstream, or to the
     /// inner service) and is called at most once.
+    #[allow(clippy::too_many_lines)] // one request's path through the guard, read top to bottom
     pub async fn handle<F, Fut>(self: &Arc<Self>, req: Request<Body>, exec: F) -> HttpResponse
     where
         F: FnOnce(Request<Body>) -> Fut + Send + 'static,
@@ -217,6 +219,7 @@ impl Gate {
     }
 
     /// Runs the request under its claim and stores what the policy says to.
+    #[allow(clippy::too_many_lines)]
     async fn execute<F, Fut>(
         self: Arc<Self>,
         scoped: String,
@@ -367,6 +370,7 @@ impl Gate {
         }
     }
 
+    #[allow(clippy::needless_pass_by_value)] // callers build the problem in place
     fn refuse(
         &self,
         scoped: &str,
@@ -483,7 +487,12 @@ pub fn scoped_key(headers: &HeaderMap, config: &Config, key: &str) -> String {
             || "anon".to_owned(),
             |v| {
                 let digest = Sha256::digest(v.as_bytes());
-                digest[..8].iter().map(|b| format!("{b:02x}")).collect()
+                digest[..8]
+                    .iter()
+                    .fold(String::with_capacity(16), |mut hex, b| {
+                        let _ = write!(hex, "{b:02x}");
+                        hex
+                    })
             },
         );
     format!("{scope}/{key}")

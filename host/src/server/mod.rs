@@ -89,8 +89,8 @@ impl GatewayBuilder {
         self.config.validate().map_err(BuildError::Config)?;
         let upstream = Upstream::new(&self.upstream).map_err(BuildError::Upstream)?;
         let observer = Arc::new(Observer::default());
-        let (faulty, faults) = Faulty::new(self.store);
-        let timed = events::Timed::new(Arc::new(faulty), observer.clone());
+        let (decorated, faults) = Faulty::new(self.store);
+        let timed = events::Timed::new(Arc::new(decorated), observer.clone());
         let guard = Guard::builder(timed)
             .clock(SharedClock(self.clock))
             .lease(self.config.lease)

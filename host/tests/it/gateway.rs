@@ -15,6 +15,7 @@ use hyper_util::rt::TokioExecutor;
 use idem::ledger::{Books, Ledger};
 use idem::server::{AdminListener, Config, Gateway, InFlight, Profile, StorePolicy};
 use serde_json::{Value, json};
+use std::fmt::Write as _;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -222,7 +223,7 @@ impl Harness {
         self.upstream.calls.load(Ordering::SeqCst)
     }
 
-    async fn books(&self) -> Books {
+    fn books(&self) -> Books {
         self.upstream.ledger.books()
     }
 
@@ -377,7 +378,7 @@ async fn fifty_concurrent_requests_with_one_key_execute_once() {
     let body = order("o-50", 1);
     let replies =
         futures::future::join_all((0..50).map(|_| h.post("/orders", "o-50", &body))).await;
-    let books = h.books().await;
+    let books = h.books();
     assert_eq!(books.executions.get("o-50"), Some(&1), "{books:?}");
     assert_eq!(books.stock, 999);
     let created: Vec<&Reply> = replies.iter().filter(|r| r.status == 201).collect();
@@ -403,7 +404,7 @@ async fn with_waiting_enabled_concurrent_repeats_all_get_the_first_response() {
     let body = order("o-wait", 2);
     let replies =
         futures::future::join_all((0..50).map(|_| h.post("/orders", "o-wait", &body))).await;
-    assert_eq!(h.books().await.executions.get("o-wait"), Some(&1));
+    assert_eq!(h.books().executions.get("o-wait"), Some(&1));
     assert!(
         replies
             .iter()
@@ -433,7 +434,7 @@ async fn a_key_reused_for_another_payload_is_422_and_runs_nothing() {
         422,
         "idempotency-key-mismatch",
     );
-    assert_eq!(h.books().await.executions.get("o-1"), Some(&1));
+    assert_eq!(h.books().executions.get("o-1"), Some(&1));
     assert_eq!(h.calls(), 0);
     h.shutdown().await;
 }
@@ -555,7 +556,7 @@ async fn store_faults_set_through_the_admin_api_give_503_and_no_upstream_call() 
             .contains("connection refused")
     );
     assert!(
-        h.books().await.executions.is_empty(),
+        h.books().executions.is_empty(),
         "the upstream was never called"
     );
 
@@ -580,7 +581,7 @@ async fn store_faults_set_through_the_admin_api_give_503_and_no_upstream_call() 
             .status,
         201
     );
-    assert_eq!(h.books().await.executions.get("o-down"), Some(&1));
+    assert_eq!(h.books().executions.get("o-down"), Some(&1));
     h.shutdown().await;
 }
 
@@ -671,6 +672,7 @@ async fn the_admin_token_is_enforced_and_required_off_loopback() {
 }
 
 #[tokio::test]
+#[allow(clippy::too_many_lines)] // one key's life through the admin API
 async fn admin_keys_list_get_release_expire_delete() {
     let mut h = start(Config::default()).await;
     let done = h.post("/echo", "k-done", "hello").await;
@@ -713,13 +715,13 @@ async fn admin_keys_list_get_release_expire_delete() {
         .await
         .json();
     assert_eq!(processing["keys"].as_array().unwrap().len(), 1);
-    let paged = h.admin("GET", "/v1/keys?limit=1", &[], "").await.json();
-    assert_eq!(paged["next"], "anon/k-busy");
-    let page2 = h
+    let first_page = h.admin("GET", "/v1/keys?limit=1", &[], "").await.json();
+    assert_eq!(first_page["next"], "anon/k-busy");
+    let second_page = h
         .admin("GET", "/v1/keys?limit=1&after=anon%2Fk-busy", &[], "")
         .await
         .json();
-    assert_eq!(page2["keys"][0]["key"], "anon/k-done");
+    assert_eq!(second_page["keys"][0]["key"], "anon/k-done");
     let by_replays = h
         .admin("GET", "/v1/keys?sort=replays&order=desc", &[], "")
         .await
@@ -1044,7 +1046,7 @@ async fn malformed_http_gets_an_error_and_the_gateway_keeps_serving() {
     let mut tcp = tokio::net::TcpStream::connect(h.proxy).await.unwrap();
     let mut head = String::from("POST /echo HTTP/1.1\r\nHost: x\r\n");
     for (n, v) in &many {
-        head.push_str(&format!("{n}: {v}\r\n"));
+        let _ = write!(head, "{n}: {v}\r\n");
     }
     head.push_str("Content-Length: 0\r\n\r\n");
     tcp.write_all(head.as_bytes()).await.unwrap();
