@@ -250,6 +250,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
 
     let config = Config {
         lease: Duration::from_secs(5),
+        upstream_timeout: Duration::from_secs(4),
         require_key: true,
         ..Config::default()
     };

@@ -76,7 +76,7 @@ pub struct ServeOptions {
     /// The largest request head in bytes [default: 65536].
     #[arg(long, env = "IDEM_MAX_HEADER_BYTES")]
     pub max_header_bytes: Option<usize>,
-    /// How long the upstream may take [default: 30s].
+    /// How long the upstream may take; shorter than the lease [default: 20s].
     #[arg(long, env = "IDEM_UPSTREAM_TIMEOUT")]
     pub upstream_timeout: Option<String>,
     /// Requests handled at once; more get 503 [default: 1024].
@@ -285,6 +285,7 @@ mod tests {
         let serve = ServeOptions {
             config: Some(file.clone()),
             lease: Some("7s".into()),
+            upstream_timeout: Some("3s".into()),
             ..ServeOptions::default()
         }
         .resolve()

@@ -103,7 +103,7 @@ impl Default for Config {
             max_response_bytes: 1 << 20,
             max_headers: 100,
             max_header_bytes: 64 << 10,
-            upstream_timeout: Duration::from_secs(30),
+            upstream_timeout: Duration::from_secs(20),
             max_concurrent: 1024,
             drain_timeout: Duration::from_secs(30),
         }
@@ -121,6 +121,13 @@ impl Config {
                 "lease ({} ms) must be at least 1 ms and shorter than retention ({} ms)",
                 self.lease.as_millis(),
                 self.retention.as_millis()
+            ));
+        }
+        if self.upstream_timeout >= self.lease {
+            return Err(format!(
+                "upstream-timeout ({} ms) must be shorter than the lease ({} ms), or a repeat could take over a request that is still running",
+                self.upstream_timeout.as_millis(),
+                self.lease.as_millis()
             ));
         }
         if self.max_response_bytes > u32::MAX as usize {
@@ -201,6 +208,15 @@ mod tests {
             bad.validate()
                 .unwrap_err()
                 .contains("shorter than retention")
+        );
+        let slow = Config {
+            upstream_timeout: Duration::from_secs(40),
+            ..Config::default()
+        };
+        assert!(
+            slow.validate()
+                .unwrap_err()
+                .contains("shorter than the lease")
         );
         assert!(Config::default().validate().is_ok());
     }

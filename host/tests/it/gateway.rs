@@ -330,6 +330,7 @@ async fn the_upstream_sees_the_key_and_the_fence() {
 async fn a_repeat_in_flight_gets_409_with_retry_after_then_the_replay() {
     let mut h = start(Config {
         lease: Duration::from_secs(7),
+        upstream_timeout: Duration::from_secs(5),
         ..Config::default()
     })
     .await;
