@@ -25,7 +25,12 @@ fn main() {
         .nth(4)
         .map_or_else(|| out_dir.join("guest-target"), |t| t.join("guest-target"));
 
-    build(&guest, &target_dir.join("guard"), &[], &out_dir.join("idem_guard.wasm"));
+    build(
+        &guest,
+        &target_dir.join("guard"),
+        &[],
+        &out_dir.join("idem_guard.wasm"),
+    );
     build(
         &guest,
         &target_dir.join("misbehaving"),
@@ -38,7 +43,14 @@ fn build(guest: &Path, target_dir: &Path, extra: &[&str], dest: &Path) {
     let cargo = env::var("CARGO").unwrap_or_else(|_| "cargo".into());
     let mut cmd = Command::new(cargo);
     cmd.current_dir(guest)
-        .args(["build", "--lib", "--target", "wasm32-wasip2", "--profile", "guest"])
+        .args([
+            "build",
+            "--lib",
+            "--target",
+            "wasm32-wasip2",
+            "--profile",
+            "guest",
+        ])
         .args(extra)
         .arg("--target-dir")
         .arg(target_dir);
@@ -55,7 +67,9 @@ fn build(guest: &Path, target_dir: &Path, extra: &[&str], dest: &Path) {
     ] {
         cmd.env_remove(var);
     }
-    let status = cmd.status().expect("run cargo to build the guard component");
+    let status = cmd
+        .status()
+        .expect("run cargo to build the guard component");
     assert!(
         status.success(),
         "building the guard component failed (is the wasm32-wasip2 target installed? rust-toolchain.toml lists it)"

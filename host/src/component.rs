@@ -18,4 +18,5 @@ pub const WIT: &[(&str, &str)] = &[
 /// `"!trap"`, spins forever on `"!spin"` and allocates without bound on
 /// `"!grow"`. Never loaded unless a test asks for it.
 #[doc(hidden)]
-pub const MISBEHAVING_COMPONENT: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/idem_guard_misbehaving.wasm"));
+pub const MISBEHAVING_COMPONENT: &[u8] =
+    include_bytes!(concat!(env!("OUT_DIR"), "/idem_guard_misbehaving.wasm"));

@@ -1,129 +1,416 @@
-//! `idem demo`: the seed's scenarios at scale through the component.
+//! `idem demo`: the ledger, the gateway in front of it and a traffic
+//! generator that misbehaves the way real clients do — retries after lost
+//! responses, duplicates, concurrent repeats, keys reused for other
+//! payloads — while the store fails for a few seconds. At the end the
+//! ledger is checked: every order executed exactly once.
 
-use anyhow::bail;
-use idem::{FaultRule, Faulty, Guard, MemoryStore, Op, Outcome, Response, RunError};
-use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
+use anyhow::{Context, bail};
+use axum::body::Body;
+use axum::http::Request;
+use http_body_util::BodyExt;
+use hyper_util::client::legacy::Client;
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::rt::TokioExecutor;
+use idem::ledger::{Books, Ledger};
+use idem::server::{AdminListener, Config, Gateway};
+use idem::store::{FaultRule, Op};
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
+use tokio::net::TcpListener;
 
 #[derive(clap::Args)]
 pub struct Args {
+    /// The store, as for `idem serve` [default: sqlite: in a temporary directory].
+    #[arg(long, value_name = "URL")]
+    store: Option<String>,
     /// Orders to place.
-    #[arg(long, default_value_t = 1000)]
+    #[arg(long, default_value_t = 600)]
     orders: usize,
-    /// Concurrent duplicates of each order.
-    #[arg(long, default_value_t = 8)]
-    workers: usize,
+    /// How long to send orders for; the run ends soon after.
+    #[arg(long, default_value = "10s", value_parser = idem::server::parse_duration)]
+    duration: Duration,
+    /// Where the admin API listens, for an operator console to attach.
+    #[arg(long, default_value = "127.0.0.1:0", value_name = "ADDR")]
+    admin_listen: String,
+    /// The admin API's bearer token (required off loopback).
+    #[arg(long, env = "IDEM_ADMIN_TOKEN", hide_env_values = true)]
+    admin_token: Option<String>,
+    /// Keep serving after the check, until Ctrl-C, so a console can look around.
+    #[arg(long)]
+    linger: bool,
 }
 
-/// The seed's ledger: stock, one reservation and one charge per order.
+/// What clients saw, by kind of answer.
 #[derive(Default)]
-struct Ledger {
-    stock: i64,
-    reservations: HashMap<String, i64>,
-    charges: HashMap<String, i64>,
-    executions: HashMap<String, u32>,
+struct Seen {
+    sent: AtomicU64,
+    executed: AtomicU64,
+    replayed: AtomicU64,
+    in_flight: AtomicU64,
+    conflict: AtomicU64,
+    unavailable: AtomicU64,
+    other: AtomicU64,
+    orders_done: AtomicU64,
 }
 
+impl Seen {
+    fn line(&self) -> String {
+        let g = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        format!(
+            "sent={:<6} executed={:<5} replayed={:<5} 409_in_flight={:<4} 422_conflict={:<4} 503_store_down={:<4} other={:<3}",
+            g(&self.sent),
+            g(&self.executed),
+            g(&self.replayed),
+            g(&self.in_flight),
+            g(&self.conflict),
+            g(&self.unavailable),
+            g(&self.other)
+        )
+    }
+}
+
+/// How a client treats one order.
+#[derive(Clone, Copy, Debug)]
+enum Behaviour {
+    /// Sends once (retrying 409 and 503 as told).
+    Once,
+    /// Sends, loses the response, sends again: the repeat is a replay.
+    LostResponse,
+    /// Four copies at once, as a double-clicking user or an eager retry loop.
+    Concurrent,
+    /// Reuses the key for another payload: 422, nothing runs.
+    ReusedKey,
+    /// Gives up on the first try after 1 ms (the request keeps going) and retries.
+    Impatient,
+}
+
+const BEHAVIOURS: [Behaviour; 5] = [
+    Behaviour::Once,
+    Behaviour::LostResponse,
+    Behaviour::Concurrent,
+    Behaviour::ReusedKey,
+    Behaviour::Impatient,
+];
+
+#[derive(Clone)]
+struct Shopper {
+    http: Client<HttpConnector, Body>,
+    gateway: SocketAddr,
+    seen: Arc<Seen>,
+}
+
+struct Answer {
+    status: u16,
+    replayed: bool,
+    retry_after: Duration,
+}
+
+impl Shopper {
+    async fn post(&self, key: &str, body: &str) -> anyhow::Result<Answer> {
+        self.seen.sent.fetch_add(1, Ordering::Relaxed);
+        let req = Request::post(format!("http://{}/orders", self.gateway))
+            .header("idempotency-key", format!("\"{key}\""))
+            .header("content-type", "application/json")
+            .body(Body::from(body.to_owned()))?;
+        let response = self
+            .http
+            .request(req)
+            .await
+            .context("the gateway did not answer")?;
+        let status = response.status().as_u16();
+        let replayed = response.headers().contains_key("idempotent-replayed");
+        let retry_after = response
+            .headers()
+            .get("retry-after")
+            .and_then(|v| v.to_str().ok()?.parse().ok())
+            .map_or(Duration::from_millis(200), Duration::from_secs);
+        let _ = response.into_body().collect().await;
+        let counter = match (status, replayed) {
+            (201, false) => &self.seen.executed,
+            (201 | 409, true) => &self.seen.replayed,
+            (409, false) => &self.seen.in_flight,
+            (422, _) => &self.seen.conflict,
+            (503, _) => &self.seen.unavailable,
+            _ => &self.seen.other,
+        };
+        counter.fetch_add(1, Ordering::Relaxed);
+        Ok(Answer {
+            status,
+            replayed,
+            retry_after,
+        })
+    }
+
+    /// Sends until the order is placed, waiting as `Retry-After` says.
+    async fn place(&self, key: &str, body: &str) -> anyhow::Result<Answer> {
+        for _ in 0..60 {
+            let answer = self.post(key, body).await?;
+            match answer.status {
+                // Retry-After is the remaining lease (or 1 s); these clients
+                // retry sooner, capped, to keep the demo short.
+                409 | 503 => {
+                    tokio::time::sleep(answer.retry_after.min(Duration::from_millis(200))).await;
+                }
+                _ => return Ok(answer),
+            }
+        }
+        bail!("order {key}: still refused after 60 tries")
+    }
+
+    async fn order(&self, key: String, behaviour: Behaviour) -> anyhow::Result<()> {
+        let body = order_json(&key, 1);
+        let answer = match behaviour {
+            Behaviour::Once => self.place(&key, &body).await?,
+            Behaviour::LostResponse => {
+                self.place(&key, &body).await?;
+                let again = self.place(&key, &body).await?;
+                if !again.replayed {
+                    bail!("order {key}: the repeat after a lost response was not a replay");
+                }
+                again
+            }
+            Behaviour::Concurrent => {
+                let copies =
+                    futures_util::future::join_all((0..4).map(|_| self.place(&key, &body))).await;
+                let mut last = None;
+                for copy in copies {
+                    last = Some(copy?);
+                }
+                last.expect("four copies")
+            }
+            Behaviour::ReusedKey => {
+                let first = self.place(&key, &body).await?;
+                let other = self.post(&key, &order_json(&key, 3)).await?;
+                if other.status != 422 && other.status != 503 {
+                    bail!(
+                        "order {key}: a reused key with another payload got {} instead of 422",
+                        other.status
+                    );
+                }
+                first
+            }
+            Behaviour::Impatient => {
+                let _ =
+                    tokio::time::timeout(Duration::from_millis(1), self.post(&key, &body)).await;
+                self.place(&key, &body).await?
+            }
+        };
+        if answer.status != 201 {
+            bail!("order {key}: ended with status {}", answer.status);
+        }
+        self.seen.orders_done.fetch_add(1, Ordering::Relaxed);
+        Ok(())
+    }
+}
+
+fn order_json(key: &str, qty: i64) -> String {
+    serde_json::json!({"order": key, "sku": "A", "qty": qty, "cents": 1250 * qty}).to_string()
+}
+
+#[allow(clippy::too_many_lines, clippy::single_match_else)] // the demo's script, read top to bottom
 pub async fn run(args: Args) -> anyhow::Result<()> {
-    let (store, faults) = Faulty::new(MemoryStore::new());
-    let guard = Guard::builder(store).lease(Duration::from_secs(1)).retention(Duration::from_secs(3600)).build()?;
-    let ledger = Arc::new(Mutex::new(Ledger { stock: args.orders as i64 * 2, ..Ledger::default() }));
+    let (store_url, temp_dir) = match args.store {
+        Some(url) => (url, None),
+        None => {
+            let dir = std::env::temp_dir().join(format!("idem-demo-{}", std::process::id()));
+            std::fs::create_dir_all(&dir).with_context(|| format!("create {}", dir.display()))?;
+            (
+                format!("sqlite:{}", dir.join("idem-demo.db").display()),
+                Some(dir),
+            )
+        }
+    };
+    let mut store_url = store_url;
+    let store = match idem::store::open(&store_url).await {
+        Ok(store) => store,
+        // Until the SQLite store is built in, the default falls back to memory.
+        Err(idem::store::OpenError::BadUrl { reason, .. })
+            if temp_dir.is_some() && reason.contains("unknown store") =>
+        {
+            println!("note: this build has no sqlite store; using memory:");
+            store_url = "memory:".into();
+            idem::store::open(&store_url).await?
+        }
+        Err(e) => return Err(e.into()),
+    };
+
+    let order_count = i64::try_from(args.orders).context("--orders is too large")?;
+    let stock = order_count * 10;
+    let ledger = Ledger::new(stock, Duration::from_millis(15));
+    let ledger_listener = TcpListener::bind("127.0.0.1:0").await?;
+    let ledger_addr = ledger_listener.local_addr()?;
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    let ledger_task = tokio::spawn(idem::ledger::run(
+        ledger.clone(),
+        ledger_listener,
+        wait_stop(stop_rx.clone()),
+    ));
+
+    let config = Config {
+        lease: Duration::from_secs(5),
+        upstream_timeout: Duration::from_secs(4),
+        require_key: true,
+        ..Config::default()
+    };
+    let gateway = Gateway::builder(config, store, &format!("http://{ledger_addr}")).build()?;
+    let proxy = TcpListener::bind("127.0.0.1:0").await?;
+    let proxy_addr = proxy.local_addr()?;
+    let admin_listener = TcpListener::bind(&args.admin_listen)
+        .await
+        .with_context(|| format!("admin listen on {}", args.admin_listen))?;
+    let admin_addr = admin_listener.local_addr()?;
+    let admin = AdminListener::new(admin_listener, args.admin_token)?;
+    let gateway_task = tokio::spawn(idem::server::run(
+        gateway.clone(),
+        proxy,
+        Some(admin),
+        wait_stop(stop_rx.clone()),
+    ));
+
+    println!(
+        "idem demo: {} orders over {:?} through the gateway (store: {store_url})",
+        args.orders, args.duration
+    );
+    println!("  ledger   http://{ledger_addr}/ledger");
+    println!("  gateway  http://{proxy_addr}/orders");
+    println!(
+        "  admin    http://{admin_addr}/v1/stats   (events: /v1/events, keys: /v1/keys, metrics: /metrics)"
+    );
+    println!(
+        "clients: retries after lost responses, duplicates, 4 concurrent copies, keys reused for other payloads, impatient retries;"
+    );
+    println!("the store fails 30% of inserts from 40% to 55% of the run.");
+
+    let seen = Arc::new(Seen::default());
+    let client = Shopper {
+        http: Client::builder(TokioExecutor::new()).build_http(),
+        gateway: proxy_addr,
+        seen: seen.clone(),
+    };
     let started = Instant::now();
-    println!("idem demo: {} orders, each sent by {} concurrent workers, through the guard component", args.orders, args.workers);
-
-    let mut counts: HashMap<&'static str, usize> = HashMap::new();
-    let mut tasks = tokio::task::JoinSet::new();
-    for order in 0..args.orders {
-        for _ in 0..args.workers {
-            let (guard, ledger) = (guard.clone(), ledger.clone());
-            tasks.spawn(async move {
-                let key = format!("order-{order}");
-                let handler = |_fence| {
-                    let (ledger, key) = (ledger.clone(), key.clone());
-                    async move {
-                        tokio::time::sleep(Duration::from_millis(2)).await;
-                        let mut l = ledger.lock().unwrap();
-                        *l.executions.entry(key.clone()).or_default() += 1;
-                        if !l.reservations.contains_key(&key) {
-                            l.stock -= 1;
-                            l.reservations.insert(key.clone(), 1);
-                            l.charges.insert(key, 1000);
-                        }
-                        Ok::<_, std::convert::Infallible>(Response { status: 200, headers: vec![], body: b"paid".to_vec() })
-                    }
-                };
-                guard.run(&key, "sku=A&qty=1", handler).await
-            });
+    let send_for = args.duration.mul_f64(0.7);
+    let run_id = fastrand::u32(..);
+    let mut orders = tokio::task::JoinSet::new();
+    let mut ticker = tokio::time::interval(Duration::from_secs(1));
+    ticker.tick().await;
+    let mut next_order = 0usize;
+    let mut fault_on = false;
+    let mut fault_done = false;
+    let spacing = send_for
+        .checked_div(args.orders.max(1) as u32)
+        .unwrap_or_default();
+    let mut next_at = tokio::time::Instant::now();
+    loop {
+        let elapsed = started.elapsed();
+        let progress = elapsed.as_secs_f64() / args.duration.as_secs_f64();
+        if !fault_on && !fault_done && progress >= 0.4 {
+            let rule = FaultRule::error("injected: connection refused").with_probability(0.3);
+            gateway.faults().set(Op::Insert, rule.clone())?;
+            gateway.observer().fault_changed(Op::Insert, rule);
+            fault_on = true;
+            println!(
+                "{:>5.1}s store fault ON: 30% of inserts fail",
+                elapsed.as_secs_f64()
+            );
+        }
+        if fault_on && progress >= 0.55 {
+            gateway.faults().clear(Op::Insert);
+            gateway
+                .observer()
+                .fault_changed(Op::Insert, FaultRule::default());
+            fault_on = false;
+            fault_done = true;
+            println!("{:>5.1}s store fault OFF", elapsed.as_secs_f64());
+        }
+        if next_order == args.orders && orders.is_empty() {
+            break;
+        }
+        tokio::select! {
+            () = tokio::time::sleep_until(next_at), if next_order < args.orders => {
+                let key = format!("demo-{run_id:08x}-{next_order:05}");
+                let behaviour = BEHAVIOURS[next_order % BEHAVIOURS.len()];
+                let client = client.clone();
+                orders.spawn(async move { client.order(key, behaviour).await });
+                next_order += 1;
+                next_at += spacing;
+            }
+            _ = ticker.tick() => {
+                println!(
+                    "{:>5.1}s orders={}/{} {}",
+                    started.elapsed().as_secs_f64(),
+                    seen.orders_done.load(Ordering::Relaxed),
+                    args.orders,
+                    seen.line()
+                );
+            }
+            Some(done) = orders.join_next() => {
+                done.context("an order task panicked")??;
+            }
         }
     }
-    while let Some(result) = tasks.join_next().await {
-        match result? {
-            Ok(outcome) => *counts.entry(outcome.name()).or_default() += 1,
-            Err(RunError::Handler(never)) => match never {},
-            Err(e) => bail!("guard failed: {e}"),
-        }
-    }
-    let requests = args.orders * args.workers;
+    gateway.faults().clear_all();
     println!(
-        "{requests} requests in {:.2?}: executed={} in_flight={} replayed={}",
-        started.elapsed(),
-        counts.get("EXECUTED").unwrap_or(&0),
-        counts.get("IN_FLIGHT").unwrap_or(&0),
-        counts.get("REPLAYED").unwrap_or(&0)
+        "{:>5.1}s all orders answered: {}",
+        started.elapsed().as_secs_f64(),
+        seen.line()
     );
 
-    // Repeats after completion replay; reused keys with other parameters conflict.
-    let mut replayed = 0;
-    let mut conflicts = 0;
-    for order in 0..args.orders {
-        let key = format!("order-{order}");
-        let never = |_fence| async { unreachable_handler() };
-        match guard.run(&key, "sku=A&qty=1", never).await {
-            Ok(Outcome::Replayed(r)) if r.body == b"paid" => replayed += 1,
-            other => bail!("{key}: expected a replay, got {other:?}"),
-        }
-        match guard.run(&key, "sku=A&qty=2", never).await {
-            Ok(Outcome::Conflict) => conflicts += 1,
-            other => bail!("{key}: expected a conflict, got {other:?}"),
-        }
-    }
-    println!("repeats after completion: replayed={replayed}; same keys, other parameters: conflicts={conflicts}");
-
-    // The store goes down: every call fails closed and nothing runs.
-    faults.set_all(&FaultRule::error("connection refused"))?;
-    let mut unavailable = 0;
-    for order in 0..100 {
-        let fresh = |_fence| async { unreachable_handler() };
-        if let Ok(Outcome::Unavailable(_)) = guard.run(&format!("down-{order}"), "sku=A&qty=1", fresh).await {
-            unavailable += 1;
-        }
-    }
-    faults.clear_all();
-    faults.set(Op::Insert, FaultRule::default())?;
-    println!("store down: 100 new orders -> unavailable={unavailable}, handler calls=0");
-
-    let l = ledger.lock().unwrap();
-    let executions: u32 = l.executions.values().sum();
-    let ok = executions as usize == args.orders
-        && l.executions.values().all(|&n| n == 1)
-        && l.reservations.len() == args.orders
-        && l.charges.len() == args.orders
-        && unavailable == 100;
+    let books = ledger.books();
+    let verdict = check(&books, args.orders, stock - order_count);
     println!(
-        "ledger: orders={} executions={executions} reservations={} charges={} stock={}",
-        args.orders,
-        l.reservations.len(),
-        l.charges.len(),
-        l.stock
+        "ledger: orders={} executions={} reservations={} charges={} stock={} (started with {stock})",
+        books.executions.len(),
+        books.executions.values().sum::<u64>(),
+        books.reservations.len(),
+        books.charges.len(),
+        books.stock
     );
-    if !ok {
-        bail!("exactly-once check FAILED");
+    if args.linger && verdict.is_ok() {
+        println!("serving on; Ctrl-C to stop");
+        let _ = tokio::signal::ctrl_c().await;
     }
+    let _ = stop_tx.send(true);
+    let _ = gateway_task.await;
+    let _ = ledger_task.await;
+    if let Some(dir) = temp_dir {
+        let _ = std::fs::remove_dir_all(dir);
+    }
+    verdict?;
     println!("exactly-once check passed: every order executed exactly once");
     Ok(())
 }
 
-fn unreachable_handler() -> Result<Response, std::convert::Infallible> {
-    panic!("the guard ran a handler it should not have")
+/// Every order ran exactly once, with its first payload, and stock adds up.
+fn check(books: &Books, orders: usize, expected_stock: i64) -> anyhow::Result<()> {
+    let repeated = books.repeated();
+    if !repeated.is_empty() {
+        bail!(
+            "exactly-once check FAILED: {} orders executed more than once, e.g. {:?}",
+            repeated.len(),
+            &repeated[..repeated.len().min(5)]
+        );
+    }
+    if books.executions.len() != orders {
+        bail!(
+            "exactly-once check FAILED: {} of {orders} orders executed",
+            books.executions.len()
+        );
+    }
+    if books.reservations.values().any(|&qty| qty != 1) {
+        bail!("exactly-once check FAILED: a reused key's other payload was executed");
+    }
+    if books.stock != expected_stock || books.charges.len() != orders {
+        bail!(
+            "exactly-once check FAILED: stock {} and {} charges do not add up for {orders} orders",
+            books.stock,
+            books.charges.len()
+        );
+    }
+    Ok(())
+}
+
+async fn wait_stop(mut stop: tokio::sync::watch::Receiver<bool>) {
+    let _ = stop.wait_for(|s| *s).await;
 }

@@ -47,7 +47,11 @@ pub struct Limits {
 
 impl Default for Limits {
     fn default() -> Self {
-        Limits { memory_bytes: 16 << 20, call_timeout: Duration::from_secs(10), max_idle: 256 }
+        Limits {
+            memory_bytes: 16 << 20,
+            call_timeout: Duration::from_secs(10),
+            max_idle: 256,
+        }
     }
 }
 
@@ -74,19 +78,29 @@ impl Runtime {
 
     /// Compiles a component that implements the `idem` world.
     pub fn from_component(bytes: &[u8], limits: Limits) -> Result<Runtime, GuardError> {
-        let fail = |what: &str, e: wasmtime::Error| GuardError::Unavailable(format!("{what}: {e:#}"));
+        let fail =
+            |what: &str, e: wasmtime::Error| GuardError::Unavailable(format!("{what}: {e:#}"));
         let mut config = Config::new();
         config.epoch_interruption(true);
         let engine = Engine::new(&config).map_err(|e| fail("wasmtime engine", e))?;
-        let component = Component::new(&engine, bytes).map_err(|e| fail("compile guard component", e))?;
+        let component =
+            Component::new(&engine, bytes).map_err(|e| fail("compile guard component", e))?;
         let mut linker = Linker::<HostState>::new(&engine);
-        Idem::add_to_linker::<_, HasSelf<_>>(&mut linker, |state| state).map_err(|e| fail("link guard component", e))?;
+        Idem::add_to_linker::<_, HasSelf<_>>(&mut linker, |state| state)
+            .map_err(|e| fail("link guard component", e))?;
         let pre = linker
             .instantiate_pre(&component)
             .map_err(|e| fail("guard component does not match the idem world", e))?;
-        let pre = IdemPre::new(pre).map_err(|e| fail("guard component does not export the guard", e))?;
+        let pre =
+            IdemPre::new(pre).map_err(|e| fail("guard component does not export the guard", e))?;
         spawn_epoch_ticker(&engine);
-        Ok(Runtime { inner: Arc::new(RuntimeInner { engine, pre, limits }) })
+        Ok(Runtime {
+            inner: Arc::new(RuntimeInner {
+                engine,
+                pre,
+                limits,
+            }),
+        })
     }
 
     pub fn limits(&self) -> Limits {
@@ -172,7 +186,9 @@ impl Pool {
     }
 
     fn lock_idle(&self) -> std::sync::MutexGuard<'_, Vec<Instance>> {
-        self.idle.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+        self.idle
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
     async fn checkout(&self) -> Result<Instance, GuardError> {
@@ -192,12 +208,17 @@ impl Pool {
         let state = HostState {
             store: self.store.clone(),
             clock: self.clock.clone(),
-            limits: StoreLimitsBuilder::new().memory_size(limits.memory_bytes).instances(16).build(),
+            limits: StoreLimitsBuilder::new()
+                .memory_size(limits.memory_bytes)
+                .instances(16)
+                .build(),
         };
         let mut store = wasmtime::Store::new(&self.runtime.inner.engine, state);
         store.limiter(|state| &mut state.limits);
         store.epoch_deadline_trap();
-        store.set_epoch_deadline((limits.call_timeout.as_millis() / EPOCH_TICK.as_millis()).max(1) as u64);
+        store.set_epoch_deadline(
+            (limits.call_timeout.as_millis() / EPOCH_TICK.as_millis()).max(1) as u64,
+        );
         match self.runtime.inner.pre.instantiate_async(&mut store).await {
             Ok(guard) => {
                 self.instantiated.fetch_add(1, Ordering::Relaxed);
@@ -205,7 +226,9 @@ impl Pool {
             }
             Err(e) => {
                 self.failed.fetch_add(1, Ordering::Relaxed);
-                Err(GuardError::Unavailable(format!("guard instantiation failed: {e:#}")))
+                Err(GuardError::Unavailable(format!(
+                    "guard instantiation failed: {e:#}"
+                )))
             }
         }
     }
@@ -225,7 +248,9 @@ impl Pool {
             Err(trap) => {
                 self.failed.fetch_add(1, Ordering::Relaxed);
                 drop(instance);
-                Err(GuardError::Unavailable(format!("guard component failed, instance replaced: {trap:#}")))
+                Err(GuardError::Unavailable(format!(
+                    "guard component failed, instance replaced: {trap:#}"
+                )))
             }
         }
     }
@@ -236,37 +261,74 @@ impl Pool {
         Ok(instance)
     }
 
-    pub(crate) async fn begin(&self, key: &str, fingerprint: &str, policy: &model::Policy) -> Result<model::Decision, GuardError> {
+    pub(crate) async fn begin(
+        &self,
+        key: &str,
+        fingerprint: &str,
+        policy: &model::Policy,
+    ) -> Result<model::Decision, GuardError> {
         let mut i = self.enter().await?;
-        let r = i.guard.idem_guard_guard().call_begin(&mut i.store, key, fingerprint, to_wit_policy(policy)).await;
-        self.finish(i, r)?.map(from_wit_decision).map_err(from_wit_error)
+        let r = i
+            .guard
+            .idem_guard_guard()
+            .call_begin(&mut i.store, key, fingerprint, to_wit_policy(policy))
+            .await;
+        self.finish(i, r)?
+            .map(from_wit_decision)
+            .map_err(from_wit_error)
     }
 
-    pub(crate) async fn complete(&self, claim: model::Claim, response: model::Response, policy: &model::Policy) -> (model::Response, Result<(), GuardError>) {
+    pub(crate) async fn complete(
+        &self,
+        claim: model::Claim,
+        response: model::Response,
+        policy: &model::Policy,
+    ) -> (model::Response, Result<(), GuardError>) {
         let mut i = match self.enter().await {
             Ok(i) => i,
             Err(e) => return (response, Err(e)),
         };
         let claim = to_wit_claim(claim);
         let response = to_wit_response(response);
-        let r = i.guard.idem_guard_guard().call_complete(&mut i.store, &claim, &response, to_wit_policy(policy)).await;
+        let r = i
+            .guard
+            .idem_guard_guard()
+            .call_complete(&mut i.store, &claim, &response, to_wit_policy(policy))
+            .await;
         let result = self.finish(i, r).and_then(|r| r.map_err(from_wit_error));
         (from_wit_response(response), result)
     }
 
     pub(crate) async fn release(&self, claim: model::Claim) -> Result<(), GuardError> {
         let mut i = self.enter().await?;
-        let r = i.guard.idem_guard_guard().call_release(&mut i.store, &to_wit_claim(claim)).await;
+        let r = i
+            .guard
+            .idem_guard_guard()
+            .call_release(&mut i.store, &to_wit_claim(claim))
+            .await;
         self.finish(i, r)?.map_err(from_wit_error)
     }
 
-    pub(crate) async fn renew(&self, claim: model::Claim, policy: &model::Policy) -> Result<model::Claim, GuardError> {
+    pub(crate) async fn renew(
+        &self,
+        claim: model::Claim,
+        policy: &model::Policy,
+    ) -> Result<model::Claim, GuardError> {
         let mut i = self.enter().await?;
-        let r = i.guard.idem_guard_guard().call_renew(&mut i.store, &to_wit_claim(claim), to_wit_policy(policy)).await;
-        self.finish(i, r)?.map(from_wit_claim).map_err(from_wit_error)
+        let r = i
+            .guard
+            .idem_guard_guard()
+            .call_renew(&mut i.store, &to_wit_claim(claim), to_wit_policy(policy))
+            .await;
+        self.finish(i, r)?
+            .map(from_wit_claim)
+            .map_err(from_wit_error)
     }
 
-    pub(crate) async fn fingerprint(&self, parts: &crate::RequestParts) -> Result<String, GuardError> {
+    pub(crate) async fn fingerprint(
+        &self,
+        parts: &crate::RequestParts,
+    ) -> Result<String, GuardError> {
         let mut i = self.enter().await?;
         let parts = wit::RequestParts {
             method: parts.method.clone(),
@@ -274,7 +336,11 @@ impl Pool {
             headers: parts.headers.clone(),
             body: parts.body.clone(),
         };
-        let r = i.guard.idem_guard_guard().call_fingerprint(&mut i.store, &parts).await;
+        let r = i
+            .guard
+            .idem_guard_guard()
+            .call_fingerprint(&mut i.store, &parts)
+            .await;
         self.finish(i, r)
     }
 }
@@ -288,17 +354,32 @@ impl bindings::idem::guard::clock::Host for HostState {
 }
 
 impl wit_store::Host for HostState {
-    async fn get(&mut self, key: String, now_ms: u64) -> Result<Option<wit_types::Entry>, wit_store::StoreError> {
+    async fn get(
+        &mut self,
+        key: String,
+        now_ms: u64,
+    ) -> Result<Option<wit_types::Entry>, wit_store::StoreError> {
         match self.store.get(&key, now_ms).await {
             Ok(entry) => Ok(entry.map(to_wit_entry)),
             Err(e) => Err(to_wit_store_error(e)),
         }
     }
 
-    async fn insert(&mut self, key: String, record: wit_types::Record, now_ms: u64) -> Result<wit_store::InsertOutcome, wit_store::StoreError> {
-        match self.store.insert(&key, from_wit_record(record), now_ms).await {
+    async fn insert(
+        &mut self,
+        key: String,
+        record: wit_types::Record,
+        now_ms: u64,
+    ) -> Result<wit_store::InsertOutcome, wit_store::StoreError> {
+        match self
+            .store
+            .insert(&key, from_wit_record(record), now_ms)
+            .await
+        {
             Ok(model::InsertOutcome::Inserted(v)) => Ok(wit_store::InsertOutcome::Inserted(v)),
-            Ok(model::InsertOutcome::Existing(e)) => Ok(wit_store::InsertOutcome::Existing(to_wit_entry(e))),
+            Ok(model::InsertOutcome::Existing(e)) => {
+                Ok(wit_store::InsertOutcome::Existing(to_wit_entry(e)))
+            }
             Err(e) => Err(to_wit_store_error(e)),
         }
     }
@@ -316,8 +397,15 @@ impl wit_store::Host for HostState {
             .map_err(to_wit_store_error)
     }
 
-    async fn delete(&mut self, key: String, expected_version: Option<u64>) -> Result<bool, wit_store::StoreError> {
-        self.store.delete(&key, expected_version).await.map_err(to_wit_store_error)
+    async fn delete(
+        &mut self,
+        key: String,
+        expected_version: Option<u64>,
+    ) -> Result<bool, wit_store::StoreError> {
+        self.store
+            .delete(&key, expected_version)
+            .await
+            .map_err(to_wit_store_error)
     }
 }
 
@@ -363,15 +451,27 @@ fn from_wit_record(r: wit_types::Record) -> model::Record {
 }
 
 fn to_wit_response(r: model::Response) -> wit_types::Response {
-    wit_types::Response { status: r.status, headers: r.headers, body: r.body }
+    wit_types::Response {
+        status: r.status,
+        headers: r.headers,
+        body: r.body,
+    }
 }
 
 fn from_wit_response(r: wit_types::Response) -> model::Response {
-    model::Response { status: r.status, headers: r.headers, body: r.body }
+    model::Response {
+        status: r.status,
+        headers: r.headers,
+        body: r.body,
+    }
 }
 
 fn to_wit_policy(p: &model::Policy) -> wit::Policy {
-    wit::Policy { lease_ms: p.lease_ms, retention_ms: p.retention_ms, max_response_bytes: p.max_response_bytes }
+    wit::Policy {
+        lease_ms: p.lease_ms,
+        retention_ms: p.retention_ms,
+        max_response_bytes: p.max_response_bytes,
+    }
 }
 
 fn to_wit_claim(c: model::Claim) -> wit::Claim {

@@ -52,7 +52,10 @@ pub enum RunError<E> {
     /// and then a retry runs the handler again — the downstream operation
     /// must absorb that retry, as after a crash.
     #[error("the handler ran but its response was not recorded: {error}")]
-    NotRecorded { response: Response, error: GuardError },
+    NotRecorded {
+        response: Response,
+        error: GuardError,
+    },
 }
 
 /// What happens to a claim when its handler fails.
@@ -182,12 +185,21 @@ impl Guard {
     }
 
     /// `begin` with durations other than the guard's for this call.
-    pub async fn begin_with(&self, key: &str, fingerprint: &str, policy: &Policy) -> Result<Decision, GuardError> {
+    pub async fn begin_with(
+        &self,
+        key: &str,
+        fingerprint: &str,
+        policy: &Policy,
+    ) -> Result<Decision, GuardError> {
         self.pool.begin(key, fingerprint, policy).await
     }
 
     /// Stores `response` for `claim`. The response comes back either way.
-    pub async fn complete(&self, claim: Claim, response: Response) -> (Response, Result<(), GuardError>) {
+    pub async fn complete(
+        &self,
+        claim: Claim,
+        response: Response,
+    ) -> (Response, Result<(), GuardError>) {
         self.pool.complete(claim, response, &self.policy).await
     }
 
@@ -222,7 +234,12 @@ impl Guard {
     /// assert_eq!(again, Outcome::Replayed(Response { status: 200, headers: vec![], body: b"paid".to_vec() }));
     /// # }
     /// ```
-    pub async fn run<F, Fut, E>(&self, key: &str, fingerprint: &str, handler: F) -> Result<Outcome, RunError<E>>
+    pub async fn run<F, Fut, E>(
+        &self,
+        key: &str,
+        fingerprint: &str,
+        handler: F,
+    ) -> Result<Outcome, RunError<E>>
     where
         F: FnOnce(Fence) -> Fut,
         Fut: Future<Output = Result<Response, E>>,
@@ -231,7 +248,9 @@ impl Guard {
             Ok(Decision::Proceed(claim)) => claim,
             Ok(Decision::Replay(response)) => return Ok(Outcome::Replayed(response)),
             Ok(Decision::InFlight { retry_after_ms }) => {
-                return Ok(Outcome::InFlight { retry_after: Duration::from_millis(retry_after_ms) });
+                return Ok(Outcome::InFlight {
+                    retry_after: Duration::from_millis(retry_after_ms),
+                });
             }
             Ok(Decision::Conflict) => return Ok(Outcome::Conflict),
             Err(GuardError::InvalidInput(why)) => return Err(RunError::InvalidInput(why)),

@@ -8,6 +8,8 @@ pub mod clock;
 pub mod component;
 pub mod engine;
 pub mod guard;
+pub mod ledger;
+pub mod server;
 pub mod store;
 
 pub use clock::{Clock, ManualClock, SystemClock};

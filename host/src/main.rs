@@ -4,11 +4,17 @@ use anyhow::Context;
 use clap::{Parser, Subcommand};
 use std::path::PathBuf;
 
+mod bench;
 mod debug;
 mod demo;
+mod options;
 
 #[derive(Parser)]
-#[command(name = "idem", version, about = "The idempotency layer: a guard in a WebAssembly component")]
+#[command(
+    name = "idem",
+    version,
+    about = "The idempotency layer: a guard in a WebAssembly component"
+)]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -16,8 +22,28 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
-    /// Runs the seed's scenarios at scale through the component and prints what happened.
+    /// Runs the HTTP idempotency gateway in front of an upstream service.
+    Serve(Box<options::ServeOptions>),
+    /// Runs the demo ledger service (an upstream to put behind the gateway).
+    Ledger {
+        #[arg(
+            long,
+            env = "IDEM_LEDGER_LISTEN",
+            default_value = "127.0.0.1:8081",
+            value_name = "ADDR"
+        )]
+        listen: String,
+        /// Units in stock at start.
+        #[arg(long, default_value_t = 1_000_000)]
+        stock: i64,
+        /// Simulated work per order, e.g. 20ms.
+        #[arg(long, default_value = "0ms", value_parser = idem::server::parse_duration)]
+        latency: std::time::Duration,
+    },
+    /// Runs the ledger behind the gateway with misbehaving clients, then checks every order ran exactly once.
     Demo(demo::Args),
+    /// Measures the gateway against direct calls: requests/s and latency, new keys and replays.
+    Bench(bench::Args),
     /// Prints the WIT contract.
     Wit,
     /// Writes the exact component bytes this binary embeds, for other hosts to load.
@@ -53,8 +79,13 @@ fn main() -> anyhow::Result<()> {
             Ok(())
         }
         Command::Component { out } => {
-            std::fs::write(&out, idem::component::COMPONENT).with_context(|| format!("write {}", out.display()))?;
-            eprintln!("wrote {} bytes to {}", idem::component::COMPONENT.len(), out.display());
+            std::fs::write(&out, idem::component::COMPONENT)
+                .with_context(|| format!("write {}", out.display()))?;
+            eprintln!(
+                "wrote {} bytes to {}",
+                idem::component::COMPONENT.len(),
+                out.display()
+            );
             Ok(())
         }
         Command::DebugComplete { store, key, fingerprint, body_file } => {
@@ -67,6 +98,31 @@ fn main() -> anyhow::Result<()> {
             }
         }
         Command::DebugHammer(args) => tokio::runtime::Runtime::new()?.block_on(debug::hammer(args)),
+        Command::Serve(options) => {
+            tokio::runtime::Runtime::new()?.block_on(options::serve(*options))
+        }
+        Command::Ledger {
+            listen,
+            stock,
+            latency,
+        } => tokio::runtime::Runtime::new()?.block_on(async move {
+            let listener = tokio::net::TcpListener::bind(&listen)
+                .await
+                .with_context(|| format!("listen on {listen}"))?;
+            eprintln!(
+                "idem ledger: http://{}/orders, http://{}/ledger",
+                listener.local_addr()?,
+                listener.local_addr()?
+            );
+            idem::ledger::run(
+                idem::ledger::Ledger::new(stock, latency),
+                listener,
+                options::shutdown_signal(),
+            )
+            .await?;
+            Ok(())
+        }),
+        Command::Bench(args) => tokio::runtime::Runtime::new()?.block_on(bench::run(args)),
         Command::Demo(args) => {
             let runtime = tokio::runtime::Runtime::new()?;
             runtime.block_on(demo::run(args))

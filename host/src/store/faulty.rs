@@ -53,7 +53,11 @@ impl FromStr for Op {
         Op::ALL
             .into_iter()
             .find(|op| op.as_str() == s)
-            .ok_or_else(|| ParseFaultError(format!("unknown store operation {s:?}; expected get, insert, replace or delete")))
+            .ok_or_else(|| {
+                ParseFaultError(format!(
+                    "unknown store operation {s:?}; expected get, insert, replace or delete"
+                ))
+            })
     }
 }
 
@@ -91,22 +95,43 @@ pub struct FaultRule {
 
 impl Default for FaultRule {
     fn default() -> Self {
-        FaultRule { kind: FaultKind::Off, latency_ms: 0, probability: 1.0, count: None, message: String::new() }
+        FaultRule {
+            kind: FaultKind::Off,
+            latency_ms: 0,
+            probability: 1.0,
+            count: None,
+            message: String::new(),
+        }
     }
 }
 
 impl FaultRule {
     pub fn error(message: impl Into<String>) -> Self {
-        FaultRule { kind: FaultKind::Error, message: message.into(), ..Self::default() }
+        FaultRule {
+            kind: FaultKind::Error,
+            message: message.into(),
+            ..Self::default()
+        }
     }
     pub fn timeout(after: Duration) -> Self {
-        FaultRule { kind: FaultKind::Timeout, latency_ms: after.as_millis() as u64, ..Self::default() }
+        FaultRule {
+            kind: FaultKind::Timeout,
+            latency_ms: after.as_millis() as u64,
+            ..Self::default()
+        }
     }
     pub fn delay(by: Duration) -> Self {
-        FaultRule { kind: FaultKind::Delay, latency_ms: by.as_millis() as u64, ..Self::default() }
+        FaultRule {
+            kind: FaultKind::Delay,
+            latency_ms: by.as_millis() as u64,
+            ..Self::default()
+        }
     }
     pub fn lost() -> Self {
-        FaultRule { kind: FaultKind::Lost, ..Self::default() }
+        FaultRule {
+            kind: FaultKind::Lost,
+            ..Self::default()
+        }
     }
     /// Hits only the next `n` calls.
     #[must_use]
@@ -123,7 +148,10 @@ impl FaultRule {
 
     fn validate(&self) -> Result<(), ParseFaultError> {
         if !(0.0..=1.0).contains(&self.probability) {
-            return Err(ParseFaultError(format!("probability {} is outside 0 to 1", self.probability)));
+            return Err(ParseFaultError(format!(
+                "probability {} is outside 0 to 1",
+                self.probability
+            )));
         }
         if self.latency_ms > MAX_LATENCY_MS {
             return Err(ParseFaultError(format!(
@@ -164,28 +192,46 @@ impl FromStr for FaultRule {
     type Err = ParseFaultError;
 
     fn from_str(text: &str) -> Result<Self, Self::Err> {
-        let bad = |why: String| ParseFaultError(format!("{text:?}: {why}; expected [P%][N*]error(msg)|timeout(ms)|delay(ms)|lost|off"));
+        let bad = |why: String| {
+            ParseFaultError(format!(
+                "{text:?}: {why}; expected [P%][N*]error(msg)|timeout(ms)|delay(ms)|lost|off"
+            ))
+        };
         let mut rule = FaultRule::default();
         let mut rest = text.trim();
         if let Some((p, tail)) = rest.split_once('%') {
-            let p: f64 = p.trim().parse().map_err(|_| bad(format!("{p:?} is not a percentage")))?;
+            let p: f64 = p
+                .trim()
+                .parse()
+                .map_err(|_| bad(format!("{p:?} is not a percentage")))?;
             rule.probability = p / 100.0;
             rest = tail;
         }
-        if let Some((n, tail)) = rest.split_once('*').filter(|(n, _)| n.chars().all(|c| c.is_ascii_digit())) {
-            rule.count = Some(n.parse().map_err(|_| bad(format!("{n:?} is not a count")))?);
+        if let Some((n, tail)) = rest
+            .split_once('*')
+            .filter(|(n, _)| n.chars().all(|c| c.is_ascii_digit()))
+        {
+            rule.count = Some(
+                n.parse()
+                    .map_err(|_| bad(format!("{n:?} is not a count")))?,
+            );
             rest = tail;
         }
         let (kind, arg) = match rest.split_once('(') {
             Some((kind, arg)) => {
-                let arg = arg.strip_suffix(')').ok_or_else(|| bad("missing ')'".into()))?;
+                let arg = arg
+                    .strip_suffix(')')
+                    .ok_or_else(|| bad("missing ')'".into()))?;
                 (kind, Some(arg))
             }
             None => (rest, None),
         };
         let ms = |arg: Option<&str>| -> Result<u64, ParseFaultError> {
             let arg = arg.ok_or_else(|| bad(format!("{kind} needs a duration in ms")))?;
-            arg.trim_end_matches("ms").trim().parse().map_err(|_| bad(format!("{arg:?} is not a duration in ms")))
+            arg.trim_end_matches("ms")
+                .trim()
+                .parse()
+                .map_err(|_| bad(format!("{arg:?} is not a duration in ms")))
         };
         match kind {
             "off" => {}
@@ -266,7 +312,10 @@ impl FaultHandle {
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, BTreeMap<Op, FaultRule>> {
-        self.inner.rules.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+        self.inner
+            .rules
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
     /// Decides whether this call of `op` is hit, consuming a count if so.
@@ -301,7 +350,13 @@ pub struct Faulty<S> {
 impl<S: Store> Faulty<S> {
     pub fn new(inner: S) -> (Self, FaultHandle) {
         let faults = FaultHandle::default();
-        (Faulty { inner, faults: faults.clone() }, faults)
+        (
+            Faulty {
+                inner,
+                faults: faults.clone(),
+            },
+            faults,
+        )
     }
 
     pub fn inner(&self) -> &S {
@@ -309,21 +364,34 @@ impl<S: Store> Faulty<S> {
     }
 
     fn unavailable(&self, reason: String) -> StoreError {
-        StoreError::Unavailable { store: self.inner.name(), reason }
+        StoreError::Unavailable {
+            store: self.inner.name(),
+            reason,
+        }
     }
 
     /// Runs `call` under the fault for `op`, if one hits.
-    async fn apply<T>(&self, op: Op, call: impl Future<Output = Result<T, StoreError>>) -> Result<T, StoreError> {
+    async fn apply<T>(
+        &self,
+        op: Op,
+        call: impl Future<Output = Result<T, StoreError>>,
+    ) -> Result<T, StoreError> {
         let Some(rule) = self.faults.hit(op) else {
             return call.await;
         };
         let latency = Duration::from_millis(rule.latency_ms);
         match rule.kind {
             FaultKind::Off => call.await,
-            FaultKind::Error => Err(self.unavailable(format!("{} (injected on {})", rule.message, op.as_str()))),
+            FaultKind::Error => {
+                Err(self.unavailable(format!("{} (injected on {})", rule.message, op.as_str())))
+            }
             FaultKind::Timeout => {
                 tokio::time::sleep(latency).await;
-                Err(self.unavailable(format!("{} timed out after {} ms (injected)", op.as_str(), rule.latency_ms)))
+                Err(self.unavailable(format!(
+                    "{} timed out after {} ms (injected)",
+                    op.as_str(),
+                    rule.latency_ms
+                )))
             }
             FaultKind::Delay => {
                 tokio::time::sleep(latency).await;
@@ -331,7 +399,10 @@ impl<S: Store> Faulty<S> {
             }
             FaultKind::Lost => {
                 let _applied = call.await;
-                Err(self.unavailable(format!("reply to {} lost (injected; the operation was applied)", op.as_str())))
+                Err(self.unavailable(format!(
+                    "reply to {} lost (injected; the operation was applied)",
+                    op.as_str()
+                )))
             }
         }
     }
@@ -345,16 +416,37 @@ impl<S: Store> Store for Faulty<S> {
     async fn get(&self, key: &str, now_ms: u64) -> Result<Option<Entry>, StoreError> {
         self.apply(Op::Get, self.inner.get(key, now_ms)).await
     }
-    async fn insert(&self, key: &str, record: Record, now_ms: u64) -> Result<InsertOutcome, StoreError> {
-        self.apply(Op::Insert, self.inner.insert(key, record, now_ms)).await
+    async fn insert(
+        &self,
+        key: &str,
+        record: Record,
+        now_ms: u64,
+    ) -> Result<InsertOutcome, StoreError> {
+        self.apply(Op::Insert, self.inner.insert(key, record, now_ms))
+            .await
     }
-    async fn replace(&self, key: &str, expected_version: u64, record: Record, now_ms: u64) -> Result<Option<u64>, StoreError> {
-        self.apply(Op::Replace, self.inner.replace(key, expected_version, record, now_ms)).await
+    async fn replace(
+        &self,
+        key: &str,
+        expected_version: u64,
+        record: Record,
+        now_ms: u64,
+    ) -> Result<Option<u64>, StoreError> {
+        self.apply(
+            Op::Replace,
+            self.inner.replace(key, expected_version, record, now_ms),
+        )
+        .await
     }
     async fn delete(&self, key: &str, expected_version: Option<u64>) -> Result<bool, StoreError> {
-        self.apply(Op::Delete, self.inner.delete(key, expected_version)).await
+        self.apply(Op::Delete, self.inner.delete(key, expected_version))
+            .await
     }
-    async fn list(&self, query: &ListQuery, now_ms: u64) -> Result<Vec<(String, Entry)>, StoreError> {
+    async fn list(
+        &self,
+        query: &ListQuery,
+        now_ms: u64,
+    ) -> Result<Vec<(String, Entry)>, StoreError> {
         self.inner.list(query, now_ms).await
     }
     async fn purge_expired(&self, now_ms: u64, limit: usize) -> Result<usize, StoreError> {
@@ -368,7 +460,15 @@ mod tests {
 
     #[test]
     fn grammar_round_trips() {
-        for text in ["error(connection refused)", "timeout(200)", "delay(5)", "lost", "50%lost", "3*error(x)", "10%2*delay(1)"] {
+        for text in [
+            "error(connection refused)",
+            "timeout(200)",
+            "delay(5)",
+            "lost",
+            "50%lost",
+            "3*error(x)",
+            "10%2*delay(1)",
+        ] {
             let rule: FaultRule = text.parse().unwrap();
             assert_eq!(rule.to_string(), text);
         }
@@ -381,7 +481,10 @@ mod tests {
         assert!(err.contains("unknown fault \"explode\""), "{err}");
         let err = "150%lost".parse::<FaultRule>().unwrap_err().to_string();
         assert!(err.contains("outside 0 to 1"), "{err}");
-        let err = "delay(99999999)".parse::<FaultRule>().unwrap_err().to_string();
+        let err = "delay(99999999)"
+            .parse::<FaultRule>()
+            .unwrap_err()
+            .to_string();
         assert!(err.contains("limit of 60000 ms"), "{err}");
         assert!("timeout".parse::<FaultRule>().is_err());
     }
@@ -389,7 +492,9 @@ mod tests {
     #[test]
     fn counted_rules_switch_off() {
         let faults = FaultHandle::default();
-        faults.set(Op::Insert, FaultRule::error("x").times(2)).unwrap();
+        faults
+            .set(Op::Insert, FaultRule::error("x").times(2))
+            .unwrap();
         assert!(faults.hit(Op::Insert).is_some());
         assert!(faults.hit(Op::Get).is_none());
         assert!(faults.hit(Op::Insert).is_some());

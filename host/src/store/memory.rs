@@ -45,7 +45,9 @@ impl MemoryStore {
         let i = (self.inner.hasher.hash_one(key) as usize) % SHARDS;
         // A poisoned shard only means a panic elsewhere mid-operation; every
         // operation below leaves the map consistent, so keep serving.
-        self.inner.shards[i].lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+        self.inner.shards[i]
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
     /// Synchronous `insert`, for callers outside an async context.
@@ -66,7 +68,13 @@ impl MemoryStore {
     }
 
     /// Synchronous `replace`.
-    pub fn replace_now(&self, key: &str, expected_version: u64, record: Record, now_ms: u64) -> Option<u64> {
+    pub fn replace_now(
+        &self,
+        key: &str,
+        expected_version: u64,
+        record: Record,
+        now_ms: u64,
+    ) -> Option<u64> {
         let mut shard = self.shard(key);
         match shard.get_mut(key) {
             Some(entry) if entry.version == expected_version && entry.record.is_live(now_ms) => {
@@ -80,7 +88,11 @@ impl MemoryStore {
 
     /// How many records are held, live or expired-but-not-purged.
     pub fn len(&self) -> usize {
-        self.inner.shards.iter().map(|s| s.lock().map_or(0, |m| m.len())).sum()
+        self.inner
+            .shards
+            .iter()
+            .map(|s| s.lock().map_or(0, |m| m.len()))
+            .sum()
     }
 
     pub fn is_empty(&self) -> bool {
@@ -89,7 +101,12 @@ impl MemoryStore {
 
     /// Starts a task that purges up to `batch` expired records every
     /// `every`, by `clock`. It ends when the last handle to the store is dropped.
-    pub fn spawn_purger(&self, clock: Arc<dyn Clock>, every: Duration, batch: usize) -> tokio::task::JoinHandle<()> {
+    pub fn spawn_purger(
+        &self,
+        clock: Arc<dyn Clock>,
+        every: Duration,
+        batch: usize,
+    ) -> tokio::task::JoinHandle<()> {
         let weak: Weak<Shards> = Arc::downgrade(&self.inner);
         tokio::spawn(async move {
             let mut tick = tokio::time::interval(every);
@@ -107,7 +124,9 @@ impl MemoryStore {
             if purged >= limit {
                 break;
             }
-            let mut map = shard.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+            let mut map = shard
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
             let expired: Vec<String> = map
                 .iter()
                 .filter(|(_, e)| !e.record.is_live(now_ms))
@@ -130,14 +149,29 @@ impl Store for MemoryStore {
     }
 
     async fn get(&self, key: &str, now_ms: u64) -> Result<Option<Entry>, StoreError> {
-        Ok(self.shard(key).get(key).filter(|e| e.record.is_live(now_ms)).cloned())
+        Ok(self
+            .shard(key)
+            .get(key)
+            .filter(|e| e.record.is_live(now_ms))
+            .cloned())
     }
 
-    async fn insert(&self, key: &str, record: Record, now_ms: u64) -> Result<InsertOutcome, StoreError> {
+    async fn insert(
+        &self,
+        key: &str,
+        record: Record,
+        now_ms: u64,
+    ) -> Result<InsertOutcome, StoreError> {
         Ok(self.insert_now(key, record, now_ms))
     }
 
-    async fn replace(&self, key: &str, expected_version: u64, record: Record, now_ms: u64) -> Result<Option<u64>, StoreError> {
+    async fn replace(
+        &self,
+        key: &str,
+        expected_version: u64,
+        record: Record,
+        now_ms: u64,
+    ) -> Result<Option<u64>, StoreError> {
         Ok(self.replace_now(key, expected_version, record, now_ms))
     }
 
@@ -150,10 +184,16 @@ impl Store for MemoryStore {
         }
     }
 
-    async fn list(&self, query: &ListQuery, now_ms: u64) -> Result<Vec<(String, Entry)>, StoreError> {
+    async fn list(
+        &self,
+        query: &ListQuery,
+        now_ms: u64,
+    ) -> Result<Vec<(String, Entry)>, StoreError> {
         let mut rows: Vec<(String, Entry)> = Vec::new();
         for shard in &self.inner.shards {
-            let map = shard.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+            let map = shard
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
             rows.extend(
                 map.iter()
                     .filter(|(k, e)| {

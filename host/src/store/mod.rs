@@ -53,7 +53,11 @@ pub enum StoreError {
     Unavailable { store: &'static str, reason: String },
     /// The bytes stored for a key do not decode.
     #[error("{store} store: the record for key {key:?} does not decode: {reason}")]
-    Corrupt { store: &'static str, key: String, reason: String },
+    Corrupt {
+        store: &'static str,
+        key: String,
+        reason: String,
+    },
 }
 
 /// A page of live records for operators, in key order.
@@ -82,7 +86,12 @@ pub trait Store: Send + Sync + 'static {
 
     /// Writes `record` only if `key` is absent or expired (version 1, or the
     /// expired record's version + 1); otherwise returns the live record.
-    async fn insert(&self, key: &str, record: Record, now_ms: u64) -> Result<InsertOutcome, StoreError>;
+    async fn insert(
+        &self,
+        key: &str,
+        record: Record,
+        now_ms: u64,
+    ) -> Result<InsertOutcome, StoreError>;
 
     /// Overwrites the live record only if its version is `expected_version`;
     /// returns the new version (`expected_version + 1`), or `None`.
@@ -98,7 +107,11 @@ pub trait Store: Send + Sync + 'static {
     async fn delete(&self, key: &str, expected_version: Option<u64>) -> Result<bool, StoreError>;
 
     /// Live records matching `query`, in key order.
-    async fn list(&self, query: &ListQuery, now_ms: u64) -> Result<Vec<(String, Entry)>, StoreError>;
+    async fn list(
+        &self,
+        query: &ListQuery,
+        now_ms: u64,
+    ) -> Result<Vec<(String, Entry)>, StoreError>;
 
     /// Frees the space of up to `limit` expired records; returns how many.
     /// Reads never depend on it.
@@ -113,16 +126,33 @@ impl<S: Store + ?Sized> Store for Arc<S> {
     async fn get(&self, key: &str, now_ms: u64) -> Result<Option<Entry>, StoreError> {
         (**self).get(key, now_ms).await
     }
-    async fn insert(&self, key: &str, record: Record, now_ms: u64) -> Result<InsertOutcome, StoreError> {
+    async fn insert(
+        &self,
+        key: &str,
+        record: Record,
+        now_ms: u64,
+    ) -> Result<InsertOutcome, StoreError> {
         (**self).insert(key, record, now_ms).await
     }
-    async fn replace(&self, key: &str, expected_version: u64, record: Record, now_ms: u64) -> Result<Option<u64>, StoreError> {
-        (**self).replace(key, expected_version, record, now_ms).await
+    async fn replace(
+        &self,
+        key: &str,
+        expected_version: u64,
+        record: Record,
+        now_ms: u64,
+    ) -> Result<Option<u64>, StoreError> {
+        (**self)
+            .replace(key, expected_version, record, now_ms)
+            .await
     }
     async fn delete(&self, key: &str, expected_version: Option<u64>) -> Result<bool, StoreError> {
         (**self).delete(key, expected_version).await
     }
-    async fn list(&self, query: &ListQuery, now_ms: u64) -> Result<Vec<(String, Entry)>, StoreError> {
+    async fn list(
+        &self,
+        query: &ListQuery,
+        now_ms: u64,
+    ) -> Result<Vec<(String, Entry)>, StoreError> {
         (**self).list(query, now_ms).await
     }
     async fn purge_expired(&self, now_ms: u64, limit: usize) -> Result<usize, StoreError> {

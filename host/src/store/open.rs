@@ -6,10 +6,16 @@ use std::sync::Arc;
 /// Why a store could not be opened. Names the store and the URL's problem.
 #[derive(Debug, thiserror::Error)]
 pub enum OpenError {
-    #[error("store URL {url:?} is not understood: {reason}; expected memory:, sqlite:PATH, redis://HOST[:PORT][/DB] or postgres://USER@HOST[:PORT]/DB")]
+    #[error(
+        "store URL {url:?} is not understood: {reason}; expected memory:, sqlite:PATH, redis://HOST[:PORT][/DB] or postgres://USER@HOST[:PORT]/DB"
+    )]
     BadUrl { url: String, reason: String },
     #[error("{store} store at {url:?} could not be opened: {reason}")]
-    Unreachable { store: &'static str, url: String, reason: String },
+    Unreachable {
+        store: &'static str,
+        url: String,
+        reason: String,
+    },
 }
 
 /// Opens the store a URL names.

@@ -2,6 +2,7 @@
 
 mod conformance;
 mod engine;
+mod gateway;
 mod guard;
 mod multiprocess;
 mod netstores;

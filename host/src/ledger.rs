@@ -1,0 +1,152 @@
+//! `idem ledger`: the seed's ledger as an HTTP service, to put behind the
+//! gateway and show exactly-once end to end.
+//!
+//! `POST /orders` with `{"order":"o-1","sku":"A","qty":1,"cents":1000}`
+//! reserves stock and charges once per order id (a repeat of an order id
+//! charges nothing more, as in the seed) and counts every execution;
+//! `GET /ledger` shows stock, reservations, charges and executions, so a
+//! check can tell whether any order ran twice.
+
+use axum::extract::State;
+use axum::http::StatusCode;
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
+use tokio::net::TcpListener;
+
+/// One order as clients send it.
+#[derive(Clone, Debug, Deserialize, Serialize)]
+pub struct Order {
+    pub order: String,
+    pub sku: String,
+    pub qty: i64,
+    pub cents: i64,
+}
+
+/// What the ledger holds, as `GET /ledger` returns it.
+#[derive(Clone, Debug, Default, Deserialize, Serialize, PartialEq, Eq)]
+pub struct Books {
+    pub stock: i64,
+    /// Order id → quantity reserved.
+    pub reservations: BTreeMap<String, i64>,
+    /// Order id → cents charged.
+    pub charges: BTreeMap<String, i64>,
+    /// Order id → how many times `POST /orders` ran for it.
+    pub executions: BTreeMap<String, u64>,
+}
+
+impl Books {
+    /// Orders that ran more than once: the ones the gateway failed to protect.
+    pub fn repeated(&self) -> Vec<(&str, u64)> {
+        self.executions
+            .iter()
+            .filter(|(_, n)| **n > 1)
+            .map(|(k, n)| (k.as_str(), *n))
+            .collect()
+    }
+}
+
+/// The ledger service.
+#[derive(Clone)]
+pub struct Ledger {
+    books: Arc<Mutex<Books>>,
+    /// Simulated work per order, so concurrent repeats overlap.
+    latency: Duration,
+}
+
+impl Ledger {
+    pub fn new(stock: i64, latency: Duration) -> Ledger {
+        Ledger {
+            books: Arc::new(Mutex::new(Books {
+                stock,
+                ..Books::default()
+            })),
+            latency,
+        }
+    }
+
+    pub fn books(&self) -> Books {
+        self.lock().clone()
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Books> {
+        self.books.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    pub fn router(&self) -> Router {
+        Router::new()
+            .route("/orders", post(place))
+            .route("/ledger", get(books))
+            .with_state(self.clone())
+    }
+}
+
+async fn place(
+    State(ledger): State<Ledger>,
+    order: Result<Json<Order>, axum::extract::rejection::JsonRejection>,
+) -> (StatusCode, Json<serde_json::Value>) {
+    let Ok(Json(order)) = order else {
+        return (
+            StatusCode::BAD_REQUEST,
+            Json(
+                serde_json::json!({"error": "BAD_ORDER", "detail": "expected JSON {\"order\":str,\"sku\":str,\"qty\":int,\"cents\":int}"}),
+            ),
+        );
+    };
+    if order.qty < 1 || order.cents < 0 || order.order.is_empty() {
+        return (
+            StatusCode::BAD_REQUEST,
+            Json(
+                serde_json::json!({"error": "BAD_ORDER", "detail": "qty must be at least 1, cents at least 0, order non-empty"}),
+            ),
+        );
+    }
+    if !ledger.latency.is_zero() {
+        tokio::time::sleep(ledger.latency).await;
+    }
+    let mut books = ledger.lock();
+    let execution = {
+        let n = books.executions.entry(order.order.clone()).or_default();
+        *n += 1;
+        *n
+    };
+    if !books.reservations.contains_key(&order.order) {
+        if books.stock < order.qty {
+            return (
+                StatusCode::CONFLICT,
+                Json(
+                    serde_json::json!({"error": "OUT_OF_STOCK", "order": order.order, "execution": execution}),
+                ),
+            );
+        }
+        books.stock -= order.qty;
+        books.reservations.insert(order.order.clone(), order.qty);
+        books.charges.insert(order.order.clone(), order.cents);
+    }
+    let body = serde_json::json!({
+        "order": order.order,
+        "status": "paid",
+        "cents": books.charges[&order.order],
+        "stock_left": books.stock,
+        "execution": execution,
+    });
+    (StatusCode::CREATED, Json(body))
+}
+
+async fn books(State(ledger): State<Ledger>) -> Json<Books> {
+    Json(ledger.books())
+}
+
+/// Serves the ledger on `listener` until `shutdown` resolves.
+pub async fn run(
+    ledger: Ledger,
+    listener: TcpListener,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> std::io::Result<()> {
+    axum::serve(listener, ledger.router())
+        .with_graceful_shutdown(shutdown)
+        .await
+}

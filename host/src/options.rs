@@ -1,0 +1,332 @@
+//! `idem serve` options: flags, environment variables (`IDEM_*`) and an
+//! optional TOML file with the same names (`lease = "30s"`), in that order
+//! of precedence.
+
+use anyhow::{Context, bail};
+use idem::server::{Config, InFlight, Profile, StorePolicy, parse_duration};
+use serde::Deserialize;
+use std::path::PathBuf;
+
+#[derive(clap::Args, Debug, Default, Deserialize)]
+#[serde(rename_all = "kebab-case", deny_unknown_fields)]
+pub struct ServeOptions {
+    /// A TOML file with any of these options (flags and environment variables win).
+    #[arg(long, env = "IDEM_CONFIG", value_name = "FILE")]
+    #[serde(skip)]
+    pub config: Option<PathBuf>,
+    /// Where the gateway listens [default: 127.0.0.1:8080].
+    #[arg(long, env = "IDEM_LISTEN", value_name = "ADDR")]
+    pub listen: Option<String>,
+    /// The service behind the gateway, http://HOST:PORT[/PREFIX].
+    #[arg(long, env = "IDEM_UPSTREAM", value_name = "URL")]
+    pub upstream: Option<String>,
+    /// Where records live: memory:, sqlite:PATH, redis://…, postgres://… [default: sqlite:idem.db].
+    #[arg(long, env = "IDEM_STORE", value_name = "URL")]
+    pub store: Option<String>,
+    /// Where the admin API listens [default: 127.0.0.1:9090]; `off` for none.
+    #[arg(long, env = "IDEM_ADMIN_LISTEN", value_name = "ADDR")]
+    pub admin_listen: Option<String>,
+    /// The admin API's bearer token; required when it listens off loopback.
+    #[arg(
+        long,
+        env = "IDEM_ADMIN_TOKEN",
+        value_name = "TOKEN",
+        hide_env_values = true
+    )]
+    pub admin_token: Option<String>,
+    /// ietf (422 on mismatch, problem+json) or stripe [default: ietf].
+    #[arg(long, env = "IDEM_PROFILE")]
+    pub profile: Option<String>,
+    /// Methods guarded by the key, comma-separated [default: POST,PATCH].
+    #[arg(long, env = "IDEM_METHODS", value_delimiter = ',')]
+    pub methods: Option<Vec<String>>,
+    /// Answer 400 to a guarded request without a key (default: forward it unguarded).
+    #[arg(long, env = "IDEM_REQUIRE_KEY")]
+    pub require_key: Option<bool>,
+    /// Headers that are part of the fingerprint, comma-separated [default: content-type].
+    #[arg(long, env = "IDEM_FINGERPRINT_HEADERS", value_delimiter = ',')]
+    pub fingerprint_headers: Option<Vec<String>>,
+    /// The header identifying the client; keys are scoped by its hash [default: authorization; "" for one scope].
+    #[arg(long, env = "IDEM_CLIENT_HEADER")]
+    pub client_header: Option<String>,
+    /// Store 5xx responses instead of releasing the key [default: false].
+    #[arg(long, env = "IDEM_STORE_5XX")]
+    pub store_5xx: Option<bool>,
+    /// Store a 504 for upstream timeouts instead of releasing the key [default: false].
+    #[arg(long, env = "IDEM_STORE_TIMEOUTS")]
+    pub store_timeouts: Option<bool>,
+    /// `reject` (409 at once) or `wait:DURATION` (wait that long for the first response) [default: reject].
+    #[arg(long, env = "IDEM_IN_FLIGHT")]
+    pub in_flight: Option<String>,
+    /// How long a claim is held before a repeat may take it over [default: 30s].
+    #[arg(long, env = "IDEM_LEASE")]
+    pub lease: Option<String>,
+    /// How long responses are kept for replay [default: 24h].
+    #[arg(long, env = "IDEM_RETENTION")]
+    pub retention: Option<String>,
+    /// The largest request body on a guarded request [default: 1048576].
+    #[arg(long, env = "IDEM_MAX_REQUEST_BYTES")]
+    pub max_request_bytes: Option<usize>,
+    /// The largest upstream response stored [default: 1048576].
+    #[arg(long, env = "IDEM_MAX_RESPONSE_BYTES")]
+    pub max_response_bytes: Option<usize>,
+    /// The most request headers [default: 100].
+    #[arg(long, env = "IDEM_MAX_HEADERS")]
+    pub max_headers: Option<usize>,
+    /// The largest request head in bytes [default: 65536].
+    #[arg(long, env = "IDEM_MAX_HEADER_BYTES")]
+    pub max_header_bytes: Option<usize>,
+    /// How long the upstream may take; shorter than the lease [default: 20s].
+    #[arg(long, env = "IDEM_UPSTREAM_TIMEOUT")]
+    pub upstream_timeout: Option<String>,
+    /// Requests handled at once; more get 503 [default: 1024].
+    #[arg(long, env = "IDEM_MAX_CONCURRENT")]
+    pub max_concurrent: Option<usize>,
+    /// How long shutdown waits for in-flight requests [default: 30s].
+    #[arg(long, env = "IDEM_DRAIN_TIMEOUT")]
+    pub drain_timeout: Option<String>,
+}
+
+/// What `idem serve` runs.
+pub struct Serve {
+    pub listen: String,
+    pub upstream: String,
+    pub store: String,
+    pub admin_listen: Option<String>,
+    pub admin_token: Option<String>,
+    pub config: Config,
+}
+
+macro_rules! merge {
+    ($cli:ident, $file:ident, $($field:ident),*) => {
+        $( if $cli.$field.is_none() { $cli.$field = $file.$field.take(); } )*
+    };
+}
+
+impl ServeOptions {
+    #[allow(clippy::too_many_lines)] // one line per option
+    pub fn resolve(mut self) -> anyhow::Result<Serve> {
+        if let Some(path) = &self.config {
+            let text = std::fs::read_to_string(path)
+                .with_context(|| format!("read config file {}", path.display()))?;
+            let mut file: ServeOptions =
+                toml::from_str(&text).with_context(|| format!("config file {}", path.display()))?;
+            merge!(
+                self,
+                file,
+                listen,
+                upstream,
+                store,
+                admin_listen,
+                admin_token,
+                profile,
+                methods,
+                require_key,
+                fingerprint_headers,
+                client_header,
+                store_5xx,
+                store_timeouts,
+                in_flight,
+                lease,
+                retention,
+                max_request_bytes,
+                max_response_bytes,
+                max_headers,
+                max_header_bytes,
+                upstream_timeout,
+                max_concurrent,
+                drain_timeout
+            );
+        }
+        let d = Config::default();
+        let duration = |name: &str, value: Option<String>, default| -> anyhow::Result<_> {
+            value.map_or(Ok(default), |v| {
+                parse_duration(&v).map_err(|e| anyhow::anyhow!("--{name}: {e}"))
+            })
+        };
+        let in_flight = match self.in_flight.as_deref() {
+            None | Some("reject") => InFlight::Reject,
+            Some(w) => match w.strip_prefix("wait:") {
+                Some(d) => InFlight::Wait(
+                    parse_duration(d).map_err(|e| anyhow::anyhow!("--in-flight: {e}"))?,
+                ),
+                None => bail!("--in-flight {w:?}: expected reject or wait:DURATION (e.g. wait:2s)"),
+            },
+        };
+        let config = Config {
+            profile: self
+                .profile
+                .as_deref()
+                .map_or(Ok(Profile::Ietf), str::parse)
+                .map_err(|e| anyhow::anyhow!("--profile: {e}"))?,
+            methods: self.methods.map_or(d.methods, |m| {
+                m.iter().map(|m| m.trim().to_ascii_uppercase()).collect()
+            }),
+            require_key: self.require_key.unwrap_or(d.require_key),
+            fingerprint_headers: self.fingerprint_headers.map_or(d.fingerprint_headers, |h| {
+                h.iter()
+                    .map(|h| h.trim().to_ascii_lowercase())
+                    .filter(|h| !h.is_empty())
+                    .collect()
+            }),
+            client_header: match self.client_header {
+                None => d.client_header,
+                Some(h) if h.is_empty() => None,
+                Some(h) => Some(h.to_ascii_lowercase()),
+            },
+            store_policy: StorePolicy {
+                server_errors: self.store_5xx.unwrap_or(false),
+                timeouts: self.store_timeouts.unwrap_or(false),
+            },
+            in_flight,
+            lease: duration("lease", self.lease, d.lease)?,
+            retention: duration("retention", self.retention, d.retention)?,
+            max_request_bytes: self.max_request_bytes.unwrap_or(d.max_request_bytes),
+            max_response_bytes: self.max_response_bytes.unwrap_or(d.max_response_bytes),
+            max_headers: self.max_headers.unwrap_or(d.max_headers),
+            max_header_bytes: self.max_header_bytes.unwrap_or(d.max_header_bytes),
+            upstream_timeout: duration(
+                "upstream-timeout",
+                self.upstream_timeout,
+                d.upstream_timeout,
+            )?,
+            max_concurrent: self.max_concurrent.unwrap_or(d.max_concurrent),
+            drain_timeout: duration("drain-timeout", self.drain_timeout, d.drain_timeout)?,
+            ..d
+        };
+        config.validate().map_err(|e| anyhow::anyhow!("{e}"))?;
+        let Some(upstream) = self.upstream else {
+            bail!(
+                "--upstream is required (or IDEM_UPSTREAM, or upstream = \"http://…\" in the config file)"
+            );
+        };
+        Ok(Serve {
+            listen: self.listen.unwrap_or_else(|| "127.0.0.1:8080".into()),
+            upstream,
+            store: self.store.unwrap_or_else(|| "sqlite:idem.db".into()),
+            admin_listen: match self.admin_listen.as_deref() {
+                Some("off") => None,
+                Some(a) => Some(a.to_owned()),
+                None => Some("127.0.0.1:9090".into()),
+            },
+            admin_token: self.admin_token,
+            config,
+        })
+    }
+}
+
+/// Runs the gateway until Ctrl-C or SIGTERM.
+pub async fn serve(options: ServeOptions) -> anyhow::Result<()> {
+    let serve = options.resolve()?;
+    let store = idem::store::open(&serve.store).await?;
+    let gateway = idem::server::Gateway::builder(serve.config, store, &serve.upstream).build()?;
+    let proxy = tokio::net::TcpListener::bind(&serve.listen)
+        .await
+        .with_context(|| format!("listen on {}", serve.listen))?;
+    let admin = match &serve.admin_listen {
+        Some(addr) => {
+            let listener = tokio::net::TcpListener::bind(addr)
+                .await
+                .with_context(|| format!("admin listen on {addr}"))?;
+            Some(idem::server::AdminListener::new(
+                listener,
+                serve.admin_token.clone(),
+            )?)
+        }
+        None => None,
+    };
+    eprintln!(
+        "idem serve: http://{} -> {} (store {})",
+        proxy.local_addr()?,
+        serve.upstream,
+        serve.store
+    );
+    if let Some(admin) = &serve.admin_listen {
+        eprintln!("admin API: http://{admin}/v1/stats");
+    }
+    idem::server::run(gateway, proxy, admin, shutdown_signal()).await;
+    eprintln!("idem serve: stopped");
+    Ok(())
+}
+
+/// Ctrl-C, or SIGTERM on Unix.
+pub async fn shutdown_signal() {
+    let ctrl_c = async {
+        let _ = tokio::signal::ctrl_c().await;
+    };
+    #[cfg(unix)]
+    let term = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(_) => std::future::pending::<()>().await,
+        }
+    };
+    #[cfg(not(unix))]
+    let term = std::future::pending::<()>();
+    tokio::select! {
+        () = ctrl_c => {}
+        () = term => {}
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    #[test]
+    fn flags_win_over_the_file_and_bad_values_are_named() {
+        let dir = std::env::temp_dir().join(format!("idem-options-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let file = dir.join("idem.toml");
+        std::fs::write(&file, "upstream = \"http://127.0.0.1:1\"\nlease = \"5s\"\nprofile = \"stripe\"\nin-flight = \"wait:2s\"\n").unwrap();
+        let serve = ServeOptions {
+            config: Some(file.clone()),
+            lease: Some("7s".into()),
+            upstream_timeout: Some("3s".into()),
+            ..ServeOptions::default()
+        }
+        .resolve()
+        .unwrap();
+        assert_eq!(serve.config.lease, Duration::from_secs(7));
+        assert_eq!(serve.config.profile, Profile::Stripe);
+        assert_eq!(
+            serve.config.in_flight,
+            InFlight::Wait(Duration::from_secs(2))
+        );
+        assert_eq!(serve.upstream, "http://127.0.0.1:1");
+
+        std::fs::write(&file, "upstream = \"http://x\"\nleese = \"5s\"\n").unwrap();
+        let err = format!(
+            "{:#}",
+            ServeOptions {
+                config: Some(file),
+                ..ServeOptions::default()
+            }
+            .resolve()
+            .err()
+            .unwrap()
+        );
+        assert!(err.contains("leese"), "{err}");
+        let err = ServeOptions {
+            upstream: Some("http://x".into()),
+            lease: Some("forever".into()),
+            ..ServeOptions::default()
+        }
+        .resolve()
+        .err()
+        .unwrap()
+        .to_string();
+        assert!(err.contains("--lease"), "{err}");
+        assert!(
+            ServeOptions::default()
+                .resolve()
+                .err()
+                .unwrap()
+                .to_string()
+                .contains("--upstream is required")
+        );
+    }
+}

@@ -1,0 +1,223 @@
+//! What the gateway guards and how: methods, profile, which outcomes are
+//! stored, limits. Built from flags, environment variables and an optional
+//! TOML file by the binary; tests build it directly.
+
+use std::time::Duration;
+
+/// How errors and replays look to clients.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Profile {
+    /// draft-ietf-httpapi-idempotency-key-header: 422 on a payload mismatch,
+    /// 409 while in flight, `application/problem+json` errors.
+    #[default]
+    Ietf,
+    /// Stripe's conventions: 400 `idempotency_error` on a mismatch, 409
+    /// `idempotency_key_in_use`, errors as `{"error":{...}}`.
+    Stripe,
+}
+
+impl std::str::FromStr for Profile {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s {
+            "ietf" => Ok(Profile::Ietf),
+            "stripe" => Ok(Profile::Stripe),
+            other => Err(format!(
+                "unknown profile {other:?}; expected ietf or stripe"
+            )),
+        }
+    }
+}
+
+/// What a repeat does while the first request with its key is still running.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum InFlight {
+    /// Answer 409 at once, with `Retry-After` from the remaining lease.
+    Reject,
+    /// Wait up to this long for the first request's response and replay it;
+    /// answer 409 if it is not there by then.
+    Wait(Duration),
+}
+
+/// Which upstream outcomes are stored (and replayed) rather than releasing
+/// the key for a retry. 2xx and 4xx are always stored.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct StorePolicy {
+    /// Store 5xx responses too (default: release the key, so a retry runs again).
+    pub server_errors: bool,
+    /// Store a 504 for an upstream timeout (default: release the key).
+    pub timeouts: bool,
+}
+
+/// Everything the HTTP layer of the guard needs.
+#[derive(Clone, Debug)]
+pub struct Config {
+    pub profile: Profile,
+    /// Methods guarded by the key (upper case). Others pass straight through.
+    pub methods: Vec<String>,
+    /// Answer 400 to a guarded request without a key (default: pass it through unguarded).
+    pub require_key: bool,
+    /// The header that carries the key.
+    pub key_header: String,
+    /// The header added to replayed responses (value `true`).
+    pub replay_header: String,
+    /// Headers that are part of the fingerprint besides method, path and body.
+    pub fingerprint_headers: Vec<String>,
+    /// The header that identifies the client; keys are scoped by a hash of
+    /// its value so one client never sees another's response. `None`: one scope.
+    pub client_header: Option<String>,
+    pub store_policy: StorePolicy,
+    pub in_flight: InFlight,
+    pub lease: Duration,
+    pub retention: Duration,
+    /// The largest request body accepted on a guarded request (413 beyond).
+    pub max_request_bytes: usize,
+    /// The largest upstream response stored and replayed, body plus headers.
+    pub max_response_bytes: usize,
+    /// The most request headers accepted (431 beyond, by the HTTP server).
+    pub max_headers: usize,
+    /// The largest request head accepted, in bytes.
+    pub max_header_bytes: usize,
+    pub upstream_timeout: Duration,
+    /// Requests handled at once; more get 503 at once (load shedding).
+    pub max_concurrent: usize,
+    /// How long shutdown waits for in-flight requests.
+    pub drain_timeout: Duration,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Config {
+            profile: Profile::Ietf,
+            methods: vec!["POST".into(), "PATCH".into()],
+            require_key: false,
+            key_header: "idempotency-key".into(),
+            replay_header: "idempotent-replayed".into(),
+            fingerprint_headers: vec!["content-type".into()],
+            client_header: Some("authorization".into()),
+            store_policy: StorePolicy::default(),
+            in_flight: InFlight::Reject,
+            lease: Duration::from_secs(30),
+            retention: Duration::from_hours(24),
+            max_request_bytes: 1 << 20,
+            max_response_bytes: 1 << 20,
+            max_headers: 100,
+            max_header_bytes: 64 << 10,
+            upstream_timeout: Duration::from_secs(20),
+            max_concurrent: 1024,
+            drain_timeout: Duration::from_secs(30),
+        }
+    }
+}
+
+impl Config {
+    /// Checks the values against each other; the error names the field and the limit.
+    pub fn validate(&self) -> Result<(), String> {
+        if self.methods.is_empty() {
+            return Err("methods: at least one method must be guarded".into());
+        }
+        if self.lease.is_zero() || self.lease >= self.retention {
+            return Err(format!(
+                "lease ({} ms) must be at least 1 ms and shorter than retention ({} ms)",
+                self.lease.as_millis(),
+                self.retention.as_millis()
+            ));
+        }
+        if self.upstream_timeout >= self.lease {
+            return Err(format!(
+                "upstream-timeout ({} ms) must be shorter than the lease ({} ms), or a repeat could take over a request that is still running",
+                self.upstream_timeout.as_millis(),
+                self.lease.as_millis()
+            ));
+        }
+        if self.max_response_bytes > u32::MAX as usize {
+            return Err(format!(
+                "max-response-bytes {} is over the limit of {}",
+                self.max_response_bytes,
+                u32::MAX
+            ));
+        }
+        if self.max_header_bytes < 8192 {
+            return Err(format!(
+                "max-header-bytes {} is under the minimum of 8192",
+                self.max_header_bytes
+            ));
+        }
+        if self.max_concurrent == 0 {
+            return Err("max-concurrent must be at least 1".into());
+        }
+        if self.key_header.is_empty() || self.replay_header.is_empty() {
+            return Err("key-header and replay-header must not be empty".into());
+        }
+        Ok(())
+    }
+
+    pub(crate) fn guards(&self, method: &str) -> bool {
+        self.methods.iter().any(|m| m.eq_ignore_ascii_case(method))
+    }
+}
+
+/// Parses `250ms`, `10s`, `2m`, `1h` or a bare number of seconds.
+pub fn parse_duration(text: &str) -> Result<Duration, String> {
+    let t = text.trim();
+    let (digits, unit) = t.split_at(t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len()));
+    let n: u64 = digits
+        .parse()
+        .map_err(|_| format!("{text:?} is not a duration; expected e.g. 250ms, 10s, 2m, 1h"))?;
+    let ms = match unit {
+        "ms" => Some(n),
+        "" | "s" => n.checked_mul(1000),
+        "m" => n.checked_mul(60_000),
+        "h" => n.checked_mul(3_600_000),
+        _ => {
+            return Err(format!(
+                "{text:?} has an unknown unit {unit:?}; expected ms, s, m or h"
+            ));
+        }
+    };
+    ms.map(Duration::from_millis)
+        .ok_or_else(|| format!("{text:?} is too long"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn durations() {
+        assert_eq!(parse_duration("250ms"), Ok(Duration::from_millis(250)));
+        assert_eq!(parse_duration("10s"), Ok(Duration::from_secs(10)));
+        assert_eq!(parse_duration("3"), Ok(Duration::from_secs(3)));
+        assert_eq!(parse_duration("2m"), Ok(Duration::from_mins(2)));
+        assert!(
+            parse_duration("10 parsecs")
+                .unwrap_err()
+                .contains("unknown unit")
+        );
+        assert!(parse_duration("soon").is_err());
+    }
+
+    #[test]
+    fn validation_names_the_field() {
+        let bad = Config {
+            lease: Duration::from_secs(10),
+            retention: Duration::from_secs(5),
+            ..Config::default()
+        };
+        assert!(
+            bad.validate()
+                .unwrap_err()
+                .contains("shorter than retention")
+        );
+        let slow = Config {
+            upstream_timeout: Duration::from_secs(40),
+            ..Config::default()
+        };
+        assert!(
+            slow.validate()
+                .unwrap_err()
+                .contains("shorter than the lease")
+        );
+        assert!(Config::default().validate().is_ok());
+    }
+}

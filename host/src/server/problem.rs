@@ -1,0 +1,172 @@
+//! Error responses: `application/problem+json` (RFC 9457) in the `ietf`
+//! profile, Stripe's `{"error":{...}}` in the `stripe` one.
+
+use super::config::Profile;
+use axum::body::Body;
+use axum::http::{HeaderValue, StatusCode, header};
+use std::time::Duration;
+
+/// Every way the gateway itself answers instead of the upstream.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Problem {
+    /// A guarded request without a key, where one is required.
+    KeyMissing { header: String },
+    /// The key header is not a valid key; the text says why.
+    KeyMalformed(String),
+    /// The key was used with another request (method, path, body or fingerprinted headers).
+    KeyMismatch,
+    /// The first request with this key is still running.
+    InFlight { retry_after: Duration },
+    /// The idempotency store failed: nothing was forwarded.
+    StoreUnavailable(String),
+    /// The request body is over the limit.
+    BodyTooLarge { limit: usize },
+    /// The request is bad in a way the gateway noticed (not the key).
+    BadRequest(String),
+    /// The upstream could not be reached or broke off.
+    UpstreamFailed(String),
+    /// The upstream did not answer within the timeout.
+    UpstreamTimeout(Duration),
+    /// The upstream's response is over the stored-response limit.
+    ResponseTooLarge { limit: usize },
+    /// More requests at once than the gateway takes.
+    Overloaded { limit: usize },
+    /// The gateway's own HTTP layer (not the upstream) failed.
+    Internal(String),
+}
+
+impl Problem {
+    pub fn status(&self) -> StatusCode {
+        match self {
+            Problem::KeyMissing { .. } | Problem::KeyMalformed(_) | Problem::BadRequest(_) => {
+                StatusCode::BAD_REQUEST
+            }
+            Problem::KeyMismatch => StatusCode::UNPROCESSABLE_ENTITY,
+            Problem::InFlight { .. } => StatusCode::CONFLICT,
+            Problem::StoreUnavailable(_) | Problem::Overloaded { .. } => {
+                StatusCode::SERVICE_UNAVAILABLE
+            }
+            Problem::BodyTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
+            Problem::UpstreamFailed(_) | Problem::ResponseTooLarge { .. } => {
+                StatusCode::BAD_GATEWAY
+            }
+            Problem::UpstreamTimeout(_) => StatusCode::GATEWAY_TIMEOUT,
+            Problem::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
+        }
+    }
+
+    /// A short stable name: the end of the problem type URI and the event detail.
+    pub fn slug(&self) -> &'static str {
+        match self {
+            Problem::KeyMissing { .. } => "idempotency-key-missing",
+            Problem::KeyMalformed(_) => "idempotency-key-malformed",
+            Problem::KeyMismatch => "idempotency-key-mismatch",
+            Problem::InFlight { .. } => "idempotency-key-in-flight",
+            Problem::StoreUnavailable(_) => "store-unavailable",
+            Problem::BodyTooLarge { .. } => "body-too-large",
+            Problem::BadRequest(_) => "bad-request",
+            Problem::UpstreamFailed(_) => "upstream-failed",
+            Problem::UpstreamTimeout(_) => "upstream-timeout",
+            Problem::ResponseTooLarge { .. } => "response-too-large",
+            Problem::Overloaded { .. } => "overloaded",
+            Problem::Internal(_) => "internal",
+        }
+    }
+
+    fn title(&self) -> &'static str {
+        match self {
+            Problem::KeyMissing { .. } => "Idempotency-Key is missing",
+            Problem::KeyMalformed(_) => "Idempotency-Key is malformed",
+            Problem::KeyMismatch => "Idempotency-Key is already used for another request",
+            Problem::InFlight { .. } => "A request with this Idempotency-Key is being processed",
+            Problem::StoreUnavailable(_) => "The idempotency store is unavailable",
+            Problem::BodyTooLarge { .. } => "Request body too large",
+            Problem::BadRequest(_) => "Bad request",
+            Problem::UpstreamFailed(_) => "The upstream failed",
+            Problem::UpstreamTimeout(_) => "The upstream timed out",
+            Problem::ResponseTooLarge { .. } => "The upstream response is too large to store",
+            Problem::Overloaded { .. } => "Too many concurrent requests",
+            Problem::Internal(_) => "Internal gateway error",
+        }
+    }
+
+    pub fn detail(&self) -> String {
+        match self {
+            Problem::KeyMissing { header } => format!("this endpoint requires an {header} header"),
+            Problem::KeyMalformed(why) | Problem::BadRequest(why) | Problem::Internal(why) => why.clone(),
+            Problem::KeyMismatch => {
+                "the key was first used with another method, path, body or fingerprinted header; use a new key for a new request".into()
+            }
+            Problem::InFlight { retry_after } => {
+                format!("retry after {} ms, when the first request has finished or its lease has run out", retry_after.as_millis())
+            }
+            Problem::StoreUnavailable(why) => format!("the request was not forwarded: {why}"),
+            Problem::BodyTooLarge { limit } => format!("the request body is over the limit of {limit} bytes"),
+            Problem::UpstreamFailed(why) => format!("the upstream failed: {why}"),
+            Problem::UpstreamTimeout(after) => format!("the upstream did not answer within {} ms", after.as_millis()),
+            Problem::ResponseTooLarge { limit } => format!(
+                "the upstream ran the request but its response is over the limit of {limit} bytes, so it was not stored; the key stays held until its lease runs out"
+            ),
+            Problem::Overloaded { limit } => format!("the gateway handles at most {limit} requests at once; retry shortly"),
+        }
+    }
+
+    fn retry_after_secs(&self) -> Option<u64> {
+        match self {
+            Problem::InFlight { retry_after } => {
+                Some(retry_after.as_millis().div_ceil(1000).max(1) as u64)
+            }
+            Problem::StoreUnavailable(_) | Problem::Overloaded { .. } => Some(1),
+            _ => None,
+        }
+    }
+
+    /// The response a client sees, in the profile's shape.
+    pub fn into_response(self, profile: Profile) -> axum::http::Response<Body> {
+        let status = self.status();
+        let (status, content_type, body) = match profile {
+            Profile::Ietf => (
+                status,
+                "application/problem+json",
+                serde_json::json!({
+                    "type": format!("https://idem.dev/problems/{}", self.slug()),
+                    "title": self.title(),
+                    "status": status.as_u16(),
+                    "detail": self.detail(),
+                }),
+            ),
+            Profile::Stripe => {
+                let (status, kind, code) = match &self {
+                    Problem::KeyMismatch => (StatusCode::BAD_REQUEST, "idempotency_error", None),
+                    Problem::InFlight { .. } => (
+                        StatusCode::CONFLICT,
+                        "idempotency_error",
+                        Some("idempotency_key_in_use"),
+                    ),
+                    Problem::KeyMissing { .. }
+                    | Problem::KeyMalformed(_)
+                    | Problem::BadRequest(_)
+                    | Problem::BodyTooLarge { .. } => (status, "invalid_request_error", None),
+                    _ => (status, "api_error", None),
+                };
+                let mut error = serde_json::json!({"type": kind, "message": self.detail()});
+                if let Some(code) = code {
+                    error["code"] = code.into();
+                }
+                (
+                    status,
+                    "application/json",
+                    serde_json::json!({ "error": error }),
+                )
+            }
+        };
+        let mut response = axum::http::Response::new(Body::from(body.to_string()));
+        *response.status_mut() = status;
+        let headers = response.headers_mut();
+        headers.insert(header::CONTENT_TYPE, HeaderValue::from_static(content_type));
+        if let Some(secs) = self.retry_after_secs() {
+            headers.insert(header::RETRY_AFTER, HeaderValue::from(secs));
+        }
+        response
+    }
+}
