@@ -17,6 +17,7 @@ use idem::store::{FaultRule, Op};
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::io::IsTerminal;
 use std::time::{Duration, Instant};
 use tokio::net::TcpListener;
 
@@ -40,6 +41,9 @@ pub struct Args {
     /// Keep serving after the check, until Ctrl-C, so a console can look around.
     #[arg(long)]
     linger: bool,
+    /// Never open the operator console, even in a terminal.
+    #[arg(long)]
+    headless: bool,
 }
 
 /// What clients saw, by kind of answer.
@@ -210,6 +214,15 @@ fn order_json(key: &str, qty: i64) -> String {
 }
 
 #[allow(clippy::too_many_lines, clippy::single_match_else)] // the demo's script, read top to bottom
+/// `println!` unless the console owns the terminal.
+macro_rules! say {
+    ($quiet:expr, $($arg:tt)*) => {
+        if !$quiet {
+            println!($($arg)*);
+        }
+    };
+}
+
 pub async fn run(args: Args) -> anyhow::Result<()> {
     let (store_url, temp_dir) = match args.store {
         Some(url) => (url, None),
@@ -261,6 +274,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         .await
         .with_context(|| format!("admin listen on {}", args.admin_listen))?;
     let admin_addr = admin_listener.local_addr()?;
+    let console_token = args.admin_token.clone();
     let admin = AdminListener::new(admin_listener, args.admin_token)?;
     let gateway_task = tokio::spawn(idem::server::run(
         gateway.clone(),
@@ -282,6 +296,17 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         "clients: retries after lost responses, duplicates, 4 concurrent copies, keys reused for other payloads, impatient retries;"
     );
     println!("the store fails 30% of inserts from 40% to 55% of the run.");
+
+    // In a terminal, the operator console opens on the demo; the per-second
+    // lines would garble it, so they are left to the console's own views.
+    let console = (!args.headless && std::io::stdout().is_terminal()).then(|| {
+        let url = format!("http://{admin_addr}");
+        tokio::spawn(async move { idem_tui::run(&url, console_token).await })
+    });
+    let quiet = console.is_some();
+    if quiet {
+        println!("opening the operator console (q quits it; the summary follows)");
+    }
 
     let seen = Arc::new(Seen::default());
     let client = Shopper {
@@ -310,7 +335,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
             gateway.faults().set(Op::Insert, rule.clone())?;
             gateway.observer().fault_changed(Op::Insert, rule);
             fault_on = true;
-            println!(
+            say!(quiet, 
                 "{:>5.1}s store fault ON: 30% of inserts fail",
                 elapsed.as_secs_f64()
             );
@@ -322,7 +347,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
                 .fault_changed(Op::Insert, FaultRule::default());
             fault_on = false;
             fault_done = true;
-            println!("{:>5.1}s store fault OFF", elapsed.as_secs_f64());
+            say!(quiet, "{:>5.1}s store fault OFF", elapsed.as_secs_f64());
         }
         if next_order == args.orders && orders.is_empty() {
             break;
@@ -337,7 +362,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
                 next_at += spacing;
             }
             _ = ticker.tick() => {
-                println!(
+                say!(quiet, 
                     "{:>5.1}s orders={}/{} {}",
                     started.elapsed().as_secs_f64(),
                     seen.orders_done.load(Ordering::Relaxed),
@@ -351,6 +376,9 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         }
     }
     gateway.faults().clear_all();
+    if let Some(console) = console {
+        console.await.context("the console panicked")?.context("the operator console failed")?;
+    }
     println!(
         "{:>5.1}s all orders answered: {}",
         started.elapsed().as_secs_f64(),

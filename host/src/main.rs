@@ -44,6 +44,15 @@ enum Command {
     Demo(demo::Args),
     /// Measures the gateway against direct calls: requests/s and latency, new keys and replays.
     Bench(bench::Args),
+    /// The operator console: live keys, leases, faults and decisions of an `idem serve`.
+    Tui {
+        /// The admin API's base URL.
+        #[arg(long, env = "IDEM_ADMIN_URL", default_value = "http://127.0.0.1:9090")]
+        admin: String,
+        /// The admin API's bearer token.
+        #[arg(long, env = "IDEM_ADMIN_TOKEN", hide_env_values = true)]
+        token: Option<String>,
+    },
     /// Prints the WIT contract.
     Wit,
     /// Writes the exact component bytes this binary embeds, for other hosts to load.
@@ -72,6 +81,10 @@ enum Command {
 fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
     match cli.command {
+        Command::Tui { admin, token } => {
+            tokio::runtime::Runtime::new()?.block_on(idem_tui::run(&admin, token))?;
+            Ok(())
+        }
         Command::Wit => {
             for (name, text) in idem::component::WIT {
                 println!("// wit/{name}\n{text}");
