@@ -3,4 +3,6 @@
 mod conformance;
 mod engine;
 mod guard;
+mod model;
+mod sandbox;
 mod seed;
