@@ -386,6 +386,10 @@ pub fn check_guard(data: &[u8]) {
                     .get(&claim.key)
                     .is_some_and(|e| e.version == claim.fence && e.record.is_live(store.now));
                 let faulted = store.fail_next.is_some();
+                if op == 6 && check_policy(&policy).is_ok() {
+                    // A renew whose reply is lost still writes this lease.
+                    longest_lease = longest_lease.max(policy.lease_ms);
+                }
                 let result = match op {
                     3 | 4 => {
                         let response = input.response();
@@ -409,7 +413,6 @@ pub fn check_guard(data: &[u8]) {
                     _ => match guard::renew(&mut store, &claim, &policy) {
                         Ok(renewed) => {
                             assert_eq!(renewed.fence, claim.fence + 1);
-                            longest_lease = longest_lease.max(policy.lease_ms);
                             Ok(Some(renewed))
                         }
                         Err(e) => Err(e),
