@@ -15,6 +15,11 @@ pub mod guard;
 pub mod limits;
 pub mod model;
 
+/// Invariant checks for the fuzz targets and their regression test.
+#[cfg(not(target_arch = "wasm32"))]
+#[doc(hidden)]
+pub mod fuzzing;
+
 #[cfg(target_arch = "wasm32")]
 #[global_allocator]
 static ALLOCATOR: dlmalloc::GlobalDlmalloc = dlmalloc::GlobalDlmalloc;

@@ -218,10 +218,12 @@ macro_rules! store_conformance {
             case!(seed_concurrent_same_key);
             case!(seed_lease_takeover_faults_and_window);
             case!(fails_closed_when_down_and_recovers);
+            case!(model_based_sequences);
         }
     };
 }
 
+pub use crate::model::model_based_sequences;
 pub use crate::seed::{seed_concurrent_same_key, seed_lease_takeover_faults_and_window};
 
 /// The store is wrapped in `Faulty` and made to fail every operation; the
