@@ -42,9 +42,18 @@ mod tests {
     use crate::model::{Record, Response};
 
     fn entry(fingerprint: &str, state: State, lease_until_ms: u64, expires_at_ms: u64) -> Entry {
-        let response = (state == State::Done).then(|| Response { status: 200, ..Response::default() });
+        let response = (state == State::Done).then(|| Response {
+            status: 200,
+            ..Response::default()
+        });
         Entry {
-            record: Record { fingerprint: fingerprint.into(), state, lease_until_ms, expires_at_ms, response },
+            record: Record {
+                fingerprint: fingerprint.into(),
+                state,
+                lease_until_ms,
+                expires_at_ms,
+                response,
+            },
             version: 1,
         }
     }
@@ -57,9 +66,21 @@ mod tests {
         let cases: &[(Option<Entry>, u64, &str, Verdict)] = &[
             (None, 100, "a", Claim),
             (Some(entry("a", Processing, 200, 1000)), 1000, "a", Claim), // expired exactly at expires_at
-            (Some(entry("a", Done, 0, 1000)), 5000, "b", Claim),         // expired: other fingerprint is new again
-            (Some(entry("a", Processing, 200, 1000)), 100, "a", InFlight { retry_after_ms: 100 }),
-            (Some(entry("a", Processing, 200, 1000)), 199, "a", InFlight { retry_after_ms: 1 }),
+            (Some(entry("a", Done, 0, 1000)), 5000, "b", Claim), // expired: other fingerprint is new again
+            (
+                Some(entry("a", Processing, 200, 1000)),
+                100,
+                "a",
+                InFlight {
+                    retry_after_ms: 100,
+                },
+            ),
+            (
+                Some(entry("a", Processing, 200, 1000)),
+                199,
+                "a",
+                InFlight { retry_after_ms: 1 },
+            ),
             (Some(entry("a", Processing, 200, 1000)), 200, "a", TakeOver), // lease ends at lease_until
             (Some(entry("a", Processing, 200, 1000)), 999, "a", TakeOver),
             (Some(entry("a", Processing, 200, 1000)), 100, "b", Conflict), // conflict during a lease
@@ -69,7 +90,11 @@ mod tests {
             (Some(entry("a", Done, 0, 1000)), 100, "b", Conflict),
         ];
         for (i, (stored, now, fingerprint, want)) in cases.iter().enumerate() {
-            assert_eq!(decide(stored.as_ref(), *now, fingerprint), *want, "case {i}");
+            assert_eq!(
+                decide(stored.as_ref(), *now, fingerprint),
+                *want,
+                "case {i}"
+            );
         }
     }
 }

@@ -61,10 +61,7 @@ mod tests {
         assert!(check_fingerprint(&fp).is_ok());
         // A known value pins the encoding: every host must produce exactly this.
         assert_eq!(fp, fingerprint("POST", "/orders", &[], b"{}"));
-        assert_eq!(
-            fp,
-            "sha256:".to_owned() + &fp[7..],
-        );
+        assert_eq!(fp, "sha256:".to_owned() + &fp[7..],);
     }
 
     #[test]
@@ -83,6 +80,9 @@ mod tests {
         assert_ne!(base, fingerprint("POST", "/p", &[h("x-a", "1")], b"bodx"));
         assert_ne!(base, fingerprint("POST", "/p", &[], b"body"));
         // Length prefixes: moving bytes between parts changes the hash.
-        assert_ne!(fingerprint("POST", "/ab", &[], b"c"), fingerprint("POST", "/a", &[], b"bc"));
+        assert_ne!(
+            fingerprint("POST", "/ab", &[], b"c"),
+            fingerprint("POST", "/a", &[], b"bc")
+        );
     }
 }

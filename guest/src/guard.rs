@@ -8,12 +8,20 @@ use alloc::format;
 
 use crate::decide::{Verdict, decide};
 use crate::limits::{check_fingerprint, check_key, check_policy, check_response};
-use crate::model::{Claim, Decision, Entry, GuardError, InsertOutcome, Policy, Record, Response, State, StoreFailure};
+use crate::model::{
+    Claim, Decision, Entry, GuardError, InsertOutcome, Policy, Record, Response, State,
+    StoreFailure,
+};
 
 /// The atomic store primitives of `wit/store.wit`.
 pub trait Primitives {
     fn now_ms(&mut self) -> u64;
-    fn insert(&mut self, key: &str, record: &Record, now_ms: u64) -> Result<InsertOutcome, StoreFailure>;
+    fn insert(
+        &mut self,
+        key: &str,
+        record: &Record,
+        now_ms: u64,
+    ) -> Result<InsertOutcome, StoreFailure>;
     fn replace(
         &mut self,
         key: &str,
@@ -28,7 +36,12 @@ pub trait Primitives {
 /// record, so more than a couple means heavy churn on one key.
 const MAX_ATTEMPTS: usize = 4;
 
-pub fn begin(store: &mut impl Primitives, key: &str, fingerprint: &str, policy: &Policy) -> Result<Decision, GuardError> {
+pub fn begin(
+    store: &mut impl Primitives,
+    key: &str,
+    fingerprint: &str,
+    policy: &Policy,
+) -> Result<Decision, GuardError> {
     check_key(key)?;
     check_fingerprint(fingerprint)?;
     check_policy(policy)?;
@@ -42,13 +55,20 @@ pub fn begin(store: &mut impl Primitives, key: &str, fingerprint: &str, policy: 
             expires_at_ms: now.saturating_add(policy.retention_ms),
             response: None,
         };
-        let entry = match store.insert(key, &record, now).map_err(|e| unavailable("insert", key, e))? {
-            InsertOutcome::Inserted(version) => return Ok(Decision::Proceed(claim(key, &record, version))),
+        let entry = match store
+            .insert(key, &record, now)
+            .map_err(|e| unavailable("insert", key, e))?
+        {
+            InsertOutcome::Inserted(version) => {
+                return Ok(Decision::Proceed(claim(key, &record, version)));
+            }
             InsertOutcome::Existing(entry) => entry,
         };
         match decide(Some(&entry), now, fingerprint) {
             Verdict::Replay => return replay(key, entry),
-            Verdict::InFlight { retry_after_ms } => return Ok(Decision::InFlight { retry_after_ms }),
+            Verdict::InFlight { retry_after_ms } => {
+                return Ok(Decision::InFlight { retry_after_ms });
+            }
             Verdict::Conflict => return Ok(Decision::Conflict),
             // The store called it live but it expired by our clock: insert again.
             Verdict::Claim => {}
@@ -63,10 +83,17 @@ pub fn begin(store: &mut impl Primitives, key: &str, fingerprint: &str, policy: 
             }
         }
     }
-    Ok(Decision::InFlight { retry_after_ms: policy.lease_ms.min(100) })
+    Ok(Decision::InFlight {
+        retry_after_ms: policy.lease_ms.min(100),
+    })
 }
 
-pub fn complete(store: &mut impl Primitives, claim: &Claim, response: Response, policy: &Policy) -> Result<(), GuardError> {
+pub fn complete(
+    store: &mut impl Primitives,
+    claim: &Claim,
+    response: Response,
+    policy: &Policy,
+) -> Result<(), GuardError> {
     check_policy(policy)?;
     check_response(&response, policy)?;
     let now = store.now_ms();
@@ -109,7 +136,11 @@ pub fn release(store: &mut impl Primitives, claim: &Claim) -> Result<(), GuardEr
     }
 }
 
-pub fn renew(store: &mut impl Primitives, claim: &Claim, policy: &Policy) -> Result<Claim, GuardError> {
+pub fn renew(
+    store: &mut impl Primitives,
+    claim: &Claim,
+    policy: &Policy,
+) -> Result<Claim, GuardError> {
     check_policy(policy)?;
     let now = store.now_ms();
     check_not_expired(claim, now)?;
@@ -117,7 +148,9 @@ pub fn renew(store: &mut impl Primitives, claim: &Claim, policy: &Policy) -> Res
         fingerprint: claim.fingerprint.clone(),
         state: State::Processing,
         lease_until_ms: now.saturating_add(policy.lease_ms),
-        expires_at_ms: now.saturating_add(policy.retention_ms).max(claim.expires_at_ms),
+        expires_at_ms: now
+            .saturating_add(policy.retention_ms)
+            .max(claim.expires_at_ms),
         response: None,
     };
     match store
@@ -170,8 +203,12 @@ fn stale(claim: &Claim) -> GuardError {
 
 fn unavailable(op: &str, key: &str, failure: StoreFailure) -> GuardError {
     match failure {
-        StoreFailure::Unavailable(why) => GuardError::Unavailable(format!("store {op} of key {key:?} failed: {why}")),
-        StoreFailure::Corrupt(why) => GuardError::Unavailable(format!("store {op} of key {key:?}: corrupt record: {why}")),
+        StoreFailure::Unavailable(why) => {
+            GuardError::Unavailable(format!("store {op} of key {key:?} failed: {why}"))
+        }
+        StoreFailure::Corrupt(why) => {
+            GuardError::Unavailable(format!("store {op} of key {key:?}: corrupt record: {why}"))
+        }
     }
 }
 
@@ -192,21 +229,41 @@ mod tests {
         fn now_ms(&mut self) -> u64 {
             self.now
         }
-        fn insert(&mut self, key: &str, record: &Record, now: u64) -> Result<InsertOutcome, StoreFailure> {
+        fn insert(
+            &mut self,
+            key: &str,
+            record: &Record,
+            now: u64,
+        ) -> Result<InsertOutcome, StoreFailure> {
             match self.records.get(key) {
                 Some(e) if e.record.is_live(now) => Ok(InsertOutcome::Existing(e.clone())),
                 old => {
                     let version = old.map_or(1, |e| e.version + 1);
-                    self.records.insert(key.into(), Entry { record: record.clone(), version });
+                    self.records.insert(
+                        key.into(),
+                        Entry {
+                            record: record.clone(),
+                            version,
+                        },
+                    );
                     self.writes += 1;
                     Ok(InsertOutcome::Inserted(version))
                 }
             }
         }
-        fn replace(&mut self, key: &str, expected: u64, record: &Record, now: u64) -> Result<Option<u64>, StoreFailure> {
+        fn replace(
+            &mut self,
+            key: &str,
+            expected: u64,
+            record: &Record,
+            now: u64,
+        ) -> Result<Option<u64>, StoreFailure> {
             match self.records.get_mut(key) {
                 Some(e) if e.record.is_live(now) && e.version == expected => {
-                    *e = Entry { record: record.clone(), version: expected + 1 };
+                    *e = Entry {
+                        record: record.clone(),
+                        version: expected + 1,
+                    };
                     self.writes += 1;
                     Ok(Some(expected + 1))
                 }
@@ -216,11 +273,19 @@ mod tests {
     }
 
     fn policy() -> Policy {
-        Policy { lease_ms: 1_000, retention_ms: 3_600_000, max_response_bytes: 64 }
+        Policy {
+            lease_ms: 1_000,
+            retention_ms: 3_600_000,
+            max_response_bytes: 64,
+        }
     }
 
     fn ok(body: &str) -> Response {
-        Response { status: 200, headers: vec![], body: body.as_bytes().to_vec() }
+        Response {
+            status: 200,
+            headers: vec![],
+            body: body.as_bytes().to_vec(),
+        }
     }
 
     fn proceed(d: Decision) -> Claim {
@@ -235,10 +300,21 @@ mod tests {
         let mut s = Map::default();
         let c = proceed(begin(&mut s, "k", "fp", &policy()).unwrap());
         assert_eq!(c.fence, 1);
-        assert_eq!(begin(&mut s, "k", "fp", &policy()).unwrap(), Decision::InFlight { retry_after_ms: 1_000 });
+        assert_eq!(
+            begin(&mut s, "k", "fp", &policy()).unwrap(),
+            Decision::InFlight {
+                retry_after_ms: 1_000
+            }
+        );
         complete(&mut s, &c, ok("paid"), &policy()).unwrap();
-        assert_eq!(begin(&mut s, "k", "fp", &policy()).unwrap(), Decision::Replay(ok("paid")));
-        assert_eq!(begin(&mut s, "k", "other", &policy()).unwrap(), Decision::Conflict);
+        assert_eq!(
+            begin(&mut s, "k", "fp", &policy()).unwrap(),
+            Decision::Replay(ok("paid"))
+        );
+        assert_eq!(
+            begin(&mut s, "k", "other", &policy()).unwrap(),
+            Decision::Conflict
+        );
     }
 
     #[test]
@@ -251,7 +327,10 @@ mod tests {
         complete(&mut s, &taker, ok("taker"), &policy()).unwrap();
         let err = complete(&mut s, &zombie, ok("zombie"), &policy()).unwrap_err();
         assert!(matches!(err, GuardError::StaleClaim(_)), "{err}");
-        assert_eq!(begin(&mut s, "k", "fp", &policy()).unwrap(), Decision::Replay(ok("taker")));
+        assert_eq!(
+            begin(&mut s, "k", "fp", &policy()).unwrap(),
+            Decision::Replay(ok("taker"))
+        );
     }
 
     #[test]
@@ -261,7 +340,10 @@ mod tests {
         release(&mut s, &first).unwrap();
         let second = proceed(begin(&mut s, "k", "fp", &policy()).unwrap());
         assert!(second.fence > first.fence);
-        assert!(matches!(release(&mut s, &first), Err(GuardError::StaleClaim(_))));
+        assert!(matches!(
+            release(&mut s, &first),
+            Err(GuardError::StaleClaim(_))
+        ));
     }
 
     #[test]
@@ -272,8 +354,14 @@ mod tests {
         let renewed = renew(&mut s, &c, &policy()).unwrap();
         assert_eq!(renewed.lease_until_ms, 1_900);
         s.now += 500; // past the first lease, inside the renewed one
-        assert!(matches!(begin(&mut s, "k", "fp", &policy()).unwrap(), Decision::InFlight { .. }));
-        assert!(matches!(complete(&mut s, &c, ok("old"), &policy()), Err(GuardError::StaleClaim(_))));
+        assert!(matches!(
+            begin(&mut s, "k", "fp", &policy()).unwrap(),
+            Decision::InFlight { .. }
+        ));
+        assert!(matches!(
+            complete(&mut s, &c, ok("old"), &policy()),
+            Err(GuardError::StaleClaim(_))
+        ));
         complete(&mut s, &renewed, ok("new"), &policy()).unwrap();
     }
 
@@ -282,7 +370,10 @@ mod tests {
         let mut s = Map::default();
         let c = proceed(begin(&mut s, "k", "fp", &policy()).unwrap());
         s.now += 3_600_000;
-        assert!(matches!(complete(&mut s, &c, ok("late"), &policy()), Err(GuardError::StaleClaim(_))));
+        assert!(matches!(
+            complete(&mut s, &c, ok("late"), &policy()),
+            Err(GuardError::StaleClaim(_))
+        ));
         let again = proceed(begin(&mut s, "k", "other-fp", &policy()).unwrap());
         assert!(again.fence > c.fence);
     }
@@ -290,13 +381,25 @@ mod tests {
     #[test]
     fn bad_input_writes_nothing() {
         let mut s = Map::default();
-        assert!(matches!(begin(&mut s, "", "fp", &policy()), Err(GuardError::InvalidInput(_))));
-        assert!(matches!(begin(&mut s, &"k".repeat(256), "fp", &policy()), Err(GuardError::InvalidInput(_))));
-        assert!(matches!(begin(&mut s, "k", "bad fp", &policy()), Err(GuardError::InvalidInput(_))));
+        assert!(matches!(
+            begin(&mut s, "", "fp", &policy()),
+            Err(GuardError::InvalidInput(_))
+        ));
+        assert!(matches!(
+            begin(&mut s, &"k".repeat(256), "fp", &policy()),
+            Err(GuardError::InvalidInput(_))
+        ));
+        assert!(matches!(
+            begin(&mut s, "k", "bad fp", &policy()),
+            Err(GuardError::InvalidInput(_))
+        ));
         assert_eq!(s.writes, 0);
         let c = proceed(begin(&mut s, "k", "fp", &policy()).unwrap());
         let err = complete(&mut s, &c, ok(&"x".repeat(65)), &policy()).unwrap_err();
-        assert!(err.to_string().contains("65 bytes") && err.to_string().contains("64"), "{err}");
+        assert!(
+            err.to_string().contains("65 bytes") && err.to_string().contains("64"),
+            "{err}"
+        );
         assert_eq!(s.writes, 1, "an oversized response is not stored");
     }
 }

@@ -57,7 +57,12 @@ mod libc {
     /// Called by the host per the canonical ABI: `old_ptr`/`old_len`/`align`
     /// describe a live allocation (or `old_len` is 0).
     #[unsafe(no_mangle)]
-    pub unsafe extern "C" fn cabi_realloc(old_ptr: *mut u8, old_len: usize, align: usize, new_len: usize) -> *mut u8 {
+    pub unsafe extern "C" fn cabi_realloc(
+        old_ptr: *mut u8,
+        old_len: usize,
+        align: usize,
+        new_len: usize,
+    ) -> *mut u8 {
         use alloc::alloc::{Layout, alloc, realloc};
         if new_len == 0 {
             return align as *mut u8;
@@ -68,7 +73,11 @@ mod libc {
             if old_len == 0 {
                 alloc(Layout::from_size_align_unchecked(new_len, align))
             } else {
-                realloc(old_ptr, Layout::from_size_align_unchecked(old_len, align), new_len)
+                realloc(
+                    old_ptr,
+                    Layout::from_size_align_unchecked(old_len, align),
+                    new_len,
+                )
             }
         };
         if ptr.is_null() {
@@ -110,10 +119,17 @@ mod component {
             clock::now_ms()
         }
 
-        fn insert(&mut self, key: &str, record: &model::Record, now_ms: u64) -> Result<model::InsertOutcome, model::StoreFailure> {
+        fn insert(
+            &mut self,
+            key: &str,
+            record: &model::Record,
+            now_ms: u64,
+        ) -> Result<model::InsertOutcome, model::StoreFailure> {
             match store::insert(key, &to_wit_record(record), now_ms) {
                 Ok(store::InsertOutcome::Inserted(v)) => Ok(model::InsertOutcome::Inserted(v)),
-                Ok(store::InsertOutcome::Existing(e)) => Ok(model::InsertOutcome::Existing(from_wit_entry(e))),
+                Ok(store::InsertOutcome::Existing(e)) => {
+                    Ok(model::InsertOutcome::Existing(from_wit_entry(e)))
+                }
                 Err(e) => Err(from_wit_failure(e)),
             }
         }
@@ -125,22 +141,41 @@ mod component {
             record: &model::Record,
             now_ms: u64,
         ) -> Result<Option<u64>, model::StoreFailure> {
-            store::replace(key, expected_version, &to_wit_record(record), now_ms).map_err(from_wit_failure)
+            store::replace(key, expected_version, &to_wit_record(record), now_ms)
+                .map_err(from_wit_failure)
         }
     }
 
     impl wit::Guest for Component {
-        fn begin(key: String, fingerprint: String, policy: wit::Policy) -> Result<wit::Decision, wit::GuardError> {
+        fn begin(
+            key: String,
+            fingerprint: String,
+            policy: wit::Policy,
+        ) -> Result<wit::Decision, wit::GuardError> {
             #[cfg(feature = "misbehave")]
             misbehave(&key);
-            crate::guard::begin(&mut ImportedStore, &key, &fingerprint, &from_wit_policy(policy))
-                .map(to_wit_decision)
-                .map_err(to_wit_error)
+            crate::guard::begin(
+                &mut ImportedStore,
+                &key,
+                &fingerprint,
+                &from_wit_policy(policy),
+            )
+            .map(to_wit_decision)
+            .map_err(to_wit_error)
         }
 
-        fn complete(claim: wit::Claim, response: types::Response, policy: wit::Policy) -> Result<(), wit::GuardError> {
-            crate::guard::complete(&mut ImportedStore, &from_wit_claim(claim), from_wit_response(response), &from_wit_policy(policy))
-                .map_err(to_wit_error)
+        fn complete(
+            claim: wit::Claim,
+            response: types::Response,
+            policy: wit::Policy,
+        ) -> Result<(), wit::GuardError> {
+            crate::guard::complete(
+                &mut ImportedStore,
+                &from_wit_claim(claim),
+                from_wit_response(response),
+                &from_wit_policy(policy),
+            )
+            .map_err(to_wit_error)
         }
 
         fn release(claim: wit::Claim) -> Result<(), wit::GuardError> {
@@ -148,13 +183,22 @@ mod component {
         }
 
         fn renew(claim: wit::Claim, policy: wit::Policy) -> Result<wit::Claim, wit::GuardError> {
-            crate::guard::renew(&mut ImportedStore, &from_wit_claim(claim), &from_wit_policy(policy))
-                .map(to_wit_claim)
-                .map_err(to_wit_error)
+            crate::guard::renew(
+                &mut ImportedStore,
+                &from_wit_claim(claim),
+                &from_wit_policy(policy),
+            )
+            .map(to_wit_claim)
+            .map_err(to_wit_error)
         }
 
         fn fingerprint(request: wit::RequestParts) -> String {
-            crate::fingerprint::fingerprint(&request.method, &request.path, &request.headers, &request.body)
+            crate::fingerprint::fingerprint(
+                &request.method,
+                &request.path,
+                &request.headers,
+                &request.body,
+            )
         }
     }
 
@@ -217,11 +261,19 @@ mod component {
     }
 
     fn to_wit_response(r: model::Response) -> types::Response {
-        types::Response { status: r.status, headers: r.headers, body: r.body }
+        types::Response {
+            status: r.status,
+            headers: r.headers,
+            body: r.body,
+        }
     }
 
     fn from_wit_response(r: types::Response) -> model::Response {
-        model::Response { status: r.status, headers: r.headers, body: r.body }
+        model::Response {
+            status: r.status,
+            headers: r.headers,
+            body: r.body,
+        }
     }
 
     fn from_wit_failure(e: store::StoreError) -> model::StoreFailure {
@@ -232,7 +284,11 @@ mod component {
     }
 
     fn from_wit_policy(p: wit::Policy) -> model::Policy {
-        model::Policy { lease_ms: p.lease_ms, retention_ms: p.retention_ms, max_response_bytes: p.max_response_bytes }
+        model::Policy {
+            lease_ms: p.lease_ms,
+            retention_ms: p.retention_ms,
+            max_response_bytes: p.max_response_bytes,
+        }
     }
 
     fn from_wit_claim(c: wit::Claim) -> model::Claim {

@@ -113,20 +113,45 @@ mod tests {
     #[test]
     fn policies() {
         assert!(check_policy(&Policy::default()).is_ok());
-        let zero = Policy { lease_ms: 0, ..Policy::default() };
+        let zero = Policy {
+            lease_ms: 0,
+            ..Policy::default()
+        };
         assert!(check_policy(&zero).is_err());
-        let long = Policy { lease_ms: 10, retention_ms: 10, ..Policy::default() };
-        assert!(check_policy(&long).unwrap_err().to_string().contains("shorter"));
+        let long = Policy {
+            lease_ms: 10,
+            retention_ms: 10,
+            ..Policy::default()
+        };
+        assert!(
+            check_policy(&long)
+                .unwrap_err()
+                .to_string()
+                .contains("shorter")
+        );
     }
 
     #[test]
     fn responses() {
-        let policy = Policy { max_response_bytes: 10, ..Policy::default() };
-        let ok = Response { status: 200, headers: vec![("a".into(), b"b".to_vec())], body: vec![0; 8] };
+        let policy = Policy {
+            max_response_bytes: 10,
+            ..Policy::default()
+        };
+        let ok = Response {
+            status: 200,
+            headers: vec![("a".into(), b"b".to_vec())],
+            body: vec![0; 8],
+        };
         assert!(check_response(&ok, &policy).is_ok());
-        let big = Response { body: vec![0; 9], ..ok.clone() };
+        let big = Response {
+            body: vec![0; 9],
+            ..ok.clone()
+        };
         let err = check_response(&big, &policy).unwrap_err().to_string();
-        assert!(err.contains("11 bytes") && err.contains("10 bytes"), "{err}");
+        assert!(
+            err.contains("11 bytes") && err.contains("10 bytes"),
+            "{err}"
+        );
         let bad = Response { status: 42, ..ok };
         assert!(check_response(&bad, &policy).is_err());
     }

@@ -20,23 +20,45 @@ impl Primitives for Native<'_> {
     fn now_ms(&mut self) -> u64 {
         SystemClock.now_ms()
     }
-    fn insert(&mut self, key: &str, record: &Record, now_ms: u64) -> Result<InsertOutcome, StoreFailure> {
+    fn insert(
+        &mut self,
+        key: &str,
+        record: &Record,
+        now_ms: u64,
+    ) -> Result<InsertOutcome, StoreFailure> {
         Ok(self.store.insert_now(key, record.clone(), now_ms))
     }
-    fn replace(&mut self, key: &str, expected_version: u64, record: &Record, now_ms: u64) -> Result<Option<u64>, StoreFailure> {
-        Ok(self.store.replace_now(key, expected_version, record.clone(), now_ms))
+    fn replace(
+        &mut self,
+        key: &str,
+        expected_version: u64,
+        record: &Record,
+        now_ms: u64,
+    ) -> Result<Option<u64>, StoreFailure> {
+        Ok(self
+            .store
+            .replace_now(key, expected_version, record.clone(), now_ms))
     }
 }
 
 fn paid() -> Response {
-    Response { status: 200, headers: vec![], body: b"paid".to_vec() }
+    Response {
+        status: 200,
+        headers: vec![],
+        body: b"paid".to_vec(),
+    }
 }
 
 fn bench(c: &mut Criterion) {
-    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
     let policy = Policy::default();
     let mut group = c.benchmark_group("guard");
-    group.measurement_time(Duration::from_secs(4)).warm_up_time(Duration::from_secs(1));
+    group
+        .measurement_time(Duration::from_secs(4))
+        .warm_up_time(Duration::from_secs(1));
 
     // A guarded op on a new key: begin (claim) + complete.
     {
@@ -47,7 +69,10 @@ fn bench(c: &mut Criterion) {
                 n += 1;
                 let key = format!("native-{n}");
                 let mut p = Native { store: &store };
-                let Ok(Decision::Proceed(claim)) = native::begin(&mut p, &key, "fp", &policy) else { panic!() };
+                let Ok(Decision::Proceed(claim)) = native::begin(&mut p, &key, "fp", &policy)
+                else {
+                    panic!()
+                };
                 native::complete(&mut p, &claim, paid(), &policy).unwrap();
             });
         });
@@ -62,7 +87,9 @@ fn bench(c: &mut Criterion) {
                     for _ in 0..iters {
                         n += 1;
                         let key = format!("wasm-{n}");
-                        let Ok(Decision::Proceed(claim)) = guard.begin(&key, "fp").await else { panic!() };
+                        let Ok(Decision::Proceed(claim)) = guard.begin(&key, "fp").await else {
+                            panic!()
+                        };
                         black_box(guard.complete(claim, paid()).await.1.unwrap());
                     }
                     start.elapsed()
@@ -75,12 +102,16 @@ fn bench(c: &mut Criterion) {
     {
         let store = MemoryStore::new();
         let mut p = Native { store: &store };
-        let Ok(Decision::Proceed(claim)) = native::begin(&mut p, "done", "fp", &policy) else { panic!() };
+        let Ok(Decision::Proceed(claim)) = native::begin(&mut p, "done", "fp", &policy) else {
+            panic!()
+        };
         native::complete(&mut p, &claim, paid(), &policy).unwrap();
         group.bench_function(BenchmarkId::new("replay", "native"), |b| {
             b.iter(|| {
                 let mut p = Native { store: &store };
-                let Ok(Decision::Replay(r)) = native::begin(&mut p, "done", "fp", &policy) else { panic!() };
+                let Ok(Decision::Replay(r)) = native::begin(&mut p, "done", "fp", &policy) else {
+                    panic!()
+                };
                 black_box(r);
             });
         });
@@ -88,7 +119,9 @@ fn bench(c: &mut Criterion) {
     {
         let guard = Guard::builder(MemoryStore::new()).build().unwrap();
         rt.block_on(async {
-            let Ok(Decision::Proceed(claim)) = guard.begin("done", "fp").await else { panic!() };
+            let Ok(Decision::Proceed(claim)) = guard.begin("done", "fp").await else {
+                panic!()
+            };
             guard.complete(claim, paid()).await.1.unwrap();
         });
         group.bench_function(BenchmarkId::new("replay", "component"), |b| {
@@ -96,7 +129,9 @@ fn bench(c: &mut Criterion) {
                 rt.block_on(async {
                     let start = Instant::now();
                     for _ in 0..iters {
-                        let Ok(Decision::Replay(r)) = guard.begin("done", "fp").await else { panic!() };
+                        let Ok(Decision::Replay(r)) = guard.begin("done", "fp").await else {
+                            panic!()
+                        };
                         black_box(r);
                     }
                     start.elapsed()

@@ -33,7 +33,11 @@ use tokio::sync::{mpsc, oneshot};
 const CALLERS: [usize; 2] = [1, 32];
 
 fn response() -> Response {
-    Response { status: 200, headers: vec![("content-type".into(), b"application/json".to_vec())], body: vec![b'x'; 256] }
+    Response {
+        status: 200,
+        headers: vec![("content-type".into(), b"application/json".to_vec())],
+        body: vec![b'x'; 256],
+    }
 }
 
 /// The minimal store work of one guarded op, done directly.
@@ -59,7 +63,9 @@ fn next_key(prefix: &str) -> String {
 }
 
 async fn guarded(guard: &Guard, key: &str) {
-    let Decision::Proceed(claim) = guard.begin(key, "fp").await.unwrap() else { panic!("{key} is new") };
+    let Decision::Proceed(claim) = guard.begin(key, "fp").await.unwrap() else {
+        panic!("{key} is new")
+    };
     guard.complete(claim, response()).await.1.unwrap();
 }
 
@@ -98,7 +104,11 @@ where
     }
     let elapsed = started.elapsed();
     all.sort_unstable();
-    let pct = |p: usize| all.get((all.len() * p / 100).min(all.len().saturating_sub(1))).copied().unwrap_or_default();
+    let pct = |p: usize| {
+        all.get((all.len() * p / 100).min(all.len().saturating_sub(1)))
+            .copied()
+            .unwrap_or_default()
+    };
     let ops = u32::try_from(all.len()).expect("fewer than 4 billion ops");
     (f64::from(ops) / elapsed.as_secs_f64(), pct(50), pct(99))
 }
@@ -128,7 +138,10 @@ fn bench_store(
     }));
 
     let mut group = c.benchmark_group(name);
-    group.bench_function("guarded", |b| b.to_async(rt).iter(|| async { guarded(&guard, &next_key("g")).await }));
+    group.bench_function("guarded", |b| {
+        b.to_async(rt)
+            .iter(|| async { guarded(&guard, &next_key("g")).await })
+    });
     let mut n = 0usize;
     group.bench_function("replay", |b| {
         b.to_async(rt).iter(|| {
@@ -138,7 +151,10 @@ fn bench_store(
         });
     });
     for (work, raw) in raws {
-        group.bench_function(*work, |b| b.to_async(rt).iter(|| async { raw.op(&next_key("r")).await }));
+        group.bench_function(*work, |b| {
+            b.to_async(rt)
+                .iter(|| async { raw.op(&next_key("r")).await })
+        });
     }
     group.finish();
 
@@ -151,14 +167,30 @@ fn bench_store(
             let g = g.clone();
             async move { guarded(&g, &next_key("tg")).await }
         }));
-        table.push(Row { store: name.into(), work: "guarded", callers, ops_per_s, p50, p99, baseline: false });
+        table.push(Row {
+            store: name.into(),
+            work: "guarded",
+            callers,
+            ops_per_s,
+            p50,
+            p99,
+            baseline: false,
+        });
 
         let (g, keys) = (guard.clone(), replay_keys.clone());
         let (ops_per_s, p50, p99) = rt.block_on(measure(callers, table_time, move |i| {
             let (g, keys) = (g.clone(), keys.clone());
             async move { replay(&g, &keys[i % keys.len()]).await }
         }));
-        table.push(Row { store: name.into(), work: "replay", callers, ops_per_s, p50, p99, baseline: false });
+        table.push(Row {
+            store: name.into(),
+            work: "replay",
+            callers,
+            ops_per_s,
+            p50,
+            p99,
+            baseline: false,
+        });
 
         for (work, raw) in raws {
             let r = raw.clone();
@@ -166,7 +198,15 @@ fn bench_store(
                 let r = r.clone();
                 async move { r.op(&next_key("tr")).await }
             }));
-            table.push(Row { store: name.into(), work, callers, ops_per_s, p50, p99, baseline: true });
+            table.push(Row {
+                store: name.into(),
+                work,
+                callers,
+                ops_per_s,
+                p50,
+                p99,
+                baseline: true,
+            });
         }
     }
 }
@@ -193,7 +233,11 @@ impl SqliteRaw {
     fn open(synchronous: Synchronous, group_commit: bool) -> Self {
         let dir = tempfile::tempdir().unwrap();
         let conn = Connection::open(dir.path().join("raw.db")).unwrap();
-        let sync = if synchronous == Synchronous::Full { "FULL" } else { "NORMAL" };
+        let sync = if synchronous == Synchronous::Full {
+            "FULL"
+        } else {
+            "NORMAL"
+        };
         conn.execute_batch(&format!(
             "PRAGMA journal_mode = WAL; PRAGMA synchronous = {sync};
              CREATE TABLE records (
@@ -257,26 +301,45 @@ impl RawBaseline for SqliteRaw {
 
 fn open_sqlite(synchronous: Synchronous) -> (Arc<dyn Store>, tempfile::TempDir) {
     let dir = tempfile::tempdir().unwrap();
-    let store = SqliteStore::open(dir.path().join("idem.db"), SqliteOptions { synchronous, ..SqliteOptions::default() }).unwrap();
+    let store = SqliteStore::open(
+        dir.path().join("idem.db"),
+        SqliteOptions {
+            synchronous,
+            ..SqliteOptions::default()
+        },
+    )
+    .unwrap();
     (Arc::new(store), dir)
 }
 
 fn main() {
     // `cargo bench` passes --bench; `cargo test --benches` does not: run each part briefly then.
     let benching = std::env::args().any(|a| a == "--bench");
-    let table_time = if benching { Duration::from_secs(3) } else { Duration::from_millis(100) };
+    let table_time = if benching {
+        Duration::from_secs(3)
+    } else {
+        Duration::from_millis(100)
+    };
     let mut c = Criterion::default()
         .sample_size(20)
         .warm_up_time(Duration::from_secs(1))
         .measurement_time(Duration::from_secs(3))
         .configure_from_args();
-    let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build().unwrap();
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .unwrap();
     let mut table = Vec::new();
 
-    for (name, sync) in [("sqlite", Synchronous::Normal), ("sqlite-full", Synchronous::Full)] {
+    for (name, sync) in [
+        ("sqlite", Synchronous::Normal),
+        ("sqlite-full", Synchronous::Full),
+    ] {
         let (store, _dir) = open_sqlite(sync);
-        let raws: [(&'static str, Arc<dyn RawBaseline>); 2] =
-            [("raw", Arc::new(SqliteRaw::open(sync, true))), ("raw-auto", Arc::new(SqliteRaw::open(sync, false)))];
+        let raws: [(&'static str, Arc<dyn RawBaseline>); 2] = [
+            ("raw", Arc::new(SqliteRaw::open(sync, true))),
+            ("raw-auto", Arc::new(SqliteRaw::open(sync, false))),
+        ];
         bench_store(&mut c, &rt, name, store, &raws, table_time, &mut table);
     }
 
@@ -285,9 +348,14 @@ fn main() {
 }
 
 fn print_table(table: &[Row]) {
-    println!("\n{:<14} {:<8} {:>7} {:>12} {:>10} {:>10} {:>8}", "store", "work", "callers", "ops/s", "p50", "p99", "vs raw");
+    println!(
+        "\n{:<14} {:<8} {:>7} {:>12} {:>10} {:>10} {:>8}",
+        "store", "work", "callers", "ops/s", "p50", "p99", "vs raw"
+    );
     for row in table {
-        let raw = table.iter().find(|r| r.store == row.store && r.callers == row.callers && r.baseline);
+        let raw = table
+            .iter()
+            .find(|r| r.store == row.store && r.callers == row.callers && r.baseline);
         let ratio = match (row.baseline, raw) {
             (true, _) | (_, None) => String::new(),
             (_, Some(raw)) => format!("{:.0}%", 100.0 * row.ops_per_s / raw.ops_per_s),

@@ -14,10 +14,10 @@ use hyper_util::rt::TokioExecutor;
 use idem::ledger::{Books, Ledger};
 use idem::server::{AdminListener, Config, Gateway};
 use idem::store::{FaultRule, Op};
+use std::io::IsTerminal;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::io::IsTerminal;
 use std::time::{Duration, Instant};
 use tokio::net::TcpListener;
 
@@ -335,7 +335,8 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
             gateway.faults().set(Op::Insert, rule.clone())?;
             gateway.observer().fault_changed(Op::Insert, rule);
             fault_on = true;
-            say!(quiet, 
+            say!(
+                quiet,
                 "{:>5.1}s store fault ON: 30% of inserts fail",
                 elapsed.as_secs_f64()
             );
@@ -362,7 +363,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
                 next_at += spacing;
             }
             _ = ticker.tick() => {
-                say!(quiet, 
+                say!(quiet,
                     "{:>5.1}s orders={}/{} {}",
                     started.elapsed().as_secs_f64(),
                     seen.orders_done.load(Ordering::Relaxed),
@@ -377,7 +378,10 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
     }
     gateway.faults().clear_all();
     if let Some(console) = console {
-        console.await.context("the console panicked")?.context("the operator console failed")?;
+        console
+            .await
+            .context("the console panicked")?
+            .context("the operator console failed")?;
     }
     println!(
         "{:>5.1}s all orders answered: {}",

@@ -101,8 +101,14 @@ fn main() -> anyhow::Result<()> {
             );
             Ok(())
         }
-        Command::DebugComplete { store, key, fingerprint, body_file } => {
-            let body = std::fs::read(&body_file).with_context(|| format!("read {}", body_file.display()))?;
+        Command::DebugComplete {
+            store,
+            key,
+            fingerprint,
+            body_file,
+        } => {
+            let body = std::fs::read(&body_file)
+                .with_context(|| format!("read {}", body_file.display()))?;
             let runtime = tokio::runtime::Runtime::new()?;
             runtime.block_on(debug_complete(&store, &key, &fingerprint, body))?;
             // Hold the store open, as a server would, until killed.
@@ -143,14 +149,23 @@ fn main() -> anyhow::Result<()> {
     }
 }
 
-async fn debug_complete(url: &str, key: &str, fingerprint: &str, body: Vec<u8>) -> anyhow::Result<()> {
+async fn debug_complete(
+    url: &str,
+    key: &str,
+    fingerprint: &str,
+    body: Vec<u8>,
+) -> anyhow::Result<()> {
     use std::io::Write;
     let store = idem::store::open(url).await?;
     let guard = idem::Guard::builder(store).build()?;
     let idem::Decision::Proceed(claim) = guard.begin(key, fingerprint).await? else {
         anyhow::bail!("key {key:?} is not free to claim");
     };
-    let response = idem::Response { status: 201, headers: vec![("x-idem-test".into(), b"crash".to_vec())], body };
+    let response = idem::Response {
+        status: 201,
+        headers: vec![("x-idem-test".into(), b"crash".to_vec())],
+        body,
+    };
     guard.complete(claim, response).await.1?;
     let mut out = std::io::stdout().lock();
     writeln!(out, "completed {key}")?;

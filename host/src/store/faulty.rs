@@ -237,7 +237,8 @@ impl FromStr for FaultRule {
             "off" => {}
             "error" => {
                 rule.kind = FaultKind::Error;
-                arg.unwrap_or("injected fault").clone_into(&mut rule.message);
+                arg.unwrap_or("injected fault")
+                    .clone_into(&mut rule.message);
             }
             "timeout" => {
                 rule.kind = FaultKind::Timeout;

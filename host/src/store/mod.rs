@@ -28,18 +28,18 @@
 mod faulty;
 mod memory;
 mod open;
-mod sqlite;
 mod params;
 mod postgres;
 mod redis;
+mod sqlite;
 
 pub use faulty::{FaultHandle, FaultKind, FaultRule, Faulty, Op, ParseFaultError};
 pub use idem_guest::model::{Entry, InsertOutcome, Record, State};
 pub use memory::MemoryStore;
 pub use open::{OpenError, open};
-pub use sqlite::{SqliteOptions, SqliteStore, Synchronous};
 pub use postgres::PostgresStore;
 pub use redis::RedisStore;
+pub use sqlite::{SqliteOptions, SqliteStore, Synchronous};
 
 use async_trait::async_trait;
 use std::sync::Arc;

@@ -28,21 +28,31 @@ pub async fn open(url: &str) -> Result<Arc<dyn Store>, OpenError> {
         "memory" => Ok(Arc::new(MemoryStore::new())),
         "sqlite" => {
             let (path, options) = sqlite_url(url, rest)?;
-            let opened = tokio::task::spawn_blocking(move || SqliteStore::open(path, options)).await;
-            let store = opened
-                .map_err(|e| OpenError::Unreachable { store: "sqlite", url: url.to_owned(), reason: e.to_string() })??;
+            let opened =
+                tokio::task::spawn_blocking(move || SqliteStore::open(path, options)).await;
+            let store = opened.map_err(|e| OpenError::Unreachable {
+                store: "sqlite",
+                url: url.to_owned(),
+                reason: e.to_string(),
+            })??;
             Ok(Arc::new(store))
         }
         "redis" => Ok(Arc::new(super::RedisStore::open(url).await?)),
         "postgres" | "postgresql" => Ok(Arc::new(super::PostgresStore::open(url).await?)),
-        other => Err(OpenError::BadUrl { url: url.to_owned(), reason: format!("unknown store {other:?}") }),
+        other => Err(OpenError::BadUrl {
+            url: url.to_owned(),
+            reason: format!("unknown store {other:?}"),
+        }),
     }
 }
 
 /// `sqlite:PATH`, `sqlite://PATH` (so `sqlite:///abs/path` works too), with
 /// an optional `?synchronous=normal|full`.
 fn sqlite_url(url: &str, rest: &str) -> Result<(std::path::PathBuf, SqliteOptions), OpenError> {
-    let bad = |reason: String| OpenError::BadUrl { url: url.to_owned(), reason };
+    let bad = |reason: String| OpenError::BadUrl {
+        url: url.to_owned(),
+        reason,
+    };
     let rest = rest.strip_prefix("//").unwrap_or(rest);
     let (path, query) = rest.split_once('?').unwrap_or((rest, ""));
     if path.is_empty() {
@@ -52,10 +62,15 @@ fn sqlite_url(url: &str, rest: &str) -> Result<(std::path::PathBuf, SqliteOption
     for pair in query.split('&').filter(|p| !p.is_empty()) {
         match pair.split_once('=') {
             Some(("synchronous", value)) => {
-                options.synchronous = Synchronous::parse(value)
-                    .ok_or_else(|| bad(format!("synchronous={value:?} is not one of normal, full")))?;
+                options.synchronous = Synchronous::parse(value).ok_or_else(|| {
+                    bad(format!("synchronous={value:?} is not one of normal, full"))
+                })?;
             }
-            _ => return Err(bad(format!("unknown sqlite option {pair:?}; the one option is synchronous=normal|full"))),
+            _ => {
+                return Err(bad(format!(
+                    "unknown sqlite option {pair:?}; the one option is synchronous=normal|full"
+                )));
+            }
         }
     }
     Ok((path.into(), options))

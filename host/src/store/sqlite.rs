@@ -119,7 +119,10 @@ pub struct SqliteOptions {
 
 impl Default for SqliteOptions {
     fn default() -> Self {
-        SqliteOptions { synchronous: Synchronous::Normal, busy_timeout: Duration::from_secs(5) }
+        SqliteOptions {
+            synchronous: Synchronous::Normal,
+            busy_timeout: Duration::from_secs(5),
+        }
     }
 }
 
@@ -151,7 +154,10 @@ impl Drop for Inner {
 
 impl std::fmt::Debug for SqliteStore {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("SqliteStore").field("path", &self.inner.path).field("options", &self.inner.options).finish()
+        f.debug_struct("SqliteStore")
+            .field("path", &self.inner.path)
+            .field("options", &self.inner.options)
+            .finish()
     }
 }
 
@@ -164,18 +170,27 @@ impl SqliteStore {
     /// not idem's, or its schema is newer than this build understands.
     pub fn open(path: impl AsRef<Path>, options: SqliteOptions) -> Result<Self, OpenError> {
         let path = path.as_ref().to_path_buf();
-        let fail = |reason: String| OpenError::Unreachable { store: STORE, url: path.display().to_string(), reason };
+        let fail = |reason: String| OpenError::Unreachable {
+            store: STORE,
+            url: path.display().to_string(),
+            reason,
+        };
         if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty())
             && !dir.is_dir()
         {
-            return Err(fail(format!("the directory {} does not exist", dir.display())));
+            return Err(fail(format!(
+                "the directory {} does not exist",
+                dir.display()
+            )));
         }
         if path.is_dir() {
             return Err(fail("it is a directory, not a database file".into()));
         }
         let conn = Connection::open_with_flags(
             &path,
-            OpenFlags::SQLITE_OPEN_READ_WRITE | OpenFlags::SQLITE_OPEN_CREATE | OpenFlags::SQLITE_OPEN_NO_MUTEX,
+            OpenFlags::SQLITE_OPEN_READ_WRITE
+                | OpenFlags::SQLITE_OPEN_CREATE
+                | OpenFlags::SQLITE_OPEN_NO_MUTEX,
         )
         .map_err(|e| fail(e.to_string()))?;
         setup_writer(&conn, &options).map_err(fail)?;
@@ -187,7 +202,13 @@ impl SqliteStore {
             .spawn(move || write_loop(&conn, queue))
             .map_err(|e| fail(format!("cannot start the writer thread: {e}")))?;
         Ok(SqliteStore {
-            inner: Arc::new(Inner { path, options, writes: Some(writes), writer: Some(thread), readers: Mutex::new(Vec::new()) }),
+            inner: Arc::new(Inner {
+                path,
+                options,
+                writes: Some(writes),
+                writer: Some(thread),
+                readers: Mutex::new(Vec::new()),
+            }),
         })
     }
 
@@ -201,7 +222,12 @@ impl SqliteStore {
 
     /// Starts a task that purges up to `batch` expired records every
     /// `every`, by `clock`. It ends when the last handle to the store is dropped.
-    pub fn spawn_purger(&self, clock: Arc<dyn Clock>, every: Duration, batch: usize) -> tokio::task::JoinHandle<()> {
+    pub fn spawn_purger(
+        &self,
+        clock: Arc<dyn Clock>,
+        every: Duration,
+        batch: usize,
+    ) -> tokio::task::JoinHandle<()> {
         let weak: Weak<Inner> = Arc::downgrade(&self.inner);
         tokio::spawn(async move {
             let mut tick = tokio::time::interval(every);
@@ -209,16 +235,27 @@ impl SqliteStore {
                 tick.tick().await;
                 let Some(inner) = weak.upgrade() else { return };
                 // A failed purge only delays freeing space; reads never depend on it.
-                let _ = SqliteStore { inner }.purge_expired(clock.now_ms(), batch).await;
+                let _ = SqliteStore { inner }
+                    .purge_expired(clock.now_ms(), batch)
+                    .await;
             }
         })
     }
 
     async fn write(&self, write: Write) -> Result<Written, StoreError> {
         let (reply, answer) = oneshot::channel();
-        let queue = self.inner.writes.as_ref().ok_or_else(|| unavailable("the store is closed"))?;
-        queue.send(Job { write, reply }).await.map_err(|_| unavailable("the writer thread has stopped"))?;
-        answer.await.map_err(|_| unavailable("the writer thread stopped before answering"))?
+        let queue = self
+            .inner
+            .writes
+            .as_ref()
+            .ok_or_else(|| unavailable("the store is closed"))?;
+        queue
+            .send(Job { write, reply })
+            .await
+            .map_err(|_| unavailable("the writer thread has stopped"))?;
+        answer
+            .await
+            .map_err(|_| unavailable("the writer thread stopped before answering"))?
     }
 
     /// Runs `read` on a pooled read connection, off the async runtime.
@@ -228,13 +265,20 @@ impl SqliteStore {
     ) -> Result<T, StoreError> {
         let inner = self.inner.clone();
         tokio::task::spawn_blocking(move || {
-            let pooled = inner.readers.lock().unwrap_or_else(std::sync::PoisonError::into_inner).pop();
+            let pooled = inner
+                .readers
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .pop();
             let conn = match pooled {
                 Some(conn) => conn,
                 None => open_reader(&inner.path, &inner.options).map_err(|e| unavailable(&e))?,
             };
             let result = read(&conn);
-            let mut idle = inner.readers.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+            let mut idle = inner
+                .readers
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
             if idle.len() < MAX_IDLE_READERS {
                 idle.push(conn);
             }
@@ -246,7 +290,10 @@ impl SqliteStore {
 }
 
 fn unavailable(reason: &str) -> StoreError {
-    StoreError::Unavailable { store: STORE, reason: reason.to_owned() }
+    StoreError::Unavailable {
+        store: STORE,
+        reason: reason.to_owned(),
+    }
 }
 
 fn sql_unavailable(e: &rusqlite::Error) -> StoreError {
@@ -254,28 +301,44 @@ fn sql_unavailable(e: &rusqlite::Error) -> StoreError {
 }
 
 fn corrupt(key: &str, reason: impl Into<String>) -> StoreError {
-    StoreError::Corrupt { store: STORE, key: key.to_owned(), reason: reason.into() }
+    StoreError::Corrupt {
+        store: STORE,
+        key: key.to_owned(),
+        reason: reason.into(),
+    }
 }
 
 fn setup_writer(conn: &Connection, options: &SqliteOptions) -> Result<(), String> {
-    conn.busy_timeout(options.busy_timeout).map_err(|e| e.to_string())?;
+    conn.busy_timeout(options.busy_timeout)
+        .map_err(|e| e.to_string())?;
     let mode: String = conn
         .query_row("PRAGMA journal_mode = WAL", [], |r| r.get(0))
         .map_err(|e| format!("cannot read it as a database: {e}"))?;
     if !mode.eq_ignore_ascii_case("wal") {
-        return Err(format!("cannot use WAL mode (the file system gave journal mode {mode:?})"));
+        return Err(format!(
+            "cannot use WAL mode (the file system gave journal mode {mode:?})"
+        ));
     }
-    conn.execute_batch(&format!("PRAGMA synchronous = {};", options.synchronous.pragma())).map_err(|e| e.to_string())?;
+    conn.execute_batch(&format!(
+        "PRAGMA synchronous = {};",
+        options.synchronous.pragma()
+    ))
+    .map_err(|e| e.to_string())?;
     conn.set_prepared_statement_cache_capacity(32);
     Ok(())
 }
 
 fn open_reader(path: &Path, options: &SqliteOptions) -> Result<Connection, String> {
-    let conn = Connection::open_with_flags(path, OpenFlags::SQLITE_OPEN_READ_WRITE | OpenFlags::SQLITE_OPEN_NO_MUTEX)
-        .map_err(|e| format!("cannot open a read connection to {}: {e}", path.display()))?;
-    conn.busy_timeout(options.busy_timeout).map_err(|e| e.to_string())?;
+    let conn = Connection::open_with_flags(
+        path,
+        OpenFlags::SQLITE_OPEN_READ_WRITE | OpenFlags::SQLITE_OPEN_NO_MUTEX,
+    )
+    .map_err(|e| format!("cannot open a read connection to {}: {e}", path.display()))?;
+    conn.busy_timeout(options.busy_timeout)
+        .map_err(|e| e.to_string())?;
     // Reads only: a bug here cannot write around the writer thread.
-    conn.execute_batch("PRAGMA query_only = 1;").map_err(|e| e.to_string())?;
+    conn.execute_batch("PRAGMA query_only = 1;")
+        .map_err(|e| e.to_string())?;
     Ok(conn)
 }
 
@@ -283,29 +346,46 @@ fn open_reader(path: &Path, options: &SqliteOptions) -> Result<Connection, Strin
 /// `SCHEMA_VERSION`, in one transaction. Refuses files that are not idem's
 /// and schemas newer than this build.
 fn migrate(conn: &Connection) -> Result<(), String> {
-    conn.execute_batch("BEGIN IMMEDIATE").map_err(|e| format!("cannot lock it to check its schema: {e}"))?;
+    conn.execute_batch("BEGIN IMMEDIATE")
+        .map_err(|e| format!("cannot lock it to check its schema: {e}"))?;
     let result = (|| {
-        let version: i64 = conn.query_row("PRAGMA user_version", [], |r| r.get(0)).map_err(|e| e.to_string())?;
-        let app: i64 = conn.query_row("PRAGMA application_id", [], |r| r.get(0)).map_err(|e| e.to_string())?;
+        let version: i64 = conn
+            .query_row("PRAGMA user_version", [], |r| r.get(0))
+            .map_err(|e| e.to_string())?;
+        let app: i64 = conn
+            .query_row("PRAGMA application_id", [], |r| r.get(0))
+            .map_err(|e| e.to_string())?;
         if version > SCHEMA_VERSION {
             return Err(format!(
                 "its schema version is {version}, newer than this idem understands ({SCHEMA_VERSION}); use a newer idem"
             ));
         }
         if version == 0 {
-            let tables: i64 =
-                conn.query_row("SELECT count(*) FROM sqlite_schema", [], |r| r.get(0)).map_err(|e| e.to_string())?;
+            let tables: i64 = conn
+                .query_row("SELECT count(*) FROM sqlite_schema", [], |r| r.get(0))
+                .map_err(|e| e.to_string())?;
             if tables > 0 && app != APPLICATION_ID {
-                return Err(format!("it is not an idem database: it has {tables} schema objects and no idem schema version"));
+                return Err(format!(
+                    "it is not an idem database: it has {tables} schema objects and no idem schema version"
+                ));
             }
         } else if app != APPLICATION_ID {
-            return Err(format!("it is not an idem database (application_id {app:#x})"));
+            return Err(format!(
+                "it is not an idem database (application_id {app:#x})"
+            ));
         }
-        for (from, sql) in MIGRATIONS.iter().enumerate().skip(usize::try_from(version).unwrap_or(0)) {
-            conn.execute_batch(sql).map_err(|e| format!("migrating the schema from version {from}: {e}"))?;
+        for (from, sql) in MIGRATIONS
+            .iter()
+            .enumerate()
+            .skip(usize::try_from(version).unwrap_or(0))
+        {
+            conn.execute_batch(sql)
+                .map_err(|e| format!("migrating the schema from version {from}: {e}"))?;
         }
-        conn.execute_batch(&format!("PRAGMA user_version = {SCHEMA_VERSION}; PRAGMA application_id = {APPLICATION_ID};"))
-            .map_err(|e| e.to_string())
+        conn.execute_batch(&format!(
+            "PRAGMA user_version = {SCHEMA_VERSION}; PRAGMA application_id = {APPLICATION_ID};"
+        ))
+        .map_err(|e| e.to_string())
     })();
     match result {
         Ok(()) => conn.execute_batch("COMMIT").map_err(|e| e.to_string()),
@@ -318,10 +398,25 @@ fn migrate(conn: &Connection) -> Result<(), String> {
 
 /// A primitive for the writer thread.
 enum Write {
-    Insert { key: String, record: Record, now_ms: u64 },
-    Replace { key: String, expected_version: u64, record: Record, now_ms: u64 },
-    Delete { key: String, expected_version: Option<u64> },
-    Purge { now_ms: u64, limit: usize },
+    Insert {
+        key: String,
+        record: Record,
+        now_ms: u64,
+    },
+    Replace {
+        key: String,
+        expected_version: u64,
+        record: Record,
+        now_ms: u64,
+    },
+    Delete {
+        key: String,
+        expected_version: Option<u64>,
+    },
+    Purge {
+        now_ms: u64,
+        limit: usize,
+    },
 }
 
 enum Written {
@@ -377,13 +472,19 @@ fn write_loop(conn: &Connection, mut queue: mpsc::Receiver<Job>) {
 }
 
 fn is_busy(e: &rusqlite::Error) -> bool {
-    matches!(e.sqlite_error_code(), Some(rusqlite::ErrorCode::DatabaseBusy | rusqlite::ErrorCode::DatabaseLocked))
+    matches!(
+        e.sqlite_error_code(),
+        Some(rusqlite::ErrorCode::DatabaseBusy | rusqlite::ErrorCode::DatabaseLocked)
+    )
 }
 
 /// Applies `jobs` in one transaction. A database error rolls all of them back
 /// and is returned; a record that does not decode is that job's answer only
 /// (it is found by a read, so nothing was written for it).
-fn apply_batch(conn: &Connection, jobs: &[Job]) -> Result<Vec<Result<Written, StoreError>>, rusqlite::Error> {
+fn apply_batch(
+    conn: &Connection,
+    jobs: &[Job],
+) -> Result<Vec<Result<Written, StoreError>>, rusqlite::Error> {
     // Prepared once: parsing BEGIN and COMMIT per batch is measurable at this rate.
     conn.prepare_cached("BEGIN IMMEDIATE")?.execute([])?;
     let mut results = Vec::with_capacity(jobs.len());
@@ -398,7 +499,10 @@ fn apply_batch(conn: &Connection, jobs: &[Job]) -> Result<Vec<Result<Written, St
             }
         }
     }
-    if let Err(e) = conn.prepare_cached("COMMIT").and_then(|mut commit| commit.execute([])) {
+    if let Err(e) = conn
+        .prepare_cached("COMMIT")
+        .and_then(|mut commit| commit.execute([]))
+    {
         if !conn.is_autocommit() {
             let _ = conn.execute_batch("ROLLBACK");
         }
@@ -407,7 +511,8 @@ fn apply_batch(conn: &Connection, jobs: &[Job]) -> Result<Vec<Result<Written, St
     Ok(results)
 }
 
-const COLUMNS: &str = "key, version, fingerprint, state, lease_until_ms, expires_at_ms, status, headers, body";
+const COLUMNS: &str =
+    "key, version, fingerprint, state, lease_until_ms, expires_at_ms, status, headers, body";
 
 const INSERT: &str = "
     INSERT INTO records (key, version, fingerprint, state, lease_until_ms, expires_at_ms, status, headers, body)
@@ -434,7 +539,11 @@ const REPLACE: &str = "
 
 fn apply(conn: &Connection, write: &Write) -> Result<Result<Written, StoreError>, rusqlite::Error> {
     Ok(match write {
-        Write::Insert { key, record, now_ms } => {
+        Write::Insert {
+            key,
+            record,
+            now_ms,
+        } => {
             let (status, headers, body) = response_columns(record.response.as_ref());
             let inserted: Option<i64> = conn
                 .prepare_cached(INSERT)?
@@ -465,7 +574,12 @@ fn apply(conn: &Connection, write: &Write) -> Result<Result<Written, StoreError>
                 },
             }
         }
-        Write::Replace { key, expected_version, record, now_ms } => {
+        Write::Replace {
+            key,
+            expected_version,
+            record,
+            now_ms,
+        } => {
             let (status, headers, body) = response_columns(record.response.as_ref());
             let replaced: Option<i64> = conn
                 .prepare_cached(REPLACE)?
@@ -492,9 +606,14 @@ fn apply(conn: &Connection, write: &Write) -> Result<Result<Written, StoreError>
                 None => Ok(Written::Replace(None)),
             }
         }
-        Write::Delete { key, expected_version } => {
+        Write::Delete {
+            key,
+            expected_version,
+        } => {
             let deleted = conn
-                .prepare_cached("DELETE FROM records WHERE key = ?1 AND (?2 IS NULL OR version = ?2)")?
+                .prepare_cached(
+                    "DELETE FROM records WHERE key = ?1 AND (?2 IS NULL OR version = ?2)",
+                )?
                 .execute(params![key, expected_version.map(int)])?;
             Ok(Written::Delete(deleted > 0))
         }
@@ -504,7 +623,10 @@ fn apply(conn: &Connection, write: &Write) -> Result<Result<Written, StoreError>
                     "DELETE FROM records WHERE rowid IN
                      (SELECT rowid FROM records WHERE expires_at_ms <= ?1 LIMIT ?2)",
                 )?
-                .execute(params![int(*now_ms), i64::try_from(*limit).unwrap_or(i64::MAX)])?;
+                .execute(params![
+                    int(*now_ms),
+                    i64::try_from(*limit).unwrap_or(i64::MAX)
+                ])?;
             Ok(Written::Purge(purged))
         }
     })
@@ -518,7 +640,10 @@ fn int(v: u64) -> i64 {
 
 /// The record for `key` whether live or not; the outer error is the
 /// database's, the inner one the record's.
-fn select(conn: &Connection, key: &str) -> Result<Option<Result<Entry, StoreError>>, rusqlite::Error> {
+fn select(
+    conn: &Connection,
+    key: &str,
+) -> Result<Option<Result<Entry, StoreError>>, rusqlite::Error> {
     conn.prepare_cached(&format!("SELECT {COLUMNS} FROM records WHERE key = ?1"))?
         .query_row([key], |row| Ok(decode(key, row)))
         .optional()
@@ -526,7 +651,11 @@ fn select(conn: &Connection, key: &str) -> Result<Option<Result<Entry, StoreErro
 
 fn response_columns(response: Option<&Response>) -> (Option<u16>, Option<Vec<u8>>, Option<&[u8]>) {
     match response {
-        Some(r) => (Some(r.status), Some(encode_headers(&r.headers)), Some(r.body.as_slice())),
+        Some(r) => (
+            Some(r.status),
+            Some(encode_headers(&r.headers)),
+            Some(r.body.as_slice()),
+        ),
         None => (None, None, None),
     }
 }
@@ -534,7 +663,10 @@ fn response_columns(response: Option<&Response>) -> (Option<u16>, Option<Vec<u8>
 /// Headers as one BLOB: a u32 count, then for each header a u32 length and
 /// the name's UTF-8 bytes, a u32 length and the value's bytes; all big-endian.
 fn encode_headers(headers: &[(String, Vec<u8>)]) -> Vec<u8> {
-    let size = 4 + headers.iter().map(|(n, v)| 8 + n.len() + v.len()).sum::<usize>();
+    let size = 4 + headers
+        .iter()
+        .map(|(n, v)| 8 + n.len() + v.len())
+        .sum::<usize>();
     let mut out = Vec::with_capacity(size);
     out.extend_from_slice(&(headers.len() as u32).to_be_bytes());
     for (name, value) in headers {
@@ -550,7 +682,10 @@ fn encode_headers(headers: &[(String, Vec<u8>)]) -> Vec<u8> {
 fn decode_headers(mut blob: &[u8]) -> Result<Vec<(String, Vec<u8>)>, String> {
     fn take<'a>(blob: &mut &'a [u8], n: usize, what: &str) -> Result<&'a [u8], String> {
         if blob.len() < n {
-            return Err(format!("headers blob ends inside {what} ({n} bytes needed, {} left)", blob.len()));
+            return Err(format!(
+                "headers blob ends inside {what} ({n} bytes needed, {} left)",
+                blob.len()
+            ));
         }
         let (head, rest) = blob.split_at(n);
         *blob = rest;
@@ -563,7 +698,10 @@ fn decode_headers(mut blob: &[u8]) -> Result<Vec<(String, Vec<u8>)>, String> {
     let count = length(&mut blob, "the header count")?;
     // Every header takes at least 8 bytes: a count beyond that is corrupt, not a huge allocation.
     if count > blob.len() / 8 {
-        return Err(format!("headers blob claims {count} headers in {} bytes", blob.len()));
+        return Err(format!(
+            "headers blob claims {count} headers in {} bytes",
+            blob.len()
+        ));
     }
     let mut headers = Vec::with_capacity(count);
     for i in 0..count {
@@ -576,7 +714,10 @@ fn decode_headers(mut blob: &[u8]) -> Result<Vec<(String, Vec<u8>)>, String> {
         headers.push((name, value));
     }
     if !blob.is_empty() {
-        return Err(format!("headers blob has {} bytes after its {count} headers", blob.len()));
+        return Err(format!(
+            "headers blob has {} bytes after its {count} headers",
+            blob.len()
+        ));
     }
     Ok(headers)
 }
@@ -584,11 +725,14 @@ fn decode_headers(mut blob: &[u8]) -> Result<Vec<(String, Vec<u8>)>, String> {
 /// One row as an entry, or `Corrupt` naming the key and what is wrong.
 fn decode(key: &str, row: &Row<'_>) -> Result<Entry, StoreError> {
     let bad = |e: rusqlite::Error| corrupt(key, e.to_string());
-    let unsigned = |column: &str, v: i64| u64::try_from(v).map_err(|_| corrupt(key, format!("{column} {v} is negative")));
+    let unsigned = |column: &str, v: i64| {
+        u64::try_from(v).map_err(|_| corrupt(key, format!("{column} {v} is negative")))
+    };
     let version = unsigned("version", row.get::<_, i64>(1).map_err(bad)?)?;
     let fingerprint: String = row.get(2).map_err(bad)?;
     let state_text: String = row.get(3).map_err(bad)?;
-    let state = State::parse(&state_text).ok_or_else(|| corrupt(key, format!("unknown state {state_text:?}")))?;
+    let state = State::parse(&state_text)
+        .ok_or_else(|| corrupt(key, format!("unknown state {state_text:?}")))?;
     let lease_until_ms = unsigned("lease_until_ms", row.get::<_, i64>(4).map_err(bad)?)?;
     let expires_at_ms = unsigned("expires_at_ms", row.get::<_, i64>(5).map_err(bad)?)?;
     let status: Option<i64> = row.get(6).map_err(bad)?;
@@ -597,15 +741,28 @@ fn decode(key: &str, row: &Row<'_>) -> Result<Entry, StoreError> {
     let response = match (status, headers, body) {
         (None, None, None) => None,
         (Some(status), Some(headers), Some(body)) => Some(Response {
-            status: u16::try_from(status).map_err(|_| corrupt(key, format!("status {status} is not an HTTP status")))?,
+            status: u16::try_from(status)
+                .map_err(|_| corrupt(key, format!("status {status} is not an HTTP status")))?,
             headers: decode_headers(&headers).map_err(|reason| corrupt(key, reason))?,
             body,
         }),
         _ => {
-            return Err(corrupt(key, "the response's status, headers and body are only partly present"));
+            return Err(corrupt(
+                key,
+                "the response's status, headers and body are only partly present",
+            ));
         }
     };
-    Ok(Entry { record: Record { fingerprint, state, lease_until_ms, expires_at_ms, response }, version })
+    Ok(Entry {
+        record: Record {
+            fingerprint,
+            state,
+            lease_until_ms,
+            expires_at_ms,
+            response,
+        },
+        version,
+    })
 }
 
 /// The smallest string above every string starting with `prefix`, or `None`
@@ -632,36 +789,77 @@ impl Store for SqliteStore {
         let key = key.to_owned();
         self.read(move |conn| {
             let row = conn
-                .prepare_cached(&format!("SELECT {COLUMNS} FROM records WHERE key = ?1 AND expires_at_ms > ?2"))
-                .and_then(|mut s| s.query_row(params![key, int(now_ms)], |row| Ok(decode(&key, row))).optional())
+                .prepare_cached(&format!(
+                    "SELECT {COLUMNS} FROM records WHERE key = ?1 AND expires_at_ms > ?2"
+                ))
+                .and_then(|mut s| {
+                    s.query_row(params![key, int(now_ms)], |row| Ok(decode(&key, row)))
+                        .optional()
+                })
                 .map_err(|e| sql_unavailable(&e))?;
             row.transpose()
         })
         .await
     }
 
-    async fn insert(&self, key: &str, record: Record, now_ms: u64) -> Result<InsertOutcome, StoreError> {
-        match self.write(Write::Insert { key: key.to_owned(), record, now_ms }).await? {
+    async fn insert(
+        &self,
+        key: &str,
+        record: Record,
+        now_ms: u64,
+    ) -> Result<InsertOutcome, StoreError> {
+        match self
+            .write(Write::Insert {
+                key: key.to_owned(),
+                record,
+                now_ms,
+            })
+            .await?
+        {
             Written::Insert(outcome) => Ok(outcome),
             _ => unreachable!("the writer answers in kind"),
         }
     }
 
-    async fn replace(&self, key: &str, expected_version: u64, record: Record, now_ms: u64) -> Result<Option<u64>, StoreError> {
-        match self.write(Write::Replace { key: key.to_owned(), expected_version, record, now_ms }).await? {
+    async fn replace(
+        &self,
+        key: &str,
+        expected_version: u64,
+        record: Record,
+        now_ms: u64,
+    ) -> Result<Option<u64>, StoreError> {
+        match self
+            .write(Write::Replace {
+                key: key.to_owned(),
+                expected_version,
+                record,
+                now_ms,
+            })
+            .await?
+        {
             Written::Replace(version) => Ok(version),
             _ => unreachable!("the writer answers in kind"),
         }
     }
 
     async fn delete(&self, key: &str, expected_version: Option<u64>) -> Result<bool, StoreError> {
-        match self.write(Write::Delete { key: key.to_owned(), expected_version }).await? {
+        match self
+            .write(Write::Delete {
+                key: key.to_owned(),
+                expected_version,
+            })
+            .await?
+        {
             Written::Delete(deleted) => Ok(deleted),
             _ => unreachable!("the writer answers in kind"),
         }
     }
 
-    async fn list(&self, query: &ListQuery, now_ms: u64) -> Result<Vec<(String, Entry)>, StoreError> {
+    async fn list(
+        &self,
+        query: &ListQuery,
+        now_ms: u64,
+    ) -> Result<Vec<(String, Entry)>, StoreError> {
         let query = query.clone();
         self.read(move |conn| {
             let end = prefix_end(&query.prefix);
@@ -713,15 +911,30 @@ mod tests {
 
     #[test]
     fn headers_round_trip_and_bad_blobs_are_named() {
-        let headers = vec![("content-type".to_owned(), b"text/plain".to_vec()), (String::new(), vec![0, 255])];
+        let headers = vec![
+            ("content-type".to_owned(), b"text/plain".to_vec()),
+            (String::new(), vec![0, 255]),
+        ];
         assert_eq!(decode_headers(&encode_headers(&headers)).unwrap(), headers);
         assert_eq!(decode_headers(&encode_headers(&[])).unwrap(), vec![]);
         let blob = encode_headers(&headers);
-        assert!(decode_headers(&blob[..blob.len() - 1]).unwrap_err().contains("ends inside a header value"));
+        assert!(
+            decode_headers(&blob[..blob.len() - 1])
+                .unwrap_err()
+                .contains("ends inside a header value")
+        );
         let mut trailing = blob.clone();
         trailing.push(0);
-        assert!(decode_headers(&trailing).unwrap_err().contains("1 bytes after"));
-        assert!(decode_headers(&[0xff, 0xff, 0xff, 0xff]).unwrap_err().contains("claims 4294967295 headers"));
+        assert!(
+            decode_headers(&trailing)
+                .unwrap_err()
+                .contains("1 bytes after")
+        );
+        assert!(
+            decode_headers(&[0xff, 0xff, 0xff, 0xff])
+                .unwrap_err()
+                .contains("claims 4294967295 headers")
+        );
         assert!(decode_headers(b"").unwrap_err().contains("header count"));
         let bad_name = [0, 0, 0, 1, 0, 0, 0, 1, 0xff, 0, 0, 0, 0];
         assert!(decode_headers(&bad_name).unwrap_err().contains("not UTF-8"));
@@ -735,7 +948,10 @@ mod tests {
         assert_eq!(prefix_end(&format!("a{}", char::MAX)).as_deref(), Some("b"));
         assert_eq!(prefix_end(&char::MAX.to_string()), None);
         for key in ["ab", "ab\u{10ffff}", "abz", "ab/1"] {
-            assert!(key >= "ab" && key < prefix_end("ab").unwrap().as_str(), "{key}");
+            assert!(
+                key >= "ab" && key < prefix_end("ab").unwrap().as_str(),
+                "{key}"
+            );
         }
     }
 }

@@ -16,21 +16,39 @@ use std::time::Duration;
 pub const BASE_MS: u64 = 1_792_382_400_000;
 
 pub fn record(fingerprint: &str, state: State, lease_until_ms: u64, expires_at_ms: u64) -> Record {
-    let response = (state == State::Done).then(|| Response { status: 200, headers: vec![], body: b"paid".to_vec() });
-    Record { fingerprint: fingerprint.into(), state, lease_until_ms, expires_at_ms, response }
+    let response = (state == State::Done).then(|| Response {
+        status: 200,
+        headers: vec![],
+        body: b"paid".to_vec(),
+    });
+    Record {
+        fingerprint: fingerprint.into(),
+        state,
+        lease_until_ms,
+        expires_at_ms,
+        response,
+    }
 }
 
 /// A key no other test (or earlier run against a shared server) uses.
 pub fn unique(name: &str) -> String {
     static N: AtomicUsize = AtomicUsize::new(0);
-    format!("{name}-{}-{}-{}", std::process::id(), N.fetch_add(1, Ordering::Relaxed), fastrand::u64(..))
+    format!(
+        "{name}-{}-{}-{}",
+        std::process::id(),
+        N.fetch_add(1, Ordering::Relaxed),
+        fastrand::u64(..)
+    )
 }
 
 pub async fn insert_if_absent_or_expired(store: Arc<dyn Store>) {
     let key = unique("insert");
     let now = BASE_MS;
     let r = record("fp", State::Processing, now + 1_000, now + 10_000);
-    assert_eq!(store.insert(&key, r.clone(), now).await.unwrap(), InsertOutcome::Inserted(1));
+    assert_eq!(
+        store.insert(&key, r.clone(), now).await.unwrap(),
+        InsertOutcome::Inserted(1)
+    );
     // Live: nothing written, the live record returned.
     let other = record("other", State::Processing, now + 5_000, now + 20_000);
     match store.insert(&key, other.clone(), now + 1).await.unwrap() {
@@ -41,11 +59,20 @@ pub async fn insert_if_absent_or_expired(store: Arc<dyn Store>) {
         o => panic!("expected existing, got {o:?}"),
     }
     // Expired (at exactly expires_at): overwritten with a higher version.
-    match store.insert(&key, other.clone(), now + 10_000).await.unwrap() {
-        InsertOutcome::Inserted(v) => assert!(v > 1, "version {v} must exceed the expired record's"),
+    match store
+        .insert(&key, other.clone(), now + 10_000)
+        .await
+        .unwrap()
+    {
+        InsertOutcome::Inserted(v) => {
+            assert!(v > 1, "version {v} must exceed the expired record's")
+        }
         o => panic!("expected inserted, got {o:?}"),
     }
-    assert_eq!(store.get(&key, now + 10_000).await.unwrap().unwrap().record, other);
+    assert_eq!(
+        store.get(&key, now + 10_000).await.unwrap().unwrap().record,
+        other
+    );
 }
 
 pub async fn replace_only_at_version(store: Arc<dyn Store>) {
@@ -54,37 +81,84 @@ pub async fn replace_only_at_version(store: Arc<dyn Store>) {
     let r = record("fp", State::Processing, now + 1_000, now + 10_000);
     store.insert(&key, r, now).await.unwrap();
     let done = record("fp", State::Done, 0, now + 10_000);
-    assert_eq!(store.replace(&key, 2, done.clone(), now).await.unwrap(), None, "wrong version");
-    assert_eq!(store.replace(&key, 1, done.clone(), now).await.unwrap(), Some(2));
-    assert_eq!(store.replace(&key, 1, done.clone(), now).await.unwrap(), None, "stale version");
+    assert_eq!(
+        store.replace(&key, 2, done.clone(), now).await.unwrap(),
+        None,
+        "wrong version"
+    );
+    assert_eq!(
+        store.replace(&key, 1, done.clone(), now).await.unwrap(),
+        Some(2)
+    );
+    assert_eq!(
+        store.replace(&key, 1, done.clone(), now).await.unwrap(),
+        None,
+        "stale version"
+    );
     let got = store.get(&key, now).await.unwrap().unwrap();
     assert_eq!((got.record, got.version), (done.clone(), 2));
     // Absent and expired keys are never replaced.
-    assert_eq!(store.replace(&unique("absent"), 1, done.clone(), now).await.unwrap(), None);
-    assert_eq!(store.replace(&key, 2, done, now + 10_000).await.unwrap(), None);
+    assert_eq!(
+        store
+            .replace(&unique("absent"), 1, done.clone(), now)
+            .await
+            .unwrap(),
+        None
+    );
+    assert_eq!(
+        store.replace(&key, 2, done, now + 10_000).await.unwrap(),
+        None
+    );
 }
 
 pub async fn delete_at_version(store: Arc<dyn Store>) {
     let key = unique("delete");
     let now = BASE_MS;
-    store.insert(&key, record("fp", State::Processing, now + 1, now + 10_000), now).await.unwrap();
+    store
+        .insert(
+            &key,
+            record("fp", State::Processing, now + 1, now + 10_000),
+            now,
+        )
+        .await
+        .unwrap();
     assert!(!store.delete(&key, Some(7)).await.unwrap());
     assert!(store.get(&key, now).await.unwrap().is_some());
     assert!(store.delete(&key, Some(1)).await.unwrap());
     assert!(store.get(&key, now).await.unwrap().is_none());
     assert!(!store.delete(&key, None).await.unwrap());
-    store.insert(&key, record("fp", State::Processing, now + 1, now + 10_000), now).await.unwrap();
+    store
+        .insert(
+            &key,
+            record("fp", State::Processing, now + 1, now + 10_000),
+            now,
+        )
+        .await
+        .unwrap();
     assert!(store.delete(&key, None).await.unwrap());
 }
 
 pub async fn reads_never_return_expired(store: Arc<dyn Store>) {
     let key = unique("expiry");
     let now = BASE_MS;
-    store.insert(&key, record("fp", State::Done, 0, now + 100), now).await.unwrap();
+    store
+        .insert(&key, record("fp", State::Done, 0, now + 100), now)
+        .await
+        .unwrap();
     assert!(store.get(&key, now + 99).await.unwrap().is_some());
-    assert!(store.get(&key, now + 100).await.unwrap().is_none(), "expired at expires_at, purged or not");
+    assert!(
+        store.get(&key, now + 100).await.unwrap().is_none(),
+        "expired at expires_at, purged or not"
+    );
     let listed = store
-        .list(&ListQuery { prefix: key.clone(), limit: 10, ..ListQuery::default() }, now + 100)
+        .list(
+            &ListQuery {
+                prefix: key.clone(),
+                limit: 10,
+                ..ListQuery::default()
+            },
+            now + 100,
+        )
         .await
         .unwrap();
     assert!(listed.is_empty(), "list must hide expired records too");
@@ -92,11 +166,25 @@ pub async fn reads_never_return_expired(store: Arc<dyn Store>) {
 
 pub async fn keys_round_trip_any_allowed_bytes(store: Arc<dyn Store>) {
     let now = BASE_MS;
-    for name in ["with space", "with \"quotes\" and 'single'", "colon:separated:key", "ünïcödé ✓", "semi;colon%25\\back"] {
+    for name in [
+        "with space",
+        "with \"quotes\" and 'single'",
+        "colon:separated:key",
+        "ünïcödé ✓",
+        "semi;colon%25\\back",
+    ] {
         let key = format!("{}/{name}", unique("bytes"));
         let r = record("fp", State::Done, 0, now + 10_000);
-        assert_eq!(store.insert(&key, r.clone(), now).await.unwrap(), InsertOutcome::Inserted(1), "{key}");
-        assert_eq!(store.get(&key, now).await.unwrap().unwrap().record, r, "{key}");
+        assert_eq!(
+            store.insert(&key, r.clone(), now).await.unwrap(),
+            InsertOutcome::Inserted(1),
+            "{key}"
+        );
+        assert_eq!(
+            store.get(&key, now).await.unwrap().unwrap().record,
+            r,
+            "{key}"
+        );
     }
 }
 
@@ -104,16 +192,47 @@ pub async fn list_filters_and_pages(store: Arc<dyn Store>) {
     let now = BASE_MS;
     let prefix = unique("list");
     for i in 0..5 {
-        let state = if i % 2 == 0 { State::Done } else { State::Processing };
-        store.insert(&format!("{prefix}/{i}"), record("fp", state, now + 1_000, now + 10_000), now).await.unwrap();
+        let state = if i % 2 == 0 {
+            State::Done
+        } else {
+            State::Processing
+        };
+        store
+            .insert(
+                &format!("{prefix}/{i}"),
+                record("fp", state, now + 1_000, now + 10_000),
+                now,
+            )
+            .await
+            .unwrap();
     }
-    let q = ListQuery { prefix: prefix.clone(), limit: 2, ..ListQuery::default() };
+    let q = ListQuery {
+        prefix: prefix.clone(),
+        limit: 2,
+        ..ListQuery::default()
+    };
     let page1 = store.list(&q, now).await.unwrap();
-    assert_eq!(page1.iter().map(|(k, _)| k.clone()).collect::<Vec<_>>(), [format!("{prefix}/0"), format!("{prefix}/1")]);
-    let q2 = ListQuery { after: Some(page1[1].0.clone()), ..q.clone() };
+    assert_eq!(
+        page1.iter().map(|(k, _)| k.clone()).collect::<Vec<_>>(),
+        [format!("{prefix}/0"), format!("{prefix}/1")]
+    );
+    let q2 = ListQuery {
+        after: Some(page1[1].0.clone()),
+        ..q.clone()
+    };
     let page2 = store.list(&q2, now).await.unwrap();
     assert_eq!(page2[0].0, format!("{prefix}/2"));
-    let done = store.list(&ListQuery { state: Some(State::Done), limit: 10, ..q }, now).await.unwrap();
+    let done = store
+        .list(
+            &ListQuery {
+                state: Some(State::Done),
+                limit: 10,
+                ..q
+            },
+            now,
+        )
+        .await
+        .unwrap();
     assert_eq!(done.len(), 3);
 }
 
@@ -146,28 +265,64 @@ pub async fn takeover_fencing_and_retention(store: Arc<dyn Store>) {
         .build()
         .unwrap();
     let key = unique("fence");
-    let Decision::Proceed(zombie) = guard.begin(&key, "fp").await.unwrap() else { panic!() };
-    assert!(matches!(guard.begin(&key, "fp").await.unwrap(), Decision::InFlight { .. }));
+    let Decision::Proceed(zombie) = guard.begin(&key, "fp").await.unwrap() else {
+        panic!()
+    };
+    assert!(matches!(
+        guard.begin(&key, "fp").await.unwrap(),
+        Decision::InFlight { .. }
+    ));
     clock.advance(Duration::from_secs(1));
-    let Decision::Proceed(taker) = guard.begin(&key, "fp").await.unwrap() else { panic!("takeover after the lease") };
+    let Decision::Proceed(taker) = guard.begin(&key, "fp").await.unwrap() else {
+        panic!("takeover after the lease")
+    };
     assert!(taker.fence > zombie.fence);
-    let taker_response = Response { status: 201, headers: vec![("x".into(), b"taker".to_vec())], body: b"taker".to_vec() };
-    assert!(guard.complete(taker, taker_response.clone()).await.1.is_ok());
-    let zombie_response = Response { status: 200, headers: vec![], body: b"zombie".to_vec() };
+    let taker_response = Response {
+        status: 201,
+        headers: vec![("x".into(), b"taker".to_vec())],
+        body: b"taker".to_vec(),
+    };
+    assert!(
+        guard
+            .complete(taker, taker_response.clone())
+            .await
+            .1
+            .is_ok()
+    );
+    let zombie_response = Response {
+        status: 200,
+        headers: vec![],
+        body: b"zombie".to_vec(),
+    };
     let (_, refused) = guard.complete(zombie, zombie_response).await;
-    assert!(matches!(refused, Err(idem::GuardError::StaleClaim(_))), "{refused:?}");
-    assert_eq!(guard.begin(&key, "fp").await.unwrap(), Decision::Replay(taker_response));
+    assert!(
+        matches!(refused, Err(idem::GuardError::StaleClaim(_))),
+        "{refused:?}"
+    );
+    assert_eq!(
+        guard.begin(&key, "fp").await.unwrap(),
+        Decision::Replay(taker_response)
+    );
     clock.advance(Duration::from_secs(3600));
-    assert!(matches!(guard.begin(&key, "fp").await.unwrap(), Decision::Proceed(_)), "new after retention");
+    assert!(
+        matches!(guard.begin(&key, "fp").await.unwrap(), Decision::Proceed(_)),
+        "new after retention"
+    );
 }
 
 pub async fn replays_the_stored_bytes(store: Arc<dyn Store>) {
-    let guard = Guard::builder(store).clock(ManualClock::new(BASE_MS)).build().unwrap();
+    let guard = Guard::builder(store)
+        .clock(ManualClock::new(BASE_MS))
+        .build()
+        .unwrap();
     let key = unique("bytes");
     let body: Vec<u8> = (0..=255u8).cycle().take(70_000).collect();
     let response = Response {
         status: 201,
-        headers: vec![("content-type".into(), b"application/octet-stream".to_vec()), ("x-raw".into(), vec![0, 159, 255])],
+        headers: vec![
+            ("content-type".into(), b"application/octet-stream".to_vec()),
+            ("x-raw".into(), vec![0, 159, 255]),
+        ],
         body,
     };
     let calls = AtomicUsize::new(0);
@@ -179,8 +334,17 @@ pub async fn replays_the_stored_bytes(store: Arc<dyn Store>) {
         .await
         .unwrap();
     assert_eq!(first, Outcome::Executed(response.clone()));
-    let again = guard.run(&key, "fp", |_| async { Ok::<_, std::convert::Infallible>(Response::default()) }).await.unwrap();
-    assert_eq!(again, Outcome::Replayed(response), "the bytes replayed are the bytes stored");
+    let again = guard
+        .run(&key, "fp", |_| async {
+            Ok::<_, std::convert::Infallible>(Response::default())
+        })
+        .await
+        .unwrap();
+    assert_eq!(
+        again,
+        Outcome::Replayed(response),
+        "the bytes replayed are the bytes stored"
+    );
     assert_eq!(calls.load(Ordering::SeqCst), 1);
 }
 
@@ -230,38 +394,70 @@ pub use crate::seed::{seed_concurrent_same_key, seed_lease_takeover_faults_and_w
 /// handler never runs; then the faults clear and the same guard works.
 pub async fn fails_closed_when_down_and_recovers(store: Arc<dyn Store>) {
     let (faulty, faults) = idem::Faulty::new(store);
-    let guard = Guard::builder(faulty).clock(ManualClock::new(BASE_MS)).build().unwrap();
-    faults.set_all(&idem::FaultRule::error("connection refused")).unwrap();
+    let guard = Guard::builder(faulty)
+        .clock(ManualClock::new(BASE_MS))
+        .build()
+        .unwrap();
+    faults
+        .set_all(&idem::FaultRule::error("connection refused"))
+        .unwrap();
     let calls = AtomicUsize::new(0);
     let handler = |_| async {
         calls.fetch_add(1, Ordering::SeqCst);
-        Ok::<_, std::convert::Infallible>(Response { status: 200, headers: vec![], body: b"ok".to_vec() })
+        Ok::<_, std::convert::Infallible>(Response {
+            status: 200,
+            headers: vec![],
+            body: b"ok".to_vec(),
+        })
     };
     let key = unique("down");
-    assert!(matches!(guard.run(&key, "fp", handler).await.unwrap(), Outcome::Unavailable(_)));
-    assert_eq!(calls.load(Ordering::SeqCst), 0, "fail closed: the handler never runs");
+    assert!(matches!(
+        guard.run(&key, "fp", handler).await.unwrap(),
+        Outcome::Unavailable(_)
+    ));
+    assert_eq!(
+        calls.load(Ordering::SeqCst),
+        0,
+        "fail closed: the handler never runs"
+    );
     faults.clear_all();
-    assert!(matches!(guard.run(&key, "fp", handler).await.unwrap(), Outcome::Executed(_)));
+    assert!(matches!(
+        guard.run(&key, "fp", handler).await.unwrap(),
+        Outcome::Executed(_)
+    ));
     assert_eq!(calls.load(Ordering::SeqCst), 1);
 }
 
-store_conformance!(memory, async { Some(Arc::new(idem::MemoryStore::new()) as Arc<dyn Store>) });
+store_conformance!(memory, async {
+    Some(Arc::new(idem::MemoryStore::new()) as Arc<dyn Store>)
+});
 
 store_conformance!(sqlite, async {
     // Kept after the test (under target/tmp, which `cargo clean` empties): the
     // file must outlive every handle the suite's tasks may still hold.
-    let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).expect("temp dir").keep();
-    let store = idem::store::SqliteStore::open(dir.join("idem.db"), idem::store::SqliteOptions::default())
-        .expect("open the sqlite store");
+    let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR"))
+        .expect("temp dir")
+        .keep();
+    let store =
+        idem::store::SqliteStore::open(dir.join("idem.db"), idem::store::SqliteOptions::default())
+            .expect("open the sqlite store");
     Some(Arc::new(store) as Arc<dyn Store>)
 });
 
 store_conformance!(redis, async {
     let url = crate::netstores::server_url("IDEM_TEST_REDIS_URL")?;
-    Some(Arc::new(idem::store::RedisStore::open(&url).await.expect("IDEM_TEST_REDIS_URL is set but the server cannot be opened")) as Arc<dyn Store>)
+    Some(Arc::new(
+        idem::store::RedisStore::open(&url)
+            .await
+            .expect("IDEM_TEST_REDIS_URL is set but the server cannot be opened"),
+    ) as Arc<dyn Store>)
 });
 
 store_conformance!(postgres, async {
     let url = crate::netstores::server_url("IDEM_TEST_POSTGRES_URL")?;
-    Some(Arc::new(idem::store::PostgresStore::open(&url).await.expect("IDEM_TEST_POSTGRES_URL is set but the server cannot be opened")) as Arc<dyn Store>)
+    Some(Arc::new(
+        idem::store::PostgresStore::open(&url)
+            .await
+            .expect("IDEM_TEST_POSTGRES_URL is set but the server cannot be opened"),
+    ) as Arc<dyn Store>)
 });

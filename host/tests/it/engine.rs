@@ -8,14 +8,22 @@ use std::time::Duration;
 
 fn misbehaving(limits: Limits) -> Guard {
     let runtime = Runtime::from_component(idem::component::MISBEHAVING_COMPONENT, limits).unwrap();
-    Guard::builder(MemoryStore::new()).clock(ManualClock::new(BASE_MS)).runtime(runtime).build().unwrap()
+    Guard::builder(MemoryStore::new())
+        .clock(ManualClock::new(BASE_MS))
+        .runtime(runtime)
+        .build()
+        .unwrap()
 }
 
 async fn check_fails_closed_then_recovers(guard: &Guard, bad_key: &str, needle: &str) {
     let calls = AtomicU32::new(0);
     let handler = |_| async {
         calls.fetch_add(1, Ordering::SeqCst);
-        Ok::<_, &str>(Response { status: 200, headers: vec![], body: b"ok".to_vec() })
+        Ok::<_, &str>(Response {
+            status: 200,
+            headers: vec![],
+            body: b"ok".to_vec(),
+        })
     };
     match guard.run(bad_key, "fp", handler).await.unwrap() {
         Outcome::Unavailable(why) => assert!(why.contains(needle), "{why}"),
@@ -24,7 +32,10 @@ async fn check_fails_closed_then_recovers(guard: &Guard, bad_key: &str, needle: 
     assert_eq!(calls.load(Ordering::SeqCst), 0);
     let failed = guard.pool_stats().failed;
     assert!(failed >= 1);
-    assert!(matches!(guard.run("fine", "fp", handler).await.unwrap(), Outcome::Executed(_)));
+    assert!(matches!(
+        guard.run("fine", "fp", handler).await.unwrap(),
+        Outcome::Executed(_)
+    ));
     assert_eq!(calls.load(Ordering::SeqCst), 1);
 }
 
@@ -36,13 +47,19 @@ async fn trapping_guest_answers_unavailable_and_is_replaced() {
 
 #[tokio::test]
 async fn runaway_guest_is_stopped_by_the_epoch_deadline() {
-    let guard = misbehaving(Limits { call_timeout: Duration::from_millis(200), ..Limits::default() });
+    let guard = misbehaving(Limits {
+        call_timeout: Duration::from_millis(200),
+        ..Limits::default()
+    });
     check_fails_closed_then_recovers(&guard, "!spin", "interrupt").await;
 }
 
 #[tokio::test]
 async fn memory_hungry_guest_is_stopped_by_the_memory_limit() {
-    let guard = misbehaving(Limits { memory_bytes: 8 << 20, ..Limits::default() });
+    let guard = misbehaving(Limits {
+        memory_bytes: 8 << 20,
+        ..Limits::default()
+    });
     check_fails_closed_then_recovers(&guard, "!grow", "instance replaced").await;
 }
 
@@ -50,7 +67,18 @@ async fn memory_hungry_guest_is_stopped_by_the_memory_limit() {
 async fn instances_are_reused_not_created_per_call() {
     let guard = Guard::builder(MemoryStore::new()).build().unwrap();
     for i in 0..50 {
-        let _ = guard.run(&format!("k{i}"), "fp", |_| async { Ok::<_, &str>(Response { status: 200, ..Response::default() }) }).await;
+        let _ = guard
+            .run(&format!("k{i}"), "fp", |_| async {
+                Ok::<_, &str>(Response {
+                    status: 200,
+                    ..Response::default()
+                })
+            })
+            .await;
     }
-    assert_eq!(guard.pool_stats().instantiated, 1, "sequential calls share one instance");
+    assert_eq!(
+        guard.pool_stats().instantiated,
+        1,
+        "sequential calls share one instance"
+    );
 }

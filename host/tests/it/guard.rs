@@ -1,30 +1,46 @@
 //! The guard's behaviour beyond the seed, through the component.
 
 use crate::conformance::BASE_MS;
-use idem::{Decision, FaultRule, Faulty, Guard, GuardError, ManualClock, MemoryStore, Op, OnHandlerError, Outcome, Response, RunError};
+use idem::{
+    Decision, FaultRule, Faulty, Guard, GuardError, ManualClock, MemoryStore, OnHandlerError, Op,
+    Outcome, Response, RunError,
+};
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
 fn paid() -> Response {
-    Response { status: 200, headers: vec![], body: b"paid".to_vec() }
+    Response {
+        status: 200,
+        headers: vec![],
+        body: b"paid".to_vec(),
+    }
 }
 
 #[tokio::test]
 async fn released_claim_lets_the_retry_execute_at_once() {
     let clock = ManualClock::new(BASE_MS);
-    let guard = Guard::builder(MemoryStore::new()).clock(clock).build().unwrap();
+    let guard = Guard::builder(MemoryStore::new())
+        .clock(clock)
+        .build()
+        .unwrap();
     let calls = AtomicU32::new(0);
     let failing = |_| async {
         calls.fetch_add(1, Ordering::SeqCst);
         Err::<Response, _>("upstream 503")
     };
-    assert!(matches!(guard.run("k", "fp", failing).await, Err(RunError::Handler("upstream 503"))));
+    assert!(matches!(
+        guard.run("k", "fp", failing).await,
+        Err(RunError::Handler("upstream 503"))
+    ));
     // No time passes: the retry runs because the claim was released.
     let ok = |_| async {
         calls.fetch_add(1, Ordering::SeqCst);
         Ok::<_, &str>(paid())
     };
-    assert_eq!(guard.run("k", "fp", ok).await.unwrap(), Outcome::Executed(paid()));
+    assert_eq!(
+        guard.run("k", "fp", ok).await.unwrap(),
+        Outcome::Executed(paid())
+    );
     assert_eq!(calls.load(Ordering::SeqCst), 2);
 }
 
@@ -37,18 +53,38 @@ async fn held_claim_makes_the_retry_wait_for_the_lease() {
         .on_handler_error(OnHandlerError::Hold)
         .build()
         .unwrap();
-    let _ = guard.run("k", "fp", |_| async { Err::<Response, _>("boom") }).await;
-    let retry = guard.run("k", "fp", |_| async { Ok::<_, &str>(paid()) }).await.unwrap();
-    assert_eq!(retry, Outcome::InFlight { retry_after: Duration::from_secs(5) });
+    let _ = guard
+        .run("k", "fp", |_| async { Err::<Response, _>("boom") })
+        .await;
+    let retry = guard
+        .run("k", "fp", |_| async { Ok::<_, &str>(paid()) })
+        .await
+        .unwrap();
+    assert_eq!(
+        retry,
+        Outcome::InFlight {
+            retry_after: Duration::from_secs(5)
+        }
+    );
     clock.advance(Duration::from_secs(5));
-    assert!(matches!(guard.run("k", "fp", |_| async { Ok::<_, &str>(paid()) }).await.unwrap(), Outcome::Executed(_)));
+    assert!(matches!(
+        guard
+            .run("k", "fp", |_| async { Ok::<_, &str>(paid()) })
+            .await
+            .unwrap(),
+        Outcome::Executed(_)
+    ));
 }
 
 #[tokio::test]
 async fn insert_applied_but_reply_lost_never_executes_twice() {
     let clock = ManualClock::new(BASE_MS);
     let (store, faults) = Faulty::new(MemoryStore::new());
-    let guard = Guard::builder(store).clock(clock.clone()).lease(Duration::from_secs(1)).build().unwrap();
+    let guard = Guard::builder(store)
+        .clock(clock.clone())
+        .lease(Duration::from_secs(1))
+        .build()
+        .unwrap();
     let calls = AtomicU32::new(0);
     let handler = |_| async {
         calls.fetch_add(1, Ordering::SeqCst);
@@ -56,43 +92,88 @@ async fn insert_applied_but_reply_lost_never_executes_twice() {
     };
     faults.set(Op::Insert, FaultRule::lost().times(1)).unwrap();
     // The claim landed but its reply was lost: fail closed, nothing runs.
-    assert!(matches!(guard.run("k", "fp", handler).await.unwrap(), Outcome::Unavailable(_)));
+    assert!(matches!(
+        guard.run("k", "fp", handler).await.unwrap(),
+        Outcome::Unavailable(_)
+    ));
     assert_eq!(calls.load(Ordering::SeqCst), 0);
     // The retry sees the orphaned claim as in flight, then takes it over once.
-    assert!(matches!(guard.run("k", "fp", handler).await.unwrap(), Outcome::InFlight { .. }));
+    assert!(matches!(
+        guard.run("k", "fp", handler).await.unwrap(),
+        Outcome::InFlight { .. }
+    ));
     clock.advance(Duration::from_secs(1));
-    assert!(matches!(guard.run("k", "fp", handler).await.unwrap(), Outcome::Executed(_)));
-    assert!(matches!(guard.run("k", "fp", handler).await.unwrap(), Outcome::Replayed(_)));
+    assert!(matches!(
+        guard.run("k", "fp", handler).await.unwrap(),
+        Outcome::Executed(_)
+    ));
+    assert!(matches!(
+        guard.run("k", "fp", handler).await.unwrap(),
+        Outcome::Replayed(_)
+    ));
     assert_eq!(calls.load(Ordering::SeqCst), 1);
 }
 
 #[tokio::test]
 async fn complete_reply_lost_still_replays_the_stored_response() {
     let (store, faults) = Faulty::new(MemoryStore::new());
-    let guard = Guard::builder(store).clock(ManualClock::new(BASE_MS)).build().unwrap();
+    let guard = Guard::builder(store)
+        .clock(ManualClock::new(BASE_MS))
+        .build()
+        .unwrap();
     faults.set(Op::Replace, FaultRule::lost().times(1)).unwrap();
-    assert!(matches!(guard.run("k", "fp", |_| async { Ok::<_, &str>(paid()) }).await, Err(RunError::NotRecorded { .. })));
-    assert_eq!(guard.run("k", "fp", |_| async { Ok::<_, &str>(Response::default()) }).await.unwrap(), Outcome::Replayed(paid()));
+    assert!(matches!(
+        guard
+            .run("k", "fp", |_| async { Ok::<_, &str>(paid()) })
+            .await,
+        Err(RunError::NotRecorded { .. })
+    ));
+    assert_eq!(
+        guard
+            .run("k", "fp", |_| async { Ok::<_, &str>(Response::default()) })
+            .await
+            .unwrap(),
+        Outcome::Replayed(paid())
+    );
 }
 
 #[tokio::test]
 async fn renewed_lease_keeps_the_key_and_refuses_the_old_fence() {
     let clock = ManualClock::new(BASE_MS);
-    let guard = Guard::builder(MemoryStore::new()).clock(clock.clone()).lease(Duration::from_secs(1)).build().unwrap();
-    let Decision::Proceed(claim) = guard.begin("k", "fp").await.unwrap() else { panic!() };
+    let guard = Guard::builder(MemoryStore::new())
+        .clock(clock.clone())
+        .lease(Duration::from_secs(1))
+        .build()
+        .unwrap();
+    let Decision::Proceed(claim) = guard.begin("k", "fp").await.unwrap() else {
+        panic!()
+    };
     clock.advance(Duration::from_millis(900));
     let renewed = guard.renew(claim.clone()).await.unwrap();
     assert!(renewed.fence > claim.fence);
     clock.advance(Duration::from_millis(500));
-    assert!(matches!(guard.begin("k", "fp").await.unwrap(), Decision::InFlight { .. }), "renewed lease still holds");
-    assert!(matches!(guard.complete(claim, paid()).await.1, Err(GuardError::StaleClaim(_))));
+    assert!(
+        matches!(
+            guard.begin("k", "fp").await.unwrap(),
+            Decision::InFlight { .. }
+        ),
+        "renewed lease still holds"
+    );
+    assert!(matches!(
+        guard.complete(claim, paid()).await.1,
+        Err(GuardError::StaleClaim(_))
+    ));
     assert!(guard.complete(renewed, paid()).await.1.is_ok());
 }
 
 #[tokio::test]
 async fn bad_input_is_refused_with_the_limit_and_nothing_runs_or_is_stored() {
     let store = MemoryStore::new();
-    let guard = Guard::builder(store.clone()).clock(ManualClock::new(BASE_MS)).max_response_bytes(1024).build().unwrap();
+    let guard = Guard::builder(store.clone())
+        .clock(ManualClock::new(BASE_MS))
+        .max_response_bytes(1024)
+        .build()
+        .unwrap();
     let calls = AtomicU32::new(0);
     let handler = |_| async {
         calls.fetch_add(1, Ordering::SeqCst);
@@ -107,27 +188,48 @@ async fn bad_input_is_refused_with_the_limit_and_nothing_runs_or_is_stored() {
         ("k", "not a fingerprint", "visible ASCII"),
     ] {
         match guard.run(key, fingerprint, handler).await {
-            Err(RunError::InvalidInput(why)) => assert!(why.contains(needle), "{why:?} should name {needle:?}"),
+            Err(RunError::InvalidInput(why)) => {
+                assert!(why.contains(needle), "{why:?} should name {needle:?}")
+            }
             other => panic!("{key:?}/{fingerprint:?}: {other:?}"),
         }
     }
     assert_eq!(calls.load(Ordering::SeqCst), 0);
     assert!(store.is_empty(), "nothing stored");
 
-    let big = |_| async { Ok::<_, &str>(Response { status: 200, headers: vec![], body: vec![b'x'; 1025] }) };
+    let big = |_| async {
+        Ok::<_, &str>(Response {
+            status: 200,
+            headers: vec![],
+            body: vec![b'x'; 1025],
+        })
+    };
     match guard.run("big", "fp", big).await {
-        Err(RunError::NotRecorded { error: GuardError::InvalidInput(why), .. }) => {
+        Err(RunError::NotRecorded {
+            error: GuardError::InvalidInput(why),
+            ..
+        }) => {
             assert!(why.contains("1025 bytes") && why.contains("1024"), "{why}");
         }
         other => panic!("{other:?}"),
     }
-    let Some(entry) = idem::Store::get(&store, "big", BASE_MS).await.unwrap() else { panic!("claim stays") };
-    assert!(entry.record.response.is_none(), "the oversized response was not stored");
+    let Some(entry) = idem::Store::get(&store, "big", BASE_MS).await.unwrap() else {
+        panic!("claim stays")
+    };
+    assert!(
+        entry.record.response.is_none(),
+        "the oversized response was not stored"
+    );
 }
 
 #[tokio::test]
 async fn bad_policy_is_refused_at_build() {
-    let err = Guard::builder(MemoryStore::new()).lease(Duration::from_secs(10)).retention(Duration::from_secs(5)).build().err().unwrap();
+    let err = Guard::builder(MemoryStore::new())
+        .lease(Duration::from_secs(10))
+        .retention(Duration::from_secs(5))
+        .build()
+        .err()
+        .unwrap();
     assert!(err.to_string().contains("shorter than retention"), "{err}");
 }
 
@@ -137,12 +239,29 @@ async fn fingerprints_are_canonical_through_the_component() {
     let parts = |headers: Vec<(&str, &str)>| idem::RequestParts {
         method: "post".into(),
         path: "/orders".into(),
-        headers: headers.into_iter().map(|(n, v)| (n.to_owned(), v.as_bytes().to_vec())).collect(),
+        headers: headers
+            .into_iter()
+            .map(|(n, v)| (n.to_owned(), v.as_bytes().to_vec()))
+            .collect(),
         body: br#"{"sku":"A"}"#.to_vec(),
     };
-    let a = guard.fingerprint(&parts(vec![("X-A", "1"), ("x-b", "2")])).await.unwrap();
-    let b = guard.fingerprint(&parts(vec![("x-b", "2"), ("x-a", "1")])).await.unwrap();
+    let a = guard
+        .fingerprint(&parts(vec![("X-A", "1"), ("x-b", "2")]))
+        .await
+        .unwrap();
+    let b = guard
+        .fingerprint(&parts(vec![("x-b", "2"), ("x-a", "1")]))
+        .await
+        .unwrap();
     assert_eq!(a, b);
-    assert_eq!(a, idem_guest::fingerprint::fingerprint("POST", "/orders", &parts(vec![("x-a", "1"), ("x-b", "2")]).headers, br#"{"sku":"A"}"#));
+    assert_eq!(
+        a,
+        idem_guest::fingerprint::fingerprint(
+            "POST",
+            "/orders",
+            &parts(vec![("x-a", "1"), ("x-b", "2")]).headers,
+            br#"{"sku":"A"}"#
+        )
+    );
     assert!(a.starts_with("sha256:") && a.len() == 71);
 }

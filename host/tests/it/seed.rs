@@ -19,7 +19,11 @@ struct Ledger {
 
 impl Ledger {
     fn new(stock: i32) -> Arc<Mutex<Ledger>> {
-        Arc::new(Mutex::new(Ledger { stock, reservations: HashMap::new(), charges: HashMap::new() }))
+        Arc::new(Mutex::new(Ledger {
+            stock,
+            reservations: HashMap::new(),
+            charges: HashMap::new(),
+        }))
     }
 
     fn apply(&mut self, key: &str, qty: i32, cents: i32) -> Result<(), &'static str> {
@@ -46,13 +50,26 @@ fn guard(store: impl Store, clock: &ManualClock) -> Guard {
 }
 
 /// The seed's handler: counts its calls, waits, applies to the ledger.
-async fn handler(ledger: Arc<Mutex<Ledger>>, key: String, calls: Arc<AtomicU32>, delay: Duration) -> Result<Response, std::convert::Infallible> {
+async fn handler(
+    ledger: Arc<Mutex<Ledger>>,
+    key: String,
+    calls: Arc<AtomicU32>,
+    delay: Duration,
+) -> Result<Response, std::convert::Infallible> {
     calls.fetch_add(1, Ordering::SeqCst);
     tokio::time::sleep(delay).await;
     let applied = ledger.lock().unwrap().apply(&key, 1, 1000);
     Ok(match applied {
-        Ok(()) => Response { status: 200, headers: vec![], body: b"paid".to_vec() },
-        Err(e) => Response { status: 409, headers: vec![], body: e.as_bytes().to_vec() },
+        Ok(()) => Response {
+            status: 200,
+            headers: vec![],
+            body: b"paid".to_vec(),
+        },
+        Err(e) => Response {
+            status: 409,
+            headers: vec![],
+            body: e.as_bytes().to_vec(),
+        },
     })
 }
 
@@ -74,14 +91,21 @@ pub async fn seed_concurrent_same_key(store: Arc<dyn Store>) {
     let mut outcomes = Vec::new();
     while let Some(result) = tasks.join_next().await {
         let outcome = result.unwrap().unwrap();
-        assert!(matches!(outcome, Outcome::Executed(_) | Outcome::InFlight { .. }), "{outcome:?}");
+        assert!(
+            matches!(outcome, Outcome::Executed(_) | Outcome::InFlight { .. }),
+            "{outcome:?}"
+        );
         outcomes.push(outcome.name());
     }
     let executed = outcomes.iter().filter(|&&o| o == "EXECUTED").count();
     {
         let l = ledger.lock().unwrap();
         assert!(
-            executed == 1 && calls.load(Ordering::SeqCst) == 1 && l.stock == 9 && l.reservations.len() == 1 && l.charges.len() == 1,
+            executed == 1
+                && calls.load(Ordering::SeqCst) == 1
+                && l.stock == 9
+                && l.reservations.len() == 1
+                && l.charges.len() == 1,
             "executed={executed} calls={} stock={} reservations={} charges={} outcomes={outcomes:?}",
             calls.load(Ordering::SeqCst),
             l.stock,
@@ -93,7 +117,11 @@ pub async fn seed_concurrent_same_key(store: Arc<dyn Store>) {
     let conflict = g.run(&key, "sku=A&qty=2", h).await.unwrap();
     assert_eq!(conflict, Outcome::Conflict);
     assert_eq!(calls.load(Ordering::SeqCst), 1, "a conflict runs nothing");
-    println!("workers={WORKERS} executed={executed} calls={} stock={}", calls.load(Ordering::SeqCst), ledger.lock().unwrap().stock);
+    println!(
+        "workers={WORKERS} executed={executed} calls={} stock={}",
+        calls.load(Ordering::SeqCst),
+        ledger.lock().unwrap().stock
+    );
 }
 
 pub async fn seed_lease_takeover_faults_and_window(store: Arc<dyn Store>) {
@@ -109,22 +137,33 @@ pub async fn seed_lease_takeover_faults_and_window(store: Arc<dyn Store>) {
     };
 
     // complete fails once: the handler ran, its response is not recorded.
-    faults.set(Op::Replace, FaultRule::error("store timeout").times(1)).unwrap();
+    faults
+        .set(Op::Replace, FaultRule::error("store timeout").times(1))
+        .unwrap();
     match g.run(&key, "sku=A&qty=1", h()).await {
         Err(RunError::NotRecorded { response, .. }) => assert_eq!(response.body, b"paid"),
         other => panic!("first call: {other:?}"),
     }
     // Inside the lease: in flight.
     let inside = g.run(&key, "sku=A&qty=1", h()).await.unwrap();
-    assert!(matches!(inside, Outcome::InFlight { .. }), "inside lease: {inside:?}");
+    assert!(
+        matches!(inside, Outcome::InFlight { .. }),
+        "inside lease: {inside:?}"
+    );
     // After the lease: taken over and executed; the ledger absorbs the retry.
     clock.advance(Duration::from_secs(2));
     let after = g.run(&key, "sku=A&qty=1", h()).await.unwrap();
-    assert!(matches!(after, Outcome::Executed(_)), "after lease: {after:?}");
+    assert!(
+        matches!(after, Outcome::Executed(_)),
+        "after lease: {after:?}"
+    );
     {
         let l = ledger.lock().unwrap();
         assert!(
-            calls.load(Ordering::SeqCst) == 2 && l.stock == 9 && l.reservations.len() == 1 && l.charges.len() == 1,
+            calls.load(Ordering::SeqCst) == 2
+                && l.stock == 9
+                && l.reservations.len() == 1
+                && l.charges.len() == 1,
             "calls={} stock={} reservations={} charges={}",
             calls.load(Ordering::SeqCst),
             l.stock,
@@ -135,15 +174,29 @@ pub async fn seed_lease_takeover_faults_and_window(store: Arc<dyn Store>) {
     // After the retention window the key is new again.
     clock.advance(Duration::from_secs(2 * 3600));
     let window = g.run(&key, "sku=A&qty=1", h()).await.unwrap();
-    assert!(matches!(window, Outcome::Executed(_)), "after window: {window:?}");
+    assert!(
+        matches!(window, Outcome::Executed(_)),
+        "after window: {window:?}"
+    );
     assert_eq!(calls.load(Ordering::SeqCst), 3);
     {
         let l = ledger.lock().unwrap();
-        println!("calls={} stock={} reservations={} charges={}", calls.load(Ordering::SeqCst), l.stock, l.reservations.len(), l.charges.len());
+        println!(
+            "calls={} stock={} reservations={} charges={}",
+            calls.load(Ordering::SeqCst),
+            l.stock,
+            l.reservations.len(),
+            l.charges.len()
+        );
     }
     // The store goes down: unavailable, and the handler is never called.
-    faults.set_all(&FaultRule::error("connection refused")).unwrap();
+    faults
+        .set_all(&FaultRule::error("connection refused"))
+        .unwrap();
     let down = g.run(&unique("order-3"), "sku=A&qty=1", h()).await.unwrap();
-    assert!(matches!(down, Outcome::Unavailable(_)), "store down: {down:?}");
+    assert!(
+        matches!(down, Outcome::Unavailable(_)),
+        "store down: {down:?}"
+    );
     assert_eq!(calls.load(Ordering::SeqCst), 3);
 }

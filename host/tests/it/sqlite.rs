@@ -3,7 +3,9 @@
 //! and two stores (as two processes would) sharing one file.
 
 use crate::conformance::{BASE_MS, record, unique};
-use idem::store::{ListQuery, OpenError, SqliteOptions, SqliteStore, Store, StoreError, Synchronous};
+use idem::store::{
+    ListQuery, OpenError, SqliteOptions, SqliteStore, Store, StoreError, Synchronous,
+};
 use idem::{Decision, Guard, ManualClock, Outcome, Response, State, SystemClock};
 use std::io::{BufRead, BufReader};
 use std::path::Path;
@@ -24,20 +26,32 @@ fn raw(path: &Path) -> rusqlite::Connection {
 }
 
 fn rows(path: &Path) -> i64 {
-    raw(path).query_row("SELECT count(*) FROM records", [], |r| r.get(0)).unwrap()
+    raw(path)
+        .query_row("SELECT count(*) FROM records", [], |r| r.get(0))
+        .unwrap()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_completed_response_survives_kill_9() {
     let dir = tempfile::tempdir().unwrap();
     let db = dir.path().join("idem.db");
-    let body: Vec<u8> = (0..100_000u32).map(|i| (i.wrapping_mul(2_654_435_761) >> 13) as u8).collect();
+    let body: Vec<u8> = (0..100_000u32)
+        .map(|i| (i.wrapping_mul(2_654_435_761) >> 13) as u8)
+        .collect();
     let body_file = dir.path().join("body.bin");
     std::fs::write(&body_file, &body).unwrap();
     let key = unique("crash");
 
     let mut child = Command::new(env!("CARGO_BIN_EXE_idem"))
-        .args(["debug-complete", "--store", &format!("sqlite:{}", db.display()), "--key", &key, "--fingerprint", "fp"])
+        .args([
+            "debug-complete",
+            "--store",
+            &format!("sqlite:{}", db.display()),
+            "--key",
+            &key,
+            "--fingerprint",
+            "fp",
+        ])
         .arg("--body-file")
         .arg(&body_file)
         .stdout(Stdio::piped())
@@ -45,18 +59,38 @@ async fn a_completed_response_survives_kill_9() {
         .spawn()
         .expect("start idem debug-complete");
     let mut line = String::new();
-    BufReader::new(child.stdout.take().unwrap()).read_line(&mut line).unwrap();
-    assert_eq!(line.trim_end(), format!("completed {key}"), "the child reports completion");
+    BufReader::new(child.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    assert_eq!(
+        line.trim_end(),
+        format!("completed {key}"),
+        "the child reports completion"
+    );
     child.kill().unwrap(); // SIGKILL: no destructor, no checkpoint, no clean close.
     let status = child.wait().unwrap();
-    assert!(!status.success(), "the child was killed, not finished: {status:?}");
+    assert!(
+        !status.success(),
+        "the child was killed, not finished: {status:?}"
+    );
     let wal = std::fs::metadata(dir.path().join("idem.db-wal")).map_or(0, |m| m.len());
-    assert!(wal > 0, "the commit lives in the write-ahead log the crash left behind");
+    assert!(
+        wal > 0,
+        "the commit lives in the write-ahead log the crash left behind"
+    );
 
     let store = open(&db);
     let guard = Guard::builder(store).clock(SystemClock).build().unwrap();
-    let expected = Response { status: 201, headers: vec![("x-idem-test".into(), b"crash".to_vec())], body };
-    assert_eq!(guard.begin(&key, "fp").await.unwrap(), Decision::Replay(expected), "replayed byte for byte");
+    let expected = Response {
+        status: 201,
+        headers: vec![("x-idem-test".into(), b"crash".to_vec())],
+        body,
+    };
+    assert_eq!(
+        guard.begin(&key, "fp").await.unwrap(),
+        Decision::Replay(expected),
+        "replayed byte for byte"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -66,27 +100,54 @@ async fn rows_that_do_not_decode_are_corrupt_naming_the_key() {
     let store = open(&db);
     let now = BASE_MS;
     let corruptions = [
-        ("bad-state", "UPDATE records SET state = 'finished' WHERE key = ?1", "unknown state \"finished\""),
+        (
+            "bad-state",
+            "UPDATE records SET state = 'finished' WHERE key = ?1",
+            "unknown state \"finished\"",
+        ),
         (
             "short-headers",
             "UPDATE records SET headers = x'0000000100000001610000000562' WHERE key = ?1",
             "headers blob ends inside a header value",
         ),
-        ("trailing-headers", "UPDATE records SET headers = x'0000000000' WHERE key = ?1", "1 bytes after its 0 headers"),
-        ("partial-response", "UPDATE records SET body = NULL WHERE key = ?1", "only partly present"),
-        ("bad-status", "UPDATE records SET status = 70000 WHERE key = ?1", "status 70000"),
-        ("negative-version", "UPDATE records SET version = -3 WHERE key = ?1", "version -3 is negative"),
+        (
+            "trailing-headers",
+            "UPDATE records SET headers = x'0000000000' WHERE key = ?1",
+            "1 bytes after its 0 headers",
+        ),
+        (
+            "partial-response",
+            "UPDATE records SET body = NULL WHERE key = ?1",
+            "only partly present",
+        ),
+        (
+            "bad-status",
+            "UPDATE records SET status = 70000 WHERE key = ?1",
+            "status 70000",
+        ),
+        (
+            "negative-version",
+            "UPDATE records SET version = -3 WHERE key = ?1",
+            "version -3 is negative",
+        ),
     ];
     let prefix = unique("corrupt");
     for (name, sql, _) in corruptions {
         let key = format!("{prefix}/{name}");
-        store.insert(&key, record("fp", State::Done, 0, now + 10_000), now).await.unwrap();
+        store
+            .insert(&key, record("fp", State::Done, 0, now + 10_000), now)
+            .await
+            .unwrap();
         assert_eq!(raw(&db).execute(sql, [&key]).unwrap(), 1, "{name}");
     }
     for (name, _, reason) in corruptions {
         let key = format!("{prefix}/{name}");
         let is_this_key = |e: StoreError| match e {
-            StoreError::Corrupt { store: "sqlite", key: k, reason: r } => {
+            StoreError::Corrupt {
+                store: "sqlite",
+                key: k,
+                reason: r,
+            } => {
                 assert_eq!(k, key);
                 assert!(r.contains(reason), "{name}: {r}");
             }
@@ -94,13 +155,34 @@ async fn rows_that_do_not_decode_are_corrupt_naming_the_key() {
         };
         is_this_key(store.get(&key, now).await.unwrap_err());
         // The claim's read of the live record fails too, rather than seeing it absent and writing over it.
-        is_this_key(store.insert(&key, record("fp", State::Processing, now + 1, now + 10_000), now).await.unwrap_err());
-        let listed = store.list(&ListQuery { prefix: key.clone(), limit: 10, ..ListQuery::default() }, now).await;
+        is_this_key(
+            store
+                .insert(
+                    &key,
+                    record("fp", State::Processing, now + 1, now + 10_000),
+                    now,
+                )
+                .await
+                .unwrap_err(),
+        );
+        let listed = store
+            .list(
+                &ListQuery {
+                    prefix: key.clone(),
+                    limit: 10,
+                    ..ListQuery::default()
+                },
+                now,
+            )
+            .await;
         is_this_key(listed.unwrap_err());
     }
 
     // Through the guard: fail closed, the handler never runs, the row is untouched.
-    let guard = Guard::builder(store.clone()).clock(ManualClock::new(now)).build().unwrap();
+    let guard = Guard::builder(store.clone())
+        .clock(ManualClock::new(now))
+        .build()
+        .unwrap();
     let calls = AtomicUsize::new(0);
     let key = format!("{prefix}/bad-state");
     let outcome = guard
@@ -110,48 +192,86 @@ async fn rows_that_do_not_decode_are_corrupt_naming_the_key() {
         })
         .await
         .unwrap();
-    assert!(matches!(&outcome, Outcome::Unavailable(why) if why.contains(&key)), "{outcome:?}");
+    assert!(
+        matches!(&outcome, Outcome::Unavailable(why) if why.contains(&key)),
+        "{outcome:?}"
+    );
     assert_eq!(calls.load(Ordering::SeqCst), 0);
-    let state: String = raw(&db).query_row("SELECT state FROM records WHERE key = ?1", [&key], |r| r.get(0)).unwrap();
-    assert_eq!(state, "finished", "a corrupt row is reported, never overwritten");
+    let state: String = raw(&db)
+        .query_row("SELECT state FROM records WHERE key = ?1", [&key], |r| {
+            r.get(0)
+        })
+        .unwrap();
+    assert_eq!(
+        state, "finished",
+        "a corrupt row is reported, never overwritten"
+    );
 }
 
 #[tokio::test]
 async fn opening_names_the_problem() {
     let dir = tempfile::tempdir().unwrap();
-    let message = |r: Result<Arc<dyn Store>, OpenError>| r.err().expect("open must fail").to_string();
+    let message =
+        |r: Result<Arc<dyn Store>, OpenError>| r.err().expect("open must fail").to_string();
 
     let missing = dir.path().join("no-such-dir").join("idem.db");
     let m = message(idem::store::open(&format!("sqlite:{}", missing.display())).await);
-    assert!(m.contains("sqlite") && m.contains(&missing.display().to_string()) && m.contains("does not exist"), "{m}");
+    assert!(
+        m.contains("sqlite")
+            && m.contains(&missing.display().to_string())
+            && m.contains("does not exist"),
+        "{m}"
+    );
 
     let m = message(idem::store::open(&format!("sqlite:{}", dir.path().display())).await);
     assert!(m.contains("is a directory"), "{m}");
 
     let text = dir.path().join("notes.txt");
-    std::fs::write(&text, "these are not the pages of a database, just some words long enough to have a header").unwrap();
+    std::fs::write(
+        &text,
+        "these are not the pages of a database, just some words long enough to have a header",
+    )
+    .unwrap();
     let m = message(idem::store::open(&format!("sqlite:{}", text.display())).await);
     assert!(m.contains("not a database"), "{m}");
 
     let foreign = dir.path().join("foreign.db");
-    raw(&foreign).execute_batch("CREATE TABLE invoices (id INTEGER PRIMARY KEY)").unwrap();
+    raw(&foreign)
+        .execute_batch("CREATE TABLE invoices (id INTEGER PRIMARY KEY)")
+        .unwrap();
     let m = message(idem::store::open(&format!("sqlite:{}", foreign.display())).await);
     assert!(m.contains("not an idem database"), "{m}");
-    let tables: i64 = raw(&foreign).query_row("SELECT count(*) FROM sqlite_schema", [], |r| r.get(0)).unwrap();
+    let tables: i64 = raw(&foreign)
+        .query_row("SELECT count(*) FROM sqlite_schema", [], |r| r.get(0))
+        .unwrap();
     assert_eq!(tables, 1, "a foreign file is left as it was");
 
     // A newer schema is refused, not read by guesswork.
     let db = dir.path().join("idem.db");
     drop(open(&db));
-    assert_eq!(raw(&db).query_row("PRAGMA user_version", [], |r| r.get::<_, i64>(0)).unwrap(), 1);
+    assert_eq!(
+        raw(&db)
+            .query_row("PRAGMA user_version", [], |r| r.get::<_, i64>(0))
+            .unwrap(),
+        1
+    );
     raw(&db).execute_batch("PRAGMA user_version = 99").unwrap();
     let m = message(idem::store::open(&format!("sqlite:{}", db.display())).await);
-    assert!(m.contains("schema version is 99, newer than this idem understands (1)"), "{m}");
+    assert!(
+        m.contains("schema version is 99, newer than this idem understands (1)"),
+        "{m}"
+    );
 
     for (url, expected) in [
         ("sqlite:", "needs a file path"),
-        ("sqlite:x.db?synchronous=off", "synchronous=\"off\" is not one of normal, full"),
-        ("sqlite:x.db?cache=shared", "unknown sqlite option \"cache=shared\""),
+        (
+            "sqlite:x.db?synchronous=off",
+            "synchronous=\"off\" is not one of normal, full",
+        ),
+        (
+            "sqlite:x.db?cache=shared",
+            "unknown sqlite option \"cache=shared\"",
+        ),
     ] {
         let m = message(idem::store::open(url).await);
         assert!(m.contains(expected), "{url}: {m}");
@@ -162,15 +282,36 @@ async fn opening_names_the_problem() {
 async fn urls_choose_the_file_and_durability() {
     let dir = tempfile::tempdir().unwrap();
     let db = dir.path().join("full.db");
-    let store = idem::store::open(&format!("sqlite://{}?synchronous=FULL", db.display())).await.unwrap();
+    let store = idem::store::open(&format!("sqlite://{}?synchronous=FULL", db.display()))
+        .await
+        .unwrap();
     assert_eq!(store.name(), "sqlite");
     let key = unique("url");
-    store.insert(&key, record("fp", State::Done, 0, BASE_MS + 10_000), BASE_MS).await.unwrap();
+    store
+        .insert(
+            &key,
+            record("fp", State::Done, 0, BASE_MS + 10_000),
+            BASE_MS,
+        )
+        .await
+        .unwrap();
     drop(store);
-    let reopened = SqliteStore::open(&db, SqliteOptions { synchronous: Synchronous::Full, ..SqliteOptions::default() }).unwrap();
+    let reopened = SqliteStore::open(
+        &db,
+        SqliteOptions {
+            synchronous: Synchronous::Full,
+            ..SqliteOptions::default()
+        },
+    )
+    .unwrap();
     assert_eq!(reopened.options().synchronous, Synchronous::Full);
-    assert!(reopened.get(&key, BASE_MS).await.unwrap().is_some(), "the record is in the file the URL named");
-    let mode: String = raw(&db).query_row("PRAGMA journal_mode", [], |r| r.get(0)).unwrap();
+    assert!(
+        reopened.get(&key, BASE_MS).await.unwrap().is_some(),
+        "the record is in the file the URL named"
+    );
+    let mode: String = raw(&db)
+        .query_row("PRAGMA journal_mode", [], |r| r.get(0))
+        .unwrap();
     assert_eq!(mode, "wal");
 }
 
@@ -181,20 +322,49 @@ async fn purge_is_bounded_and_frees_only_expired_records() {
     let store = open(&db);
     let now = BASE_MS;
     for i in 0..10 {
-        store.insert(&format!("old/{i}"), record("fp", State::Done, 0, now + 100), now).await.unwrap();
+        store
+            .insert(
+                &format!("old/{i}"),
+                record("fp", State::Done, 0, now + 100),
+                now,
+            )
+            .await
+            .unwrap();
     }
     for i in 0..2 {
-        store.insert(&format!("live/{i}"), record("fp", State::Done, 0, now + 10_000), now).await.unwrap();
+        store
+            .insert(
+                &format!("live/{i}"),
+                record("fp", State::Done, 0, now + 10_000),
+                now,
+            )
+            .await
+            .unwrap();
     }
-    assert_eq!(store.purge_expired(now + 99, 100).await.unwrap(), 0, "nothing has expired yet");
-    assert_eq!(store.purge_expired(now + 100, 4).await.unwrap(), 4, "at most the limit");
+    assert_eq!(
+        store.purge_expired(now + 99, 100).await.unwrap(),
+        0,
+        "nothing has expired yet"
+    );
+    assert_eq!(
+        store.purge_expired(now + 100, 4).await.unwrap(),
+        4,
+        "at most the limit"
+    );
     assert_eq!(rows(&db), 8);
     assert_eq!(store.purge_expired(now + 100, 100).await.unwrap(), 6);
     assert_eq!(rows(&db), 2, "live records stay");
     let plan: String = raw(&db)
-        .query_row("EXPLAIN QUERY PLAN SELECT rowid FROM records WHERE expires_at_ms <= 1 LIMIT 5", [], |r| r.get(3))
+        .query_row(
+            "EXPLAIN QUERY PLAN SELECT rowid FROM records WHERE expires_at_ms <= 1 LIMIT 5",
+            [],
+            |r| r.get(3),
+        )
         .unwrap();
-    assert!(plan.contains("records_expires_at"), "the purge finds expired rows by index: {plan}");
+    assert!(
+        plan.contains("records_expires_at"),
+        "the purge finds expired rows by index: {plan}"
+    );
 }
 
 #[tokio::test(start_paused = true)]
@@ -204,9 +374,23 @@ async fn the_purger_frees_space_in_batches_and_stops_with_the_store() {
     let store = open(&db);
     let clock = ManualClock::new(BASE_MS);
     for i in 0..7 {
-        store.insert(&format!("old/{i}"), record("fp", State::Done, 0, BASE_MS + 100), BASE_MS).await.unwrap();
+        store
+            .insert(
+                &format!("old/{i}"),
+                record("fp", State::Done, 0, BASE_MS + 100),
+                BASE_MS,
+            )
+            .await
+            .unwrap();
     }
-    store.insert("live", record("fp", State::Done, 0, BASE_MS + 10_000), BASE_MS).await.unwrap();
+    store
+        .insert(
+            "live",
+            record("fp", State::Done, 0, BASE_MS + 10_000),
+            BASE_MS,
+        )
+        .await
+        .unwrap();
     clock.advance(Duration::from_millis(100));
     let purger = store.spawn_purger(Arc::new(clock), Duration::from_secs(1), 3);
     let mut seen = vec![rows(&db)];
@@ -224,8 +408,15 @@ async fn the_purger_frees_space_in_batches_and_stops_with_the_store() {
     }
     // Ticks may pass faster than the writer answers, so some steps can go
     // unobserved; each purge is atomic, so every count seen is a whole batch.
-    assert_eq!(seen.last(), Some(&1), "every expired record purged, the live one kept: {seen:?}");
-    assert!(seen.iter().all(|n| [8, 5, 2, 1].contains(n)), "at most three per tick: {seen:?}");
+    assert_eq!(
+        seen.last(),
+        Some(&1),
+        "every expired record purged, the live one kept: {seen:?}"
+    );
+    assert!(
+        seen.iter().all(|n| [8, 5, 2, 1].contains(n)),
+        "at most three per tick: {seen:?}"
+    );
     drop(store);
     purger.await.expect("the purger ends with the store");
 }
@@ -236,7 +427,12 @@ async fn the_purger_frees_space_in_batches_and_stops_with_the_store() {
 async fn two_stores_on_one_file_let_one_claimer_proceed() {
     let dir = tempfile::tempdir().unwrap();
     let db = dir.path().join("idem.db");
-    let guards = [open(&db), open(&db)].map(|s| Guard::builder(s).clock(ManualClock::new(BASE_MS)).build().unwrap());
+    let guards = [open(&db), open(&db)].map(|s| {
+        Guard::builder(s)
+            .clock(ManualClock::new(BASE_MS))
+            .build()
+            .unwrap()
+    });
     for round in 0..5 {
         let key = unique(&format!("shared-{round}"));
         let mut tasks = tokio::task::JoinSet::new();
@@ -262,20 +458,36 @@ async fn two_stores_on_one_file_let_one_claimer_proceed() {
 async fn a_file_locked_by_another_process_fails_closed_then_recovers() {
     let dir = tempfile::tempdir().unwrap();
     let db = dir.path().join("idem.db");
-    let options = SqliteOptions { busy_timeout: Duration::from_millis(50), ..SqliteOptions::default() };
-    let guard = Guard::builder(SqliteStore::open(&db, options).unwrap()).clock(ManualClock::new(BASE_MS)).build().unwrap();
+    let options = SqliteOptions {
+        busy_timeout: Duration::from_millis(50),
+        ..SqliteOptions::default()
+    };
+    let guard = Guard::builder(SqliteStore::open(&db, options).unwrap())
+        .clock(ManualClock::new(BASE_MS))
+        .build()
+        .unwrap();
     let calls = AtomicUsize::new(0);
     let handler = |_| async {
         calls.fetch_add(1, Ordering::SeqCst);
-        Ok::<_, std::convert::Infallible>(Response { status: 200, headers: vec![], body: b"ok".to_vec() })
+        Ok::<_, std::convert::Infallible>(Response {
+            status: 200,
+            headers: vec![],
+            body: b"ok".to_vec(),
+        })
     };
     let other_process = raw(&db);
     other_process.execute_batch("BEGIN IMMEDIATE").unwrap();
     let key = unique("locked");
     let outcome = guard.run(&key, "fp", handler).await.unwrap();
-    assert!(matches!(&outcome, Outcome::Unavailable(why) if why.contains("locked")), "{outcome:?}");
+    assert!(
+        matches!(&outcome, Outcome::Unavailable(why) if why.contains("locked")),
+        "{outcome:?}"
+    );
     assert_eq!(calls.load(Ordering::SeqCst), 0, "fail closed");
     other_process.execute_batch("COMMIT").unwrap();
-    assert!(matches!(guard.run(&key, "fp", handler).await.unwrap(), Outcome::Executed(_)));
+    assert!(matches!(
+        guard.run(&key, "fp", handler).await.unwrap(),
+        Outcome::Executed(_)
+    ));
     assert_eq!(calls.load(Ordering::SeqCst), 1);
 }
