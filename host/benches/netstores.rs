@@ -60,16 +60,17 @@ struct Row {
 
 /// Runs `op` from `callers` tasks for `secs`, each call numbered uniquely.
 async fn measure(name: &str, callers: usize, secs: f64, op: &Op) -> Row {
-    let counter = Arc::new(AtomicU64::new(0));
+    // One numbering for the whole run: every row claims keys no other row used.
+    static NEXT: AtomicU64 = AtomicU64::new(0);
     let deadline = Instant::now() + Duration::from_secs_f64(secs);
     let mut tasks = tokio::task::JoinSet::new();
     let started = Instant::now();
     for _ in 0..callers {
-        let (op, counter) = (op.clone(), counter.clone());
+        let op = op.clone();
         tasks.spawn(async move {
             let mut latencies = Vec::new();
             while Instant::now() < deadline {
-                let i = counter.fetch_add(1, Ordering::Relaxed);
+                let i = NEXT.fetch_add(1, Ordering::Relaxed);
                 let t = Instant::now();
                 op(i).await;
                 latencies.push(t.elapsed().as_micros() as u64);
