@@ -1,1 +1,504 @@
-fn main() {}
+//! Redis and PostgreSQL stores against their raw servers, in one run, through
+//! the same driver.
+//!
+//! Per store: a guarded operation's store work (claim = `insert` of a new
+//! key, then complete = `replace`) and a replay (`insert` finding the live
+//! record), each beside the raw server doing the same minimal work:
+//! Redis `SET NX` + `SET` and `HMGET`; PostgreSQL `INSERT` + `UPDATE` and
+//! `SELECT` on a plain table of the same columns. Also `Guard::run` (through
+//! the component) for scale. 1 caller and 32 concurrent callers: ops/s,
+//! p50, p99, printed as a table; criterion measures the single-caller figures.
+//!
+//! `IDEM_BENCH_REDIS_URL` / `IDEM_BENCH_POSTGRES_URL` (falling back to the
+//! `IDEM_TEST_*` variables) name the servers; a store without one is skipped.
+//! `IDEM_BENCH_SECS` sets the seconds per table row (default 3).
+
+use criterion::Criterion;
+use deadpool_postgres::tokio_postgres::{self, NoTls};
+use idem::store::{PostgresStore, RedisStore, Store};
+use idem::{Guard, Record, Response, State};
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+const NOW: u64 = 1_792_382_400_000;
+
+fn record(state: State) -> Record {
+    let response = (state == State::Done).then(|| Response {
+        status: 200,
+        headers: vec![("content-type".into(), b"application/json".to_vec())],
+        body: br#"{"id":"ord_123","status":"paid"}"#.to_vec(),
+    });
+    Record {
+        fingerprint: "sha256:0123456789abcdef".into(),
+        state,
+        lease_until_ms: NOW + 30_000,
+        expires_at_ms: NOW + 600_000,
+        response,
+    }
+}
+
+type Op = Arc<dyn Fn(u64) -> Pin<Box<dyn Future<Output = ()> + Send>> + Send + Sync>;
+
+fn op<F, Fut>(f: F) -> Op
+where
+    F: Fn(u64) -> Fut + Send + Sync + 'static,
+    Fut: Future<Output = ()> + Send + 'static,
+{
+    Arc::new(move |i| Box::pin(f(i)))
+}
+
+struct Row {
+    name: String,
+    callers: usize,
+    ops_per_s: f64,
+    p50_us: u64,
+    p99_us: u64,
+}
+
+/// Runs `op` from `callers` tasks for `secs`, each call numbered uniquely.
+async fn measure(name: &str, callers: usize, secs: f64, op: &Op) -> Row {
+    // One numbering for the whole run: every row claims keys no other row used.
+    static NEXT: AtomicU64 = AtomicU64::new(0);
+    let deadline = Instant::now() + Duration::from_secs_f64(secs);
+    let mut tasks = tokio::task::JoinSet::new();
+    let started = Instant::now();
+    for _ in 0..callers {
+        let op = op.clone();
+        tasks.spawn(async move {
+            let mut latencies = Vec::new();
+            while Instant::now() < deadline {
+                let i = NEXT.fetch_add(1, Ordering::Relaxed);
+                let t = Instant::now();
+                op(i).await;
+                latencies.push(t.elapsed().as_micros() as u64);
+            }
+            latencies
+        });
+    }
+    let mut all = Vec::new();
+    while let Some(l) = tasks.join_next().await {
+        all.extend(l.unwrap());
+    }
+    let elapsed = started.elapsed().as_secs_f64();
+    all.sort_unstable();
+    let pct = |p: f64| all[((all.len() as f64 * p) as usize).min(all.len() - 1)];
+    Row {
+        name: name.to_owned(),
+        callers,
+        ops_per_s: all.len() as f64 / elapsed,
+        p50_us: pct(0.50),
+        p99_us: pct(0.99),
+    }
+}
+
+struct Pair {
+    label: &'static str,
+    store: Op,
+    raw: Op,
+}
+
+fn url(name: &str) -> Option<String> {
+    std::env::var(format!("IDEM_BENCH_{name}_URL"))
+        .or_else(|_| std::env::var(format!("IDEM_TEST_{name}_URL")))
+        .ok()
+        .filter(|u| !u.is_empty())
+}
+
+async fn redis_pairs(url: &str, run: &str) -> (Vec<Pair>, Arc<dyn Store>) {
+    let store = RedisStore::open(&format!("{url}?prefix=idem-bench:{run}:"))
+        .await
+        .unwrap();
+    let conn = redis::Client::open(url)
+        .unwrap()
+        .get_connection_manager()
+        .await
+        .unwrap();
+    let done = record(State::Done);
+    let replay_key = "replayed".to_owned();
+    store.insert(&replay_key, done.clone(), NOW).await.unwrap();
+    let raw_value = vec![b'x'; 120];
+    let mut setup = conn.clone();
+    let _: () = redis::cmd("HSET")
+        .arg(format!("idem-bench-raw:{run}:replayed"))
+        .arg(&[
+            "ver", "1", "exp", "1", "fp", "fp", "state", "done", "lease", "1", "status", "200",
+            "headers", "h", "body", "b",
+        ])
+        .query_async(&mut setup)
+        .await
+        .unwrap();
+    let s = store.clone();
+    let guarded = op(move |i| {
+        let s = s.clone();
+        async move {
+            let key = format!("g{i}");
+            let idem::store::InsertOutcome::Inserted(v) = s
+                .insert(&key, record(State::Processing), NOW)
+                .await
+                .unwrap()
+            else {
+                panic!()
+            };
+            s.replace(&key, v, record(State::Done), NOW)
+                .await
+                .unwrap()
+                .unwrap();
+        }
+    });
+    let (c, run_id, value) = (conn.clone(), run.to_owned(), raw_value.clone());
+    let raw_guarded = op(move |i| {
+        let (mut c, key, value) = (
+            c.clone(),
+            format!("idem-bench-raw:{run_id}:g{i}"),
+            value.clone(),
+        );
+        async move {
+            let _: Option<String> = redis::cmd("SET")
+                .arg(&key)
+                .arg(&value)
+                .arg("NX")
+                .arg("PX")
+                .arg(600_000)
+                .query_async(&mut c)
+                .await
+                .unwrap();
+            let _: Option<String> = redis::cmd("SET")
+                .arg(&key)
+                .arg(&value)
+                .arg("PX")
+                .arg(600_000)
+                .query_async(&mut c)
+                .await
+                .unwrap();
+        }
+    });
+    let s = store.clone();
+    let replay = op(move |_| {
+        let s = s.clone();
+        async move {
+            let outcome = s
+                .insert("replayed", record(State::Processing), NOW)
+                .await
+                .unwrap();
+            assert!(matches!(outcome, idem::store::InsertOutcome::Existing(_)));
+        }
+    });
+    let (c, key) = (conn.clone(), format!("idem-bench-raw:{run}:replayed"));
+    let raw_replay = op(move |_| {
+        let (mut c, key) = (c.clone(), key.clone());
+        async move {
+            let _: Vec<Option<Vec<u8>>> = redis::cmd("HMGET")
+                .arg(&key)
+                .arg(&[
+                    "ver", "exp", "fp", "state", "lease", "status", "headers", "body",
+                ])
+                .query_async(&mut c)
+                .await
+                .unwrap();
+        }
+    });
+    let pairs = vec![
+        Pair {
+            label: "claim+complete vs SET NX + SET",
+            store: guarded,
+            raw: raw_guarded,
+        },
+        Pair {
+            label: "replay vs HMGET",
+            store: replay,
+            raw: raw_replay,
+        },
+    ];
+    (pairs, Arc::new(store))
+}
+
+async fn postgres_pairs(url: &str, run: &str) -> (Vec<Pair>, Arc<dyn Store>) {
+    let table = "idem_bench";
+    let store = PostgresStore::open(&format!("{url}?table={table}&pool=32"))
+        .await
+        .unwrap();
+    // The raw side: the same columns, plain statements, the same driver and pool settings.
+    let (client, connection) = tokio_postgres::connect(url, NoTls).await.unwrap();
+    tokio::spawn(connection);
+    client
+        .batch_execute(
+            "CREATE TABLE IF NOT EXISTS idem_bench_raw (key TEXT COLLATE \"C\" PRIMARY KEY, version BIGINT NOT NULL, \
+             fingerprint TEXT NOT NULL, state TEXT NOT NULL, lease_until_ms BIGINT NOT NULL, expires_at_ms BIGINT NOT NULL, \
+             status INTEGER, header_names TEXT[], header_values BYTEA[], body BYTEA); \
+             CREATE INDEX IF NOT EXISTS idem_bench_raw_expires ON idem_bench_raw (expires_at_ms); \
+             TRUNCATE idem_bench_raw; TRUNCATE idem_bench;",
+        )
+        .await
+        .unwrap();
+    let mut config: tokio_postgres::Config = url.parse().unwrap();
+    config.application_name("idem-bench-raw");
+    let manager = deadpool_postgres::Manager::from_config(
+        config,
+        NoTls,
+        deadpool_postgres::ManagerConfig {
+            recycling_method: deadpool_postgres::RecyclingMethod::Fast,
+        },
+    );
+    let pool = deadpool_postgres::Pool::builder(manager)
+        .max_size(32)
+        .build()
+        .unwrap();
+    const INSERT: &str = "INSERT INTO idem_bench_raw (key, version, fingerprint, state, lease_until_ms, expires_at_ms, status, header_names, header_values, body) VALUES ($1, 1, $2, $3, $4, $5, $6, $7, $8, $9)";
+    const UPDATE: &str = "UPDATE idem_bench_raw SET version = version + 1, fingerprint = $2, state = $3, lease_until_ms = $4, expires_at_ms = $5, status = $6, header_names = $7, header_values = $8, body = $9 WHERE key = $1";
+    const SELECT: &str = "SELECT version, fingerprint, state, lease_until_ms, expires_at_ms, status, header_names, header_values, body FROM idem_bench_raw WHERE key = $1";
+    let done = record(State::Done);
+    store.insert("replayed", done.clone(), NOW).await.unwrap();
+    let r = done.response.clone().unwrap();
+    let names: Vec<String> = r.headers.iter().map(|(n, _)| n.clone()).collect();
+    let values: Vec<Vec<u8>> = r.headers.iter().map(|(_, v)| v.clone()).collect();
+    {
+        let c = pool.get().await.unwrap();
+        let st = c.prepare_cached(INSERT).await.unwrap();
+        c.execute(
+            &st,
+            &[
+                &"replayed",
+                &done.fingerprint,
+                &"done",
+                &0i64,
+                &i64::MAX,
+                &200i32,
+                &names,
+                &values,
+                &r.body,
+            ],
+        )
+        .await
+        .unwrap();
+    }
+    let s = store.clone();
+    let run_id = run.to_owned();
+    let guarded = op(move |i| {
+        let (s, key) = (s.clone(), format!("{run_id}:g{i}"));
+        async move {
+            let idem::store::InsertOutcome::Inserted(v) = s
+                .insert(&key, record(State::Processing), NOW)
+                .await
+                .unwrap()
+            else {
+                panic!()
+            };
+            s.replace(&key, v, record(State::Done), NOW)
+                .await
+                .unwrap()
+                .unwrap();
+        }
+    });
+    let (p, run_id) = (pool.clone(), run.to_owned());
+    let (n2, v2, body) = (names.clone(), values.clone(), r.body.clone());
+    let raw_guarded = op(move |i| {
+        let (p, key, names, values, body) = (
+            p.clone(),
+            format!("{run_id}:g{i}"),
+            n2.clone(),
+            v2.clone(),
+            body.clone(),
+        );
+        async move {
+            let c = p.get().await.unwrap();
+            let (ins, upd) = (
+                c.prepare_cached(INSERT).await.unwrap(),
+                c.prepare_cached(UPDATE).await.unwrap(),
+            );
+            let none: (
+                Option<i32>,
+                Option<Vec<String>>,
+                Option<Vec<Vec<u8>>>,
+                Option<Vec<u8>>,
+            ) = (None, None, None, None);
+            c.execute(
+                &ins,
+                &[
+                    &key,
+                    &"sha256:0123456789abcdef",
+                    &"processing",
+                    &(NOW as i64),
+                    &(NOW as i64 + 600_000),
+                    &none.0,
+                    &none.1,
+                    &none.2,
+                    &none.3,
+                ],
+            )
+            .await
+            .unwrap();
+            c.execute(
+                &upd,
+                &[
+                    &key,
+                    &"sha256:0123456789abcdef",
+                    &"done",
+                    &0i64,
+                    &(NOW as i64 + 600_000),
+                    &200i32,
+                    &names,
+                    &values,
+                    &body,
+                ],
+            )
+            .await
+            .unwrap();
+        }
+    });
+    let s = store.clone();
+    let replay = op(move |_| {
+        let s = s.clone();
+        async move {
+            let outcome = s
+                .insert("replayed", record(State::Processing), NOW)
+                .await
+                .unwrap();
+            assert!(matches!(outcome, idem::store::InsertOutcome::Existing(_)));
+        }
+    });
+    let p = pool.clone();
+    let raw_replay = op(move |_| {
+        let p = p.clone();
+        async move {
+            let c = p.get().await.unwrap();
+            let st = c.prepare_cached(SELECT).await.unwrap();
+            assert_eq!(c.query(&st, &[&"replayed"]).await.unwrap().len(), 1);
+        }
+    });
+    let pairs = vec![
+        Pair {
+            label: "claim+complete vs INSERT + UPDATE",
+            store: guarded,
+            raw: raw_guarded,
+        },
+        Pair {
+            label: "replay vs SELECT",
+            store: replay,
+            raw: raw_replay,
+        },
+    ];
+    (pairs, Arc::new(store))
+}
+
+fn guard_ops(store: Arc<dyn Store>, run: &str) -> (Op, Op) {
+    let guard = Guard::builder(store).build().unwrap();
+    let respond = || async {
+        Ok::<_, std::convert::Infallible>(Response {
+            status: 200,
+            headers: vec![],
+            body: b"paid".to_vec(),
+        })
+    };
+    let (g, run_id) = (guard.clone(), run.to_owned());
+    let executed = op(move |i| {
+        let (g, key) = (g.clone(), format!("{run_id}:run{i}"));
+        async move {
+            assert!(matches!(
+                g.run(&key, "fp", |_| respond()).await.unwrap(),
+                idem::Outcome::Executed(_)
+            ));
+        }
+    });
+    let (g, key) = (guard, format!("{run}:run-replayed"));
+    let replayed = op(move |_| {
+        let (g, key) = (g.clone(), key.clone());
+        async move {
+            let outcome = g.run(&key, "fp", |_| respond()).await.unwrap();
+            assert!(matches!(
+                outcome,
+                idem::Outcome::Executed(_) | idem::Outcome::Replayed(_)
+            ));
+        }
+    });
+    (executed, replayed)
+}
+
+fn main() {
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let secs: f64 = std::env::var("IDEM_BENCH_SECS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(3.0);
+    let run = format!("{}-{}", std::process::id(), fastrand::u32(..));
+    let mut criterion = Criterion::default()
+        .configure_from_args()
+        .warm_up_time(Duration::from_secs(1))
+        .measurement_time(Duration::from_secs(3));
+    let mut table: Vec<(String, String, Row, Row)> = Vec::new();
+    let mut guard_rows: Vec<(String, Row)> = Vec::new();
+    for name in ["REDIS", "POSTGRES"] {
+        let Some(url) = url(name) else {
+            eprintln!(
+                "{name}: skipped, IDEM_BENCH_{name}_URL (or IDEM_TEST_{name}_URL) is not set"
+            );
+            continue;
+        };
+        let store_name = name.to_lowercase();
+        let (pairs, store) = rt.block_on(async {
+            if name == "REDIS" {
+                redis_pairs(&url, &run).await
+            } else {
+                postgres_pairs(&url, &run).await
+            }
+        });
+        let mut group = criterion.benchmark_group(&store_name);
+        for pair in &pairs {
+            for (side, f) in [("idem", &pair.store), ("raw", &pair.raw)] {
+                let counter = AtomicU64::new(1 << 40);
+                group.bench_function(format!("{} [{side}]", pair.label), |b| {
+                    b.to_async(&rt)
+                        .iter(|| f(counter.fetch_add(1, Ordering::Relaxed)));
+                });
+            }
+        }
+        group.finish();
+        for pair in &pairs {
+            for callers in [1, 32] {
+                let idem_row = rt.block_on(measure(pair.label, callers, secs, &pair.store));
+                let raw_row = rt.block_on(measure(pair.label, callers, secs, &pair.raw));
+                table.push((store_name.clone(), pair.label.to_owned(), idem_row, raw_row));
+            }
+        }
+        let (executed, replayed) = guard_ops(store, &run);
+        for (label, f) in [
+            ("Guard::run executed", &executed),
+            ("Guard::run replayed", &replayed),
+        ] {
+            for callers in [1, 32] {
+                guard_rows.push((
+                    store_name.clone(),
+                    rt.block_on(measure(label, callers, secs, f)),
+                ));
+            }
+        }
+    }
+    println!(
+        "\n| store | operation | callers | idem ops/s | raw ops/s | idem/raw | idem p50 µs | raw p50 µs | idem p99 µs | raw p99 µs |"
+    );
+    println!("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|");
+    for (store, label, i, r) in &table {
+        println!(
+            "| {store} | {label} | {} | {:.0} | {:.0} | {:.0}% | {} | {} | {} | {} |",
+            i.callers,
+            i.ops_per_s,
+            r.ops_per_s,
+            100.0 * i.ops_per_s / r.ops_per_s,
+            i.p50_us,
+            r.p50_us,
+            i.p99_us,
+            r.p99_us
+        );
+    }
+    println!("\n| store | through the component | callers | ops/s | p50 µs | p99 µs |");
+    println!("|---|---|---:|---:|---:|---:|");
+    for (store, row) in &guard_rows {
+        println!(
+            "| {store} | {} | {} | {:.0} | {} | {} |",
+            row.name, row.callers, row.ops_per_s, row.p50_us, row.p99_us
+        );
+    }
+    criterion.final_summary();
+}

@@ -44,7 +44,7 @@ struct Tally {
 pub async fn hammer(args: HammerArgs) -> anyhow::Result<()> {
     let store = idem::store::open(&args.store).await?;
     let guard = Guard::builder(store)
-        .retention(Duration::from_secs(600))
+        .retention(Duration::from_mins(10))
         .build()
         .context("build the guard")?;
     println!("ready");

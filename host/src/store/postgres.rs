@@ -164,6 +164,7 @@ impl PostgresStore {
     /// Connects, creates the schema if needed and checks its version. Fails
     /// when the server cannot be reached now; after that, broken connections
     /// are replaced and each operation fails as unavailable meanwhile.
+    #[allow(clippy::too_many_lines)] // one linear sequence: parse, set up the schema, open the pool
     pub async fn open(url: &str) -> Result<Self, OpenError> {
         let url = StoreUrl::parse(url, &["pool", "table", "timeout_ms"])?;
         let bad = |reason: String| OpenError::BadUrl {
@@ -489,7 +490,7 @@ impl Store for PostgresStore {
         let inserted: bool = row.try_get(0).map_err(|e| unavailable(e.to_string()))?;
         if inserted {
             let version: i64 = row.try_get(1).map_err(|e| unavailable(e.to_string()))?;
-            Ok(InsertOutcome::Inserted(version as u64))
+            Ok(InsertOutcome::Inserted(version.cast_unsigned()))
         } else {
             Ok(InsertOutcome::Existing(decode(key, row, 1)?))
         }
@@ -521,7 +522,7 @@ impl Store for PostgresStore {
                 ],
             )
             .await?;
-        Ok(rows.first().map(|row| row.get::<_, i64>(0) as u64))
+        Ok(rows.first().map(|row| row.get::<_, i64>(0).cast_unsigned()))
     }
 
     async fn delete(&self, key: &str, expected_version: Option<u64>) -> Result<bool, StoreError> {

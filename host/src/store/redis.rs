@@ -492,7 +492,7 @@ impl Store for RedisStore {
             Some(v) => {
                 let mut inv = DELETE_AT.key(full);
                 inv.arg(v);
-                number(&self.invoke(key, &inv).await?).map_or(0, |n| n as i64)
+                number(&self.invoke(key, &inv).await?).map_or(0, u64::cast_signed)
             }
         };
         Ok(removed > 0)
