@@ -13,6 +13,9 @@
 //! `IDEM_TEST_*` variables) name the servers; a store without one is skipped.
 //! `IDEM_BENCH_SECS` sets the seconds per table row (default 3).
 
+// Pedantic lints guard library code; in tests and benches they are noise.
+#![allow(clippy::pedantic, clippy::type_complexity)]
+
 use criterion::Criterion;
 use deadpool_postgres::tokio_postgres::{self, NoTls};
 use idem::store::{PostgresStore, RedisStore, Store};

@@ -19,6 +19,9 @@
 //! A store joins with one `bench_store` call in `main`, given a way to open it
 //! and its raw baseline.
 
+// Pedantic lints guard library code; in tests and benches they are noise.
+#![allow(clippy::pedantic)]
+
 use async_trait::async_trait;
 use criterion::Criterion;
 use idem::store::{SqliteOptions, SqliteStore, Store, Synchronous};
@@ -140,7 +143,7 @@ fn bench_store(
     let mut group = c.benchmark_group(name);
     group.bench_function("guarded", |b| {
         b.to_async(rt)
-            .iter(|| async { guarded(&guard, &next_key("g")).await })
+            .iter(|| async { guarded(&guard, &next_key("g")).await });
     });
     let mut n = 0usize;
     group.bench_function("replay", |b| {
@@ -153,7 +156,7 @@ fn bench_store(
     for (work, raw) in raws {
         group.bench_function(*work, |b| {
             b.to_async(rt)
-                .iter(|| async { raw.op(&next_key("r")).await })
+                .iter(|| async { raw.op(&next_key("r")).await });
         });
     }
     group.finish();

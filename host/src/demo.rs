@@ -223,6 +223,7 @@ macro_rules! say {
     };
 }
 
+#[allow(clippy::too_many_lines, clippy::single_match_else)] // one scripted run, top to bottom
 pub async fn run(args: Args) -> anyhow::Result<()> {
     let (store_url, temp_dir) = match args.store {
         Some(url) => (url, None),

@@ -65,7 +65,7 @@ pub async fn insert_if_absent_or_expired(store: Arc<dyn Store>) {
         .unwrap()
     {
         InsertOutcome::Inserted(v) => {
-            assert!(v > 1, "version {v} must exceed the expired record's")
+            assert!(v > 1, "version {v} must exceed the expired record's");
         }
         o => panic!("expected inserted, got {o:?}"),
     }
@@ -261,7 +261,7 @@ pub async fn takeover_fencing_and_retention(store: Arc<dyn Store>) {
     let guard = Guard::builder(store)
         .clock(clock.clone())
         .lease(Duration::from_secs(1))
-        .retention(Duration::from_secs(3600))
+        .retention(Duration::from_hours(1))
         .build()
         .unwrap();
     let key = unique("fence");
@@ -303,7 +303,7 @@ pub async fn takeover_fencing_and_retention(store: Arc<dyn Store>) {
         guard.begin(&key, "fp").await.unwrap(),
         Decision::Replay(taker_response)
     );
-    clock.advance(Duration::from_secs(3600));
+    clock.advance(Duration::from_hours(1));
     assert!(
         matches!(guard.begin(&key, "fp").await.unwrap(), Decision::Proceed(_)),
         "new after retention"

@@ -189,7 +189,7 @@ async fn bad_input_is_refused_with_the_limit_and_nothing_runs_or_is_stored() {
     ] {
         match guard.run(key, fingerprint, handler).await {
             Err(RunError::InvalidInput(why)) => {
-                assert!(why.contains(needle), "{why:?} should name {needle:?}")
+                assert!(why.contains(needle), "{why:?} should name {needle:?}");
             }
             other => panic!("{key:?}/{fingerprint:?}: {other:?}"),
         }

@@ -44,7 +44,7 @@ fn guard(store: impl Store, clock: &ManualClock) -> Guard {
     Guard::builder(store)
         .clock(clock.clone())
         .lease(Duration::from_secs(1))
-        .retention(Duration::from_secs(3600))
+        .retention(Duration::from_hours(1))
         .build()
         .unwrap()
 }
@@ -172,7 +172,7 @@ pub async fn seed_lease_takeover_faults_and_window(store: Arc<dyn Store>) {
         );
     }
     // After the retention window the key is new again.
-    clock.advance(Duration::from_secs(2 * 3600));
+    clock.advance(Duration::from_hours(2));
     let window = g.run(&key, "sku=A&qty=1", h()).await.unwrap();
     assert!(
         matches!(window, Outcome::Executed(_)),
