@@ -4,6 +4,7 @@
 #![allow(clippy::pedantic)]
 
 mod conformance;
+mod console;
 mod engine;
 mod gateway;
 mod guard;
