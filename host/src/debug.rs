@@ -1,3 +1,5 @@
+//! Hidden subcommands for the multi-process and crash tests.
+//!
 //! `idem debug-hammer`: one process of a multi-process test. It claims the
 //! same keys as its twin against one shared store and prints the keys whose
 //! handler it ran, so the test can check that, across both processes, every
@@ -132,5 +134,32 @@ pub async fn hammer(args: HammerArgs) -> anyhow::Result<()> {
         tally.in_flight.load(Ordering::Relaxed)
     )?;
     out.flush()?;
+    Ok(())
+}
+
+/// `idem debug-complete`: claims KEY, stores BODY as its response, prints
+/// `completed KEY` and returns; the caller then waits to be killed.
+pub async fn complete(
+    url: &str,
+    key: &str,
+    fingerprint: &str,
+    body: Vec<u8>,
+) -> anyhow::Result<()> {
+    let store = idem::store::open(url).await?;
+    let guard = idem::Guard::builder(store).build()?;
+    let idem::Decision::Proceed(claim) = guard.begin(key, fingerprint).await? else {
+        anyhow::bail!("key {key:?} is not free to claim");
+    };
+    let response = idem::Response {
+        status: 201,
+        headers: vec![("x-idem-test".into(), b"crash".to_vec())],
+        body,
+    };
+    guard.complete(claim, response).await.1?;
+    let mut out = std::io::stdout().lock();
+    writeln!(out, "completed {key}")?;
+    out.flush()?;
+    // Leak the guard and store: no drop, no clean close; only the kill ends them.
+    std::mem::forget(guard);
     Ok(())
 }

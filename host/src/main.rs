@@ -110,7 +110,7 @@ fn main() -> anyhow::Result<()> {
             let body = std::fs::read(&body_file)
                 .with_context(|| format!("read {}", body_file.display()))?;
             let runtime = tokio::runtime::Runtime::new()?;
-            runtime.block_on(debug_complete(&store, &key, &fingerprint, body))?;
+            runtime.block_on(debug::complete(&store, &key, &fingerprint, body))?;
             // Hold the store open, as a server would, until killed.
             loop {
                 std::thread::park();
@@ -147,30 +147,4 @@ fn main() -> anyhow::Result<()> {
             runtime.block_on(demo::run(args))
         }
     }
-}
-
-async fn debug_complete(
-    url: &str,
-    key: &str,
-    fingerprint: &str,
-    body: Vec<u8>,
-) -> anyhow::Result<()> {
-    use std::io::Write;
-    let store = idem::store::open(url).await?;
-    let guard = idem::Guard::builder(store).build()?;
-    let idem::Decision::Proceed(claim) = guard.begin(key, fingerprint).await? else {
-        anyhow::bail!("key {key:?} is not free to claim");
-    };
-    let response = idem::Response {
-        status: 201,
-        headers: vec![("x-idem-test".into(), b"crash".to_vec())],
-        body,
-    };
-    guard.complete(claim, response).await.1?;
-    let mut out = std::io::stdout().lock();
-    writeln!(out, "completed {key}")?;
-    out.flush()?;
-    // Leak the guard and store: no drop, no clean close; only the kill ends them.
-    std::mem::forget(guard);
-    Ok(())
 }
