@@ -236,19 +236,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
             )
         }
     };
-    let mut store_url = store_url;
-    let store = match idem::store::open(&store_url).await {
-        Ok(store) => store,
-        // Until the SQLite store is built in, the default falls back to memory.
-        Err(idem::store::OpenError::BadUrl { reason, .. })
-            if temp_dir.is_some() && reason.contains("unknown store") =>
-        {
-            println!("note: this build has no sqlite store; using memory:");
-            store_url = "memory:".into();
-            idem::store::open(&store_url).await?
-        }
-        Err(e) => return Err(e.into()),
-    };
+    let store = idem::store::open(&store_url).await?;
 
     let order_count = i64::try_from(args.orders).context("--orders is too large")?;
     let stock = order_count * 10;

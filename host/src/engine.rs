@@ -197,10 +197,14 @@ impl Pool {
             Some(instance) => instance,
             None => self.instantiate().await?,
         };
-        let limits = self.runtime.inner.limits;
-        let ticks = (limits.call_timeout.as_millis() / EPOCH_TICK.as_millis()).max(1) as u64;
-        instance.store.set_epoch_deadline(ticks);
+        instance.store.set_epoch_deadline(self.deadline_ticks());
         Ok(instance)
+    }
+
+    /// The call timeout in epoch ticks (at least one).
+    fn deadline_ticks(&self) -> u64 {
+        let timeout = self.runtime.inner.limits.call_timeout;
+        (timeout.as_millis() / EPOCH_TICK.as_millis()).max(1) as u64
     }
 
     async fn instantiate(&self) -> Result<Instance, GuardError> {
@@ -216,9 +220,7 @@ impl Pool {
         let mut store = wasmtime::Store::new(&self.runtime.inner.engine, state);
         store.limiter(|state| &mut state.limits);
         store.epoch_deadline_trap();
-        store.set_epoch_deadline(
-            (limits.call_timeout.as_millis() / EPOCH_TICK.as_millis()).max(1) as u64,
-        );
+        store.set_epoch_deadline(self.deadline_ticks());
         match self.runtime.inner.pre.instantiate_async(&mut store).await {
             Ok(guard) => {
                 self.instantiated.fetch_add(1, Ordering::Relaxed);

@@ -189,12 +189,14 @@ impl Store for MemoryStore {
         query: &ListQuery,
         now_ms: u64,
     ) -> Result<Vec<(String, Entry)>, StoreError> {
-        let mut rows: Vec<(String, Entry)> = Vec::new();
+        // Sort and page on keys alone; clone only the page's records, so an
+        // operator paging through 100,000 keys does not copy every response.
+        let mut keys: Vec<String> = Vec::new();
         for shard in &self.inner.shards {
             let map = shard
                 .lock()
                 .unwrap_or_else(std::sync::PoisonError::into_inner);
-            rows.extend(
+            keys.extend(
                 map.iter()
                     .filter(|(k, e)| {
                         e.record.is_live(now_ms)
@@ -202,12 +204,22 @@ impl Store for MemoryStore {
                             && query.state.is_none_or(|s| s == e.record.state)
                             && query.after.as_ref().is_none_or(|a| k.as_str() > a.as_str())
                     })
-                    .map(|(k, e)| (k.clone(), e.clone())),
+                    .map(|(k, _)| k.clone()),
             );
         }
-        rows.sort_unstable_by(|a, b| a.0.cmp(&b.0));
-        rows.truncate(query.limit);
-        Ok(rows)
+        keys.sort_unstable();
+        keys.truncate(query.limit);
+        Ok(keys
+            .into_iter()
+            .filter_map(|k| {
+                let entry = self
+                    .shard(&k)
+                    .get(&k)
+                    .filter(|e| e.record.is_live(now_ms))
+                    .cloned();
+                entry.map(|e| (k, e))
+            })
+            .collect())
     }
 
     async fn purge_expired(&self, now_ms: u64, limit: usize) -> Result<usize, StoreError> {

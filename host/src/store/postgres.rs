@@ -522,7 +522,13 @@ impl Store for PostgresStore {
                 ],
             )
             .await?;
-        Ok(rows.first().map(|row| row.get::<_, i64>(0).cast_unsigned()))
+        rows.first()
+            .map(|row| {
+                row.try_get::<_, i64>(0)
+                    .map(i64::cast_unsigned)
+                    .map_err(|e| unavailable(e.to_string()))
+            })
+            .transpose()
     }
 
     async fn delete(&self, key: &str, expected_version: Option<u64>) -> Result<bool, StoreError> {
