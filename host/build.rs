@@ -25,6 +25,7 @@ fn main() {
         .nth(4)
         .map_or_else(|| out_dir.join("guest-target"), |t| t.join("guest-target"));
 
+    ensure_wasm_target();
     build(
         &guest,
         &target_dir.join("guard"),
@@ -37,6 +38,33 @@ fn main() {
         &["--features", "misbehave"],
         &out_dir.join("idem_guard_misbehaving.wasm"),
     );
+}
+
+/// rustup installs the targets that rust-toolchain.toml lists only when it
+/// installs the toolchain itself; a machine that already had this toolchain
+/// lacks `wasm32-wasip2`. Add it then, so that a fresh clone builds with a
+/// plain `cargo build`.
+fn ensure_wasm_target() {
+    let rustc = env::var("RUSTC").unwrap_or_else(|_| "rustc".into());
+    let sysroot = Command::new(&rustc)
+        .args(["--print", "sysroot"])
+        .output()
+        .ok()
+        .filter(|o| o.status.success())
+        .map(|o| PathBuf::from(String::from_utf8_lossy(&o.stdout).trim()));
+    let installed = sysroot.is_some_and(|s| s.join("lib/rustlib/wasm32-wasip2").is_dir());
+    if installed {
+        return;
+    }
+    println!("cargo:warning=installing the wasm32-wasip2 target with rustup (listed in rust-toolchain.toml)");
+    // RUSTUP_TOOLCHAIN, set by the rustup proxy, makes this the active toolchain.
+    let added = Command::new("rustup")
+        .args(["target", "add", "wasm32-wasip2"])
+        .status()
+        .is_ok_and(|s| s.success());
+    if !added {
+        println!("cargo:warning=`rustup target add wasm32-wasip2` failed; the guest build will say why");
+    }
 }
 
 fn build(guest: &Path, target_dir: &Path, extra: &[&str], dest: &Path) {
