@@ -7,7 +7,7 @@
 #![allow(clippy::pedantic)]
 
 use criterion::{BenchmarkId, Criterion, criterion_group, criterion_main};
-use idem::store::MemoryStore;
+use idem::store::{Faulty, MemoryStore, SyncStore};
 use idem::{Clock, Decision, Guard, Policy, Record, Response, SystemClock};
 use idem_guest::guard::{self as native, Primitives};
 use idem_guest::model::{InsertOutcome, StoreFailure};
@@ -29,7 +29,7 @@ impl Primitives for Native<'_> {
         record: &Record,
         now_ms: u64,
     ) -> Result<InsertOutcome, StoreFailure> {
-        Ok(self.store.insert_now(key, record.clone(), now_ms))
+        Ok(self.store.insert_now(key, record.clone(), now_ms).unwrap())
     }
     fn replace(
         &mut self,
@@ -40,7 +40,8 @@ impl Primitives for Native<'_> {
     ) -> Result<Option<u64>, StoreFailure> {
         Ok(self
             .store
-            .replace_now(key, expected_version, record.clone(), now_ms))
+            .replace_now(key, expected_version, record.clone(), now_ms)
+            .unwrap())
     }
 }
 
@@ -51,6 +52,44 @@ fn paid() -> Response {
         body: b"paid".to_vec(),
     }
 }
+
+/// New keys are claimed in chunks; between chunks, untimed, the chunk's keys
+/// are deleted again. Every variant thus claims into a store of the same
+/// small size, instead of one that grows by millions of keys over a run
+/// (which would measure hash-map growth, not the guard).
+const CHUNK: u64 = 1_000;
+
+fn new_keys(iters: u64, store: &MemoryStore, mut run_chunk: impl FnMut(&[String])) -> Duration {
+    let keys: Vec<String> = (0..CHUNK).map(|i| format!("order-{i}")).collect();
+    let mut total = Duration::ZERO;
+    let mut done = 0;
+    while done < iters {
+        let chunk = &keys[..CHUNK.min(iters - done) as usize];
+        let start = Instant::now();
+        run_chunk(chunk);
+        total += start.elapsed();
+        for key in chunk {
+            store.delete_now(key, None).unwrap();
+        }
+        done += chunk.len() as u64;
+    }
+    total
+}
+
+/// A guard over `store` through the component: the sync flavour (the memory
+/// store answers without I/O), or, wrapped in a `Faulty` with no fault set,
+/// the async flavour that network and disk stores use.
+fn component_guard(store: &MemoryStore, flavour: &str) -> Guard {
+    match flavour {
+        "component" => Guard::builder(store.clone()).build().unwrap(),
+        "component-async" => Guard::builder(Faulty::new(store.clone()).0)
+            .build()
+            .unwrap(),
+        _ => unreachable!(),
+    }
+}
+
+const FLAVOURS: [&str; 2] = ["component", "component-async"];
 
 fn bench(c: &mut Criterion) {
     let rt = tokio::runtime::Builder::new_current_thread()
@@ -66,36 +105,36 @@ fn bench(c: &mut Criterion) {
     // A guarded op on a new key: begin (claim) + complete.
     {
         let store = MemoryStore::new();
-        let mut n = 0u64;
         group.bench_function(BenchmarkId::new("new_key", "native"), |b| {
-            b.iter(|| {
-                n += 1;
-                let key = format!("native-{n}");
-                let mut p = Native { store: &store };
-                let Ok(Decision::Proceed(claim)) = native::begin(&mut p, &key, "fp", &policy)
-                else {
-                    panic!()
-                };
-                native::complete(&mut p, &claim, paid(), &policy).unwrap();
+            b.iter_custom(|iters| {
+                new_keys(iters, &store, |keys| {
+                    for key in keys {
+                        let mut p = Native { store: &store };
+                        let Ok(Decision::Proceed(claim)) =
+                            native::begin(&mut p, key, "fp", &policy)
+                        else {
+                            panic!()
+                        };
+                        native::complete(&mut p, &claim, paid(), &policy).unwrap();
+                    }
+                })
             });
         });
     }
-    {
-        let guard = Guard::builder(MemoryStore::new()).build().unwrap();
-        let mut n = 0u64;
-        group.bench_function(BenchmarkId::new("new_key", "component"), |b| {
+    for flavour in FLAVOURS {
+        let store = MemoryStore::new();
+        let guard = component_guard(&store, flavour);
+        group.bench_function(BenchmarkId::new("new_key", flavour), |b| {
             b.iter_custom(|iters| {
-                rt.block_on(async {
-                    let start = Instant::now();
-                    for _ in 0..iters {
-                        n += 1;
-                        let key = format!("wasm-{n}");
-                        let Ok(Decision::Proceed(claim)) = guard.begin(&key, "fp").await else {
-                            panic!()
-                        };
-                        guard.complete(claim, paid()).await.1.unwrap();
-                    }
-                    start.elapsed()
+                new_keys(iters, &store, |keys| {
+                    rt.block_on(async {
+                        for key in keys {
+                            let Ok(Decision::Proceed(claim)) = guard.begin(key, "fp").await else {
+                                panic!()
+                            };
+                            guard.complete(claim, paid()).await.1.unwrap();
+                        }
+                    });
                 })
             });
         });
@@ -119,15 +158,15 @@ fn bench(c: &mut Criterion) {
             });
         });
     }
-    {
-        let guard = Guard::builder(MemoryStore::new()).build().unwrap();
+    for flavour in FLAVOURS {
+        let guard = component_guard(&MemoryStore::new(), flavour);
         rt.block_on(async {
             let Ok(Decision::Proceed(claim)) = guard.begin("done", "fp").await else {
                 panic!()
             };
             guard.complete(claim, paid()).await.1.unwrap();
         });
-        group.bench_function(BenchmarkId::new("replay", "component"), |b| {
+        group.bench_function(BenchmarkId::new("replay", flavour), |b| {
             b.iter_custom(|iters| {
                 rt.block_on(async {
                     let start = Instant::now();

@@ -16,4 +16,6 @@ pub use clock::{Clock, ManualClock, SystemClock};
 pub use engine::{Limits, PoolStats, Runtime};
 pub use guard::{Fence, Guard, GuardBuilder, OnHandlerError, Outcome, RequestParts, RunError};
 pub use idem_guest::model::{Claim, Decision, Entry, GuardError, Policy, Record, Response, State};
-pub use store::{FaultHandle, FaultKind, FaultRule, Faulty, MemoryStore, Op, Store, StoreError};
+pub use store::{
+    FaultHandle, FaultKind, FaultRule, Faulty, MemoryStore, Op, Store, StoreError, SyncStore,
+};

@@ -1,6 +1,6 @@
 //! Records in this process's memory: fast, and gone when it exits.
 
-use super::{Entry, InsertOutcome, ListQuery, Record, Store, StoreError};
+use super::{Entry, InsertOutcome, ListQuery, Record, Store, StoreError, SyncStore};
 use crate::clock::Clock;
 use async_trait::async_trait;
 use std::collections::HashMap;
@@ -50,8 +50,14 @@ impl MemoryStore {
             .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
-    /// Synchronous `insert`, for callers outside an async context.
-    pub fn insert_now(&self, key: &str, record: Record, now_ms: u64) -> InsertOutcome {
+    fn get_live(&self, key: &str, now_ms: u64) -> Option<Entry> {
+        self.shard(key)
+            .get(key)
+            .filter(|e| e.record.is_live(now_ms))
+            .cloned()
+    }
+
+    fn insert_live(&self, key: &str, record: Record, now_ms: u64) -> InsertOutcome {
         let mut shard = self.shard(key);
         match shard.get_mut(key) {
             Some(entry) if entry.record.is_live(now_ms) => InsertOutcome::Existing(entry.clone()),
@@ -67,8 +73,7 @@ impl MemoryStore {
         }
     }
 
-    /// Synchronous `replace`.
-    pub fn replace_now(
+    fn replace_live(
         &self,
         key: &str,
         expected_version: u64,
@@ -118,6 +123,15 @@ impl MemoryStore {
         })
     }
 
+    fn delete_at(&self, key: &str, expected_version: Option<u64>) -> bool {
+        let mut shard = self.shard(key);
+        match (shard.get(key), expected_version) {
+            (Some(entry), Some(v)) if entry.version != v => false,
+            (Some(_), _) => shard.remove(key).is_some(),
+            (None, _) => false,
+        }
+    }
+
     fn purge(&self, now_ms: u64, limit: usize) -> usize {
         let mut purged = 0;
         for shard in &self.inner.shards {
@@ -142,6 +156,35 @@ impl MemoryStore {
     }
 }
 
+impl SyncStore for MemoryStore {
+    fn get_now(&self, key: &str, now_ms: u64) -> Result<Option<Entry>, StoreError> {
+        Ok(self.get_live(key, now_ms))
+    }
+
+    fn insert_now(
+        &self,
+        key: &str,
+        record: Record,
+        now_ms: u64,
+    ) -> Result<InsertOutcome, StoreError> {
+        Ok(self.insert_live(key, record, now_ms))
+    }
+
+    fn replace_now(
+        &self,
+        key: &str,
+        expected_version: u64,
+        record: Record,
+        now_ms: u64,
+    ) -> Result<Option<u64>, StoreError> {
+        Ok(self.replace_live(key, expected_version, record, now_ms))
+    }
+
+    fn delete_now(&self, key: &str, expected_version: Option<u64>) -> Result<bool, StoreError> {
+        Ok(self.delete_at(key, expected_version))
+    }
+}
+
 #[async_trait]
 impl Store for MemoryStore {
     fn name(&self) -> &'static str {
@@ -149,11 +192,7 @@ impl Store for MemoryStore {
     }
 
     async fn get(&self, key: &str, now_ms: u64) -> Result<Option<Entry>, StoreError> {
-        Ok(self
-            .shard(key)
-            .get(key)
-            .filter(|e| e.record.is_live(now_ms))
-            .cloned())
+        Ok(self.get_live(key, now_ms))
     }
 
     async fn insert(
@@ -162,7 +201,7 @@ impl Store for MemoryStore {
         record: Record,
         now_ms: u64,
     ) -> Result<InsertOutcome, StoreError> {
-        Ok(self.insert_now(key, record, now_ms))
+        Ok(self.insert_live(key, record, now_ms))
     }
 
     async fn replace(
@@ -172,16 +211,11 @@ impl Store for MemoryStore {
         record: Record,
         now_ms: u64,
     ) -> Result<Option<u64>, StoreError> {
-        Ok(self.replace_now(key, expected_version, record, now_ms))
+        Ok(self.replace_live(key, expected_version, record, now_ms))
     }
 
     async fn delete(&self, key: &str, expected_version: Option<u64>) -> Result<bool, StoreError> {
-        let mut shard = self.shard(key);
-        match (shard.get(key), expected_version) {
-            (Some(entry), Some(v)) if entry.version != v => Ok(false),
-            (Some(_), _) => Ok(shard.remove(key).is_some()),
-            (None, _) => Ok(false),
-        }
+        Ok(self.delete_at(key, expected_version))
     }
 
     async fn list(
@@ -224,5 +258,9 @@ impl Store for MemoryStore {
 
     async fn purge_expired(&self, now_ms: u64, limit: usize) -> Result<usize, StoreError> {
         Ok(self.purge(now_ms, limit))
+    }
+
+    fn as_sync(&self) -> Option<Arc<dyn SyncStore>> {
+        Some(Arc::new(self.clone()))
     }
 }

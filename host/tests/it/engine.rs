@@ -1,14 +1,28 @@
 //! The sandbox fails closed: a trapping, runaway or memory-hungry guest
-//! answers unavailable, its instance is replaced, and the next call works.
+//! answers unavailable, its instance is replaced, and the next call works —
+//! in both of the host's flavours: sync (a store that never waits on I/O,
+//! the memory store) and async (every other store; here the memory store
+//! behind a `Faulty` with no fault set, which hides its sync side).
 
 use crate::conformance::BASE_MS;
-use idem::{Guard, Limits, ManualClock, MemoryStore, Outcome, Response, Runtime};
+use idem::{Faulty, Guard, Limits, ManualClock, MemoryStore, Outcome, Response, Runtime, Store};
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
-fn misbehaving(limits: Limits) -> Guard {
+/// The memory store as the sync flavour sees it, and as the async one does.
+fn both_flavours() -> [std::sync::Arc<dyn Store>; 2] {
+    let async_only = Faulty::new(MemoryStore::new()).0;
+    assert!(async_only.as_sync().is_none());
+    assert!(MemoryStore::new().as_sync().is_some());
+    [
+        std::sync::Arc::new(MemoryStore::new()),
+        std::sync::Arc::new(async_only),
+    ]
+}
+
+fn misbehaving(limits: Limits, store: std::sync::Arc<dyn Store>) -> Guard {
     let runtime = Runtime::from_component(idem::component::MISBEHAVING_COMPONENT, limits).unwrap();
-    Guard::builder(MemoryStore::new())
+    idem::GuardBuilder::from_arc(store)
         .clock(ManualClock::new(BASE_MS))
         .runtime(runtime)
         .build()
@@ -41,31 +55,45 @@ async fn check_fails_closed_then_recovers(guard: &Guard, bad_key: &str, needle: 
 
 #[tokio::test]
 async fn trapping_guest_answers_unavailable_and_is_replaced() {
-    let guard = misbehaving(Limits::default());
-    check_fails_closed_then_recovers(&guard, "!trap", "instance replaced").await;
+    for store in both_flavours() {
+        let guard = misbehaving(Limits::default(), store);
+        check_fails_closed_then_recovers(&guard, "!trap", "instance replaced").await;
+    }
 }
 
 #[tokio::test]
 async fn runaway_guest_is_stopped_by_the_epoch_deadline() {
-    let guard = misbehaving(Limits {
-        call_timeout: Duration::from_millis(200),
-        ..Limits::default()
-    });
-    check_fails_closed_then_recovers(&guard, "!spin", "interrupt").await;
+    for store in both_flavours() {
+        let limits = Limits {
+            call_timeout: Duration::from_millis(200),
+            ..Limits::default()
+        };
+        let guard = misbehaving(limits, store);
+        check_fails_closed_then_recovers(&guard, "!spin", "interrupt").await;
+    }
 }
 
 #[tokio::test]
 async fn memory_hungry_guest_is_stopped_by_the_memory_limit() {
-    let guard = misbehaving(Limits {
-        memory_bytes: 8 << 20,
-        ..Limits::default()
-    });
-    check_fails_closed_then_recovers(&guard, "!grow", "instance replaced").await;
+    for store in both_flavours() {
+        let limits = Limits {
+            memory_bytes: 8 << 20,
+            ..Limits::default()
+        };
+        let guard = misbehaving(limits, store);
+        check_fails_closed_then_recovers(&guard, "!grow", "instance replaced").await;
+    }
 }
 
 #[tokio::test]
 async fn instances_are_reused_not_created_per_call() {
-    let guard = Guard::builder(MemoryStore::new()).build().unwrap();
+    for store in both_flavours() {
+        let guard = idem::GuardBuilder::from_arc(store).build().unwrap();
+        sequential_calls_share_one_instance(&guard).await;
+    }
+}
+
+async fn sequential_calls_share_one_instance(guard: &Guard) {
     for i in 0..50 {
         let _ = guard
             .run(&format!("k{i}"), "fp", |_| async {

@@ -1,0 +1,350 @@
+//! The guard component inside wasmtime.
+//!
+//! [`Runtime`] compiles the component once and keeps the `Engine` and the
+//! `InstancePre`; a [`Pool`] keeps ready instances, each in a cheap `Store`
+//! of its own with a memory limit and an epoch deadline, so a call never
+//! pays for instantiation on the hot path. A trap, a deadline or a failed
+//! instantiation answers `Unavailable` — the guard fails closed — and the
+//! instance is dropped, never reused.
+
+mod async_host;
+mod glue;
+mod sync_host;
+
+use crate::clock::Clock;
+use crate::store::{Store, SyncStore};
+use idem_guest::model::{self, GuardError};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::Duration;
+use wasmtime::component::Component;
+use wasmtime::{Config, Engine, StoreLimits, StoreLimitsBuilder};
+
+/// How often the engine's epoch advances; deadlines are counted in these.
+const EPOCH_TICK: Duration = Duration::from_millis(10);
+
+/// Limits on every guard instance.
+#[derive(Clone, Copy, Debug)]
+pub struct Limits {
+    /// The most linear memory one instance may grow to.
+    pub memory_bytes: usize,
+    /// The longest one guard call may take, store round trips included.
+    /// Past it the instance is stopped and the call answers unavailable.
+    pub call_timeout: Duration,
+    /// Idle instances kept per pool; more are dropped when returned.
+    pub max_idle: usize,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Limits {
+            memory_bytes: 16 << 20,
+            call_timeout: Duration::from_secs(10),
+            max_idle: 256,
+        }
+    }
+}
+
+/// A compiled guard component, shared by every guard built on it.
+#[derive(Clone)]
+pub struct Runtime {
+    inner: Arc<RuntimeInner>,
+}
+
+struct RuntimeInner {
+    engine: Engine,
+    /// Linked to async store imports, for stores that wait on I/O.
+    async_pre: async_host::Pre,
+    /// Linked to sync store imports, for stores that never wait.
+    sync_pre: sync_host::Pre,
+    limits: Limits,
+}
+
+impl Runtime {
+    /// The embedded guard component, compiled once per process.
+    pub fn shared() -> Result<Runtime, GuardError> {
+        static SHARED: OnceLock<Result<Runtime, GuardError>> = OnceLock::new();
+        SHARED
+            .get_or_init(|| Runtime::from_component(crate::component::COMPONENT, Limits::default()))
+            .clone()
+    }
+
+    /// Compiles a component that implements the `idem` world.
+    pub fn from_component(bytes: &[u8], limits: Limits) -> Result<Runtime, GuardError> {
+        let fail =
+            |what: &str, e: wasmtime::Error| GuardError::Unavailable(format!("{what}: {e:#}"));
+        let mut config = Config::new();
+        config.epoch_interruption(true);
+        let engine = Engine::new(&config).map_err(|e| fail("wasmtime engine", e))?;
+        let component =
+            Component::new(&engine, bytes).map_err(|e| fail("compile guard component", e))?;
+        let mismatch = "guard component does not match the idem world";
+        let async_pre = async_host::link(&engine, &component).map_err(|e| fail(mismatch, e))?;
+        let sync_pre = sync_host::link(&engine, &component).map_err(|e| fail(mismatch, e))?;
+        spawn_epoch_ticker(&engine);
+        Ok(Runtime {
+            inner: Arc::new(RuntimeInner {
+                engine,
+                async_pre,
+                sync_pre,
+                limits,
+            }),
+        })
+    }
+
+    pub fn limits(&self) -> Limits {
+        self.inner.limits
+    }
+}
+
+/// Advances the engine's epoch every tick until the engine is dropped.
+fn spawn_epoch_ticker(engine: &Engine) {
+    let weak = engine.weak();
+    std::thread::Builder::new()
+        .name("idem-epoch".into())
+        .spawn(move || {
+            while let Some(engine) = weak.upgrade() {
+                engine.increment_epoch();
+                drop(engine);
+                std::thread::sleep(EPOCH_TICK);
+            }
+        })
+        .expect("spawn the epoch thread");
+}
+
+/// What the host gives one instance: the store primitives (async
+/// `dyn Store` or sync `dyn SyncStore`) and the clock.
+trait HostState: Send + 'static {
+    fn limits(&mut self) -> &mut StoreLimits;
+}
+
+/// One instance of the component, in a wasmtime store of its own.
+enum Instance {
+    Async(async_host::Instance),
+    Sync(sync_host::Instance),
+}
+
+/// Counters of one pool, for operators.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct PoolStats {
+    pub instantiated: u64,
+    pub failed: u64,
+    pub idle: usize,
+    pub in_use: u64,
+}
+
+/// Ready instances over one store and clock.
+pub(crate) struct Pool {
+    runtime: Runtime,
+    store: Arc<dyn Store>,
+    /// The same store when it answers without I/O: then instances use the
+    /// sync flavour.
+    sync_store: Option<Arc<dyn SyncStore>>,
+    clock: Arc<dyn Clock>,
+    idle: Mutex<Vec<Instance>>,
+    instantiated: AtomicU64,
+    failed: AtomicU64,
+    in_use: AtomicU64,
+}
+
+impl Pool {
+    pub(crate) fn new(runtime: Runtime, store: Arc<dyn Store>, clock: Arc<dyn Clock>) -> Pool {
+        Pool {
+            runtime,
+            sync_store: store.as_sync(),
+            store,
+            clock,
+            idle: Mutex::new(Vec::new()),
+            instantiated: AtomicU64::new(0),
+            failed: AtomicU64::new(0),
+            in_use: AtomicU64::new(0),
+        }
+    }
+
+    pub(crate) fn store(&self) -> &Arc<dyn Store> {
+        &self.store
+    }
+
+    pub(crate) fn clock(&self) -> &Arc<dyn Clock> {
+        &self.clock
+    }
+
+    pub(crate) fn stats(&self) -> PoolStats {
+        PoolStats {
+            instantiated: self.instantiated.load(Ordering::Relaxed),
+            failed: self.failed.load(Ordering::Relaxed),
+            idle: self.lock_idle().len(),
+            in_use: self.in_use.load(Ordering::Relaxed),
+        }
+    }
+
+    fn lock_idle(&self) -> std::sync::MutexGuard<'_, Vec<Instance>> {
+        self.idle
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    async fn checkout(&self) -> Result<Instance, GuardError> {
+        let idle = self.lock_idle().pop();
+        let mut instance = match idle {
+            Some(instance) => instance,
+            None => self.instantiate().await?,
+        };
+        let ticks = self.deadline_ticks();
+        match &mut instance {
+            Instance::Async(i) => i.set_epoch_deadline(ticks),
+            Instance::Sync(i) => i.set_epoch_deadline(ticks),
+        }
+        Ok(instance)
+    }
+
+    /// The call timeout in epoch ticks (at least one).
+    fn deadline_ticks(&self) -> u64 {
+        let timeout = self.runtime.inner.limits.call_timeout;
+        (timeout.as_millis() / EPOCH_TICK.as_millis()).max(1) as u64
+    }
+
+    async fn instantiate(&self) -> Result<Instance, GuardError> {
+        let inner = &self.runtime.inner;
+        let instance = if let Some(store) = &self.sync_store {
+            let store = self.wasm_store(|clock, limits| sync_host::State {
+                store: store.clone(),
+                clock,
+                limits,
+            });
+            sync_host::Instance::new(&inner.sync_pre, store).map(Instance::Sync)
+        } else {
+            let store = self.wasm_store(|clock, limits| async_host::State {
+                store: self.store.clone(),
+                clock,
+                limits,
+            });
+            async_host::Instance::new(&inner.async_pre, store)
+                .await
+                .map(Instance::Async)
+        };
+        match instance {
+            Ok(instance) => {
+                self.instantiated.fetch_add(1, Ordering::Relaxed);
+                Ok(instance)
+            }
+            Err(e) => {
+                self.failed.fetch_add(1, Ordering::Relaxed);
+                Err(GuardError::Unavailable(format!(
+                    "guard instantiation failed: {e:#}"
+                )))
+            }
+        }
+    }
+
+    /// A wasmtime store for one instance, with its memory limit and deadline.
+    fn wasm_store<S: HostState>(
+        &self,
+        state: impl FnOnce(Arc<dyn Clock>, StoreLimits) -> S,
+    ) -> wasmtime::Store<S> {
+        let limits = self.runtime.inner.limits;
+        let limits = StoreLimitsBuilder::new()
+            .memory_size(limits.memory_bytes)
+            .instances(16)
+            .build();
+        let state = state(self.clock.clone(), limits);
+        let mut store = wasmtime::Store::new(&self.runtime.inner.engine, state);
+        store.limiter(|state| state.limits());
+        store.epoch_deadline_trap();
+        store.set_epoch_deadline(self.deadline_ticks());
+        store
+    }
+
+    /// Returns a healthy instance to the pool, or drops a failed one and
+    /// answers unavailable.
+    fn finish<T>(&self, instance: Instance, result: wasmtime::Result<T>) -> Result<T, GuardError> {
+        self.in_use.fetch_sub(1, Ordering::Relaxed);
+        match result {
+            Ok(value) => {
+                let mut idle = self.lock_idle();
+                if idle.len() < self.runtime.inner.limits.max_idle {
+                    idle.push(instance);
+                }
+                Ok(value)
+            }
+            Err(trap) => {
+                self.failed.fetch_add(1, Ordering::Relaxed);
+                drop(instance);
+                Err(GuardError::Unavailable(format!(
+                    "guard component failed, instance replaced: {trap:#}"
+                )))
+            }
+        }
+    }
+
+    async fn enter(&self) -> Result<Instance, GuardError> {
+        let instance = self.checkout().await?;
+        self.in_use.fetch_add(1, Ordering::Relaxed);
+        Ok(instance)
+    }
+
+    pub(crate) async fn begin(
+        &self,
+        key: &str,
+        fingerprint: &str,
+        policy: &model::Policy,
+    ) -> Result<model::Decision, GuardError> {
+        let mut i = self.enter().await?;
+        let r = match &mut i {
+            Instance::Sync(s) => s.begin(key, fingerprint, policy),
+            Instance::Async(a) => a.begin(key, fingerprint, policy).await,
+        };
+        self.finish(i, r)?
+    }
+
+    pub(crate) async fn complete(
+        &self,
+        claim: model::Claim,
+        response: model::Response,
+        policy: &model::Policy,
+    ) -> (model::Response, Result<(), GuardError>) {
+        let mut i = match self.enter().await {
+            Ok(i) => i,
+            Err(e) => return (response, Err(e)),
+        };
+        let (response, r) = match &mut i {
+            Instance::Sync(s) => s.complete(claim, response, policy),
+            Instance::Async(a) => a.complete(claim, response, policy).await,
+        };
+        (response, self.finish(i, r).and_then(|r| r))
+    }
+
+    pub(crate) async fn release(&self, claim: model::Claim) -> Result<(), GuardError> {
+        let mut i = self.enter().await?;
+        let r = match &mut i {
+            Instance::Sync(s) => s.release(claim),
+            Instance::Async(a) => a.release(claim).await,
+        };
+        self.finish(i, r)?
+    }
+
+    pub(crate) async fn renew(
+        &self,
+        claim: model::Claim,
+        policy: &model::Policy,
+    ) -> Result<model::Claim, GuardError> {
+        let mut i = self.enter().await?;
+        let r = match &mut i {
+            Instance::Sync(s) => s.renew(claim, policy),
+            Instance::Async(a) => a.renew(claim, policy).await,
+        };
+        self.finish(i, r)?
+    }
+
+    pub(crate) async fn fingerprint(
+        &self,
+        parts: &crate::RequestParts,
+    ) -> Result<String, GuardError> {
+        let mut i = self.enter().await?;
+        let r = match &mut i {
+            Instance::Sync(s) => s.fingerprint(parts),
+            Instance::Async(a) => a.fingerprint(parts).await,
+        };
+        self.finish(i, r)
+    }
+}
