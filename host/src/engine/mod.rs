@@ -75,6 +75,11 @@ impl Runtime {
             |what: &str, e: wasmtime::Error| GuardError::Unavailable(format!("{what}: {e:#}"));
         let mut config = Config::new();
         config.epoch_interruption(true);
+        // The guard runs one call at a time per instance: no per-store
+        // structures for concurrent guests. A trap is reported by its
+        // message; walking the wasm stack for a backtrace is not needed.
+        config.concurrency_support(false);
+        config.wasm_backtrace_max_frames(None);
         let engine = Engine::new(&config).map_err(|e| fail("wasmtime engine", e))?;
         let component =
             Component::new(&engine, bytes).map_err(|e| fail("compile guard component", e))?;
