@@ -4,6 +4,7 @@
 #![allow(clippy::pedantic)]
 
 mod conformance;
+mod crash;
 mod console;
 mod engine;
 mod gateway;

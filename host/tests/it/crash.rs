@@ -1,0 +1,414 @@
+//! Crash recovery: a real `idem` process (`idem debug-crash`) is `kill -9`ed
+//! in the handler, inside `complete` before and after the store write, and
+//! in the middle of store writes — on SQLite and on PostgreSQL. A guard
+//! opened afresh on the same store must then replay every acknowledged
+//! response byte for byte, answer in flight for every stuck claim until its
+//! lease runs out, then let exactly one retry take it over; and no key ever
+//! holds two different responses.
+//!
+//! The restarted guard runs on a manual clock that starts at the wall-clock
+//! time of the restart (the crashed process used the wall clock), so a lease
+//! "runs out" by moving the clock, not by sleeping.
+
+use crate::conformance::unique;
+use crate::netstores::server_url;
+use idem::store::{ListQuery, Store};
+use idem::{Clock, Decision, Guard, ManualClock, Outcome, Response, SystemClock};
+use std::collections::{BTreeMap, HashSet};
+use std::io::{BufRead, BufReader, Write};
+use std::path::Path;
+use std::process::{Child, ChildStdin, Command, Stdio};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, mpsc};
+use std::time::{Duration, Instant};
+
+const FP: &str = "fp-crash";
+/// Long enough that the restart surely happens within it on a loaded
+/// machine; the manual clock makes its length cost nothing.
+const LEASE: Duration = Duration::from_secs(5);
+/// How long the test waits for one line from the child.
+const LINE_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// A running `idem debug-crash`, its stdout read line by line on a thread.
+struct Crashing {
+    child: Child,
+    stdin: Option<ChildStdin>,
+    lines: mpsc::Receiver<String>,
+}
+
+impl Crashing {
+    fn spawn(store_url: &str, crash_at: &str, keys: usize, body_file: &Path, extra: &[&str]) -> Self {
+        let prefix = format!("{}/", unique("crash"));
+        let mut child = Command::new(env!("CARGO_BIN_EXE_idem"))
+            .args(["debug-crash", "--store", store_url, "--crash-at", crash_at])
+            .args(["--keys", &keys.to_string(), "--prefix", &prefix])
+            .args(["--lease-ms", &LEASE.as_millis().to_string()])
+            .arg("--body-file")
+            .arg(body_file)
+            .args(extra)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("start idem debug-crash");
+        let stdout = child.stdout.take().unwrap();
+        let (send, lines) = mpsc::channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stdout).lines() {
+                let Ok(line) = line else { return };
+                if send.send(line).is_err() {
+                    return;
+                }
+            }
+        });
+        Crashing {
+            stdin: child.stdin.take(),
+            child,
+            lines,
+        }
+    }
+
+    /// The next line, split into words; fails on a line that reports
+    /// something unexpected, on the end of output and on a timeout.
+    fn next(&self) -> Vec<String> {
+        let line = self
+            .lines
+            .recv_timeout(LINE_TIMEOUT)
+            .expect("idem debug-crash said nothing more");
+        assert!(
+            !line.starts_with("unexpected") && !line.starts_with("not-written"),
+            "idem debug-crash: {line}"
+        );
+        line.split(' ').map(str::to_owned).collect()
+    }
+
+    /// Every line printed before the kill, once the pipe is closed.
+    fn rest(&self) -> Vec<Vec<String>> {
+        self.lines
+            .iter()
+            .map(|l| l.split(' ').map(str::to_owned).collect())
+            .collect()
+    }
+
+    fn go(&mut self) {
+        let stdin = self.stdin.as_mut().unwrap();
+        stdin.write_all(b"go\n").unwrap();
+        stdin.flush().unwrap();
+    }
+
+    /// SIGKILL: no destructor, no flush, no clean close of the store.
+    fn kill_9(&mut self) {
+        self.child.kill().unwrap();
+        let status = self.child.wait().unwrap();
+        assert!(
+            !status.success(),
+            "the child was killed, not finished: {status:?}"
+        );
+    }
+}
+
+impl Drop for Crashing {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// The response `debug-crash` stores for `key`: the key, a newline, the body file.
+fn first_response(key: &str, body: &[u8]) -> Response {
+    Response {
+        status: 201,
+        headers: vec![("x-idem-key".into(), key.as_bytes().to_vec())],
+        body: [key.as_bytes(), b"\n", body].concat(),
+    }
+}
+
+/// What a retry after the takeover stores: different from the first.
+fn retry_response(key: &str) -> Response {
+    Response {
+        status: 200,
+        headers: vec![],
+        body: format!("retried {key}").into_bytes(),
+    }
+}
+
+/// A body of `n` bytes that compresses badly, written to `dir/body.bin`.
+fn body_file(dir: &Path, n: usize) -> (std::path::PathBuf, Vec<u8>) {
+    let body: Vec<u8> = (0..n as u32)
+        .map(|i| (i.wrapping_mul(2_654_435_761) >> 13) as u8)
+        .collect();
+    let path = dir.join("body.bin");
+    std::fs::write(&path, &body).unwrap();
+    (path, body)
+}
+
+/// What the restarted guard found.
+#[derive(Debug, Default)]
+struct Recovery {
+    /// Keys whose first response was stored: replayed byte for byte.
+    replayed: Vec<String>,
+    /// Keys left claimed: taken over after their lease, with the retry's fence.
+    taken_over: BTreeMap<String, u64>,
+}
+
+/// Opens a guard on `store` as a restarted process would and checks every
+/// key in `keys`: each either replays its first response byte for byte or is
+/// in flight; every key in `acknowledged` replays. Then, past the lease,
+/// four concurrent retries per stuck key: exactly one runs its handler, and
+/// from then on every key replays one response — its first, or the retry's.
+async fn recover(
+    store: Arc<dyn Store>,
+    keys: &[String],
+    acknowledged: &HashSet<String>,
+    body: &[u8],
+) -> Recovery {
+    let clock = ManualClock::new(SystemClock.now_ms());
+    let guard = Guard::builder(store)
+        .clock(clock.clone())
+        .lease(LEASE)
+        .build()
+        .unwrap();
+    let mut recovery = Recovery::default();
+    let mut stuck = Vec::new();
+    for key in keys {
+        match guard.begin(key, FP).await.unwrap() {
+            Decision::Replay(response) => {
+                assert!(
+                    response == first_response(key, body),
+                    "{key}: the replay is not the stored response, byte for byte"
+                );
+                recovery.replayed.push(key.clone());
+            }
+            Decision::InFlight { retry_after_ms } => {
+                assert!(
+                    !acknowledged.contains(key),
+                    "{key}: its completion was acknowledged, yet the response is gone"
+                );
+                assert!(
+                    retry_after_ms > 0 && retry_after_ms <= LEASE.as_millis() as u64,
+                    "{key}: retry after {retry_after_ms} ms, beyond the lease"
+                );
+                stuck.push(key.clone());
+            }
+            other => panic!("{key}: after the crash, within the lease: {other:?}"),
+        }
+    }
+
+    // Every claim was made before the restart: one lease later all have run out.
+    clock.advance(LEASE + Duration::from_millis(1));
+    for key in &stuck {
+        let runs = AtomicUsize::new(0);
+        let fence = Mutex::new(None);
+        let retry = || async {
+            let (runs, fence) = (&runs, &fence);
+            guard
+                .run(key, FP, |f| async move {
+                    runs.fetch_add(1, Ordering::SeqCst);
+                    *fence.lock().unwrap() = Some(f.0);
+                    Ok::<_, std::convert::Infallible>(retry_response(key))
+                })
+                .await
+                .unwrap()
+        };
+        let outcomes = futures::future::join_all((0..4).map(|_| retry())).await;
+        assert_eq!(
+            runs.load(Ordering::SeqCst),
+            1,
+            "{key}: four retries after the lease, the handler must run once: {outcomes:?}"
+        );
+        for outcome in &outcomes {
+            assert!(
+                matches!(outcome, Outcome::Executed(r) | Outcome::Replayed(r) if *r == retry_response(key))
+                    || matches!(outcome, Outcome::InFlight { .. }),
+                "{key}: {outcome:?}"
+            );
+        }
+        let fence = fence.lock().unwrap().unwrap();
+        recovery.taken_over.insert(key.clone(), fence);
+    }
+
+    // One response per key from now on.
+    for key in keys {
+        let expected = if recovery.taken_over.contains_key(key) {
+            retry_response(key)
+        } else {
+            first_response(key, body)
+        };
+        assert!(
+            guard.begin(key, FP).await.unwrap() == Decision::Replay(expected),
+            "{key}: does not replay the one response it was given"
+        );
+    }
+    recovery
+}
+
+/// Every live record in the store decodes.
+async fn all_rows_decode(store: &Arc<dyn Store>) -> usize {
+    let query = ListQuery {
+        limit: 1_000_000,
+        ..ListQuery::default()
+    };
+    store
+        .list(&query, SystemClock.now_ms())
+        .await
+        .expect("every record decodes")
+        .len()
+}
+
+/// The lines of `crash_at` for `keys` keys, as (key, number) pairs.
+fn halted(child: &Crashing, word: &str, keys: usize) -> BTreeMap<String, u64> {
+    (0..keys)
+        .map(|_| {
+            let line = child.next();
+            assert_eq!(line[0], word, "{line:?}");
+            let n = line.get(2).map_or(0, |n| n.parse().unwrap());
+            (line[1].clone(), n)
+        })
+        .collect()
+}
+
+const KEYS: usize = 4;
+
+/// Killed while every handler runs: the claims are stored, no response is.
+async fn killed_in_the_handler(store_url: &str) {
+    let dir = tempfile::tempdir().unwrap();
+    let (body_path, body) = body_file(dir.path(), 1000);
+    let mut child = Crashing::spawn(store_url, "handler", KEYS, &body_path, &[]);
+    let fences = halted(&child, "in-handler", KEYS);
+    child.kill_9();
+
+    let keys: Vec<String> = fences.keys().cloned().collect();
+    let store = idem::store::open(store_url).await.unwrap();
+    let recovery = recover(store, &keys, &HashSet::new(), &body).await;
+    assert!(recovery.replayed.is_empty(), "{recovery:?}");
+    for (key, crashed) in &fences {
+        let fence = recovery.taken_over[key];
+        assert!(
+            fence > *crashed,
+            "{key}: the takeover's fence {fence} must be above the crashed holder's {crashed}"
+        );
+    }
+}
+
+/// Killed inside `complete`, before the store saw the write: taken over.
+async fn killed_before_the_write(store_url: &str) {
+    let dir = tempfile::tempdir().unwrap();
+    let (body_path, body) = body_file(dir.path(), 1000);
+    let mut child = Crashing::spawn(store_url, "complete-unwritten", KEYS, &body_path, &[]);
+    let keys: Vec<String> = halted(&child, "halted-before-write", KEYS)
+        .into_keys()
+        .collect();
+    child.kill_9();
+
+    let store = idem::store::open(store_url).await.unwrap();
+    let recovery = recover(store, &keys, &HashSet::new(), &body).await;
+    assert!(recovery.replayed.is_empty(), "{recovery:?}");
+    assert_eq!(recovery.taken_over.len(), KEYS, "{recovery:?}");
+}
+
+/// Killed inside `complete`, after the store wrote the response and before
+/// the guard heard so: the write counts, the response replays.
+async fn killed_after_the_write(store_url: &str) {
+    let dir = tempfile::tempdir().unwrap();
+    let (body_path, body) = body_file(dir.path(), 100_000);
+    let mut child = Crashing::spawn(store_url, "complete-written", KEYS, &body_path, &[]);
+    let keys: Vec<String> = halted(&child, "halted-after-write", KEYS)
+        .into_keys()
+        .collect();
+    child.kill_9();
+
+    let store = idem::store::open(store_url).await.unwrap();
+    let recovery = recover(store, &keys, &HashSet::new(), &body).await;
+    assert_eq!(recovery.replayed, keys, "{recovery:?}");
+    assert!(recovery.taken_over.is_empty(), "{recovery:?}");
+}
+
+mod sqlite {
+    use super::*;
+
+    fn url(dir: &Path) -> String {
+        format!("sqlite:{}", dir.join("idem.db").display())
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn crash_sqlite_in_the_handler_then_takeover_after_the_lease() {
+        let dir = tempfile::tempdir().unwrap();
+        killed_in_the_handler(&url(dir.path())).await;
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn crash_sqlite_in_complete_before_the_write_then_takeover() {
+        let dir = tempfile::tempdir().unwrap();
+        killed_before_the_write(&url(dir.path())).await;
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn crash_sqlite_in_complete_after_the_write_replays() {
+        let dir = tempfile::tempdir().unwrap();
+        killed_after_the_write(&url(dir.path())).await;
+    }
+}
+
+mod postgres {
+    use super::*;
+    use deadpool_postgres::tokio_postgres::{self, NoTls};
+
+    /// A table of its own, dropped at the end; `None` when no server is configured.
+    struct Table {
+        server: String,
+        name: String,
+    }
+
+    impl Table {
+        fn new() -> Option<Table> {
+            let server = server_url("IDEM_TEST_POSTGRES_URL")?;
+            let name = format!("crash_{}_{}", std::process::id(), fastrand::u32(..));
+            Some(Table { server, name })
+        }
+
+        /// The store URL on this table, with `extra` parameters.
+        fn url(&self, extra: &str) -> String {
+            let sep = if self.server.contains('?') { '&' } else { '?' };
+            format!("{}{sep}table={}&pool=4{extra}", self.server, self.name)
+        }
+
+        async fn client(&self) -> tokio_postgres::Client {
+            let (client, connection) = tokio_postgres::connect(&self.server, NoTls).await.unwrap();
+            tokio::spawn(connection);
+            client
+        }
+
+        async fn drop_table(&self) {
+            let t = &self.name;
+            self.client()
+                .await
+                .batch_execute(&format!(
+                    "DROP TABLE IF EXISTS {t}; DROP FUNCTION IF EXISTS {t}_claim; \
+                     DELETE FROM idem_schema WHERE table_name = '{t}'"
+                ))
+                .await
+                .unwrap();
+        }
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn crash_postgres_in_the_handler_then_takeover_after_the_lease() {
+        let Some(table) = Table::new() else { return };
+        killed_in_the_handler(&table.url("")).await;
+        table.drop_table().await;
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn crash_postgres_in_complete_before_the_write_then_takeover() {
+        let Some(table) = Table::new() else { return };
+        killed_before_the_write(&table.url("")).await;
+        table.drop_table().await;
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn crash_postgres_in_complete_after_the_write_replays() {
+        let Some(table) = Table::new() else { return };
+        killed_after_the_write(&table.url("")).await;
+        table.drop_table().await;
+    }
+}
