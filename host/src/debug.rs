@@ -175,9 +175,13 @@ pub enum CrashAt {
     /// Inside `complete`, after the store wrote the response and before the
     /// guard hears so: written, never acknowledged.
     CompleteWritten,
-    /// Nowhere: it keeps claiming and completing keys with large responses,
-    /// so that a kill lands in the middle of a store write.
+    /// Nowhere: it claims and completes keys round after round.
     StoreWrite,
+    /// As `store-write`, but in the last round (SQLite only) inside the
+    /// writer's transaction: its statements ran, its `COMMIT` did not. The
+    /// transaction holds at least half the round's completions, so large
+    /// responses have spilled pages into the write-ahead log.
+    SqliteTransaction,
 }
 
 #[derive(clap::Args)]
@@ -233,6 +237,8 @@ fn say(line: &str) {
 struct Halting {
     inner: Arc<dyn idem::Store>,
     at: CrashAt,
+    /// Completions that reached the store.
+    completions: Arc<AtomicUsize>,
 }
 
 #[async_trait::async_trait]
@@ -263,6 +269,9 @@ impl idem::Store for Halting {
         now_ms: u64,
     ) -> Result<Option<u64>, idem::StoreError> {
         let completion = record.state == idem::State::Done;
+        if completion {
+            self.completions.fetch_add(1, Ordering::SeqCst);
+        }
         if completion && self.at == CrashAt::CompleteUnwritten {
             say(&format!("halted-before-write {key}"));
             std::future::pending::<()>().await;
@@ -307,32 +316,53 @@ impl idem::Store for Halting {
 /// - `complete-unwritten`: `halted-before-write KEY` per key;
 /// - `complete-written`: `halted-after-write KEY VERSION` per key;
 /// - `store-write`: `claimed KEY` per claim, `acknowledged KEY` per
-///   completion the store confirmed, `finished` after the last round.
+///   completion the store confirmed, `finished` after the last round;
+/// - `sqlite-transaction`: the same, then `in-transaction N` with the number
+///   of primitives in the transaction it stopped in.
 ///
 /// It never exits by itself: only the kill ends it.
 pub async fn crash(args: CrashArgs) -> anyhow::Result<()> {
     let body: Arc<[u8]> = std::fs::read(&args.body_file)
         .with_context(|| format!("read {}", args.body_file.display()))?
         .into();
-    let store: Arc<dyn idem::Store> = idem::store::open(&args.store).await?;
+    let completions = Arc::new(AtomicUsize::new(0));
+    let rounds = match args.crash_at {
+        CrashAt::StoreWrite | CrashAt::SqliteTransaction => args.rounds.max(1),
+        _ => 1,
+    };
+    let inner: Arc<dyn idem::Store> = if args.crash_at == CrashAt::SqliteTransaction {
+        let path = args
+            .store
+            .strip_prefix("sqlite:")
+            .context("sqlite-transaction needs a sqlite:PATH store")?
+            .to_owned();
+        let store = tokio::task::spawn_blocking(move || {
+            idem::store::SqliteStore::open(path, idem::store::SqliteOptions::default())
+        })
+        .await??;
+        store.set_before_commit(stop_in_transaction(
+            completions.clone(),
+            args.keys * (rounds - 1),
+            args.keys,
+        ));
+        Arc::new(store)
+    } else {
+        idem::store::open(&args.store).await?
+    };
     let store = Halting {
-        inner: store,
+        inner,
         at: args.crash_at,
+        completions: completions.clone(),
     };
     let guard = Guard::builder(store)
         .lease(Duration::from_millis(args.lease_ms))
         .build()
         .context("build the guard")?;
-    let rounds = if args.crash_at == CrashAt::StoreWrite {
-        args.rounds
-    } else {
-        1
-    };
     for round in 0..rounds {
         let keys: Vec<String> = (0..args.keys)
             .map(|i| format!("{}{round}-{i}", args.prefix))
             .collect();
-        if args.crash_at != CrashAt::StoreWrite {
+        if !matches!(args.crash_at, CrashAt::StoreWrite | CrashAt::SqliteTransaction) {
             for key in keys {
                 let (guard, body) = (guard.clone(), body.clone());
                 let crash_at = args.crash_at;
@@ -390,10 +420,39 @@ pub async fn crash(args: CrashArgs) -> anyhow::Result<()> {
             done?;
         }
     }
-    if args.crash_at == CrashAt::StoreWrite {
+    if matches!(args.crash_at, CrashAt::StoreWrite | CrashAt::SqliteTransaction) {
         say("finished");
     }
     // Leak the guard and store: no drop, no clean close; only the kill ends them.
     std::mem::forget(guard);
     Ok(())
+}
+
+/// The SQLite writer's hook for `sqlite-transaction`: once `before` earlier
+/// completions have gone by, it stops the writer inside the first
+/// transaction holding at least half of the last round's `keys`
+/// completions. A smaller transaction ahead of it waits, before its commit,
+/// until every completion of the round is queued, so the next one holds
+/// them all.
+fn stop_in_transaction(
+    completions: Arc<AtomicUsize>,
+    before: usize,
+    keys: usize,
+) -> impl Fn(usize) + Send + Sync + 'static {
+    move |primitives| {
+        if completions.load(Ordering::SeqCst) <= before {
+            return;
+        }
+        if primitives >= keys.div_ceil(2) {
+            say(&format!("in-transaction {primitives}"));
+            loop {
+                std::thread::park();
+            }
+        }
+        while completions.load(Ordering::SeqCst) < before + keys {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        // From the guard's call into the store to the writer's queue.
+        std::thread::sleep(Duration::from_millis(200));
+    }
 }

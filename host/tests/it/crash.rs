@@ -269,6 +269,26 @@ fn halted(child: &Crashing, word: &str, keys: usize) -> BTreeMap<String, u64> {
 
 const KEYS: usize = 4;
 
+/// What a `store-write` child reported before it died.
+#[derive(Default)]
+struct Writes {
+    claimed: Vec<String>,
+    acknowledged: HashSet<String>,
+}
+
+impl Writes {
+    fn record(&mut self, line: &[String]) {
+        match line[0].as_str() {
+            "claimed" => self.claimed.push(line[1].clone()),
+            "acknowledged" => {
+                self.acknowledged.insert(line[1].clone());
+            }
+            "waiting" | "finished" => {}
+            other => panic!("unexpected line {other:?}"),
+        }
+    }
+}
+
 /// Killed while every handler runs: the claims are stored, no response is.
 async fn killed_in_the_handler(store_url: &str) {
     let dir = tempfile::tempdir().unwrap();
@@ -346,6 +366,97 @@ mod sqlite {
     async fn crash_sqlite_in_complete_after_the_write_replays() {
         let dir = tempfile::tempdir().unwrap();
         killed_after_the_write(&url(dir.path())).await;
+    }
+
+    /// Frames in the write-ahead log after its last commit frame: pages of a
+    /// transaction that was being written and never committed. Walks the
+    /// frames whose salts match the header's (older frames left behind by a
+    /// WAL reset carry other salts).
+    fn uncommitted_frames(wal: &Path) -> usize {
+        let Ok(wal) = std::fs::read(wal) else {
+            return 0;
+        };
+        let be = |b: &[u8], at: usize| u32::from_be_bytes(b[at..at + 4].try_into().unwrap());
+        if wal.len() < 32 || !matches!(be(&wal, 0), 0x377f_0682 | 0x377f_0683) {
+            return 0;
+        }
+        let page = be(&wal, 8) as usize;
+        let salts = &wal[16..24];
+        let (mut frames, mut committed) = (0, 0);
+        for frame in wal[32..].chunks_exact(24 + page) {
+            if &frame[8..16] != salts {
+                break;
+            }
+            frames += 1;
+            if be(frame, 4) != 0 {
+                committed = frames;
+            }
+        }
+        frames - committed
+    }
+
+    /// Killed inside a SQLite write transaction holding large completions:
+    /// its statements ran and spilled pages into the write-ahead log, its
+    /// COMMIT never did. After the restart the file is intact, nothing of
+    /// that transaction is visible (its keys are taken over after their
+    /// lease), and every response committed before it replays.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn crash_sqlite_inside_a_write_transaction_loses_no_acknowledged_response() {
+        let dir = tempfile::tempdir().unwrap();
+        // 32 responses of 256 KiB a round: more than SQLite's 2 MB page
+        // cache holds, so the open transaction has written to the WAL.
+        let (body_path, body) = body_file(dir.path(), 256 << 10);
+        let store_url = url(dir.path());
+        let mut child = Crashing::spawn(
+            &store_url,
+            "sqlite-transaction",
+            32,
+            &body_path,
+            &["--rounds", "2"],
+        );
+        let mut seen = Writes::default();
+        let in_transaction: usize = loop {
+            let line = child.next();
+            if line[0] == "in-transaction" {
+                break line[1].parse().unwrap();
+            }
+            seen.record(&line);
+        };
+        child.kill_9();
+        for line in child.rest() {
+            seen.record(&line);
+        }
+        let torn = uncommitted_frames(&dir.path().join("idem.db-wal"));
+        assert!(
+            torn > 0,
+            "the killed transaction left uncommitted pages in the WAL"
+        );
+
+        let store = idem::store::open(&store_url).await.unwrap();
+        let check: String = rusqlite::Connection::open(dir.path().join("idem.db"))
+            .unwrap()
+            .query_row("PRAGMA integrity_check", [], |r| r.get(0))
+            .unwrap();
+        assert_eq!(check, "ok", "the file is intact");
+        assert_eq!(all_rows_decode(&store).await, seen.claimed.len());
+        let recovery = recover(store, &seen.claimed, &seen.acknowledged, &body).await;
+        println!(
+            "{} claimed, {} acknowledged, {} replayed, {} taken over; killed in a transaction of \
+             {in_transaction} completions with {torn} uncommitted WAL frames",
+            seen.claimed.len(),
+            seen.acknowledged.len(),
+            recovery.replayed.len(),
+            recovery.taken_over.len()
+        );
+        assert_eq!(
+            recovery.taken_over.len(),
+            in_transaction,
+            "exactly the uncommitted transaction's keys are still claimed"
+        );
+        assert_eq!(
+            recovery.replayed.len(),
+            seen.claimed.len() - in_transaction
+        );
     }
 }
 
