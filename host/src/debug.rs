@@ -246,11 +246,7 @@ impl idem::Store for Halting {
     fn name(&self) -> &'static str {
         self.inner.name()
     }
-    async fn get(
-        &self,
-        key: &str,
-        now_ms: u64,
-    ) -> Result<Option<idem::Entry>, idem::StoreError> {
+    async fn get(&self, key: &str, now_ms: u64) -> Result<Option<idem::Entry>, idem::StoreError> {
         self.inner.get(key, now_ms).await
     }
     async fn insert(
@@ -325,11 +321,12 @@ pub async fn crash(args: CrashArgs) -> anyhow::Result<()> {
     let body: Arc<[u8]> = std::fs::read(&args.body_file)
         .with_context(|| format!("read {}", args.body_file.display()))?
         .into();
+    let writes = matches!(
+        args.crash_at,
+        CrashAt::StoreWrite | CrashAt::SqliteTransaction
+    );
+    let rounds = if writes { args.rounds.max(1) } else { 1 };
     let completions = Arc::new(AtomicUsize::new(0));
-    let rounds = match args.crash_at {
-        CrashAt::StoreWrite | CrashAt::SqliteTransaction => args.rounds.max(1),
-        _ => 1,
-    };
     let inner: Arc<dyn idem::Store> = if args.crash_at == CrashAt::SqliteTransaction {
         let path = args
             .store
@@ -352,7 +349,7 @@ pub async fn crash(args: CrashArgs) -> anyhow::Result<()> {
     let store = Halting {
         inner,
         at: args.crash_at,
-        completions: completions.clone(),
+        completions,
     };
     let guard = Guard::builder(store)
         .lease(Duration::from_millis(args.lease_ms))
@@ -362,70 +359,90 @@ pub async fn crash(args: CrashArgs) -> anyhow::Result<()> {
         let keys: Vec<String> = (0..args.keys)
             .map(|i| format!("{}{round}-{i}", args.prefix))
             .collect();
-        if !matches!(args.crash_at, CrashAt::StoreWrite | CrashAt::SqliteTransaction) {
+        if writes {
+            let wait = round == 0 && args.wait_before_complete;
+            claim_and_complete(&guard, keys, &body, wait).await?;
+        } else {
             for key in keys {
-                let (guard, body) = (guard.clone(), body.clone());
-                let crash_at = args.crash_at;
-                tokio::spawn(async move {
-                    let (key, body) = (&key, &body);
-                    let handler = |idem::Fence(fence)| async move {
-                        if crash_at == CrashAt::Handler {
-                            say(&format!("in-handler {key} {fence}"));
-                            std::future::pending::<()>().await;
-                        }
-                        Ok::<_, std::convert::Infallible>(crash_response(key, body))
-                    };
-                    let outcome = guard.run(key, "fp-crash", handler).await;
-                    say(&format!("unexpected {outcome:?}"));
-                });
+                tokio::spawn(run_until_halted(
+                    guard.clone(),
+                    key,
+                    body.clone(),
+                    args.crash_at,
+                ));
             }
-            break;
-        }
-        let mut claims = tokio::task::JoinSet::new();
-        for key in keys {
-            let guard = guard.clone();
-            claims.spawn(async move {
-                match guard.begin(&key, "fp-crash").await {
-                    Ok(idem::Decision::Proceed(claim)) => {
-                        say(&format!("claimed {key}"));
-                        Ok(claim)
-                    }
-                    other => Err(anyhow::anyhow!("{key}: not claimed: {other:?}")),
-                }
-            });
-        }
-        let claims = claims.join_all().await.into_iter().collect::<Result<Vec<_>, _>>()?;
-        if round == 0 && args.wait_before_complete {
-            say("waiting");
-            let mut go = String::new();
-            std::io::stdin()
-                .read_line(&mut go)
-                .context("wait for the go line")?;
-        }
-        let mut completions = tokio::task::JoinSet::new();
-        for claim in claims {
-            let (guard, body) = (guard.clone(), body.clone());
-            completions.spawn(async move {
-                let key = claim.key.clone();
-                match guard.complete(claim, crash_response(&key, &body)).await.1 {
-                    Ok(()) => {
-                        say(&format!("acknowledged {key}"));
-                        Ok(())
-                    }
-                    Err(e) => Err(anyhow::anyhow!("{key}: not completed: {e}")),
-                }
-            });
-        }
-        for done in completions.join_all().await {
-            done?;
         }
     }
-    if matches!(args.crash_at, CrashAt::StoreWrite | CrashAt::SqliteTransaction) {
+    if writes {
         say("finished");
     }
     // Leak the guard and store: no drop, no clean close; only the kill ends them.
     std::mem::forget(guard);
     Ok(())
+}
+
+/// Runs `key` through the guard; the handler or the store halts it.
+async fn run_until_halted(guard: Guard, key: String, body: Arc<[u8]>, crash_at: CrashAt) {
+    let (key, body) = (&key, &body);
+    let handler = |idem::Fence(fence)| async move {
+        if crash_at == CrashAt::Handler {
+            say(&format!("in-handler {key} {fence}"));
+            std::future::pending::<()>().await;
+        }
+        Ok::<_, std::convert::Infallible>(crash_response(key, body))
+    };
+    let outcome = guard.run(key, "fp-crash", handler).await;
+    say(&format!("unexpected {outcome:?}"));
+}
+
+/// Claims every key at once, then (after a line on stdin when `wait`)
+/// completes them all at once, saying each claim and acknowledgement.
+async fn claim_and_complete(
+    guard: &Guard,
+    keys: Vec<String>,
+    body: &Arc<[u8]>,
+    wait: bool,
+) -> anyhow::Result<()> {
+    let mut claims = tokio::task::JoinSet::new();
+    for key in keys {
+        let guard = guard.clone();
+        claims.spawn(async move {
+            match guard.begin(&key, "fp-crash").await {
+                Ok(idem::Decision::Proceed(claim)) => {
+                    say(&format!("claimed {key}"));
+                    Ok(claim)
+                }
+                other => Err(anyhow::anyhow!("{key}: not claimed: {other:?}")),
+            }
+        });
+    }
+    let claims = claims
+        .join_all()
+        .await
+        .into_iter()
+        .collect::<Result<Vec<_>, _>>()?;
+    if wait {
+        say("waiting");
+        let mut go = String::new();
+        std::io::stdin()
+            .read_line(&mut go)
+            .context("wait for the go line")?;
+    }
+    let mut completions = tokio::task::JoinSet::new();
+    for claim in claims {
+        let (guard, body) = (guard.clone(), body.clone());
+        completions.spawn(async move {
+            let key = claim.key.clone();
+            match guard.complete(claim, crash_response(&key, &body)).await.1 {
+                Ok(()) => {
+                    say(&format!("acknowledged {key}"));
+                    Ok(())
+                }
+                Err(e) => Err(anyhow::anyhow!("{key}: not completed: {e}")),
+            }
+        });
+    }
+    completions.join_all().await.into_iter().collect()
 }
 
 /// The SQLite writer's hook for `sqlite-transaction`: once `before` earlier

@@ -481,7 +481,8 @@ fn write_loop(
             }
             Err(_) => {
                 for job in batch.drain(..) {
-                    let result = match apply_batch(conn, std::slice::from_ref(&job), before_commit) {
+                    let result = match apply_batch(conn, std::slice::from_ref(&job), before_commit)
+                    {
                         Ok(mut one) => one.pop().expect("one result"),
                         Err(e) => Err(sql_unavailable(&e)),
                     };

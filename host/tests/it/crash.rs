@@ -37,7 +37,13 @@ struct Crashing {
 }
 
 impl Crashing {
-    fn spawn(store_url: &str, crash_at: &str, keys: usize, body_file: &Path, extra: &[&str]) -> Self {
+    fn spawn(
+        store_url: &str,
+        crash_at: &str,
+        keys: usize,
+        body_file: &Path,
+        extra: &[&str],
+    ) -> Self {
         let prefix = format!("{}/", unique("crash"));
         let mut child = Command::new(env!("CARGO_BIN_EXE_idem"))
             .args(["debug-crash", "--store", store_url, "--crash-at", crash_at])
@@ -453,10 +459,7 @@ mod sqlite {
             in_transaction,
             "exactly the uncommitted transaction's keys are still claimed"
         );
-        assert_eq!(
-            recovery.replayed.len(),
-            seen.claimed.len() - in_transaction
-        );
+        assert_eq!(recovery.replayed.len(), seen.claimed.len() - in_transaction);
     }
 }
 
@@ -520,6 +523,136 @@ mod postgres {
     async fn crash_postgres_in_complete_after_the_write_replays() {
         let Some(table) = Table::new() else { return };
         killed_after_the_write(&table.url("")).await;
+        table.drop_table().await;
+    }
+
+    /// How many server sessions of `application` match `condition`.
+    async fn sessions(client: &tokio_postgres::Client, application: &str, condition: &str) -> i64 {
+        client
+            .query_one(
+                &format!(
+                    "SELECT count(*) FROM pg_stat_activity WHERE application_name = $1 AND {condition}"
+                ),
+                &[&application],
+            )
+            .await
+            .unwrap()
+            .get(0)
+    }
+
+    /// Waits up to 20 s for `count` sessions of `application` to match `condition`.
+    async fn await_sessions(
+        client: &tokio_postgres::Client,
+        application: &str,
+        condition: &str,
+        count: i64,
+    ) {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            let n = sessions(client, application, condition).await;
+            if n == count {
+                return;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "{n} sessions of {application} where {condition}, expected {count}"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    /// Killed while one of its completions is a transaction open in the
+    /// server (held there by a row lock the test takes): the server ends
+    /// the dead client's sessions, leaves no lock behind, the table is
+    /// intact, every acknowledged response replays, and the key whose
+    /// transaction was open either replays (the server finished it) or is
+    /// taken over after its lease — never lost once acknowledged, never
+    /// two responses.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn crash_postgres_with_a_transaction_open_loses_no_acknowledged_response() {
+        const KEYS: usize = 8;
+        let Some(table) = Table::new() else { return };
+        let application = format!("idem_crash_{}", fastrand::u32(..));
+        let dir = tempfile::tempdir().unwrap();
+        let (body_path, body) = body_file(dir.path(), 256 << 10);
+        let mut child = Crashing::spawn(
+            &table.url(&format!("&application_name={application}")),
+            "store-write",
+            KEYS,
+            &body_path,
+            &["--wait-before-complete"],
+        );
+        let mut seen = Writes::default();
+        while seen.claimed.len() < KEYS {
+            seen.record(&child.next());
+        }
+        assert_eq!(child.next(), ["waiting"]);
+
+        // Lock one key's row, so its completion waits inside the server.
+        let held = seen.claimed[0].clone();
+        let lock = table.client().await;
+        lock.batch_execute("BEGIN").await.unwrap();
+        let t = &table.name;
+        lock.query_one(
+            &format!("SELECT 1 FROM {t} WHERE key = $1 FOR UPDATE"),
+            &[&held],
+        )
+        .await
+        .unwrap();
+        child.go();
+        while seen.acknowledged.len() < KEYS - 1 {
+            seen.record(&child.next());
+        }
+        let monitor = table.client().await;
+        let waiting = "state = 'active' AND wait_event_type = 'Lock' AND xact_start IS NOT NULL";
+        await_sessions(&monitor, &application, waiting, 1).await;
+
+        child.kill_9();
+        for line in child.rest() {
+            seen.record(&line);
+        }
+        assert!(!seen.acknowledged.contains(&held), "{held} was blocked");
+        assert_eq!(
+            sessions(&monitor, &application, waiting).await,
+            1,
+            "the dead client's transaction is still open in the server"
+        );
+        lock.batch_execute("ROLLBACK").await.unwrap();
+        // The server notices the dead client and ends its sessions; none is left holding a lock.
+        await_sessions(&monitor, &application, "true", 0).await;
+        let locks: i64 = monitor
+            .query_one(
+                &format!(
+                    "SELECT count(*) FROM pg_locks l JOIN pg_class c ON c.oid = l.relation \
+                     WHERE c.relname = '{t}' AND l.pid <> pg_backend_pid()"
+                ),
+                &[],
+            )
+            .await
+            .unwrap()
+            .get(0);
+        assert_eq!(locks, 0, "no lock on the table is left behind");
+
+        let store = idem::store::open(&table.url("")).await.unwrap();
+        assert_eq!(all_rows_decode(&store).await, KEYS);
+        let recovery = recover(store, &seen.claimed, &seen.acknowledged, &body).await;
+        assert_eq!(
+            recovery.replayed.len() + recovery.taken_over.len(),
+            KEYS,
+            "{recovery:?}"
+        );
+        assert!(
+            recovery.taken_over.keys().all(|k| *k == held),
+            "only the key whose transaction was open may be unwritten: {recovery:?}"
+        );
+        println!(
+            "the open transaction's write {} after the client died",
+            if recovery.taken_over.is_empty() {
+                "landed (the server finished it)"
+            } else {
+                "never landed (taken over after the lease)"
+            }
+        );
         table.drop_table().await;
     }
 }

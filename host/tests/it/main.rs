@@ -4,8 +4,8 @@
 #![allow(clippy::pedantic)]
 
 mod conformance;
-mod crash;
 mod console;
+mod crash;
 mod engine;
 mod gateway;
 mod guard;
