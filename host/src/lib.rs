@@ -16,6 +16,8 @@ pub mod clock;
 pub mod component;
 #[cfg(feature = "engine")]
 pub mod engine;
+#[doc(hidden)]
+pub mod fuzzing;
 #[cfg(feature = "engine")]
 pub mod guard;
 #[cfg(feature = "engine")]
