@@ -36,8 +36,9 @@ started=$SECONDS
 "${fuzz[@]}" build -O
 echo "built in $((SECONDS - started))s"
 
+targets=($("${fuzz[@]}" list))
 failed=()
-for target in $("${fuzz[@]}" list); do
+for target in "${targets[@]}"; do
   mkdir -p "corpus/$target"
   echo "== $target: ${seconds}s"
   rc=0
@@ -50,8 +51,9 @@ for target in $("${fuzz[@]}" list); do
   fi
 done
 
+echo "fuzzing took $((SECONDS - started))s, build included"
+echo "fuzz: $((${#targets[@]} - ${#failed[@]})) passed, ${#failed[@]} failed"
 if [ "${#failed[@]}" -ne 0 ]; then
   echo "fuzzing found failures in: ${failed[*]} (inputs under fuzz/artifacts/)" >&2
   exit 1
 fi
-echo "fuzzing: no failures ($((SECONDS - started))s)"
