@@ -44,7 +44,7 @@ impl Input<'_> {
     /// Text drawn mostly from `alphabet` (so the grammar's words form), or
     /// arbitrary bytes read as UTF-8.
     fn text(&mut self, alphabet: &[&str], max: usize) -> String {
-        if self.u8() % 4 == 0 {
+        if self.u8().is_multiple_of(4) {
             return String::from_utf8_lossy(&self.bytes(max)).into_owned();
         }
         let n = usize::from(self.u8()) % (max + 1);
@@ -83,7 +83,7 @@ impl Input<'_> {
         let mut appended = Vec::new();
         for _ in 0..self.u8() % 9 {
             let name = self.header_name();
-            let value = if self.u8() % 2 == 0 {
+            let value = if self.u8().is_multiple_of(2) {
                 self.text(&["x-a", "te", ", ", "X-B", "upgrade", ",", " "], 6)
                     .into_bytes()
             } else {
@@ -181,7 +181,7 @@ fn check_key(raw: &[u8]) {
 }
 
 fn check_scope(input: &mut Input) {
-    let client = |input: &mut Input| (input.u8() % 4 != 0).then(|| input.bytes(40));
+    let client = |input: &mut Input| (!input.u8().is_multiple_of(4)).then(|| input.bytes(40));
     let (a, b) = (client(input), client(input));
     let (key_a, key_b) = (
         input.text(&["k", "/", "anon", "0"], 8),
