@@ -349,6 +349,193 @@ async fn killed_after_the_write(store_url: &str) {
     assert!(recovery.taken_over.is_empty(), "{recovery:?}");
 }
 
+/// A real `idem serve`, its address read from the line it prints at start.
+struct Serve {
+    child: Child,
+    addr: std::net::SocketAddr,
+}
+
+impl Serve {
+    fn start(store_url: &str, upstream: std::net::SocketAddr) -> Serve {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_idem"))
+            .args(["serve", "--listen", "127.0.0.1:0", "--admin-listen", "off"])
+            .args([
+                "--store",
+                store_url,
+                "--upstream",
+                &format!("http://{upstream}"),
+            ])
+            .args(["--lease", "2s", "--upstream-timeout", "1500ms"])
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("start idem serve");
+        let mut stderr = BufReader::new(child.stderr.take().unwrap());
+        let mut line = String::new();
+        let addr = loop {
+            line.clear();
+            assert!(
+                stderr.read_line(&mut line).unwrap() > 0,
+                "idem serve ended before it listened"
+            );
+            if let Some(rest) = line.strip_prefix("idem serve: http://") {
+                break rest.split_whitespace().next().unwrap().parse().unwrap();
+            }
+            eprint!("{line}");
+        };
+        std::thread::spawn(move || {
+            for line in stderr.lines() {
+                let Ok(line) = line else { return };
+                eprintln!("{line}");
+            }
+        });
+        Serve { child, addr }
+    }
+
+    fn kill_9(&mut self) {
+        self.child.kill().unwrap();
+        assert!(!self.child.wait().unwrap().success());
+    }
+}
+
+impl Drop for Serve {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// The upstream: counts calls to `POST /orders`; the first one reports its
+/// arrival and never answers, every later one answers 201 with its number.
+async fn upstream() -> (
+    std::net::SocketAddr,
+    Arc<AtomicUsize>,
+    tokio::sync::mpsc::UnboundedReceiver<()>,
+) {
+    use axum::routing::post;
+    let calls = Arc::new(AtomicUsize::new(0));
+    let (arrived, arrivals) = tokio::sync::mpsc::unbounded_channel();
+    let counted = calls.clone();
+    let app = axum::Router::new().route(
+        "/orders",
+        post(move |body: String| async move {
+            let call = counted.fetch_add(1, Ordering::SeqCst) + 1;
+            if call == 1 {
+                let _ = arrived.send(());
+                std::future::pending::<()>().await;
+            }
+            (
+                axum::http::StatusCode::CREATED,
+                [("x-upstream-call", call.to_string())],
+                format!("{{\"call\":{call},\"order\":{body}}}"),
+            )
+        }),
+    );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+    (addr, calls, arrivals)
+}
+
+/// `POST /orders` with a key through the gateway at `addr`.
+async fn post_order(
+    addr: std::net::SocketAddr,
+    key: &str,
+) -> Result<(u16, axum::http::HeaderMap, Vec<u8>), String> {
+    use http_body_util::BodyExt;
+    let client = hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
+        .build_http::<axum::body::Body>();
+    let request = axum::http::Request::post(format!("http://{addr}/orders"))
+        .header("idempotency-key", key)
+        .header("content-type", "application/json")
+        .body(axum::body::Body::from(r#"{"sku":"A","qty":1}"#))
+        .unwrap();
+    let response = client.request(request).await.map_err(|e| e.to_string())?;
+    let (parts, body) = response.into_parts();
+    let body = body.collect().await.map_err(|e| e.to_string())?.to_bytes();
+    Ok((parts.status.as_u16(), parts.headers, body.to_vec()))
+}
+
+/// Starts `idem serve` off the async runtime (it blocks until the gateway listens).
+async fn start_serve(store_url: &str, upstream: std::net::SocketAddr) -> Serve {
+    let store_url = store_url.to_owned();
+    tokio::task::spawn_blocking(move || Serve::start(&store_url, upstream))
+        .await
+        .unwrap()
+}
+
+/// `idem serve` killed while its upstream handles a request. A second
+/// gateway on the same store, started beforehand so that it answers within
+/// milliseconds of the crash, gets 409 with Retry-After and calls nothing.
+/// A third, started after the crash, is retried once the 2 s lease has run
+/// out: one retry takes the key over and the upstream runs once more; from
+/// then on both replay that response byte for byte.
+async fn serve_killed_mid_request(store_url: &str) {
+    let (upstream_addr, calls, mut arrivals) = upstream().await;
+    let (mut first, standby) = tokio::join!(
+        start_serve(store_url, upstream_addr),
+        start_serve(store_url, upstream_addr)
+    );
+    let key = format!("\"{}\"", unique("order"));
+    let (gateway, k) = (first.addr, key.clone());
+    let lost = tokio::spawn(async move { post_order(gateway, &k).await });
+    tokio::time::timeout(LINE_TIMEOUT, arrivals.recv())
+        .await
+        .expect("the request reached the upstream");
+    // The claim was made before the upstream was called.
+    let lease_end = Instant::now() + Duration::from_secs(2);
+    first.kill_9();
+    assert!(
+        lost.await.unwrap().is_err(),
+        "the client of the killed gateway got no answer"
+    );
+
+    let (status, headers, body) = post_order(standby.addr, &key).await.unwrap();
+    assert!(
+        Instant::now() < lease_end,
+        "the retry came after the lease; the machine is too slow for this test"
+    );
+    assert_eq!(status, 409, "{}", String::from_utf8_lossy(&body));
+    let retry_after: u64 = headers["retry-after"].to_str().unwrap().parse().unwrap();
+    assert!((1..=2).contains(&retry_after), "Retry-After {retry_after}");
+    assert_eq!(calls.load(Ordering::SeqCst), 1, "a 409 calls nothing");
+
+    let restarted = start_serve(store_url, upstream_addr).await;
+    tokio::time::sleep(lease_end.saturating_duration_since(Instant::now())).await;
+    let (status, headers, body) = loop {
+        let reply = post_order(restarted.addr, &key).await.unwrap();
+        if reply.0 != 409 {
+            break reply;
+        }
+        assert!(
+            Instant::now() < lease_end + Duration::from_secs(5),
+            "still in flight long after the lease"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    assert_eq!(status, 201, "{}", String::from_utf8_lossy(&body));
+    assert_eq!(
+        calls.load(Ordering::SeqCst),
+        2,
+        "the takeover ran the upstream once"
+    );
+    assert_eq!(headers["x-upstream-call"], "2");
+    assert!(headers.get("idempotent-replayed").is_none());
+
+    for gateway in [restarted.addr, standby.addr] {
+        let (again, replayed, replay) = post_order(gateway, &key).await.unwrap();
+        assert_eq!(again, 201);
+        assert_eq!(
+            replay, body,
+            "the replay is the takeover's body, byte for byte"
+        );
+        assert_eq!(replayed["idempotent-replayed"], "true");
+        assert_eq!(replayed["x-upstream-call"], "2");
+    }
+    assert_eq!(calls.load(Ordering::SeqCst), 2, "a replay calls nothing");
+}
+
 mod sqlite {
     use super::*;
 
@@ -366,6 +553,12 @@ mod sqlite {
     async fn crash_sqlite_in_complete_before_the_write_then_takeover() {
         let dir = tempfile::tempdir().unwrap();
         killed_before_the_write(&url(dir.path())).await;
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn crash_sqlite_idem_serve_killed_mid_request_then_takeover_after_the_lease() {
+        let dir = tempfile::tempdir().unwrap();
+        serve_killed_mid_request(&url(dir.path())).await;
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -516,6 +709,13 @@ mod postgres {
     async fn crash_postgres_in_complete_before_the_write_then_takeover() {
         let Some(table) = Table::new() else { return };
         killed_before_the_write(&table.url("")).await;
+        table.drop_table().await;
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn crash_postgres_idem_serve_killed_mid_request_then_takeover_after_the_lease() {
+        let Some(table) = Table::new() else { return };
+        serve_killed_mid_request(&table.url("")).await;
         table.drop_table().await;
     }
 
