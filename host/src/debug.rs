@@ -163,3 +163,313 @@ pub async fn complete(
     std::mem::forget(guard);
     Ok(())
 }
+
+/// Where `idem debug-crash` stops to wait for its `kill -9`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum CrashAt {
+    /// Inside the handler: every key claimed, nothing stored.
+    Handler,
+    /// Inside `complete`, as the store is asked to write the response: the
+    /// write is never sent.
+    CompleteUnwritten,
+    /// Inside `complete`, after the store wrote the response and before the
+    /// guard hears so: written, never acknowledged.
+    CompleteWritten,
+    /// Nowhere: it claims and completes keys round after round.
+    StoreWrite,
+    /// As `store-write`, but in the last round (SQLite only) inside the
+    /// writer's transaction: its statements ran, its `COMMIT` did not. The
+    /// transaction holds at least half the round's completions, so large
+    /// responses have spilled pages into the write-ahead log.
+    SqliteTransaction,
+}
+
+#[derive(clap::Args)]
+pub struct CrashArgs {
+    /// Store URL, as for `store::open`.
+    #[arg(long)]
+    store: String,
+    #[arg(long, value_enum)]
+    crash_at: CrashAt,
+    /// Keys per round, `{prefix}{round}-{i}`, all requested at once.
+    #[arg(long, default_value_t = 1)]
+    keys: usize,
+    #[arg(long)]
+    prefix: String,
+    /// Rounds of claims then completions (`store-write` only).
+    #[arg(long, default_value_t = 1)]
+    rounds: usize,
+    /// The lease of every claim.
+    #[arg(long, default_value_t = 30_000)]
+    lease_ms: u64,
+    /// Each key's response body is the key, a newline, then this file's bytes.
+    #[arg(long, value_name = "FILE")]
+    body_file: std::path::PathBuf,
+    /// `store-write`: after the first round's claims, print `waiting` and
+    /// read a line from stdin before completing them.
+    #[arg(long)]
+    wait_before_complete: bool,
+}
+
+/// The response `debug-crash` stores for `key`: what a test expects to replay.
+fn crash_response(key: &str, body: &[u8]) -> Response {
+    let mut bytes = Vec::with_capacity(key.len() + 1 + body.len());
+    bytes.extend_from_slice(key.as_bytes());
+    bytes.push(b'\n');
+    bytes.extend_from_slice(body);
+    Response {
+        status: 201,
+        headers: vec![("x-idem-key".into(), key.as_bytes().to_vec())],
+        body: bytes,
+    }
+}
+
+/// One line on stdout, flushed at once: the test acts on it.
+fn say(line: &str) {
+    let mut out = std::io::stdout().lock();
+    // A closed stdout means the test is gone; the kill follows anyway.
+    let _ = writeln!(out, "{line}");
+    let _ = out.flush();
+}
+
+/// A store that stops where `debug-crash` is told to crash: it says where,
+/// then never answers, so the process is still there for the kill.
+struct Halting {
+    inner: Arc<dyn idem::Store>,
+    at: CrashAt,
+    /// Completions that reached the store.
+    completions: Arc<AtomicUsize>,
+}
+
+#[async_trait::async_trait]
+impl idem::Store for Halting {
+    fn name(&self) -> &'static str {
+        self.inner.name()
+    }
+    async fn get(&self, key: &str, now_ms: u64) -> Result<Option<idem::Entry>, idem::StoreError> {
+        self.inner.get(key, now_ms).await
+    }
+    async fn insert(
+        &self,
+        key: &str,
+        record: idem::Record,
+        now_ms: u64,
+    ) -> Result<idem::store::InsertOutcome, idem::StoreError> {
+        self.inner.insert(key, record, now_ms).await
+    }
+    async fn replace(
+        &self,
+        key: &str,
+        expected_version: u64,
+        record: idem::Record,
+        now_ms: u64,
+    ) -> Result<Option<u64>, idem::StoreError> {
+        let completion = record.state == idem::State::Done;
+        if completion {
+            self.completions.fetch_add(1, Ordering::SeqCst);
+        }
+        if completion && self.at == CrashAt::CompleteUnwritten {
+            say(&format!("halted-before-write {key}"));
+            std::future::pending::<()>().await;
+        }
+        let written = self
+            .inner
+            .replace(key, expected_version, record, now_ms)
+            .await;
+        if completion && self.at == CrashAt::CompleteWritten {
+            match &written {
+                Ok(Some(version)) => say(&format!("halted-after-write {key} {version}")),
+                other => say(&format!("not-written {key} {other:?}")),
+            }
+            std::future::pending::<()>().await;
+        }
+        written
+    }
+    async fn delete(
+        &self,
+        key: &str,
+        expected_version: Option<u64>,
+    ) -> Result<bool, idem::StoreError> {
+        self.inner.delete(key, expected_version).await
+    }
+    async fn list(
+        &self,
+        query: &idem::store::ListQuery,
+        now_ms: u64,
+    ) -> Result<Vec<(String, idem::Entry)>, idem::StoreError> {
+        self.inner.list(query, now_ms).await
+    }
+    async fn purge_expired(&self, now_ms: u64, limit: usize) -> Result<usize, idem::StoreError> {
+        self.inner.purge_expired(now_ms, limit).await
+    }
+}
+
+/// `idem debug-crash`: one process of a crash test. It claims keys and
+/// stops where `--crash-at` says, printing one line per step so the test
+/// knows when to `kill -9` it:
+///
+/// - `handler`: `in-handler KEY FENCE` per key, then nothing more;
+/// - `complete-unwritten`: `halted-before-write KEY` per key;
+/// - `complete-written`: `halted-after-write KEY VERSION` per key;
+/// - `store-write`: `claimed KEY` per claim, `acknowledged KEY` per
+///   completion the store confirmed, `finished` after the last round;
+/// - `sqlite-transaction`: the same, then `in-transaction N` with the number
+///   of primitives in the transaction it stopped in.
+///
+/// It never exits by itself: only the kill ends it.
+pub async fn crash(args: CrashArgs) -> anyhow::Result<()> {
+    let body: Arc<[u8]> = std::fs::read(&args.body_file)
+        .with_context(|| format!("read {}", args.body_file.display()))?
+        .into();
+    let writes = matches!(
+        args.crash_at,
+        CrashAt::StoreWrite | CrashAt::SqliteTransaction
+    );
+    let rounds = if writes { args.rounds.max(1) } else { 1 };
+    let completions = Arc::new(AtomicUsize::new(0));
+    let inner: Arc<dyn idem::Store> = if args.crash_at == CrashAt::SqliteTransaction {
+        let path = args
+            .store
+            .strip_prefix("sqlite:")
+            .context("sqlite-transaction needs a sqlite:PATH store")?
+            .to_owned();
+        let store = tokio::task::spawn_blocking(move || {
+            idem::store::SqliteStore::open(path, idem::store::SqliteOptions::default())
+        })
+        .await??;
+        store.set_before_commit(stop_in_transaction(
+            completions.clone(),
+            args.keys * (rounds - 1),
+            args.keys,
+        ));
+        Arc::new(store)
+    } else {
+        idem::store::open(&args.store).await?
+    };
+    let store = Halting {
+        inner,
+        at: args.crash_at,
+        completions,
+    };
+    let guard = Guard::builder(store)
+        .lease(Duration::from_millis(args.lease_ms))
+        .build()
+        .context("build the guard")?;
+    for round in 0..rounds {
+        let keys: Vec<String> = (0..args.keys)
+            .map(|i| format!("{}{round}-{i}", args.prefix))
+            .collect();
+        if writes {
+            let wait = round == 0 && args.wait_before_complete;
+            claim_and_complete(&guard, keys, &body, wait).await?;
+        } else {
+            for key in keys {
+                tokio::spawn(run_until_halted(
+                    guard.clone(),
+                    key,
+                    body.clone(),
+                    args.crash_at,
+                ));
+            }
+        }
+    }
+    if writes {
+        say("finished");
+    }
+    // Leak the guard and store: no drop, no clean close; only the kill ends them.
+    std::mem::forget(guard);
+    Ok(())
+}
+
+/// Runs `key` through the guard; the handler or the store halts it.
+async fn run_until_halted(guard: Guard, key: String, body: Arc<[u8]>, crash_at: CrashAt) {
+    let (key, body) = (&key, &body);
+    let handler = |idem::Fence(fence)| async move {
+        if crash_at == CrashAt::Handler {
+            say(&format!("in-handler {key} {fence}"));
+            std::future::pending::<()>().await;
+        }
+        Ok::<_, std::convert::Infallible>(crash_response(key, body))
+    };
+    let outcome = guard.run(key, "fp-crash", handler).await;
+    say(&format!("unexpected {outcome:?}"));
+}
+
+/// Claims every key at once, then (after a line on stdin when `wait`)
+/// completes them all at once, saying each claim and acknowledgement.
+async fn claim_and_complete(
+    guard: &Guard,
+    keys: Vec<String>,
+    body: &Arc<[u8]>,
+    wait: bool,
+) -> anyhow::Result<()> {
+    let mut claims = tokio::task::JoinSet::new();
+    for key in keys {
+        let guard = guard.clone();
+        claims.spawn(async move {
+            match guard.begin(&key, "fp-crash").await {
+                Ok(idem::Decision::Proceed(claim)) => {
+                    say(&format!("claimed {key}"));
+                    Ok(claim)
+                }
+                other => Err(anyhow::anyhow!("{key}: not claimed: {other:?}")),
+            }
+        });
+    }
+    let claims = claims
+        .join_all()
+        .await
+        .into_iter()
+        .collect::<Result<Vec<_>, _>>()?;
+    if wait {
+        say("waiting");
+        let mut go = String::new();
+        std::io::stdin()
+            .read_line(&mut go)
+            .context("wait for the go line")?;
+    }
+    let mut completions = tokio::task::JoinSet::new();
+    for claim in claims {
+        let (guard, body) = (guard.clone(), body.clone());
+        completions.spawn(async move {
+            let key = claim.key.clone();
+            match guard.complete(claim, crash_response(&key, &body)).await.1 {
+                Ok(()) => {
+                    say(&format!("acknowledged {key}"));
+                    Ok(())
+                }
+                Err(e) => Err(anyhow::anyhow!("{key}: not completed: {e}")),
+            }
+        });
+    }
+    completions.join_all().await.into_iter().collect()
+}
+
+/// The SQLite writer's hook for `sqlite-transaction`: once `before` earlier
+/// completions have gone by, it stops the writer inside the first
+/// transaction holding at least half of the last round's `keys`
+/// completions. A smaller transaction ahead of it waits, before its commit,
+/// until every completion of the round is queued, so the next one holds
+/// them all.
+fn stop_in_transaction(
+    completions: Arc<AtomicUsize>,
+    before: usize,
+    keys: usize,
+) -> impl Fn(usize) + Send + Sync + 'static {
+    move |primitives| {
+        if completions.load(Ordering::SeqCst) <= before {
+            return;
+        }
+        if primitives >= keys.div_ceil(2) {
+            say(&format!("in-transaction {primitives}"));
+            loop {
+                std::thread::park();
+            }
+        }
+        while completions.load(Ordering::SeqCst) < before + keys {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        // From the guard's call into the store to the writer's queue.
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}

@@ -3,19 +3,35 @@
 //! The guard's decisions live in a WebAssembly component (`guest/`); this
 //! crate hosts it with wasmtime and tokio and supplies the store primitives
 //! it imports. See [`Guard::run`] for the one call most users need.
+//!
+//! Feature `engine` (on by default) is all of that. Without it only the
+//! pure parsing the gateway does on its inputs is built —
+//! [`server::parse`], [`server::config`], [`server::problem`] and the fault
+//! rules' grammar ([`store::FaultRule`]) — for the `gateway` fuzz target,
+//! which so builds without wasmtime.
 
+#[cfg(feature = "engine")]
 pub mod clock;
+#[cfg(feature = "engine")]
 pub mod component;
+#[cfg(feature = "engine")]
 pub mod engine;
+#[doc(hidden)]
+pub mod fuzzing;
+#[cfg(feature = "engine")]
 pub mod guard;
+#[cfg(feature = "engine")]
 pub mod ledger;
 pub mod server;
 pub mod store;
 
+#[cfg(feature = "engine")]
 pub use clock::{Clock, ManualClock, SystemClock};
+#[cfg(feature = "engine")]
 pub use engine::{Limits, PoolStats, Runtime};
+#[cfg(feature = "engine")]
 pub use guard::{Fence, Guard, GuardBuilder, OnHandlerError, Outcome, RequestParts, RunError};
 pub use idem_guest::model::{Claim, Decision, Entry, GuardError, Policy, Record, Response, State};
-pub use store::{
-    FaultHandle, FaultKind, FaultRule, Faulty, MemoryStore, Op, Store, StoreError, SyncStore,
-};
+#[cfg(feature = "engine")]
+pub use store::{FaultHandle, Faulty, MemoryStore, Store, StoreError, SyncStore};
+pub use store::{FaultKind, FaultRule, Op};

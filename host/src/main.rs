@@ -76,6 +76,10 @@ enum Command {
     /// Claims shared keys against a store and prints the keys it executed (multi-process tests).
     #[command(hide = true)]
     DebugHammer(debug::HammerArgs),
+    /// Claims keys and stops in the handler, in `complete` or amid store
+    /// writes, then waits to be killed (crash-recovery tests).
+    #[command(hide = true)]
+    DebugCrash(debug::CrashArgs),
 }
 
 fn main() -> anyhow::Result<()> {
@@ -117,6 +121,14 @@ fn main() -> anyhow::Result<()> {
             }
         }
         Command::DebugHammer(args) => tokio::runtime::Runtime::new()?.block_on(debug::hammer(args)),
+        Command::DebugCrash(args) => {
+            let runtime = tokio::runtime::Runtime::new()?;
+            runtime.block_on(debug::crash(args))?;
+            // Hold the store open, as a server would, until killed.
+            loop {
+                std::thread::park();
+            }
+        }
         Command::Serve(options) => {
             tokio::runtime::Runtime::new()?.block_on(options::serve(*options))
         }

@@ -145,13 +145,8 @@ impl ServeOptions {
             })
         };
         let in_flight = match self.in_flight.as_deref() {
-            None | Some("reject") => InFlight::Reject,
-            Some(w) => match w.strip_prefix("wait:") {
-                Some(d) => InFlight::Wait(
-                    parse_duration(d).map_err(|e| anyhow::anyhow!("--in-flight: {e}"))?,
-                ),
-                None => bail!("--in-flight {w:?}: expected reject or wait:DURATION (e.g. wait:2s)"),
-            },
+            None => InFlight::Reject,
+            Some(w) => w.parse().map_err(|e| anyhow::anyhow!("--in-flight: {e}"))?,
         };
         let config = Config {
             profile: self

@@ -39,6 +39,22 @@ pub enum InFlight {
     Wait(Duration),
 }
 
+impl std::str::FromStr for InFlight {
+    type Err = String;
+    /// `reject`, or `wait:DURATION` as [`parse_duration`] reads it (`wait:2s`).
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        if s == "reject" {
+            return Ok(InFlight::Reject);
+        }
+        match s.strip_prefix("wait:") {
+            Some(d) => parse_duration(d).map(InFlight::Wait),
+            None => Err(format!(
+                "{s:?}: expected reject or wait:DURATION (e.g. wait:2s)"
+            )),
+        }
+    }
+}
+
 /// Which upstream outcomes are stored (and replayed) rather than releasing
 /// the key for a retry. 2xx and 4xx are always stored.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -152,7 +168,8 @@ impl Config {
         Ok(())
     }
 
-    pub(crate) fn guards(&self, method: &str) -> bool {
+    /// Whether requests with this method are guarded (any case).
+    pub fn guards(&self, method: &str) -> bool {
         self.methods.iter().any(|m| m.eq_ignore_ascii_case(method))
     }
 }

@@ -4,6 +4,8 @@
 
 use super::config::{Config, InFlight};
 use super::events::{Observer, Verdict};
+use super::parse::{HOP_BY_HOP, fingerprinted_headers, idempotency_key};
+pub use super::parse::{MAX_KEY_BYTES, strip_hop_by_hop};
 use super::problem::Problem;
 use crate::guard::{Guard, RequestParts};
 use axum::body::Body;
@@ -11,28 +13,10 @@ use axum::http::{HeaderMap, HeaderName, HeaderValue, Request, StatusCode};
 use bytes::Bytes;
 use http_body_util::{BodyExt, Limited};
 use idem_guest::model::{Claim, Decision, GuardError, Response as Stored};
-use sha2::{Digest, Sha256};
 use std::collections::HashMap;
-use std::fmt::Write as _;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 use tokio::sync::{Notify, Semaphore};
-
-/// The largest key a client may send. The store key adds a 16-character
-/// client scope and a `/`, and the guard's limit is 255 bytes.
-pub const MAX_KEY_BYTES: usize = 200;
-
-/// Headers that belong to one connection and are never forwarded or stored.
-const HOP_BY_HOP: [&str; 8] = [
-    "connection",
-    "keep-alive",
-    "proxy-connection",
-    "proxy-authenticate",
-    "te",
-    "trailer",
-    "transfer-encoding",
-    "upgrade",
-];
 
 /// The header that tells the upstream the claim's fence, so it can refuse a
 /// stale holder's writes.
@@ -429,73 +413,18 @@ pub fn client_key(headers: &HeaderMap, config: &Config) -> Result<Option<String>
             config.key_header
         ));
     }
-    parse_key(value.as_bytes()).map(Some)
+    idempotency_key(value.as_bytes()).map(Some)
 }
 
-fn parse_key(raw: &[u8]) -> Result<String, String> {
-    let key = if let Some(rest) = raw.strip_prefix(b"\"") {
-        let inner = rest
-            .strip_suffix(b"\"")
-            .ok_or("the quoted key has no closing '\"'")?;
-        let mut key = Vec::with_capacity(inner.len());
-        let mut bytes = inner.iter();
-        while let Some(&b) = bytes.next() {
-            match b {
-                b'\\' => match bytes.next() {
-                    Some(&e @ (b'"' | b'\\')) => key.push(e),
-                    _ => return Err("a quoted key may only escape '\"' and '\\'".into()),
-                },
-                b'"' => return Err("a quoted key contains an unescaped '\"'".into()),
-                0x20..=0x7e => key.push(b),
-                other => {
-                    return Err(format!(
-                        "the key contains byte 0x{other:02x}; keys are printable ASCII"
-                    ));
-                }
-            }
-        }
-        key
-    } else {
-        if let Some(b) = raw.iter().find(|b| !b.is_ascii_graphic()) {
-            return Err(format!(
-                "the key contains byte 0x{b:02x}; an unquoted key is visible ASCII without spaces (quote it as a structured-field string otherwise)"
-            ));
-        }
-        raw.to_vec()
-    };
-    if key.is_empty() {
-        return Err("the key is empty; keys are 1 to 200 bytes".into());
-    }
-    if key.len() > MAX_KEY_BYTES {
-        return Err(format!(
-            "the key is {} bytes; the limit is {MAX_KEY_BYTES}",
-            key.len()
-        ));
-    }
-    String::from_utf8(key).map_err(|_| "the key is not UTF-8".into())
-}
-
-/// The store key: the client's scope, `/`, the key. The scope is the first
-/// 16 hex digits of the SHA-256 of the client header (`anon` without one),
-/// so two clients never share a record and no secret is stored.
+/// The store key: the client's scope (a hash of its client header, `anon`
+/// without one), `/`, the key. See [`super::parse::scoped_key`].
 pub fn scoped_key(headers: &HeaderMap, config: &Config, key: &str) -> String {
-    let scope = config
+    let client = config
         .client_header
         .as_deref()
         .and_then(|h| headers.get(h))
-        .map_or_else(
-            || "anon".to_owned(),
-            |v| {
-                let digest = Sha256::digest(v.as_bytes());
-                digest[..8]
-                    .iter()
-                    .fold(String::with_capacity(16), |mut hex, b| {
-                        let _ = write!(hex, "{b:02x}");
-                        hex
-                    })
-            },
-        );
-    format!("{scope}/{key}")
+        .map(HeaderValue::as_bytes);
+    super::parse::scoped_key(client, key)
 }
 
 fn request_parts(
@@ -509,17 +438,7 @@ fn request_parts(
             .uri
             .path_and_query()
             .map_or_else(|| parts.uri.path().to_owned(), |pq| pq.as_str().to_owned()),
-        headers: config
-            .fingerprint_headers
-            .iter()
-            .flat_map(|name| {
-                parts
-                    .headers
-                    .get_all(name.as_str())
-                    .iter()
-                    .map(move |v| (name.clone(), v.as_bytes().to_vec()))
-            })
-            .collect(),
+        headers: fingerprinted_headers(&parts.headers, &config.fingerprint_headers),
         body: body.to_vec(),
     }
 }
@@ -539,56 +458,4 @@ fn to_http(stored: &Stored) -> HttpResponse {
         }
     }
     response
-}
-
-/// Removes hop-by-hop headers, including those the `Connection` header names.
-pub(crate) fn strip_hop_by_hop(headers: &mut HeaderMap) {
-    let named: Vec<String> = headers
-        .get_all("connection")
-        .iter()
-        .filter_map(|v| v.to_str().ok())
-        .flat_map(|v| v.split(',').map(|s| s.trim().to_ascii_lowercase()))
-        .collect();
-    for name in HOP_BY_HOP
-        .iter()
-        .copied()
-        .chain(named.iter().map(String::as_str))
-    {
-        headers.remove(name);
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn keys_parse_as_strings_or_tokens() {
-        assert_eq!(parse_key(b"\"8e03978e-40d5\"").unwrap(), "8e03978e-40d5");
-        assert_eq!(parse_key(b"\"a \\\"b\\\\\"").unwrap(), "a \"b\\");
-        assert_eq!(parse_key(b"order-1").unwrap(), "order-1");
-        assert!(parse_key(b"\"open").unwrap_err().contains("closing"));
-        assert!(parse_key(b"has space").unwrap_err().contains("0x20"));
-        assert!(parse_key(b"\"\"").unwrap_err().contains("empty"));
-        assert!(
-            parse_key(&[b'k'; 201])
-                .unwrap_err()
-                .contains("limit is 200")
-        );
-        assert!(parse_key(b"\"a\\nb\"").unwrap_err().contains("escape"));
-    }
-
-    #[test]
-    fn scopes_differ_by_client_and_hide_the_secret() {
-        let config = Config::default();
-        let mut a = HeaderMap::new();
-        a.insert("authorization", HeaderValue::from_static("Bearer alice"));
-        let mut b = HeaderMap::new();
-        b.insert("authorization", HeaderValue::from_static("Bearer bob"));
-        let (ka, kb) = (scoped_key(&a, &config, "k"), scoped_key(&b, &config, "k"));
-        assert_ne!(ka, kb);
-        assert!(!ka.contains("alice"));
-        assert_eq!(scoped_key(&HeaderMap::new(), &config, "k"), "anon/k");
-        assert_eq!(ka.len(), 16 + 2);
-    }
 }

@@ -2,8 +2,7 @@
 //! profile, Stripe's `{"error":{...}}` in the `stripe` one.
 
 use super::config::Profile;
-use axum::body::Body;
-use axum::http::{HeaderValue, StatusCode, header};
+use http::StatusCode;
 use std::time::Duration;
 
 /// Every way the gateway itself answers instead of the upstream.
@@ -121,8 +120,9 @@ impl Problem {
         }
     }
 
-    /// The response a client sees, in the profile's shape.
-    pub fn into_response(self, profile: Profile) -> axum::http::Response<Body> {
+    /// The response a client sees, in the profile's shape: status, content
+    /// type, JSON body, and `Retry-After` in seconds where a retry may work.
+    pub fn render(&self, profile: Profile) -> Rendered {
         let status = self.status();
         let (status, content_type, body) = match profile {
             Profile::Ietf => (
@@ -136,7 +136,7 @@ impl Problem {
                 }),
             ),
             Profile::Stripe => {
-                let (status, kind, code) = match &self {
+                let (status, kind, code) = match self {
                     Problem::KeyMismatch => (StatusCode::BAD_REQUEST, "idempotency_error", None),
                     Problem::InFlight { .. } => (
                         StatusCode::CONFLICT,
@@ -160,13 +160,40 @@ impl Problem {
                 )
             }
         };
-        let mut response = axum::http::Response::new(Body::from(body.to_string()));
-        *response.status_mut() = status;
+        Rendered {
+            status,
+            content_type,
+            body: body.to_string(),
+            retry_after_secs: self.retry_after_secs(),
+        }
+    }
+
+    /// The response a client sees, in the profile's shape.
+    #[cfg(feature = "engine")]
+    pub fn into_response(self, profile: Profile) -> axum::http::Response<axum::body::Body> {
+        use axum::http::{HeaderValue, header};
+        let rendered = self.render(profile);
+        let mut response = axum::http::Response::new(axum::body::Body::from(rendered.body));
+        *response.status_mut() = rendered.status;
         let headers = response.headers_mut();
-        headers.insert(header::CONTENT_TYPE, HeaderValue::from_static(content_type));
-        if let Some(secs) = self.retry_after_secs() {
+        headers.insert(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static(rendered.content_type),
+        );
+        if let Some(secs) = rendered.retry_after_secs {
             headers.insert(header::RETRY_AFTER, HeaderValue::from(secs));
         }
         response
     }
+}
+
+/// A problem as HTTP parts, before any framework builds the response.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Rendered {
+    pub status: StatusCode,
+    pub content_type: &'static str,
+    /// JSON.
+    pub body: String,
+    /// `Retry-After`, in whole seconds.
+    pub retry_after_secs: Option<u64>,
 }

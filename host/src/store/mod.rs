@@ -25,26 +25,47 @@
 //! # }
 //! ```
 
+mod fault_rule;
+pub use fault_rule::{FaultKind, FaultRule, Op, ParseFaultError};
+pub use idem_guest::model::{Entry, InsertOutcome, Record, State};
+
+// Everything below is the engine's (feature `engine`, on by default); the
+// rules above are all the `gateway` fuzz target needs.
+#[cfg(feature = "engine")]
 mod faulty;
+#[cfg(feature = "engine")]
 mod memory;
+#[cfg(feature = "engine")]
 mod open;
+#[cfg(feature = "engine")]
 mod params;
+#[cfg(feature = "engine")]
 mod postgres;
+#[cfg(feature = "engine")]
 mod redis;
+#[cfg(feature = "engine")]
 mod sqlite;
 
-pub use faulty::{FaultHandle, FaultKind, FaultRule, Faulty, Op, ParseFaultError};
-pub use idem_guest::model::{Entry, InsertOutcome, Record, State};
+#[cfg(feature = "engine")]
+pub use faulty::{FaultHandle, Faulty};
+#[cfg(feature = "engine")]
 pub use memory::MemoryStore;
+#[cfg(feature = "engine")]
 pub use open::{OpenError, open};
+#[cfg(feature = "engine")]
 pub use postgres::PostgresStore;
+#[cfg(feature = "engine")]
 pub use redis::RedisStore;
+#[cfg(feature = "engine")]
 pub use sqlite::{SqliteOptions, SqliteStore, Synchronous};
 
+#[cfg(feature = "engine")]
 use async_trait::async_trait;
+#[cfg(feature = "engine")]
 use std::sync::Arc;
 
 /// Why a store operation failed. The guard fails closed on either.
+#[cfg(feature = "engine")]
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 pub enum StoreError {
     /// The store could not be reached or did not answer in time. A write
@@ -61,6 +82,7 @@ pub enum StoreError {
 }
 
 /// A page of live records for operators, in key order.
+#[cfg(feature = "engine")]
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct ListQuery {
     /// Only keys starting with this.
@@ -76,6 +98,7 @@ pub struct ListQuery {
 ///
 /// Every method treats a record whose `expires_at_ms` is at or before
 /// `now_ms` as absent, whether or not a purge has removed it yet.
+#[cfg(feature = "engine")]
 #[async_trait]
 pub trait Store: Send + Sync + 'static {
     /// A short name for errors and metrics: `memory`, `sqlite`, `redis`, `postgres`.
@@ -129,6 +152,7 @@ pub trait Store: Send + Sync + 'static {
 /// The atomic primitives for a store that never waits on I/O: each call
 /// finishes in a bounded, short time without `.await`. Same contracts as the
 /// [`Store`] methods of the same names.
+#[cfg(feature = "engine")]
 pub trait SyncStore: Send + Sync + 'static {
     fn get_now(&self, key: &str, now_ms: u64) -> Result<Option<Entry>, StoreError>;
     fn insert_now(
@@ -147,6 +171,7 @@ pub trait SyncStore: Send + Sync + 'static {
     fn delete_now(&self, key: &str, expected_version: Option<u64>) -> Result<bool, StoreError>;
 }
 
+#[cfg(feature = "engine")]
 #[async_trait]
 impl<S: Store + ?Sized> Store for Arc<S> {
     fn name(&self) -> &'static str {

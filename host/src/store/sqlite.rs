@@ -44,7 +44,7 @@ use crate::clock::Clock;
 use async_trait::async_trait;
 use rusqlite::{Connection, OpenFlags, OptionalExtension, Row, params};
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex, Weak};
+use std::sync::{Arc, Mutex, OnceLock, Weak};
 use std::time::Duration;
 use tokio::sync::{mpsc, oneshot};
 
@@ -139,7 +139,11 @@ struct Inner {
     writes: Option<mpsc::Sender<Job>>,
     writer: Option<std::thread::JoinHandle<()>>,
     readers: Mutex<Vec<Connection>>,
+    before_commit: Arc<OnceLock<BeforeCommit>>,
 }
+
+/// See [`SqliteStore::set_before_commit`].
+type BeforeCommit = Box<dyn Fn(usize) + Send + Sync>;
 
 impl Drop for Inner {
     /// Closing the queue ends the writer thread after the writes already
@@ -197,9 +201,11 @@ impl SqliteStore {
         migrate(&conn).map_err(fail)?;
 
         let (writes, queue) = mpsc::channel(QUEUE);
+        let before_commit = Arc::new(OnceLock::new());
+        let hook = before_commit.clone();
         let thread = std::thread::Builder::new()
             .name("idem-sqlite-writer".into())
-            .spawn(move || write_loop(&conn, queue))
+            .spawn(move || write_loop(&conn, queue, &hook))
             .map_err(|e| fail(format!("cannot start the writer thread: {e}")))?;
         Ok(SqliteStore {
             inner: Arc::new(Inner {
@@ -208,6 +214,7 @@ impl SqliteStore {
                 writes: Some(writes),
                 writer: Some(thread),
                 readers: Mutex::new(Vec::new()),
+                before_commit,
             }),
         })
     }
@@ -218,6 +225,16 @@ impl SqliteStore {
 
     pub fn options(&self) -> &SqliteOptions {
         &self.inner.options
+    }
+
+    /// Test support, for the crash tests' `idem debug-crash` only: `hook`
+    /// runs on the writer thread inside every write transaction, after its
+    /// statements and before its `COMMIT`, with the number of primitives in
+    /// it — so a test can stop a process there and kill it. Set once per
+    /// store; returns false if one was already set. Nothing else sets it.
+    #[doc(hidden)]
+    pub fn set_before_commit(&self, hook: impl Fn(usize) + Send + Sync + 'static) -> bool {
+        self.inner.before_commit.set(Box::new(hook)).is_ok()
     }
 
     /// Starts a task that purges up to `batch` expired records every
@@ -433,7 +450,11 @@ struct Job {
 
 /// The writer thread: takes what is queued, applies it in one transaction,
 /// and answers only after the commit. Ends when every sender is gone.
-fn write_loop(conn: &Connection, mut queue: mpsc::Receiver<Job>) {
+fn write_loop(
+    conn: &Connection,
+    mut queue: mpsc::Receiver<Job>,
+    before_commit: &OnceLock<BeforeCommit>,
+) {
     let mut batch: Vec<Job> = Vec::with_capacity(MAX_BATCH);
     while let Some(first) = queue.blocking_recv() {
         batch.push(first);
@@ -443,7 +464,7 @@ fn write_loop(conn: &Connection, mut queue: mpsc::Receiver<Job>) {
                 Err(_) => break,
             }
         }
-        match apply_batch(conn, &batch) {
+        match apply_batch(conn, &batch, before_commit) {
             Ok(results) => {
                 for (job, result) in batch.drain(..).zip(results) {
                     let _ = job.reply.send(result);
@@ -460,7 +481,8 @@ fn write_loop(conn: &Connection, mut queue: mpsc::Receiver<Job>) {
             }
             Err(_) => {
                 for job in batch.drain(..) {
-                    let result = match apply_batch(conn, std::slice::from_ref(&job)) {
+                    let result = match apply_batch(conn, std::slice::from_ref(&job), before_commit)
+                    {
                         Ok(mut one) => one.pop().expect("one result"),
                         Err(e) => Err(sql_unavailable(&e)),
                     };
@@ -484,6 +506,7 @@ fn is_busy(e: &rusqlite::Error) -> bool {
 fn apply_batch(
     conn: &Connection,
     jobs: &[Job],
+    before_commit: &OnceLock<BeforeCommit>,
 ) -> Result<Vec<Result<Written, StoreError>>, rusqlite::Error> {
     // Prepared once: parsing BEGIN and COMMIT per batch is measurable at this rate.
     conn.prepare_cached("BEGIN IMMEDIATE")?.execute([])?;
@@ -498,6 +521,9 @@ fn apply_batch(
                 return Err(e);
             }
         }
+    }
+    if let Some(hook) = before_commit.get() {
+        hook(jobs.len());
     }
     if let Err(e) = conn
         .prepare_cached("COMMIT")

@@ -5,6 +5,7 @@
 
 mod conformance;
 mod console;
+mod crash;
 mod engine;
 mod gateway;
 mod guard;

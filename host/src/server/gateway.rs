@@ -1,0 +1,152 @@
+//! The gateway: the guard over one store, in front of one upstream, with
+//! the admin API's state; and [`run`], which serves it.
+
+use super::gate::Gate;
+use super::{AdminListener, Config, Observer, Upstream, admin, events, serve};
+use crate::clock::{Clock, SystemClock};
+use crate::guard::Guard;
+use crate::store::{FaultHandle, Faulty, Store};
+use axum::Router;
+use axum::body::Body;
+use axum::extract::{Request, State};
+use std::sync::Arc;
+use tokio::net::TcpListener;
+use tokio::sync::watch;
+
+/// Why a gateway could not be built.
+#[derive(Debug, thiserror::Error)]
+pub enum BuildError {
+    #[error("invalid configuration: {0}")]
+    Config(String),
+    #[error("{0}")]
+    Upstream(String),
+    #[error("the guard could not be built: {0}")]
+    Guard(#[from] idem_guest::model::GuardError),
+}
+
+/// A gateway: the guard over one store, an upstream, the admin state.
+/// Cheap to clone.
+#[derive(Clone)]
+pub struct Gateway {
+    gate: Arc<Gate>,
+    upstream: Upstream,
+    faults: FaultHandle,
+}
+
+pub struct GatewayBuilder {
+    config: Config,
+    store: Arc<dyn Store>,
+    upstream: String,
+    clock: Arc<dyn Clock>,
+}
+
+/// Lets a shared clock be handed to the guard builder.
+struct SharedClock(Arc<dyn Clock>);
+
+impl Clock for SharedClock {
+    fn now_ms(&self) -> u64 {
+        self.0.now_ms()
+    }
+}
+
+impl GatewayBuilder {
+    /// The clock the guard sees (default: the system clock).
+    #[must_use]
+    pub fn clock(mut self, clock: Arc<dyn Clock>) -> Self {
+        self.clock = clock;
+        self
+    }
+
+    pub fn build(self) -> Result<Gateway, BuildError> {
+        self.config.validate().map_err(BuildError::Config)?;
+        let upstream = Upstream::new(&self.upstream).map_err(BuildError::Upstream)?;
+        let observer = Arc::new(Observer::default());
+        let (decorated, faults) = Faulty::new(self.store);
+        let timed = events::Timed::new(Arc::new(decorated), observer.clone());
+        let guard = Guard::builder(timed)
+            .clock(SharedClock(self.clock))
+            .lease(self.config.lease)
+            .retention(self.config.retention)
+            .max_response_bytes(self.config.max_response_bytes as u32)
+            .build()?;
+        Ok(Gateway {
+            gate: Arc::new(Gate::new(guard, self.config, observer)),
+            upstream,
+            faults,
+        })
+    }
+}
+
+impl Gateway {
+    /// A gateway over `store` (wrapped in a [`Faulty`] decorator the admin
+    /// API drives) in front of the upstream at `upstream`.
+    pub fn builder(config: Config, store: Arc<dyn Store>, upstream: &str) -> GatewayBuilder {
+        GatewayBuilder {
+            config,
+            store,
+            upstream: upstream.to_owned(),
+            clock: Arc::new(SystemClock),
+        }
+    }
+
+    pub fn gate(&self) -> &Arc<Gate> {
+        &self.gate
+    }
+
+    pub fn guard(&self) -> &Guard {
+        &self.gate.guard
+    }
+
+    pub fn observer(&self) -> &Arc<Observer> {
+        &self.gate.observer
+    }
+
+    /// The faults of the store the gateway uses.
+    pub fn faults(&self) -> &FaultHandle {
+        &self.faults
+    }
+
+    /// The reverse proxy: every request goes through the gate.
+    pub fn proxy_router(&self) -> Router {
+        async fn proxy(State(gateway): State<Gateway>, req: Request) -> axum::http::Response<Body> {
+            let upstream = gateway.upstream.clone();
+            gateway
+                .gate
+                .handle(req, |req| async move { upstream.forward(req).await })
+                .await
+        }
+        Router::new().fallback(proxy).with_state(self.clone())
+    }
+}
+
+/// Serves the proxy on `proxy` (and the admin API on `admin`, if given)
+/// until `shutdown` resolves; then stops accepting and lets in-flight
+/// requests finish.
+pub async fn run(
+    gateway: Gateway,
+    proxy: TcpListener,
+    admin: Option<AdminListener>,
+    shutdown: impl Future<Output = ()>,
+) {
+    let (stop_tx, stop) = watch::channel(false);
+    let config = gateway.gate.config.clone();
+    let limits = serve::HttpLimits {
+        max_headers: config.max_headers,
+        max_header_bytes: config.max_header_bytes,
+        drain_timeout: config.drain_timeout,
+    };
+    let mut tasks = tokio::task::JoinSet::new();
+    tasks.spawn(serve::serve(
+        proxy,
+        gateway.proxy_router(),
+        limits,
+        stop.clone(),
+    ));
+    if let Some(admin) = admin {
+        let router = admin::router(gateway.clone(), admin.token, stop.clone());
+        tasks.spawn(serve::serve(admin.listener, router, limits, stop.clone()));
+    }
+    shutdown.await;
+    let _ = stop_tx.send(true);
+    while tasks.join_next().await.is_some() {}
+}

@@ -1,0 +1,171 @@
+//! What the gateway reads from a request before the guard sees it: the
+//! idempotency key, the client's scope, the headers that are part of the
+//! fingerprint, the hop-by-hop headers it must not forward. Pure functions
+//! over bytes and header maps, so the `gateway` fuzz target (`fuzz/`) runs
+//! them without the engine (`idem` with `default-features = false`).
+//!
+//! ```
+//! use idem::server::parse::{idempotency_key, scoped_key};
+//! assert_eq!(idempotency_key(b"\"order-1\"").unwrap(), "order-1");
+//! assert_eq!(scoped_key(None, "order-1"), "anon/order-1");
+//! ```
+
+use http::HeaderMap;
+use sha2::{Digest, Sha256};
+use std::fmt::Write as _;
+
+/// The largest key a client may send. The store key adds a 16-character
+/// client scope and a `/`, and the guard's limit is 255 bytes.
+pub const MAX_KEY_BYTES: usize = 200;
+
+/// Headers that belong to one connection and are never forwarded or stored.
+pub const HOP_BY_HOP: [&str; 8] = [
+    "connection",
+    "keep-alive",
+    "proxy-connection",
+    "proxy-authenticate",
+    "te",
+    "trailer",
+    "transfer-encoding",
+    "upgrade",
+];
+
+/// The key in one `Idempotency-Key` header value: a structured-field string
+/// (`"…"`, as the draft specifies, escaping only `"` and `\`) or, as many
+/// clients send it, a bare token of visible ASCII. 1 to [`MAX_KEY_BYTES`]
+/// bytes once unquoted. The error says what is wrong, for a 400.
+pub fn idempotency_key(raw: &[u8]) -> Result<String, String> {
+    let key = if let Some(rest) = raw.strip_prefix(b"\"") {
+        let inner = rest
+            .strip_suffix(b"\"")
+            .ok_or("the quoted key has no closing '\"'")?;
+        let mut key = Vec::with_capacity(inner.len());
+        let mut bytes = inner.iter();
+        while let Some(&b) = bytes.next() {
+            match b {
+                b'\\' => match bytes.next() {
+                    Some(&e @ (b'"' | b'\\')) => key.push(e),
+                    _ => return Err("a quoted key may only escape '\"' and '\\'".into()),
+                },
+                b'"' => return Err("a quoted key contains an unescaped '\"'".into()),
+                0x20..=0x7e => key.push(b),
+                other => {
+                    return Err(format!(
+                        "the key contains byte 0x{other:02x}; keys are printable ASCII"
+                    ));
+                }
+            }
+        }
+        key
+    } else {
+        if let Some(b) = raw.iter().find(|b| !b.is_ascii_graphic()) {
+            return Err(format!(
+                "the key contains byte 0x{b:02x}; an unquoted key is visible ASCII without spaces (quote it as a structured-field string otherwise)"
+            ));
+        }
+        raw.to_vec()
+    };
+    if key.is_empty() {
+        return Err(format!(
+            "the key is empty; keys are 1 to {MAX_KEY_BYTES} bytes"
+        ));
+    }
+    if key.len() > MAX_KEY_BYTES {
+        return Err(format!(
+            "the key is {} bytes; the limit is {MAX_KEY_BYTES}",
+            key.len()
+        ));
+    }
+    String::from_utf8(key).map_err(|_| "the key is not UTF-8".into())
+}
+
+/// The store key for a client's key: the client's scope, `/`, the key. The
+/// scope is the first 16 hex digits of the SHA-256 of the client header's
+/// value (`anon` without one), so two clients never share a record, no
+/// secret is stored, and the scope never contains a `/`.
+pub fn scoped_key(client: Option<&[u8]>, key: &str) -> String {
+    let scope = client.map_or_else(
+        || "anon".to_owned(),
+        |v| {
+            let digest = Sha256::digest(v);
+            digest[..8]
+                .iter()
+                .fold(String::with_capacity(16), |mut hex, b| {
+                    let _ = write!(hex, "{b:02x}");
+                    hex
+                })
+        },
+    );
+    format!("{scope}/{key}")
+}
+
+/// The headers that are part of the fingerprint: every value of each header
+/// named in `names` (lower case), in the order the names and values come.
+pub fn fingerprinted_headers(headers: &HeaderMap, names: &[String]) -> Vec<(String, Vec<u8>)> {
+    names
+        .iter()
+        .flat_map(|name| {
+            headers
+                .get_all(name.as_str())
+                .iter()
+                .map(move |v| (name.clone(), v.as_bytes().to_vec()))
+        })
+        .collect()
+}
+
+/// Removes hop-by-hop headers, including those the `Connection` header names.
+pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
+    let named: Vec<String> = headers
+        .get_all("connection")
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(',').map(|s| s.trim().to_ascii_lowercase()))
+        .collect();
+    for name in HOP_BY_HOP
+        .iter()
+        .copied()
+        .chain(named.iter().map(String::as_str))
+    {
+        headers.remove(name);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn keys_parse_as_strings_or_tokens() {
+        assert_eq!(
+            idempotency_key(b"\"8e03978e-40d5\"").unwrap(),
+            "8e03978e-40d5"
+        );
+        assert_eq!(idempotency_key(b"\"a \\\"b\\\\\"").unwrap(), "a \"b\\");
+        assert_eq!(idempotency_key(b"order-1").unwrap(), "order-1");
+        assert!(idempotency_key(b"\"open").unwrap_err().contains("closing"));
+        assert!(idempotency_key(b"has space").unwrap_err().contains("0x20"));
+        assert!(idempotency_key(b"\"\"").unwrap_err().contains("empty"));
+        assert!(
+            idempotency_key(&[b'k'; 201])
+                .unwrap_err()
+                .contains("limit is 200")
+        );
+        assert!(
+            idempotency_key(b"\"a\\nb\"")
+                .unwrap_err()
+                .contains("escape")
+        );
+    }
+
+    #[test]
+    fn scopes_differ_by_client_and_hide_the_secret() {
+        let (ka, kb) = (
+            scoped_key(Some(b"Bearer alice"), "k"),
+            scoped_key(Some(b"Bearer bob"), "k"),
+        );
+        assert_ne!(ka, kb);
+        assert!(!ka.contains("alice"));
+        assert_eq!(scoped_key(None, "k"), "anon/k");
+        assert_eq!(ka.len(), 16 + 2);
+    }
+}
