@@ -36,7 +36,7 @@ use std::time::{Duration, Instant};
 #[derive(clap::Args)]
 pub struct Args {
     /// The store both gateways share: redis://… or postgres://… (add
-    /// `?prefix=` or `?table=` to keep runs apart).
+    /// `?prefix=` or `?table=` to keep runs apart), or sqlite:FILE on one machine.
     #[arg(long, value_name = "URL")]
     store: String,
     /// Orders to place.
