@@ -885,6 +885,8 @@ impl Soak {
     async fn stored(&self, id: &str) -> Stored {
         let mut headers = HeaderMap::new();
         headers.insert("authorization", self.authorization.clone());
+        // The gateways run with the default client header (`authorization`),
+        // so the store key is the scope the default config computes.
         let config = idem::server::Config::default();
         let scoped = idem::server::gate::scoped_key(&headers, &config, id);
         let path = format!("/v1/keys/{}", scoped.replace('/', "%2F"));
