@@ -5,10 +5,12 @@
 //! reserves stock and charges once per order id (a repeat of an order id
 //! charges nothing more, as in the seed) and counts every execution;
 //! `GET /ledger` shows stock, reservations, charges and executions, so a
-//! check can tell whether any order ran twice.
+//! check can tell whether any order ran twice. Behind the gateway each run
+//! also records the claim's fence (the `Idempotency-Fence` header), so a check
+//! can tell a takeover (a new fence) from two runs under one claim.
 
 use axum::extract::State;
-use axum::http::StatusCode;
+use axum::http::{HeaderMap, StatusCode};
 use axum::routing::{get, post};
 use axum::{Json, Router};
 use serde::{Deserialize, Serialize};
@@ -36,6 +38,9 @@ pub struct Books {
     pub charges: BTreeMap<String, i64>,
     /// Order id → how many times `POST /orders` ran for it.
     pub executions: BTreeMap<String, u64>,
+    /// Order id → the fence of each run that came with one, in arrival order.
+    #[serde(default)]
+    pub fences: BTreeMap<String, Vec<u64>>,
 }
 
 impl Books {
@@ -86,6 +91,7 @@ impl Ledger {
 
 async fn place(
     State(ledger): State<Ledger>,
+    headers: HeaderMap,
     order: Result<Json<Order>, axum::extract::rejection::JsonRejection>,
 ) -> (StatusCode, Json<serde_json::Value>) {
     let Ok(Json(order)) = order else {
@@ -113,6 +119,16 @@ async fn place(
         *n += 1;
         *n
     };
+    let fence = headers
+        .get(crate::server::gate::FENCE_HEADER)
+        .and_then(|v| v.to_str().ok()?.parse::<u64>().ok());
+    if let Some(fence) = fence {
+        books
+            .fences
+            .entry(order.order.clone())
+            .or_default()
+            .push(fence);
+    }
     if !books.reservations.contains_key(&order.order) {
         if books.stock < order.qty {
             return (

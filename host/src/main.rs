@@ -8,6 +8,7 @@ mod bench;
 mod debug;
 mod demo;
 mod options;
+mod soak;
 
 #[derive(Parser)]
 #[command(
@@ -42,6 +43,9 @@ enum Command {
     },
     /// Runs the ledger behind the gateway with misbehaving clients, then checks every order ran exactly once.
     Demo(demo::Args),
+    /// Chaos soak: two gateways over one shared store in front of the ledger, with store faults
+    /// and a gateway killed mid-run; checks every order ran at most once and every answer matches.
+    Soak(soak::Args),
     /// Measures the gateway against direct calls: requests/s and latency, new keys and replays.
     Bench(bench::Args),
     /// The operator console: live keys, leases, faults and decisions of an `idem serve`.
@@ -153,6 +157,7 @@ fn main() -> anyhow::Result<()> {
             .await?;
             Ok(())
         }),
+        Command::Soak(args) => tokio::runtime::Runtime::new()?.block_on(soak::run(args)),
         Command::Bench(args) => tokio::runtime::Runtime::new()?.block_on(bench::run(args)),
         Command::Demo(args) => {
             let runtime = tokio::runtime::Runtime::new()?;

@@ -16,4 +16,5 @@ mod proxy;
 mod sandbox;
 mod scenarios;
 mod seed;
+mod soak;
 mod sqlite;

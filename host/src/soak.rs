@@ -1,0 +1,1569 @@
+//! `idem soak`: the chaos soak. One `idem ledger` and two `idem serve`
+//! gateways in front of it, sharing one store, take orders from clients that
+//! retry, duplicate and repeat them, while store faults are switched on and
+//! off at random through each gateway's admin API and a gateway is killed
+//! with SIGKILL and restarted on the same port. At the end the ledger, the
+//! stored responses and everything the clients saw are checked against each
+//! other ([`check`]); any violation makes the exit status non-zero.
+//!
+//! A handler may legitimately run more than once for one order: when the
+//! gateway holding its claim is killed, or when a store fault keeps its
+//! response from being recorded, the claim is taken over once its lease runs
+//! out and the order runs again under a new fence. The ledger absorbs repeats
+//! of an order id (one reservation and one charge), so the effect is still
+//! applied once. The soak counts these re-runs by cause; a re-run it cannot
+//! explain, or two runs under the same fence, is a violation.
+
+use anyhow::{Context, bail};
+use axum::body::Body;
+use axum::http::{HeaderMap, HeaderValue, Request};
+use base64::Engine as _;
+use bytes::Bytes;
+use http_body_util::BodyExt;
+use hyper_util::client::legacy::Client;
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::rt::TokioExecutor;
+use idem::ledger::Books;
+use idem::store::{FaultKind, FaultRule, Op};
+use serde_json::{Value, json};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
+use std::net::SocketAddr;
+use std::process::{Command, Stdio};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::time::{Duration, Instant};
+
+#[derive(clap::Args)]
+pub struct Args {
+    /// The store both gateways share: redis://… or postgres://… (add
+    /// `?prefix=` or `?table=` to keep runs apart), or sqlite:FILE on one machine.
+    #[arg(long, value_name = "URL")]
+    store: String,
+    /// Orders to place.
+    #[arg(long, default_value_t = 10_000)]
+    orders: usize,
+    /// Seeds the orders' behaviours, the faults and the kills [default: random, printed].
+    #[arg(long)]
+    seed: Option<u64>,
+    /// Orders in progress at once.
+    #[arg(long, default_value_t = 32)]
+    concurrency: usize,
+    /// The gateways' lease: short, so a killed gateway's claims are taken over within the run.
+    #[arg(long, default_value = "2s", value_parser = idem::server::parse_duration)]
+    lease: Duration,
+    /// How many times a gateway is killed with SIGKILL and restarted.
+    #[arg(long, default_value_t = 2)]
+    kills: usize,
+    /// Start no new orders after this long; the orders started are still finished and checked.
+    #[arg(long, default_value = "10m", value_parser = idem::server::parse_duration)]
+    duration_limit: Duration,
+}
+
+/// How long a client waits for one answer before it gives up on the request.
+const REQUEST_TIMEOUT: Duration = Duration::from_secs(5);
+/// How many times a client sends one request before it gives up on it.
+const MAX_TRIES: u32 = 40;
+/// The longest pause between tries, whatever `Retry-After` says.
+const MAX_BACKOFF: Duration = Duration::from_millis(250);
+/// Concurrent copies of an order in the `Concurrent` behaviour.
+const COPIES: usize = 3;
+
+fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+    mutex.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// What one order's clients did and saw: the input of [`check`].
+#[derive(Clone, Debug, Default)]
+pub struct OrderLog {
+    pub id: String,
+    pub qty: i64,
+    pub cents: i64,
+    /// The `order` and `cents` of every 2xx body a client got for this key
+    /// (`("<unreadable>", -1)` for a body that is not the ledger's JSON).
+    pub bodies: Vec<(String, i64)>,
+    /// The status of the last final answer (anything but 409, 5xx or no
+    /// answer) to the order's own body; `None`: no client ever got one.
+    pub status: Option<u16>,
+    /// The key sent again with another body, and what came of it.
+    pub reuse: Reuse,
+    /// A request of the order was at a gateway when it was killed.
+    pub at_kill: bool,
+    /// A request of the order overlapped a store fault that fails an
+    /// operation or loses its reply.
+    pub under_fault: bool,
+    /// A request of the order took longer than the upstream timeout, timed
+    /// out at the client, or got a 5xx from the upstream (the gateway then
+    /// releases the key for a retry, by design).
+    pub slow: bool,
+}
+
+/// Whether an order's key was sent again with another body, and its final answer.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Reuse {
+    #[default]
+    NotSent,
+    Answered(u16),
+    /// Sent, but no final answer came.
+    Unanswered,
+}
+
+/// A key's record as the admin API shows it at the end.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Stored {
+    /// No live record.
+    Missing,
+    /// Still claimed: its response was never recorded.
+    Processing,
+    /// Completed with this response.
+    Done { status: u16, body: Vec<u8> },
+    /// The admin API could not say.
+    Unreadable(String),
+}
+
+/// The verdict on one soak.
+#[derive(Debug, Default)]
+pub struct Report {
+    pub violations: Vec<String>,
+    /// Orders whose handler ran more than once, and why.
+    pub reexecuted: usize,
+    pub reexecuted_at_kill: usize,
+    pub reexecuted_under_fault: usize,
+    pub reexecuted_slow: usize,
+    /// Stored responses that match the ledger.
+    pub stored_matching: usize,
+    /// Keys still claimed at the end (a response a fault kept from being recorded).
+    pub left_processing: usize,
+}
+
+/// Checks what the ledger did, what the store holds and what clients saw
+/// against each other. `stored[i]` is the record of `orders[i]`'s key.
+#[allow(clippy::too_many_lines)] // one check after another, each with its message
+pub fn check(orders: &[OrderLog], books: &Books, stock_at_start: i64, stored: &[Stored]) -> Report {
+    let mut report = Report::default();
+    let mut v = Vec::new();
+    let known: HashSet<&str> = orders.iter().map(|o| o.id.as_str()).collect();
+    let in_ledger: BTreeSet<&String> = books
+        .executions
+        .keys()
+        .chain(books.reservations.keys())
+        .chain(books.charges.keys())
+        .collect();
+    for id in in_ledger {
+        if !known.contains(id.as_str()) {
+            v.push(format!("the ledger has order {id}, which no client sent"));
+        }
+    }
+    let reserved: i64 = books.reservations.values().sum();
+    if books.stock + reserved != stock_at_start {
+        v.push(format!(
+            "stock is not conserved: {} left + {reserved} reserved is not the {stock_at_start} at the start",
+            books.stock
+        ));
+    }
+
+    for (order, stored) in orders.iter().zip(stored) {
+        let id = order.id.as_str();
+        let charge = books.charges.get(id).copied();
+        match (books.reservations.get(id), charge) {
+            (Some(&qty), Some(cents)) if qty != order.qty || cents != order.cents => {
+                v.push(format!(
+                    "order {id}: reserved {qty} and charged {cents} cents, but the order was {} for {} cents",
+                    order.qty, order.cents
+                ));
+            }
+            (Some(_), None) | (None, Some(_)) => v.push(format!(
+                "order {id}: a reservation without a charge, or a charge without a reservation"
+            )),
+            _ => {}
+        }
+
+        match order.status {
+            None => v.push(format!("order {id}: no client ever got a final answer")),
+            Some(status) if !(200..300).contains(&status) => v.push(format!(
+                "order {id}: its final answer was {status}, not 2xx"
+            )),
+            Some(_) => {}
+        }
+        if !order.bodies.is_empty() && charge.is_none() {
+            v.push(format!(
+                "order {id}: a client got a 2xx, but the ledger has no charge"
+            ));
+        }
+        for (body_order, cents) in &order.bodies {
+            if body_order != id {
+                v.push(format!(
+                    "order {id}: a client got the body of order {body_order}"
+                ));
+            } else if Some(*cents) != charge {
+                v.push(format!(
+                    "order {id}: a client got a body with {cents} cents; the ledger charged {charge:?}"
+                ));
+            }
+        }
+        match order.reuse {
+            Reuse::NotSent | Reuse::Answered(422) => {}
+            Reuse::Answered(status) => v.push(format!(
+                "order {id}: its key, reused with another body, got {status}, not 422"
+            )),
+            Reuse::Unanswered => v.push(format!(
+                "order {id}: its key, reused with another body, never got a final answer"
+            )),
+        }
+
+        match stored {
+            Stored::Done { status, body } => match ledger_body(body) {
+                Some((body_order, cents))
+                    if (200..300).contains(status)
+                        && body_order == id
+                        && Some(cents) == charge =>
+                {
+                    report.stored_matching += 1;
+                }
+                _ => v.push(format!(
+                    "order {id}: the stored response ({status}, {:?}) does not match the ledger's charge {charge:?}",
+                    String::from_utf8_lossy(&body[..body.len().min(120)])
+                )),
+            },
+            Stored::Processing => report.left_processing += 1,
+            Stored::Missing if charge.is_some() => v.push(format!(
+                "order {id}: charged, but the store has no record of its key"
+            )),
+            Stored::Missing => {}
+            Stored::Unreadable(why) => {
+                v.push(format!("order {id}: its record could not be read: {why}"));
+            }
+        }
+
+        let runs = books.executions.get(id).copied().unwrap_or(0);
+        let fences = books.fences.get(id).map_or(&[][..], Vec::as_slice);
+        if fences.len() as u64 != runs {
+            v.push(format!(
+                "order {id}: ran {runs} times, {} of them through the gateway with a fence",
+                fences.len()
+            ));
+        }
+        let distinct: BTreeSet<u64> = fences.iter().copied().collect();
+        if distinct.len() != fences.len() {
+            v.push(format!(
+                "order {id}: two runs under one claim (fences {fences:?})"
+            ));
+        }
+        if runs > 1 {
+            report.reexecuted += 1;
+            if order.at_kill {
+                report.reexecuted_at_kill += 1;
+            } else if order.under_fault {
+                report.reexecuted_under_fault += 1;
+            } else if order.slow {
+                report.reexecuted_slow += 1;
+            } else {
+                v.push(format!(
+                    "order {id}: ran {runs} times (fences {fences:?}) with no kill, store fault or slow request to explain it"
+                ));
+            }
+        }
+    }
+    report.violations = v;
+    report
+}
+
+/// The `order` and `cents` of a ledger response body.
+fn ledger_body(body: &[u8]) -> Option<(String, i64)> {
+    let value: Value = serde_json::from_slice(body).ok()?;
+    Some((
+        value.get("order")?.as_str()?.to_owned(),
+        value.get("cents")?.as_i64()?,
+    ))
+}
+
+/// How a client treats one order.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Behaviour {
+    /// Sends it until it gets a final answer.
+    Once,
+    /// Gets an answer, then sends it again, as after a lost response: a replay.
+    Again,
+    /// Sends it to both gateways at once.
+    BothGateways,
+    /// Sends [`COPIES`] copies at once to alternating gateways.
+    Concurrent,
+    /// Gets an answer, then sends the same key with another body: 422.
+    ReusedKey,
+}
+
+impl Behaviour {
+    fn pick(rng: &mut fastrand::Rng) -> Behaviour {
+        match rng.u32(0..100) {
+            0..30 => Behaviour::Once,
+            30..50 => Behaviour::Again,
+            50..70 => Behaviour::BothGateways,
+            70..85 => Behaviour::Concurrent,
+            _ => Behaviour::ReusedKey,
+        }
+    }
+}
+
+/// One order, decided up front from the seed.
+#[derive(Clone, Debug)]
+struct Plan {
+    id: String,
+    qty: i64,
+    cents: i64,
+    behaviour: Behaviour,
+    gateway: usize,
+}
+
+fn order_json(id: &str, qty: i64, cents: i64) -> String {
+    json!({"order": id, "sku": "A", "qty": qty, "cents": cents}).to_string()
+}
+
+/// What clients saw, by kind of answer, and what the soak did.
+#[derive(Default)]
+struct Tally {
+    sent: AtomicU64,
+    executed: AtomicU64,
+    replayed: AtomicU64,
+    in_flight: AtomicU64,
+    conflict: AtomicU64,
+    unavailable: AtomicU64,
+    upstream_failed: AtomicU64,
+    other: AtomicU64,
+    connection_errors: AtomicU64,
+    timeouts: AtomicU64,
+    gave_up: AtomicU64,
+    orders_done: AtomicU64,
+    faults_on: AtomicU64,
+    faults_off: AtomicU64,
+    kills: AtomicU64,
+}
+
+fn get(a: &AtomicU64) -> u64 {
+    a.load(Ordering::Relaxed)
+}
+
+fn bump(a: &AtomicU64) {
+    a.fetch_add(1, Ordering::Relaxed);
+}
+
+impl Tally {
+    fn line(&self) -> String {
+        format!(
+            "sent={} 2xx={} replayed={} 409={} 422={} 503={} 5xx={} conn_err={} timeouts={}",
+            get(&self.sent),
+            get(&self.executed),
+            get(&self.replayed),
+            get(&self.in_flight),
+            get(&self.conflict),
+            get(&self.unavailable),
+            get(&self.upstream_failed),
+            get(&self.connection_errors),
+            get(&self.timeouts),
+        )
+    }
+}
+
+/// An `idem` child process, killed when dropped.
+struct Process(std::process::Child);
+
+impl Process {
+    fn spawn(args: &[String]) -> anyhow::Result<Process> {
+        let exe = std::env::current_exe().context("find the idem executable")?;
+        let mut command = Command::new(exe);
+        command
+            .args(args)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null());
+        // The children take their settings from these flags only.
+        for (name, _) in std::env::vars_os() {
+            if name.to_string_lossy().starts_with("IDEM_") {
+                command.env_remove(name);
+            }
+        }
+        let child = command
+            .spawn()
+            .with_context(|| format!("start idem {}", args.join(" ")))?;
+        Ok(Process(child))
+    }
+
+    /// SIGKILL: no drain, no clean close.
+    fn kill(mut self) -> u32 {
+        let pid = self.0.id();
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+        pid
+    }
+}
+
+impl Drop for Process {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn free_port() -> anyhow::Result<u16> {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").context("find a free port")?;
+    Ok(listener.local_addr()?.port())
+}
+
+/// Counters a gateway process keeps, read through its admin API.
+#[derive(Clone, Debug, Default)]
+struct Totals {
+    injected: u64,
+    outcomes: BTreeMap<String, u64>,
+}
+
+impl Totals {
+    fn add(&mut self, other: &Totals) {
+        self.injected += other.injected;
+        for (name, n) in &other.outcomes {
+            *self.outcomes.entry(name.clone()).or_default() += n;
+        }
+    }
+
+    fn outcome(&self, name: &str) -> u64 {
+        self.outcomes.get(name).copied().unwrap_or(0)
+    }
+}
+
+/// The faults the soak has switched on at one gateway.
+#[derive(Default)]
+struct FaultState {
+    /// Operation → the kind of fault on it.
+    on: BTreeMap<Op, FaultKind>,
+    /// Bumped whenever a fault that fails operations or loses replies goes on.
+    generation: u64,
+}
+
+impl FaultState {
+    fn disruptive(&self) -> bool {
+        self.on.values().any(|&kind| disrupts(kind))
+    }
+}
+
+/// Faults that can keep a claim or a response from being recorded.
+fn disrupts(kind: FaultKind) -> bool {
+    matches!(
+        kind,
+        FaultKind::Error | FaultKind::Timeout | FaultKind::Lost
+    )
+}
+
+/// One gateway: its addresses stay, its process comes and goes.
+struct Gateway {
+    index: usize,
+    proxy: SocketAddr,
+    admin: SocketAddr,
+    args: Vec<String>,
+    process: Mutex<Option<Process>>,
+    faults: Mutex<FaultState>,
+    /// Order index → requests of it now at this gateway.
+    in_flight: Mutex<HashMap<usize, u32>>,
+    /// Counters of the processes killed so far.
+    earlier: Mutex<Totals>,
+}
+
+impl Gateway {
+    fn start(&self) -> anyhow::Result<()> {
+        *lock(&self.process) = Some(Process::spawn(&self.args)?);
+        *lock(&self.faults) = FaultState::default();
+        Ok(())
+    }
+
+    /// Whether a disruptive fault is on, and the generation, as a request starts.
+    fn fault_mark(&self) -> (bool, u64) {
+        let faults = lock(&self.faults);
+        (faults.disruptive(), faults.generation)
+    }
+
+    /// Whether a disruptive fault was on at any time since `mark`.
+    fn disrupted_since(&self, mark: (bool, u64)) -> bool {
+        let faults = lock(&self.faults);
+        mark.0 || faults.generation != mark.1 || faults.disruptive()
+    }
+
+    fn enter(&self, order: usize) {
+        *lock(&self.in_flight).entry(order).or_default() += 1;
+    }
+
+    fn leave(&self, order: usize) {
+        let mut in_flight = lock(&self.in_flight);
+        if let Some(n) = in_flight.get_mut(&order) {
+            *n -= 1;
+            if *n == 0 {
+                in_flight.remove(&order);
+            }
+        }
+    }
+
+    fn orders_in_flight(&self) -> Vec<usize> {
+        lock(&self.in_flight).keys().copied().collect()
+    }
+}
+
+/// An answer from a gateway.
+struct Answer {
+    status: u16,
+    replayed: bool,
+    retry_after: Duration,
+    body: Bytes,
+}
+
+/// Everything the clients, the chaos and the crashes share.
+struct Soak {
+    http: Client<HttpConnector, Body>,
+    gateways: Vec<Arc<Gateway>>,
+    ledger: Mutex<Option<Process>>,
+    /// `http://127.0.0.1:PORT` of the ledger.
+    ledger_url: String,
+    /// The clients' `Authorization`: the gateways scope keys by it.
+    authorization: HeaderValue,
+    upstream_timeout: Duration,
+    tally: Tally,
+    killed_in_flight: Mutex<HashSet<usize>>,
+}
+
+impl Soak {
+    async fn send(&self, request: Request<Body>) -> anyhow::Result<Answer> {
+        let response = self.http.request(request).await?;
+        let status = response.status().as_u16();
+        let replayed = response.headers().contains_key("idempotent-replayed");
+        let retry_after = response
+            .headers()
+            .get("retry-after")
+            .and_then(|v| v.to_str().ok()?.parse().ok())
+            .map_or(MAX_BACKOFF, Duration::from_secs);
+        let body = response.into_body().collect().await?.to_bytes();
+        Ok(Answer {
+            status,
+            replayed,
+            retry_after,
+            body,
+        })
+    }
+
+    async fn admin_json(
+        &self,
+        gateway: &Gateway,
+        method: &str,
+        path: &str,
+        body: Option<&Value>,
+    ) -> anyhow::Result<(u16, Value)> {
+        let request = Request::builder()
+            .method(method)
+            .uri(format!("http://{}{path}", gateway.admin))
+            .header("content-type", "application/json")
+            .body(body.map_or_else(Body::empty, |b| Body::from(b.to_string())))?;
+        let answer = tokio::time::timeout(REQUEST_TIMEOUT, self.send(request))
+            .await
+            .context("the admin API did not answer in time")??;
+        let value = serde_json::from_slice(&answer.body).unwrap_or(Value::Null);
+        Ok((answer.status, value))
+    }
+
+    /// One request for order `index`, recorded in its log and the tally.
+    async fn attempt(
+        &self,
+        gateway: usize,
+        index: usize,
+        body: &str,
+        log: &Mutex<OrderLog>,
+    ) -> Option<Answer> {
+        let gateway = &self.gateways[gateway];
+        let id = lock(log).id.clone();
+        let request = Request::post(format!("http://{}/orders", gateway.proxy))
+            .header("idempotency-key", format!("\"{id}\""))
+            .header("content-type", "application/json")
+            .header("authorization", self.authorization.clone())
+            .body(Body::from(body.to_owned()))
+            .expect("a valid request");
+        let mark = gateway.fault_mark();
+        gateway.enter(index);
+        bump(&self.tally.sent);
+        let started = Instant::now();
+        let result = tokio::time::timeout(REQUEST_TIMEOUT, self.send(request)).await;
+        gateway.leave(index);
+        let mut log = lock(log);
+        log.under_fault |= gateway.disrupted_since(mark);
+        log.slow |= started.elapsed() > self.upstream_timeout;
+        let answer = match result {
+            Err(_) => {
+                bump(&self.tally.timeouts);
+                log.slow = true;
+                return None;
+            }
+            Ok(Err(_)) => {
+                bump(&self.tally.connection_errors);
+                return None;
+            }
+            Ok(Ok(answer)) => answer,
+        };
+        let counter = match (answer.status, answer.replayed) {
+            (200..=299, false) => &self.tally.executed,
+            (200..=299, true) => &self.tally.replayed,
+            (409, _) => &self.tally.in_flight,
+            (422, _) => &self.tally.conflict,
+            (503, _) => &self.tally.unavailable,
+            (500..=599, _) => {
+                log.slow = true;
+                &self.tally.upstream_failed
+            }
+            _ => &self.tally.other,
+        };
+        bump(counter);
+        if (200..300).contains(&answer.status) {
+            log.bodies
+                .push(ledger_body(&answer.body).unwrap_or_else(|| ("<unreadable>".to_owned(), -1)));
+        }
+        Some(answer)
+    }
+
+    /// Sends until a final answer: 409, 5xx, connection errors and timeouts
+    /// are retried with backoff, at the other gateway after a failure to
+    /// connect. `None` after [`MAX_TRIES`].
+    async fn place(
+        &self,
+        first_gateway: usize,
+        index: usize,
+        body: &str,
+        log: &Mutex<OrderLog>,
+    ) -> Option<Answer> {
+        let mut gateway = first_gateway;
+        for attempt in 0..MAX_TRIES {
+            let pause = match self.attempt(gateway, index, body, log).await {
+                Some(answer) if answer.status == 409 || answer.status >= 500 => {
+                    answer.retry_after.min(MAX_BACKOFF)
+                }
+                Some(answer) => return Some(answer),
+                None => {
+                    gateway = (gateway + 1) % self.gateways.len();
+                    (Duration::from_millis(10) * 2u32.pow(attempt.min(5))).min(MAX_BACKOFF)
+                }
+            };
+            // Jitter, so retries of concurrent copies spread out.
+            tokio::time::sleep(pause.mul_f64(0.5 + fastrand::f64())).await;
+        }
+        bump(&self.tally.gave_up);
+        None
+    }
+
+    /// Places the order's own body, recording the final status.
+    async fn place_order(
+        &self,
+        gateway: usize,
+        index: usize,
+        body: &str,
+        log: &Mutex<OrderLog>,
+    ) -> Option<Answer> {
+        let answer = self.place(gateway, index, body, log).await;
+        if let Some(answer) = &answer {
+            lock(log).status = Some(answer.status);
+        }
+        answer
+    }
+
+    async fn order(&self, index: usize, plan: &Plan) -> OrderLog {
+        let log = Mutex::new(OrderLog {
+            id: plan.id.clone(),
+            qty: plan.qty,
+            cents: plan.cents,
+            ..OrderLog::default()
+        });
+        let body = order_json(&plan.id, plan.qty, plan.cents);
+        let other = (plan.gateway + 1) % self.gateways.len();
+        match plan.behaviour {
+            Behaviour::Once => {
+                self.place_order(plan.gateway, index, &body, &log).await;
+            }
+            Behaviour::Again => {
+                if self
+                    .place_order(plan.gateway, index, &body, &log)
+                    .await
+                    .is_some()
+                {
+                    self.place_order(other, index, &body, &log).await;
+                }
+            }
+            Behaviour::BothGateways => {
+                futures_util::future::join(
+                    self.place_order(plan.gateway, index, &body, &log),
+                    self.place_order(other, index, &body, &log),
+                )
+                .await;
+            }
+            Behaviour::Concurrent => {
+                futures_util::future::join_all((0..COPIES).map(|copy| {
+                    let gateway = (plan.gateway + copy) % self.gateways.len();
+                    self.place_order(gateway, index, &body, &log)
+                }))
+                .await;
+            }
+            Behaviour::ReusedKey => {
+                // Only once the key is known to be claimed: a key no request
+                // ever claimed is free for any body.
+                if self
+                    .place_order(plan.gateway, index, &body, &log)
+                    .await
+                    .is_some()
+                {
+                    self.reuse(other, index, plan, &log).await;
+                }
+            }
+        }
+        log.into_inner().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Sends the order's key with another body (more units, another price).
+    async fn reuse(&self, gateway: usize, index: usize, plan: &Plan, log: &Mutex<OrderLog>) {
+        let body = order_json(&plan.id, plan.qty + 1, plan.cents + 100);
+        let answer = self.place(gateway, index, &body, log).await;
+        lock(log).reuse = answer.map_or(Reuse::Unanswered, |a| Reuse::Answered(a.status));
+    }
+
+    /// Switches one fault at one gateway on or off.
+    async fn toggle_fault(&self, rng: &mut fastrand::Rng) {
+        let gateway = &self.gateways[rng.usize(..self.gateways.len())];
+        // Weighted toward insert and replace, the operations the guard uses.
+        let op = [
+            Op::Insert,
+            Op::Insert,
+            Op::Replace,
+            Op::Replace,
+            Op::Get,
+            Op::Delete,
+        ][rng.usize(..6)];
+        let is_on = lock(&gateway.faults).on.contains_key(&op);
+        let rule = if is_on && rng.f64() < 0.6 {
+            FaultRule::default()
+        } else {
+            random_rule(rng)
+        };
+        let turning_on = rule.kind != FaultKind::Off;
+        if turning_on {
+            // Marked before the rule can take effect, so no request misses it.
+            let mut faults = lock(&gateway.faults);
+            faults.on.insert(op, rule.kind);
+            if disrupts(rule.kind) {
+                faults.generation += 1;
+            }
+        }
+        let body = json!({"faults": {op.as_str(): rule}});
+        let applied = matches!(
+            self.admin_json(gateway, "PUT", "/v1/faults", Some(&body))
+                .await,
+            Ok((200, _))
+        );
+        if applied {
+            if turning_on {
+                bump(&self.tally.faults_on);
+            } else {
+                // Unmarked only once the rule is off.
+                lock(&gateway.faults).on.remove(&op);
+                bump(&self.tally.faults_off);
+            }
+        }
+    }
+
+    /// Switches every fault off at every gateway (retrying while one restarts).
+    async fn faults_off(&self) -> anyhow::Result<()> {
+        let off: serde_json::Map<String, Value> = Op::ALL
+            .into_iter()
+            .map(|op| (op.as_str().to_owned(), json!(FaultRule::default())))
+            .collect();
+        let body = json!({ "faults": off });
+        for gateway in &self.gateways {
+            let mut tries = 0;
+            while !matches!(
+                self.admin_json(gateway, "PUT", "/v1/faults", Some(&body))
+                    .await,
+                Ok((200, _))
+            ) {
+                tries += 1;
+                if tries == 50 {
+                    bail!(
+                        "gateway {}: its faults could not be switched off",
+                        gateway.index
+                    );
+                }
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            lock(&gateway.faults).on.clear();
+        }
+        Ok(())
+    }
+
+    async fn totals(&self, gateway: &Gateway) -> Totals {
+        let mut totals = Totals::default();
+        if let Ok((200, faults)) = self.admin_json(gateway, "GET", "/v1/faults", None).await {
+            totals.injected = faults["injected"].as_u64().unwrap_or(0);
+        }
+        if let Ok((200, stats)) = self.admin_json(gateway, "GET", "/v1/stats", None).await
+            && let Some(outcomes) = stats["outcomes"].as_object()
+        {
+            for (name, n) in outcomes {
+                totals
+                    .outcomes
+                    .insert(name.clone(), n.as_u64().unwrap_or(0));
+            }
+        }
+        totals
+    }
+
+    /// Everything every gateway counted, killed processes included.
+    async fn all_totals(&self) -> (Totals, Vec<u64>) {
+        let mut sum = Totals::default();
+        let mut injected = Vec::new();
+        for gateway in &self.gateways {
+            let mut totals = lock(&gateway.earlier).clone();
+            totals.add(&self.totals(gateway).await);
+            injected.push(totals.injected);
+            sum.add(&totals);
+        }
+        (sum, injected)
+    }
+
+    /// `kill -9` one gateway, then start it again on the same ports.
+    async fn crash(
+        &self,
+        gateway: &Gateway,
+        started: Instant,
+        down: Duration,
+    ) -> anyhow::Result<()> {
+        // Its counters die with it: read them first.
+        let totals = self.totals(gateway).await;
+        lock(&gateway.earlier).add(&totals);
+        let before = gateway.orders_in_flight();
+        let process = lock(&gateway.process).take();
+        let pid = process.map(Process::kill);
+        let after = gateway.orders_in_flight();
+        let hit: HashSet<usize> = before.into_iter().chain(after).collect();
+        let orders = hit.len();
+        lock(&self.killed_in_flight).extend(hit);
+        bump(&self.tally.kills);
+        println!(
+            "{:>6.1}s kill -9 gateway {} (pid {}), requests of {orders} orders in flight at it",
+            started.elapsed().as_secs_f64(),
+            gateway.index,
+            pid.unwrap_or_default(),
+        );
+        tokio::time::sleep(down).await;
+        let restarting = Instant::now();
+        gateway.start()?;
+        self.wait_ready(&format!("http://{}/v1/stats", gateway.admin))
+            .await
+            .with_context(|| format!("gateway {} did not come back", gateway.index))?;
+        println!(
+            "{:>6.1}s gateway {} restarted on {} after {:.1}s down ({:.1}s to start)",
+            started.elapsed().as_secs_f64(),
+            gateway.index,
+            gateway.proxy,
+            (down + restarting.elapsed()).as_secs_f64(),
+            restarting.elapsed().as_secs_f64(),
+        );
+        Ok(())
+    }
+
+    /// Polls `url` until it answers 200.
+    async fn wait_ready(&self, url: &str) -> anyhow::Result<()> {
+        let deadline = Instant::now() + Duration::from_mins(1);
+        loop {
+            let request = Request::get(url).body(Body::empty())?;
+            if let Ok(Ok(answer)) =
+                tokio::time::timeout(Duration::from_secs(2), self.send(request)).await
+                && answer.status == 200
+            {
+                return Ok(());
+            }
+            if Instant::now() > deadline {
+                bail!("{url} did not answer within 60 s");
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    /// The key's record, read through the first gateway's admin API.
+    async fn stored(&self, id: &str) -> Stored {
+        let mut headers = HeaderMap::new();
+        headers.insert("authorization", self.authorization.clone());
+        // The gateways run with the default client header (`authorization`),
+        // so the store key is the scope the default config computes.
+        let config = idem::server::Config::default();
+        let scoped = idem::server::gate::scoped_key(&headers, &config, id);
+        let path = format!("/v1/keys/{}", scoped.replace('/', "%2F"));
+        let mut last_error = String::new();
+        for _ in 0..5 {
+            match self.admin_json(&self.gateways[0], "GET", &path, None).await {
+                Ok((404, _)) => return Stored::Missing,
+                Ok((200, key)) if key["state"] == "processing" => return Stored::Processing,
+                Ok((200, key)) => {
+                    let response = &key["response"];
+                    let body = response["body_base64"]
+                        .as_str()
+                        .and_then(|b| base64::engine::general_purpose::STANDARD.decode(b).ok());
+                    return match (response["status"].as_u64(), body) {
+                        (Some(status), Some(body)) => Stored::Done {
+                            status: status as u16,
+                            body,
+                        },
+                        _ => Stored::Unreadable(format!("no response in {key}")),
+                    };
+                }
+                Ok((status, body)) => last_error = format!("{status} {body}"),
+                Err(e) => last_error = format!("{e:#}"),
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+        Stored::Unreadable(last_error)
+    }
+}
+
+/// A fault to switch on: an error, added latency, a timeout or a lost reply,
+/// on some of the calls. Latencies stay far below the lease, so a slow store
+/// never lets a claim lapse under a running request.
+fn random_rule(rng: &mut fastrand::Rng) -> FaultRule {
+    let probability = f64::from(rng.u32(5..=50)) / 100.0;
+    match rng.u32(0..4) {
+        0 => FaultRule::error("injected by idem soak").with_probability(probability),
+        1 => FaultRule::timeout(Duration::from_millis(rng.u64(20..=200)))
+            .with_probability(probability),
+        2 => FaultRule::delay(Duration::from_millis(rng.u64(5..=100)))
+            .with_probability((probability * 2.0).min(1.0)),
+        _ => FaultRule::lost().with_probability(probability.min(0.3)),
+    }
+}
+
+pub async fn run(args: Args) -> anyhow::Result<()> {
+    if args.store.starts_with("memory:") {
+        bail!(
+            "--store memory: is private to one process; the gateways need a shared store (redis://… or postgres://…)"
+        );
+    }
+    if args.orders == 0 || args.concurrency == 0 {
+        bail!("--orders and --concurrency must be at least 1");
+    }
+    let seed = args.seed.unwrap_or_else(|| fastrand::u64(..));
+    // Not from the seed: a rerun with the same seed must not meet the keys of the last.
+    let run_id = fastrand::u32(..);
+    let plans = Arc::new(plans(args.orders, seed, run_id));
+    // Enough for every order's largest quantity: running out would be a 409 from the ledger.
+    let stock_at_start = i64::try_from(args.orders).context("--orders is too large")? * 10;
+
+    let soak = Arc::new(Soak::start(&args, stock_at_start, run_id).await?);
+    println!(
+        "idem soak: {} orders, seed {seed}, store {}, lease {:?}, {} kills",
+        args.orders, args.store, args.lease, args.kills
+    );
+    println!("  ledger     {}/ledger", soak.ledger_url);
+    for gateway in &soak.gateways {
+        println!(
+            "  gateway {}  http://{}/orders  admin http://{}/v1/stats",
+            gateway.index, gateway.proxy, gateway.admin
+        );
+    }
+    println!(
+        "clients: retries, duplicates to both gateways, {COPIES} concurrent copies, repeats after an answer, keys reused with another body;"
+    );
+    println!(
+        "store faults (error, timeout, delay, lost reply) switched on and off at random on both gateways."
+    );
+
+    let started = Instant::now();
+    let logs = soak.drive(&args, &plans, seed, started).await?;
+    println!(
+        "{:>6.1}s {} orders done; faults off, waiting a lease for held claims",
+        started.elapsed().as_secs_f64(),
+        logs.len()
+    );
+    let orders = soak.settle(&args, &plans, logs).await?;
+    let (totals, injected_by_gateway) = soak.all_totals().await;
+    let books = soak.books().await?;
+    let stored = soak.stored_all(&orders).await;
+    soak.stop();
+
+    let report = check(&orders, &books, stock_at_start, &stored);
+    print_figures(&Figures {
+        tally: &soak.tally,
+        totals: &totals,
+        injected_by_gateway: &injected_by_gateway,
+        books: &books,
+        report: &report,
+        orders_planned: args.orders,
+        kills_planned: args.kills,
+        orders: &orders,
+        elapsed: started.elapsed(),
+    });
+    if !report.violations.is_empty() {
+        bail!(
+            "soak FAILED: {} violations (seed {seed})",
+            report.violations.len()
+        );
+    }
+    println!("soak passed: no violations (seed {seed})");
+    Ok(())
+}
+
+/// The orders, decided up front from the seed; `run_id` keeps their ids apart from other runs'.
+fn plans(orders: usize, seed: u64, run_id: u32) -> Vec<Plan> {
+    let mut rng = fastrand::Rng::with_seed(seed);
+    (0..orders)
+        .map(|i| Plan {
+            id: format!("soak-{run_id:08x}-{i:05}"),
+            qty: rng.i64(1..=3),
+            cents: 500 + rng.i64(0..200) * 5,
+            behaviour: Behaviour::pick(&mut rng),
+            gateway: rng.usize(..2),
+        })
+        .collect()
+}
+
+impl Soak {
+    /// Starts the ledger and both gateways and waits until they answer.
+    async fn start(args: &Args, stock_at_start: i64, run_id: u32) -> anyhow::Result<Soak> {
+        let ledger_port = free_port()?;
+        let ledger = Process::spawn(&[
+            "ledger".into(),
+            "--listen".into(),
+            format!("127.0.0.1:{ledger_port}"),
+            "--stock".into(),
+            stock_at_start.to_string(),
+            "--latency".into(),
+            "5ms".into(),
+        ])?;
+        let upstream_timeout = args.lease.mul_f64(0.75);
+        let mut gateways = Vec::new();
+        for index in 0..2 {
+            let (proxy, admin) = (free_port()?, free_port()?);
+            let gateway_args = [
+                "serve",
+                "--listen",
+                &format!("127.0.0.1:{proxy}"),
+                "--admin-listen",
+                &format!("127.0.0.1:{admin}"),
+                "--upstream",
+                &format!("http://127.0.0.1:{ledger_port}"),
+                "--store",
+                &args.store,
+                "--require-key",
+                "true",
+                "--lease",
+                &format!("{}ms", args.lease.as_millis()),
+                "--upstream-timeout",
+                &format!("{}ms", upstream_timeout.as_millis()),
+                "--retention",
+                "10m",
+            ]
+            .map(str::to_owned)
+            .to_vec();
+            let gateway = Gateway {
+                index,
+                proxy: SocketAddr::from(([127, 0, 0, 1], proxy)),
+                admin: SocketAddr::from(([127, 0, 0, 1], admin)),
+                args: gateway_args,
+                process: Mutex::default(),
+                faults: Mutex::default(),
+                in_flight: Mutex::default(),
+                earlier: Mutex::default(),
+            };
+            gateway.start()?;
+            gateways.push(Arc::new(gateway));
+        }
+        let soak = Soak {
+            http: Client::builder(TokioExecutor::new()).build_http(),
+            gateways,
+            ledger: Mutex::new(Some(ledger)),
+            ledger_url: format!("http://127.0.0.1:{ledger_port}"),
+            authorization: HeaderValue::from_str(&format!("Bearer soak-{run_id:08x}"))?,
+            upstream_timeout,
+            tally: Tally::default(),
+            killed_in_flight: Mutex::default(),
+        };
+        soak.wait_ready(&format!("{}/ledger", soak.ledger_url))
+            .await
+            .context("the ledger did not start")?;
+        for gateway in &soak.gateways {
+            soak.wait_ready(&format!("http://{}/v1/stats", gateway.admin))
+                .await
+                .with_context(|| format!("gateway {} did not start", gateway.index))?;
+        }
+        Ok(soak)
+    }
+
+    /// Runs the clients, the faults and the kills until every order has been
+    /// tried (or the duration limit stops new ones). Returns each order's log
+    /// with its index.
+    async fn drive(
+        self: &Arc<Self>,
+        args: &Args,
+        plans: &Arc<Vec<Plan>>,
+        seed: u64,
+        started: Instant,
+    ) -> anyhow::Result<Vec<(usize, OrderLog)>> {
+        let stop_starting = Arc::new(AtomicBool::new(false));
+        let mut clients = self.spawn_clients(args.concurrency, plans, &stop_starting);
+        let stop_faults = Arc::new(AtomicBool::new(false));
+        let faults = self.spawn_faults(seed, &stop_faults);
+        // Kills at even steps through the orders, alternating gateways, one
+        // at a time; the clients go on while a gateway is down and restarting.
+        let mut kills_left: Vec<(u64, usize)> = (1..=args.kills)
+            .map(|k| {
+                let at = (args.orders * k / (args.kills + 1)) as u64;
+                (at, (k + usize::from(seed % 2 == 1)) % 2)
+            })
+            .rev()
+            .collect();
+        let mut kill_rng = fastrand::Rng::with_seed(seed ^ 0x0000_0b17);
+        let mut crashing: Option<tokio::task::JoinHandle<anyhow::Result<()>>> = None;
+        let mut logs = Vec::new();
+        let mut ticker = tokio::time::interval(Duration::from_secs(1));
+        ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
+        ticker.tick().await;
+        loop {
+            if crashing
+                .as_ref()
+                .is_some_and(tokio::task::JoinHandle::is_finished)
+                && let Some(crash) = crashing.take()
+            {
+                crash.await.context("the crash task panicked")??;
+            }
+            if crashing.is_none()
+                && let Some(&(at, gateway)) = kills_left.last()
+                && get(&self.tally.orders_done) >= at
+            {
+                kills_left.pop();
+                let down = Duration::from_millis(kill_rng.u64(200..=800));
+                let soak = self.clone();
+                crashing = Some(tokio::spawn(async move {
+                    soak.crash(&soak.gateways[gateway], started, down).await
+                }));
+            }
+            if started.elapsed() > args.duration_limit
+                && !stop_starting.swap(true, Ordering::Relaxed)
+            {
+                println!(
+                    "{:>6.1}s duration limit reached: no new orders",
+                    started.elapsed().as_secs_f64()
+                );
+            }
+            tokio::select! {
+                joined = clients.join_next() => match joined {
+                    Some(finished) => logs.extend(finished.context("a client task panicked")?),
+                    None => break,
+                },
+                _ = ticker.tick() => self.progress(args.orders, started),
+                () = tokio::time::sleep(Duration::from_millis(50)) => {}
+            }
+        }
+        if let Some(crash) = crashing {
+            crash.await.context("the crash task panicked")??;
+        }
+        stop_faults.store(true, Ordering::Relaxed);
+        faults.await.context("the fault task panicked")?;
+        logs.sort_by_key(|(index, _)| *index);
+        Ok(logs)
+    }
+
+    /// `concurrency` clients taking the next order until none is left.
+    fn spawn_clients(
+        self: &Arc<Self>,
+        concurrency: usize,
+        plans: &Arc<Vec<Plan>>,
+        stop_starting: &Arc<AtomicBool>,
+    ) -> tokio::task::JoinSet<Vec<(usize, OrderLog)>> {
+        let next = Arc::new(AtomicUsize::new(0));
+        let mut clients = tokio::task::JoinSet::new();
+        for _ in 0..concurrency {
+            let (soak, plans, next, stop_starting) = (
+                self.clone(),
+                plans.clone(),
+                next.clone(),
+                stop_starting.clone(),
+            );
+            clients.spawn(async move {
+                let mut logs = Vec::new();
+                loop {
+                    let index = next.fetch_add(1, Ordering::Relaxed);
+                    if index >= plans.len() || stop_starting.load(Ordering::Relaxed) {
+                        return logs;
+                    }
+                    logs.push((index, soak.order(index, &plans[index]).await));
+                    bump(&soak.tally.orders_done);
+                }
+            });
+        }
+        clients
+    }
+
+    /// Switches a fault every 50–300 ms until `stop`.
+    fn spawn_faults(
+        self: &Arc<Self>,
+        seed: u64,
+        stop: &Arc<AtomicBool>,
+    ) -> tokio::task::JoinHandle<()> {
+        let (soak, stop) = (self.clone(), stop.clone());
+        let mut rng = fastrand::Rng::with_seed(seed ^ 0x00c4_a05c);
+        tokio::spawn(async move {
+            while !stop.load(Ordering::Relaxed) {
+                tokio::time::sleep(Duration::from_millis(rng.u64(50..=300))).await;
+                soak.toggle_fault(&mut rng).await;
+            }
+        })
+    }
+
+    fn progress(&self, orders: usize, started: Instant) {
+        let faults_on: usize = self.gateways.iter().map(|g| lock(&g.faults).on.len()).sum();
+        println!(
+            "{:>6.1}s orders={}/{orders} {} faults_on={faults_on} kills={}",
+            started.elapsed().as_secs_f64(),
+            get(&self.tally.orders_done),
+            self.tally.line(),
+            get(&self.tally.kills),
+        );
+    }
+
+    /// The end: faults off, leases left to run out, then every order (or
+    /// reused key) without a final answer is sent again. Marks the orders
+    /// that had a request at a gateway when it was killed.
+    async fn settle(
+        self: &Arc<Self>,
+        args: &Args,
+        plans: &[Plan],
+        logs: Vec<(usize, OrderLog)>,
+    ) -> anyhow::Result<Vec<OrderLog>> {
+        self.faults_off().await?;
+        tokio::time::sleep(args.lease + Duration::from_millis(500)).await;
+        let mut settled = Vec::with_capacity(logs.len());
+        for chunk in logs.chunks(args.concurrency) {
+            let retried = chunk.iter().map(|(index, log)| async move {
+                let plan = &plans[*index];
+                let log = Mutex::new(log.clone());
+                if lock(&log).status.is_none() {
+                    let body = order_json(&plan.id, plan.qty, plan.cents);
+                    self.place_order(0, *index, &body, &log).await;
+                }
+                if lock(&log).reuse == Reuse::Unanswered {
+                    self.reuse(1, *index, plan, &log).await;
+                }
+                log.into_inner().unwrap_or_else(PoisonError::into_inner)
+            });
+            settled.extend(futures_util::future::join_all(retried).await);
+        }
+        let killed = lock(&self.killed_in_flight).clone();
+        for ((index, _), log) in logs.iter().zip(&mut settled) {
+            log.at_kill = killed.contains(index);
+        }
+        Ok(settled)
+    }
+
+    async fn books(&self) -> anyhow::Result<Books> {
+        let request = Request::get(format!("{}/ledger", self.ledger_url)).body(Body::empty())?;
+        let answer = self.send(request).await.context("GET /ledger")?;
+        serde_json::from_slice(&answer.body).context("GET /ledger: not the ledger's books")
+    }
+
+    /// Every order's record, 32 reads at a time.
+    async fn stored_all(&self, orders: &[OrderLog]) -> Vec<Stored> {
+        let mut stored = Vec::with_capacity(orders.len());
+        for chunk in orders.chunks(32) {
+            stored.extend(
+                futures_util::future::join_all(chunk.iter().map(|o| self.stored(&o.id))).await,
+            );
+        }
+        stored
+    }
+
+    /// Kills every process.
+    fn stop(&self) {
+        for gateway in &self.gateways {
+            drop(lock(&gateway.process).take());
+        }
+        drop(lock(&self.ledger).take());
+    }
+}
+
+struct Figures<'a> {
+    tally: &'a Tally,
+    totals: &'a Totals,
+    injected_by_gateway: &'a [u64],
+    books: &'a Books,
+    report: &'a Report,
+    orders_planned: usize,
+    kills_planned: usize,
+    orders: &'a [OrderLog],
+    elapsed: Duration,
+}
+
+fn print_figures(f: &Figures) {
+    let (t, r) = (f.tally, f.report);
+    let answered_2xx = f.orders.iter().filter(|o| !o.bodies.is_empty()).count();
+    let reused = f
+        .orders
+        .iter()
+        .filter(|o| o.reuse != Reuse::NotSent)
+        .count();
+    let runs: u64 = f.books.executions.values().sum();
+    let duplicates_prevented = get(&t.replayed) + get(&t.in_flight);
+    let toggles = get(&t.faults_on) + get(&t.faults_off);
+    let injected: u64 = f.injected_by_gateway.iter().sum();
+    let conserved = !r.violations.iter().any(|v| v.starts_with("stock"));
+    println!("figures after {:.1}s:", f.elapsed.as_secs_f64());
+    println!(
+        "  orders            {} of {} placed; {answered_2xx} answered 2xx; {reused} keys reused with another body",
+        f.orders.len(),
+        f.orders_planned
+    );
+    println!(
+        "  requests          {} sent: 2xx executed {}, 2xx replayed {}, 409 in flight {}, 422 conflict {}, 503 store down {}, other 5xx {}, other {}; connection errors {}, client timeouts {}, gave up after {MAX_TRIES} tries {}",
+        get(&t.sent),
+        get(&t.executed),
+        get(&t.replayed),
+        get(&t.in_flight),
+        get(&t.conflict),
+        get(&t.unavailable),
+        get(&t.upstream_failed),
+        get(&t.other),
+        get(&t.connection_errors),
+        get(&t.timeouts),
+        get(&t.gave_up),
+    );
+    let outcome = |name| f.totals.outcome(name);
+    println!(
+        "  gateways said     executed {}, replayed {}, in flight {}, conflict {}, unavailable {}, invalid {}",
+        outcome("executed"),
+        outcome("replayed"),
+        outcome("in_flight"),
+        outcome("conflict"),
+        outcome("unavailable"),
+        outcome("invalid"),
+    );
+    println!(
+        "  faults            {toggles} toggles ({} on, {} off); {injected} store calls hit (by gateway: {:?})",
+        get(&t.faults_on),
+        get(&t.faults_off),
+        f.injected_by_gateway
+    );
+    println!(
+        "  crashes           {} of {} planned (kill -9 of a gateway mid-run, restarted on the same port)",
+        get(&t.kills),
+        f.kills_planned
+    );
+    println!(
+        "  duplicates        {duplicates_prevented} prevented ({} replays + {} 409s); {} reused keys refused with 422",
+        get(&t.replayed),
+        get(&t.in_flight),
+        get(&t.conflict),
+    );
+    println!(
+        "  ledger            {} orders, {runs} handler runs, {} reservations, {} charges, stock {} ({})",
+        f.books.executions.len(),
+        f.books.reservations.len(),
+        f.books.charges.len(),
+        f.books.stock,
+        if conserved {
+            "conserved"
+        } else {
+            "NOT conserved"
+        }
+    );
+    println!(
+        "  re-executions     {} orders ran more than once: {} in flight at a kill, {} under a store fault, {} after a slow or failed upstream call",
+        r.reexecuted, r.reexecuted_at_kill, r.reexecuted_under_fault, r.reexecuted_slow
+    );
+    println!(
+        "                    (a claim whose holder was killed, or whose response a store fault kept from being recorded,\n                     is taken over after its lease and runs again under a new fence; the ledger absorbs the repeat)"
+    );
+    println!(
+        "  stored responses  {} match the ledger; {} keys left claimed (response never recorded)",
+        r.stored_matching, r.left_processing
+    );
+    println!("  violations        {}", r.violations.len());
+    for violation in r.violations.iter().take(20) {
+        println!("    {violation}");
+    }
+    if r.violations.len() > 20 {
+        println!("    … and {} more", r.violations.len() - 20);
+    }
+    println!(
+        "soak: orders={} requests={} crashes={} fault_toggles={toggles} faults_injected={injected} duplicates_prevented={duplicates_prevented} reexecuted={} violations={}",
+        f.orders.len(),
+        get(&t.sent),
+        get(&t.kills),
+        r.reexecuted,
+        r.violations.len()
+    );
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn order(id: &str) -> OrderLog {
+        OrderLog {
+            id: id.into(),
+            qty: 1,
+            cents: 700,
+            bodies: vec![(id.into(), 700)],
+            status: Some(201),
+            ..OrderLog::default()
+        }
+    }
+
+    fn body(id: &str, cents: i64) -> Vec<u8> {
+        json!({"order": id, "status": "paid", "cents": cents, "stock_left": 9, "execution": 1})
+            .to_string()
+            .into_bytes()
+    }
+
+    /// The books after `order` ran once under fence 1 from a stock of 10.
+    fn books_for(orders: &[&OrderLog]) -> Books {
+        let mut books = Books {
+            stock: 10,
+            ..Books::default()
+        };
+        for o in orders {
+            books.stock -= o.qty;
+            books.reservations.insert(o.id.clone(), o.qty);
+            books.charges.insert(o.id.clone(), o.cents);
+            books.executions.insert(o.id.clone(), 1);
+            books.fences.insert(o.id.clone(), vec![1]);
+        }
+        books
+    }
+
+    fn done(id: &str, cents: i64) -> Stored {
+        Stored::Done {
+            status: 201,
+            body: body(id, cents),
+        }
+    }
+
+    #[test]
+    fn a_clean_run_has_no_violations() {
+        let (a, b) = (order("a"), order("b"));
+        let books = books_for(&[&a, &b]);
+        let report = check(&[a, b], &books, 10, &[done("a", 700), done("b", 700)]);
+        assert!(report.violations.is_empty(), "{:?}", report.violations);
+        assert_eq!(report.stored_matching, 2);
+    }
+
+    /// Each case breaks one thing; the checker must name it.
+    #[test]
+    fn every_kind_of_violation_is_reported() {
+        type Break = fn(&mut Vec<OrderLog>, &mut Books, &mut Vec<Stored>);
+        let cases: &[(&str, Break, &str)] = &[
+            (
+                "a double charge",
+                |_, books, _| {
+                    books.stock -= 1;
+                    *books.reservations.get_mut("a").unwrap() += 1;
+                    *books.charges.get_mut("a").unwrap() += 700;
+                    *books.executions.get_mut("a").unwrap() += 1;
+                    books.fences.get_mut("a").unwrap().push(2);
+                },
+                "charged 1400 cents",
+            ),
+            (
+                "stock taken without a reservation",
+                |_, books, _| books.stock -= 1,
+                "stock is not conserved",
+            ),
+            (
+                "a 2xx with no charge",
+                |_, books, _| {
+                    books.stock += 1;
+                    books.reservations.remove("a");
+                    books.charges.remove("a");
+                },
+                "the ledger has no charge",
+            ),
+            (
+                "another order's body",
+                |orders, _, _| orders[0].bodies.push(("b".into(), 700)),
+                "got the body of order b",
+            ),
+            (
+                "a body with other cents",
+                |orders, _, _| orders[0].bodies.push(("a".into(), 701)),
+                "a body with 701 cents",
+            ),
+            (
+                "a stored response that differs",
+                |_, _, stored| stored[0] = done("a", 1),
+                "the stored response",
+            ),
+            (
+                "a reused key that ran",
+                |orders, _, _| orders[0].reuse = Reuse::Answered(201),
+                "got 201, not 422",
+            ),
+            (
+                "an order never answered",
+                |orders, _, _| orders[0].status = None,
+                "no client ever got a final answer",
+            ),
+            (
+                "an unexplained re-run",
+                |_, books, _| {
+                    *books.executions.get_mut("a").unwrap() += 1;
+                    books.fences.get_mut("a").unwrap().push(2);
+                },
+                "no kill, store fault or slow request",
+            ),
+            (
+                "two runs under one fence",
+                |orders, books, _| {
+                    orders[0].at_kill = true;
+                    *books.executions.get_mut("a").unwrap() += 1;
+                    books.fences.get_mut("a").unwrap().push(1);
+                },
+                "two runs under one claim",
+            ),
+            (
+                "a charge with no record",
+                |_, _, stored| stored[0] = Stored::Missing,
+                "no record of its key",
+            ),
+            (
+                "an order no client sent",
+                |_, books, _| {
+                    books.executions.insert("z".into(), 1);
+                },
+                "which no client sent",
+            ),
+        ];
+        for (what, break_it, expected) in cases {
+            let mut orders = vec![order("a"), order("b")];
+            let mut books = books_for(&[&orders[0], &orders[1]]);
+            let mut stored = vec![done("a", 700), done("b", 700)];
+            break_it(&mut orders, &mut books, &mut stored);
+            let report = check(&orders, &books, 10, &stored);
+            assert!(
+                report.violations.iter().any(|v| v.contains(expected)),
+                "{what}: expected a violation containing {expected:?}, got {:?}",
+                report.violations
+            );
+        }
+    }
+
+    #[test]
+    fn reruns_after_a_kill_or_a_fault_are_counted_not_violations() {
+        let (mut a, mut b) = (order("a"), order("b"));
+        a.at_kill = true;
+        b.under_fault = true;
+        let mut books = books_for(&[&a, &b]);
+        for id in ["a", "b"] {
+            *books.executions.get_mut(id).unwrap() += 1;
+            books.fences.get_mut(id).unwrap().push(3);
+        }
+        let report = check(&[a, b], &books, 10, &[Stored::Processing, done("b", 700)]);
+        assert!(report.violations.is_empty(), "{:?}", report.violations);
+        assert_eq!(
+            (
+                report.reexecuted,
+                report.reexecuted_at_kill,
+                report.reexecuted_under_fault,
+                report.left_processing
+            ),
+            (2, 1, 1, 1)
+        );
+    }
+}

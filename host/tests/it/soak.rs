@@ -1,0 +1,113 @@
+//! The chaos soak at CI size: `idem soak` on Redis and on PostgreSQL, two
+//! gateways over the shared store, faults switched on and off, gateways
+//! killed and restarted. It must pass its own check (every order applied at
+//! most once, every 2xx charged exactly once, every stored response matching
+//! the ledger) and must really have crashed gateways and injected faults.
+//! The checker itself is tested with broken books in `src/soak.rs`.
+//!
+//! About 25 s per store with the debug build on a busy 2-core machine.
+
+use crate::netstores::server_url;
+use std::collections::HashMap;
+use std::process::Command;
+
+/// Orders per store: enough for both kills to land mid-run and for
+/// takeovers to happen, small enough for CI.
+const ORDERS: &str = "2000";
+
+/// One soak at a time: each runs three processes and wants the cores.
+static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+fn soak(store_url: &str) {
+    let _turn = ONE_AT_A_TIME
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    let output = Command::new(env!("CARGO_BIN_EXE_idem"))
+        .args([
+            "soak",
+            "--store",
+            store_url,
+            "--orders",
+            ORDERS,
+            "--duration-limit",
+            "90s",
+        ])
+        .output()
+        .expect("run idem soak");
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    let report = || format!("stdout:\n{stdout}\nstderr:\n{stderr}");
+    assert!(
+        output.status.success(),
+        "idem soak failed ({}):\n{}",
+        output.status,
+        report()
+    );
+    let figures: HashMap<&str, u64> = stdout
+        .lines()
+        .find_map(|line| line.strip_prefix("soak: "))
+        .unwrap_or_else(|| panic!("no `soak:` figures line:\n{}", report()))
+        .split_whitespace()
+        .filter_map(|pair| {
+            let (name, value) = pair.split_once('=')?;
+            Some((name, value.parse().ok()?))
+        })
+        .collect();
+    let figure = |name: &str| {
+        *figures
+            .get(name)
+            .unwrap_or_else(|| panic!("no {name}= in the figures:\n{}", report()))
+    };
+    assert_eq!(figure("violations"), 0, "{}", report());
+    assert_eq!(
+        figure("orders"),
+        ORDERS.parse::<u64>().unwrap(),
+        "not every order was placed within the limit:\n{}",
+        report()
+    );
+    assert!(
+        figure("crashes") >= 1,
+        "no gateway was killed:\n{}",
+        report()
+    );
+    assert!(
+        figure("fault_toggles") >= 1 && figure("faults_injected") >= 1,
+        "no fault was injected:\n{}",
+        report()
+    );
+    assert!(
+        figure("duplicates_prevented") >= 1,
+        "no duplicate reached the gateways:\n{}",
+        report()
+    );
+    let summary = stdout
+        .lines()
+        .skip_while(|l| !l.starts_with("figures"))
+        .collect::<Vec<_>>()
+        .join("\n");
+    println!("{store_url}\n{summary}");
+}
+
+/// `url` with `param` added to its query string.
+fn with_param(url: &str, param: &str) -> String {
+    let joiner = if url.contains('?') { '&' } else { '?' };
+    format!("{url}{joiner}{param}")
+}
+
+#[test]
+fn soak_on_redis_has_no_violations() {
+    let Some(url) = server_url("IDEM_TEST_REDIS_URL") else {
+        return;
+    };
+    let prefix = format!("idem-soak-{}-{}:", std::process::id(), fastrand::u32(..));
+    soak(&with_param(&url, &format!("prefix={prefix}")));
+}
+
+#[test]
+fn soak_on_postgres_has_no_violations() {
+    let Some(url) = server_url("IDEM_TEST_POSTGRES_URL") else {
+        return;
+    };
+    // A table of its own; the soak's keys carry a per-run id besides.
+    soak(&with_param(&url, "table=idem_soak"));
+}
