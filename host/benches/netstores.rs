@@ -61,8 +61,30 @@ struct Row {
     p99_us: u64,
 }
 
+/// The ops of one or more timed slices: latencies in µs and the wall time they took.
+#[derive(Default)]
+struct Sample {
+    latencies_us: Vec<u64>,
+    secs: f64,
+}
+
+impl Sample {
+    fn row(mut self, name: &str, callers: usize) -> Row {
+        let all = &mut self.latencies_us;
+        all.sort_unstable();
+        let pct = |p: f64| all[((all.len() as f64 * p) as usize).min(all.len() - 1)];
+        Row {
+            name: name.to_owned(),
+            callers,
+            ops_per_s: all.len() as f64 / self.secs,
+            p50_us: pct(0.50),
+            p99_us: pct(0.99),
+        }
+    }
+}
+
 /// Runs `op` from `callers` tasks for `secs`, each call numbered uniquely.
-async fn measure(name: &str, callers: usize, secs: f64, op: &Op) -> Row {
+async fn slice(callers: usize, secs: f64, op: &Op, into: &mut Sample) {
     // One numbering for the whole run: every row claims keys no other row used.
     static NEXT: AtomicU64 = AtomicU64::new(0);
     let deadline = Instant::now() + Duration::from_secs_f64(secs);
@@ -81,20 +103,37 @@ async fn measure(name: &str, callers: usize, secs: f64, op: &Op) -> Row {
             latencies
         });
     }
-    let mut all = Vec::new();
     while let Some(l) = tasks.join_next().await {
-        all.extend(l.unwrap());
+        into.latencies_us.extend(l.unwrap());
     }
-    let elapsed = started.elapsed().as_secs_f64();
-    all.sort_unstable();
-    let pct = |p: f64| all[((all.len() as f64 * p) as usize).min(all.len() - 1)];
-    Row {
-        name: name.to_owned(),
-        callers,
-        ops_per_s: all.len() as f64 / elapsed,
-        p50_us: pct(0.50),
-        p99_us: pct(0.99),
+    into.secs += started.elapsed().as_secs_f64();
+}
+
+/// Slices per table row: idem and raw take turns, so that a change in the
+/// machine's load during the row weighs on both sides alike.
+const TURNS: usize = 6;
+
+/// `op` alone for `secs`.
+async fn measure(name: &str, callers: usize, secs: f64, op: &Op) -> Row {
+    let mut sample = Sample::default();
+    slice(callers, secs, op, &mut sample).await;
+    sample.row(name, callers)
+}
+
+/// idem and raw side by side: `TURNS` alternating slices each, `secs` in all per side.
+async fn measure_pair(name: &str, callers: usize, secs: f64, idem: &Op, raw: &Op) -> (Row, Row) {
+    let (mut i, mut r) = (Sample::default(), Sample::default());
+    let turn = secs / TURNS as f64;
+    for n in 0..TURNS {
+        if n % 2 == 0 {
+            slice(callers, turn, idem, &mut i).await;
+            slice(callers, turn, raw, &mut r).await;
+        } else {
+            slice(callers, turn, raw, &mut r).await;
+            slice(callers, turn, idem, &mut i).await;
+        }
     }
+    (i.row(name, callers), r.row(name, callers))
 }
 
 struct Pair {
@@ -247,6 +286,7 @@ async fn postgres_pairs(url: &str, run: &str) -> (Vec<Pair>, Arc<dyn Store>) {
     );
     let pool = deadpool_postgres::Pool::builder(manager)
         .max_size(32)
+        .queue_mode(deadpool_postgres::QueueMode::Lifo)
         .build()
         .unwrap();
     const INSERT: &str = "INSERT INTO idem_bench_raw (key, version, fingerprint, state, lease_until_ms, expires_at_ms, status, header_names, header_values, body) VALUES ($1, 1, $2, $3, $4, $5, $6, $7, $8, $9)";
@@ -460,8 +500,13 @@ fn main() {
         group.finish();
         for pair in &pairs {
             for callers in [1, 32] {
-                let idem_row = rt.block_on(measure(pair.label, callers, secs, &pair.store));
-                let raw_row = rt.block_on(measure(pair.label, callers, secs, &pair.raw));
+                let (idem_row, raw_row) = rt.block_on(measure_pair(
+                    pair.label,
+                    callers,
+                    secs,
+                    &pair.store,
+                    &pair.raw,
+                ));
                 table.push((store_name.clone(), pair.label.to_owned(), idem_row, raw_row));
             }
         }
