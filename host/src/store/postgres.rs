@@ -84,7 +84,7 @@ impl Sql {
             replace: format!(
                 "UPDATE {t} SET version = version + 1, fingerprint = $4, state = $5, lease_until_ms = $6, \
                  expires_at_ms = $7, status = $8, header_names = $9, header_values = $10, body = $11 \
-                 WHERE key = $1 AND version = $2 AND expires_at_ms > $3 RETURNING version"
+                 WHERE key = $1 AND version = $2 AND expires_at_ms > $3"
             ),
             delete: format!(
                 "DELETE FROM {t} WHERE key = $1 AND ($2::BIGINT IS NULL OR version = $2)"
@@ -166,9 +166,8 @@ BEGIN
       RETURNING r.version INTO o_version;
     END IF;
     IF FOUND THEN
+      -- Only the version is read when inserted (the other columns may hold the expired row).
       o_inserted := true;
-      o_fingerprint := NULL; o_state := NULL; o_lease := NULL; o_exp := NULL; o_status := NULL;
-      o_names := NULL; o_values := NULL; o_body := NULL;
       RETURN;
     END IF;
   END LOOP;
@@ -327,6 +326,36 @@ impl PostgresStore {
                 .map_err(|e| unavailable(describe(&e)))?;
             client
                 .query(&statement, params)
+                .await
+                .map_err(|e| unavailable(describe(&e)))
+        };
+        match tokio::time::timeout(self.timeout, run).await {
+            Ok(result) => result,
+            Err(_) => Err(unavailable(format!(
+                "no answer within {} ms",
+                self.timeout.as_millis()
+            ))),
+        }
+    }
+
+    /// Runs one prepared statement that returns no rows; how many it changed.
+    async fn execute(
+        &self,
+        sql: &str,
+        params: &[&(dyn ToSql + Sync)],
+    ) -> Result<u64, StoreError> {
+        let run = async {
+            let client = self
+                .pool
+                .get()
+                .await
+                .map_err(|e| unavailable(e.to_string()))?;
+            let statement = client
+                .prepare_cached(sql)
+                .await
+                .map_err(|e| unavailable(describe(&e)))?;
+            client
+                .execute(&statement, params)
                 .await
                 .map_err(|e| unavailable(describe(&e)))
         };
@@ -530,8 +559,8 @@ impl Store for PostgresStore {
         now_ms: u64,
     ) -> Result<Option<u64>, StoreError> {
         let (status, names, values, body) = response_columns(&record);
-        let rows = self
-            .query(
+        let replaced = self
+            .execute(
                 &self.sql.replace,
                 &[
                     &key,
@@ -548,38 +577,15 @@ impl Store for PostgresStore {
                 ],
             )
             .await?;
-        rows.first()
-            .map(|row| {
-                row.try_get::<_, i64>(0)
-                    .map(i64::cast_unsigned)
-                    .map_err(|e| unavailable(e.to_string()))
-            })
-            .transpose()
+        // The row's version is `version + 1` = expected + 1 when one was updated.
+        Ok((replaced > 0).then(|| expected_version.saturating_add(1)))
     }
 
     async fn delete(&self, key: &str, expected_version: Option<u64>) -> Result<bool, StoreError> {
-        let run = async {
-            let client = self
-                .pool
-                .get()
-                .await
-                .map_err(|e| unavailable(e.to_string()))?;
-            let statement = client
-                .prepare_cached(&self.sql.delete)
-                .await
-                .map_err(|e| unavailable(describe(&e)))?;
-            client
-                .execute(&statement, &[&key, &expected_version.map(big)])
-                .await
-                .map_err(|e| unavailable(describe(&e)))
-        };
-        match tokio::time::timeout(self.timeout, run).await {
-            Ok(removed) => Ok(removed? > 0),
-            Err(_) => Err(unavailable(format!(
-                "no answer within {} ms",
-                self.timeout.as_millis()
-            ))),
-        }
+        let removed = self
+            .execute(&self.sql.delete, &[&key, &expected_version.map(big)])
+            .await?;
+        Ok(removed > 0)
     }
 
     async fn list(
@@ -610,28 +616,10 @@ impl Store for PostgresStore {
     }
 
     async fn purge_expired(&self, now_ms: u64, limit: usize) -> Result<usize, StoreError> {
-        let run = async {
-            let client = self
-                .pool
-                .get()
-                .await
-                .map_err(|e| unavailable(e.to_string()))?;
-            let statement = client
-                .prepare_cached(&self.sql.purge)
-                .await
-                .map_err(|e| unavailable(describe(&e)))?;
-            client
-                .execute(&statement, &[&big(now_ms), &big(limit as u64)])
-                .await
-                .map_err(|e| unavailable(describe(&e)))
-        };
-        match tokio::time::timeout(self.timeout, run).await {
-            Ok(purged) => Ok(purged? as usize),
-            Err(_) => Err(unavailable(format!(
-                "no answer within {} ms",
-                self.timeout.as_millis()
-            ))),
-        }
+        let purged = self
+            .execute(&self.sql.purge, &[&big(now_ms), &big(limit as u64)])
+            .await?;
+        Ok(usize::try_from(purged).unwrap_or(usize::MAX))
     }
 }
 
