@@ -4,14 +4,15 @@
 //! Per store: a guarded operation's store work (claim = `insert` of a new
 //! key, then complete = `replace`) and a replay (`insert` finding the live
 //! record), each beside the raw server doing the same minimal work:
-//! Redis `SET NX` + `SET` and `HMGET`; PostgreSQL `INSERT` + `UPDATE` and
+//! Redis `SET NX` + `SET` and `GET`; PostgreSQL `INSERT` + `UPDATE` and
 //! `SELECT` on a plain table of the same columns. Also `Guard::run` (through
 //! the component) for scale. 1 caller and 32 concurrent callers: ops/s,
 //! p50, p99, printed as a table; criterion measures the single-caller figures.
 //!
 //! `IDEM_BENCH_REDIS_URL` / `IDEM_BENCH_POSTGRES_URL` (falling back to the
 //! `IDEM_TEST_*` variables) name the servers; a store without one is skipped.
-//! `IDEM_BENCH_SECS` sets the seconds per table row (default 3).
+//! `IDEM_BENCH_SECS` sets the seconds per table row (default 3);
+//! `IDEM_BENCH_ROWS=TEXT` runs only the rows whose label contains TEXT.
 
 // Pedantic lints guard library code; in tests and benches they are noise.
 #![allow(clippy::pedantic, clippy::type_complexity)]
@@ -61,8 +62,30 @@ struct Row {
     p99_us: u64,
 }
 
+/// The ops of one or more timed slices: latencies in µs and the wall time they took.
+#[derive(Default)]
+struct Sample {
+    latencies_us: Vec<u64>,
+    secs: f64,
+}
+
+impl Sample {
+    fn row(mut self, name: &str, callers: usize) -> Row {
+        let all = &mut self.latencies_us;
+        all.sort_unstable();
+        let pct = |p: f64| all[((all.len() as f64 * p) as usize).min(all.len() - 1)];
+        Row {
+            name: name.to_owned(),
+            callers,
+            ops_per_s: all.len() as f64 / self.secs,
+            p50_us: pct(0.50),
+            p99_us: pct(0.99),
+        }
+    }
+}
+
 /// Runs `op` from `callers` tasks for `secs`, each call numbered uniquely.
-async fn measure(name: &str, callers: usize, secs: f64, op: &Op) -> Row {
+async fn slice(callers: usize, secs: f64, op: &Op, into: &mut Sample) {
     // One numbering for the whole run: every row claims keys no other row used.
     static NEXT: AtomicU64 = AtomicU64::new(0);
     let deadline = Instant::now() + Duration::from_secs_f64(secs);
@@ -81,20 +104,37 @@ async fn measure(name: &str, callers: usize, secs: f64, op: &Op) -> Row {
             latencies
         });
     }
-    let mut all = Vec::new();
     while let Some(l) = tasks.join_next().await {
-        all.extend(l.unwrap());
+        into.latencies_us.extend(l.unwrap());
     }
-    let elapsed = started.elapsed().as_secs_f64();
-    all.sort_unstable();
-    let pct = |p: f64| all[((all.len() as f64 * p) as usize).min(all.len() - 1)];
-    Row {
-        name: name.to_owned(),
-        callers,
-        ops_per_s: all.len() as f64 / elapsed,
-        p50_us: pct(0.50),
-        p99_us: pct(0.99),
+    into.secs += started.elapsed().as_secs_f64();
+}
+
+/// Slices per table row: idem and raw take turns, so that a change in the
+/// machine's load during the row weighs on both sides alike.
+const TURNS: usize = 6;
+
+/// `op` alone for `secs`.
+async fn measure(name: &str, callers: usize, secs: f64, op: &Op) -> Row {
+    let mut sample = Sample::default();
+    slice(callers, secs, op, &mut sample).await;
+    sample.row(name, callers)
+}
+
+/// idem and raw side by side: `TURNS` alternating slices each, `secs` in all per side.
+async fn measure_pair(name: &str, callers: usize, secs: f64, idem: &Op, raw: &Op) -> (Row, Row) {
+    let (mut i, mut r) = (Sample::default(), Sample::default());
+    let turn = secs / TURNS as f64;
+    for n in 0..TURNS {
+        if n % 2 == 0 {
+            slice(callers, turn, idem, &mut i).await;
+            slice(callers, turn, raw, &mut r).await;
+        } else {
+            slice(callers, turn, raw, &mut r).await;
+            slice(callers, turn, idem, &mut i).await;
+        }
     }
+    (i.row(name, callers), r.row(name, callers))
 }
 
 struct Pair {
@@ -110,26 +150,37 @@ fn url(name: &str) -> Option<String> {
         .filter(|u| !u.is_empty())
 }
 
+/// The store's default (`connections=4`).
+const REDIS_CONNECTIONS: usize = 4;
+
 async fn redis_pairs(url: &str, run: &str) -> (Vec<Pair>, Arc<dyn Store>) {
-    let store = RedisStore::open(&format!("{url}?prefix=idem-bench:{run}:"))
-        .await
-        .unwrap();
-    let conn = redis::Client::open(url)
-        .unwrap()
-        .get_connection_manager()
-        .await
-        .unwrap();
+    // The raw side gets as many multiplexed connections as the store, used in turn the same way.
+    let store = RedisStore::open(&format!(
+        "{url}?prefix=idem-bench:{run}:&connections={REDIS_CONNECTIONS}"
+    ))
+    .await
+    .unwrap();
+    let client = redis::Client::open(url).unwrap();
+    let mut conns = Vec::new();
+    for _ in 0..REDIS_CONNECTIONS {
+        conns.push(client.get_connection_manager().await.unwrap());
+    }
+    let conn = conns[0].clone();
+    let conns = Arc::new(conns);
+    let pick = {
+        let conns = conns.clone();
+        let next = Arc::new(AtomicU64::new(0));
+        move || conns[(next.fetch_add(1, Ordering::Relaxed) as usize) % conns.len()].clone()
+    };
     let done = record(State::Done);
     let replay_key = "replayed".to_owned();
     store.insert(&replay_key, done.clone(), NOW).await.unwrap();
+    // About the size of idem's encoded records (53 bytes claimed, 131 done).
     let raw_value = vec![b'x'; 120];
     let mut setup = conn.clone();
-    let _: () = redis::cmd("HSET")
+    let _: () = redis::cmd("SET")
         .arg(format!("idem-bench-raw:{run}:replayed"))
-        .arg(&[
-            "ver", "1", "exp", "1", "fp", "fp", "state", "done", "lease", "1", "status", "200",
-            "headers", "h", "body", "b",
-        ])
+        .arg(&raw_value)
         .query_async(&mut setup)
         .await
         .unwrap();
@@ -151,13 +202,9 @@ async fn redis_pairs(url: &str, run: &str) -> (Vec<Pair>, Arc<dyn Store>) {
                 .unwrap();
         }
     });
-    let (c, run_id, value) = (conn.clone(), run.to_owned(), raw_value.clone());
+    let (c, run_id, value) = (pick.clone(), run.to_owned(), raw_value.clone());
     let raw_guarded = op(move |i| {
-        let (mut c, key, value) = (
-            c.clone(),
-            format!("idem-bench-raw:{run_id}:g{i}"),
-            value.clone(),
-        );
+        let (mut c, key, value) = (c(), format!("idem-bench-raw:{run_id}:g{i}"), value.clone());
         async move {
             let _: Option<String> = redis::cmd("SET")
                 .arg(&key)
@@ -189,15 +236,12 @@ async fn redis_pairs(url: &str, run: &str) -> (Vec<Pair>, Arc<dyn Store>) {
             assert!(matches!(outcome, idem::store::InsertOutcome::Existing(_)));
         }
     });
-    let (c, key) = (conn.clone(), format!("idem-bench-raw:{run}:replayed"));
+    let (c, key) = (pick.clone(), format!("idem-bench-raw:{run}:replayed"));
     let raw_replay = op(move |_| {
-        let (mut c, key) = (c.clone(), key.clone());
+        let (mut c, key) = (c(), key.clone());
         async move {
-            let _: Vec<Option<Vec<u8>>> = redis::cmd("HMGET")
+            let _: Vec<u8> = redis::cmd("GET")
                 .arg(&key)
-                .arg(&[
-                    "ver", "exp", "fp", "state", "lease", "status", "headers", "body",
-                ])
                 .query_async(&mut c)
                 .await
                 .unwrap();
@@ -210,7 +254,7 @@ async fn redis_pairs(url: &str, run: &str) -> (Vec<Pair>, Arc<dyn Store>) {
             raw: raw_guarded,
         },
         Pair {
-            label: "replay vs HMGET",
+            label: "replay vs GET",
             store: replay,
             raw: raw_replay,
         },
@@ -247,6 +291,7 @@ async fn postgres_pairs(url: &str, run: &str) -> (Vec<Pair>, Arc<dyn Store>) {
     );
     let pool = deadpool_postgres::Pool::builder(manager)
         .max_size(32)
+        .queue_mode(deadpool_postgres::QueueMode::Lifo)
         .build()
         .unwrap();
     const INSERT: &str = "INSERT INTO idem_bench_raw (key, version, fingerprint, state, lease_until_ms, expires_at_ms, status, header_names, header_values, body) VALUES ($1, 1, $2, $3, $4, $5, $6, $7, $8, $9)";
@@ -386,6 +431,44 @@ async fn postgres_pairs(url: &str, run: &str) -> (Vec<Pair>, Arc<dyn Store>) {
     (pairs, Arc::new(store))
 }
 
+/// Unlinks this run's keys (a run writes millions), so that the shared
+/// server's tests do not scan them until they expire.
+async fn redis_cleanup(url: &str, run: &str) {
+    let mut conn = redis::Client::open(url)
+        .unwrap()
+        .get_multiplexed_async_connection()
+        .await
+        .unwrap();
+    let mut cursor: u64 = 0;
+    loop {
+        let (next, keys): (u64, Vec<Vec<u8>>) = redis::cmd("SCAN")
+            .arg(cursor)
+            .arg("MATCH")
+            .arg(format!("idem-bench*:{run}:*"))
+            .arg("COUNT")
+            .arg(10_000)
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+        if !keys.is_empty() {
+            let _: i64 = redis::cmd("UNLINK")
+                .arg(keys)
+                .query_async(&mut conn)
+                .await
+                .unwrap();
+        }
+        cursor = next;
+        if cursor == 0 {
+            return;
+        }
+    }
+}
+
+/// `IDEM_BENCH_ROWS=TEXT` runs only the table rows whose label contains TEXT.
+fn row_selected(label: &str) -> bool {
+    std::env::var("IDEM_BENCH_ROWS").map_or(true, |only| label.contains(&only))
+}
+
 fn guard_ops(store: Arc<dyn Store>, run: &str) -> (Op, Op) {
     let guard = Guard::builder(store).build().unwrap();
     let respond = || async {
@@ -458,10 +541,15 @@ fn main() {
             }
         }
         group.finish();
-        for pair in &pairs {
+        for pair in pairs.iter().filter(|p| row_selected(p.label)) {
             for callers in [1, 32] {
-                let idem_row = rt.block_on(measure(pair.label, callers, secs, &pair.store));
-                let raw_row = rt.block_on(measure(pair.label, callers, secs, &pair.raw));
+                let (idem_row, raw_row) = rt.block_on(measure_pair(
+                    pair.label,
+                    callers,
+                    secs,
+                    &pair.store,
+                    &pair.raw,
+                ));
                 table.push((store_name.clone(), pair.label.to_owned(), idem_row, raw_row));
             }
         }
@@ -470,12 +558,18 @@ fn main() {
             ("Guard::run executed", &executed),
             ("Guard::run replayed", &replayed),
         ] {
+            if !row_selected(label) {
+                continue;
+            }
             for callers in [1, 32] {
                 guard_rows.push((
                     store_name.clone(),
                     rt.block_on(measure(label, callers, secs, f)),
                 ));
             }
+        }
+        if name == "REDIS" {
+            rt.block_on(redis_cleanup(&url, &run));
         }
     }
     println!(

@@ -24,16 +24,24 @@
 
 use async_trait::async_trait;
 use criterion::Criterion;
-use idem::store::{SqliteOptions, SqliteStore, Store, Synchronous};
-use idem::{Decision, Guard, Response};
+use idem::store::{InsertOutcome, SqliteOptions, SqliteStore, Store, Synchronous};
+use idem::{Decision, Guard, Record, Response, State};
 use rusqlite::{Connection, params};
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 use tokio::sync::{mpsc, oneshot};
 
-/// The concurrency levels of the table.
-const CALLERS: [usize; 2] = [1, 32];
+/// The concurrency levels of the table: 1 and 32, or `IDEM_BENCH_CALLERS=1,8,…`.
+fn callers() -> Vec<usize> {
+    std::env::var("IDEM_BENCH_CALLERS").map_or(vec![1, 32], |list| {
+        list.split(',')
+            .map(|n| n.trim().parse().expect("IDEM_BENCH_CALLERS: numbers"))
+            .collect()
+    })
+}
 
 fn response() -> Response {
     Response {
@@ -43,10 +51,13 @@ fn response() -> Response {
     }
 }
 
-/// The minimal store work of one guarded op, done directly.
+/// The minimal store work of one op, done directly through the driver.
 #[async_trait]
 pub trait RawBaseline: Send + Sync + 'static {
-    async fn op(&self, key: &str);
+    /// Rows it needs before the run.
+    async fn prepare(&self) {}
+    /// One op; `i` is unique to the call.
+    async fn op(&self, i: usize);
 }
 
 /// One row of the printed table.
@@ -60,9 +71,22 @@ struct Row {
     baseline: bool,
 }
 
-fn next_key(prefix: &str) -> String {
+/// Milliseconds since the epoch, as the guard's clock gives them.
+fn now_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as i64
+}
+
+/// A number no other call of the run gets.
+fn fresh() -> usize {
     static N: AtomicU64 = AtomicU64::new(0);
-    format!("{prefix}-{}", N.fetch_add(1, Ordering::Relaxed))
+    N.fetch_add(1, Ordering::Relaxed) as usize
+}
+
+fn next_key(prefix: &str) -> String {
+    format!("{prefix}-{}", fresh())
 }
 
 async fn guarded(guard: &Guard, key: &str) {
@@ -77,48 +101,82 @@ async fn replay(guard: &Guard, key: &str) {
     assert!(matches!(d, Decision::Replay(_)), "{d:?}");
 }
 
-/// Runs `op` from `callers` tasks for `time`; ops/s and latency percentiles.
-async fn measure<F, Fut>(callers: usize, time: Duration, op: F) -> (f64, Duration, Duration)
+/// One unit of work for the table, given a number unique to the call.
+type Op = Arc<dyn Fn(usize) -> Pin<Box<dyn Future<Output = ()> + Send>> + Send + Sync>;
+
+fn op<F, Fut>(f: F) -> Op
 where
     F: Fn(usize) -> Fut + Send + Sync + 'static,
-    Fut: std::future::Future<Output = ()> + Send,
+    Fut: Future<Output = ()> + Send + 'static,
 {
-    let op = Arc::new(op);
+    Arc::new(move |i| Box::pin(f(i)))
+}
+
+/// The latencies of one work's slices and the wall time they took.
+#[derive(Default)]
+struct Sample {
+    latencies: Vec<Duration>,
+    secs: f64,
+}
+
+/// Runs `op` from `callers` tasks for `time`, adding to `sample`.
+async fn slice(callers: usize, time: Duration, op: &Op, sample: &mut Sample) {
     let started = Instant::now();
     let deadline = started + time;
     let mut tasks = tokio::task::JoinSet::new();
-    for caller in 0..callers {
+    for _ in 0..callers {
         let op = op.clone();
         tasks.spawn(async move {
             let mut latencies = Vec::new();
-            let mut i = caller;
             while Instant::now() < deadline {
+                let i = fresh();
                 let t = Instant::now();
                 op(i).await;
                 latencies.push(t.elapsed());
-                i += callers;
             }
             latencies
         });
     }
-    let mut all: Vec<Duration> = Vec::new();
     while let Some(l) = tasks.join_next().await {
-        all.extend(l.unwrap());
+        sample.latencies.extend(l.unwrap());
     }
-    let elapsed = started.elapsed();
-    all.sort_unstable();
-    let pct = |p: usize| {
-        all.get((all.len() * p / 100).min(all.len().saturating_sub(1)))
-            .copied()
-            .unwrap_or_default()
-    };
-    let ops = u32::try_from(all.len()).expect("fewer than 4 billion ops");
-    (f64::from(ops) / elapsed.as_secs_f64(), pct(50), pct(99))
+    sample.secs += started.elapsed().as_secs_f64();
+}
+
+/// Slices per work and concurrency level: the works take turns, so that a
+/// change in the machine's load during the run weighs on all of them alike.
+const TURNS: usize = 6;
+
+/// Every work in `works` for `time` in all, in `TURNS` turns; ops/s, p50, p99 each.
+async fn measure(callers: usize, time: Duration, works: &[&Op]) -> Vec<(f64, Duration, Duration)> {
+    let mut samples: Vec<Sample> = works.iter().map(|_| Sample::default()).collect();
+    let turn = time / TURNS as u32;
+    for t in 0..TURNS {
+        // Each turn starts with a different work.
+        for k in 0..works.len() {
+            let w = (k + t) % works.len();
+            slice(callers, turn, works[w], &mut samples[w]).await;
+        }
+    }
+    samples
+        .into_iter()
+        .map(|mut s| {
+            let all = &mut s.latencies;
+            all.sort_unstable();
+            let pct = |p: usize| {
+                all.get((all.len() * p / 100).min(all.len().saturating_sub(1)))
+                    .copied()
+                    .unwrap_or_default()
+            };
+            (all.len() as f64 / s.secs, pct(50), pct(99))
+        })
+        .collect()
 }
 
 /// Benches one store: criterion for one caller, and the table's rows for
-/// every level of `CALLERS`, with each raw baseline measured the same way.
-/// The first baseline is the one "vs raw" compares with.
+/// every level of `callers()`. Each work is given the number of its call.
+/// `raws` are baselines: the first is what "vs raw" compares `guarded` and
+/// `store` with; one named `raw-read` is what `replay` compares with.
 fn bench_store(
     c: &mut Criterion,
     rt: &tokio::runtime::Runtime,
@@ -128,17 +186,20 @@ fn bench_store(
     table_time: Duration,
     table: &mut Vec<Row>,
 ) {
-    let guard = rt.block_on(async { Guard::builder(store).build().unwrap() });
+    let guard = rt.block_on(async { Guard::builder(store.clone()).build().unwrap() });
     // Completed keys to replay.
     let replay_keys: Arc<Vec<String>> = Arc::new(rt.block_on(async {
         let mut keys = Vec::new();
-        for _ in 0..1_000 {
-            let key = next_key(&format!("{name}-replay"));
+        for i in 0..REPLAY_KEYS {
+            let key = replay_key(name, i);
             guarded(&guard, &key).await;
             keys.push(key);
         }
         keys
     }));
+    for (_, raw) in raws {
+        rt.block_on(raw.prepare());
+    }
 
     let mut group = c.benchmark_group(name);
     group.bench_function("guarded", |b| {
@@ -154,53 +215,48 @@ fn bench_store(
         });
     });
     for (work, raw) in raws {
-        group.bench_function(*work, |b| {
-            b.to_async(rt)
-                .iter(|| async { raw.op(&next_key("r")).await });
-        });
+        group.bench_function(*work, |b| b.to_async(rt).iter(|| raw.op(fresh())));
     }
     group.finish();
 
     if !selected(name) {
         return;
     }
-    for callers in CALLERS {
-        let g = guard.clone();
-        let (ops_per_s, p50, p99) = rt.block_on(measure(callers, table_time, move |_| {
-            let g = g.clone();
-            async move { guarded(&g, &next_key("tg")).await }
-        }));
-        table.push(Row {
-            store: name.into(),
-            work: "guarded",
-            callers,
-            ops_per_s,
-            p50,
-            p99,
-            baseline: false,
-        });
-
-        let (g, keys) = (guard.clone(), replay_keys.clone());
-        let (ops_per_s, p50, p99) = rt.block_on(measure(callers, table_time, move |i| {
-            let (g, keys) = (g.clone(), keys.clone());
-            async move { replay(&g, &keys[i % keys.len()]).await }
-        }));
-        table.push(Row {
-            store: name.into(),
-            work: "replay",
-            callers,
-            ops_per_s,
-            p50,
-            p99,
-            baseline: false,
-        });
-
-        for (work, raw) in raws {
-            let r = raw.clone();
-            let (ops_per_s, p50, p99) = rt.block_on(measure(callers, table_time, move |_| {
+    let g = guard.clone();
+    let guarded_op = op(move |i| {
+        let g = g.clone();
+        async move { guarded(&g, &format!("tg-{i}")).await }
+    });
+    let (g, keys) = (guard.clone(), replay_keys.clone());
+    let replay_op = op(move |i| {
+        let (g, keys) = (g.clone(), keys.clone());
+        async move { replay(&g, &keys[i % keys.len()]).await }
+    });
+    let s = store.clone();
+    let store_op = op(move |i| {
+        let s = s.clone();
+        async move { claim_complete(&*s, &format!("ts-{i}")).await }
+    });
+    let mut works: Vec<(&'static str, Op, bool)> = vec![
+        ("guarded", guarded_op, false),
+        ("replay", replay_op, false),
+        ("store", store_op, false),
+    ];
+    for (work, raw) in raws {
+        let r = raw.clone();
+        works.push((
+            work,
+            op(move |i| {
                 let r = r.clone();
-                async move { r.op(&next_key("tr")).await }
-            }));
+                async move { r.op(i).await }
+            }),
+            true,
+        ));
+    }
+    for callers in callers() {
+        let ops: Vec<&Op> = works.iter().map(|(_, op, _)| op).collect();
+        let results = rt.block_on(measure(callers, table_time, &ops));
+        for ((work, _, baseline), (ops_per_s, p50, p99)) in works.iter().zip(results) {
             table.push(Row {
                 store: name.into(),
                 work,
@@ -208,10 +264,45 @@ fn bench_store(
                 ops_per_s,
                 p50,
                 p99,
-                baseline: true,
+                baseline: *baseline,
             });
         }
     }
+}
+
+/// How many completed keys the replays cycle through.
+const REPLAY_KEYS: usize = 1_000;
+
+fn replay_key(store: &str, i: usize) -> String {
+    format!("{store}-replay-{}", i % REPLAY_KEYS)
+}
+
+/// A guarded op's store work straight on the store, without the guard or
+/// the component: insert a claim, replace it with the response.
+async fn claim_complete(store: &dyn Store, key: &str) {
+    let now = 1_792_382_400_000;
+    let claim = Record {
+        fingerprint: "fp".into(),
+        state: State::Processing,
+        lease_until_ms: now + 30_000,
+        expires_at_ms: now + 86_400_000,
+        response: None,
+    };
+    let InsertOutcome::Inserted(version) = store.insert(key, claim, now).await.unwrap() else {
+        panic!("{key} is new")
+    };
+    let done = Record {
+        fingerprint: "fp".into(),
+        state: State::Done,
+        lease_until_ms: 0,
+        expires_at_ms: now + 86_400_000,
+        response: Some(response()),
+    };
+    store
+        .replace(key, version, done, now)
+        .await
+        .unwrap()
+        .unwrap();
 }
 
 /// The first free argument, as criterion takes it: a substring of the names to run.
@@ -224,12 +315,20 @@ fn selected(name: &str) -> bool {
 }
 
 /// SQLite's raw baseline: a connection on its own thread, like the store's
-/// writer; each op is a bare INSERT of a new row and an UPDATE of it. With
-/// `group_commit`, what is queued is drained into one transaction, like the
-/// store does; without, each statement commits on its own.
+/// writer, and the same two round trips to it as a guarded op: a bare INSERT
+/// of the new row, committed before the caller goes on (the claim must be
+/// durable before the handler runs), then an UPDATE that stores the response.
+/// With `group_commit`, what is queued is drained into one transaction, like
+/// the store does; without, each statement commits on its own.
 struct SqliteRaw {
-    queue: mpsc::Sender<(String, oneshot::Sender<()>)>,
+    queue: mpsc::Sender<(Step, String, oneshot::Sender<()>)>,
     _dir: tempfile::TempDir,
+}
+
+#[derive(Clone, Copy)]
+enum Step {
+    Insert,
+    Update,
 }
 
 impl SqliteRaw {
@@ -250,7 +349,7 @@ impl SqliteRaw {
              CREATE INDEX records_expires_at ON records (expires_at_ms);"
         ))
         .unwrap();
-        let (queue, mut rx) = mpsc::channel::<(String, oneshot::Sender<()>)>(4096);
+        let (queue, mut rx) = mpsc::channel::<(Step, String, oneshot::Sender<()>)>(4096);
         std::thread::spawn(move || {
             let headers = vec![0u8; 40];
             let body = vec![b'x'; 256];
@@ -264,41 +363,118 @@ impl SqliteRaw {
                     }
                 }
                 if group_commit {
-                    conn.execute_batch("BEGIN IMMEDIATE").unwrap();
+                    conn.prepare_cached("BEGIN IMMEDIATE")
+                        .unwrap()
+                        .execute([])
+                        .unwrap();
                 }
-                for (key, _) in &batch {
-                    conn.prepare_cached(
-                        "INSERT INTO records (key, version, fingerprint, state, lease_until_ms, expires_at_ms)
-                         VALUES (?1, 1, 'fp', 'processing', 1, 2)",
-                    )
-                    .unwrap()
-                    .execute(params![key])
-                    .unwrap();
-                    conn.prepare_cached(
-                        "UPDATE records SET version = 2, state = 'done', status = 200, headers = ?2, body = ?3 WHERE key = ?1",
-                    )
-                    .unwrap()
-                    .execute(params![key, headers, body])
-                    .unwrap();
+                for (step, key, _) in &batch {
+                    // The columns a guarded op writes: the claim's, then the
+                    // response and a new expiry (the index on it changes too).
+                    let now = now_ms();
+                    match step {
+                        Step::Insert => conn.prepare_cached(
+                            "INSERT INTO records (key, version, fingerprint, state, lease_until_ms, expires_at_ms)
+                             VALUES (?1, 1, ?2, 'processing', ?3, ?4)",
+                        )
+                        .unwrap()
+                        .execute(params![key, "fp", now + 30_000, now + 86_400_000])
+                        .unwrap(),
+                        Step::Update => conn.prepare_cached(
+                            "UPDATE records SET version = 2, state = 'done', lease_until_ms = 0, expires_at_ms = ?2,
+                             status = 200, headers = ?3, body = ?4 WHERE key = ?1",
+                        )
+                        .unwrap()
+                        .execute(params![key, now + 86_400_001, headers, body])
+                        .unwrap(),
+                    };
                 }
                 if group_commit {
-                    conn.execute_batch("COMMIT").unwrap();
+                    conn.prepare_cached("COMMIT").unwrap().execute([]).unwrap();
                 }
-                for (_, reply) in batch.drain(..) {
+                for (_, _, reply) in batch.drain(..) {
                     let _ = reply.send(());
                 }
             }
         });
         SqliteRaw { queue, _dir: dir }
     }
+
+    async fn step(&self, step: Step, key: &str) {
+        let (reply, done) = oneshot::channel();
+        self.queue
+            .send((step, key.to_owned(), reply))
+            .await
+            .unwrap();
+        done.await.unwrap();
+    }
 }
 
 #[async_trait]
 impl RawBaseline for SqliteRaw {
-    async fn op(&self, key: &str) {
-        let (reply, done) = oneshot::channel();
-        self.queue.send((key.to_owned(), reply)).await.unwrap();
-        done.await.unwrap();
+    async fn op(&self, i: usize) {
+        let key = format!("r-{i}");
+        self.step(Step::Insert, &key).await;
+        self.step(Step::Update, &key).await;
+    }
+}
+
+/// SQLite's raw read: a SELECT of a completed row by key on a pooled read
+/// connection, off the runtime (`spawn_blocking`), as `SqliteStore::get`
+/// reads. What a replay would cost if it were only a read.
+struct SqliteRead {
+    name: &'static str,
+    path: std::path::PathBuf,
+    readers: Arc<std::sync::Mutex<Vec<Connection>>>,
+}
+
+impl SqliteRead {
+    /// Reads `raw`'s file, for the bench `name`.
+    fn new(name: &'static str, raw: &SqliteRaw) -> Self {
+        SqliteRead {
+            name,
+            path: raw._dir.path().join("raw.db"),
+            readers: Arc::default(),
+        }
+    }
+}
+
+#[async_trait]
+impl RawBaseline for SqliteRead {
+    async fn prepare(&self) {
+        let conn = Connection::open(&self.path).unwrap();
+        conn.execute_batch("BEGIN").unwrap();
+        for i in 0..REPLAY_KEYS {
+            conn.execute(
+                "INSERT INTO records VALUES (?1, 2, 'fp', 'done', 0, 9223372036854775807, 200, ?2, ?3)",
+                params![replay_key(self.name, i), vec![0u8; 40], vec![b'x'; 256]],
+            )
+            .unwrap();
+        }
+        conn.execute_batch("COMMIT").unwrap();
+    }
+
+    async fn op(&self, i: usize) {
+        let (path, readers) = (self.path.clone(), self.readers.clone());
+        let key = replay_key(self.name, i);
+        tokio::task::spawn_blocking(move || {
+            let pooled = readers.lock().unwrap().pop();
+            let conn = pooled.unwrap_or_else(|| Connection::open(&path).unwrap());
+            let row: (i64, String, String, i64, i64, Option<i64>, Option<Vec<u8>>, Option<Vec<u8>>) = conn
+                .prepare_cached(
+                    "SELECT version, fingerprint, state, lease_until_ms, expires_at_ms, status, headers, body
+                     FROM records WHERE key = ?1 AND expires_at_ms > ?2",
+                )
+                .unwrap()
+                .query_row(params![key, 1_792_382_400_000i64], |r| {
+                    Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?, r.get(4)?, r.get(5)?, r.get(6)?, r.get(7)?))
+                })
+                .unwrap();
+            assert_eq!(row.0, 2);
+            readers.lock().unwrap().push(conn);
+        })
+        .await
+        .unwrap();
     }
 }
 
@@ -319,7 +495,12 @@ fn main() {
     // `cargo bench` passes --bench; `cargo test --benches` does not: run each part briefly then.
     let benching = std::env::args().any(|a| a == "--bench");
     let table_time = if benching {
-        Duration::from_secs(3)
+        Duration::from_secs_f64(
+            std::env::var("IDEM_BENCH_SECS")
+                .ok()
+                .and_then(|s| s.parse().ok())
+                .unwrap_or(3.0),
+        )
     } else {
         Duration::from_millis(100)
     };
@@ -339,8 +520,11 @@ fn main() {
         ("sqlite-full", Synchronous::Full),
     ] {
         let (store, _dir) = open_sqlite(sync);
-        let raws: [(&'static str, Arc<dyn RawBaseline>); 2] = [
-            ("raw", Arc::new(SqliteRaw::open(sync, true))),
+        let raw = SqliteRaw::open(sync, true);
+        let read = SqliteRead::new(name, &raw);
+        let raws: [(&'static str, Arc<dyn RawBaseline>); 3] = [
+            ("raw", Arc::new(raw)),
+            ("raw-read", Arc::new(read)),
             ("raw-auto", Arc::new(SqliteRaw::open(sync, false))),
         ];
         bench_store(&mut c, &rt, name, store, &raws, table_time, &mut table);
@@ -356,9 +540,13 @@ fn print_table(table: &[Row]) {
         "store", "work", "callers", "ops/s", "p50", "p99", "vs raw"
     );
     for row in table {
-        let raw = table
-            .iter()
-            .find(|r| r.store == row.store && r.callers == row.callers && r.baseline);
+        // A replay is compared with a bare read; the rest with the first baseline.
+        let raw = table.iter().find(|r| {
+            r.store == row.store
+                && r.callers == row.callers
+                && r.baseline
+                && (row.work != "replay" || r.work == "raw-read")
+        });
         let ratio = match (row.baseline, raw) {
             (true, _) | (_, None) => String::new(),
             (_, Some(raw)) => format!("{:.0}%", 100.0 * row.ops_per_s / raw.ops_per_s),

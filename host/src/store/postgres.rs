@@ -5,13 +5,14 @@
 //! URL says `?table=NAME`), with its schema version in `idem_schema`. Each
 //! primitive is one prepared statement, so one round trip:
 //!
-//! - a claim calls `{table}_claim(…)`, a PL/pgSQL function that runs
-//!   `INSERT … ON CONFLICT (key) DO UPDATE … WHERE expires_at_ms <= now` and,
-//!   when the conflicting row is live, returns it. It has to be a function:
-//!   in a single statement (a CTE) the read of the conflicting row would use
-//!   the statement's snapshot, taken before a concurrent claimer committed
-//!   the row, and find nothing. Inside the function the read is a new
-//!   statement with a new snapshot, and the row is locked by the `ON CONFLICT`.
+//! - a claim calls `{table}_claim(…)`, a PL/pgSQL function that reads the
+//!   row first and returns it when live — a replay takes no lock and writes
+//!   nothing — and otherwise `INSERT … ON CONFLICT (key) DO NOTHING` (absent)
+//!   or `UPDATE … WHERE expires_at_ms <= now` (expired), reading again when a
+//!   concurrent claimer won. It has to be a function: in a single statement
+//!   (a CTE) every part uses the statement's snapshot, taken before a
+//!   concurrent claimer committed its row, so the losing claimer would find
+//!   nothing to return. Inside the function each statement takes a new snapshot.
 //! - a completion is `UPDATE … WHERE key = $1 AND version = $2 AND expires_at_ms > $now`.
 //!
 //! Every read filters `expires_at_ms > now` by the guard's clock; the
@@ -35,7 +36,9 @@ use super::params::StoreUrl;
 use super::{Entry, InsertOutcome, ListQuery, OpenError, Record, State, Store, StoreError};
 use async_trait::async_trait;
 use deadpool_postgres::tokio_postgres::{self, NoTls, Row, types::ToSql};
-use deadpool_postgres::{Hook, HookError, Manager, ManagerConfig, Pool, RecyclingMethod, Runtime};
+use deadpool_postgres::{
+    Hook, HookError, Manager, ManagerConfig, Pool, QueueMode, RecyclingMethod, Runtime,
+};
 use idem_guest::model::Response;
 use std::sync::Arc;
 use std::time::Duration;
@@ -81,7 +84,7 @@ impl Sql {
             replace: format!(
                 "UPDATE {t} SET version = version + 1, fingerprint = $4, state = $5, lease_until_ms = $6, \
                  expires_at_ms = $7, status = $8, header_names = $9, header_values = $10, body = $11 \
-                 WHERE key = $1 AND version = $2 AND expires_at_ms > $3 RETURNING version"
+                 WHERE key = $1 AND version = $2 AND expires_at_ms > $3"
             ),
             delete: format!(
                 "DELETE FROM {t} WHERE key = $1 AND ($2::BIGINT IS NULL OR version = $2)"
@@ -121,33 +124,52 @@ CREATE TABLE IF NOT EXISTS {t} (
   body BYTEA
 );
 CREATE INDEX IF NOT EXISTS {t}_expires ON {t} (expires_at_ms);
+-- Earlier builds returned a set (RETURNS TABLE); one row is cheaper to return,
+-- and CREATE OR REPLACE cannot change a function's return type.
+DO $drop$ BEGIN
+  IF (SELECT proretset FROM pg_proc
+      WHERE oid = to_regprocedure('{t}_claim(text, bigint, text, text, bigint, bigint, integer, text[], bytea[], bytea)'))
+  THEN
+    DROP FUNCTION {t}_claim(text, bigint, text, text, bigint, bigint, integer, text[], bytea[], bytea);
+  END IF;
+END $drop$;
 CREATE OR REPLACE FUNCTION {t}_claim(
   p_key TEXT, p_now BIGINT, p_fp TEXT, p_state TEXT, p_lease BIGINT, p_exp BIGINT,
-  p_status INTEGER, p_names TEXT[], p_values BYTEA[], p_body BYTEA)
-RETURNS TABLE (o_inserted BOOLEAN, o_version BIGINT, o_fingerprint TEXT, o_state TEXT, o_lease BIGINT,
-  o_exp BIGINT, o_status INTEGER, o_names TEXT[], o_values BYTEA[], o_body BYTEA)
+  p_status INTEGER, p_names TEXT[], p_values BYTEA[], p_body BYTEA,
+  OUT o_inserted BOOLEAN, OUT o_version BIGINT, OUT o_fingerprint TEXT, OUT o_state TEXT, OUT o_lease BIGINT,
+  OUT o_exp BIGINT, OUT o_status INTEGER, OUT o_names TEXT[], OUT o_values BYTEA[], OUT o_body BYTEA)
 LANGUAGE plpgsql AS $fn$
-DECLARE v BIGINT;
 BEGIN
   FOR attempt IN 1..10 LOOP
-    INSERT INTO {t} AS r (key, version, fingerprint, state, lease_until_ms, expires_at_ms, status, header_names, header_values, body)
-    VALUES (p_key, 1, p_fp, p_state, p_lease, p_exp, p_status, p_names, p_values, p_body)
-    ON CONFLICT (key) DO UPDATE SET version = r.version + 1, fingerprint = EXCLUDED.fingerprint,
-      state = EXCLUDED.state, lease_until_ms = EXCLUDED.lease_until_ms, expires_at_ms = EXCLUDED.expires_at_ms,
-      status = EXCLUDED.status, header_names = EXCLUDED.header_names, header_values = EXCLUDED.header_values,
-      body = EXCLUDED.body
-    WHERE r.expires_at_ms <= p_now
-    RETURNING r.version INTO v;
+    -- Read first: a live record (a replay, a request in flight) is answered
+    -- with no write and no lock. Each statement here takes a new snapshot, so
+    -- this sees a row a concurrent claimer committed while we waited below.
+    SELECT false, r.version, r.fingerprint, r.state, r.lease_until_ms, r.expires_at_ms, r.status,
+      r.header_names, r.header_values, r.body
+    INTO o_inserted, o_version, o_fingerprint, o_state, o_lease, o_exp, o_status, o_names, o_values, o_body
+    FROM {t} r WHERE r.key = p_key;
+    IF NOT FOUND THEN
+      -- Absent: the unique key lets exactly one concurrent claimer insert; the
+      -- others wait for it to commit, insert nothing and read its row.
+      INSERT INTO {t} (key, version, fingerprint, state, lease_until_ms, expires_at_ms, status, header_names, header_values, body)
+      VALUES (p_key, 1, p_fp, p_state, p_lease, p_exp, p_status, p_names, p_values, p_body)
+      ON CONFLICT (key) DO NOTHING
+      RETURNING version INTO o_version;
+    ELSIF o_exp > p_now THEN
+      RETURN;
+    ELSE
+      -- Expired: overwritten at its version + 1, unless a concurrent claimer
+      -- did so first (its row is live again when we get the lock) or it was purged.
+      UPDATE {t} r SET version = r.version + 1, fingerprint = p_fp, state = p_state, lease_until_ms = p_lease,
+        expires_at_ms = p_exp, status = p_status, header_names = p_names, header_values = p_values, body = p_body
+      WHERE r.key = p_key AND r.expires_at_ms <= p_now
+      RETURNING r.version INTO o_version;
+    END IF;
     IF FOUND THEN
-      RETURN QUERY SELECT true, v, NULL::TEXT, NULL::TEXT, NULL::BIGINT, NULL::BIGINT, NULL::INTEGER,
-        NULL::TEXT[], NULL::BYTEA[], NULL::BYTEA;
+      -- Only the version is read when inserted (the other columns may hold the expired row).
+      o_inserted := true;
       RETURN;
     END IF;
-    -- The live row that refused the claim; ON CONFLICT locked it, and this
-    -- statement's fresh snapshot sees it even if a concurrent claimer just committed it.
-    RETURN QUERY SELECT false, r.version, r.fingerprint, r.state, r.lease_until_ms, r.expires_at_ms, r.status,
-      r.header_names, r.header_values, r.body FROM {t} r WHERE r.key = p_key;
-    IF FOUND THEN RETURN; END IF;
   END LOOP;
   RAISE EXCEPTION 'idem: claim of % did not settle after 10 attempts', p_key;
 END
@@ -245,6 +267,9 @@ impl PostgresStore {
         );
         let pool = Pool::builder(manager)
             .max_size(pool_size)
+            // The connection used last is used next: under light load one
+            // warm server process answers, instead of every pooled one in turn.
+            .queue_mode(QueueMode::Lifo)
             .runtime(Runtime::Tokio1)
             .wait_timeout(Some(timeout))
             .create_timeout(Some(timeout))
@@ -301,6 +326,32 @@ impl PostgresStore {
                 .map_err(|e| unavailable(describe(&e)))?;
             client
                 .query(&statement, params)
+                .await
+                .map_err(|e| unavailable(describe(&e)))
+        };
+        match tokio::time::timeout(self.timeout, run).await {
+            Ok(result) => result,
+            Err(_) => Err(unavailable(format!(
+                "no answer within {} ms",
+                self.timeout.as_millis()
+            ))),
+        }
+    }
+
+    /// Runs one prepared statement that returns no rows; how many it changed.
+    async fn execute(&self, sql: &str, params: &[&(dyn ToSql + Sync)]) -> Result<u64, StoreError> {
+        let run = async {
+            let client = self
+                .pool
+                .get()
+                .await
+                .map_err(|e| unavailable(e.to_string()))?;
+            let statement = client
+                .prepare_cached(sql)
+                .await
+                .map_err(|e| unavailable(describe(&e)))?;
+            client
+                .execute(&statement, params)
                 .await
                 .map_err(|e| unavailable(describe(&e)))
         };
@@ -504,8 +555,8 @@ impl Store for PostgresStore {
         now_ms: u64,
     ) -> Result<Option<u64>, StoreError> {
         let (status, names, values, body) = response_columns(&record);
-        let rows = self
-            .query(
+        let replaced = self
+            .execute(
                 &self.sql.replace,
                 &[
                     &key,
@@ -522,38 +573,15 @@ impl Store for PostgresStore {
                 ],
             )
             .await?;
-        rows.first()
-            .map(|row| {
-                row.try_get::<_, i64>(0)
-                    .map(i64::cast_unsigned)
-                    .map_err(|e| unavailable(e.to_string()))
-            })
-            .transpose()
+        // The row's version is `version + 1` = expected + 1 when one was updated.
+        Ok((replaced > 0).then(|| expected_version.saturating_add(1)))
     }
 
     async fn delete(&self, key: &str, expected_version: Option<u64>) -> Result<bool, StoreError> {
-        let run = async {
-            let client = self
-                .pool
-                .get()
-                .await
-                .map_err(|e| unavailable(e.to_string()))?;
-            let statement = client
-                .prepare_cached(&self.sql.delete)
-                .await
-                .map_err(|e| unavailable(describe(&e)))?;
-            client
-                .execute(&statement, &[&key, &expected_version.map(big)])
-                .await
-                .map_err(|e| unavailable(describe(&e)))
-        };
-        match tokio::time::timeout(self.timeout, run).await {
-            Ok(removed) => Ok(removed? > 0),
-            Err(_) => Err(unavailable(format!(
-                "no answer within {} ms",
-                self.timeout.as_millis()
-            ))),
-        }
+        let removed = self
+            .execute(&self.sql.delete, &[&key, &expected_version.map(big)])
+            .await?;
+        Ok(removed > 0)
     }
 
     async fn list(
@@ -584,28 +612,10 @@ impl Store for PostgresStore {
     }
 
     async fn purge_expired(&self, now_ms: u64, limit: usize) -> Result<usize, StoreError> {
-        let run = async {
-            let client = self
-                .pool
-                .get()
-                .await
-                .map_err(|e| unavailable(e.to_string()))?;
-            let statement = client
-                .prepare_cached(&self.sql.purge)
-                .await
-                .map_err(|e| unavailable(describe(&e)))?;
-            client
-                .execute(&statement, &[&big(now_ms), &big(limit as u64)])
-                .await
-                .map_err(|e| unavailable(describe(&e)))
-        };
-        match tokio::time::timeout(self.timeout, run).await {
-            Ok(purged) => Ok(purged? as usize),
-            Err(_) => Err(unavailable(format!(
-                "no answer within {} ms",
-                self.timeout.as_millis()
-            ))),
-        }
+        let purged = self
+            .execute(&self.sql.purge, &[&big(now_ms), &big(limit as u64)])
+            .await?;
+        Ok(usize::try_from(purged).unwrap_or(usize::MAX))
     }
 }
 

@@ -42,7 +42,7 @@ use super::{Entry, InsertOutcome, ListQuery, OpenError, Record, State, Store, St
 use crate::Response;
 use crate::clock::Clock;
 use async_trait::async_trait;
-use rusqlite::{Connection, OpenFlags, OptionalExtension, Row, params};
+use rusqlite::{Connection, OpenFlags, OptionalExtension, Row, Statement, params};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, OnceLock, Weak};
 use std::time::Duration;
@@ -455,6 +455,16 @@ fn write_loop(
     mut queue: mpsc::Receiver<Job>,
     before_commit: &OnceLock<BeforeCommit>,
 ) {
+    let mut statements = match Statements::prepare(conn) {
+        Ok(statements) => statements,
+        Err(e) => {
+            // Nothing can be written: say so to every caller until the store closes.
+            while let Some(job) = queue.blocking_recv() {
+                let _ = job.reply.send(Err(sql_unavailable(&e)));
+            }
+            return;
+        }
+    };
     let mut batch: Vec<Job> = Vec::with_capacity(MAX_BATCH);
     while let Some(first) = queue.blocking_recv() {
         batch.push(first);
@@ -464,7 +474,7 @@ fn write_loop(
                 Err(_) => break,
             }
         }
-        match apply_batch(conn, &batch, before_commit) {
+        match apply_batch(conn, &mut statements, &batch, before_commit) {
             Ok(results) => {
                 for (job, result) in batch.drain(..).zip(results) {
                     let _ = job.reply.send(result);
@@ -481,8 +491,8 @@ fn write_loop(
             }
             Err(_) => {
                 for job in batch.drain(..) {
-                    let result = match apply_batch(conn, std::slice::from_ref(&job), before_commit)
-                    {
+                    let one = std::slice::from_ref(&job);
+                    let result = match apply_batch(conn, &mut statements, one, before_commit) {
                         Ok(mut one) => one.pop().expect("one result"),
                         Err(e) => Err(sql_unavailable(&e)),
                     };
@@ -500,19 +510,65 @@ fn is_busy(e: &rusqlite::Error) -> bool {
     )
 }
 
+/// The writer's statements, prepared once for the thread's life: at tens of
+/// thousands of statements a second, looking each up in a cache by its text
+/// (a hash of the whole text) is measurable.
+struct Statements<'c> {
+    begin: Statement<'c>,
+    commit: Statement<'c>,
+    select: Statement<'c>,
+    insert: Statement<'c>,
+    overwrite: Statement<'c>,
+    replace: Statement<'c>,
+    delete: Statement<'c>,
+    purge: Statement<'c>,
+}
+
+impl<'c> Statements<'c> {
+    fn prepare(conn: &'c Connection) -> Result<Self, rusqlite::Error> {
+        Ok(Statements {
+            begin: conn.prepare("BEGIN IMMEDIATE")?,
+            commit: conn.prepare("COMMIT")?,
+            select: conn.prepare(&format!("SELECT {COLUMNS} FROM records WHERE key = ?1"))?,
+            insert: conn.prepare(
+                "INSERT INTO records (key, version, fingerprint, state, lease_until_ms, expires_at_ms, status, headers, body)
+                 VALUES (?1, 1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)",
+            )?,
+            // Inside the batch's write transaction, so nothing changes the row
+            // between the read that found it expired and this write.
+            overwrite: conn.prepare(
+                "UPDATE records SET version = ?2, fingerprint = ?3, state = ?4, lease_until_ms = ?5,
+                 expires_at_ms = ?6, status = ?7, headers = ?8, body = ?9
+                 WHERE key = ?1",
+            )?,
+            replace: conn.prepare(
+                "UPDATE records SET version = version + 1, fingerprint = ?3, state = ?4,
+                 lease_until_ms = ?5, expires_at_ms = ?6, status = ?7, headers = ?8, body = ?9
+                 WHERE key = ?1 AND version = ?2 AND expires_at_ms > ?10",
+            )?,
+            delete: conn
+                .prepare("DELETE FROM records WHERE key = ?1 AND (?2 IS NULL OR version = ?2)")?,
+            purge: conn.prepare(
+                "DELETE FROM records WHERE rowid IN
+                 (SELECT rowid FROM records WHERE expires_at_ms <= ?1 LIMIT ?2)",
+            )?,
+        })
+    }
+}
+
 /// Applies `jobs` in one transaction. A database error rolls all of them back
 /// and is returned; a record that does not decode is that job's answer only
 /// (it is found by a read, so nothing was written for it).
 fn apply_batch(
     conn: &Connection,
+    statements: &mut Statements<'_>,
     jobs: &[Job],
     before_commit: &OnceLock<BeforeCommit>,
 ) -> Result<Vec<Result<Written, StoreError>>, rusqlite::Error> {
-    // Prepared once: parsing BEGIN and COMMIT per batch is measurable at this rate.
-    conn.prepare_cached("BEGIN IMMEDIATE")?.execute([])?;
+    statements.begin.execute([])?;
     let mut results = Vec::with_capacity(jobs.len());
     for job in jobs {
-        match apply(conn, &job.write) {
+        match apply(statements, &job.write) {
             Ok(result) => results.push(result),
             Err(e) => {
                 if !conn.is_autocommit() {
@@ -525,10 +581,7 @@ fn apply_batch(
     if let Some(hook) = before_commit.get() {
         hook(jobs.len());
     }
-    if let Err(e) = conn
-        .prepare_cached("COMMIT")
-        .and_then(|mut commit| commit.execute([]))
-    {
+    if let Err(e) = statements.commit.execute([]) {
         if !conn.is_autocommit() {
             let _ = conn.execute_batch("ROLLBACK");
         }
@@ -540,41 +593,34 @@ fn apply_batch(
 const COLUMNS: &str =
     "key, version, fingerprint, state, lease_until_ms, expires_at_ms, status, headers, body";
 
-const INSERT: &str = "
-    INSERT INTO records (key, version, fingerprint, state, lease_until_ms, expires_at_ms, status, headers, body)
-    VALUES (?1, 1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)
-    ON CONFLICT (key) DO UPDATE SET
-        version = records.version + 1,
-        fingerprint = excluded.fingerprint,
-        state = excluded.state,
-        lease_until_ms = excluded.lease_until_ms,
-        expires_at_ms = excluded.expires_at_ms,
-        status = excluded.status,
-        headers = excluded.headers,
-        body = excluded.body
-    WHERE records.expires_at_ms <= ?9
-    RETURNING version";
-
-const REPLACE: &str = "
-    UPDATE records SET
-        version = version + 1,
-        fingerprint = ?3, state = ?4, lease_until_ms = ?5, expires_at_ms = ?6,
-        status = ?7, headers = ?8, body = ?9
-    WHERE key = ?1 AND version = ?2 AND expires_at_ms > ?10
-    RETURNING version";
-
-fn apply(conn: &Connection, write: &Write) -> Result<Result<Written, StoreError>, rusqlite::Error> {
+/// One primitive, inside the batch's write transaction (`BEGIN IMMEDIATE`:
+/// no other connection or process writes until it commits), so a read and
+/// the write it decides are one atomic step.
+fn apply(
+    st: &mut Statements<'_>,
+    write: &Write,
+) -> Result<Result<Written, StoreError>, rusqlite::Error> {
     Ok(match write {
         Write::Insert {
             key,
             record,
             now_ms,
         } => {
-            let (status, headers, body) = response_columns(record.response.as_ref());
-            let inserted: Option<i64> = conn
-                .prepare_cached(INSERT)?
-                .query_row(
-                    params![
+            // Read first: a live record (a replay, a request in flight) is
+            // answered with one read and nothing written.
+            let held = st
+                .select
+                .query_row([key], |row| {
+                    let version: i64 = row.get(1)?;
+                    let expires_at_ms: i64 = row.get(5)?;
+                    let live = expires_at_ms > int(*now_ms);
+                    Ok((version, live.then(|| decode(key, row))))
+                })
+                .optional()?;
+            match held {
+                None => {
+                    let (status, headers, body) = response_columns(record.response.as_ref());
+                    st.insert.execute(params![
                         key,
                         record.fingerprint,
                         record.state.as_str(),
@@ -582,21 +628,30 @@ fn apply(conn: &Connection, write: &Write) -> Result<Result<Written, StoreError>
                         int(record.expires_at_ms),
                         status,
                         headers,
-                        body,
-                        int(*now_ms)
-                    ],
-                    |r| r.get(0),
-                )
-                .optional()?;
-            match inserted {
-                Some(version) => u64::try_from(version)
-                    .map(|v| Written::Insert(InsertOutcome::Inserted(v)))
-                    .map_err(|_| corrupt(key, format!("version {version} is negative"))),
-                // Not written, so the key holds a live record: read it in the
-                // same transaction, so the answer is the record that refused us.
-                None => match select(conn, key)? {
-                    Some(entry) => entry.map(|e| Written::Insert(InsertOutcome::Existing(e))),
-                    None => Err(unavailable("insert neither wrote nor found a record")),
+                        body
+                    ])?;
+                    Ok(Written::Insert(InsertOutcome::Inserted(1)))
+                }
+                Some((_, Some(live))) => live.map(|e| Written::Insert(InsertOutcome::Existing(e))),
+                // Expired: overwritten at its version + 1.
+                Some((version, None)) => match u64::try_from(version) {
+                    Ok(old) => {
+                        let version = old.saturating_add(1);
+                        let (status, headers, body) = response_columns(record.response.as_ref());
+                        st.overwrite.execute(params![
+                            key,
+                            int(version),
+                            record.fingerprint,
+                            record.state.as_str(),
+                            int(record.lease_until_ms),
+                            int(record.expires_at_ms),
+                            status,
+                            headers,
+                            body
+                        ])?;
+                        Ok(Written::Insert(InsertOutcome::Inserted(version)))
+                    }
+                    Err(_) => Err(corrupt(key, format!("version {version} is negative"))),
                 },
             }
         }
@@ -607,52 +662,34 @@ fn apply(conn: &Connection, write: &Write) -> Result<Result<Written, StoreError>
             now_ms,
         } => {
             let (status, headers, body) = response_columns(record.response.as_ref());
-            let replaced: Option<i64> = conn
-                .prepare_cached(REPLACE)?
-                .query_row(
-                    params![
-                        key,
-                        int(*expected_version),
-                        record.fingerprint,
-                        record.state.as_str(),
-                        int(record.lease_until_ms),
-                        int(record.expires_at_ms),
-                        status,
-                        headers,
-                        body,
-                        int(*now_ms)
-                    ],
-                    |r| r.get(0),
-                )
-                .optional()?;
-            match replaced {
-                Some(version) => u64::try_from(version)
-                    .map(|v| Written::Replace(Some(v)))
-                    .map_err(|_| corrupt(key, format!("version {version} is negative"))),
-                None => Ok(Written::Replace(None)),
-            }
+            let replaced = st.replace.execute(params![
+                key,
+                int(*expected_version),
+                record.fingerprint,
+                record.state.as_str(),
+                int(record.lease_until_ms),
+                int(record.expires_at_ms),
+                status,
+                headers,
+                body,
+                int(*now_ms)
+            ])?;
+            Ok(Written::Replace(
+                (replaced > 0).then(|| expected_version.saturating_add(1)),
+            ))
         }
         Write::Delete {
             key,
             expected_version,
         } => {
-            let deleted = conn
-                .prepare_cached(
-                    "DELETE FROM records WHERE key = ?1 AND (?2 IS NULL OR version = ?2)",
-                )?
-                .execute(params![key, expected_version.map(int)])?;
+            let deleted = st.delete.execute(params![key, expected_version.map(int)])?;
             Ok(Written::Delete(deleted > 0))
         }
         Write::Purge { now_ms, limit } => {
-            let purged = conn
-                .prepare_cached(
-                    "DELETE FROM records WHERE rowid IN
-                     (SELECT rowid FROM records WHERE expires_at_ms <= ?1 LIMIT ?2)",
-                )?
-                .execute(params![
-                    int(*now_ms),
-                    i64::try_from(*limit).unwrap_or(i64::MAX)
-                ])?;
+            let purged = st.purge.execute(params![
+                int(*now_ms),
+                i64::try_from(*limit).unwrap_or(i64::MAX)
+            ])?;
             Ok(Written::Purge(purged))
         }
     })
@@ -662,17 +699,6 @@ fn apply(conn: &Connection, write: &Write) -> Result<Result<Written, StoreError>
 /// (the year 292 million) a time saturates, which keeps every comparison right.
 fn int(v: u64) -> i64 {
     i64::try_from(v).unwrap_or(i64::MAX)
-}
-
-/// The record for `key` whether live or not; the outer error is the
-/// database's, the inner one the record's.
-fn select(
-    conn: &Connection,
-    key: &str,
-) -> Result<Option<Result<Entry, StoreError>>, rusqlite::Error> {
-    conn.prepare_cached(&format!("SELECT {COLUMNS} FROM records WHERE key = ?1"))?
-        .query_row([key], |row| Ok(decode(key, row)))
-        .optional()
 }
 
 fn response_columns(response: Option<&Response>) -> (Option<u16>, Option<Vec<u8>>, Option<&[u8]>) {

@@ -256,6 +256,44 @@ pub async fn one_of_64_concurrent_claimers_proceeds(store: Arc<dyn Store>) {
     assert_eq!(proceeded, 1, "exactly one claimer proceeds");
 }
 
+/// 64 concurrent claims of a key whose record has expired (still held by the
+/// store): exactly one overwrites it, at its version + 1, and every other
+/// claimer is shown the winner's record.
+pub async fn one_of_64_concurrent_claims_of_an_expired_record_wins(store: Arc<dyn Store>) {
+    let key = unique("expired64");
+    let old = record("old", State::Done, BASE_MS + 1, BASE_MS + 10);
+    assert_eq!(
+        store.insert(&key, old, BASE_MS).await.unwrap(),
+        InsertOutcome::Inserted(1)
+    );
+    let now = BASE_MS + 10;
+    let mut tasks = tokio::task::JoinSet::new();
+    for i in 0..64 {
+        let (store, key) = (store.clone(), key.clone());
+        let claim = record(
+            &format!("fp{i}"),
+            State::Processing,
+            now + 1_000,
+            now + 10_000,
+        );
+        tasks.spawn(async move { (i, store.insert(&key, claim, now).await.unwrap()) });
+    }
+    let (mut winners, mut seen) = (Vec::new(), Vec::new());
+    while let Some(done) = tasks.join_next().await {
+        match done.unwrap() {
+            (i, InsertOutcome::Inserted(version)) => winners.push((i, version)),
+            (_, InsertOutcome::Existing(entry)) => seen.push(entry),
+        }
+    }
+    assert_eq!(winners.len(), 1, "exactly one claim wins: {winners:?}");
+    let (winner, version) = winners[0];
+    assert_eq!(version, 2, "the expired record's version + 1");
+    for entry in seen {
+        assert_eq!(entry.version, 2);
+        assert_eq!(entry.record.fingerprint, format!("fp{winner}"));
+    }
+}
+
 pub async fn takeover_fencing_and_retention(store: Arc<dyn Store>) {
     let clock = ManualClock::new(BASE_MS);
     let guard = Guard::builder(store)
@@ -377,6 +415,7 @@ macro_rules! store_conformance {
             case!(keys_round_trip_any_allowed_bytes);
             case!(list_filters_and_pages);
             case!(one_of_64_concurrent_claimers_proceeds);
+            case!(one_of_64_concurrent_claims_of_an_expired_record_wins);
             case!(takeover_fencing_and_retention);
             case!(replays_the_stored_bytes);
             case!(seed_concurrent_same_key);

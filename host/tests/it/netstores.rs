@@ -234,6 +234,25 @@ mod redis {
         claim_is_one_round_trip(store, &proxy).await;
     }
 
+    /// The one claim that takes two round trips: the key's record has expired
+    /// by the guard's clock while Redis still holds it (its grace period).
+    #[tokio::test]
+    async fn redis_claim_of_an_expired_record_still_held_is_two_round_trips() {
+        let Some((store, proxy)) = through_proxy().await else {
+            return;
+        };
+        let key = unique("rt-expired");
+        let old = record("fp", State::Processing, BASE_MS + 1, BASE_MS + 10);
+        store.insert(&key, old, BASE_MS).await.unwrap();
+        proxy.take_round_trips();
+        let claim = record("fp", State::Processing, BASE_MS + 1_000, BASE_MS + 10_000);
+        assert_eq!(
+            store.insert(&key, claim, BASE_MS + 10).await.unwrap(),
+            InsertOutcome::Inserted(2)
+        );
+        assert_eq!(proxy.take_round_trips(), 2);
+    }
+
     #[tokio::test]
     async fn redis_fails_closed_when_cut_and_recovers() {
         let Some((store, proxy)) = through_proxy().await else {
@@ -267,7 +286,7 @@ mod redis {
         let Some(url) = url() else { return };
         let store = RedisStore::open(&url).await.unwrap();
         let mut conn = raw(&url).await;
-        // Not a hash at all.
+        // A string that is not a record.
         let key = unique("garbage");
         let () = ::redis::cmd("SET")
             .arg(format!("{}{key}", store.prefix()))
@@ -276,7 +295,7 @@ mod redis {
             .await
             .unwrap();
         corrupt_record_names_the_key(Arc::new(store.clone()), &key).await;
-        // A hash whose fields do not decode.
+        // Not a string: another application's hash (or the hash layout of earlier builds).
         let key = unique("garbled");
         let full = format!("{}{key}", store.prefix());
         let () = ::redis::cmd("HSET")
