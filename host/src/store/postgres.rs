@@ -339,11 +339,7 @@ impl PostgresStore {
     }
 
     /// Runs one prepared statement that returns no rows; how many it changed.
-    async fn execute(
-        &self,
-        sql: &str,
-        params: &[&(dyn ToSql + Sync)],
-    ) -> Result<u64, StoreError> {
+    async fn execute(&self, sql: &str, params: &[&(dyn ToSql + Sync)]) -> Result<u64, StoreError> {
         let run = async {
             let client = self
                 .pool
