@@ -56,14 +56,18 @@ fn ensure_wasm_target() {
     if installed {
         return;
     }
-    println!("cargo:warning=installing the wasm32-wasip2 target with rustup (listed in rust-toolchain.toml)");
+    println!(
+        "cargo:warning=installing the wasm32-wasip2 target with rustup (listed in rust-toolchain.toml)"
+    );
     // RUSTUP_TOOLCHAIN, set by the rustup proxy, makes this the active toolchain.
     let added = Command::new("rustup")
         .args(["target", "add", "wasm32-wasip2"])
         .status()
         .is_ok_and(|s| s.success());
     if !added {
-        println!("cargo:warning=`rustup target add wasm32-wasip2` failed; the guest build will say why");
+        println!(
+            "cargo:warning=`rustup target add wasm32-wasip2` failed; the guest build will say why"
+        );
     }
 }
 
