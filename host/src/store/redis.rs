@@ -33,7 +33,7 @@
 //! `connections` (default 4) multiplexed connections, each pipelining the
 //! commands of concurrent callers and reconnecting by itself when the server
 //! comes back. More than one spreads the client's work over the runtime's
-//! threads: with 32 concurrent callers, 4 connections gave about 1.2× the
+//! threads: with 32 concurrent callers, 4 connections gave 1.05–1.25× the
 //! guarded ops of one (`benches/netstores.rs`).
 //!
 //! ```no_run
