@@ -3,21 +3,35 @@
 //! - `guarded`: `begin` on a new key + `complete` with a 256-byte response,
 //!   through the component (one insert and one replace in the store);
 //! - `replay`: `begin` on a completed key, which returns the stored response;
-//! - `raw`: the same minimal work done directly through the same driver: one
-//!   bare INSERT and one UPDATE of a row of the same shape, with the same
-//!   durability setting and the same thread model. It is what the store
-//!   would cost with no guard, no component and no record encoding.
+//! - `store`: a guarded op's store work (insert, then replace) straight on
+//!   the store, without the guard or the component;
+//! - `raw`: the same minimal work done directly through the same driver, with
+//!   the same durability setting and the same thread model: a bare INSERT of
+//!   the new row committed before the caller goes on (as a claim must be),
+//!   then an UPDATE storing the response and the new expiry, on a table of
+//!   the same shape. What the store would cost with no guard, no component,
+//!   no record encoding and no version checks. `guarded` and `store` are
+//!   compared with it;
+//! - `raw-read`: a bare SELECT of a completed row by key on a pooled read
+//!   connection off the runtime. `replay` is compared with it;
+//! - `raw-auto`: `raw` with each statement its own autocommit transaction (no
+//!   group commit), for scale.
 //!
 //! Criterion times one caller. Throughput and tail latency at 32 concurrent
-//! callers are measured here too (criterion cannot), and printed as a table:
+//! callers are measured here too (criterion cannot), and printed as a table.
+//! All the works of a store take turns (6 slices each per concurrency level),
+//! so a change in the machine's load weighs on all of them alike.
 //!
 //! ```text
-//! cargo bench -p idem --bench stores            # everything
-//! cargo bench -p idem --bench stores -- sqlite  # one store
+//! cargo bench -p idem --bench stores              # everything
+//! cargo bench -p idem --bench stores -- sqlite/   # the default durability only
+//! cargo bench -p idem --bench stores -- sqlite/x  # its table only (no criterion)
+//! IDEM_BENCH_SECS=6 IDEM_BENCH_CALLERS=1,8,32 IDEM_BENCH_WORKS=guarded,raw \
+//!     cargo bench -p idem --bench stores -- sqlite/x
 //! ```
 //!
 //! A store joins with one `bench_store` call in `main`, given a way to open it
-//! and its raw baseline.
+//! and its raw baselines.
 
 // Pedantic lints guard library code; in tests and benches they are noise.
 #![allow(clippy::pedantic)]
@@ -252,6 +266,10 @@ fn bench_store(
             }),
             true,
         ));
+    }
+    // IDEM_BENCH_WORKS=guarded,raw keeps only those (for profiling one of them).
+    if let Ok(only) = std::env::var("IDEM_BENCH_WORKS") {
+        works.retain(|(work, _, _)| only.split(',').any(|w| w == *work));
     }
     for callers in callers() {
         let ops: Vec<&Op> = works.iter().map(|(_, op, _)| op).collect();
