@@ -477,7 +477,11 @@ impl RawBaseline for SqliteRead {
         let key = replay_key(self.name, i);
         tokio::task::spawn_blocking(move || {
             let pooled = readers.lock().unwrap().pop();
-            let conn = pooled.unwrap_or_else(|| Connection::open(&path).unwrap());
+            let conn = pooled.unwrap_or_else(|| {
+                let conn = Connection::open(&path).unwrap();
+                conn.busy_timeout(Duration::from_secs(5)).unwrap();
+                conn
+            });
             let row: (i64, String, String, i64, i64, Option<i64>, Option<Vec<u8>>, Option<Vec<u8>>) = conn
                 .prepare_cached(
                     "SELECT version, fingerprint, state, lease_until_ms, expires_at_ms, status, headers, body
