@@ -314,47 +314,49 @@ impl PostgresStore {
         sql: &str,
         params: &[&(dyn ToSql + Sync)],
     ) -> Result<Vec<Row>, StoreError> {
-        let run = async {
-            let client = self
-                .pool
-                .get()
-                .await
-                .map_err(|e| unavailable(e.to_string()))?;
-            let statement = client
-                .prepare_cached(sql)
-                .await
-                .map_err(|e| unavailable(describe(&e)))?;
+        self.within_timeout(async {
+            let (client, statement) = self.prepared(sql).await?;
             client
                 .query(&statement, params)
                 .await
                 .map_err(|e| unavailable(describe(&e)))
-        };
-        match tokio::time::timeout(self.timeout, run).await {
-            Ok(result) => result,
-            Err(_) => Err(unavailable(format!(
-                "no answer within {} ms",
-                self.timeout.as_millis()
-            ))),
-        }
+        })
+        .await
     }
 
     /// Runs one prepared statement that returns no rows; how many it changed.
     async fn execute(&self, sql: &str, params: &[&(dyn ToSql + Sync)]) -> Result<u64, StoreError> {
-        let run = async {
-            let client = self
-                .pool
-                .get()
-                .await
-                .map_err(|e| unavailable(e.to_string()))?;
-            let statement = client
-                .prepare_cached(sql)
-                .await
-                .map_err(|e| unavailable(describe(&e)))?;
+        self.within_timeout(async {
+            let (client, statement) = self.prepared(sql).await?;
             client
                 .execute(&statement, params)
                 .await
                 .map_err(|e| unavailable(describe(&e)))
-        };
+        })
+        .await
+    }
+
+    /// A pooled connection and `sql` prepared on it (cached per connection).
+    async fn prepared(
+        &self,
+        sql: &str,
+    ) -> Result<(deadpool_postgres::Object, tokio_postgres::Statement), StoreError> {
+        let client = self
+            .pool
+            .get()
+            .await
+            .map_err(|e| unavailable(e.to_string()))?;
+        let statement = client
+            .prepare_cached(sql)
+            .await
+            .map_err(|e| unavailable(describe(&e)))?;
+        Ok((client, statement))
+    }
+
+    async fn within_timeout<T>(
+        &self,
+        run: impl Future<Output = Result<T, StoreError>>,
+    ) -> Result<T, StoreError> {
         match tokio::time::timeout(self.timeout, run).await {
             Ok(result) => result,
             Err(_) => Err(unavailable(format!(
