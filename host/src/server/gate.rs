@@ -14,7 +14,9 @@ use bytes::Bytes;
 use http_body_util::{BodyExt, Limited};
 use idem_guest::model::{Claim, Decision, GuardError, Response as Stored};
 use std::collections::HashMap;
+use std::pin::Pin;
 use std::sync::{Arc, Mutex, PoisonError};
+use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 use tokio::sync::{Notify, Semaphore};
 
@@ -132,17 +134,16 @@ impl Gate {
             match decision {
                 Decision::Proceed(claim) => {
                     drop(notified);
-                    // The claimed request runs to completion in a task of its own, so a
-                    // client that disconnects cannot leave the key held until its lease ends.
+                    // The claimed request runs to completion even if the client
+                    // disconnects, so that its key is never left held until the
+                    // lease ends. It runs right here, on this task; only when this
+                    // future is dropped half-way does the rest move to a task of its own.
                     let gate = Arc::clone(self);
                     let request = Request::from_parts(parts, Body::from(body));
-                    let run = tokio::spawn(async move {
+                    return RunToCompletion::new(async move {
                         gate.execute(scoped, claim, request, exec, started).await
-                    });
-                    return run.await.unwrap_or_else(|e| {
-                        Problem::Internal(format!("the request task failed: {e}"))
-                            .into_response(self.config.profile)
-                    });
+                    })
+                    .await;
                 }
                 Decision::Replay(stored) => {
                     let mut response = to_http(&stored);
@@ -458,4 +459,47 @@ fn to_http(stored: &Stored) -> HttpResponse {
         }
     }
     response
+}
+
+/// A future that finishes even when dropped: polled in place while its
+/// owner polls it, and spawned onto the runtime with whatever is left if its
+/// owner drops it before it is done (a client disconnected). Unlike spawning
+/// it up front, the common case pays no hand-off to another worker thread.
+struct RunToCompletion<T: Send + 'static> {
+    inner: Option<Pin<Box<dyn Future<Output = T> + Send>>>,
+}
+
+impl<T: Send + 'static> RunToCompletion<T> {
+    fn new(future: impl Future<Output = T> + Send + 'static) -> Self {
+        RunToCompletion {
+            inner: Some(Box::pin(future)),
+        }
+    }
+}
+
+impl<T: Send + 'static> Future for RunToCompletion<T> {
+    type Output = T;
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<T> {
+        let inner = self
+            .inner
+            .as_mut()
+            .expect("RunToCompletion polled after it completed");
+        let output = std::task::ready!(inner.as_mut().poll(cx));
+        self.inner = None;
+        Poll::Ready(output)
+    }
+}
+
+impl<T: Send + 'static> Drop for RunToCompletion<T> {
+    fn drop(&mut self) {
+        if let Some(rest) = self.inner.take() {
+            // The box keeps the half-run future where it is; only the box moves.
+            if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+                runtime.spawn(async move {
+                    let _ = rest.await;
+                });
+            }
+        }
+    }
 }

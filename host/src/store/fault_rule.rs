@@ -163,7 +163,11 @@ const MAX_LATENCY_MS: u64 = 60_000;
 impl fmt::Display for FaultRule {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         if self.probability < 1.0 {
-            write!(f, "{}%", self.probability * 100.0)?;
+            // Six decimals, trailing zeros dropped: 0.57 shows as "57%",
+            // not as its binary neighbour "56.99999999999999%".
+            let percent = format!("{:.6}", self.probability * 100.0);
+            let percent = percent.trim_end_matches('0').trim_end_matches('.');
+            write!(f, "{percent}%")?;
         }
         if let Some(n) = self.count {
             write!(f, "{n}*")?;
@@ -262,6 +266,9 @@ mod tests {
             "delay(5)",
             "lost",
             "50%lost",
+            "57%lost",
+            "12.5%timeout(10)",
+            "0.01%lost",
             "3*error(x)",
             "10%2*delay(1)",
         ] {
