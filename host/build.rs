@@ -2,7 +2,8 @@
 //! plain `cargo build` or `cargo test` of the workspace embeds it: no manual
 //! wasm step. Two variants are built: the guard itself, and a deliberately
 //! misbehaving one (feature `misbehave`) that the host's tests use to prove
-//! that traps and runaway guests fail closed.
+//! that traps and runaway guests fail closed, and the guard benchmark uses to
+//! measure the bare cost of a call into the component.
 
 use std::env;
 use std::path::{Path, PathBuf};

@@ -153,7 +153,9 @@ mod component {
             policy: wit::Policy,
         ) -> Result<wit::Decision, wit::GuardError> {
             #[cfg(feature = "misbehave")]
-            misbehave(&key);
+            if let Some(decision) = misbehave(&key) {
+                return Ok(decision);
+            }
             crate::guard::begin(
                 &mut ImportedStore,
                 &key,
@@ -211,9 +213,17 @@ mod component {
     }
     use bindings_export;
 
+    /// The test build's keys: three that break the guard on purpose, and
+    /// two that answer `conflict` without the store, so that the benchmark
+    /// can measure what one call across the component boundary costs.
     #[cfg(feature = "misbehave")]
-    fn misbehave(key: &str) {
+    fn misbehave(key: &str) -> Option<wit::Decision> {
         match key {
+            "!noop" => return Some(wit::Decision::Conflict),
+            "!clock" => {
+                core::hint::black_box(clock::now_ms());
+                return Some(wit::Decision::Conflict);
+            }
             "!trap" => core::arch::wasm32::unreachable(),
             "!spin" => loop {
                 core::hint::spin_loop();
@@ -226,6 +236,7 @@ mod component {
             }
             _ => {}
         }
+        None
     }
 
     fn to_wit_record(r: &model::Record) -> types::Record {

@@ -7,8 +7,9 @@
 #![allow(clippy::pedantic)]
 
 use criterion::{BenchmarkId, Criterion, criterion_group, criterion_main};
+use idem::component::MISBEHAVING_COMPONENT;
 use idem::store::{Faulty, MemoryStore, SyncStore};
-use idem::{Clock, Decision, Guard, Policy, Record, Response, SystemClock};
+use idem::{Clock, Decision, Guard, Limits, Policy, Record, Response, Runtime, SystemClock};
 use idem_guest::guard::{self as native, Primitives};
 use idem_guest::model::{InsertOutcome, StoreFailure};
 use std::hint::black_box;
@@ -175,6 +176,30 @@ fn bench(c: &mut Criterion) {
                             panic!()
                         };
                         black_box(r);
+                    }
+                    start.elapsed()
+                })
+            });
+        });
+    }
+    // The floor under any guard call: `begin` through the component doing no
+    // work (the test build's `!noop` key answers at once), and with the one
+    // import every real call makes first (`!clock`: `now-ms`). Key and
+    // fingerprint cross the boundary as in a real call.
+    let runtime = Runtime::from_component(MISBEHAVING_COMPONENT, Limits::default()).unwrap();
+    for (key, name) in [("!noop", "begin-no-import"), ("!clock", "begin-one-import")] {
+        let guard = Guard::builder(MemoryStore::new())
+            .runtime(runtime.clone())
+            .build()
+            .unwrap();
+        group.bench_function(BenchmarkId::new("boundary", name), |b| {
+            b.iter_custom(|iters| {
+                rt.block_on(async {
+                    let start = Instant::now();
+                    for _ in 0..iters {
+                        let Ok(Decision::Conflict) = guard.begin(key, "fp").await else {
+                            panic!()
+                        };
                     }
                     start.elapsed()
                 })

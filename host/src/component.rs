@@ -16,7 +16,10 @@ pub const WIT: &[(&str, &str)] = &[
 
 /// A deliberately broken guard for tests: `begin` traps on the key
 /// `"!trap"`, spins forever on `"!spin"` and allocates without bound on
-/// `"!grow"`. Never loaded unless a test asks for it.
+/// `"!grow"`. On `"!noop"` it answers `conflict` at once, and on `"!clock"`
+/// after one `now-ms` import, without the store: the benchmark's measure of
+/// the component boundary itself. Never loaded unless a test or the
+/// benchmark asks for it.
 #[doc(hidden)]
 pub const MISBEHAVING_COMPONENT: &[u8] =
     include_bytes!(concat!(env!("OUT_DIR"), "/idem_guard_misbehaving.wasm"));
