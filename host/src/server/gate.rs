@@ -11,9 +11,11 @@ use crate::guard::{Guard, RequestParts};
 use axum::body::Body;
 use axum::http::{HeaderMap, HeaderName, HeaderValue, Request, StatusCode};
 use bytes::Bytes;
+use futures_util::FutureExt;
 use http_body_util::{BodyExt, Limited};
 use idem_guest::model::{Claim, Decision, GuardError, Response as Stored};
 use std::collections::HashMap;
+use std::panic::AssertUnwindSafe;
 use std::pin::Pin;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::task::{Context, Poll};
@@ -143,7 +145,14 @@ impl Gate {
                     return RunToCompletion::new(async move {
                         gate.execute(scoped, claim, request, exec, started).await
                     })
-                    .await;
+                    .await
+                    .unwrap_or_else(|_panic| {
+                        Problem::Internal(
+                            "the request's handler panicked; its key is held until the lease runs out"
+                                .into(),
+                        )
+                        .into_response(self.config.profile)
+                    });
                 }
                 Decision::Replay(stored) => {
                     let mut response = to_http(&stored);
@@ -465,22 +474,24 @@ fn to_http(stored: &Stored) -> HttpResponse {
 /// owner polls it, and spawned onto the runtime with whatever is left if its
 /// owner drops it before it is done (a client disconnected). Unlike spawning
 /// it up front, the common case pays no hand-off to another worker thread.
+/// A panic inside it is caught and returned as `Err`, as a task's would be,
+/// so that it ends one request and not the whole connection.
 struct RunToCompletion<T: Send + 'static> {
-    inner: Option<Pin<Box<dyn Future<Output = T> + Send>>>,
+    inner: Option<Pin<Box<dyn Future<Output = std::thread::Result<T>> + Send>>>,
 }
 
 impl<T: Send + 'static> RunToCompletion<T> {
     fn new(future: impl Future<Output = T> + Send + 'static) -> Self {
         RunToCompletion {
-            inner: Some(Box::pin(future)),
+            inner: Some(Box::pin(AssertUnwindSafe(future).catch_unwind())),
         }
     }
 }
 
 impl<T: Send + 'static> Future for RunToCompletion<T> {
-    type Output = T;
+    type Output = std::thread::Result<T>;
 
-    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<T> {
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let inner = self
             .inner
             .as_mut()

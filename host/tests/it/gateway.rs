@@ -1238,6 +1238,53 @@ async fn the_tower_layer_gives_an_axum_app_the_same_semantics() {
 }
 
 #[tokio::test]
+async fn a_handler_that_panics_gets_a_500_problem_and_the_server_goes_on() {
+    use idem::server::IdempotencyLayer;
+    let store = idem::store::open("memory:").await.unwrap();
+    let app: Router = Router::new()
+        .route(
+            "/orders",
+            post(|body: String| async move {
+                assert!(body != "boom", "the handler panicked on purpose");
+                (StatusCode::CREATED, format!("order {body}"))
+            }),
+        )
+        .layer(IdempotencyLayer::new(Config::default(), store).unwrap());
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+
+    let client = Client::builder(TokioExecutor::new()).build_http::<Body>();
+    let post = |key: &'static str, body: &'static str| {
+        let client = client.clone();
+        async move {
+            let req = Request::post(format!("http://{addr}/orders"))
+                .header("idempotency-key", key)
+                .body(Body::from(body))
+                .unwrap();
+            let r = client.request(req).await.unwrap();
+            let content_type = r.headers()[axum::http::header::CONTENT_TYPE]
+                .to_str()
+                .unwrap()
+                .to_owned();
+            let body = r.into_body().collect().await.unwrap().to_bytes();
+            (content_type, body)
+        }
+    };
+    let (content_type, body) = post("p-1", "boom").await;
+    assert_eq!(content_type, "application/problem+json");
+    let problem: Value = serde_json::from_slice(&body).unwrap();
+    assert_eq!(problem["status"], 500);
+    assert!(
+        problem["detail"].as_str().unwrap().contains("panicked"),
+        "{problem}"
+    );
+    // The same server, even the same pooled connection, goes on serving.
+    let (_, body) = post("p-2", "fine").await;
+    assert_eq!(&body[..], b"order fine");
+}
+
+#[tokio::test]
 async fn a_client_that_disconnects_mid_request_does_not_strand_its_key() {
     let mut h = start(Config {
         in_flight: InFlight::Wait(Duration::from_secs(10)),
