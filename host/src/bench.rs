@@ -235,34 +235,18 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
     // gateway figure below is this hop plus the guard, so this row is the
     // ceiling any guarded figure can reach in this setup.
     let mut gateways = Vec::new();
-    {
-        let gateway = Gateway::builder(
-            Config {
-                max_concurrent: 4096,
-                ..Config::default()
-            },
-            idem::store::open("memory:").await?,
-            &format!("http://{ledger_addr}"),
-        )
-        .build()?;
-        let listener = TcpListener::bind("127.0.0.1:0").await?;
-        let addr = listener.local_addr()?;
-        gateways.push(tokio::spawn(idem::server::run(
-            gateway,
-            listener,
-            None,
-            stopped(stop.clone()),
-        )));
-        measure_both(
-            PROXY_ALONE,
-            Target {
-                addr,
-                path: "/orders",
-                keys: Keys::None,
-            },
-        )
-        .await?;
-    }
+    let store = idem::store::open("memory:").await?;
+    let (addr, gateway) = start_gateway(store, ledger_addr, stop.clone()).await?;
+    gateways.push(gateway);
+    measure_both(
+        PROXY_ALONE,
+        Target {
+            addr,
+            path: "/orders",
+            keys: Keys::None,
+        },
+    )
+    .await?;
     for url in &args.stores {
         let (url, cleanup) = if url == "sqlite:" {
             let dir = std::env::temp_dir().join(format!("idem-bench-{}", std::process::id()));
@@ -282,23 +266,8 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
             }
         };
         let name = store.name();
-        let gateway = Gateway::builder(
-            Config {
-                max_concurrent: 4096,
-                ..Config::default()
-            },
-            store,
-            &format!("http://{ledger_addr}"),
-        )
-        .build()?;
-        let listener = TcpListener::bind("127.0.0.1:0").await?;
-        let addr = listener.local_addr()?;
-        gateways.push(tokio::spawn(idem::server::run(
-            gateway,
-            listener,
-            None,
-            stopped(stop.clone()),
-        )));
+        let (addr, gateway) = start_gateway(store, ledger_addr, stop.clone()).await?;
+        gateways.push(gateway);
         measure_both(
             &format!("gateway ({name}), new keys"),
             Target {
@@ -399,6 +368,27 @@ fn report(rows: &[(Figures, Figures)], connections: usize, duration: Duration) -
         duration.as_secs_f64()
     );
     text
+}
+
+/// A gateway on `store` in front of the ledger, on a port of its own, until `stop`.
+async fn start_gateway(
+    store: Arc<dyn idem::Store>,
+    ledger_addr: SocketAddr,
+    stop: watch::Receiver<bool>,
+) -> anyhow::Result<(SocketAddr, tokio::task::JoinHandle<()>)> {
+    let gateway = Gateway::builder(
+        Config {
+            max_concurrent: 4096,
+            ..Config::default()
+        },
+        store,
+        &format!("http://{ledger_addr}"),
+    )
+    .build()?;
+    let listener = TcpListener::bind("127.0.0.1:0").await?;
+    let addr = listener.local_addr()?;
+    let serving = tokio::spawn(idem::server::run(gateway, listener, None, stopped(stop)));
+    Ok((addr, serving))
 }
 
 /// The row of the gateway forwarding keyless requests, unguarded.

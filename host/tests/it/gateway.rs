@@ -1188,6 +1188,31 @@ async fn shutdown_lets_in_flight_requests_finish() {
     let _ = &h.gateway;
 }
 
+/// Serves `app` on a port of its own; a function that POSTs a body to its
+/// `/orders` with an idempotency key.
+async fn serve_app(
+    app: Router,
+) -> impl Fn(
+    &'static str,
+    &'static str,
+) -> futures::future::BoxFuture<'static, axum::http::Response<hyper::body::Incoming>>
++ Clone {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+    let client = Client::builder(TokioExecutor::new()).build_http::<Body>();
+    move |key, body| {
+        let client = client.clone();
+        Box::pin(async move {
+            let req = Request::post(format!("http://{addr}/orders"))
+                .header("idempotency-key", key)
+                .body(Body::from(body))
+                .unwrap();
+            client.request(req).await.unwrap()
+        })
+    }
+}
+
 #[tokio::test]
 async fn the_tower_layer_gives_an_axum_app_the_same_semantics() {
     use idem::server::IdempotencyLayer;
@@ -1206,19 +1231,11 @@ async fn the_tower_layer_gives_an_axum_app_the_same_semantics() {
             }),
         )
         .layer(IdempotencyLayer::new(Config::default(), store).unwrap());
-    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
-
-    let client = Client::builder(TokioExecutor::new()).build_http::<Body>();
+    let post_order = serve_app(app).await;
     let post = |key: &'static str, body: &'static str| {
-        let client = client.clone();
+        let post_order = post_order.clone();
         async move {
-            let req = Request::post(format!("http://{addr}/orders"))
-                .header("idempotency-key", key)
-                .body(Body::from(body))
-                .unwrap();
-            let r = client.request(req).await.unwrap();
+            let r = post_order(key, body).await;
             let replayed = r.headers().contains_key("idempotent-replayed");
             (
                 r.status().as_u16(),
@@ -1250,19 +1267,11 @@ async fn a_handler_that_panics_gets_a_500_problem_and_the_server_goes_on() {
             }),
         )
         .layer(IdempotencyLayer::new(Config::default(), store).unwrap());
-    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
-
-    let client = Client::builder(TokioExecutor::new()).build_http::<Body>();
+    let post_order = serve_app(app).await;
     let post = |key: &'static str, body: &'static str| {
-        let client = client.clone();
+        let post_order = post_order.clone();
         async move {
-            let req = Request::post(format!("http://{addr}/orders"))
-                .header("idempotency-key", key)
-                .body(Body::from(body))
-                .unwrap();
-            let r = client.request(req).await.unwrap();
+            let r = post_order(key, body).await;
             let content_type = r.headers()[axum::http::header::CONTENT_TYPE]
                 .to_str()
                 .unwrap()
