@@ -45,7 +45,7 @@ use async_trait::async_trait;
 use rusqlite::{Connection, OpenFlags, OptionalExtension, Row, Statement, params};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, OnceLock, Weak};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 use tokio::sync::{mpsc, oneshot};
 
 const STORE: &str = "sqlite";
@@ -328,8 +328,7 @@ fn corrupt(key: &str, reason: impl Into<String>) -> StoreError {
 fn setup_writer(conn: &Connection, options: &SqliteOptions) -> Result<(), String> {
     conn.busy_timeout(options.busy_timeout)
         .map_err(|e| e.to_string())?;
-    let mode: String = conn
-        .query_row("PRAGMA journal_mode = WAL", [], |r| r.get(0))
+    let mode = enable_wal(conn, options.busy_timeout)
         .map_err(|e| format!("cannot read it as a database: {e}"))?;
     if !mode.eq_ignore_ascii_case("wal") {
         return Err(format!(
@@ -343,6 +342,27 @@ fn setup_writer(conn: &Connection, options: &SqliteOptions) -> Result<(), String
     .map_err(|e| e.to_string())?;
     conn.set_prepared_statement_cache_capacity(32);
     Ok(())
+}
+
+/// Switches the file to WAL mode and returns the mode it is in. SQLite does
+/// not wait out a busy file for this pragma (another store opening the same
+/// new file may be switching it or writing its schema at that moment), so
+/// it is retried here, for as long as the busy timeout allows.
+fn enable_wal(conn: &Connection, busy_timeout: Duration) -> rusqlite::Result<String> {
+    let deadline = Instant::now() + busy_timeout;
+    loop {
+        match conn.query_row("PRAGMA journal_mode = WAL", [], |r| r.get(0)) {
+            Err(rusqlite::Error::SqliteFailure(e, _))
+                if matches!(
+                    e.code,
+                    rusqlite::ErrorCode::DatabaseBusy | rusqlite::ErrorCode::DatabaseLocked
+                ) && Instant::now() < deadline =>
+            {
+                std::thread::sleep(Duration::from_millis(2));
+            }
+            result => return result,
+        }
+    }
 }
 
 fn open_reader(path: &Path, options: &SqliteOptions) -> Result<Connection, String> {

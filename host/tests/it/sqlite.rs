@@ -452,6 +452,33 @@ async fn two_stores_on_one_file_let_one_claimer_proceed() {
     }
 }
 
+/// Gateways started together on one new file (as `idem serve` processes in a
+/// fleet, or in the crash tests, are): every one opens it, none fails with
+/// "database is locked" while another switches the file to WAL or writes
+/// its schema.
+#[test]
+fn stores_opening_one_new_file_at_once_all_open() {
+    for round in 0..20 {
+        let dir = tempfile::tempdir().unwrap();
+        let db = dir.path().join("idem.db");
+        let start = Arc::new(std::sync::Barrier::new(8));
+        let openers: Vec<_> = (0..8)
+            .map(|_| {
+                let (db, start) = (db.clone(), start.clone());
+                std::thread::spawn(move || {
+                    start.wait();
+                    SqliteStore::open(&db, SqliteOptions::default()).map(drop)
+                })
+            })
+            .collect();
+        for opener in openers {
+            if let Err(e) = opener.join().unwrap() {
+                panic!("round {round}: {e}");
+            }
+        }
+    }
+}
+
 /// Another process holding the write lock past the busy timeout: the guard
 /// fails closed (the handler never runs), and works again once it lets go.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
