@@ -1189,14 +1189,11 @@ async fn shutdown_lets_in_flight_requests_finish() {
 }
 
 /// Serves `app` on a port of its own; a function that POSTs a body to its
-/// `/orders` with an idempotency key.
+/// `/orders` with an idempotency key and returns the status, headers and body.
 async fn serve_app(
     app: Router,
-) -> impl Fn(
-    &'static str,
-    &'static str,
-) -> futures::future::BoxFuture<'static, axum::http::Response<hyper::body::Incoming>>
-+ Clone {
+) -> impl Fn(&'static str, &'static str) -> futures::future::BoxFuture<'static, (u16, HeaderMap, Bytes)>
+{
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
@@ -1208,7 +1205,9 @@ async fn serve_app(
                 .header("idempotency-key", key)
                 .body(Body::from(body))
                 .unwrap();
-            client.request(req).await.unwrap()
+            let (parts, body) = client.request(req).await.unwrap().into_parts();
+            let body = body.collect().await.unwrap().to_bytes();
+            (parts.status.as_u16(), parts.headers, body)
         })
     }
 }
@@ -1232,17 +1231,9 @@ async fn the_tower_layer_gives_an_axum_app_the_same_semantics() {
         )
         .layer(IdempotencyLayer::new(Config::default(), store).unwrap());
     let post_order = serve_app(app).await;
-    let post = |key: &'static str, body: &'static str| {
-        let post_order = post_order.clone();
-        async move {
-            let r = post_order(key, body).await;
-            let replayed = r.headers().contains_key("idempotent-replayed");
-            (
-                r.status().as_u16(),
-                r.into_body().collect().await.unwrap().to_bytes(),
-                replayed,
-            )
-        }
+    let post = async |key, body| {
+        let (status, headers, body) = post_order(key, body).await;
+        (status, body, headers.contains_key("idempotent-replayed"))
     };
     let first = post("o-7", "o-7").await;
     assert_eq!(first, (201, Bytes::from("order o-7 charged, run 1"), false));
@@ -1267,21 +1258,12 @@ async fn a_handler_that_panics_gets_a_500_problem_and_the_server_goes_on() {
             }),
         )
         .layer(IdempotencyLayer::new(Config::default(), store).unwrap());
-    let post_order = serve_app(app).await;
-    let post = |key: &'static str, body: &'static str| {
-        let post_order = post_order.clone();
-        async move {
-            let r = post_order(key, body).await;
-            let content_type = r.headers()[axum::http::header::CONTENT_TYPE]
-                .to_str()
-                .unwrap()
-                .to_owned();
-            let body = r.into_body().collect().await.unwrap().to_bytes();
-            (content_type, body)
-        }
-    };
-    let (content_type, body) = post("p-1", "boom").await;
-    assert_eq!(content_type, "application/problem+json");
+    let post = serve_app(app).await;
+    let (_, headers, body) = post("p-1", "boom").await;
+    assert_eq!(
+        headers[axum::http::header::CONTENT_TYPE],
+        "application/problem+json"
+    );
     let problem: Value = serde_json::from_slice(&body).unwrap();
     assert_eq!(problem["status"], 500);
     assert!(
@@ -1289,7 +1271,7 @@ async fn a_handler_that_panics_gets_a_500_problem_and_the_server_goes_on() {
         "{problem}"
     );
     // The same server, even the same pooled connection, goes on serving.
-    let (_, body) = post("p-2", "fine").await;
+    let (_, _, body) = post("p-2", "fine").await;
     assert_eq!(&body[..], b"order fine");
 }
 
