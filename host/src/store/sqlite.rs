@@ -26,9 +26,15 @@
 //! whole and alone (the thread runs them one after another), but 32 concurrent
 //! callers share one commit, and one fsync under `Full`. If any statement of a
 //! batch fails, the batch is rolled back and each primitive is retried in its
-//! own transaction, so one failure never fails its neighbours. `get` and
-//! `list` read on separate connections (WAL readers never block the writer)
-//! through `spawn_blocking`.
+//! own transaction, so one failure never fails its neighbours.
+//!
+//! A write that finds nothing queued and the write connection free does not
+//! wait for the thread: it runs in place, in its own transaction, inside
+//! tokio's `block_in_place`, which first hands the runtime's other tasks on
+//! this worker to another thread. Waking the writer thread and then the
+//! caller costs a lone caller more than the write itself. `get` and `list`
+//! read on separate connections (WAL readers never block the writer), in
+//! place in the same way (through `spawn_blocking` on a current-thread runtime).
 //!
 //! ```no_run
 //! use idem::store::{SqliteStore, SqliteOptions, Synchronous};
@@ -42,8 +48,9 @@ use super::{Entry, InsertOutcome, ListQuery, OpenError, Record, State, Store, St
 use crate::Response;
 use crate::clock::Clock;
 use async_trait::async_trait;
-use rusqlite::{Connection, OpenFlags, OptionalExtension, Row, Statement, params};
+use rusqlite::{Connection, OpenFlags, OptionalExtension, Row, params};
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, Weak};
 use std::time::{Duration, Instant};
 use tokio::sync::{mpsc, oneshot};
@@ -138,8 +145,19 @@ struct Inner {
     options: SqliteOptions,
     writes: Option<mpsc::Sender<Job>>,
     writer: Option<std::thread::JoinHandle<()>>,
+    side: Arc<WriteSide>,
     readers: Mutex<Vec<Connection>>,
-    before_commit: Arc<OnceLock<BeforeCommit>>,
+    /// Writes and reads under way, to tell a lone caller from a crowd.
+    writing: AtomicUsize,
+    reading: AtomicUsize,
+}
+
+/// The one write connection. The writer thread locks it for each batch it
+/// takes from the queue; a caller that finds nothing queued and the
+/// connection free runs its primitive on it in place (see [`SqliteStore::write`]).
+struct WriteSide {
+    conn: Mutex<Connection>,
+    before_commit: OnceLock<BeforeCommit>,
 }
 
 /// See [`SqliteStore::set_before_commit`].
@@ -201,11 +219,14 @@ impl SqliteStore {
         migrate(&conn).map_err(fail)?;
 
         let (writes, queue) = mpsc::channel(QUEUE);
-        let before_commit = Arc::new(OnceLock::new());
-        let hook = before_commit.clone();
+        let side = Arc::new(WriteSide {
+            conn: Mutex::new(conn),
+            before_commit: OnceLock::new(),
+        });
+        let thread_side = side.clone();
         let thread = std::thread::Builder::new()
             .name("idem-sqlite-writer".into())
-            .spawn(move || write_loop(&conn, queue, &hook))
+            .spawn(move || write_loop(&thread_side, queue))
             .map_err(|e| fail(format!("cannot start the writer thread: {e}")))?;
         Ok(SqliteStore {
             inner: Arc::new(Inner {
@@ -213,8 +234,10 @@ impl SqliteStore {
                 options,
                 writes: Some(writes),
                 writer: Some(thread),
+                side,
                 readers: Mutex::new(Vec::new()),
-                before_commit,
+                writing: AtomicUsize::new(0),
+                reading: AtomicUsize::new(0),
             }),
         })
     }
@@ -228,13 +251,13 @@ impl SqliteStore {
     }
 
     /// Test support, for the crash tests' `idem debug-crash` only: `hook`
-    /// runs on the writer thread inside every write transaction, after its
+    /// runs inside every write transaction, after its
     /// statements and before its `COMMIT`, with the number of primitives in
     /// it — so a test can stop a process there and kill it. Set once per
     /// store; returns false if one was already set. Nothing else sets it.
     #[doc(hidden)]
     pub fn set_before_commit(&self, hook: impl Fn(usize) + Send + Sync + 'static) -> bool {
-        self.inner.before_commit.set(Box::new(hook)).is_ok()
+        self.inner.side.before_commit.set(Box::new(hook)).is_ok()
     }
 
     /// Starts a task that purges up to `batch` expired records every
@@ -259,13 +282,27 @@ impl SqliteStore {
         })
     }
 
+    /// Applies `write` and answers after its commit. A lone write (no other
+    /// under way, the write connection free) runs here, in place, on a
+    /// thread the runtime has handed its other tasks away from
+    /// (`block_in_place`): it pays no trip to the writer thread and back,
+    /// which costs more than the write itself. Concurrent writes join the
+    /// queue and share the writer thread's next commit.
     async fn write(&self, write: Write) -> Result<Written, StoreError> {
-        let (reply, answer) = oneshot::channel();
         let queue = self
             .inner
             .writes
             .as_ref()
             .ok_or_else(|| unavailable("the store is closed"))?;
+        let (_writing, others) = Busy::enter(&self.inner.writing);
+        if others == 0
+            && may_block_in_place()
+            && let Some(conn) = try_lock(&self.inner.side.conn)
+        {
+            let hook = &self.inner.side.before_commit;
+            return tokio::task::block_in_place(|| apply_alone(&conn, &write, hook));
+        }
+        let (reply, answer) = oneshot::channel();
         queue
             .send(Job { write, reply })
             .await
@@ -275,34 +312,83 @@ impl SqliteStore {
             .map_err(|_| unavailable("the writer thread stopped before answering"))?
     }
 
-    /// Runs `read` on a pooled read connection, off the async runtime.
+    /// Runs `read` on a pooled read connection, off the async runtime. A
+    /// lone read runs in place once the runtime has handed this thread's
+    /// other tasks away (`block_in_place`); concurrent reads (or any, on a
+    /// current-thread runtime) run on the blocking pool, which spreads a
+    /// crowd over its threads with fewer hand-offs.
     async fn read<T: Send + 'static>(
         &self,
         read: impl FnOnce(&Connection) -> Result<T, StoreError> + Send + 'static,
     ) -> Result<T, StoreError> {
+        let (_reading, others) = Busy::enter(&self.inner.reading);
+        if others == 0 && may_block_in_place() {
+            return tokio::task::block_in_place(|| Self::read_now(&self.inner, read));
+        }
         let inner = self.inner.clone();
-        tokio::task::spawn_blocking(move || {
-            let pooled = inner
-                .readers
-                .lock()
-                .unwrap_or_else(std::sync::PoisonError::into_inner)
-                .pop();
-            let conn = match pooled {
-                Some(conn) => conn,
-                None => open_reader(&inner.path, &inner.options).map_err(|e| unavailable(&e))?,
-            };
-            let result = read(&conn);
-            let mut idle = inner
-                .readers
-                .lock()
-                .unwrap_or_else(std::sync::PoisonError::into_inner);
-            if idle.len() < MAX_IDLE_READERS {
-                idle.push(conn);
-            }
-            result
-        })
-        .await
-        .map_err(|e| unavailable(&format!("read task failed: {e}")))?
+        tokio::task::spawn_blocking(move || Self::read_now(&inner, read))
+            .await
+            .map_err(|e| unavailable(&format!("read task failed: {e}")))?
+    }
+
+    /// Runs `read` on a pooled read connection, on this thread.
+    fn read_now<T>(
+        inner: &Inner,
+        read: impl FnOnce(&Connection) -> Result<T, StoreError>,
+    ) -> Result<T, StoreError> {
+        let pooled = inner
+            .readers
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .pop();
+        let conn = match pooled {
+            Some(conn) => conn,
+            None => open_reader(&inner.path, &inner.options).map_err(|e| unavailable(&e))?,
+        };
+        let result = read(&conn);
+        let mut idle = inner
+            .readers
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if idle.len() < MAX_IDLE_READERS {
+            idle.push(conn);
+        }
+        result
+    }
+}
+
+/// One operation under way, counted in a counter until dropped.
+struct Busy<'a>(&'a AtomicUsize);
+
+impl<'a> Busy<'a> {
+    /// Counts one in, and says how many others were under way.
+    fn enter(counter: &'a AtomicUsize) -> (Busy<'a>, usize) {
+        let others = counter.fetch_add(1, Ordering::AcqRel);
+        (Busy(counter), others)
+    }
+}
+
+impl Drop for Busy<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+/// Whether this thread may block in place: on a worker of a multi-thread
+/// tokio runtime (which hands its other tasks to another thread first), or
+/// in its `block_on`. A current-thread runtime cannot hand its tasks away.
+fn may_block_in_place() -> bool {
+    tokio::runtime::Handle::try_current()
+        .is_ok_and(|h| h.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread)
+}
+
+/// The lock if it is free now. A lock poisoned by a panic still holds a
+/// usable connection: each transaction starts by rolling back any left open.
+fn try_lock<T>(mutex: &Mutex<T>) -> Option<std::sync::MutexGuard<'_, T>> {
+    match mutex.try_lock() {
+        Ok(guard) => Some(guard),
+        Err(std::sync::TryLockError::Poisoned(poisoned)) => Some(poisoned.into_inner()),
+        Err(std::sync::TryLockError::WouldBlock) => None,
     }
 }
 
@@ -470,21 +556,7 @@ struct Job {
 
 /// The writer thread: takes what is queued, applies it in one transaction,
 /// and answers only after the commit. Ends when every sender is gone.
-fn write_loop(
-    conn: &Connection,
-    mut queue: mpsc::Receiver<Job>,
-    before_commit: &OnceLock<BeforeCommit>,
-) {
-    let mut statements = match Statements::prepare(conn) {
-        Ok(statements) => statements,
-        Err(e) => {
-            // Nothing can be written: say so to every caller until the store closes.
-            while let Some(job) = queue.blocking_recv() {
-                let _ = job.reply.send(Err(sql_unavailable(&e)));
-            }
-            return;
-        }
-    };
+fn write_loop(side: &WriteSide, mut queue: mpsc::Receiver<Job>) {
     let mut batch: Vec<Job> = Vec::with_capacity(MAX_BATCH);
     while let Some(first) = queue.blocking_recv() {
         batch.push(first);
@@ -494,31 +566,30 @@ fn write_loop(
                 Err(_) => break,
             }
         }
-        match apply_batch(conn, &mut statements, &batch, before_commit) {
-            Ok(results) => {
-                for (job, result) in batch.drain(..).zip(results) {
-                    let _ = job.reply.send(result);
+        let answers = {
+            let conn = side
+                .conn
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            let writes = batch.iter().map(|job| &job.write);
+            match apply_batch(&conn, writes, &side.before_commit) {
+                Ok(results) => results,
+                // Rolled back: nothing of the batch is written. Alone, or
+                // locked out by another process for the whole busy timeout:
+                // retrying each would only wait that long again.
+                Err(e) if batch.len() == 1 || is_busy(&e) => {
+                    batch.iter().map(|_| Err(sql_unavailable(&e))).collect()
                 }
+                // Otherwise retry each alone, so only the primitive that
+                // fails reports the failure.
+                Err(_) => batch
+                    .iter()
+                    .map(|job| apply_alone(&conn, &job.write, &side.before_commit))
+                    .collect(),
             }
-            // Rolled back: nothing of the batch is written. Retry each alone
-            // so only the primitive that fails reports the failure.
-            // Alone, or locked out by another process for the whole busy
-            // timeout: retrying each would only wait that long again.
-            Err(e) if batch.len() == 1 || is_busy(&e) => {
-                for job in batch.drain(..) {
-                    let _ = job.reply.send(Err(sql_unavailable(&e)));
-                }
-            }
-            Err(_) => {
-                for job in batch.drain(..) {
-                    let one = std::slice::from_ref(&job);
-                    let result = match apply_batch(conn, &mut statements, one, before_commit) {
-                        Ok(mut one) => one.pop().expect("one result"),
-                        Err(e) => Err(sql_unavailable(&e)),
-                    };
-                    let _ = job.reply.send(result);
-                }
-            }
+        };
+        for (job, answer) in batch.drain(..).zip(answers) {
+            let _ = job.reply.send(answer);
         }
     }
 }
@@ -530,65 +601,65 @@ fn is_busy(e: &rusqlite::Error) -> bool {
     )
 }
 
-/// The writer's statements, prepared once for the thread's life: at tens of
-/// thousands of statements a second, looking each up in a cache by its text
-/// (a hash of the whole text) is measurable.
-struct Statements<'c> {
-    begin: Statement<'c>,
-    commit: Statement<'c>,
-    select: Statement<'c>,
-    insert: Statement<'c>,
-    overwrite: Statement<'c>,
-    replace: Statement<'c>,
-    delete: Statement<'c>,
-    purge: Statement<'c>,
+/// A record's columns, in the order [`decode`] reads them.
+macro_rules! columns {
+    () => {
+        "key, version, fingerprint, state, lease_until_ms, expires_at_ms, status, headers, body"
+    };
+}
+const COLUMNS: &str = columns!();
+
+/// The write statements. Each is prepared once per connection and found
+/// again in its statement cache.
+mod sql {
+    pub const BEGIN: &str = "BEGIN IMMEDIATE";
+    pub const COMMIT: &str = "COMMIT";
+    pub const SELECT: &str = concat!("SELECT ", columns!(), " FROM records WHERE key = ?1");
+    pub const INSERT: &str = "INSERT INTO records (key, version, fingerprint, state, lease_until_ms, expires_at_ms, status, headers, body)
+         VALUES (?1, 1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)";
+    /// Inside the write transaction, so nothing changes the row between the
+    /// read that found it expired and this write.
+    pub const OVERWRITE: &str =
+        "UPDATE records SET version = ?2, fingerprint = ?3, state = ?4, lease_until_ms = ?5,
+         expires_at_ms = ?6, status = ?7, headers = ?8, body = ?9
+         WHERE key = ?1";
+    pub const REPLACE: &str =
+        "UPDATE records SET version = version + 1, fingerprint = ?3, state = ?4,
+         lease_until_ms = ?5, expires_at_ms = ?6, status = ?7, headers = ?8, body = ?9
+         WHERE key = ?1 AND version = ?2 AND expires_at_ms > ?10";
+    pub const DELETE: &str = "DELETE FROM records WHERE key = ?1 AND (?2 IS NULL OR version = ?2)";
+    pub const PURGE: &str = "DELETE FROM records WHERE rowid IN
+         (SELECT rowid FROM records WHERE expires_at_ms <= ?1 LIMIT ?2)";
 }
 
-impl<'c> Statements<'c> {
-    fn prepare(conn: &'c Connection) -> Result<Self, rusqlite::Error> {
-        Ok(Statements {
-            begin: conn.prepare("BEGIN IMMEDIATE")?,
-            commit: conn.prepare("COMMIT")?,
-            select: conn.prepare(&format!("SELECT {COLUMNS} FROM records WHERE key = ?1"))?,
-            insert: conn.prepare(
-                "INSERT INTO records (key, version, fingerprint, state, lease_until_ms, expires_at_ms, status, headers, body)
-                 VALUES (?1, 1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)",
-            )?,
-            // Inside the batch's write transaction, so nothing changes the row
-            // between the read that found it expired and this write.
-            overwrite: conn.prepare(
-                "UPDATE records SET version = ?2, fingerprint = ?3, state = ?4, lease_until_ms = ?5,
-                 expires_at_ms = ?6, status = ?7, headers = ?8, body = ?9
-                 WHERE key = ?1",
-            )?,
-            replace: conn.prepare(
-                "UPDATE records SET version = version + 1, fingerprint = ?3, state = ?4,
-                 lease_until_ms = ?5, expires_at_ms = ?6, status = ?7, headers = ?8, body = ?9
-                 WHERE key = ?1 AND version = ?2 AND expires_at_ms > ?10",
-            )?,
-            delete: conn
-                .prepare("DELETE FROM records WHERE key = ?1 AND (?2 IS NULL OR version = ?2)")?,
-            purge: conn.prepare(
-                "DELETE FROM records WHERE rowid IN
-                 (SELECT rowid FROM records WHERE expires_at_ms <= ?1 LIMIT ?2)",
-            )?,
-        })
+/// Applies one write in its own transaction.
+fn apply_alone(
+    conn: &Connection,
+    write: &Write,
+    before_commit: &OnceLock<BeforeCommit>,
+) -> Result<Written, StoreError> {
+    match apply_batch(conn, std::iter::once(write), before_commit) {
+        Ok(mut results) => results.pop().expect("one result"),
+        Err(e) => Err(sql_unavailable(&e)),
     }
 }
 
-/// Applies `jobs` in one transaction. A database error rolls all of them back
-/// and is returned; a record that does not decode is that job's answer only
-/// (it is found by a read, so nothing was written for it).
-fn apply_batch(
+/// Applies `writes` in one transaction. A database error rolls all of them
+/// back and is returned; a record that does not decode is that write's
+/// answer only (it is found by a read, so nothing was written for it).
+fn apply_batch<'w>(
     conn: &Connection,
-    statements: &mut Statements<'_>,
-    jobs: &[Job],
+    writes: impl ExactSizeIterator<Item = &'w Write>,
     before_commit: &OnceLock<BeforeCommit>,
 ) -> Result<Vec<Result<Written, StoreError>>, rusqlite::Error> {
-    statements.begin.execute([])?;
-    let mut results = Vec::with_capacity(jobs.len());
-    for job in jobs {
-        match apply(statements, &job.write) {
+    if !conn.is_autocommit() {
+        // Left open by a panic mid-transaction: none of it was answered.
+        conn.execute_batch("ROLLBACK")?;
+    }
+    conn.prepare_cached(sql::BEGIN)?.execute([])?;
+    let mut results = Vec::with_capacity(writes.len());
+    for write in writes {
+        match apply(conn, write) {
             Ok(result) => results.push(result),
             Err(e) => {
                 if !conn.is_autocommit() {
@@ -599,9 +670,12 @@ fn apply_batch(
         }
     }
     if let Some(hook) = before_commit.get() {
-        hook(jobs.len());
+        hook(results.len());
     }
-    if let Err(e) = statements.commit.execute([]) {
+    if let Err(e) = conn
+        .prepare_cached(sql::COMMIT)
+        .and_then(|mut c| c.execute([]))
+    {
         if !conn.is_autocommit() {
             let _ = conn.execute_batch("ROLLBACK");
         }
@@ -610,16 +684,10 @@ fn apply_batch(
     Ok(results)
 }
 
-const COLUMNS: &str =
-    "key, version, fingerprint, state, lease_until_ms, expires_at_ms, status, headers, body";
-
 /// One primitive, inside the batch's write transaction (`BEGIN IMMEDIATE`:
 /// no other connection or process writes until it commits), so a read and
 /// the write it decides are one atomic step.
-fn apply(
-    st: &mut Statements<'_>,
-    write: &Write,
-) -> Result<Result<Written, StoreError>, rusqlite::Error> {
+fn apply(conn: &Connection, write: &Write) -> Result<Result<Written, StoreError>, rusqlite::Error> {
     Ok(match write {
         Write::Insert {
             key,
@@ -628,8 +696,8 @@ fn apply(
         } => {
             // Read first: a live record (a replay, a request in flight) is
             // answered with one read and nothing written.
-            let held = st
-                .select
+            let held = conn
+                .prepare_cached(sql::SELECT)?
                 .query_row([key], |row| {
                     let version: i64 = row.get(1)?;
                     let expires_at_ms: i64 = row.get(5)?;
@@ -640,7 +708,7 @@ fn apply(
             match held {
                 None => {
                     let (status, headers, body) = response_columns(record.response.as_ref());
-                    st.insert.execute(params![
+                    conn.prepare_cached(sql::INSERT)?.execute(params![
                         key,
                         record.fingerprint,
                         record.state.as_str(),
@@ -658,7 +726,7 @@ fn apply(
                     Ok(old) => {
                         let version = old.saturating_add(1);
                         let (status, headers, body) = response_columns(record.response.as_ref());
-                        st.overwrite.execute(params![
+                        conn.prepare_cached(sql::OVERWRITE)?.execute(params![
                             key,
                             int(version),
                             record.fingerprint,
@@ -682,7 +750,7 @@ fn apply(
             now_ms,
         } => {
             let (status, headers, body) = response_columns(record.response.as_ref());
-            let replaced = st.replace.execute(params![
+            let replaced = conn.prepare_cached(sql::REPLACE)?.execute(params![
                 key,
                 int(*expected_version),
                 record.fingerprint,
@@ -702,11 +770,13 @@ fn apply(
             key,
             expected_version,
         } => {
-            let deleted = st.delete.execute(params![key, expected_version.map(int)])?;
+            let deleted = conn
+                .prepare_cached(sql::DELETE)?
+                .execute(params![key, expected_version.map(int)])?;
             Ok(Written::Delete(deleted > 0))
         }
         Write::Purge { now_ms, limit } => {
-            let purged = st.purge.execute(params![
+            let purged = conn.prepare_cached(sql::PURGE)?.execute(params![
                 int(*now_ms),
                 i64::try_from(*limit).unwrap_or(i64::MAX)
             ])?;

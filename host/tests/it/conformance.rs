@@ -386,10 +386,17 @@ pub async fn replays_the_stored_bytes(store: Arc<dyn Store>) {
     assert_eq!(calls.load(Ordering::SeqCst), 1);
 }
 
-/// Runs the whole suite against the store `$open` yields.
+/// Runs the whole suite against the store `$open` yields, on a
+/// multi-thread runtime unless a flavor is given (`current_thread`).
 #[macro_export]
 macro_rules! store_conformance {
     ($name:ident, $open:expr) => {
+        $crate::store_conformance!($name, $open, flavor = "multi_thread", worker_threads = 4);
+    };
+    ($name:ident, $open:expr, current_thread) => {
+        $crate::store_conformance!($name, $open, flavor = "current_thread");
+    };
+    ($name:ident, $open:expr, $($runtime:tt)+) => {
         mod $name {
             use super::*;
 
@@ -399,7 +406,7 @@ macro_rules! store_conformance {
 
             macro_rules! case {
                 ($case:ident) => {
-                    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+                    #[tokio::test($($runtime)+)]
                     async fn $case() {
                         if let Some(store) = open().await {
                             super::$case(store).await;
@@ -471,7 +478,7 @@ store_conformance!(memory, async {
     Some(Arc::new(idem::MemoryStore::new()) as Arc<dyn Store>)
 });
 
-store_conformance!(sqlite, async {
+async fn open_sqlite() -> Option<Arc<dyn Store>> {
     // Kept after the test (under target/tmp, which `cargo clean` empties): the
     // file must outlive every handle the suite's tasks may still hold.
     let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR"))
@@ -481,7 +488,13 @@ store_conformance!(sqlite, async {
         idem::store::SqliteStore::open(dir.join("idem.db"), idem::store::SqliteOptions::default())
             .expect("open the sqlite store");
     Some(Arc::new(store) as Arc<dyn Store>)
-});
+}
+
+// On a multi-thread runtime a lone write runs in place and concurrent ones
+// queue for the writer thread; on a current-thread runtime every write
+// queues and reads go through the blocking pool. Both ways pass the suite.
+store_conformance!(sqlite, open_sqlite());
+store_conformance!(sqlite_current_thread, open_sqlite(), current_thread);
 
 store_conformance!(redis, async {
     let url = crate::netstores::server_url("IDEM_TEST_REDIS_URL")?;

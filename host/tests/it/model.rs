@@ -651,9 +651,9 @@ pub async fn model_based_sequences(store: Arc<dyn Store>) {
     let cases = env_or("IDEM_MODEL_CASES", 64);
     let max_steps = env_or("IDEM_MODEL_STEPS", 40) as usize;
     let handle = tokio::runtime::Handle::current();
-    // The runner is synchronous: step out of the async worker and block on
-    // each sequence (needs the multi-threaded runtime the conformance cases use).
-    let result = tokio::task::block_in_place(|| {
+    // The runner is synchronous: it runs on a blocking thread and blocks on
+    // each sequence, while the test's runtime (of either flavor) drives I/O.
+    let result = tokio::task::spawn_blocking(move || {
         let config = Config {
             cases,
             failure_persistence: None,
@@ -665,7 +665,9 @@ pub async fn model_based_sequences(store: Arc<dyn Store>) {
                 .block_on(run_sequence(store.clone(), steps))
                 .map_err(TestCaseError::fail)
         })
-    });
+    })
+    .await
+    .expect("the model runner panicked");
     if let Err(e) = result {
         panic!("the component diverged from the model: {e}");
     }

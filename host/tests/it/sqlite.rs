@@ -518,3 +518,60 @@ async fn a_file_locked_by_another_process_fails_closed_then_recovers() {
     ));
     assert_eq!(calls.load(Ordering::SeqCst), 1);
 }
+
+/// A lone write commits in place, with no trip to the writer thread and
+/// back; a crowd of concurrent writes still shares the writer thread's
+/// commits (group commit). Each commit's thread and size are seen through
+/// the store's before-commit hook.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lone_write_commits_in_place_and_a_crowd_shares_the_writer_threads_commits() {
+    let live = || record("fp", State::Processing, BASE_MS + 30_000, BASE_MS + 60_000);
+    let dir = tempfile::tempdir().unwrap();
+    let store = open(&dir.path().join("idem.db"));
+    let commits: Arc<std::sync::Mutex<Vec<(bool, usize)>>> = Arc::default();
+    let seen = commits.clone();
+    assert!(store.set_before_commit(move |primitives| {
+        let on_writer = std::thread::current().name() == Some("idem-sqlite-writer");
+        seen.lock().unwrap().push((on_writer, primitives));
+    }));
+
+    for i in 0..20 {
+        let key = format!("lone-{i}");
+        store.insert(&key, live(), BASE_MS).await.unwrap();
+    }
+    let lone = std::mem::take(&mut *commits.lock().unwrap());
+    assert_eq!(lone.len(), 20, "one commit per lone write: {lone:?}");
+    assert!(
+        lone.iter().all(|&(on_writer, n)| !on_writer && n == 1),
+        "every lone write committed in place, alone: {lone:?}"
+    );
+
+    let store = Arc::new(store);
+    let mut crowd = tokio::task::JoinSet::new();
+    for i in 0..256 {
+        let store = store.clone();
+        crowd.spawn(async move {
+            store
+                .insert(&format!("crowd-{i}"), live(), BASE_MS)
+                .await
+                .unwrap()
+        });
+    }
+    while let Some(inserted) = crowd.join_next().await {
+        assert!(matches!(
+            inserted.unwrap(),
+            idem::store::InsertOutcome::Inserted(1)
+        ));
+    }
+    let crowd = std::mem::take(&mut *commits.lock().unwrap());
+    assert_eq!(
+        crowd.iter().map(|&(_, n)| n).sum::<usize>(),
+        256,
+        "every write committed once: {crowd:?}"
+    );
+    assert!(
+        crowd.iter().any(|&(on_writer, n)| on_writer && n > 1),
+        "concurrent writes shared a commit on the writer thread: {crowd:?}"
+    );
+    assert_eq!(rows(&dir.path().join("idem.db")), 276);
+}
