@@ -5,14 +5,17 @@
 //! URL says `?table=NAME`), with its schema version in `idem_schema`. Each
 //! primitive is one prepared statement, so one round trip:
 //!
-//! - a claim calls `{table}_claim(…)`, a PL/pgSQL function that reads the
-//!   row first and returns it when live — a replay takes no lock and writes
-//!   nothing — and otherwise `INSERT … ON CONFLICT (key) DO NOTHING` (absent)
-//!   or `UPDATE … WHERE expires_at_ms <= now` (expired), reading again when a
-//!   concurrent claimer won. It has to be a function: in a single statement
-//!   (a CTE) every part uses the statement's snapshot, taken before a
-//!   concurrent claimer committed its row, so the losing claimer would find
-//!   nothing to return. Inside the function each statement takes a new snapshot.
+//! - a claim reads the row by key and returns it when live — a replay is
+//!   one index lookup, takes no lock and writes nothing. Only when the row is
+//!   absent or expired does the same statement call `{table}_try_claim(…)`,
+//!   a PL/pgSQL function: `INSERT … ON CONFLICT (key) DO NOTHING` (absent)
+//!   or `UPDATE … WHERE expires_at_ms <= now` (expired), answering the new
+//!   version. It has to be a function: each statement in it takes a new
+//!   snapshot, so it sees a row that a concurrent claimer committed after
+//!   the claim's read began. When such a claimer won (the function answers
+//!   NULL), the claim asks again through `{table}_claim(…)`, which reads,
+//!   inserts or overwrites in a loop until it settles and returns the row:
+//!   a second round trip, only for the loser of a race.
 //! - a completion is `UPDATE … WHERE key = $1 AND version = $2 AND expires_at_ms > $now`.
 //!
 //! Every read filters `expires_at_ms > now` by the guard's clock; the
@@ -56,6 +59,7 @@ pub struct PostgresStore {
 /// The statements, with the table name filled in once.
 struct Sql {
     claim: String,
+    settle: String,
     get: String,
     replace: String,
     delete: String,
@@ -66,9 +70,10 @@ struct Sql {
 const COLUMNS: &str = "version, fingerprint, state, lease_until_ms, expires_at_ms, status, header_names, header_values, body";
 
 impl Sql {
-    fn all(&self) -> [&str; 6] {
+    fn all(&self) -> [&str; 7] {
         [
             &self.claim,
+            &self.settle,
             &self.get,
             &self.replace,
             &self.delete,
@@ -79,7 +84,14 @@ impl Sql {
 
     fn new(t: &str) -> Sql {
         Sql {
-            claim: format!("SELECT * FROM {t}_claim($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)"),
+            claim: format!(
+                "SELECT r.version, r.fingerprint, r.state, r.lease_until_ms, r.expires_at_ms, r.status, \
+                 r.header_names, r.header_values, r.body, \
+                 CASE WHEN r.expires_at_ms > $2 THEN NULL \
+                 ELSE {t}_try_claim($1, $2, $3, $4, $5, $6, $7, $8, $9, $10) END \
+                 FROM (SELECT 1) AS one LEFT JOIN {t} r ON r.key = $1"
+            ),
+            settle: format!("SELECT * FROM {t}_claim($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)"),
             get: format!("SELECT {COLUMNS} FROM {t} WHERE key = $1 AND expires_at_ms > $2"),
             replace: format!(
                 "UPDATE {t} SET version = version + 1, fingerprint = $4, state = $5, lease_until_ms = $6, \
@@ -102,7 +114,7 @@ impl Sql {
     }
 }
 
-/// Creates the table, its index, the claim function and the schema
+/// Creates the table, its index, the claim functions and the schema
 /// version, under an advisory lock so that guards starting together do not
 /// race on `CREATE`.
 fn schema(t: &str) -> String {
@@ -124,6 +136,15 @@ CREATE TABLE IF NOT EXISTS {t} (
   body BYTEA
 );
 CREATE INDEX IF NOT EXISTS {t}_expires ON {t} (expires_at_ms);
+"#,
+        version = PostgresStore::SCHEMA_VERSION
+    ) + &claim_functions(t)
+}
+
+/// The claim's two PL/pgSQL functions (see the module docs).
+fn claim_functions(t: &str) -> String {
+    format!(
+        r"
 -- Earlier builds returned a set (RETURNS TABLE); one row is cheaper to return,
 -- and CREATE OR REPLACE cannot change a function's return type.
 DO $drop$ BEGIN
@@ -133,6 +154,36 @@ DO $drop$ BEGIN
     DROP FUNCTION {t}_claim(text, bigint, text, text, bigint, bigint, integer, text[], bytea[], bytea);
   END IF;
 END $drop$;
+-- Claims an absent or expired key: its new version, or NULL when a live row
+-- (a concurrent claimer's, committed since the caller read) holds it.
+CREATE OR REPLACE FUNCTION {t}_try_claim(
+  p_key TEXT, p_now BIGINT, p_fp TEXT, p_state TEXT, p_lease BIGINT, p_exp BIGINT,
+  p_status INTEGER, p_names TEXT[], p_values BYTEA[], p_body BYTEA)
+RETURNS BIGINT
+LANGUAGE plpgsql AS $fn$
+DECLARE
+  v BIGINT;
+BEGIN
+  -- The unique key lets exactly one concurrent claimer insert; the others
+  -- wait for it to commit and insert nothing.
+  INSERT INTO {t} (key, version, fingerprint, state, lease_until_ms, expires_at_ms, status, header_names, header_values, body)
+  VALUES (p_key, 1, p_fp, p_state, p_lease, p_exp, p_status, p_names, p_values, p_body)
+  ON CONFLICT (key) DO NOTHING
+  RETURNING version INTO v;
+  IF FOUND THEN
+    RETURN v;
+  END IF;
+  -- Present: overwritten at its version + 1 if still expired when we hold its
+  -- lock (a concurrent claimer that overwrote it first made it live again).
+  UPDATE {t} r SET version = r.version + 1, fingerprint = p_fp, state = p_state, lease_until_ms = p_lease,
+    expires_at_ms = p_exp, status = p_status, header_names = p_names, header_values = p_values, body = p_body
+  WHERE r.key = p_key AND r.expires_at_ms <= p_now
+  RETURNING r.version INTO v;
+  RETURN v;
+END
+$fn$;
+-- The whole claim in a loop, returning the row it found or the version it
+-- wrote: for a claimer that lost a race to `{t}_try_claim`.
 CREATE OR REPLACE FUNCTION {t}_claim(
   p_key TEXT, p_now BIGINT, p_fp TEXT, p_state TEXT, p_lease BIGINT, p_exp BIGINT,
   p_status INTEGER, p_names TEXT[], p_values BYTEA[], p_body BYTEA,
@@ -174,8 +225,7 @@ BEGIN
   RAISE EXCEPTION 'idem: claim of % did not settle after 10 attempts', p_key;
 END
 $fn$;
-"#,
-        version = PostgresStore::SCHEMA_VERSION
+"
     )
 }
 
@@ -520,23 +570,34 @@ impl Store for PostgresStore {
         now_ms: u64,
     ) -> Result<InsertOutcome, StoreError> {
         let (status, names, values, body) = response_columns(&record);
-        let rows = self
-            .query(
-                &self.sql.claim,
-                &[
-                    &key,
-                    &big(now_ms),
-                    &record.fingerprint,
-                    &record.state.as_str(),
-                    &big(record.lease_until_ms),
-                    &big(record.expires_at_ms),
-                    &status,
-                    &names,
-                    &values,
-                    &body,
-                ],
-            )
-            .await?;
+        let now = big(now_ms);
+        let params: [&(dyn ToSql + Sync); 10] = [
+            &key,
+            &now,
+            &record.fingerprint,
+            &record.state.as_str(),
+            &big(record.lease_until_ms),
+            &big(record.expires_at_ms),
+            &status,
+            &names,
+            &values,
+            &body,
+        ];
+        let rows = self.query(&self.sql.claim, &params).await?;
+        let row = rows
+            .first()
+            .ok_or_else(|| unavailable("the claim returned no row".into()))?;
+        let claimed: Option<i64> = row.try_get(9).map_err(|e| unavailable(e.to_string()))?;
+        if let Some(version) = claimed {
+            return Ok(InsertOutcome::Inserted(version.cast_unsigned()));
+        }
+        let expires: Option<i64> = row.try_get(4).map_err(|e| unavailable(e.to_string()))?;
+        if expires.is_some_and(|expires| expires > now) {
+            return Ok(InsertOutcome::Existing(decode(key, row, 0)?));
+        }
+        // A concurrent claimer committed the key after this claim read it:
+        // settle in a second round trip, which returns the winner's row.
+        let rows = self.query(&self.sql.settle, &params).await?;
         let row = rows
             .first()
             .ok_or_else(|| unavailable("the claim returned no row".into()))?;

@@ -454,6 +454,94 @@ mod postgres {
         claim_is_one_round_trip(store, &proxy).await;
     }
 
+    /// A claim that reads the key absent while another claimer's insert is
+    /// not yet committed loses the race when it commits: it gets the
+    /// winner's record, in a second round trip, and writes nothing.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn postgres_a_claimer_that_loses_the_race_gets_the_winners_record() {
+        let Some((store, proxy)) = through_proxy().await else {
+            return;
+        };
+        let url = url().unwrap();
+        let key = unique("race");
+        let mut winner = raw(&url).await;
+        let tx = winner.transaction().await.unwrap();
+        let winner_pid: i32 = tx
+            .query_one("SELECT pg_backend_pid()", &[])
+            .await
+            .unwrap()
+            .get(0);
+        tx.execute(
+            "INSERT INTO idem_records (key, version, fingerprint, state, lease_until_ms, expires_at_ms) \
+             VALUES ($1, 1, 'winner', 'processing', $2, $3)",
+            &[&key, &((BASE_MS + 30_000) as i64), &((BASE_MS + 60_000) as i64)],
+        )
+        .await
+        .unwrap();
+        proxy.take_round_trips();
+        let claim = tokio::spawn({
+            let (store, key) = (store.clone(), key.clone());
+            async move {
+                store
+                    .insert(
+                        &key,
+                        record(
+                            "loser",
+                            State::Processing,
+                            BASE_MS + 30_000,
+                            BASE_MS + 60_000,
+                        ),
+                        BASE_MS,
+                    )
+                    .await
+            }
+        });
+        // The claim read the key absent and now waits on the winner's
+        // uncommitted row in the unique index.
+        let watcher = raw(&url).await;
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        loop {
+            let waiting: i64 = watcher
+                .query_one(
+                    "SELECT count(*) FROM pg_stat_activity WHERE $1 = ANY(pg_blocking_pids(pid))",
+                    &[&winner_pid],
+                )
+                .await
+                .unwrap()
+                .get(0);
+            if waiting > 0 {
+                break;
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the claim never waited on the winner's row"
+            );
+            tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+        }
+        tx.commit().await.unwrap();
+        match claim.await.unwrap().unwrap() {
+            idem::store::InsertOutcome::Existing(entry) => {
+                assert_eq!(entry.version, 1);
+                assert_eq!(entry.record.fingerprint, "winner");
+            }
+            other => panic!("the loser claimed the key: {other:?}"),
+        }
+        assert_eq!(
+            proxy.take_round_trips(),
+            2,
+            "the read, then the settling claim"
+        );
+        let fingerprint: String = watcher
+            .query_one(
+                "SELECT fingerprint FROM idem_records WHERE key = $1",
+                &[&key],
+            )
+            .await
+            .unwrap()
+            .get(0);
+        assert_eq!(fingerprint, "winner", "the loser wrote nothing");
+    }
+
     #[tokio::test]
     async fn postgres_fails_closed_when_cut_and_recovers() {
         let Some((store, proxy)) = through_proxy().await else {
