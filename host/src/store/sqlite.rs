@@ -50,7 +50,7 @@ use crate::clock::Clock;
 use async_trait::async_trait;
 use rusqlite::{Connection, OpenFlags, OptionalExtension, Row, params};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, Weak};
 use std::time::{Duration, Instant};
 use tokio::sync::{mpsc, oneshot};
@@ -148,8 +148,8 @@ struct Inner {
     side: Arc<WriteSide>,
     readers: Mutex<Vec<Connection>>,
     /// Writes and reads under way, to tell a lone caller from a crowd.
-    writing: AtomicUsize,
-    reading: AtomicUsize,
+    writing: Crowd,
+    reading: Crowd,
 }
 
 /// The one write connection. The writer thread locks it for each batch it
@@ -236,8 +236,8 @@ impl SqliteStore {
                 writer: Some(thread),
                 side,
                 readers: Mutex::new(Vec::new()),
-                writing: AtomicUsize::new(0),
-                reading: AtomicUsize::new(0),
+                writing: Crowd::default(),
+                reading: Crowd::default(),
             }),
         })
     }
@@ -282,20 +282,20 @@ impl SqliteStore {
         })
     }
 
-    /// Applies `write` and answers after its commit. A lone write (no other
-    /// under way, the write connection free) runs here, in place, on a
+    /// Applies `write` and answers after its commit. A lone write (see
+    /// [`Crowd`]; the write connection free) runs here, in place, on a
     /// thread the runtime has handed its other tasks away from
     /// (`block_in_place`): it pays no trip to the writer thread and back,
-    /// which costs more than the write itself. Concurrent writes join the
-    /// queue and share the writer thread's next commit.
+    /// which costs more than the write itself. Under concurrent writes it
+    /// joins the queue and shares the writer thread's next commit.
     async fn write(&self, write: Write) -> Result<Written, StoreError> {
         let queue = self
             .inner
             .writes
             .as_ref()
             .ok_or_else(|| unavailable("the store is closed"))?;
-        let (_writing, others) = Busy::enter(&self.inner.writing);
-        if others == 0
+        let (_writing, alone) = self.inner.writing.enter();
+        if alone
             && may_block_in_place()
             && let Some(conn) = try_lock(&self.inner.side.conn)
         {
@@ -321,8 +321,8 @@ impl SqliteStore {
         &self,
         read: impl FnOnce(&Connection) -> Result<T, StoreError> + Send + 'static,
     ) -> Result<T, StoreError> {
-        let (_reading, others) = Busy::enter(&self.inner.reading);
-        if others == 0 && may_block_in_place() {
+        let (_reading, alone) = self.inner.reading.enter();
+        if alone && may_block_in_place() {
             return tokio::task::block_in_place(|| Self::read_now(&self.inner, read));
         }
         let inner = self.inner.clone();
@@ -357,16 +357,52 @@ impl SqliteStore {
     }
 }
 
-/// One operation under way, counted in a counter until dropped.
-struct Busy<'a>(&'a AtomicUsize);
+/// After operations last overlapped, how long before one counts as alone
+/// again. Under steady concurrent load they overlap far more often than
+/// this, so they keep sharing the writer thread's commits (and the blocking
+/// pool) instead of each taking a worker thread for itself.
+const QUIET: Duration = Duration::from_millis(10);
 
-impl<'a> Busy<'a> {
-    /// Counts one in, and says how many others were under way.
-    fn enter(counter: &'a AtomicUsize) -> (Busy<'a>, usize) {
-        let others = counter.fetch_add(1, Ordering::AcqRel);
-        (Busy(counter), others)
+/// Tells a lone operation from one in a crowd: how many are under way, and
+/// when two last overlapped.
+struct Crowd {
+    under_way: AtomicUsize,
+    /// Milliseconds from `since` to the last overlap, plus one; 0 for never.
+    overlapped_at: AtomicU64,
+    since: Instant,
+}
+
+impl Default for Crowd {
+    fn default() -> Self {
+        Crowd {
+            under_way: AtomicUsize::new(0),
+            overlapped_at: AtomicU64::new(0),
+            since: Instant::now(),
+        }
     }
 }
+
+impl Crowd {
+    /// Counts one operation in until the guard drops, and says whether it
+    /// is alone: none other under way, and none overlapping for `QUIET`.
+    fn enter(&self) -> (Busy<'_>, bool) {
+        let others = self.under_way.fetch_add(1, Ordering::AcqRel);
+        let now = u64::try_from(self.since.elapsed().as_millis())
+            .unwrap_or(u64::MAX - 1)
+            .saturating_add(1);
+        let busy = Busy(&self.under_way);
+        if others > 0 {
+            self.overlapped_at.store(now, Ordering::Relaxed);
+            return (busy, false);
+        }
+        let last = self.overlapped_at.load(Ordering::Relaxed);
+        let quiet = u64::try_from(QUIET.as_millis()).unwrap_or(u64::MAX);
+        (busy, last == 0 || now.saturating_sub(last) >= quiet)
+    }
+}
+
+/// One operation under way, counted until dropped.
+struct Busy<'a>(&'a AtomicUsize);
 
 impl Drop for Busy<'_> {
     fn drop(&mut self) {

@@ -573,5 +573,12 @@ async fn a_lone_write_commits_in_place_and_a_crowd_shares_the_writer_threads_com
         crowd.iter().any(|&(on_writer, n)| on_writer && n > 1),
         "concurrent writes shared a commit on the writer thread: {crowd:?}"
     );
-    assert_eq!(rows(&dir.path().join("idem.db")), 276);
+
+    // Once the crowd has gone (and stayed gone a moment), a lone write
+    // commits in place again.
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    store.insert("after", live(), BASE_MS).await.unwrap();
+    let after = std::mem::take(&mut *commits.lock().unwrap());
+    assert_eq!(after, vec![(false, 1)], "back in place after the crowd");
+    assert_eq!(rows(&dir.path().join("idem.db")), 277);
 }
