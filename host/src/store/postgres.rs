@@ -471,23 +471,49 @@ fn big(n: u64) -> i64 {
     i64::try_from(n).unwrap_or(i64::MAX)
 }
 
-/// The response as (status, header names, header values, body) columns.
-type ResponseColumns = (
-    Option<i32>,
-    Option<Vec<String>>,
-    Option<Vec<Vec<u8>>>,
-    Option<Vec<u8>>,
-);
+/// A record as the statements' parameters, in `COLUMNS` order after the
+/// version: fingerprint, state, lease, expiry, status, header names,
+/// header values, body.
+struct RecordParams<'r> {
+    fingerprint: &'r str,
+    state: &'static str,
+    lease_until_ms: i64,
+    expires_at_ms: i64,
+    status: Option<i32>,
+    names: Option<Vec<String>>,
+    values: Option<Vec<Vec<u8>>>,
+    body: Option<&'r [u8]>,
+}
 
-fn response_columns(record: &Record) -> ResponseColumns {
-    match &record.response {
-        Some(r) => (
-            Some(i32::from(r.status)),
-            Some(r.headers.iter().map(|(n, _)| n.clone()).collect()),
-            Some(r.headers.iter().map(|(_, v)| v.clone()).collect()),
-            Some(r.body.clone()),
-        ),
-        None => (None, None, None, None),
+impl<'r> RecordParams<'r> {
+    fn new(record: &'r Record) -> Self {
+        let response = record.response.as_ref();
+        RecordParams {
+            fingerprint: &record.fingerprint,
+            state: record.state.as_str(),
+            lease_until_ms: big(record.lease_until_ms),
+            expires_at_ms: big(record.expires_at_ms),
+            status: response.map(|r| i32::from(r.status)),
+            names: response.map(|r| r.headers.iter().map(|(n, _)| n.clone()).collect()),
+            values: response.map(|r| r.headers.iter().map(|(_, v)| v.clone()).collect()),
+            body: response.map(|r| r.body.as_slice()),
+        }
+    }
+
+    /// `leading` (key, version, now: as the statement wants), then the record.
+    fn after<'a>(&'a self, leading: &[&'a (dyn ToSql + Sync)]) -> Vec<&'a (dyn ToSql + Sync)> {
+        let mut params = leading.to_vec();
+        params.extend_from_slice(&[
+            &self.fingerprint,
+            &self.state,
+            &self.lease_until_ms,
+            &self.expires_at_ms,
+            &self.status,
+            &self.names,
+            &self.values,
+            &self.body,
+        ]);
+        params
     }
 }
 
@@ -569,20 +595,9 @@ impl Store for PostgresStore {
         record: Record,
         now_ms: u64,
     ) -> Result<InsertOutcome, StoreError> {
-        let (status, names, values, body) = response_columns(&record);
         let now = big(now_ms);
-        let params: [&(dyn ToSql + Sync); 10] = [
-            &key,
-            &now,
-            &record.fingerprint,
-            &record.state.as_str(),
-            &big(record.lease_until_ms),
-            &big(record.expires_at_ms),
-            &status,
-            &names,
-            &values,
-            &body,
-        ];
+        let columns = RecordParams::new(&record);
+        let params = columns.after(&[&key, &now]);
         let rows = self.query(&self.sql.claim, &params).await?;
         let row = rows
             .first()
@@ -617,24 +632,10 @@ impl Store for PostgresStore {
         record: Record,
         now_ms: u64,
     ) -> Result<Option<u64>, StoreError> {
-        let (status, names, values, body) = response_columns(&record);
+        let (version, now) = (big(expected_version), big(now_ms));
+        let columns = RecordParams::new(&record);
         let replaced = self
-            .execute(
-                &self.sql.replace,
-                &[
-                    &key,
-                    &big(expected_version),
-                    &big(now_ms),
-                    &record.fingerprint,
-                    &record.state.as_str(),
-                    &big(record.lease_until_ms),
-                    &big(record.expires_at_ms),
-                    &status,
-                    &names,
-                    &values,
-                    &body,
-                ],
-            )
+            .execute(&self.sql.replace, &columns.after(&[&key, &version, &now]))
             .await?;
         // The row's version is `version + 1` = expected + 1 when one was updated.
         Ok((replaced > 0).then(|| expected_version.saturating_add(1)))
