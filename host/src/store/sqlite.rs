@@ -28,13 +28,14 @@
 //! batch fails, the batch is rolled back and each primitive is retried in its
 //! own transaction, so one failure never fails its neighbours.
 //!
-//! A write that finds nothing queued and the write connection free does not
-//! wait for the thread: it runs in place, in its own transaction, inside
-//! tokio's `block_in_place`, which first hands the runtime's other tasks on
-//! this worker to another thread. Waking the writer thread and then the
-//! caller costs a lone caller more than the write itself. `get` and `list`
-//! read on separate connections (WAL readers never block the writer), in
-//! place in the same way (through `spawn_blocking` on a current-thread runtime).
+//! A lone write (no other under way, and none overlapping in the last 10 ms)
+//! does not wait for the thread: it runs in place, in its own transaction,
+//! inside tokio's `block_in_place`, which first hands the runtime's other
+//! tasks on this worker to another thread. Waking the writer thread and then
+//! the caller costs a lone caller more than the write itself. `get` and
+//! `list` read on separate connections (WAL readers never block the writer):
+//! a lone read in place in the same way, concurrent ones (and any on a
+//! current-thread runtime) through `spawn_blocking`.
 //!
 //! ```no_run
 //! use idem::store::{SqliteStore, SqliteOptions, Synchronous};
@@ -153,8 +154,8 @@ struct Inner {
 }
 
 /// The one write connection. The writer thread locks it for each batch it
-/// takes from the queue; a caller that finds nothing queued and the
-/// connection free runs its primitive on it in place (see [`SqliteStore::write`]).
+/// takes from the queue; a lone caller that finds it free runs its primitive
+/// on it in place (see [`SqliteStore::write`]).
 struct WriteSide {
     conn: Mutex<Connection>,
     before_commit: OnceLock<BeforeCommit>,
