@@ -84,12 +84,12 @@ impl Sql {
 
     fn new(t: &str) -> Sql {
         Sql {
+            // The row's `COLUMNS` (all NULL when absent), then the version
+            // `{t}_try_claim` wrote, if it was called and won.
             claim: format!(
-                "SELECT r.version, r.fingerprint, r.state, r.lease_until_ms, r.expires_at_ms, r.status, \
-                 r.header_names, r.header_values, r.body, \
-                 CASE WHEN r.expires_at_ms > $2 THEN NULL \
+                "SELECT r.*, CASE WHEN r.expires_at_ms > $2 THEN NULL \
                  ELSE {t}_try_claim($1, $2, $3, $4, $5, $6, $7, $8, $9, $10) END \
-                 FROM (SELECT 1) AS one LEFT JOIN {t} r ON r.key = $1"
+                 FROM (SELECT 1) AS one LEFT JOIN (SELECT {COLUMNS} FROM {t} WHERE key = $1) r ON true"
             ),
             settle: format!("SELECT * FROM {t}_claim($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)"),
             get: format!("SELECT {COLUMNS} FROM {t} WHERE key = $1 AND expires_at_ms > $2"),
@@ -602,6 +602,7 @@ impl Store for PostgresStore {
         let row = rows
             .first()
             .ok_or_else(|| unavailable("the claim returned no row".into()))?;
+        // Columns: the row's `COLUMNS` (expires_at_ms is the fifth), then the claimed version.
         let claimed: Option<i64> = row.try_get(9).map_err(|e| unavailable(e.to_string()))?;
         if let Some(version) = claimed {
             return Ok(InsertOutcome::Inserted(version.cast_unsigned()));
