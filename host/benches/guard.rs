@@ -8,7 +8,7 @@
 
 use criterion::{BenchmarkId, Criterion, criterion_group, criterion_main};
 use idem::component::MISBEHAVING_COMPONENT;
-use idem::store::{Faulty, MemoryStore, SyncStore};
+use idem::store::{AsyncOnly, MemoryStore, SyncStore};
 use idem::{Clock, Decision, Guard, Limits, Policy, Record, Response, Runtime, SystemClock};
 use idem_guest::guard::{self as native, Primitives};
 use idem_guest::model::{InsertOutcome, StoreFailure};
@@ -78,14 +78,12 @@ fn new_keys(iters: u64, store: &MemoryStore, mut run_chunk: impl FnMut(&[String]
 }
 
 /// A guard over `store` through the component: the sync flavour (the memory
-/// store answers without I/O), or, wrapped in a `Faulty` with no fault set,
-/// the async flavour that network and disk stores use.
+/// store answers without I/O), or, wrapped in `AsyncOnly`, the async
+/// flavour that network and disk stores use.
 fn component_guard(store: &MemoryStore, flavour: &str) -> Guard {
     match flavour {
         "component" => Guard::builder(store.clone()).build().unwrap(),
-        "component-async" => Guard::builder(Faulty::new(store.clone()).0)
-            .build()
-            .unwrap(),
+        "component-async" => Guard::builder(AsyncOnly(store.clone())).build().unwrap(),
         _ => unreachable!(),
     }
 }

@@ -129,6 +129,12 @@ enum Instance {
     Sync(sync_host::Instance),
 }
 
+impl Instance {
+    fn is_sync(&self) -> bool {
+        matches!(self, Instance::Sync(_))
+    }
+}
+
 /// Counters of one pool, for operators.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct PoolStats {
@@ -142,8 +148,8 @@ pub struct PoolStats {
 pub(crate) struct Pool {
     runtime: Runtime,
     store: Arc<dyn Store>,
-    /// The same store when it answers without I/O: then instances use the
-    /// sync flavour.
+    /// The same store when it answers without I/O: then calls use the
+    /// sync flavour, except while it says a call would wait.
     sync_store: Option<Arc<dyn SyncStore>>,
     clock: Arc<dyn Clock>,
     idle: Mutex<Vec<Instance>>,
@@ -190,10 +196,19 @@ impl Pool {
     }
 
     async fn checkout(&self) -> Result<Instance, GuardError> {
-        let idle = self.lock_idle().pop();
+        let sync = self
+            .sync_store
+            .as_ref()
+            .is_some_and(|store| !store.would_wait());
+        let idle = {
+            let mut idle = self.lock_idle();
+            idle.iter()
+                .rposition(|i| i.is_sync() == sync)
+                .map(|at| idle.swap_remove(at))
+        };
         let mut instance = match idle {
             Some(instance) => instance,
-            None => self.instantiate().await?,
+            None => self.instantiate(sync).await?,
         };
         let ticks = self.deadline_ticks();
         match &mut instance {
@@ -209,9 +224,11 @@ impl Pool {
         (timeout.as_millis() / EPOCH_TICK.as_millis()).max(1) as u64
     }
 
-    async fn instantiate(&self) -> Result<Instance, GuardError> {
+    /// A new instance of the sync flavour (the store must have a sync form)
+    /// or of the async one.
+    async fn instantiate(&self, sync: bool) -> Result<Instance, GuardError> {
         let inner = &self.runtime.inner;
-        let instance = if let Some(store) = &self.sync_store {
+        let instance = if let Some(store) = self.sync_store.as_ref().filter(|_| sync) {
             let store = self.wasm_store(|clock, limits| sync_host::State {
                 store: store.clone(),
                 clock,

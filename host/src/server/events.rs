@@ -4,7 +4,9 @@
 //! The hot path pays for two atomic adds, one short lock on a 10-slot rate
 //! window and — only while someone listens to `/v1/events` — one broadcast.
 
-use crate::store::{Entry, FaultRule, InsertOutcome, ListQuery, Op, Record, Store, StoreError};
+use crate::store::{
+    Entry, FaultRule, InsertOutcome, ListQuery, Op, Record, Store, StoreError, SyncStore,
+};
 use async_trait::async_trait;
 use serde::Serialize;
 use std::collections::HashMap;
@@ -298,6 +300,53 @@ impl Timed {
     }
 }
 
+/// The sync form of [`Timed`], over the sync form of its inner store.
+struct TimedSync {
+    inner: Arc<dyn SyncStore>,
+    observer: Arc<Observer>,
+}
+
+impl TimedSync {
+    fn time<T>(&self, call: impl FnOnce() -> T) -> T {
+        let started = Instant::now();
+        let out = call();
+        self.observer.store_latency(started.elapsed());
+        out
+    }
+}
+
+impl SyncStore for TimedSync {
+    fn get_now(&self, key: &str, now_ms: u64) -> Result<Option<Entry>, StoreError> {
+        self.time(|| self.inner.get_now(key, now_ms))
+    }
+    fn insert_now(
+        &self,
+        key: &str,
+        record: Record,
+        now_ms: u64,
+    ) -> Result<InsertOutcome, StoreError> {
+        self.time(|| self.inner.insert_now(key, record, now_ms))
+    }
+    fn replace_now(
+        &self,
+        key: &str,
+        expected_version: u64,
+        record: Record,
+        now_ms: u64,
+    ) -> Result<Option<u64>, StoreError> {
+        self.time(|| {
+            self.inner
+                .replace_now(key, expected_version, record, now_ms)
+        })
+    }
+    fn delete_now(&self, key: &str, expected_version: Option<u64>) -> Result<bool, StoreError> {
+        self.time(|| self.inner.delete_now(key, expected_version))
+    }
+    fn would_wait(&self) -> bool {
+        self.inner.would_wait()
+    }
+}
+
 #[async_trait]
 impl Store for Timed {
     fn name(&self) -> &'static str {
@@ -336,6 +385,12 @@ impl Store for Timed {
     }
     async fn purge_expired(&self, now_ms: u64, limit: usize) -> Result<usize, StoreError> {
         self.inner.purge_expired(now_ms, limit).await
+    }
+    fn as_sync(&self) -> Option<Arc<dyn SyncStore>> {
+        Some(Arc::new(TimedSync {
+            inner: self.inner.as_sync()?,
+            observer: self.observer.clone(),
+        }))
     }
 }
 

@@ -6,7 +6,7 @@
 //! Rules and their text form are in [`super::fault_rule`].
 
 use super::fault_rule::{FaultKind, FaultRule, Op, ParseFaultError};
-use super::{Entry, InsertOutcome, ListQuery, Record, Store, StoreError};
+use super::{Entry, InsertOutcome, ListQuery, Record, Store, StoreError, SyncStore};
 use async_trait::async_trait;
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -23,6 +23,8 @@ pub struct FaultHandle {
 struct Faults {
     /// Lets the fault-free path skip the lock.
     any: AtomicBool,
+    /// Whether a rule delays (`delay`, `timeout`): see [`SyncStore::would_wait`].
+    waits: AtomicBool,
     rules: Mutex<BTreeMap<Op, FaultRule>>,
     injected: AtomicU64,
 }
@@ -38,7 +40,7 @@ impl FaultHandle {
         } else {
             rules.insert(op, rule);
         }
-        self.inner.any.store(!rules.is_empty(), Ordering::SeqCst);
+        self.publish(&rules);
         Ok(())
     }
 
@@ -55,8 +57,23 @@ impl FaultHandle {
     }
 
     pub fn clear_all(&self) {
-        self.lock().clear();
-        self.inner.any.store(false, Ordering::SeqCst);
+        let mut rules = self.lock();
+        rules.clear();
+        self.publish(&rules);
+    }
+
+    /// Updates the flags the lock-free paths read, after `rules` changed.
+    fn publish(&self, rules: &BTreeMap<Op, FaultRule>) {
+        let waits = rules
+            .values()
+            .any(|r| matches!(r.kind, FaultKind::Delay | FaultKind::Timeout));
+        self.inner.waits.store(waits, Ordering::SeqCst);
+        self.inner.any.store(!rules.is_empty(), Ordering::SeqCst);
+    }
+
+    /// Whether a rule in force makes calls wait.
+    fn waits(&self) -> bool {
+        self.inner.waits.load(Ordering::Relaxed)
     }
 
     /// The rules in force, by operation.
@@ -91,7 +108,7 @@ impl FaultHandle {
             *n = n.saturating_sub(1);
             if *n == 0 {
                 rules.remove(&op);
-                self.inner.any.store(!rules.is_empty(), Ordering::SeqCst);
+                self.publish(&rules);
             }
         }
         self.inner.injected.fetch_add(1, Ordering::Relaxed);
@@ -122,10 +139,7 @@ impl<S: Store> Faulty<S> {
     }
 
     fn unavailable(&self, reason: String) -> StoreError {
-        StoreError::Unavailable {
-            store: self.inner.name(),
-            reason,
-        }
+        unavailable(self.inner.name(), reason)
     }
 
     /// Runs `call` under the fault for `op`, if one hits.
@@ -140,16 +154,10 @@ impl<S: Store> Faulty<S> {
         let latency = Duration::from_millis(rule.latency_ms);
         match rule.kind {
             FaultKind::Off => call.await,
-            FaultKind::Error => {
-                Err(self.unavailable(format!("{} (injected on {})", rule.message, op.as_str())))
-            }
+            FaultKind::Error => Err(self.unavailable(injected_error(&rule, op))),
             FaultKind::Timeout => {
                 tokio::time::sleep(latency).await;
-                Err(self.unavailable(format!(
-                    "{} timed out after {} ms (injected)",
-                    op.as_str(),
-                    rule.latency_ms
-                )))
+                Err(self.unavailable(timed_out(&rule, op)))
             }
             FaultKind::Delay => {
                 tokio::time::sleep(latency).await;
@@ -157,13 +165,33 @@ impl<S: Store> Faulty<S> {
             }
             FaultKind::Lost => {
                 let _applied = call.await;
-                Err(self.unavailable(format!(
-                    "reply to {} lost (injected; the operation was applied)",
-                    op.as_str()
-                )))
+                Err(self.unavailable(lost(op)))
             }
         }
     }
+}
+
+fn unavailable(store: &'static str, reason: String) -> StoreError {
+    StoreError::Unavailable { store, reason }
+}
+
+fn injected_error(rule: &FaultRule, op: Op) -> String {
+    format!("{} (injected on {})", rule.message, op.as_str())
+}
+
+fn timed_out(rule: &FaultRule, op: Op) -> String {
+    format!(
+        "{} timed out after {} ms (injected)",
+        op.as_str(),
+        rule.latency_ms
+    )
+}
+
+fn lost(op: Op) -> String {
+    format!(
+        "reply to {} lost (injected; the operation was applied)",
+        op.as_str()
+    )
 }
 
 #[async_trait]
@@ -209,6 +237,77 @@ impl<S: Store> Store for Faulty<S> {
     }
     async fn purge_expired(&self, now_ms: u64, limit: usize) -> Result<usize, StoreError> {
         self.inner.purge_expired(now_ms, limit).await
+    }
+    fn as_sync(&self) -> Option<Arc<dyn SyncStore>> {
+        Some(Arc::new(FaultySync {
+            inner: self.inner.as_sync()?,
+            faults: self.faults.clone(),
+            store: self.inner.name(),
+        }))
+    }
+}
+
+/// The sync form of a [`Faulty`] store, over the sync form of its inner
+/// store, with the same rules. While a rule delays, [`SyncStore::would_wait`]
+/// sends calls to the async form, which can wait; a call that was already
+/// on its way when such a rule was set gets it without the wait (a
+/// `timeout` fails at once, a `delay` runs at once).
+struct FaultySync {
+    inner: Arc<dyn SyncStore>,
+    faults: FaultHandle,
+    store: &'static str,
+}
+
+impl FaultySync {
+    fn apply<T>(
+        &self,
+        op: Op,
+        call: impl FnOnce() -> Result<T, StoreError>,
+    ) -> Result<T, StoreError> {
+        let Some(rule) = self.faults.hit(op) else {
+            return call();
+        };
+        match rule.kind {
+            FaultKind::Off | FaultKind::Delay => call(),
+            FaultKind::Error => Err(unavailable(self.store, injected_error(&rule, op))),
+            FaultKind::Timeout => Err(unavailable(self.store, timed_out(&rule, op))),
+            FaultKind::Lost => {
+                let _applied = call();
+                Err(unavailable(self.store, lost(op)))
+            }
+        }
+    }
+}
+
+impl SyncStore for FaultySync {
+    fn get_now(&self, key: &str, now_ms: u64) -> Result<Option<Entry>, StoreError> {
+        self.apply(Op::Get, || self.inner.get_now(key, now_ms))
+    }
+    fn insert_now(
+        &self,
+        key: &str,
+        record: Record,
+        now_ms: u64,
+    ) -> Result<InsertOutcome, StoreError> {
+        self.apply(Op::Insert, || self.inner.insert_now(key, record, now_ms))
+    }
+    fn replace_now(
+        &self,
+        key: &str,
+        expected_version: u64,
+        record: Record,
+        now_ms: u64,
+    ) -> Result<Option<u64>, StoreError> {
+        self.apply(Op::Replace, || {
+            self.inner
+                .replace_now(key, expected_version, record, now_ms)
+        })
+    }
+    fn delete_now(&self, key: &str, expected_version: Option<u64>) -> Result<bool, StoreError> {
+        self.apply(Op::Delete, || self.inner.delete_now(key, expected_version))
+    }
+    fn would_wait(&self) -> bool {
+        self.faults.waits() || self.inner.would_wait()
     }
 }
 

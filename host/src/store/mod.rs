@@ -32,6 +32,8 @@ pub use idem_guest::model::{Entry, InsertOutcome, Record, State};
 // Everything below is the engine's (feature `engine`, on by default); the
 // rules above are all the `gateway` fuzz target needs.
 #[cfg(feature = "engine")]
+mod async_only;
+#[cfg(feature = "engine")]
 mod faulty;
 #[cfg(feature = "engine")]
 mod memory;
@@ -46,6 +48,8 @@ mod redis;
 #[cfg(feature = "engine")]
 mod sqlite;
 
+#[cfg(feature = "engine")]
+pub use async_only::AsyncOnly;
 #[cfg(feature = "engine")]
 pub use faulty::{FaultHandle, Faulty};
 #[cfg(feature = "engine")]
@@ -169,6 +173,13 @@ pub trait SyncStore: Send + Sync + 'static {
         now_ms: u64,
     ) -> Result<Option<u64>, StoreError>;
     fn delete_now(&self, key: &str, expected_version: Option<u64>) -> Result<bool, StoreError>;
+
+    /// Whether a call made now might have to wait (a [`super::Faulty`]
+    /// store with an injected delay). The guard then makes that call through
+    /// the async flavour, which can wait without holding up the thread.
+    fn would_wait(&self) -> bool {
+        false
+    }
 }
 
 #[cfg(feature = "engine")]

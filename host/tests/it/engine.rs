@@ -2,16 +2,17 @@
 //! answers unavailable, its instance is replaced, and the next call works —
 //! in both of the host's flavours: sync (a store that never waits on I/O,
 //! the memory store) and async (every other store; here the memory store
-//! behind a `Faulty` with no fault set, which hides its sync side).
+//! behind `AsyncOnly`, which hides its sync side).
 
 use crate::conformance::BASE_MS;
-use idem::{Faulty, Guard, Limits, ManualClock, MemoryStore, Outcome, Response, Runtime, Store};
+use idem::store::AsyncOnly;
+use idem::{Guard, Limits, ManualClock, MemoryStore, Outcome, Response, Runtime, Store};
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
 /// The memory store as the sync flavour sees it, and as the async one does.
 fn both_flavours() -> [std::sync::Arc<dyn Store>; 2] {
-    let async_only = Faulty::new(MemoryStore::new()).0;
+    let async_only = AsyncOnly(MemoryStore::new());
     assert!(async_only.as_sync().is_none());
     assert!(MemoryStore::new().as_sync().is_some());
     [

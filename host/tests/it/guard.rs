@@ -3,7 +3,7 @@
 use crate::conformance::BASE_MS;
 use idem::{
     Decision, FaultRule, Faulty, Guard, GuardError, ManualClock, MemoryStore, OnHandlerError, Op,
-    Outcome, Response, RunError,
+    Outcome, Response, RunError, Store,
 };
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
@@ -112,6 +112,56 @@ async fn insert_applied_but_reply_lost_never_executes_twice() {
         Outcome::Replayed(_)
     ));
     assert_eq!(calls.load(Ordering::SeqCst), 1);
+}
+
+/// A `Faulty` memory store keeps the sync flavour (no fiber) while no rule
+/// makes calls wait; a `delay` or `timeout` rule sends calls to the async
+/// flavour, which waits it out, and clearing it brings the sync one back.
+#[tokio::test(start_paused = true)]
+async fn delay_and_timeout_faults_are_waited_out_over_the_sync_store() {
+    let (store, faults) = Faulty::new(MemoryStore::new());
+    let sync = store
+        .as_sync()
+        .expect("a faulty memory store has a sync form");
+    let guard = Guard::builder(store)
+        .clock(ManualClock::new(BASE_MS))
+        .build()
+        .unwrap();
+    assert!(!sync.would_wait());
+    faults.set(Op::Get, FaultRule::error("down")).unwrap();
+    assert!(!sync.would_wait(), "an error rule answers at once");
+
+    faults
+        .set(Op::Insert, FaultRule::delay(Duration::from_millis(700)))
+        .unwrap();
+    assert!(sync.would_wait());
+    let started = tokio::time::Instant::now();
+    let outcome = guard.run("slow", "fp", |_| async { Ok::<_, &str>(paid()) });
+    assert!(matches!(outcome.await.unwrap(), Outcome::Executed(_)));
+    assert!(started.elapsed() >= Duration::from_millis(700));
+
+    faults
+        .set(Op::Insert, FaultRule::timeout(Duration::from_millis(300)))
+        .unwrap();
+    let started = tokio::time::Instant::now();
+    let calls = AtomicU32::new(0);
+    let outcome = guard.run("late", "fp", |_| async {
+        calls.fetch_add(1, Ordering::SeqCst);
+        Ok::<_, &str>(paid())
+    });
+    match outcome.await.unwrap() {
+        Outcome::Unavailable(why) => assert!(why.contains("timed out after 300 ms"), "{why}"),
+        other => panic!("{other:?}"),
+    }
+    assert!(started.elapsed() >= Duration::from_millis(300));
+    assert_eq!(calls.load(Ordering::SeqCst), 0);
+
+    faults.clear(Op::Insert);
+    assert!(!sync.would_wait());
+    let started = tokio::time::Instant::now();
+    let outcome = guard.run("fast", "fp", |_| async { Ok::<_, &str>(paid()) });
+    assert!(matches!(outcome.await.unwrap(), Outcome::Executed(_)));
+    assert_eq!(started.elapsed(), Duration::ZERO);
 }
 
 #[tokio::test]
