@@ -29,6 +29,8 @@ mod gateway;
 #[cfg(feature = "engine")]
 pub mod layer;
 #[cfg(feature = "engine")]
+mod poll_again;
+#[cfg(feature = "engine")]
 pub mod proxy;
 #[cfg(feature = "engine")]
 pub mod serve;

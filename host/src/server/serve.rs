@@ -1,6 +1,7 @@
 //! The accept loop: HTTP/1.1 with header limits, one task per connection,
 //! and a graceful shutdown that lets in-flight requests finish.
 
+use super::poll_again::PollAgain;
 use axum::Router;
 use hyper::server::conn::http1;
 use hyper_util::rt::{TokioIo, TokioTimer};
@@ -46,9 +47,9 @@ pub async fn serve(
                 let service = TowerToHyperService::new(router.clone());
                 let connection = builder.serve_connection(TokioIo::new(stream), service);
                 let connection = graceful.watch(connection);
-                tokio::spawn(async move {
+                tokio::spawn(PollAgain::new(async move {
                     let _ = connection.await;
-                });
+                }));
             }
             () = stopped(&mut stop) => break,
         }
