@@ -138,10 +138,6 @@ impl<S: Store> Faulty<S> {
         &self.inner
     }
 
-    fn unavailable(&self, reason: String) -> StoreError {
-        unavailable(self.inner.name(), reason)
-    }
-
     /// Runs `call` under the fault for `op`, if one hits.
     async fn apply<T>(
         &self,
@@ -151,47 +147,64 @@ impl<S: Store> Faulty<S> {
         let Some(rule) = self.faults.hit(op) else {
             return call.await;
         };
-        let latency = Duration::from_millis(rule.latency_ms);
-        match rule.kind {
-            FaultKind::Off => call.await,
-            FaultKind::Error => Err(self.unavailable(injected_error(&rule, op))),
-            FaultKind::Timeout => {
-                tokio::time::sleep(latency).await;
-                Err(self.unavailable(timed_out(&rule, op)))
-            }
-            FaultKind::Delay => {
-                tokio::time::sleep(latency).await;
-                call.await
-            }
-            FaultKind::Lost => {
+        let effect = Effect::of(&rule, op);
+        if !effect.wait.is_zero() {
+            tokio::time::sleep(effect.wait).await;
+        }
+        let store = self.inner.name();
+        match effect.then {
+            Then::Run => call.await,
+            Then::Fail(reason) => Err(StoreError::Unavailable { store, reason }),
+            Then::RunAndFail(reason) => {
                 let _applied = call.await;
-                Err(self.unavailable(lost(op)))
+                Err(StoreError::Unavailable { store, reason })
             }
         }
     }
 }
 
-fn unavailable(store: &'static str, reason: String) -> StoreError {
-    StoreError::Unavailable { store, reason }
+/// What a rule that hits does to one call: wait, then one of [`Then`].
+struct Effect {
+    wait: Duration,
+    then: Then,
 }
 
-fn injected_error(rule: &FaultRule, op: Op) -> String {
-    format!("{} (injected on {})", rule.message, op.as_str())
+enum Then {
+    Run,
+    /// Fails without running the call.
+    Fail(String),
+    /// Runs the call, then fails as if its reply were lost.
+    RunAndFail(String),
 }
 
-fn timed_out(rule: &FaultRule, op: Op) -> String {
-    format!(
-        "{} timed out after {} ms (injected)",
-        op.as_str(),
-        rule.latency_ms
-    )
-}
-
-fn lost(op: Op) -> String {
-    format!(
-        "reply to {} lost (injected; the operation was applied)",
-        op.as_str()
-    )
+impl Effect {
+    fn of(rule: &FaultRule, op: Op) -> Effect {
+        let latency = Duration::from_millis(rule.latency_ms);
+        let (wait, then) = match rule.kind {
+            FaultKind::Off => (Duration::ZERO, Then::Run),
+            FaultKind::Error => (
+                Duration::ZERO,
+                Then::Fail(format!("{} (injected on {})", rule.message, op.as_str())),
+            ),
+            FaultKind::Timeout => (
+                latency,
+                Then::Fail(format!(
+                    "{} timed out after {} ms (injected)",
+                    op.as_str(),
+                    rule.latency_ms
+                )),
+            ),
+            FaultKind::Delay => (latency, Then::Run),
+            FaultKind::Lost => (
+                Duration::ZERO,
+                Then::RunAndFail(format!(
+                    "reply to {} lost (injected; the operation was applied)",
+                    op.as_str()
+                )),
+            ),
+        };
+        Effect { wait, then }
+    }
 }
 
 #[async_trait]
@@ -267,13 +280,14 @@ impl FaultySync {
         let Some(rule) = self.faults.hit(op) else {
             return call();
         };
-        match rule.kind {
-            FaultKind::Off | FaultKind::Delay => call(),
-            FaultKind::Error => Err(unavailable(self.store, injected_error(&rule, op))),
-            FaultKind::Timeout => Err(unavailable(self.store, timed_out(&rule, op))),
-            FaultKind::Lost => {
+        // No wait here: see the type's docs.
+        let store = self.store;
+        match Effect::of(&rule, op).then {
+            Then::Run => call(),
+            Then::Fail(reason) => Err(StoreError::Unavailable { store, reason }),
+            Then::RunAndFail(reason) => {
                 let _applied = call();
-                Err(unavailable(self.store, lost(op)))
+                Err(StoreError::Unavailable { store, reason })
             }
         }
     }
