@@ -89,6 +89,7 @@ pub struct Guard {
     pool: Arc<Pool>,
     policy: Policy,
     on_handler_error: OnHandlerError,
+    renew_lease: bool,
 }
 
 /// Builds a [`Guard`].
@@ -98,6 +99,7 @@ pub struct GuardBuilder {
     runtime: Option<Runtime>,
     policy: Policy,
     on_handler_error: OnHandlerError,
+    renew_lease: bool,
 }
 
 impl GuardBuilder {
@@ -135,6 +137,17 @@ impl GuardBuilder {
         self
     }
 
+    /// Whether [`Guard::run`] renews the claim's lease while its handler is
+    /// still running (default: yes, every third of the lease). Without it, a
+    /// handler that outlives the lease can be taken over by a repeat and run
+    /// twice; with it, only a holder that stopped renewing (crashed, or cut
+    /// off from the store) loses its key.
+    #[must_use]
+    pub fn renew_lease(mut self, renew: bool) -> Self {
+        self.renew_lease = renew;
+        self
+    }
+
     /// The compiled component to run (default: the embedded one, compiled
     /// once per process).
     #[must_use]
@@ -153,6 +166,7 @@ impl GuardBuilder {
             pool: Arc::new(Pool::new(runtime, self.store, self.clock)),
             policy: self.policy,
             on_handler_error: self.on_handler_error,
+            renew_lease: self.renew_lease,
         })
     }
 }
@@ -221,6 +235,10 @@ impl Guard {
     /// Runs `handler` at most once per key and fingerprint within the
     /// retention window, and replays its response to every repeat.
     ///
+    /// While the handler runs, its claim's lease is renewed every third of
+    /// the lease (see [`GuardBuilder::renew_lease`]), so a slow handler is
+    /// never taken over while its process is alive and reaches the store.
+    ///
     /// ```
     /// use idem::{Guard, MemoryStore, Outcome, Response};
     ///
@@ -256,7 +274,9 @@ impl Guard {
             Err(GuardError::InvalidInput(why)) => return Err(RunError::InvalidInput(why)),
             Err(e) => return Ok(Outcome::Unavailable(e.to_string())),
         };
-        match handler(Fence(claim.fence)).await {
+        let work = handler(Fence(claim.fence));
+        let (result, claim) = self.holding(claim, work).await;
+        match result {
             Ok(response) => match self.complete(claim, response).await {
                 (response, Ok(())) => Ok(Outcome::Executed(response)),
                 (response, Err(error)) => Err(RunError::NotRecorded { response, error }),
@@ -272,6 +292,61 @@ impl Guard {
     }
 }
 
+impl Guard {
+    /// Runs `work` under `claim`, renewing its lease every third of the lease
+    /// while `work` is still running (unless the guard was built without
+    /// renewal). Returns `work`'s output and the claim as last renewed, which
+    /// is the one `complete` or `release` must present.
+    ///
+    /// A renewal the store cannot answer is tried again at the next tick (the
+    /// lease may still hold); one refused as stale (taken over or expired)
+    /// ends the renewing, and the completion will be refused the same way. A
+    /// renewal under way when `work` finishes is awaited, so the claim
+    /// returned always matches the store.
+    async fn holding<T>(&self, mut claim: Claim, work: impl Future<Output = T>) -> (T, Claim) {
+        let mut work = std::pin::pin!(work);
+        if !self.renew_lease {
+            return (work.await, claim);
+        }
+        // A handler that finishes at once arms no timer.
+        let once = std::future::poll_fn(|cx| std::task::Poll::Ready(work.as_mut().poll(cx)));
+        if let std::task::Poll::Ready(output) = once.await {
+            return (output, claim);
+        }
+        let every = Duration::from_millis((self.policy.lease_ms / 3).max(1));
+        let mut tick = tokio::time::interval_at(tokio::time::Instant::now() + every, every);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut renewal: Option<std::pin::Pin<Box<dyn Future<Output = _> + Send + '_>>> = None;
+        let mut renewing = true;
+        loop {
+            tokio::select! {
+                biased;
+                renewed = async { renewal.as_mut().expect("guarded by the condition").await },
+                    if renewal.is_some() =>
+                {
+                    renewal = None;
+                    match renewed {
+                        Ok(next) => claim = next,
+                        Err(GuardError::Unavailable(_)) => {}
+                        Err(_) => renewing = false,
+                    }
+                }
+                output = &mut work => {
+                    if let Some(pending) = renewal.take()
+                        && let Ok(next) = pending.await
+                    {
+                        claim = next;
+                    }
+                    return (output, claim);
+                }
+                _ = tick.tick(), if renewing && renewal.is_none() => {
+                    renewal = Some(Box::pin(self.renew(claim.clone())));
+                }
+            }
+        }
+    }
+}
+
 impl GuardBuilder {
     /// A builder over a store that is already shared.
     pub fn from_arc(store: Arc<dyn Store>) -> Self {
@@ -281,6 +356,7 @@ impl GuardBuilder {
             runtime: None,
             policy: Policy::default(),
             on_handler_error: OnHandlerError::default(),
+            renew_lease: true,
         }
     }
 }

@@ -315,3 +315,103 @@ async fn fingerprints_are_canonical_through_the_component() {
     );
     assert!(a.starts_with("sha256:") && a.len() == 71);
 }
+
+/// The guard's clock following tokio's (paused) time, so that leases run out
+/// as the runtime's timers fire.
+#[derive(Clone)]
+struct RuntimeClock(tokio::time::Instant);
+
+impl idem::Clock for RuntimeClock {
+    fn now_ms(&self) -> u64 {
+        BASE_MS + self.0.elapsed().as_millis() as u64
+    }
+}
+
+/// Runs `key` with a handler that takes 3.5 leases, and a repeat 2.5 leases
+/// in: what the repeat got, and how many times the handler ran in all.
+async fn repeat_during_a_long_handler(
+    guard: &Guard,
+    key: &'static str,
+) -> (Result<Outcome, RunError<&'static str>>, Outcome, u32) {
+    let calls = std::sync::Arc::new(AtomicU32::new(0));
+    let slow = {
+        let calls = calls.clone();
+        move |_| async move {
+            calls.fetch_add(1, Ordering::SeqCst);
+            tokio::time::sleep(Duration::from_millis(3500)).await;
+            Ok::<_, &str>(paid())
+        }
+    };
+    let first = tokio::spawn({
+        let guard = guard.clone();
+        async move { guard.run(key, "fp", slow).await }
+    });
+    tokio::time::sleep(Duration::from_millis(2500)).await;
+    let repeat = guard
+        .run(key, "fp", |_| async {
+            calls.fetch_add(1, Ordering::SeqCst);
+            Ok::<_, &str>(paid())
+        })
+        .await
+        .unwrap();
+    let first = first.await.unwrap();
+    (first, repeat, calls.load(Ordering::SeqCst))
+}
+
+/// A handler still running when its lease would run out keeps its key:
+/// `run` renews the lease, so a repeat is told the request is in flight and
+/// the handler runs once. Without renewal the same repeat takes the key over
+/// and runs it a second time, and the first holder's completion is refused.
+#[tokio::test(start_paused = true)]
+async fn a_handler_that_outlives_its_lease_keeps_its_key() {
+    let store: std::sync::Arc<dyn Store> = std::sync::Arc::new(MemoryStore::new());
+    let clock = RuntimeClock(tokio::time::Instant::now());
+    let builder = || {
+        idem::GuardBuilder::from_arc(store.clone())
+            .clock(clock.clone())
+            .lease(Duration::from_secs(1))
+    };
+
+    let renewing = builder().build().unwrap();
+    let (first, repeat, calls) = repeat_during_a_long_handler(&renewing, "renewed").await;
+    assert!(matches!(repeat, Outcome::InFlight { .. }), "{repeat:?}");
+    assert!(matches!(first, Ok(Outcome::Executed(_))), "{first:?}");
+    assert_eq!(calls, 1);
+    let again = renewing.run("renewed", "fp", |_| async { Err("must not run") });
+    assert_eq!(again.await.unwrap(), Outcome::Replayed(paid()));
+
+    let lapsing = builder().renew_lease(false).build().unwrap();
+    let (first, repeat, calls) = repeat_during_a_long_handler(&lapsing, "lapsed").await;
+    assert!(matches!(repeat, Outcome::Executed(_)), "{repeat:?}");
+    assert!(
+        matches!(
+            first,
+            Err(RunError::NotRecorded {
+                error: GuardError::StaleClaim(_),
+                ..
+            })
+        ),
+        "{first:?}"
+    );
+    assert_eq!(calls, 2);
+}
+
+/// A renewal the store cannot answer is tried again at the next tick: one
+/// failed renewal does not cost the holder its key.
+#[tokio::test(start_paused = true)]
+async fn a_failed_renewal_is_retried_before_the_lease_runs_out() {
+    let (store, faults) = Faulty::new(MemoryStore::new());
+    let guard = Guard::builder(store)
+        .clock(RuntimeClock(tokio::time::Instant::now()))
+        .lease(Duration::from_secs(1))
+        .build()
+        .unwrap();
+    faults
+        .set(Op::Replace, FaultRule::error("store down").times(1))
+        .unwrap();
+    let (first, repeat, calls) = repeat_during_a_long_handler(&guard, "flaky").await;
+    assert_eq!(faults.injected(), 1, "the first renewal met the fault");
+    assert!(matches!(repeat, Outcome::InFlight { .. }), "{repeat:?}");
+    assert!(matches!(first, Ok(Outcome::Executed(_))), "{first:?}");
+    assert_eq!(calls, 1);
+}
