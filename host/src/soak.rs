@@ -401,9 +401,29 @@ impl Drop for Process {
     }
 }
 
-fn free_port() -> anyhow::Result<u16> {
-    let listener = std::net::TcpListener::bind("127.0.0.1:0").context("find a free port")?;
-    Ok(listener.local_addr()?.port())
+/// `N` distinct loopback ports that are free now. They are held together
+/// while they are picked, so no two are the same, and they come from below
+/// Linux's ephemeral range (32768 and up), so neither another `bind(:0)` nor
+/// an outgoing connection's local port takes one before the child process
+/// binds it, or while a killed gateway is down.
+fn free_ports<const N: usize>() -> anyhow::Result<[u16; N]> {
+    let mut rng = fastrand::Rng::new();
+    let mut held = Vec::with_capacity(N);
+    for _ in 0..10_000 {
+        if held.len() == N {
+            break;
+        }
+        if let Ok(listener) = std::net::TcpListener::bind(("127.0.0.1", rng.u16(20_000..32_768))) {
+            held.push(listener);
+        }
+    }
+    let ports: Vec<u16> = held
+        .iter()
+        .map(|listener| Ok(listener.local_addr()?.port()))
+        .collect::<std::io::Result<_>>()?;
+    ports
+        .try_into()
+        .map_err(|_| anyhow::anyhow!("found fewer than {N} free ports in 20000..32768"))
 }
 
 /// Counters a gateway process keeps, read through its admin API.
@@ -1019,7 +1039,7 @@ fn plans(orders: usize, seed: u64, run_id: u32) -> Vec<Plan> {
 impl Soak {
     /// Starts the ledger and both gateways and waits until they answer.
     async fn start(args: &Args, stock_at_start: i64, run_id: u32) -> anyhow::Result<Soak> {
-        let ledger_port = free_port()?;
+        let [ledger_port, proxy_0, admin_0, proxy_1, admin_1] = free_ports()?;
         let ledger = Process::spawn(&[
             "ledger".into(),
             "--listen".into(),
@@ -1031,8 +1051,10 @@ impl Soak {
         ])?;
         let upstream_timeout = args.lease.mul_f64(0.75);
         let mut gateways = Vec::new();
-        for index in 0..2 {
-            let (proxy, admin) = (free_port()?, free_port()?);
+        for (index, (proxy, admin)) in [(proxy_0, admin_0), (proxy_1, admin_1)]
+            .into_iter()
+            .enumerate()
+        {
             let gateway_args = [
                 "serve",
                 "--listen",

@@ -21,12 +21,11 @@ impl Drop for Proc {
     }
 }
 
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
+/// Three distinct free ports: the listeners are held together while they are
+/// picked, so the kernel cannot hand back one it just released.
+fn free_ports() -> [u16; 3] {
+    let held = [(); 3].map(|()| TcpListener::bind("127.0.0.1:0").unwrap());
+    held.map(|listener| listener.local_addr().unwrap().port())
 }
 
 fn spawn(args: &[&str]) -> Proc {
@@ -162,7 +161,7 @@ impl Drop for Tmux {
 
 #[test]
 fn console_on_a_real_server_shows_keys_and_flips_the_store_fault() {
-    let (ledger_port, proxy_port, admin_port) = (free_port(), free_port(), free_port());
+    let [ledger_port, proxy_port, admin_port] = free_ports();
     let _ledger = spawn(&["ledger", "--listen", &format!("127.0.0.1:{ledger_port}")]);
     let _serve = spawn(&[
         "serve",
