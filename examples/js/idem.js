@@ -193,6 +193,7 @@ export class Guard {
    * @param {number} options.leaseMs how long a claim is held (default 30 s)
    * @param {number} options.retentionMs how long keys are remembered (default 24 h)
    * @param {number} options.maxResponseBytes the largest stored response (default 1 MiB)
+   * @param {boolean} options.renewLease whether `run` renews the claim's lease while its handler runs (default true)
    * @param {URL} options.dir where jco wrote the transpiled component (default ./gen/)
    */
   static load(options = {}) {
@@ -205,11 +206,13 @@ export class Guard {
     leaseMs = 30_000,
     retentionMs = 24 * 60 * 60 * 1000,
     maxResponseBytes = 1 << 20,
+    renewLease = true,
     dir = new URL('./gen/', import.meta.url),
   } = {}) {
     this.store = store;
     this.clock = clock;
     this.policy = { leaseMs: BigInt(leaseMs), retentionMs: BigInt(retentionMs), maxResponseBytes };
+    this.renewLease = renewLease;
     this.replaced = 0;
     this.#dir = dir;
     const clockImport = { nowMs: () => BigInt(clock.nowMs()) };
@@ -281,6 +284,14 @@ export class Guard {
    * Runs `handler(fence)` at most once per key and fingerprint within the
    * retention window and replays its response to every repeat.
    *
+   * While an async handler runs, its claim's lease is renewed every third of
+   * the lease, so a handler slower than the lease is not taken over and run
+   * a second time (`renewLease: false` turns this off). A renewal the store
+   * cannot answer is tried again at the next tick; one refused as stale
+   * (the claim was taken over) stops the renewing, and the completion is
+   * then refused the same way. A handler that blocks the event loop blocks
+   * the renewals too.
+   *
    * Resolves to `{ outcome: 'executed' | 'replayed', response }`,
    * `{ outcome: 'in-flight', retryAfterMs }`, `{ outcome: 'conflict' }` or
    * `{ outcome: 'unavailable', message }` (the store failed: nothing ran).
@@ -304,23 +315,42 @@ export class Guard {
       case 'conflict':
         return { outcome: 'conflict' };
     }
-    const claim = decision.val;
+    const held = this.#hold(decision.val);
     let response;
     try {
-      response = toResponse(await handler(claim.fence));
+      response = toResponse(await handler(held.claim.fence));
     } catch (e) {
+      held.stop();
       try {
-        this.release(claim);
+        this.release(held.claim);
       } catch {
         // The lease runs out as after a crash.
       }
       throw e;
     }
+    held.stop();
     try {
-      this.complete(claim, response);
+      this.complete(held.claim, response);
     } catch (e) {
       throw new NotRecordedError(response, e);
     }
     return { outcome: 'executed', response };
+  }
+
+  /** Keeps renewing `claim`'s lease until `stop()`; `claim` is always the latest. */
+  #hold(claim) {
+    const held = { claim, stop: () => {} };
+    if (!this.renewLease) return held;
+    const every = Math.max(1, Math.floor(Number(this.policy.leaseMs) / 3));
+    const timer = setInterval(() => {
+      try {
+        held.claim = this.renew(held.claim);
+      } catch (e) {
+        // Unavailable: the lease may still hold, try at the next tick.
+        if (!(e instanceof GuardError && e.kind === 'unavailable')) clearInterval(timer);
+      }
+    }, every);
+    held.stop = () => clearInterval(timer);
+    return held;
   }
 }

@@ -20,6 +20,7 @@ otherwise it is "untagged" and the bare payload stands for the case (so
 from __future__ import annotations
 
 import os
+import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Optional
@@ -146,12 +147,14 @@ class MemoryStore:
 
     `store.fault("replace", kind="error", message="timeout", count=1)`: `error`
     fails before applying, `lost` applies then fails (a lost reply), `trap`
-    raises a plain exception (a host bug: the instance traps).
+    raises a plain exception (a host bug: the instance traps). Each primitive
+    is atomic, so guards on several threads can share one store.
     """
 
     def __init__(self) -> None:
         self._records: dict[str, tuple[Record, int]] = {}
         self._faults: dict[str, dict] = {}
+        self._lock = threading.Lock()
 
     def fault(self, primitive: str, kind: str, message: str = "injected fault", count: Optional[int] = None) -> None:
         if primitive not in ("get", "insert", "replace", "delete"):
@@ -164,6 +167,10 @@ class MemoryStore:
         self._faults.clear()
 
     def _apply(self, primitive: str, operation: Callable[[], Any]) -> Any:
+        with self._lock:
+            return self._apply_locked(primitive, operation)
+
+    def _apply_locked(self, primitive: str, operation: Callable[[], Any]) -> Any:
         rule = self._faults.get(primitive)
         if rule is None:
             return operation()
@@ -264,7 +271,10 @@ def _to_claim(c: Claim) -> Record:
 
 
 class Guard:
-    """An idempotency guard: the component, one instance, over one store and clock."""
+    """An idempotency guard: the component, one instance, over one store and clock.
+
+    Its calls take turns on one lock, so it may be shared between threads.
+    """
 
     @classmethod
     def load(cls, **options: Any) -> "Guard":
@@ -277,12 +287,16 @@ class Guard:
         lease_ms: int = 30_000,
         retention_ms: int = 24 * 60 * 60 * 1000,
         max_response_bytes: int = 1 << 20,
+        renew_lease: bool = True,
         component: Optional[os.PathLike | str] = None,
     ):
         self.store = store if store is not None else MemoryStore()
         self.clock = clock if clock is not None else SystemClock()
+        self.lease_ms = lease_ms
         self.policy = _record(lease_ms=lease_ms, retention_ms=retention_ms, max_response_bytes=max_response_bytes)
+        self.renew_lease = renew_lease
         self.replaced = 0
+        self._lock = threading.Lock()
         path = Path(component or os.environ.get("IDEM_COMPONENT") or DEFAULT_COMPONENT)
         self._component = _component(path)
         self._linker = self._link()
@@ -329,13 +343,14 @@ class Guard:
         return self._instance
 
     def _call(self, name: str, *args: Any) -> Any:
-        wstore, funcs = self._instantiate()
-        try:
-            value = funcs[name](wstore, *args)
-        except Exception as trap:  # a trap, or an exception a host function raised
-            self._instance = None
-            self.replaced += 1
-            raise GuardError("unavailable", f"guard component failed, instance replaced: {trap}") from trap
+        with self._lock:
+            wstore, funcs = self._instantiate()
+            try:
+                value = funcs[name](wstore, *args)
+            except Exception as trap:  # a trap, or an exception a host function raised
+                self._instance = None
+                self.replaced += 1
+                raise GuardError("unavailable", f"guard component failed, instance replaced: {trap}") from trap
         # `result<T, guard-error>`: tagged when T is itself a tagged variant (`begin`), untagged otherwise.
         if isinstance(value, Variant):
             if value.tag == "ok":
@@ -373,6 +388,13 @@ class Guard:
         """Runs `handler(fence)` at most once per key and fingerprint within the
         retention window and replays its response to every repeat.
 
+        While the handler runs, a thread renews its claim's lease every third
+        of the lease, so a handler slower than the lease is not taken over and
+        run a second time (`renew_lease=False` turns this off). A renewal the
+        store cannot answer is tried again at the next tick; one refused as
+        stale (the claim was taken over) stops the renewing, and the
+        completion is then refused the same way.
+
         Raises `GuardError("invalid-input")` for a bad key or fingerprint,
         `NotRecorded` if the response could not be stored, or the handler's own
         exception (after releasing the claim).
@@ -389,17 +411,48 @@ class Guard:
             return Outcome("in-flight", retry_after_ms=value)
         if kind == "conflict":
             return Outcome("conflict")
-        claim = value
+        held = _Held(self, value)
         try:
-            response = response_from(_to_response(handler(claim.fence)))
+            response = response_from(_to_response(handler(value.fence)))
         except BaseException:
+            claim = held.stop()
             try:
                 self.release(claim)
             except GuardError:
                 pass  # the lease runs out as after a crash
             raise
+        claim = held.stop()
         try:
             self.complete(claim, response)
         except GuardError as e:
             raise NotRecorded(response, e) from e
         return Outcome("executed", response=response)
+
+
+class _Held:
+    """A claim whose lease a thread renews until `stop()`, which returns the latest claim."""
+
+    def __init__(self, guard: Guard, claim: Claim):
+        self.claim = claim
+        self._guard = guard
+        self._stop = threading.Event()
+        self._thread: Optional[threading.Thread] = None
+        if guard.renew_lease:
+            self._thread = threading.Thread(target=self._renew, name="idem-renew", daemon=True)
+            self._thread.start()
+
+    def _renew(self) -> None:
+        every = max(1, self._guard.lease_ms // 3) / 1000
+        while not self._stop.wait(every):
+            try:
+                self.claim = self._guard.renew(self.claim)
+            except GuardError as e:
+                if e.kind != "unavailable":
+                    return  # taken over: the completion will be refused too
+                # the lease may still hold: try at the next tick
+
+    def stop(self) -> Claim:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
+        return self.claim

@@ -1,16 +1,19 @@
 """What the Python host does beyond the shared scenarios: store errors reach
 the guest as `err` (not a trap), a trapped instance is replaced, the
-README's snippet is the code tested here."""
+README's snippet is the code tested here, and `run` renews a slow handler's
+lease."""
 
 from __future__ import annotations
 
 import hashlib
 import struct
+import time
 from pathlib import Path
+from typing import Any, Callable
 
 import pytest
 
-from idem_guard import Guard, GuardError, ManualClock, MemoryStore, Response
+from idem_guard import Guard, GuardError, ManualClock, MemoryStore, NotRecorded, Response
 from pay import pay
 
 
@@ -94,3 +97,54 @@ def test_the_readme_snippet_is_pay_py_and_it_charges_once_per_order() -> None:
     with pytest.raises(RuntimeError, match="not run: conflict"):
         pay(ledger, "o-1", 2000)
     assert ledger.charges == ["o-1"]
+
+
+# A handler slower than its lease, on the system clock: halfway through, a
+# repeat of the same request arrives at a second guard over the same store.
+LEASE_MS = 400
+
+
+def slow_handler_and_repeat(renew_lease: bool, before_handler: Callable[[MemoryStore], None] = lambda _: None):
+    store = MemoryStore()
+    first, second = (Guard.load(store=store, lease_ms=LEASE_MS, retention_ms=60_000, renew_lease=renew_lease) for _ in range(2))
+    executions: list[str] = []
+    repeat = []
+
+    def slow(_fence: int) -> Response:
+        executions.append("first")
+        before_handler(store)
+        time.sleep(LEASE_MS * 2.5 / 1000)
+        repeat.append(second.run("slow", "fp", lambda _: (executions.append("repeat"), Response(200, [], b"repeat"))[1]))
+        return Response(200, [], b"first")
+
+    try:
+        outcome: Any = first.run("slow", "fp", slow)
+    except NotRecorded as e:
+        outcome = e
+    later = second.run("slow", "fp", lambda _: Response(500, [], b"later"))
+    return outcome, repeat[0], executions, later
+
+
+def test_run_renews_the_lease_while_a_slow_handler_runs_so_it_runs_once() -> None:
+    outcome, repeat, executions, later = slow_handler_and_repeat(renew_lease=True)
+    assert executions == ["first"]
+    assert repeat.kind == "in-flight"
+    assert outcome.kind == "executed"
+    assert later.kind == "replayed" and later.response.body == b"first"
+
+
+def test_without_renewal_the_slow_handler_is_taken_over_and_runs_twice() -> None:
+    outcome, repeat, executions, _ = slow_handler_and_repeat(renew_lease=False)
+    assert executions == ["first", "repeat"]
+    assert repeat.kind == "executed"
+    assert isinstance(outcome, NotRecorded)
+    assert outcome.error.kind == "stale-claim"
+
+
+def test_a_renewal_the_store_fails_is_tried_again_before_the_lease_runs_out() -> None:
+    outcome, repeat, executions, _ = slow_handler_and_repeat(
+        renew_lease=True, before_handler=lambda store: store.fault("replace", "error", "store down", count=1)
+    )
+    assert executions == ["first"]
+    assert repeat.kind == "in-flight"
+    assert outcome.kind == "executed"

@@ -1,12 +1,13 @@
 // What the Node.js host does beyond the shared scenarios: a trapped instance
-// is replaced, the README's snippet is the code tested here, and the HTTP
-// example charges once per Idempotency-Key.
+// is replaced, the README's snippet is the code tested here, the HTTP
+// example charges once per Idempotency-Key, and `run` renews a slow
+// handler's lease.
 
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
 import { readFileSync } from 'node:fs';
 import { createServer } from 'node:http';
-import { Guard, GuardError, ManualClock, MemoryStore } from '../idem.js';
+import { Guard, GuardError, ManualClock, MemoryStore, NotRecordedError } from '../idem.js';
 import { pay } from '../pay.js';
 import { ordersHandler } from '../http-server.js';
 
@@ -76,4 +77,52 @@ test('the HTTP example charges once per Idempotency-Key and replays the bytes', 
   store.clearFaults();
   assert.equal((await post('o-2', '{"sku":"A"}')).status, 201);
   assert.equal(charges, 2);
+});
+
+// A handler slower than its lease, on the system clock and real timers:
+// halfway through, a repeat of the same request arrives at a second guard
+// over the same store.
+const LEASE_MS = 400;
+const sleep = (ms) => new Promise((resolve) => setTimeout(resolve, ms));
+
+async function slowHandlerAndRepeat({ renewLease, beforeHandler = () => {} }) {
+  const store = new MemoryStore();
+  const [first, second] = [0, 1].map(() => Guard.load({ store, leaseMs: LEASE_MS, retentionMs: 60_000, renewLease }));
+  const executions = [];
+  let repeat;
+  const outcome = first.run('slow', 'fp', async () => {
+    executions.push('first');
+    beforeHandler(store);
+    await sleep(LEASE_MS * 2.5);
+    repeat = await second.run('slow', 'fp', async () => (executions.push('repeat'), { status: 200, body: 'repeat' }));
+    return { status: 200, body: 'first' };
+  });
+  return { outcome: await outcome.catch((e) => e), repeat, executions, later: await second.run('slow', 'fp', async () => ({ status: 500, body: 'later' })) };
+}
+
+test('run renews the lease while a slow handler runs: a repeat is told in flight and the handler runs once', async () => {
+  const { outcome, repeat, executions, later } = await slowHandlerAndRepeat({ renewLease: true });
+  assert.deepEqual(executions, ['first']);
+  assert.equal(repeat.outcome, 'in-flight');
+  assert.equal(outcome.outcome, 'executed');
+  assert.equal(later.outcome, 'replayed');
+  assert.equal(new TextDecoder().decode(later.response.body), 'first');
+});
+
+test('without renewal the same handler is taken over and runs twice, and its response is not recorded', async () => {
+  const { outcome, repeat, executions } = await slowHandlerAndRepeat({ renewLease: false });
+  assert.deepEqual(executions, ['first', 'repeat']);
+  assert.equal(repeat.outcome, 'executed');
+  assert.ok(outcome instanceof NotRecordedError, `${outcome}`);
+  assert.equal(outcome.error.kind, 'stale-claim');
+});
+
+test('a renewal the store fails is tried again before the lease runs out', async () => {
+  const { outcome, repeat, executions } = await slowHandlerAndRepeat({
+    renewLease: true,
+    beforeHandler: (store) => store.fault('replace', { kind: 'error', message: 'store down', count: 1 }),
+  });
+  assert.deepEqual(executions, ['first']);
+  assert.equal(repeat.outcome, 'in-flight');
+  assert.equal(outcome.outcome, 'executed');
 });
