@@ -6,6 +6,7 @@
 mod conformance;
 mod console;
 mod crash;
+mod demo;
 mod engine;
 mod gateway;
 mod guard;
