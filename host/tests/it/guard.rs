@@ -415,3 +415,33 @@ async fn a_failed_renewal_is_retried_before_the_lease_runs_out() {
     assert!(matches!(first, Ok(Outcome::Executed(_))), "{first:?}");
     assert_eq!(calls, 1);
 }
+
+/// A renewal whose reply is lost has still raised the fence, and nothing
+/// tells the holder's own write from a takeover: the renewing stops, the
+/// key is taken over once the lease that renewal granted ends, and the
+/// first holder's completion is refused as stale — as README says, the
+/// same as after a completion the store failed.
+#[tokio::test(start_paused = true)]
+async fn a_renewal_whose_reply_is_lost_ends_the_renewing() {
+    let (store, faults) = Faulty::new(MemoryStore::new());
+    let guard = Guard::builder(store)
+        .clock(RuntimeClock(tokio::time::Instant::now()))
+        .lease(Duration::from_secs(1))
+        .build()
+        .unwrap();
+    faults.set(Op::Replace, FaultRule::lost().times(1)).unwrap();
+    let (first, repeat, calls) = repeat_during_a_long_handler(&guard, "lost-renewal").await;
+    assert_eq!(faults.injected(), 1, "the first renewal's reply was lost");
+    assert!(matches!(repeat, Outcome::Executed(_)), "{repeat:?}");
+    assert!(
+        matches!(
+            first,
+            Err(RunError::NotRecorded {
+                error: GuardError::StaleClaim(_),
+                ..
+            })
+        ),
+        "{first:?}"
+    );
+    assert_eq!(calls, 2);
+}
