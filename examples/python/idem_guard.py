@@ -292,7 +292,6 @@ class Guard:
     ):
         self.store = store if store is not None else MemoryStore()
         self.clock = clock if clock is not None else SystemClock()
-        self.lease_ms = lease_ms
         self.policy = _record(lease_ms=lease_ms, retention_ms=retention_ms, max_response_bytes=max_response_bytes)
         self.renew_lease = renew_lease
         self.replaced = 0
@@ -442,7 +441,7 @@ class _Held:
             self._thread.start()
 
     def _renew(self) -> None:
-        every = max(1, self._guard.lease_ms // 3) / 1000
+        every = max(1, _field(self._guard.policy, "lease_ms") // 3) / 1000
         while not self._stop.wait(every):
             try:
                 self.claim = self._guard.renew(self.claim)
