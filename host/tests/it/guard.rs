@@ -329,10 +329,7 @@ impl idem::Clock for RuntimeClock {
 
 /// Runs `key` with a handler that takes 3.5 leases, and a repeat 2.5 leases
 /// in: what the repeat got, and how many times the handler ran in all.
-async fn repeat_during_a_long_handler(
-    guard: &Guard,
-    key: &'static str,
-) -> (Result<Outcome, RunError<&'static str>>, Outcome, u32) {
+async fn repeat_during_a_long_handler(guard: &Guard, key: &'static str) -> LongRun {
     let calls = std::sync::Arc::new(AtomicU32::new(0));
     let slow = {
         let calls = calls.clone();
@@ -358,6 +355,46 @@ async fn repeat_during_a_long_handler(
     (first, repeat, calls.load(Ordering::SeqCst))
 }
 
+type LongRun = (Result<Outcome, RunError<&'static str>>, Outcome, u32);
+
+/// The holder kept its key: the repeat was told it is in flight, the
+/// handler ran once and its response was recorded.
+fn assert_kept((first, repeat, calls): &LongRun) {
+    assert!(matches!(repeat, Outcome::InFlight { .. }), "{repeat:?}");
+    assert!(matches!(first, Ok(Outcome::Executed(_))), "{first:?}");
+    assert_eq!(*calls, 1);
+}
+
+/// The key was taken over: the repeat ran the handler a second time and
+/// the first holder's completion was refused as stale.
+fn assert_taken_over((first, repeat, calls): &LongRun) {
+    assert!(matches!(repeat, Outcome::Executed(_)), "{repeat:?}");
+    assert!(
+        matches!(
+            first,
+            Err(RunError::NotRecorded {
+                error: GuardError::StaleClaim(_),
+                ..
+            })
+        ),
+        "{first:?}"
+    );
+    assert_eq!(*calls, 2);
+}
+
+/// A renewing guard with a one-second lease over a memory store whose
+/// replaces (renewals among them) meet `rule` once.
+fn renewing_over_one_fault(rule: FaultRule) -> (Guard, idem::store::FaultHandle) {
+    let (store, faults) = Faulty::new(MemoryStore::new());
+    let guard = Guard::builder(store)
+        .clock(RuntimeClock(tokio::time::Instant::now()))
+        .lease(Duration::from_secs(1))
+        .build()
+        .unwrap();
+    faults.set(Op::Replace, rule.times(1)).unwrap();
+    (guard, faults)
+}
+
 /// A handler still running when its lease would run out keeps its key:
 /// `run` renews the lease, so a repeat is told the request is in flight and
 /// the handler runs once. Without renewal the same repeat takes the key over
@@ -373,47 +410,22 @@ async fn a_handler_that_outlives_its_lease_keeps_its_key() {
     };
 
     let renewing = builder().build().unwrap();
-    let (first, repeat, calls) = repeat_during_a_long_handler(&renewing, "renewed").await;
-    assert!(matches!(repeat, Outcome::InFlight { .. }), "{repeat:?}");
-    assert!(matches!(first, Ok(Outcome::Executed(_))), "{first:?}");
-    assert_eq!(calls, 1);
+    assert_kept(&repeat_during_a_long_handler(&renewing, "renewed").await);
     let again = renewing.run("renewed", "fp", |_| async { Err("must not run") });
     assert_eq!(again.await.unwrap(), Outcome::Replayed(paid()));
 
     let lapsing = builder().renew_lease(false).build().unwrap();
-    let (first, repeat, calls) = repeat_during_a_long_handler(&lapsing, "lapsed").await;
-    assert!(matches!(repeat, Outcome::Executed(_)), "{repeat:?}");
-    assert!(
-        matches!(
-            first,
-            Err(RunError::NotRecorded {
-                error: GuardError::StaleClaim(_),
-                ..
-            })
-        ),
-        "{first:?}"
-    );
-    assert_eq!(calls, 2);
+    assert_taken_over(&repeat_during_a_long_handler(&lapsing, "lapsed").await);
 }
 
 /// A renewal the store cannot answer is tried again at the next tick: one
 /// failed renewal does not cost the holder its key.
 #[tokio::test(start_paused = true)]
 async fn a_failed_renewal_is_retried_before_the_lease_runs_out() {
-    let (store, faults) = Faulty::new(MemoryStore::new());
-    let guard = Guard::builder(store)
-        .clock(RuntimeClock(tokio::time::Instant::now()))
-        .lease(Duration::from_secs(1))
-        .build()
-        .unwrap();
-    faults
-        .set(Op::Replace, FaultRule::error("store down").times(1))
-        .unwrap();
-    let (first, repeat, calls) = repeat_during_a_long_handler(&guard, "flaky").await;
+    let (guard, faults) = renewing_over_one_fault(FaultRule::error("store down"));
+    let run = repeat_during_a_long_handler(&guard, "flaky").await;
     assert_eq!(faults.injected(), 1, "the first renewal met the fault");
-    assert!(matches!(repeat, Outcome::InFlight { .. }), "{repeat:?}");
-    assert!(matches!(first, Ok(Outcome::Executed(_))), "{first:?}");
-    assert_eq!(calls, 1);
+    assert_kept(&run);
 }
 
 /// A renewal whose reply is lost has still raised the fence, and nothing
@@ -423,25 +435,8 @@ async fn a_failed_renewal_is_retried_before_the_lease_runs_out() {
 /// same as after a completion the store failed.
 #[tokio::test(start_paused = true)]
 async fn a_renewal_whose_reply_is_lost_ends_the_renewing() {
-    let (store, faults) = Faulty::new(MemoryStore::new());
-    let guard = Guard::builder(store)
-        .clock(RuntimeClock(tokio::time::Instant::now()))
-        .lease(Duration::from_secs(1))
-        .build()
-        .unwrap();
-    faults.set(Op::Replace, FaultRule::lost().times(1)).unwrap();
-    let (first, repeat, calls) = repeat_during_a_long_handler(&guard, "lost-renewal").await;
+    let (guard, faults) = renewing_over_one_fault(FaultRule::lost());
+    let run = repeat_during_a_long_handler(&guard, "lost-renewal").await;
     assert_eq!(faults.injected(), 1, "the first renewal's reply was lost");
-    assert!(matches!(repeat, Outcome::Executed(_)), "{repeat:?}");
-    assert!(
-        matches!(
-            first,
-            Err(RunError::NotRecorded {
-                error: GuardError::StaleClaim(_),
-                ..
-            })
-        ),
-        "{first:?}"
-    );
-    assert_eq!(calls, 2);
+    assert_taken_over(&run);
 }
