@@ -15,9 +15,9 @@ pub mod guard;
 pub mod limits;
 pub mod model;
 
-/// Invariant checks for the fuzz targets and their regression test.
-#[cfg(not(target_arch = "wasm32"))]
-#[doc(hidden)]
+/// Invariant checks for the fuzz targets (cargo-fuzz builds with
+/// `--cfg fuzzing`) and their regression test; not part of the library.
+#[cfg(all(any(test, fuzzing), not(target_arch = "wasm32")))]
 pub mod fuzzing;
 
 #[cfg(target_arch = "wasm32")]

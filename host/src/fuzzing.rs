@@ -283,7 +283,7 @@ fn check_hop_by_hop(input: &mut Input) {
 
 fn check_problem(input: &mut Input) {
     let text = |input: &mut Input| String::from_utf8_lossy(&input.bytes(40)).into_owned();
-    let problem = match input.u8() % 13 {
+    let problem = match input.u8() % 14 {
         0 => Problem::KeyMissing {
             header: text(input),
         },
@@ -305,6 +305,10 @@ fn check_problem(input: &mut Input) {
         10 => Problem::Overloaded {
             limit: input.u64() as usize,
         },
+        12 => Problem::NotRecorded {
+            why: text(input),
+            retry_after: Duration::from_millis(input.u64() >> (input.u8() % 64)),
+        },
         11 => Problem::BodyTimeout {
             after: Duration::from_millis(input.u64() >> (input.u8() % 64)),
             min_rate: input.u64(),
@@ -321,7 +325,8 @@ fn check_problem(input: &mut Input) {
     | Problem::BadRequest(why)
     | Problem::Internal(why)
     | Problem::UpstreamFailed(why)
-    | Problem::StoreUnavailable(why) = &problem
+    | Problem::StoreUnavailable(why)
+    | Problem::NotRecorded { why, .. } = &problem
     {
         assert!(detail.contains(why.as_str()), "the detail hides {why:?}");
     }
@@ -369,7 +374,7 @@ fn check_problem(input: &mut Input) {
     // Retry-After: where a retry can work, at least 1 s, and an in-flight
     // key's remaining lease rounded up.
     let retry = match &problem {
-        Problem::InFlight { retry_after } => {
+        Problem::InFlight { retry_after } | Problem::NotRecorded { retry_after, .. } => {
             Some(retry_after.as_millis().div_ceil(1000).max(1) as u64)
         }
         Problem::StoreUnavailable(_) | Problem::Overloaded { .. } => Some(1),

@@ -16,7 +16,9 @@ pub mod clock;
 pub mod component;
 #[cfg(feature = "engine")]
 pub mod engine;
-#[doc(hidden)]
+/// Invariant checks for the `gateway` fuzz target (cargo-fuzz builds with
+/// `--cfg fuzzing`) and their regression test; not part of the library.
+#[cfg(any(test, fuzzing))]
 pub mod fuzzing;
 #[cfg(feature = "engine")]
 pub mod guard;

@@ -4,7 +4,6 @@ use anyhow::Context;
 use clap::{Parser, Subcommand};
 use std::path::PathBuf;
 
-mod bench;
 mod debug;
 mod demo;
 mod options;
@@ -46,8 +45,6 @@ enum Command {
     /// Chaos soak: two gateways over one shared store in front of the ledger, with store faults
     /// and a gateway killed mid-run; checks every order ran at most once and every answer matches.
     Soak(soak::Args),
-    /// Measures the gateway against direct calls: requests/s and latency, new keys and replays.
-    Bench(bench::Args),
     /// The operator console: live keys, leases, faults and decisions of an `idem serve`.
     Tui {
         /// The admin API's base URL.
@@ -158,7 +155,6 @@ fn main() -> anyhow::Result<()> {
             Ok(())
         }),
         Command::Soak(args) => tokio::runtime::Runtime::new()?.block_on(soak::run(args)),
-        Command::Bench(args) => tokio::runtime::Runtime::new()?.block_on(bench::run(args)),
         Command::Demo(args) => {
             let runtime = tokio::runtime::Runtime::new()?;
             runtime.block_on(demo::run(args))

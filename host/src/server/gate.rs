@@ -307,12 +307,18 @@ impl Gate {
             Settled::Completed(stored) | Settled::Held(Unstored::Response(stored)) => {
                 (to_http(&stored), None)
             }
-            Settled::NotRecorded { response, error } => (
-                to_http(&response),
-                Some(format!(
-                    "the response was not recorded: {error}; a retry after the lease runs again"
-                )),
-            ),
+            Settled::NotRecorded { response, error } => {
+                let problem = Problem::NotRecorded {
+                    why: error.to_string(),
+                    retry_after: self.config.lease,
+                };
+                let detail = format!(
+                    "upstream answered {}; {}",
+                    response.status,
+                    problem.detail()
+                );
+                (problem.into_response(profile), Some(detail))
+            }
             Settled::Released { error, released } => {
                 let (response, what) = match error {
                     Unstored::Response(stored) => {
@@ -388,7 +394,10 @@ impl Gate {
                         .collect(),
                     body: body.to_vec(),
                 };
-                if stored.status >= 500 && !policy.server_errors {
+                if stored.size_bytes() > limit {
+                    // The body fit, but with its headers the response does not.
+                    Settle::Complete(self.problem_to_store(&Problem::ResponseTooLarge { limit }))
+                } else if stored.status >= 500 && !policy.server_errors {
                     Settle::Release(Unstored::Response(stored))
                 } else {
                     Settle::Complete(stored)

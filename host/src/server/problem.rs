@@ -30,6 +30,10 @@ pub enum Problem {
     /// stored-response limit. This answer is stored in its place, so the
     /// key is done: repeats get it too, and the request never runs again.
     ResponseTooLarge { limit: usize },
+    /// The upstream ran the request, but its response could not be
+    /// recorded (the store failed, or the claim was taken over meanwhile).
+    /// The client is not handed a response that a replay might contradict.
+    NotRecorded { why: String, retry_after: Duration },
     /// The request body did not arrive in time (too slow a client).
     BodyTimeout { after: Duration, min_rate: u64 },
     /// More requests at once than the gateway takes.
@@ -46,9 +50,9 @@ impl Problem {
             }
             Problem::KeyMismatch => StatusCode::UNPROCESSABLE_ENTITY,
             Problem::InFlight { .. } => StatusCode::CONFLICT,
-            Problem::StoreUnavailable(_) | Problem::Overloaded { .. } => {
-                StatusCode::SERVICE_UNAVAILABLE
-            }
+            Problem::StoreUnavailable(_)
+            | Problem::Overloaded { .. }
+            | Problem::NotRecorded { .. } => StatusCode::SERVICE_UNAVAILABLE,
             Problem::BodyTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
             Problem::BodyTimeout { .. } => StatusCode::REQUEST_TIMEOUT,
             Problem::UpstreamFailed(_) | Problem::ResponseTooLarge { .. } => {
@@ -69,6 +73,7 @@ impl Problem {
             Problem::StoreUnavailable(_) => "store-unavailable",
             Problem::BodyTooLarge { .. } => "body-too-large",
             Problem::BodyTimeout { .. } => "body-timeout",
+            Problem::NotRecorded { .. } => "response-not-recorded",
             Problem::BadRequest(_) => "bad-request",
             Problem::UpstreamFailed(_) => "upstream-failed",
             Problem::UpstreamTimeout(_) => "upstream-timeout",
@@ -87,6 +92,7 @@ impl Problem {
             Problem::StoreUnavailable(_) => "The idempotency store is unavailable",
             Problem::BodyTooLarge { .. } => "Request body too large",
             Problem::BodyTimeout { .. } => "Request body too slow",
+            Problem::NotRecorded { .. } => "The request ran but its response could not be recorded",
             Problem::BadRequest(_) => "Bad request",
             Problem::UpstreamFailed(_) => "The upstream failed",
             Problem::UpstreamTimeout(_) => "The upstream timed out",
@@ -115,6 +121,10 @@ impl Problem {
             Problem::ResponseTooLarge { limit } => format!(
                 "the upstream ran the request, but its response was over the limit of {limit} bytes (body plus headers) and was not kept; the key is done and this answer is what every repeat gets, so the request is never run again"
             ),
+            Problem::NotRecorded { why, retry_after } => format!(
+                "the upstream ran the request, but its response could not be recorded ({why}), so it is not given out: a replay could contradict it. Retry after {} ms: the retry gets the recorded outcome, or, once the key's lease has run out, runs the request again (the upstream sees a higher Idempotency-Fence)",
+                retry_after.as_millis()
+            ),
             Problem::BodyTimeout { after, min_rate } => format!(
                 "the request body did not arrive in time: it must arrive within {} ms and, after its first 2 s, at {min_rate} bytes/s or faster",
                 after.as_millis()
@@ -125,7 +135,7 @@ impl Problem {
 
     fn retry_after_secs(&self) -> Option<u64> {
         match self {
-            Problem::InFlight { retry_after } => {
+            Problem::InFlight { retry_after } | Problem::NotRecorded { retry_after, .. } => {
                 Some(retry_after.as_millis().div_ceil(1000).max(1) as u64)
             }
             Problem::StoreUnavailable(_) | Problem::Overloaded { .. } => Some(1),

@@ -206,6 +206,24 @@ impl Harness {
         }
     }
 
+    /// `POST /slow` with `key` on a task of its own: it arrives upstream and
+    /// waits there for a permit on `upstream.go`.
+    fn spawn_slow(&self, key: &str) -> tokio::task::JoinHandle<Reply> {
+        let (client, proxy, key) = (self.client.clone(), self.proxy, key.to_owned());
+        tokio::spawn(async move {
+            let req = Request::post(format!("http://{proxy}/slow"))
+                .header("idempotency-key", key)
+                .body(Body::empty())
+                .unwrap();
+            let (parts, body) = client.request(req).await.unwrap().into_parts();
+            Reply {
+                status: parts.status.as_u16(),
+                headers: parts.headers,
+                body: body.collect().await.unwrap().to_bytes(),
+            }
+        })
+    }
+
     async fn post(&self, path: &str, key: &str, body: &str) -> Reply {
         self.send(
             "POST",
@@ -335,20 +353,7 @@ async fn a_repeat_in_flight_gets_409_with_retry_after_then_the_replay() {
         ..Config::default()
     })
     .await;
-    let first = {
-        let (client, proxy) = (h.client.clone(), h.proxy);
-        tokio::spawn(async move {
-            let req = Request::post(format!("http://{proxy}/slow"))
-                .header("idempotency-key", "k")
-                .body(Body::empty())
-                .unwrap();
-            let r = client.request(req).await.unwrap();
-            (
-                r.status().as_u16(),
-                r.into_body().collect().await.unwrap().to_bytes(),
-            )
-        })
-    };
+    let first = h.spawn_slow("k");
     h.arrivals.recv().await.unwrap();
     let busy = h
         .send("POST", "/slow", &[("idempotency-key", "k")], "")
@@ -362,7 +367,7 @@ async fn a_repeat_in_flight_gets_409_with_retry_after_then_the_replay() {
     );
 
     h.upstream.go.add_permits(1);
-    let (status, body) = first.await.unwrap();
+    let Reply { status, body, .. } = first.await.unwrap();
     assert_eq!((status, &body[..]), (200, &b"slow call 1"[..]));
     let replay = h
         .send("POST", "/slow", &[("idempotency-key", "k")], "")
@@ -711,16 +716,7 @@ async fn the_admin_token_is_enforced_and_required_off_loopback() {
 async fn admin_keys_list_get_release_expire_delete() {
     let mut h = start(Config::default()).await;
     let done = h.post("/echo", "k-done", "hello").await;
-    let slow = {
-        let (client, proxy) = (h.client.clone(), h.proxy);
-        tokio::spawn(async move {
-            let req = Request::post(format!("http://{proxy}/slow"))
-                .header("idempotency-key", "k-busy")
-                .body(Body::empty())
-                .unwrap();
-            client.request(req).await.unwrap().status().as_u16()
-        })
-    };
+    let slow = h.spawn_slow("k-busy");
     h.arrivals.recv().await.unwrap();
     h.post("/echo", "k-done", "hello").await; // one replay
 
@@ -808,24 +804,13 @@ async fn admin_keys_list_get_release_expire_delete() {
     assert_eq!(released.status, 200);
     assert_eq!(released.json()["lease_remaining_ms"], 0);
     // The lease is over: a retry takes the key over (a second execution, as the operator asked).
-    let takeover = {
-        let (client, proxy) = (h.client.clone(), h.proxy);
-        tokio::spawn(async move {
-            let req = Request::post(format!("http://{proxy}/slow"))
-                .header("idempotency-key", "k-busy")
-                .body(Body::empty())
-                .unwrap();
-            client.request(req).await.unwrap().status().as_u16()
-        })
-    };
+    let takeover = h.spawn_slow("k-busy");
     h.arrivals.recv().await.unwrap();
     h.upstream.go.add_permits(2);
-    assert_eq!(takeover.await.unwrap(), 200);
-    assert_eq!(
-        slow.await.unwrap(),
-        200,
-        "the stale holder still answers its client"
-    );
+    assert_eq!(takeover.await.unwrap().status, 200);
+    // The released holder's completion is refused: its client is told the
+    // request ran but was not recorded, never handed a second 2xx body.
+    assert_problem(&slow.await.unwrap(), 503, "response-not-recorded");
 
     assert_eq!(
         h.admin("POST", "/v1/keys/anon%2Fk-done/expire", &[], "")
@@ -1009,21 +994,12 @@ async fn too_many_concurrent_requests_are_shed_with_503() {
         ..Config::default()
     })
     .await;
-    let first = {
-        let (client, proxy) = (h.client.clone(), h.proxy);
-        tokio::spawn(async move {
-            let req = Request::post(format!("http://{proxy}/slow"))
-                .header("idempotency-key", "c")
-                .body(Body::empty())
-                .unwrap();
-            client.request(req).await.unwrap().status().as_u16()
-        })
-    };
+    let first = h.spawn_slow("c");
     h.arrivals.recv().await.unwrap();
     let shed = h.post("/echo", "other", "").await;
     assert_problem(&shed, 503, "overloaded");
     h.upstream.go.add_permits(1);
-    assert_eq!(first.await.unwrap(), 200);
+    assert_eq!(first.await.unwrap().status, 200);
     h.shutdown().await;
 }
 
@@ -1041,16 +1017,7 @@ async fn the_stripe_profile_speaks_stripe() {
     let replay = h.post("/echo", "s", "one").await;
     assert_eq!(replay.header("idempotent-replayed"), Some("true"));
 
-    let first = {
-        let (client, proxy) = (h.client.clone(), h.proxy);
-        tokio::spawn(async move {
-            let req = Request::post(format!("http://{proxy}/slow"))
-                .header("idempotency-key", "busy")
-                .body(Body::empty())
-                .unwrap();
-            client.request(req).await.unwrap().status().as_u16()
-        })
-    };
+    let first = h.spawn_slow("busy");
     h.arrivals.recv().await.unwrap();
     let busy = h
         .send("POST", "/slow", &[("idempotency-key", "busy")], "")
@@ -1058,7 +1025,56 @@ async fn the_stripe_profile_speaks_stripe() {
     assert_eq!(busy.status, 409);
     assert_eq!(busy.json()["error"]["code"], "idempotency_key_in_use");
     h.upstream.go.add_permits(1);
-    assert_eq!(first.await.unwrap(), 200);
+    assert_eq!(first.await.unwrap().status, 200);
+    h.shutdown().await;
+}
+
+/// A completion the store refuses: the upstream ran, but its response is not
+/// handed out (a replay could contradict it). The client is told so, with
+/// Retry-After; once the lease runs out the retry runs the order again under
+/// a higher fence, and from then on every answer for the key is that one.
+#[tokio::test]
+async fn a_response_the_store_could_not_record_is_not_given_out() {
+    let h = start(Config {
+        lease: Duration::from_secs(1),
+        upstream_timeout: Duration::from_millis(500),
+        ..Config::default()
+    })
+    .await;
+    let fault = h
+        .admin(
+            "PUT",
+            "/v1/faults",
+            &[],
+            r#"{"faults":{"replace":{"kind":"error","message":"disk full","count":1}}}"#,
+        )
+        .await;
+    assert_eq!(fault.status, 200, "{fault:?}");
+    let body = order("o-nr", 1);
+    let first = h.post("/orders", "o-nr", &body).await;
+    assert_problem(&first, 503, "response-not-recorded");
+    assert_eq!(first.header("retry-after"), Some("1"));
+    assert!(
+        first.json()["detail"]
+            .as_str()
+            .unwrap()
+            .contains("disk full"),
+        "{first:?}"
+    );
+    assert_eq!(h.books().executions.get("o-nr"), Some(&1));
+
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    let retry = h.post("/orders", "o-nr", &body).await;
+    assert_eq!(retry.status, 201, "{retry:?}");
+    let replay = h.post("/orders", "o-nr", &body).await;
+    assert_eq!((replay.status, &replay.body), (201, &retry.body));
+    let books = h.books();
+    assert_eq!(books.executions.get("o-nr"), Some(&2), "{books:?}");
+    let fences = &books.fences["o-nr"];
+    assert!(
+        fences[1] > fences[0],
+        "the rerun has the higher fence: {fences:?}"
+    );
     h.shutdown().await;
 }
 
@@ -1223,20 +1239,7 @@ async fn decisions_stream_as_server_sent_events_and_metrics() {
 #[tokio::test]
 async fn shutdown_lets_in_flight_requests_finish() {
     let mut h = start(Config::default()).await;
-    let in_flight = {
-        let (client, proxy) = (h.client.clone(), h.proxy);
-        tokio::spawn(async move {
-            let req = Request::post(format!("http://{proxy}/slow"))
-                .header("idempotency-key", "g")
-                .body(Body::empty())
-                .unwrap();
-            let r = client.request(req).await.unwrap();
-            (
-                r.status().as_u16(),
-                r.into_body().collect().await.unwrap().to_bytes(),
-            )
-        })
-    };
+    let in_flight = h.spawn_slow("g");
     h.arrivals.recv().await.unwrap();
     let _ = h.stop.take().unwrap().send(());
     let proxy = h.proxy;
@@ -1245,7 +1248,7 @@ async fn shutdown_lets_in_flight_requests_finish() {
         tokio::task::yield_now().await;
     }
     h.upstream.go.add_permits(1);
-    let (status, body) = in_flight.await.unwrap();
+    let Reply { status, body, .. } = in_flight.await.unwrap();
     assert_eq!((status, &body[..]), (200, &b"slow call 1"[..]));
     h.served.await.unwrap();
     let _ = &h.gateway;
@@ -1345,16 +1348,7 @@ async fn a_client_that_disconnects_mid_request_does_not_strand_its_key() {
         ..Config::default()
     })
     .await;
-    let gone = {
-        let (client, proxy) = (h.client.clone(), h.proxy);
-        tokio::spawn(async move {
-            let req = Request::post(format!("http://{proxy}/slow"))
-                .header("idempotency-key", "d")
-                .body(Body::empty())
-                .unwrap();
-            client.request(req).await
-        })
-    };
+    let gone = h.spawn_slow("d");
     h.arrivals.recv().await.unwrap();
     gone.abort();
     let _ = gone.await;

@@ -3,29 +3,11 @@
 //! that were never freed, and slow clients holding every slot. Each test is
 //! a reproduction an operator ran (`idem ledger` as the upstream).
 
+use crate::support::{Proc, free_ports, spawn_idem as spawn};
 use serde_json::{Value, json};
-use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
-
-const IDEM: &str = env!("CARGO_BIN_EXE_idem");
-
-/// A child process killed on drop.
-struct Proc(Child);
-
-impl Drop for Proc {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-/// `N` distinct free ports, their listeners held together while picked.
-fn free_ports<const N: usize>() -> [u16; N] {
-    let held = [(); N].map(|()| std::net::TcpListener::bind("127.0.0.1:0").unwrap());
-    held.map(|listener| listener.local_addr().unwrap().port())
-}
 
 /// `idem ledger` and `idem serve` in front of it, on fresh ports.
 struct Stack {
@@ -106,17 +88,6 @@ impl Stack {
             .await;
         assert_eq!(reply.status, 200, "{reply:?}");
     }
-}
-
-fn spawn(args: &[&str]) -> Proc {
-    Proc(
-        Command::new(IDEM)
-            .args(args)
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap(),
-    )
 }
 
 #[derive(Debug)]

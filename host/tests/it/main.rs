@@ -20,3 +20,4 @@ mod scenarios;
 mod seed;
 mod soak;
 mod sqlite;
+mod support;
