@@ -1,10 +1,10 @@
 //! The admin client and its tasks against the fake server.
 
 use crate::fake::Fake;
-use idem_tui::action::Update;
 use idem_tui::api::{FaultKind, FaultRule, KeyState, Op, Outcome};
-use idem_tui::app::{Command, KeyQuery, Order, Sort};
 use idem_tui::client::{Client, ClientError, Session, SseEvent, SseParser, decode_event};
+use idem_tui::protocol::Update;
+use idem_tui::protocol::{Command, KeyQuery, Order, Sort};
 use std::time::Duration;
 
 /// Waits (bounded) for an update matching `want`, skipping others.
