@@ -27,6 +27,9 @@ use tokio::sync::{broadcast, watch};
 
 /// Records scanned at most to sort keys by something other than the key.
 const MAX_SORT_SCAN: usize = 10_000;
+/// Records read at most to search keys (`?search=`), in batches of
+/// [`MAX_SORT_SCAN`]; at most that many matches are sorted and paged.
+const MAX_SEARCH_SCAN: usize = 1_000_000;
 const BODY_PREVIEW_CHARS: usize = 1024;
 
 /// The admin API's listener and the token it requires, checked together.
@@ -177,6 +180,9 @@ impl Admin {
 struct ListParams {
     state: Option<String>,
     prefix: Option<String>,
+    /// Matches anywhere in the client's own key (after the client scope
+    /// and its `/`), ignoring ASCII case.
+    search: Option<String>,
     after: Option<String>,
     limit: Option<usize>,
     sort: Option<String>,
@@ -231,8 +237,9 @@ async fn list_keys(
     let now = admin.now_ms();
     let store = admin.gateway.guard().store();
     let prefix = p.prefix.unwrap_or_default();
+    let search = p.search.filter(|s| !s.is_empty());
 
-    if sort == "key" && !descending {
+    if sort == "key" && !descending && search.is_none() {
         // Key order is the store's own: page with its cursor.
         let query = ListQuery {
             prefix,
@@ -273,7 +280,11 @@ async fn list_keys(
         after: None,
         limit: MAX_SORT_SCAN,
     };
-    let mut rows = match store.list(&query, now).await {
+    let rows = match &search {
+        None => store.list(&query, now).await,
+        Some(search) => scan_matching(store.as_ref(), query, search, now).await,
+    };
+    let mut rows = match rows {
         Ok(rows) => rows,
         Err(e) => return unavailable(&e),
     };
@@ -296,6 +307,38 @@ async fn list_keys(
         .collect();
     let next = (offset + limit < total).then(|| (offset + limit).to_string());
     Json(json!({"now_ms": now, "keys": page, "next": next, "total": total})).into_response()
+}
+
+/// The records of `query` whose client key contains `search` (ASCII case
+/// ignored), in key order: at most [`MAX_SORT_SCAN`] of them, from at most
+/// [`MAX_SEARCH_SCAN`] records read.
+async fn scan_matching(
+    store: &dyn crate::store::Store,
+    mut query: ListQuery,
+    search: &str,
+    now: u64,
+) -> Result<Vec<(String, Entry)>, crate::store::StoreError> {
+    let needle = search.to_ascii_lowercase();
+    let matches = |key: &str| {
+        let own = key.split_once('/').map_or(key, |(_, own)| own);
+        own.to_ascii_lowercase().contains(&needle)
+    };
+    let mut found = Vec::new();
+    let mut read = 0;
+    loop {
+        let batch = store.list(&query, now).await?;
+        read += batch.len();
+        let last = (batch.len() == query.limit).then(|| batch.last().map(|(k, _)| k.clone()));
+        found.extend(batch.into_iter().filter(|(k, _)| matches(k)));
+        match last.flatten() {
+            Some(after) if found.len() < MAX_SORT_SCAN && read < MAX_SEARCH_SCAN => {
+                query.after = Some(after);
+            }
+            _ => break,
+        }
+    }
+    found.truncate(MAX_SORT_SCAN);
+    Ok(found)
 }
 
 async fn get_key(State(admin): State<Admin>, Path(key): Path<String>) -> Response {
