@@ -162,6 +162,14 @@ impl App {
         };
         let r = &stats.rates_per_s;
         let mut spans = vec![Span::raw(" ")];
+        // Faults first: on a narrow screen they are what must not be cut.
+        let active = self.faults.active();
+        if !active.is_empty() {
+            spans.push(Span::styled(
+                format!("faults: {}  ", active.join(", ")),
+                Style::new().fg(Color::Red).bold(),
+            ));
+        }
         for (outcome, rate) in [
             (Outcome::Executed, r.executed),
             (Outcome::Replayed, r.replayed),
@@ -172,13 +180,6 @@ impl App {
             spans.push(Span::styled(
                 format!("{} {rate:.1}/s ", short(outcome)),
                 outcome_style(outcome),
-            ));
-        }
-        let active = self.faults.active();
-        if !active.is_empty() {
-            spans.push(Span::styled(
-                format!(" faults: {}  ", active.join(", ")),
-                Style::new().fg(Color::Red).bold(),
             ));
         }
         let p99 = Span::styled(

@@ -373,3 +373,32 @@ fn a_console_without_the_admin_token_says_how_to_pass_it() {
     tmux.keys(&["q"]);
     tmux.wait_for("the console to exit", || {}, |s| s.contains("exit=0"));
 }
+
+#[test]
+fn the_demo_console_says_when_the_run_is_over_and_q_shows_the_verdict() {
+    let tmux = Tmux::start(
+        "demo",
+        &format!("{IDEM} demo --store memory: --orders 40 --duration 2s"),
+    );
+    tmux.wait_for(
+        "the console on the demo",
+        || {},
+        |s| s.contains("1 Keys") && s.contains("● connected"),
+    );
+    let screen = tmux.wait_for(
+        "the end of the run",
+        || {},
+        |s| s.contains("The run is over"),
+    );
+    assert!(
+        screen.contains("q closes and shows the verdict"),
+        "{screen}"
+    );
+    tmux.keys(&["q"]);
+    let screen = tmux.wait_for("the verdict", || {}, |s| s.contains("exit="));
+    assert!(
+        screen.contains("exactly-once check passed") && screen.contains("exit=0"),
+        "{screen}"
+    );
+    assert!(screen.contains("all orders answered"), "{screen}");
+}

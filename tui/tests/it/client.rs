@@ -172,6 +172,21 @@ async fn a_token_is_sent_as_a_bearer_and_a_wrong_one_is_named() {
     assert!(err.to_string().contains("bearer token"), "{err}");
 }
 
+#[tokio::test]
+async fn a_refused_token_is_reported_as_such_not_as_a_lost_connection() {
+    let fake = Fake::start_on("127.0.0.1:0", Some("s3cret")).await;
+    let mut session = Session::start(Client::new(&fake.url, None).unwrap(), KeyQuery::default());
+    let update = next_matching(&mut session, |u| {
+        matches!(u, Update::Unauthorized { .. } | Update::Disconnected(_))
+    })
+    .await;
+    assert!(
+        matches!(&update, Update::Unauthorized { status: 401, detail } if detail.contains("bearer token")),
+        "{update:?}"
+    );
+    session.shutdown().await;
+}
+
 #[test]
 fn bad_admin_urls_are_refused_with_the_reason() {
     for (url, why) in [

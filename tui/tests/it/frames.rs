@@ -430,3 +430,118 @@ fn fingerprints_are_shortened_past_their_algorithm() {
     assert_eq!(short_fingerprint("9f86d081884c7d65"), "9f86d081");
     assert_eq!(short_fingerprint("abc"), "abc");
 }
+
+fn screen(terminal: &Terminal<TestBackend>) -> String {
+    let buf = terminal.backend().buffer();
+    (0..buf.area.height)
+        .map(|y| {
+            (0..buf.area.width)
+                .map(|x| buf[(x, y)].symbol())
+                .collect::<String>()
+                + "\n"
+        })
+        .collect()
+}
+
+#[test]
+fn a_refused_token_says_how_to_pass_one() {
+    let mut app = busy();
+    app.apply(Update::Unauthorized {
+        status: 401,
+        detail: "a bearer token is required".into(),
+    });
+    let terminal = draw(&app, 80, 24);
+    let text = screen(&terminal);
+    assert!(text.contains("✗ unauthorized"), "{text}");
+    assert!(
+        text.contains("401: the admin API wants a token: pass --token T or set IDEM_ADMIN_TOKEN"),
+        "{text}"
+    );
+    assert!(!text.contains("reconnecting"), "{text}");
+    assert_eq!(
+        fg_at(terminal.backend().buffer(), "✗ unauthorized"),
+        Color::Red
+    );
+    app.has_token = true;
+    let text = screen(&draw(&app, 80, 24));
+    assert!(text.contains("refuses this token"), "{text}");
+}
+
+#[test]
+fn the_banner_of_the_program_around_the_console_shows_above_the_view() {
+    let mut app = busy();
+    app.banner = Some("The run is over · q closes and shows the verdict".into());
+    let terminal = draw(&app, 80, 24);
+    let text = screen(&terminal);
+    assert!(
+        text.lines()
+            .nth(1)
+            .unwrap()
+            .contains("The run is over · q closes and shows the verdict"),
+        "{text}"
+    );
+    assert_eq!(
+        terminal.backend().buffer()[(2, 1)].bg,
+        Color::Yellow,
+        "it stands out"
+    );
+}
+
+#[test]
+fn active_faults_lead_the_summary_on_a_narrow_screen() {
+    let mut app = busy();
+    let mut faults = Faults::default();
+    faults.faults.insert.kind = FaultKind::Error;
+    app.apply(Update::Faults(faults));
+    let text = screen(&draw(&app, 80, 24));
+    assert!(
+        text.lines()
+            .nth(1)
+            .unwrap()
+            .starts_with(" faults: insert error"),
+        "{text}"
+    );
+}
+
+#[test]
+fn a_paused_log_says_so_and_counts_what_it_holds_back() {
+    let mut app = busy();
+    app.update(Action::ShowView(idem_tui::views::View::Activity));
+    app.update(Action::Activity(
+        idem_tui::views::activity::ActivityAction::Pause,
+    ));
+    app.apply(decision(9, "order-010", Outcome::Executed, Some(201), None));
+    let text = screen(&draw(&app, 80, 24));
+    assert!(text.contains("paused, 1 new · G follows"), "{text}");
+    assert!(
+        !text.contains("order-010"),
+        "held back while paused: {text}"
+    );
+}
+
+#[test]
+fn the_detail_pane_shows_the_whole_key_and_dated_times_and_scrolls() {
+    let mut app = clients();
+    for _ in 0..6 {
+        app.update(Action::Keys(KeysAction::Down));
+    }
+    app.update(Action::Keys(KeysAction::ToggleDetail));
+    let text = screen(&draw(&app, 80, 24));
+    assert!(
+        text.contains("2026-12-03T10:00:00Z-checkout-session-0002"),
+        "the key in full: {text}"
+    );
+    assert!(text.contains("client      d747bee75cd0ee92"), "{text}");
+    assert!(
+        text.contains("(at 2025-12-02 "),
+        "a date with the time: {text}"
+    );
+    app.update(Action::Keys(KeysAction::DetailScrollDown));
+    app.update(Action::Keys(KeysAction::DetailScrollDown));
+    let text = screen(&draw(&app, 80, 24));
+    assert!(
+        !text.contains("│key "),
+        "scrolled past the first lines: {text}"
+    );
+    assert!(text.contains("↓2 · J K scroll"), "{text}");
+}
