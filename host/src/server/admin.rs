@@ -555,53 +555,78 @@ async fn metrics(State(admin): State<Admin>) -> Response {
     let pool = admin.gateway.guard().pool_stats();
     let latency = observer.store_latency_us();
     let mut text = String::new();
-    text.push_str("# HELP idem_outcomes_total Guarded requests by what the gateway did.\n# TYPE idem_outcomes_total counter\n");
-    for v in Verdict::ALL {
-        let _ = writeln!(
-            text,
-            "idem_outcomes_total{{outcome=\"{}\"}} {}",
-            v.as_str(),
-            observer.count(v)
-        );
-    }
-    text.push_str("# HELP idem_store_latency_us Latency of the latest store operations, in microseconds.\n# TYPE idem_store_latency_us summary\n");
-    for (q, value) in [
-        ("0.5", latency.p50),
-        ("0.9", latency.p90),
-        ("0.99", latency.p99),
-        ("1", latency.max),
-    ] {
-        let _ = writeln!(text, "idem_store_latency_us{{quantile=\"{q}\"}} {value}");
-    }
-    let _ = writeln!(
-        text,
-        "# TYPE idem_faults_injected_total counter\nidem_faults_injected_total {}",
-        admin.gateway.faults().injected()
+    // Every metric with its HELP and TYPE; durations in seconds, as
+    // Prometheus names them (`_seconds`).
+    let mut family = |name: &str, kind: &str, help: &str, samples: &[(String, String)]| {
+        let _ = writeln!(text, "# HELP {name} {help}\n# TYPE {name} {kind}");
+        for (labels, value) in samples {
+            let _ = writeln!(text, "{name}{labels} {value}");
+        }
+    };
+    let plain = |value: &dyn std::fmt::Display| vec![(String::new(), value.to_string())];
+    family(
+        "idem_outcomes_total",
+        "counter",
+        "Guarded requests by what the gateway did.",
+        &Verdict::ALL
+            .iter()
+            .map(|v| {
+                (
+                    format!("{{outcome=\"{}\"}}", v.as_str()),
+                    observer.count(*v).to_string(),
+                )
+            })
+            .collect::<Vec<_>>(),
     );
-    let _ = writeln!(
-        text,
-        "# TYPE idem_pool_instantiated_total counter\nidem_pool_instantiated_total {}",
-        pool.instantiated
+    #[allow(clippy::cast_precision_loss)] // microseconds as seconds: exact to 2^53 µs
+    let seconds = |us: u64| format!("{}", us as f64 / 1e6);
+    family(
+        "idem_store_latency_seconds",
+        "summary",
+        "Latency of the latest store operations, in seconds (quantile 1 is the maximum).",
+        &[
+            ("0.5", latency.p50),
+            ("0.9", latency.p90),
+            ("0.99", latency.p99),
+            ("1", latency.max),
+        ]
+        .map(|(q, us)| (format!("{{quantile=\"{q}\"}}"), seconds(us))),
     );
-    let _ = writeln!(
-        text,
-        "# TYPE idem_pool_failed_total counter\nidem_pool_failed_total {}",
-        pool.failed
+    family(
+        "idem_faults_injected_total",
+        "counter",
+        "Store operations a fault rule made fail, delay or lose their reply.",
+        &plain(&admin.gateway.faults().injected()),
     );
-    let _ = writeln!(
-        text,
-        "# TYPE idem_pool_idle gauge\nidem_pool_idle {}",
-        pool.idle
+    family(
+        "idem_pool_instantiated_total",
+        "counter",
+        "Guard component instances created.",
+        &plain(&pool.instantiated),
     );
-    let _ = writeln!(
-        text,
-        "# TYPE idem_pool_in_use gauge\nidem_pool_in_use {}",
-        pool.in_use
+    family(
+        "idem_pool_failed_total",
+        "counter",
+        "Guard component instantiations that failed.",
+        &plain(&pool.failed),
     );
-    let _ = writeln!(
-        text,
-        "# TYPE idem_uptime_seconds gauge\nidem_uptime_seconds {}",
-        observer.uptime().as_secs()
+    family(
+        "idem_pool_idle",
+        "gauge",
+        "Guard component instances ready for a call.",
+        &plain(&pool.idle),
+    );
+    family(
+        "idem_pool_in_use",
+        "gauge",
+        "Guard component instances serving a call now.",
+        &plain(&pool.in_use),
+    );
+    family(
+        "idem_uptime_seconds",
+        "gauge",
+        "Seconds since the gateway started.",
+        &plain(&observer.uptime().as_secs()),
     );
     let mut response = Response::new(Body::from(text));
     response.headers_mut().insert(

@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 const IDEM: &str = env!("CARGO_BIN_EXE_idem");
 
 /// A child process killed on drop.
-struct Proc(Child);
+pub(crate) struct Proc(Child);
 
 impl Drop for Proc {
     fn drop(&mut self) {
@@ -42,7 +42,7 @@ fn spawn(args: &[&str]) -> Proc {
 }
 
 /// One HTTP/1.1 request; returns the status code (0 if the server is not up yet).
-fn post(port: u16, key: &str, body: &str) -> u16 {
+pub(crate) fn post(port: u16, key: &str, body: &str) -> u16 {
     post_as(port, None, key, body)
 }
 
@@ -70,7 +70,7 @@ fn post_as(port: u16, auth: Option<&str>, key: &str, body: &str) -> u16 {
         .unwrap_or(0)
 }
 
-fn order(key: &str) -> String {
+pub(crate) fn order(key: &str) -> String {
     format!(r#"{{"order":"{key}","sku":"A","qty":1,"cents":1000}}"#)
 }
 
@@ -171,7 +171,7 @@ impl Drop for Tmux {
 
 /// `idem ledger` and `idem serve` (memory store) on free ports, with the
 /// admin API's `extra` arguments; returns them with the proxy and admin ports.
-fn serve(extra: &[&str]) -> (Proc, Proc, u16, u16) {
+pub(crate) fn serve(extra: &[&str]) -> (Proc, Proc, u16, u16) {
     let [ledger_port, proxy_port, admin_port] = free_ports();
     let ledger = spawn(&["ledger", "--listen", &format!("127.0.0.1:{ledger_port}")]);
     let mut args = vec![
@@ -401,4 +401,26 @@ fn the_demo_console_says_when_the_run_is_over_and_q_shows_the_verdict() {
         "{screen}"
     );
     assert!(screen.contains("all orders answered"), "{screen}");
+}
+
+#[test]
+fn every_option_of_ledger_and_component_says_what_it_is() {
+    for (command, option, says) in [
+        ("ledger", "--listen", "Where the ledger listens"),
+        ("component", "--out", "The file to write the component to"),
+    ] {
+        let out = Command::new(IDEM)
+            .args([command, "--help"])
+            .output()
+            .unwrap();
+        let help = String::from_utf8_lossy(&out.stdout);
+        let line = help
+            .lines()
+            .find(|l| l.contains(option))
+            .unwrap_or_else(|| panic!("{option} missing: {help}"));
+        assert!(
+            help.contains(says),
+            "idem {command} --help: {option} has no help ({line}):\n{help}"
+        );
+    }
 }

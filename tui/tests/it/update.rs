@@ -945,3 +945,72 @@ fn the_last_decision_is_kept_for_keys_on_screen_only() {
     app.apply(Update::Keys { query, page: other });
     assert!(app.keys.last_outcome.is_empty());
 }
+
+#[test]
+fn the_lapsed_filter_keeps_the_claims_whose_lease_ran_out() {
+    let mut app = loaded(10, None);
+    ch(&mut app, 'f');
+    let commands = ch(&mut app, 'f');
+    assert_eq!(app.keys.filter, StateFilter::Lapsed);
+    let Some(Command::Query(query)) = commands.first() else {
+        panic!("{commands:?}")
+    };
+    // The server answers with processing keys, lapsed first (sorted by lease).
+    let mut lapsed = row("held-by-a-crashed-worker", KeyState::Processing, 0);
+    lapsed.lease_until_ms = NOW - 1;
+    lapsed.lease_remaining_ms = 0;
+    let live = row("still-running", KeyState::Processing, 5);
+    app.apply(Update::Keys {
+        query: query.clone(),
+        page: KeyPage {
+            now_ms: NOW,
+            keys: vec![lapsed, live],
+            next: None,
+            total: Some(2),
+        },
+    });
+    let keys: Vec<&str> = app.keys.rows.iter().map(|r| r.key.as_str()).collect();
+    assert_eq!(keys, ["held-by-a-crashed-worker"]);
+}
+
+#[test]
+fn the_selected_key_is_copied_as_the_client_sent_it() {
+    let mut app = loaded(0, None);
+    let query = app.keys.query.clone();
+    app.apply(Update::Keys {
+        query,
+        page: KeyPage {
+            now_ms: NOW,
+            keys: vec![row("d747bee75cd0ee92/order-7", KeyState::Done, 0)],
+            next: None,
+            total: Some(1),
+        },
+    });
+    assert_eq!(ch(&mut app, 'c'), vec![Command::Copy("order-7".into())]);
+    assert!(
+        app.status
+            .as_ref()
+            .unwrap()
+            .0
+            .contains("copied \"order-7\"")
+    );
+    assert_eq!(ch(&mut app, 'y'), vec![Command::Copy("order-7".into())]);
+    let mut empty = loaded(0, None);
+    assert_eq!(ch(&mut empty, 'c'), vec![]);
+    assert!(empty.status.as_ref().unwrap().0.contains("no key selected"));
+}
+
+#[test]
+fn confirmations_warn_that_a_retry_runs_the_request_again() {
+    for verb in [KeyVerb::Release, KeyVerb::Expire, KeyVerb::Delete] {
+        assert!(
+            verb.warning()
+                .contains("the next retry runs the request again")
+                || verb
+                    .warning()
+                    .contains("The next retry runs the request again"),
+            "{verb:?}: {}",
+            verb.warning()
+        );
+    }
+}
