@@ -3,7 +3,7 @@
 //! are below; each view's keys are in its own table, which the help
 //! overlay lists as written ([`help`]).
 
-use crate::keymap::{Binding, Section, bind, help_lines, lookup};
+use crate::keymap::{Binding, Section, also, bind, help_lines, lookup};
 use crate::views::View;
 use crate::views::activity::{self, ActivityAction};
 use crate::views::faults::{self, FaultsAction};
@@ -54,10 +54,10 @@ pub const GLOBAL: &[Binding<Action>] = &[
         "1 2 3 Tab",
         "keys, faults, activity",
     ),
-    crate::keymap::also(&[K::Char('2')], A::ShowView(View::Faults)),
-    crate::keymap::also(&[K::Char('3')], A::ShowView(View::Activity)),
-    crate::keymap::also(&[K::Tab], A::NextView),
-    crate::keymap::also(&[K::BackTab], A::PrevView),
+    also(&[K::Char('2')], A::ShowView(View::Faults)),
+    also(&[K::Char('3')], A::ShowView(View::Activity)),
+    also(&[K::Tab], A::NextView),
+    also(&[K::BackTab], A::PrevView),
     bind(&[K::Char('?')], A::ToggleHelp, "?", "this help"),
     bind(&[K::Char('q')], A::Quit, "q  Ctrl-C", "quit"),
 ];

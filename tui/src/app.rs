@@ -40,6 +40,7 @@ pub enum Connection {
 }
 
 /// The whole console.
+#[allow(clippy::struct_excessive_bools)] // independent flags, each shown on screen
 pub struct App {
     pub admin_url: String,
     /// Whether the console was given a token (the fix for a 401 differs).
@@ -57,6 +58,8 @@ pub struct App {
     /// when nothing else is said (`idem demo`: "the run is over…").
     pub banner: Option<String>,
     pub should_quit: bool,
+    /// Whether the server ever answered, to tell "connected" from "reconnected".
+    pub was_connected: bool,
     /// The local clock (ms since the epoch), from the last tick.
     pub local_ms: u64,
 }
@@ -77,6 +80,7 @@ impl App {
             status: None,
             banner: None,
             should_quit: false,
+            was_connected: false,
             local_ms,
         }
     }
@@ -212,8 +216,16 @@ impl App {
                 );
                 self.connection = Connection::Connected;
                 if was_lost {
-                    self.status = Some(("reconnected".into(), Severity::Info));
+                    // "Re" only if it had been connected before: a server
+                    // still starting when the console did was never lost.
+                    let text = if self.was_connected {
+                        "reconnected"
+                    } else {
+                        "connected"
+                    };
+                    self.status = Some((text.into(), Severity::Info));
                 }
+                self.was_connected = true;
             }
             Update::Disconnected(error) => {
                 self.connection =

@@ -452,10 +452,12 @@ impl Widget for &FaultsView {
             });
             choice.push("  ".into());
         }
-        choice.push(Span::styled(
-            "+- latency  [] prob.  <> count  L P C M type",
-            DIM,
-        ));
+        // The rest is in the footer too: shown when it fits.
+        let tail = Span::styled("+- latency  [] prob.  <> count  L P C M type", DIM);
+        let used: usize = choice.iter().map(Span::width).sum();
+        if used + tail.width() <= usize::from(keys_area.width) {
+            choice.push(tail);
+        }
         let note = Line::from(Span::styled(
             " The guard calls only insert and replace; *get, delete: admin API only.",
             DIM,

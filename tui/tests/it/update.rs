@@ -1014,3 +1014,11 @@ fn confirmations_warn_that_a_retry_runs_the_request_again() {
         );
     }
 }
+
+#[test]
+fn a_server_still_starting_is_connected_not_reconnected() {
+    let mut app = App::new("http://x", NOW);
+    app.apply(Update::Disconnected("Connection refused".into()));
+    app.apply(Update::Connected);
+    assert_eq!(app.status.as_ref().unwrap().0, "connected");
+}
