@@ -147,7 +147,7 @@ impl Tmux {
         mut meanwhile: impl FnMut(),
         pred: impl Fn(&str) -> bool,
     ) -> String {
-        let deadline = Instant::now() + Duration::from_secs(20);
+        let deadline = Instant::now() + Duration::from_secs(40);
         loop {
             let screen = self.screen();
             if pred(&screen) {
@@ -188,7 +188,8 @@ pub(crate) fn serve(extra: &[&str]) -> (Proc, Proc, u16, u16) {
     args.extend(extra.iter().map(|a| (*a).to_owned()));
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
     let serve = spawn(&args);
-    let deadline = Instant::now() + Duration::from_secs(20);
+    // A debug build compiles the component at start: slow on a loaded machine.
+    let deadline = Instant::now() + Duration::from_secs(90);
     while post(proxy_port, "warm-up", &order("warm-up")) / 100 != 2 {
         assert!(Instant::now() < deadline, "idem serve never answered 2xx");
         std::thread::sleep(Duration::from_millis(100));
