@@ -43,7 +43,7 @@ pub const BINDINGS: &[Binding<ActivityAction>] = &[
     bind(
         &[K::Up, K::Char('k')],
         A::ScrollUp,
-        "↑↓ j k PgUp PgDn",
+        "↑↓jk PgUp/Dn",
         "scroll the log",
     ),
     also(&[K::Down, K::Char('j')], A::ScrollDown),
