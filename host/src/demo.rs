@@ -75,6 +75,16 @@ impl Seen {
     }
 }
 
+/// What the clients' counts mean, printed under them: they count answers
+/// as clients saw them, so they differ from the ledger's counts.
+const SEEN_LEGEND: &str = "  (what clients saw, one count per answer: executed = a first 201;
+   replayed = the stored 201 again; 409/422/503 as told. An impatient client
+   gives up on its first try after 1 ms; the gateway runs it anyway and the
+   retry gets the stored response, so that order ran without its client
+   seeing a first 201: clients' executed is below the ledger's executions,
+   which count what ran. The time above is when the last order was answered,
+   not when the console was closed.)";
+
 /// How a client treats one order.
 #[derive(Clone, Copy, Debug)]
 enum Behaviour {
@@ -288,14 +298,19 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
 
     // In a terminal, the operator console opens on the demo; the per-second
     // lines would garble it, so they are left to the console's own views.
-    let console = (!args.headless && std::io::stdout().is_terminal()).then(|| {
-        let url = format!("http://{admin_addr}");
-        tokio::spawn(async move { idem_tui::run(&url, console_token).await })
-    });
-    let quiet = console.is_some();
+    // The console is told when the run is over, so the operator knows `q`
+    // now shows the verdict.
+    let (banner, banner_rx) = tokio::sync::watch::channel(None);
+    let quiet = !args.headless && std::io::stdout().is_terminal();
     if quiet {
+        // Before the console takes the screen: a line printed after would
+        // land inside it.
         println!("opening the operator console (q quits it; the summary follows)");
     }
+    let console = quiet.then(|| {
+        let url = format!("http://{admin_addr}");
+        tokio::spawn(async move { idem_tui::run_with_banner(&url, console_token, banner_rx).await })
+    });
 
     let seen = Arc::new(Seen::default());
     let client = Shopper {
@@ -366,6 +381,12 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         }
     }
     gateway.faults().clear_all();
+    let answered_in = started.elapsed();
+    let _ = banner.send(Some(format!(
+        "The run is over: {} orders answered in {:.1}s · q closes and shows the verdict",
+        args.orders,
+        answered_in.as_secs_f64()
+    )));
     if let Some(console) = console {
         console
             .await
@@ -374,9 +395,10 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
     }
     println!(
         "{:>5.1}s all orders answered: {}",
-        started.elapsed().as_secs_f64(),
+        answered_in.as_secs_f64(),
         seen.line()
     );
+    println!("{SEEN_LEGEND}");
 
     let books = ledger.books();
     let verdict = check(&books, args.orders, stock - order_count);

@@ -26,6 +26,7 @@ enum Command {
     Serve(Box<options::ServeOptions>),
     /// Runs the demo ledger service (an upstream to put behind the gateway).
     Ledger {
+        /// Where the ledger listens (address:port); the gateway's --upstream points here.
         #[arg(
             long,
             env = "IDEM_LEDGER_LISTEN",
@@ -58,6 +59,7 @@ enum Command {
     Wit,
     /// Writes the exact component bytes this binary embeds, for other hosts to load.
     Component {
+        /// The file to write the component to (e.g. guard.wasm); an existing file is replaced.
         #[arg(long, value_name = "FILE")]
         out: PathBuf,
     },

@@ -7,12 +7,11 @@
 //! actions). They report through one bounded channel of [`Update`]s, so the
 //! console's memory stays flat however busy the server is.
 
-use crate::action::Update;
 use crate::api::{
     DecisionEvent, FaultEvent, FaultRule, Faults, KeyDetail, KeyInfo, KeyPage, KeyState, Op,
     Problem, Stats,
 };
-use crate::app::{Command, KeyQuery};
+use crate::protocol::{Command, KeyQuery, Update};
 use futures_util::StreamExt;
 use reqwest::{Method, StatusCode, Url};
 use serde::de::DeserializeOwned;
@@ -177,6 +176,9 @@ impl Client {
             }
             if !query.prefix.is_empty() {
                 pairs.append_pair("prefix", &query.prefix);
+            }
+            if !query.search.is_empty() {
+                pairs.append_pair("search", &query.search);
             }
             if let Some(after) = &query.after {
                 pairs.append_pair("after", after);
@@ -386,6 +388,8 @@ impl Session {
                         wake.notify_one();
                         continue;
                     }
+                    // The terminal's business, done by the shell (`run`).
+                    Command::Copy(_) => continue,
                     Command::Release(key) => report(
                         client.release(&key).await,
                         format!("released the lease of {key}"),
@@ -399,7 +403,10 @@ impl Session {
                     Command::SetFault(op, rule) => match client.set_fault(op, &rule).await {
                         Ok(faults) => {
                             let _ = updates_tx.send(Update::Faults(faults)).await;
-                            Update::Done(format!("{op}: {}", crate::app::describe_rule(&rule)))
+                            Update::Done(format!(
+                                "{op}: {}",
+                                crate::views::faults::describe_rule(&rule)
+                            ))
                         }
                         Err(e) => Update::Failed(format!("{op} fault refused: {e}")),
                     },
@@ -477,6 +484,15 @@ async fn poll(
                     None => {}
                 }
                 batch
+            }
+            // Retrying cannot fix a refused token: say so, and keep polling
+            // in case the server's token changes.
+            Err(ClientError::Refused {
+                status: status @ (401 | 403),
+                detail,
+            }) => {
+                connected = false;
+                vec![Update::Unauthorized { status, detail }]
             }
             Err(e) => {
                 connected = false;

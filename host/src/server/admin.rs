@@ -27,6 +27,9 @@ use tokio::sync::{broadcast, watch};
 
 /// Records scanned at most to sort keys by something other than the key.
 const MAX_SORT_SCAN: usize = 10_000;
+/// Records read at most to search keys (`?search=`), in batches of
+/// [`MAX_SORT_SCAN`]; at most that many matches are sorted and paged.
+const MAX_SEARCH_SCAN: usize = 1_000_000;
 const BODY_PREVIEW_CHARS: usize = 1024;
 
 /// The admin API's listener and the token it requires, checked together.
@@ -177,6 +180,9 @@ impl Admin {
 struct ListParams {
     state: Option<String>,
     prefix: Option<String>,
+    /// Matches anywhere in the client's own key (after the client scope
+    /// and its `/`), ignoring ASCII case.
+    search: Option<String>,
     after: Option<String>,
     limit: Option<usize>,
     sort: Option<String>,
@@ -231,8 +237,9 @@ async fn list_keys(
     let now = admin.now_ms();
     let store = admin.gateway.guard().store();
     let prefix = p.prefix.unwrap_or_default();
+    let search = p.search.filter(|s| !s.is_empty());
 
-    if sort == "key" && !descending {
+    if sort == "key" && !descending && search.is_none() {
         // Key order is the store's own: page with its cursor.
         let query = ListQuery {
             prefix,
@@ -273,7 +280,11 @@ async fn list_keys(
         after: None,
         limit: MAX_SORT_SCAN,
     };
-    let mut rows = match store.list(&query, now).await {
+    let rows = match &search {
+        None => store.list(&query, now).await,
+        Some(search) => scan_matching(store.as_ref(), query, search, now).await,
+    };
+    let mut rows = match rows {
         Ok(rows) => rows,
         Err(e) => return unavailable(&e),
     };
@@ -296,6 +307,38 @@ async fn list_keys(
         .collect();
     let next = (offset + limit < total).then(|| (offset + limit).to_string());
     Json(json!({"now_ms": now, "keys": page, "next": next, "total": total})).into_response()
+}
+
+/// The records of `query` whose client key contains `search` (ASCII case
+/// ignored), in key order: at most [`MAX_SORT_SCAN`] of them, from at most
+/// [`MAX_SEARCH_SCAN`] records read.
+async fn scan_matching(
+    store: &dyn crate::store::Store,
+    mut query: ListQuery,
+    search: &str,
+    now: u64,
+) -> Result<Vec<(String, Entry)>, crate::store::StoreError> {
+    let needle = search.to_ascii_lowercase();
+    let matches = |key: &str| {
+        let own = key.split_once('/').map_or(key, |(_, own)| own);
+        own.to_ascii_lowercase().contains(&needle)
+    };
+    let mut found = Vec::new();
+    let mut read = 0;
+    loop {
+        let batch = store.list(&query, now).await?;
+        read += batch.len();
+        let last = (batch.len() == query.limit).then(|| batch.last().map(|(k, _)| k.clone()));
+        found.extend(batch.into_iter().filter(|(k, _)| matches(k)));
+        match last.flatten() {
+            Some(after) if found.len() < MAX_SORT_SCAN && read < MAX_SEARCH_SCAN => {
+                query.after = Some(after);
+            }
+            _ => break,
+        }
+    }
+    found.truncate(MAX_SORT_SCAN);
+    Ok(found)
 }
 
 async fn get_key(State(admin): State<Admin>, Path(key): Path<String>) -> Response {
@@ -527,53 +570,78 @@ async fn metrics(State(admin): State<Admin>) -> Response {
     let pool = admin.gateway.guard().pool_stats();
     let latency = observer.store_latency_us();
     let mut text = String::new();
-    text.push_str("# HELP idem_outcomes_total Guarded requests by what the gateway did.\n# TYPE idem_outcomes_total counter\n");
-    for v in Verdict::ALL {
-        let _ = writeln!(
-            text,
-            "idem_outcomes_total{{outcome=\"{}\"}} {}",
-            v.as_str(),
-            observer.count(v)
-        );
-    }
-    text.push_str("# HELP idem_store_latency_us Latency of the latest store operations, in microseconds.\n# TYPE idem_store_latency_us summary\n");
-    for (q, value) in [
-        ("0.5", latency.p50),
-        ("0.9", latency.p90),
-        ("0.99", latency.p99),
-        ("1", latency.max),
-    ] {
-        let _ = writeln!(text, "idem_store_latency_us{{quantile=\"{q}\"}} {value}");
-    }
-    let _ = writeln!(
-        text,
-        "# TYPE idem_faults_injected_total counter\nidem_faults_injected_total {}",
-        admin.gateway.faults().injected()
+    // Every metric with its HELP and TYPE; durations in seconds, as
+    // Prometheus names them (`_seconds`).
+    let mut family = |name: &str, kind: &str, help: &str, samples: &[(String, String)]| {
+        let _ = writeln!(text, "# HELP {name} {help}\n# TYPE {name} {kind}");
+        for (labels, value) in samples {
+            let _ = writeln!(text, "{name}{labels} {value}");
+        }
+    };
+    let plain = |value: &dyn std::fmt::Display| vec![(String::new(), value.to_string())];
+    family(
+        "idem_outcomes_total",
+        "counter",
+        "Guarded requests by what the gateway did.",
+        &Verdict::ALL
+            .iter()
+            .map(|v| {
+                (
+                    format!("{{outcome=\"{}\"}}", v.as_str()),
+                    observer.count(*v).to_string(),
+                )
+            })
+            .collect::<Vec<_>>(),
     );
-    let _ = writeln!(
-        text,
-        "# TYPE idem_pool_instantiated_total counter\nidem_pool_instantiated_total {}",
-        pool.instantiated
+    #[allow(clippy::cast_precision_loss)] // microseconds as seconds: exact to 2^53 µs
+    let seconds = |us: u64| format!("{}", us as f64 / 1e6);
+    family(
+        "idem_store_latency_seconds",
+        "summary",
+        "Latency of the latest store operations, in seconds (quantile 1 is the maximum).",
+        &[
+            ("0.5", latency.p50),
+            ("0.9", latency.p90),
+            ("0.99", latency.p99),
+            ("1", latency.max),
+        ]
+        .map(|(q, us)| (format!("{{quantile=\"{q}\"}}"), seconds(us))),
     );
-    let _ = writeln!(
-        text,
-        "# TYPE idem_pool_failed_total counter\nidem_pool_failed_total {}",
-        pool.failed
+    family(
+        "idem_faults_injected_total",
+        "counter",
+        "Store operations a fault rule made fail, delay or lose their reply.",
+        &plain(&admin.gateway.faults().injected()),
     );
-    let _ = writeln!(
-        text,
-        "# TYPE idem_pool_idle gauge\nidem_pool_idle {}",
-        pool.idle
+    family(
+        "idem_pool_instantiated_total",
+        "counter",
+        "Guard component instances created.",
+        &plain(&pool.instantiated),
     );
-    let _ = writeln!(
-        text,
-        "# TYPE idem_pool_in_use gauge\nidem_pool_in_use {}",
-        pool.in_use
+    family(
+        "idem_pool_failed_total",
+        "counter",
+        "Guard component instantiations that failed.",
+        &plain(&pool.failed),
     );
-    let _ = writeln!(
-        text,
-        "# TYPE idem_uptime_seconds gauge\nidem_uptime_seconds {}",
-        observer.uptime().as_secs()
+    family(
+        "idem_pool_idle",
+        "gauge",
+        "Guard component instances ready for a call.",
+        &plain(&pool.idle),
+    );
+    family(
+        "idem_pool_in_use",
+        "gauge",
+        "Guard component instances serving a call now.",
+        &plain(&pool.in_use),
+    );
+    family(
+        "idem_uptime_seconds",
+        "gauge",
+        "Seconds since the gateway started.",
+        &plain(&observer.uptime().as_secs()),
     );
     if let Some(purge) = admin.gateway.guard().purge_stats() {
         let _ = writeln!(

@@ -276,7 +276,7 @@ impl PostgresStore {
             let (client, connection) = config
                 .connect(NoTls)
                 .await
-                .map_err(|e| unreachable(describe(&e)))?;
+                .map_err(|e| unreachable(connect_failed(&config, &e)))?;
             let connection = tokio::spawn(connection);
             client
                 .batch_execute(&schema(&table))
@@ -423,6 +423,28 @@ fn describe(e: &tokio_postgres::Error) -> String {
         Some(db) => format!("{}: {}", db.code().code(), db.message()),
         None => e.to_string(),
     }
+}
+
+/// Why a connection could not be opened, naming where it went: the driver
+/// says only "error connecting to server", and keeps the cause (refused,
+/// timed out, no such database, authentication) in its source chain.
+fn connect_failed(config: &tokio_postgres::Config, e: &tokio_postgres::Error) -> String {
+    let host = match config.get_hosts().first() {
+        Some(tokio_postgres::config::Host::Tcp(host)) => host.clone(),
+        #[cfg(unix)]
+        Some(tokio_postgres::config::Host::Unix(path)) => path.display().to_string(),
+        None => "localhost".to_owned(),
+    };
+    let port = config.get_ports().first().copied().unwrap_or(5432);
+    let user = config.get_user().unwrap_or("(none)");
+    let db = config.get_dbname().unwrap_or(user);
+    let mut cause = describe(e);
+    let mut source = std::error::Error::source(e);
+    while let Some(inner) = source {
+        cause = inner.to_string();
+        source = inner.source();
+    }
+    format!("cannot connect to {host}:{port} (database {db:?}, user {user:?}): {cause}")
 }
 
 fn unavailable(reason: String) -> StoreError {

@@ -1,8 +1,10 @@
 //! The operator console end to end, as a person uses it: the real `idem`
-//! binary serving (`idem ledger` behind `idem serve`) with traffic, and
-//! `idem tui` in a tmux pane driven by keys. Keys appear; the insert fault,
+//! binary serving (`idem ledger` behind `idem serve`) with traffic from two
+//! clients, and `idem tui` in an 80×24 tmux pane driven by keys. Every key
+//! is told apart; `/` finds a key by what the client sent; the insert fault,
 //! flipped from the keyboard, turns requests into 503s and unavailable
-//! decisions; flipped back, requests succeed; `q` exits cleanly.
+//! decisions; flipped back, requests succeed; `q` exits cleanly. Without
+//! the admin token, the console says how to pass it.
 
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
@@ -12,7 +14,7 @@ use std::time::{Duration, Instant};
 const IDEM: &str = env!("CARGO_BIN_EXE_idem");
 
 /// A child process killed on drop.
-struct Proc(Child);
+pub(crate) struct Proc(Child);
 
 impl Drop for Proc {
     fn drop(&mut self) {
@@ -40,7 +42,12 @@ fn spawn(args: &[&str]) -> Proc {
 }
 
 /// One HTTP/1.1 request; returns the status code (0 if the server is not up yet).
-fn post(port: u16, key: &str, body: &str) -> u16 {
+pub(crate) fn post(port: u16, key: &str, body: &str) -> u16 {
+    post_as(port, None, key, body)
+}
+
+/// [`post`] as the client with this `Authorization` header.
+fn post_as(port: u16, auth: Option<&str>, key: &str, body: &str) -> u16 {
     let Ok(mut stream) = TcpStream::connect(("127.0.0.1", port)) else {
         return 0;
     };
@@ -48,7 +55,9 @@ fn post(port: u16, key: &str, body: &str) -> u16 {
         .set_read_timeout(Some(Duration::from_secs(10)))
         .unwrap();
     let request = format!(
-        "POST /orders HTTP/1.1\r\nHost: localhost\r\nIdempotency-Key: \"{key}\"\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        "POST /orders HTTP/1.1\r\nHost: localhost\r\nIdempotency-Key: \"{key}\"\r\n{}Content-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        auth.map(|a| format!("Authorization: {a}\r\n"))
+            .unwrap_or_default(),
         body.len()
     );
     stream.write_all(request.as_bytes()).unwrap();
@@ -61,7 +70,7 @@ fn post(port: u16, key: &str, body: &str) -> u16 {
         .unwrap_or(0)
 }
 
-fn order(key: &str) -> String {
+pub(crate) fn order(key: &str) -> String {
     format!(r#"{{"order":"{key}","sku":"A","qty":1,"cents":1000}}"#)
 }
 
@@ -70,14 +79,15 @@ struct Tmux {
 }
 
 impl Tmux {
-    fn start(command: &str) -> Tmux {
+    /// `command` in a fresh 80×24 tmux server named after `name`.
+    fn start(name: &str, command: &str) -> Tmux {
         let version = Command::new("tmux").arg("-V").output();
         assert!(
             version.as_ref().is_ok_and(|o| o.status.success()),
             "tmux is required for the console test (apt-get install tmux): {version:?}"
         );
         let tmux = Tmux {
-            socket: format!("idem-console-{}", std::process::id()),
+            socket: format!("idem-console-{name}-{}", std::process::id()),
         };
         let script = format!("{command}; echo \"exit=$?\"; sleep 600");
         let ok = tmux
@@ -86,9 +96,9 @@ impl Tmux {
                 "new-session",
                 "-d",
                 "-x",
-                "120",
+                "80",
                 "-y",
-                "40",
+                "24",
                 "-s",
                 "t",
                 "sh",
@@ -137,7 +147,7 @@ impl Tmux {
         mut meanwhile: impl FnMut(),
         pred: impl Fn(&str) -> bool,
     ) -> String {
-        let deadline = Instant::now() + Duration::from_secs(20);
+        let deadline = Instant::now() + Duration::from_secs(40);
         loop {
             let screen = self.screen();
             if pred(&screen) {
@@ -159,43 +169,132 @@ impl Drop for Tmux {
     }
 }
 
-#[test]
-fn console_on_a_real_server_shows_keys_and_flips_the_store_fault() {
+/// `idem ledger` and `idem serve` (memory store) on free ports, with the
+/// admin API's `extra` arguments; returns them with the proxy and admin ports.
+pub(crate) fn serve(extra: &[&str]) -> (Proc, Proc, u16, u16) {
     let [ledger_port, proxy_port, admin_port] = free_ports();
-    let _ledger = spawn(&["ledger", "--listen", &format!("127.0.0.1:{ledger_port}")]);
-    let _serve = spawn(&[
-        "serve",
-        "--listen",
-        &format!("127.0.0.1:{proxy_port}"),
-        "--upstream",
-        &format!("http://127.0.0.1:{ledger_port}"),
-        "--store",
-        "memory:",
-        "--admin-listen",
-        &format!("127.0.0.1:{admin_port}"),
-    ]);
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while post(proxy_port, "console-0", &order("console-0")) / 100 != 2 {
+    let ledger = spawn(&["ledger", "--listen", &format!("127.0.0.1:{ledger_port}")]);
+    let mut args = vec![
+        "serve".to_owned(),
+        "--listen".to_owned(),
+        format!("127.0.0.1:{proxy_port}"),
+        "--upstream".to_owned(),
+        format!("http://127.0.0.1:{ledger_port}"),
+        "--store".to_owned(),
+        "memory:".to_owned(),
+        "--admin-listen".to_owned(),
+        format!("127.0.0.1:{admin_port}"),
+    ];
+    args.extend(extra.iter().map(|a| (*a).to_owned()));
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let serve = spawn(&args);
+    // A debug build compiles the component at start: slow on a loaded machine.
+    let deadline = Instant::now() + Duration::from_secs(90);
+    while post(proxy_port, "warm-up", &order("warm-up")) / 100 != 2 {
         assert!(Instant::now() < deadline, "idem serve never answered 2xx");
         std::thread::sleep(Duration::from_millis(100));
     }
-    for i in 1..5 {
-        let key = format!("console-{i}");
-        assert_eq!(post(proxy_port, &key, &order(&key)) / 100, 2);
+    (ledger, serve, proxy_port, admin_port)
+}
+
+/// The table rows on screen: the lines between the column header and the
+/// bottom border, each cut before its STATE column.
+fn key_cells(screen: &str) -> Vec<String> {
+    let header = screen
+        .lines()
+        .find(|l| l.contains("KEY▲"))
+        .unwrap_or_default();
+    // In characters: the borders and the sort arrow are wider in bytes.
+    let cut = header
+        .find("STATE")
+        .map_or(usize::MAX, |at| header[..at].chars().count());
+    screen
+        .lines()
+        .skip_while(|l| !l.contains("KEY▲"))
+        .skip(1)
+        .take_while(|l| !l.starts_with('╰'))
+        .filter(|l| l.contains("DONE") || l.contains("PROCESSING"))
+        .map(|l| {
+            l.chars()
+                .take(cut)
+                .collect::<String>()
+                .trim_end()
+                .to_owned()
+        })
+        .collect()
+}
+
+#[test]
+fn console_at_80x24_tells_two_clients_apart_searches_and_flips_the_insert_fault() {
+    let (_ledger, _serve, proxy_port, admin_port) = serve(&[]);
+    // Two clients (two Authorization headers) send the same keys, and one
+    // a key far longer than the column.
+    let long = "checkout-2026-12-03T10:00:00Z-session-000000000001";
+    for (auth, key) in [
+        ("Bearer alice", "order-1"),
+        ("Bearer alice", "order-2"),
+        ("Bearer alice", long),
+        ("Bearer bob", "order-1"),
+        ("Bearer bob", "order-2"),
+    ] {
+        assert_eq!(post_as(proxy_port, Some(auth), key, &order(key)) / 100, 2);
     }
 
-    let tmux = Tmux::start(&format!("{IDEM} tui --admin http://127.0.0.1:{admin_port}"));
-    tmux.wait_for(
-        "the keys from the live server",
+    let tmux = Tmux::start(
+        "clients",
+        &format!("{IDEM} tui --admin http://127.0.0.1:{admin_port}"),
+    );
+    let screen = tmux.wait_for(
+        "the keys of both clients",
         || {},
-        |s| s.contains("console-3") && s.contains("connected"),
+        |s| s.contains("connected") && key_cells(s).len() == 6,
+    );
+    // Every key is told apart: the client's own key, its scope as a tag.
+    let cells = key_cells(&screen);
+    let mut distinct = cells.clone();
+    distinct.sort();
+    distinct.dedup();
+    assert_eq!(
+        distinct.len(),
+        cells.len(),
+        "two keys look alike:\n{screen}"
+    );
+    assert_eq!(
+        cells.iter().filter(|c| c.ends_with(" order-1")).count(),
+        2,
+        "both clients' order-1, by the key they sent:\n{screen}"
+    );
+    assert!(
+        cells
+            .iter()
+            .any(|c| c.contains("checkout-") && c.contains('…') && c.contains("0001")),
+        "a long key is cut in the middle, marked:\n{screen}"
     );
 
-    // Flip the insert fault on from the keyboard: the gateway answers 503 and
-    // the console's decision log shows unavailable outcomes.
+    // Search by what the client sent, anywhere in the key.
+    tmux.keys(&["/", "der-2", "Enter"]);
+    let screen = tmux.wait_for(
+        "the search",
+        || {},
+        |s| s.contains(r#"search "der-2""#) && key_cells(s).len() == 2,
+    );
+    assert!(
+        key_cells(&screen).iter().all(|c| c.ends_with(" order-2")),
+        "{screen}"
+    );
+    tmux.keys(&["Escape"]);
+    tmux.wait_for("the search cleared", || {}, |s| key_cells(s).len() == 6);
+
+    // The faults view opens on insert and says what the guard calls; the
+    // insert fault, flipped with its key, makes the gateway fail closed.
     tmux.keys(&["2"]);
-    tmux.wait_for("the faults view", || {}, |s| s.contains("Store faults"));
-    tmux.keys(&["j", "e"]);
+    let screen = tmux.wait_for("the faults view", || {}, |s| s.contains("Store faults"));
+    assert!(screen.contains(" insert: [o] off"), "{screen}");
+    assert!(
+        screen.contains("The guard calls only insert and replace"),
+        "{screen}"
+    );
+    tmux.keys(&["e"]);
     tmux.wait_for(
         "the insert fault on",
         || {},
@@ -240,4 +339,89 @@ fn console_on_a_real_server_shows_keys_and_flips_the_store_fault() {
         || {},
         |s| s.contains("exit=0"),
     );
+}
+
+#[test]
+fn a_console_without_the_admin_token_says_how_to_pass_it() {
+    let (_ledger, _serve, _proxy_port, admin_port) = serve(&["--admin-token", "s3cret"]);
+    let tmux = Tmux::start(
+        "token",
+        &format!("env -u IDEM_ADMIN_TOKEN {IDEM} tui --admin http://127.0.0.1:{admin_port}"),
+    );
+    let screen = tmux.wait_for(
+        "the fix for a missing token",
+        || {},
+        |s| s.contains("--token") && s.contains("IDEM_ADMIN_TOKEN"),
+    );
+    assert!(screen.contains("unauthorized"), "{screen}");
+    assert!(
+        !screen.contains("reconnecting") && !screen.contains("disconnected"),
+        "a refused token is not an outage:\n{screen}"
+    );
+    tmux.keys(&["q"]);
+    tmux.wait_for("the console to exit", || {}, |s| s.contains("exit=0"));
+
+    // With the token, it connects.
+    let tmux = Tmux::start(
+        "token-ok",
+        &format!("IDEM_ADMIN_TOKEN=s3cret {IDEM} tui --admin http://127.0.0.1:{admin_port}"),
+    );
+    tmux.wait_for(
+        "the console to connect with the token",
+        || {},
+        |s| s.contains("● connected") && s.contains("warm-up"),
+    );
+    tmux.keys(&["q"]);
+    tmux.wait_for("the console to exit", || {}, |s| s.contains("exit=0"));
+}
+
+#[test]
+fn the_demo_console_says_when_the_run_is_over_and_q_shows_the_verdict() {
+    let tmux = Tmux::start(
+        "demo",
+        &format!("{IDEM} demo --store memory: --orders 40 --duration 2s"),
+    );
+    tmux.wait_for(
+        "the console on the demo",
+        || {},
+        |s| s.contains("1 Keys") && s.contains("● connected"),
+    );
+    let screen = tmux.wait_for(
+        "the end of the run",
+        || {},
+        |s| s.contains("The run is over"),
+    );
+    assert!(
+        screen.contains("q closes and shows the verdict"),
+        "{screen}"
+    );
+    tmux.keys(&["q"]);
+    let screen = tmux.wait_for("the verdict", || {}, |s| s.contains("exit="));
+    assert!(
+        screen.contains("exactly-once check passed") && screen.contains("exit=0"),
+        "{screen}"
+    );
+    assert!(screen.contains("all orders answered"), "{screen}");
+}
+
+#[test]
+fn every_option_of_ledger_and_component_says_what_it_is() {
+    for (command, option, says) in [
+        ("ledger", "--listen", "Where the ledger listens"),
+        ("component", "--out", "The file to write the component to"),
+    ] {
+        let out = Command::new(IDEM)
+            .args([command, "--help"])
+            .output()
+            .unwrap();
+        let help = String::from_utf8_lossy(&out.stdout);
+        let line = help
+            .lines()
+            .find(|l| l.contains(option))
+            .unwrap_or_else(|| panic!("{option} missing: {help}"));
+        assert!(
+            help.contains(says),
+            "idem {command} --help: {option} has no help ({line}):\n{help}"
+        );
+    }
 }

@@ -22,6 +22,11 @@ fn the_demo_on_the_sqlite_default_ends_with_every_order_executed_once() {
     assert!(stdout.contains("(store: sqlite:"), "{stdout}");
     assert!(stdout.contains("store fault ON"), "{stdout}");
     assert!(
+        stdout.contains("clients' executed is below the ledger's")
+            && stdout.contains("not when the console was closed"),
+        "the summary explains its counts and its time: {stdout}"
+    );
+    assert!(
         stdout.contains(&format!(
             "ledger: orders={orders} executions={orders} reservations={orders} charges={orders} "
         )),

@@ -1,10 +1,10 @@
 //! The admin client and its tasks against the fake server.
 
 use crate::fake::Fake;
-use idem_tui::action::Update;
 use idem_tui::api::{FaultKind, FaultRule, KeyState, Op, Outcome};
-use idem_tui::app::{Command, KeyQuery, Order, Sort};
 use idem_tui::client::{Client, ClientError, Session, SseEvent, SseParser, decode_event};
+use idem_tui::protocol::Update;
+use idem_tui::protocol::{Command, KeyQuery, Order, Sort};
 use std::time::Duration;
 
 /// Waits (bounded) for an update matching `want`, skipping others.
@@ -170,6 +170,21 @@ async fn a_token_is_sent_as_a_bearer_and_a_wrong_one_is_named() {
         .unwrap_err();
     assert_eq!(err.status(), Some(401));
     assert!(err.to_string().contains("bearer token"), "{err}");
+}
+
+#[tokio::test]
+async fn a_refused_token_is_reported_as_such_not_as_a_lost_connection() {
+    let fake = Fake::start_on("127.0.0.1:0", Some("s3cret")).await;
+    let mut session = Session::start(Client::new(&fake.url, None).unwrap(), KeyQuery::default());
+    let update = next_matching(&mut session, |u| {
+        matches!(u, Update::Unauthorized { .. } | Update::Disconnected(_))
+    })
+    .await;
+    assert!(
+        matches!(&update, Update::Unauthorized { status: 401, detail } if detail.contains("bearer token")),
+        "{update:?}"
+    );
+    session.shutdown().await;
 }
 
 #[test]

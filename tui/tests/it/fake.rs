@@ -222,6 +222,7 @@ fn info(key: &str, s: &Stored, now: u64) -> KeyInfo {
 struct ListParams {
     state: Option<String>,
     prefix: Option<String>,
+    search: Option<String>,
     after: Option<String>,
     limit: Option<usize>,
     sort: Option<String>,
@@ -246,8 +247,8 @@ async fn list(
     let now = now_ms();
     let mut inner = shared.lock();
     inner.keys_queries.push(format!(
-        "state={:?} prefix={:?} sort={:?} order={:?} after={:?} limit={limit}",
-        p.state, p.prefix, p.sort, p.order, p.after
+        "state={:?} prefix={:?} search={:?} sort={:?} order={:?} after={:?} limit={limit}",
+        p.state, p.prefix, p.search, p.sort, p.order, p.after
     ));
     let state = match p.state.as_deref() {
         None => None,
@@ -266,6 +267,13 @@ async fn list(
         .range(prefix.clone()..)
         .take_while(|(k, _)| k.starts_with(&prefix))
         .filter(|(_, s)| state.is_none_or(|st| s.state == st))
+        .filter(|(k, _)| {
+            // As the server: anywhere in the client's key, ignoring case.
+            let own = k.split_once('/').map_or(k.as_str(), |(_, own)| own);
+            p.search
+                .as_deref()
+                .is_none_or(|q| own.to_lowercase().contains(&q.to_lowercase()))
+        })
         .map(|(k, s)| info(k, s, now))
         .collect();
     match p.sort.as_deref().unwrap_or("key") {

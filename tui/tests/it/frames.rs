@@ -2,12 +2,14 @@
 //! snapshots, and the colours that carry meaning checked on the buffer.
 
 use crate::update::{NOW, loaded, row};
-use idem_tui::action::{Action, Update};
+use idem_tui::action::Action;
 use idem_tui::api::{
     DecisionEvent, FaultEvent, FaultKind, FaultRule, Faults, KeyDetail, KeyState, Op, Outcome,
     Outcomes, Stats, StoredResponse,
 };
 use idem_tui::app::App;
+use idem_tui::protocol::Update;
+use idem_tui::views::keys::KeysAction;
 use ratatui::Terminal;
 use ratatui::backend::TestBackend;
 use ratatui::buffer::Buffer;
@@ -90,7 +92,7 @@ fn decision(
 /// The console as an operator sees it a minute into a demo.
 fn busy() -> App {
     let mut app = loaded(60, Some("c60"));
-    app.update(Action::Server(Update::Stats(stats())));
+    app.apply(Update::Stats(stats()));
     // Lapsed and expired keys, to see every state.
     let mut lapsed = row("order-lapsed", KeyState::Processing, 1);
     lapsed.lease_until_ms = NOW - 10;
@@ -125,9 +127,7 @@ fn busy() -> App {
     .into_iter()
     .enumerate()
     {
-        app.update(Action::Server(decision(
-            i as u64, key, outcome, status, detail,
-        )));
+        app.apply(decision(i as u64, key, outcome, status, detail));
     }
     app
 }
@@ -163,20 +163,89 @@ fn line_with(buf: &Buffer, text: &str) -> String {
 
 #[test]
 fn keys_view_at_the_smallest_size() {
-    let mut app = busy();
-    app.update(Action::Resize {
-        width: 80,
-        height: 24,
-    });
+    let app = busy();
     let terminal = draw(&app, 80, 24);
     insta::assert_snapshot!("keys_80x24", terminal.backend());
-    // Every column is still there.
+    // The key keeps its room; fence and fingerprint wait in the detail pane.
     let buf = terminal.backend().buffer();
-    for column in [
-        "KEY", "STATE", "LEASE", "EXPIRES", "FENCE", "FINGERPR", "STATUS", "REPLAYS",
-    ] {
+    for column in ["KEY", "STATE", "LEASE", "EXPIRES", "STATUS", "REPLAYS"] {
         assert!(find(buf, column).is_some(), "{column} missing at 80×24");
     }
+    assert!(find(buf, "FINGERPR").is_none());
+}
+
+/// Keys of three clients, one of them with keys longer than the column.
+fn clients() -> App {
+    let mut app = loaded(0, None);
+    let keys = [
+        "anon/order-1",
+        "anon/order-2",
+        "3f0a9c1b22e4d5a8/order-1",
+        "3f0a9c1b22e4d5a8/order-2",
+        "d747bee75cd0ee92/order-1",
+        "d747bee75cd0ee92/2026-12-03T10:00:00Z-checkout-session-0001",
+        "d747bee75cd0ee92/2026-12-03T10:00:00Z-checkout-session-0002",
+        "d747bee7ffffffff/order-1",
+    ];
+    let page = idem_tui::api::KeyPage {
+        now_ms: NOW,
+        keys: keys
+            .iter()
+            .enumerate()
+            .map(|(i, k)| row(k, KeyState::Done, i as u64))
+            .collect(),
+        next: None,
+        total: Some(keys.len() as u64),
+    };
+    let query = app.keys.query.clone();
+    app.apply(Update::Keys { query, page });
+    app
+}
+
+#[test]
+fn every_key_is_told_apart_at_80_columns() {
+    let app = clients();
+    let terminal = draw(&app, 80, 24);
+    insta::assert_snapshot!("clients_80x24", terminal.backend());
+    let screen: Vec<String> = (0..24)
+        .map(|y| {
+            let buf = terminal.backend().buffer();
+            (0..80).map(|x| buf[(x, y)].symbol()).collect()
+        })
+        .collect();
+    let rows: Vec<&String> = screen.iter().filter(|l| l.contains("DONE")).collect();
+    assert_eq!(rows.len(), 8);
+    for (i, a) in rows.iter().enumerate() {
+        for b in &rows[i + 1..] {
+            assert_ne!(
+                a[..a.find("DONE").unwrap()],
+                b[..b.find("DONE").unwrap()],
+                "two keys look the same"
+            );
+        }
+    }
+    // The client's own key, tagged with its scope: the tag grows until the
+    // two clients sharing `d747bee7` differ.
+    assert!(
+        screen.iter().any(|l| l.contains("anon      order-1")),
+        "{screen:#?}"
+    );
+    assert!(
+        screen.iter().any(|l| l.contains("d747bee75 order-1")),
+        "{screen:#?}"
+    );
+    assert!(
+        screen.iter().any(|l| l.contains("d747bee7f order-1")),
+        "{screen:#?}"
+    );
+    // A key longer than its column is cut in the middle, marked, and both
+    // ends stay.
+    assert!(
+        screen
+            .iter()
+            .any(|l| l.contains("2026-12-03…") && l.contains("ion-0002 ")),
+        "{screen:#?}"
+    );
 }
 
 #[test]
@@ -200,13 +269,13 @@ fn the_lease_bar_counts_down_with_the_clock() {
 #[test]
 fn detail_pane() {
     let mut app = busy();
-    app.update(Action::Down);
-    app.update(Action::Down);
-    app.update(Action::Down);
-    app.update(Action::ToggleDetail);
+    app.update(Action::Keys(KeysAction::Down));
+    app.update(Action::Keys(KeysAction::Down));
+    app.update(Action::Keys(KeysAction::Down));
+    app.update(Action::Keys(KeysAction::ToggleDetail));
     let mut info = app.keys.selected_key().unwrap().clone();
     info.replays = 2;
-    app.update(Action::Server(Update::Detail(KeyDetail {
+    app.apply(Update::Detail(KeyDetail {
         info,
         response: Some(StoredResponse {
             status: 201,
@@ -218,7 +287,7 @@ fn detail_pane() {
             body_preview: "{\"order\":\"A-17\",\n \"charged\":1000}".into(),
             body_base64: String::new(),
         }),
-    })));
+    }));
     let terminal = draw(&app, 120, 40);
     insta::assert_snapshot!("detail_120x40", terminal.backend());
 }
@@ -244,21 +313,20 @@ fn faults_panel() {
         ..FaultRule::default()
     };
     faults.injected = 1234;
-    app.update(Action::Server(Update::Faults(faults.clone())));
-    app.update(Action::Server(Update::Fault(FaultEvent {
+    app.apply(Update::Faults(faults.clone()));
+    app.apply(Update::Fault(FaultEvent {
         ts_ms: NOW - 100,
         op: Op::Insert,
         rule: faults.faults.insert.clone(),
-    })));
-    app.update(Action::Server(decision(
+    }));
+    app.apply(decision(
         30,
         "order-009",
         Outcome::Unavailable,
         None,
         Some("store: insert failed"),
-    )));
-    app.update(Action::ShowView(idem_tui::app::View::Faults));
-    app.update(Action::Down);
+    ));
+    app.update(Action::ShowView(idem_tui::views::View::Faults));
     let terminal = draw(&app, 120, 40);
     insta::assert_snapshot!("faults_120x40", terminal.backend());
     let buf = terminal.backend().buffer();
@@ -283,9 +351,9 @@ fn activity_view() {
         s.rates_per_s.replayed = wave;
         s.rates_per_s.unavailable = if (40..55).contains(&i) { 25.0 } else { 0.0 };
         s.store_latency_us.p99 = 500 + u64::from(i % 10) * 300;
-        app.update(Action::Server(Update::Stats(s)));
+        app.apply(Update::Stats(s));
     }
-    app.update(Action::ShowView(idem_tui::app::View::Activity));
+    app.update(Action::ShowView(idem_tui::views::View::Activity));
     let terminal = draw(&app, 120, 40);
     insta::assert_snapshot!("activity_120x40", terminal.backend());
     let buf = terminal.backend().buffer();
@@ -306,7 +374,7 @@ fn help_overlay() {
 #[test]
 fn confirmation_dialog() {
     let mut app = busy();
-    app.update(Action::AskRelease);
+    app.update(Action::Keys(KeysAction::AskRelease));
     let terminal = draw(&app, 100, 30);
     insta::assert_snapshot!("confirm_100x30", terminal.backend());
 }
@@ -314,15 +382,15 @@ fn confirmation_dialog() {
 #[test]
 fn disconnected() {
     let mut app = busy();
-    app.update(Action::Server(Update::Disconnected(
+    app.apply(Update::Disconnected(
         "Connection refused (os error 111)".into(),
-    )));
+    ));
     app.update(Action::Tick {
         local_ms: NOW + 4000,
     });
-    app.update(Action::Server(Update::Disconnected(
+    app.apply(Update::Disconnected(
         "Connection refused (os error 111)".into(),
-    )));
+    ));
     let terminal = draw(&app, 120, 40);
     insta::assert_snapshot!("disconnected_120x40", terminal.backend());
     let buf = terminal.backend().buffer();
@@ -337,8 +405,8 @@ fn disconnected() {
 
 #[test]
 fn waiting_for_the_server_and_typing_a_prefix() {
-    let mut app = App::new("http://127.0.0.1:9090", NOW, (80, 24));
-    app.update(Action::StartPrefixFilter);
+    let mut app = App::new("http://127.0.0.1:9090", NOW);
+    app.update(Action::Keys(KeysAction::Search));
     for c in "order-1".chars() {
         app.update(Action::InputChar(c));
     }
@@ -361,4 +429,119 @@ fn fingerprints_are_shortened_past_their_algorithm() {
     assert_eq!(short_fingerprint("sha256:9f86d081884c7d65"), "9f86d081");
     assert_eq!(short_fingerprint("9f86d081884c7d65"), "9f86d081");
     assert_eq!(short_fingerprint("abc"), "abc");
+}
+
+fn screen(terminal: &Terminal<TestBackend>) -> String {
+    let buf = terminal.backend().buffer();
+    (0..buf.area.height)
+        .map(|y| {
+            (0..buf.area.width)
+                .map(|x| buf[(x, y)].symbol())
+                .collect::<String>()
+                + "\n"
+        })
+        .collect()
+}
+
+#[test]
+fn a_refused_token_says_how_to_pass_one() {
+    let mut app = busy();
+    app.apply(Update::Unauthorized {
+        status: 401,
+        detail: "a bearer token is required".into(),
+    });
+    let terminal = draw(&app, 80, 24);
+    let text = screen(&terminal);
+    assert!(text.contains("✗ unauthorized"), "{text}");
+    assert!(
+        text.contains("401: the admin API wants a token: pass --token T or set IDEM_ADMIN_TOKEN"),
+        "{text}"
+    );
+    assert!(!text.contains("reconnecting"), "{text}");
+    assert_eq!(
+        fg_at(terminal.backend().buffer(), "✗ unauthorized"),
+        Color::Red
+    );
+    app.has_token = true;
+    let text = screen(&draw(&app, 80, 24));
+    assert!(text.contains("refuses this token"), "{text}");
+}
+
+#[test]
+fn the_banner_of_the_program_around_the_console_shows_above_the_view() {
+    let mut app = busy();
+    app.banner = Some("The run is over · q closes and shows the verdict".into());
+    let terminal = draw(&app, 80, 24);
+    let text = screen(&terminal);
+    assert!(
+        text.lines()
+            .nth(1)
+            .unwrap()
+            .contains("The run is over · q closes and shows the verdict"),
+        "{text}"
+    );
+    assert_eq!(
+        terminal.backend().buffer()[(2, 1)].bg,
+        Color::Yellow,
+        "it stands out"
+    );
+}
+
+#[test]
+fn active_faults_lead_the_summary_on_a_narrow_screen() {
+    let mut app = busy();
+    let mut faults = Faults::default();
+    faults.faults.insert.kind = FaultKind::Error;
+    app.apply(Update::Faults(faults));
+    let text = screen(&draw(&app, 80, 24));
+    assert!(
+        text.lines()
+            .nth(1)
+            .unwrap()
+            .starts_with(" faults: insert error"),
+        "{text}"
+    );
+}
+
+#[test]
+fn a_paused_log_says_so_and_counts_what_it_holds_back() {
+    let mut app = busy();
+    app.update(Action::ShowView(idem_tui::views::View::Activity));
+    app.update(Action::Activity(
+        idem_tui::views::activity::ActivityAction::Pause,
+    ));
+    app.apply(decision(9, "order-010", Outcome::Executed, Some(201), None));
+    let text = screen(&draw(&app, 80, 24));
+    assert!(text.contains("paused, 1 new · G follows"), "{text}");
+    assert!(
+        !text.contains("order-010"),
+        "held back while paused: {text}"
+    );
+}
+
+#[test]
+fn the_detail_pane_shows_the_whole_key_and_dated_times_and_scrolls() {
+    let mut app = clients();
+    for _ in 0..6 {
+        app.update(Action::Keys(KeysAction::Down));
+    }
+    app.update(Action::Keys(KeysAction::ToggleDetail));
+    let text = screen(&draw(&app, 80, 24));
+    assert!(
+        text.contains("2026-12-03T10:00:00Z-checkout-session-0002"),
+        "the key in full: {text}"
+    );
+    assert!(text.contains("client      d747bee75cd0ee92"), "{text}");
+    assert!(
+        text.contains("(at 2025-12-02 "),
+        "a date with the time: {text}"
+    );
+    app.update(Action::Keys(KeysAction::DetailScrollDown));
+    app.update(Action::Keys(KeysAction::DetailScrollDown));
+    let text = screen(&draw(&app, 80, 24));
+    assert!(
+        !text.contains("│key "),
+        "scrolled past the first lines: {text}"
+    );
+    assert!(text.contains("↓2 · J K scroll"), "{text}");
 }

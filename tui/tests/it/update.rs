@@ -1,14 +1,20 @@
 //! `from_key` + `App::update`: every binding, every action, no terminal.
 
 use crossterm::event::{KeyCode, KeyEvent, KeyEventKind, KeyModifiers};
-use idem_tui::action::{Action, Update, from_key};
+use idem_tui::action::{Action, Mode, from_key};
 use idem_tui::api::{
     DecisionEvent, FaultEvent, FaultKind, FaultRule, Faults, KeyDetail, KeyInfo, KeyPage, KeyState,
     Op, Outcome, Stats,
 };
-use idem_tui::app::{
-    App, Command, Connection, HISTORY, KeyQuery, KeyVerb, LOG_LINES, Mode, Order, Sort, View,
-};
+use idem_tui::app::{App, Connection};
+use idem_tui::protocol::{Command, KeyQuery, Order, Sort, Update};
+use idem_tui::views::activity::{ActivityAction, HISTORY, LOG_LINES};
+use idem_tui::views::faults::FaultsAction;
+use idem_tui::views::keys::{KeysAction, StateFilter};
+use idem_tui::views::{KeyVerb, Severity, View};
+use ratatui::buffer::Buffer;
+use ratatui::layout::Rect;
+use ratatui::widgets::Widget;
 
 pub const NOW: u64 = 1_764_669_600_000; // 2025-12-02 10:00:00 UTC
 
@@ -50,16 +56,27 @@ pub fn page(n: usize, next: Option<&str>) -> KeyPage {
     }
 }
 
-/// A console that has loaded `n` keys (and faults), at a fixed clock.
+/// Draws the console on a `width`×`height` screen, as the terminal would
+/// between key presses: the views measure what fits as they draw.
+pub fn draw_at(app: &App, width: u16, height: u16) -> Buffer {
+    let area = Rect::new(0, 0, width, height);
+    let mut buf = Buffer::empty(area);
+    app.render(area, &mut buf);
+    buf
+}
+
+/// A console that has loaded `n` keys (and faults), at a fixed clock,
+/// drawn once on a 120×40 screen.
 pub fn loaded(n: usize, next: Option<&str>) -> App {
-    let mut app = App::new("http://127.0.0.1:9090", NOW, (120, 40));
-    app.update(Action::Server(Update::Connected));
+    let mut app = App::new("http://127.0.0.1:9090", NOW);
+    app.apply(Update::Connected);
     let query = app.keys.query.clone();
-    app.update(Action::Server(Update::Keys {
+    app.apply(Update::Keys {
         query,
         page: page(n, next),
-    }));
-    app.update(Action::Server(Update::Faults(Faults::default())));
+    });
+    app.apply(Update::Faults(Faults::default()));
+    draw_at(&app, 120, 40);
     app
 }
 
@@ -67,11 +84,14 @@ fn key(code: KeyCode) -> KeyEvent {
     KeyEvent::new(code, KeyModifiers::NONE)
 }
 
+/// One key press, then a redraw, as the console's loop does.
 fn press(app: &mut App, code: KeyCode) -> Vec<Command> {
-    match from_key(app, key(code)) {
+    let commands = match from_key(app.mode(), app.view, key(code)) {
         Some(action) => app.update(action),
         None => vec![],
-    }
+    };
+    draw_at(app, 120, 40);
+    commands
 }
 
 fn ch(app: &mut App, c: char) -> Vec<Command> {
@@ -85,8 +105,11 @@ fn type_text(app: &mut App, text: &str) {
 }
 
 #[test]
+#[allow(clippy::too_many_lines)] // one row per binding, one table per view
 fn every_binding_maps_to_its_action() {
     use Action as A;
+    use FaultsAction as F;
+    use KeysAction as K;
     let app = loaded(10, None);
     let keys: &[(KeyCode, Action)] = &[
         (KeyCode::Char('q'), A::Quit),
@@ -96,30 +119,34 @@ fn every_binding_maps_to_its_action() {
         (KeyCode::Char('3'), A::ShowView(View::Activity)),
         (KeyCode::Tab, A::NextView),
         (KeyCode::BackTab, A::PrevView),
-        (KeyCode::Up, A::Up),
-        (KeyCode::Char('k'), A::Up),
-        (KeyCode::Down, A::Down),
-        (KeyCode::Char('j'), A::Down),
-        (KeyCode::PageUp, A::PageUp),
-        (KeyCode::PageDown, A::PageDown),
-        (KeyCode::Home, A::Home),
-        (KeyCode::Char('g'), A::Home),
-        (KeyCode::End, A::End),
-        (KeyCode::Char('G'), A::End),
-        (KeyCode::Char('s'), A::NextSort),
-        (KeyCode::Char('o'), A::ReverseOrder),
-        (KeyCode::Char('f'), A::NextStateFilter),
-        (KeyCode::Char('/'), A::StartPrefixFilter),
-        (KeyCode::Esc, A::ClearFilters),
-        (KeyCode::Enter, A::ToggleDetail),
-        (KeyCode::Char('r'), A::AskRelease),
-        (KeyCode::Char('e'), A::AskExpire),
-        (KeyCode::Char('d'), A::AskDelete),
-        (KeyCode::Delete, A::AskDelete),
+        (KeyCode::Up, A::Keys(K::Up)),
+        (KeyCode::Char('k'), A::Keys(K::Up)),
+        (KeyCode::Down, A::Keys(K::Down)),
+        (KeyCode::Char('j'), A::Keys(K::Down)),
+        (KeyCode::PageUp, A::Keys(K::PageUp)),
+        (KeyCode::PageDown, A::Keys(K::PageDown)),
+        (KeyCode::Home, A::Keys(K::Home)),
+        (KeyCode::Char('g'), A::Keys(K::Home)),
+        (KeyCode::End, A::Keys(K::End)),
+        (KeyCode::Char('G'), A::Keys(K::End)),
+        (KeyCode::Char('s'), A::Keys(K::NextSort)),
+        (KeyCode::Char('o'), A::Keys(K::ReverseOrder)),
+        (KeyCode::Char('f'), A::Keys(K::NextStateFilter)),
+        (KeyCode::Char('/'), A::Keys(K::Search)),
+        (KeyCode::Esc, A::Keys(K::Back)),
+        (KeyCode::Enter, A::Keys(K::ToggleDetail)),
+        (KeyCode::Char('r'), A::Keys(K::AskRelease)),
+        (KeyCode::Char('e'), A::Keys(K::AskExpire)),
+        (KeyCode::Char('d'), A::Keys(K::AskDelete)),
+        (KeyCode::Delete, A::Keys(K::AskDelete)),
+        (KeyCode::Char('K'), A::Keys(K::DetailScrollUp)),
+        (KeyCode::Char('J'), A::Keys(K::DetailScrollDown)),
+        (KeyCode::Char('c'), A::Keys(K::Copy)),
+        (KeyCode::Char('y'), A::Keys(K::Copy)),
     ];
     for (code, action) in keys {
         assert_eq!(
-            from_key(&app, key(*code)).as_ref(),
+            from_key(app.mode(), app.view, key(*code)).as_ref(),
             Some(action),
             "keys view: {code:?}"
         );
@@ -127,37 +154,39 @@ fn every_binding_maps_to_its_action() {
     let mut app = loaded(10, None);
     app.update(Action::ShowView(View::Faults));
     let faults: &[(KeyCode, Action)] = &[
-        (KeyCode::Char('o'), A::SetKind(FaultKind::Off)),
-        (KeyCode::Char('e'), A::SetKind(FaultKind::Error)),
-        (KeyCode::Char('t'), A::SetKind(FaultKind::Timeout)),
-        (KeyCode::Char('d'), A::SetKind(FaultKind::Delay)),
-        (KeyCode::Char('l'), A::SetKind(FaultKind::Lost)),
-        (KeyCode::Char(' '), A::ToggleFault),
-        (KeyCode::Char('+'), A::LatencyUp),
-        (KeyCode::Char('='), A::LatencyUp),
-        (KeyCode::Char('-'), A::LatencyDown),
-        (KeyCode::Char(']'), A::ProbabilityUp),
-        (KeyCode::Char('['), A::ProbabilityDown),
-        (KeyCode::Char('>'), A::CountUp),
-        (KeyCode::Char('<'), A::CountDown),
-        (KeyCode::Char('L'), A::EditLatency),
-        (KeyCode::Char('P'), A::EditProbability),
-        (KeyCode::Char('C'), A::EditCount),
-        (KeyCode::Char('M'), A::EditMessage),
-        (KeyCode::Char('j'), A::Down),
+        (KeyCode::Char('o'), A::Faults(F::SetKind(FaultKind::Off))),
+        (KeyCode::Char('e'), A::Faults(F::SetKind(FaultKind::Error))),
+        (
+            KeyCode::Char('t'),
+            A::Faults(F::SetKind(FaultKind::Timeout)),
+        ),
+        (KeyCode::Char('d'), A::Faults(F::SetKind(FaultKind::Delay))),
+        (KeyCode::Char('l'), A::Faults(F::SetKind(FaultKind::Lost))),
+        (KeyCode::Char(' '), A::Faults(F::Toggle)),
+        (KeyCode::Char('+'), A::Faults(F::LatencyUp)),
+        (KeyCode::Char('='), A::Faults(F::LatencyUp)),
+        (KeyCode::Char('-'), A::Faults(F::LatencyDown)),
+        (KeyCode::Char(']'), A::Faults(F::ProbabilityUp)),
+        (KeyCode::Char('['), A::Faults(F::ProbabilityDown)),
+        (KeyCode::Char('>'), A::Faults(F::CountUp)),
+        (KeyCode::Char('<'), A::Faults(F::CountDown)),
+        (KeyCode::Char('L'), A::Faults(F::EditLatency)),
+        (KeyCode::Char('P'), A::Faults(F::EditProbability)),
+        (KeyCode::Char('C'), A::Faults(F::EditCount)),
+        (KeyCode::Char('M'), A::Faults(F::EditMessage)),
+        (KeyCode::Char('j'), A::Faults(F::Down)),
         (KeyCode::Char('q'), A::Quit),
     ];
     for (code, action) in faults {
         assert_eq!(
-            from_key(&app, key(*code)).as_ref(),
+            from_key(app.mode(), app.view, key(*code)).as_ref(),
             Some(action),
             "faults view: {code:?}"
         );
     }
     app.update(Action::ShowView(View::Activity));
-    assert_eq!(from_key(&app, key(KeyCode::Char('c'))), Some(A::ClearLog));
     assert_eq!(
-        from_key(&app, key(KeyCode::Char('e'))),
+        from_key(app.mode(), app.view, key(KeyCode::Char('e'))),
         None,
         "no key actions outside the keys view"
     );
@@ -168,13 +197,14 @@ fn every_binding_maps_to_its_action() {
     assert_eq!(typing.mode(), Mode::Input);
     assert_eq!(
         from_key(
-            &typing,
+            typing.mode(),
+            typing.view,
             KeyEvent::new(KeyCode::Char('c'), KeyModifiers::CONTROL)
         ),
         Some(A::Quit)
     );
     assert_eq!(
-        from_key(&typing, key(KeyCode::Char('q'))),
+        from_key(typing.mode(), typing.view, key(KeyCode::Char('q'))),
         Some(A::InputChar('q')),
         "q is a letter while typing"
     );
@@ -183,7 +213,71 @@ fn every_binding_maps_to_its_action() {
         kind: KeyEventKind::Release,
         ..key(KeyCode::Char('q'))
     };
-    assert_eq!(from_key(&app, release), None);
+    assert_eq!(from_key(app.mode(), app.view, release), None);
+}
+
+#[test]
+fn the_decision_log_scrolls_and_pauses() {
+    let mut app = loaded(1, None);
+    app.update(Action::ShowView(View::Activity));
+    for (code, action) in [
+        (KeyCode::Char('c'), ActivityAction::ClearLog),
+        (KeyCode::Char('k'), ActivityAction::ScrollUp),
+        (KeyCode::Char('j'), ActivityAction::ScrollDown),
+        (KeyCode::PageUp, ActivityAction::PageUp),
+        (KeyCode::PageDown, ActivityAction::PageDown),
+        (KeyCode::Char('g'), ActivityAction::Oldest),
+        (KeyCode::Char('G'), ActivityAction::Follow),
+        (KeyCode::Char('p'), ActivityAction::Pause),
+        (KeyCode::Char(' '), ActivityAction::Pause),
+    ] {
+        assert_eq!(
+            from_key(app.mode(), app.view, key(code)),
+            Some(Action::Activity(action)),
+            "activity view: {code:?}"
+        );
+    }
+    let decide = |app: &mut App, i: u64| {
+        app.apply(Update::Decision(DecisionEvent {
+            ts_ms: i,
+            key: format!("k-{i}"),
+            outcome: Outcome::Executed,
+            status: None,
+            latency_us: 1,
+            detail: None,
+        }));
+    };
+    for i in 0..50 {
+        decide(&mut app, i);
+    }
+    let log = |app: &App| {
+        (
+            app.activity.log.back,
+            app.activity.log.paused,
+            app.activity.log.unseen,
+        )
+    };
+    assert_eq!(log(&app), (0, false, 0), "following the newest");
+    ch(&mut app, 'k');
+    ch(&mut app, 'k');
+    decide(&mut app, 50);
+    assert_eq!(
+        log(&app),
+        (3, false, 1),
+        "scrolled back: new lines do not move the screen"
+    );
+    ch(&mut app, 'G');
+    assert_eq!(log(&app), (0, false, 0), "G follows again");
+    ch(&mut app, 'p');
+    decide(&mut app, 51);
+    decide(&mut app, 52);
+    assert_eq!(log(&app), (2, true, 2), "paused");
+    ch(&mut app, 'g');
+    assert_eq!(app.activity.log.back, 52, "the oldest line");
+    ch(&mut app, ' ');
+    assert_eq!(log(&app), (0, false, 0), "unpaused: back to the newest");
+    ch(&mut app, 'c');
+    assert!(app.activity.log.lines.is_empty());
 }
 
 #[test]
@@ -219,7 +313,7 @@ fn views_cycle_both_ways() {
 #[test]
 fn moving_stays_in_the_page_and_keeps_the_selection_on_screen() {
     let mut app = loaded(100, None);
-    let rows = app.visible_rows();
+    let rows = app.keys.page_rows.get();
     assert_eq!(
         rows, 34,
         "40 lines less header, summary, footer, borders and column header"
@@ -233,14 +327,17 @@ fn moving_stays_in_the_page_and_keeps_the_selection_on_screen() {
     assert_eq!(app.keys.selected, 1);
     press(&mut app, KeyCode::PageDown);
     assert_eq!(app.keys.selected, 1 + rows);
-    assert!(app.keys.offset <= app.keys.selected && app.keys.selected < app.keys.offset + rows);
+    assert!(
+        app.keys.offset.get() <= app.keys.selected
+            && app.keys.selected < app.keys.offset.get() + rows
+    );
     ch(&mut app, 'G');
     assert_eq!(app.keys.selected, 99);
-    assert_eq!(app.keys.offset, 100 - rows);
+    assert_eq!(app.keys.offset.get(), 100 - rows);
     press(&mut app, KeyCode::PageUp);
     assert_eq!(app.keys.selected, 99 - rows);
     ch(&mut app, 'g');
-    assert_eq!((app.keys.selected, app.keys.offset), (0, 0));
+    assert_eq!((app.keys.selected, app.keys.offset.get()), (0, 0));
     press(&mut app, KeyCode::End);
     press(&mut app, KeyCode::Home);
     assert_eq!(app.keys.selected, 0);
@@ -266,10 +363,10 @@ fn paging_past_the_page_asks_the_server_and_comes_back() {
     for (i, k) in second.keys.iter_mut().enumerate() {
         k.key = format!("order-{:03}", 100 + i);
     }
-    app.update(Action::Server(Update::Keys {
+    app.apply(Update::Keys {
         query: query.clone(),
         page: second,
-    }));
+    });
     assert_eq!(app.keys.selected_key().unwrap().key, "order-100");
     assert_eq!(app.keys.page_start(), 100);
     assert!(
@@ -279,10 +376,10 @@ fn paging_past_the_page_asks_the_server_and_comes_back() {
     ch(&mut app, 'g');
     let commands = press(&mut app, KeyCode::PageUp);
     assert_eq!(commands, vec![Command::Query(KeyQuery::default())]);
-    app.update(Action::Server(Update::Keys {
+    app.apply(Update::Keys {
         query: KeyQuery::default(),
         page: page(100, Some("c100")),
-    }));
+    });
     assert_eq!(
         app.keys.selected_key().unwrap().key,
         "order-099",
@@ -310,41 +407,58 @@ fn sort_order_and_filters_restart_from_the_first_page() {
     );
     assert!(matches!(ch(&mut app, 'o').first(), Some(Command::Query(q)) if q.order == Order::Desc));
     assert!(matches!(ch(&mut app, 'o').first(), Some(Command::Query(q)) if q.order == Order::Asc));
-    let states: Vec<Option<KeyState>> = (0..3)
+    let states: Vec<(Option<KeyState>, StateFilter)> = (0..4)
         .map(|_| match ch(&mut app, 'f').first() {
-            Some(Command::Query(q)) => q.state,
+            Some(Command::Query(q)) => (q.state, app.keys.filter),
             other => panic!("{other:?}"),
         })
         .collect();
     assert_eq!(
         states,
-        [Some(KeyState::Processing), Some(KeyState::Done), None]
+        [
+            (Some(KeyState::Processing), StateFilter::Processing),
+            (Some(KeyState::Processing), StateFilter::Lapsed),
+            (Some(KeyState::Done), StateFilter::Done),
+            (None, StateFilter::All),
+        ]
+    );
+    assert_eq!(
+        (app.keys.query.sort, app.keys.query.order),
+        (Sort::Lease, Order::Asc),
+        "lapsed leases come first"
     );
 
     ch(&mut app, '/');
-    type_text(&mut app, "ordx");
+    type_text(&mut app, "dx");
     press(&mut app, KeyCode::Backspace);
     type_text(&mut app, "er-0");
-    assert_eq!(app.keys.query.prefix, "", "nothing applied while typing");
+    assert_eq!(app.keys.query.search, "", "nothing applied while typing");
     let commands = press(&mut app, KeyCode::Enter);
     assert!(
-        matches!(commands.first(), Some(Command::Query(q)) if q.prefix == "order-0"),
+        matches!(commands.first(), Some(Command::Query(q)) if q.search == "der-0"),
         "{commands:?}"
     );
     assert_eq!(app.mode(), Mode::Normal);
 
     ch(&mut app, '/');
+    assert_eq!(
+        app.input
+            .as_ref()
+            .map(|i| (i.text.as_str(), i.was.as_str())),
+        Some(("", "der-0")),
+        "a new search starts empty; the prompt shows the one it replaces"
+    );
     type_text(&mut app, "zzz");
     press(&mut app, KeyCode::Esc);
     assert_eq!(
-        app.keys.query.prefix, "order-0",
-        "Esc while typing keeps the old prefix"
+        app.keys.query.search, "der-0",
+        "Esc while typing keeps the old search"
     );
 
     ch(&mut app, 'f');
     let commands = press(&mut app, KeyCode::Esc);
     assert!(
-        matches!(commands.first(), Some(Command::Query(q)) if q.prefix.is_empty() && q.state.is_none())
+        matches!(commands.first(), Some(Command::Query(q)) if q.search.is_empty() && q.state.is_none())
     );
     assert!(press(&mut app, KeyCode::Esc).is_empty(), "nothing to clear");
 }
@@ -354,10 +468,10 @@ fn a_late_page_for_an_old_query_is_dropped() {
     let mut app = loaded(10, None);
     let old = app.keys.query.clone();
     ch(&mut app, 'f');
-    app.update(Action::Server(Update::Keys {
+    app.apply(Update::Keys {
         query: old,
         page: page(3, None),
-    }));
+    });
     assert_eq!(app.keys.rows.len(), 10);
     assert!(!app.keys.loaded);
 }
@@ -370,10 +484,10 @@ fn the_selection_follows_its_key_when_rows_move() {
     assert_eq!(app.keys.selected_key().unwrap().key, "order-002");
     let mut moved = page(10, None);
     moved.keys.reverse();
-    app.update(Action::Server(Update::Keys {
+    app.apply(Update::Keys {
         query: app.keys.query.clone(),
         page: moved,
-    }));
+    });
     assert_eq!(app.keys.selected_key().unwrap().key, "order-002");
     assert_eq!(app.keys.selected, 7);
 }
@@ -385,31 +499,31 @@ fn the_detail_pane_watches_the_selected_key() {
         press(&mut app, KeyCode::Enter),
         vec![Command::Watch(Some("order-000".into()))]
     );
-    assert!(app.detail_open);
+    assert!(app.keys.detail_open);
     assert_eq!(
         ch(&mut app, 'j'),
         vec![Command::Watch(Some("order-001".into()))]
     );
     // A detail for a key no longer selected is ignored.
-    app.update(Action::Server(Update::Detail(KeyDetail {
+    app.apply(Update::Detail(KeyDetail {
         info: row("order-000", KeyState::Processing, 0),
         response: None,
-    })));
-    assert!(app.detail.is_none());
-    app.update(Action::Server(Update::Detail(KeyDetail {
+    }));
+    assert!(app.keys.detail.is_none());
+    app.apply(Update::Detail(KeyDetail {
         info: row("order-001", KeyState::Done, 1),
         response: None,
-    })));
-    assert_eq!(app.detail.as_ref().unwrap().info.key, "order-001");
-    app.update(Action::Server(Update::DetailGone("order-001".into())));
-    assert!(app.detail.is_none());
+    }));
+    assert_eq!(app.keys.detail.as_ref().unwrap().info.key, "order-001");
+    app.apply(Update::DetailGone("order-001".into()));
+    assert!(app.keys.detail.is_none());
     assert_eq!(press(&mut app, KeyCode::Enter), vec![Command::Watch(None)]);
-    assert_eq!(app.visible_rows(), 34);
+    assert_eq!(app.keys.page_rows.get(), 34);
     // Esc closes the pane before it clears any filter.
     ch(&mut app, 'f');
     press(&mut app, KeyCode::Enter);
     assert_eq!(press(&mut app, KeyCode::Esc), vec![Command::Watch(None)]);
-    assert!(!app.detail_open);
+    assert!(!app.keys.detail_open);
     assert_eq!(
         app.keys.query.state,
         Some(KeyState::Processing),
@@ -470,14 +584,18 @@ fn sent(commands: &[Command]) -> (Op, FaultRule) {
 #[test]
 fn fault_kinds_are_one_key_each_and_reach_the_server_at_once() {
     let mut app = faults_app();
-    ch(&mut app, 'j');
+    assert_eq!(
+        app.faults.selected_op(),
+        Op::Insert,
+        "the view opens on the operation every claim goes through"
+    );
     let (op, rule) = sent(&ch(&mut app, 'e'));
     assert_eq!(
         (op, rule.kind, rule.message.as_str()),
         (Op::Insert, FaultKind::Error, "injected by idem-tui")
     );
     assert_eq!(
-        app.faults.faults.insert.kind,
+        app.faults.current.faults.insert.kind,
         FaultKind::Error,
         "shown at once"
     );
@@ -503,10 +621,10 @@ fn fault_kinds_are_one_key_each_and_reach_the_server_at_once() {
         ('k', Op::Replace),
     ] {
         ch(&mut app, c);
-        assert_eq!(app.selected_op(), op);
+        assert_eq!(app.faults.selected_op(), op);
     }
     press(&mut app, KeyCode::End);
-    assert_eq!(app.selected_op(), Op::Delete);
+    assert_eq!(app.faults.selected_op(), Op::Delete);
 }
 
 #[test]
@@ -518,7 +636,7 @@ fn latency_probability_and_count_adjust_in_place_within_limits() {
     for _ in 0..5 {
         ch(&mut app, '-');
     }
-    assert_eq!(app.faults.faults.get.latency_ms, 0);
+    assert_eq!(app.faults.current.faults.insert.latency_ms, 0);
     assert_eq!(ch(&mut app, '-'), vec![], "latency stops at 0");
     assert_eq!(sent(&ch(&mut app, '[')).1.probability, 0.9);
     assert_eq!(sent(&ch(&mut app, ']')).1.probability, 1.0);
@@ -526,7 +644,7 @@ fn latency_probability_and_count_adjust_in_place_within_limits() {
     for _ in 0..12 {
         ch(&mut app, '[');
     }
-    assert_eq!(app.faults.faults.get.probability, 0.0);
+    assert_eq!(app.faults.current.faults.insert.probability, 0.0);
     assert_eq!(sent(&ch(&mut app, '>')).1.count, Some(1));
     assert_eq!(sent(&ch(&mut app, '>')).1.count, Some(2));
     assert_eq!(sent(&ch(&mut app, '<')).1.count, Some(1));
@@ -540,39 +658,34 @@ fn latency_probability_and_count_adjust_in_place_within_limits() {
 #[test]
 fn typed_fault_values_are_checked_before_sending() {
     let mut app = faults_app();
-    ch(&mut app, 'j');
     ch(&mut app, 't');
     ch(&mut app, 'L');
     assert_eq!(
-        app.input.as_ref().unwrap().text,
-        "500",
-        "starts from the current value"
+        app.input
+            .as_ref()
+            .map(|i| (i.text.as_str(), i.was.as_str())),
+        Some(("", "500")),
+        "what is typed replaces the value; the prompt shows the old one"
     );
-    for _ in 0..3 {
-        press(&mut app, KeyCode::Backspace);
-    }
     type_text(&mut app, "1500");
     let (op, rule) = sent(&press(&mut app, KeyCode::Enter));
     assert_eq!((op, rule.latency_ms), (Op::Insert, 1500));
 
     ch(&mut app, 'L');
-    type_text(&mut app, "00");
+    type_text(&mut app, "150000");
     assert_eq!(press(&mut app, KeyCode::Enter), vec![]);
     assert!(
         app.status.as_ref().unwrap().0.contains("from 0 to 60000"),
         "{:?}",
         app.status
     );
-    assert_eq!(app.faults.faults.insert.latency_ms, 1500);
+    assert_eq!(app.faults.current.faults.insert.latency_ms, 1500);
 
     ch(&mut app, 'P');
-    press(&mut app, KeyCode::Backspace);
-    press(&mut app, KeyCode::Backspace);
-    press(&mut app, KeyCode::Backspace);
     type_text(&mut app, "25%");
     assert_eq!(sent(&press(&mut app, KeyCode::Enter)).1.probability, 0.25);
     ch(&mut app, 'P');
-    type_text(&mut app, "0");
+    type_text(&mut app, "250");
     assert_eq!(press(&mut app, KeyCode::Enter), vec![], "250 % is refused");
     assert!(
         app.status
@@ -586,7 +699,6 @@ fn typed_fault_values_are_checked_before_sending() {
     type_text(&mut app, "3");
     assert_eq!(sent(&press(&mut app, KeyCode::Enter)).1.count, Some(3));
     ch(&mut app, 'C');
-    press(&mut app, KeyCode::Backspace);
     assert_eq!(
         sent(&press(&mut app, KeyCode::Enter)).1.count,
         None,
@@ -596,6 +708,7 @@ fn typed_fault_values_are_checked_before_sending() {
     type_text(&mut app, "x");
     assert_eq!(press(&mut app, KeyCode::Enter), vec![]);
 
+    ch(&mut app, 'e');
     ch(&mut app, 'M');
     type_text(&mut app, "disk full");
     assert_eq!(
@@ -605,8 +718,58 @@ fn typed_fault_values_are_checked_before_sending() {
 }
 
 #[test]
+fn keys_that_do_nothing_to_the_fault_say_why() {
+    let mut app = faults_app();
+    for c in ['[', ']', '<', '>', 'P', 'C'] {
+        assert_eq!(ch(&mut app, c), vec![], "{c}: nothing sent");
+        assert!(app.input.is_none(), "{c}: no prompt");
+        let (text, severity) = app.status.clone().unwrap();
+        assert!(
+            text.contains("the fault is off; choose a kind first"),
+            "{c}: {text}"
+        );
+        assert_eq!(severity, Severity::Error);
+        app.status = None;
+    }
+    ch(&mut app, 'e');
+    for c in ['+', '-', 'L'] {
+        assert_eq!(ch(&mut app, c), vec![], "{c}: nothing sent");
+        assert!(
+            app.status
+                .as_ref()
+                .unwrap()
+                .0
+                .contains("latency is for timeout and delay"),
+            "{c}: {:?}",
+            app.status
+        );
+    }
+    ch(&mut app, 't');
+    assert_eq!(ch(&mut app, 'M'), vec![]);
+    assert!(
+        app.status
+            .as_ref()
+            .unwrap()
+            .0
+            .contains("the message is for error faults")
+    );
+    // A fault on an operation the guard never calls is sent, with a warning.
+    ch(&mut app, 'g');
+    sent(&ch(&mut app, 'e'));
+    assert!(
+        app.status
+            .as_ref()
+            .unwrap()
+            .0
+            .contains("the guard never calls it"),
+        "{:?}",
+        app.status
+    );
+}
+
+#[test]
 fn faults_are_not_edited_before_the_server_said_what_they_are() {
-    let mut app = App::new("http://x", NOW, (120, 40));
+    let mut app = App::new("http://x", NOW);
     ch(&mut app, '2');
     assert_eq!(ch(&mut app, 'e'), vec![]);
     assert!(app.status.as_ref().unwrap().0.contains("not loaded yet"));
@@ -620,13 +783,13 @@ fn fault_events_update_the_table_and_the_log() {
         latency_ms: 200,
         ..FaultRule::default()
     };
-    app.update(Action::Server(Update::Fault(FaultEvent {
+    app.apply(Update::Fault(FaultEvent {
         ts_ms: NOW,
         op: Op::Replace,
         rule: rule.clone(),
-    })));
-    assert_eq!(app.faults.faults.replace, rule);
-    assert_eq!(app.log.len(), 1);
+    }));
+    assert_eq!(app.faults.current.faults.replace, rule);
+    assert_eq!(app.activity.log.lines.len(), 1);
 }
 
 #[test]
@@ -641,21 +804,21 @@ fn history_and_log_stay_bounded() {
             latency_us: 1,
             detail: None,
         };
-        app.update(Action::Server(Update::Decision(event)));
+        app.apply(Update::Decision(event));
     }
-    assert_eq!(app.log.len(), LOG_LINES);
+    assert_eq!(app.activity.log.lines.len(), LOG_LINES);
     assert!(
-        matches!(app.log.front(), Some(idem_tui::app::LogLine::Decision(d)) if d.ts_ms == 50),
+        matches!(app.activity.log.lines.front(), Some(idem_tui::views::activity::LogLine::Decision(d)) if d.ts_ms == 50),
         "oldest dropped"
     );
     for _ in 0..HISTORY + 5 {
-        app.update(Action::Server(Update::Stats(Stats::default())));
+        app.apply(Update::Stats(Stats::default()));
     }
-    assert_eq!(app.rates.len(), HISTORY);
-    assert_eq!(app.p99_us.len(), HISTORY);
+    assert_eq!(app.activity.rates.len(), HISTORY);
+    assert_eq!(app.activity.p99_us.len(), HISTORY);
     ch(&mut app, '3');
     ch(&mut app, 'c');
-    assert!(app.log.is_empty());
+    assert!(app.activity.log.lines.is_empty());
 }
 
 #[test]
@@ -665,15 +828,11 @@ fn the_connection_is_lost_counted_and_found_without_losing_the_view() {
     app.update(Action::Tick {
         local_ms: NOW + 5000,
     });
-    app.update(Action::Server(Update::Disconnected(
-        "Connection refused".into(),
-    )));
+    app.apply(Update::Disconnected("Connection refused".into()));
     app.update(Action::Tick {
         local_ms: NOW + 6000,
     });
-    app.update(Action::Server(Update::Disconnected(
-        "Connection refused".into(),
-    )));
+    app.apply(Update::Disconnected("Connection refused".into()));
     assert_eq!(
         app.connection,
         Connection::Lost {
@@ -684,56 +843,75 @@ fn the_connection_is_lost_counted_and_found_without_losing_the_view() {
     );
     assert_eq!(app.keys.rows.len(), 10, "the last data stays");
     assert_eq!(app.keys.selected, 1);
-    app.update(Action::Server(Update::Connected));
+    app.apply(Update::Connected);
     assert_eq!(app.connection, Connection::Connected);
     assert_eq!(app.status.as_ref().unwrap().0, "reconnected");
 }
 
 #[test]
 fn the_clock_follows_the_server_between_polls() {
-    let mut app = App::new("http://x", 5_000, (120, 40));
+    let mut app = App::new("http://x", 5_000);
     let query = app.keys.query.clone();
-    app.update(Action::Server(Update::Keys {
+    app.apply(Update::Keys {
         query,
         page: page(1, None),
-    }));
-    assert_eq!(app.now_ms(), NOW, "the server's clock, whatever ours says");
+    });
+    assert_eq!(
+        app.keys.now_ms(),
+        NOW,
+        "the server's clock, whatever ours says"
+    );
     app.update(Action::Tick { local_ms: 5_750 });
-    assert_eq!(app.now_ms(), NOW + 750);
+    assert_eq!(app.keys.now_ms(), NOW + 750);
 }
 
 #[test]
-fn resizing_keeps_the_selection_visible() {
+fn the_page_is_measured_where_it_is_drawn() {
     let mut app = loaded(100, None);
+    assert_eq!(
+        app.keys.page_rows.get(),
+        34,
+        "40 lines less header, summary, footer, borders and column header"
+    );
     ch(&mut app, 'G');
-    app.update(Action::Resize {
-        width: 80,
-        height: 24,
-    });
-    assert_eq!(app.visible_rows(), 18);
-    assert_eq!(app.keys.offset, 100 - 18);
-    app.update(Action::Resize {
-        width: 200,
-        height: 60,
-    });
-    assert!(app.keys.selected >= app.keys.offset);
+    draw_at(&app, 80, 24);
+    assert_eq!(
+        app.keys.page_rows.get(),
+        18,
+        "a smaller terminal, a smaller page"
+    );
+    assert_eq!(
+        app.keys.offset.get(),
+        100 - 18,
+        "the selection stays on screen"
+    );
+    ch(&mut app, 'g');
+    draw_at(&app, 80, 24);
+    press(&mut app, KeyCode::Enter);
+    draw_at(&app, 80, 24);
+    assert_eq!(app.keys.page_rows.get(), 8, "the detail pane takes half");
+    draw_at(&app, 200, 60);
+    assert!(app.keys.selected >= app.keys.offset.get());
 }
 
 #[test]
 fn server_reports_show_in_the_status_line() {
     let mut app = loaded(1, None);
-    app.update(Action::Server(Update::Done("deleted order-000".into())));
+    app.apply(Update::Done("deleted order-000".into()));
     assert_eq!(app.status.as_ref().unwrap().0, "deleted order-000");
-    app.update(Action::Server(Update::Failed("409: not processing".into())));
+    app.apply(Update::Failed("409: not processing".into()));
     assert_eq!(
         app.status.as_ref().unwrap(),
-        &("409: not processing".into(), idem_tui::app::Severity::Error)
+        &(
+            "409: not processing".into(),
+            idem_tui::views::Severity::Error
+        )
     );
 }
 
 #[test]
 fn the_first_commands_poll_the_default_query() {
-    let app = App::new("http://x", NOW, (80, 24));
+    let app = App::new("http://x", NOW);
     assert_eq!(app.start(), vec![Command::Query(KeyQuery::default())]);
 }
 
@@ -741,24 +919,106 @@ fn the_first_commands_poll_the_default_query() {
 fn the_last_decision_is_kept_for_keys_on_screen_only() {
     let mut app = loaded(10, None);
     let decide = |key: &str, outcome| {
-        Action::Server(Update::Decision(DecisionEvent {
+        Update::Decision(DecisionEvent {
             ts_ms: NOW,
             key: key.into(),
             outcome,
             status: None,
             latency_us: 1,
             detail: None,
-        }))
+        })
     };
-    app.update(decide("order-003", Outcome::Executed));
-    app.update(decide("order-003", Outcome::Conflict));
-    app.update(decide("elsewhere", Outcome::Replayed));
-    assert_eq!(app.last_outcome.len(), 1, "{:?}", app.last_outcome);
-    assert_eq!(app.last_outcome["order-003"], Outcome::Conflict);
+    app.apply(decide("order-003", Outcome::Executed));
+    app.apply(decide("order-003", Outcome::Conflict));
+    app.apply(decide("elsewhere", Outcome::Replayed));
+    assert_eq!(
+        app.keys.last_outcome.len(),
+        1,
+        "{:?}",
+        app.keys.last_outcome
+    );
+    assert_eq!(app.keys.last_outcome["order-003"], Outcome::Conflict);
     // A new page forgets the keys that left the screen.
     let query = app.keys.query.clone();
     let mut other = page(2, None);
     other.keys[1].key = "zz".into();
-    app.update(Action::Server(Update::Keys { query, page: other }));
-    assert!(app.last_outcome.is_empty());
+    app.apply(Update::Keys { query, page: other });
+    assert!(app.keys.last_outcome.is_empty());
+}
+
+#[test]
+fn the_lapsed_filter_keeps_the_claims_whose_lease_ran_out() {
+    let mut app = loaded(10, None);
+    ch(&mut app, 'f');
+    let commands = ch(&mut app, 'f');
+    assert_eq!(app.keys.filter, StateFilter::Lapsed);
+    let Some(Command::Query(query)) = commands.first() else {
+        panic!("{commands:?}")
+    };
+    // The server answers with processing keys, lapsed first (sorted by lease).
+    let mut lapsed = row("held-by-a-crashed-worker", KeyState::Processing, 0);
+    lapsed.lease_until_ms = NOW - 1;
+    lapsed.lease_remaining_ms = 0;
+    let live = row("still-running", KeyState::Processing, 5);
+    app.apply(Update::Keys {
+        query: query.clone(),
+        page: KeyPage {
+            now_ms: NOW,
+            keys: vec![lapsed, live],
+            next: None,
+            total: Some(2),
+        },
+    });
+    let keys: Vec<&str> = app.keys.rows.iter().map(|r| r.key.as_str()).collect();
+    assert_eq!(keys, ["held-by-a-crashed-worker"]);
+}
+
+#[test]
+fn the_selected_key_is_copied_as_the_client_sent_it() {
+    let mut app = loaded(0, None);
+    let query = app.keys.query.clone();
+    app.apply(Update::Keys {
+        query,
+        page: KeyPage {
+            now_ms: NOW,
+            keys: vec![row("d747bee75cd0ee92/order-7", KeyState::Done, 0)],
+            next: None,
+            total: Some(1),
+        },
+    });
+    assert_eq!(ch(&mut app, 'c'), vec![Command::Copy("order-7".into())]);
+    assert!(
+        app.status
+            .as_ref()
+            .unwrap()
+            .0
+            .contains("copied \"order-7\"")
+    );
+    assert_eq!(ch(&mut app, 'y'), vec![Command::Copy("order-7".into())]);
+    let mut empty = loaded(0, None);
+    assert_eq!(ch(&mut empty, 'c'), vec![]);
+    assert!(empty.status.as_ref().unwrap().0.contains("no key selected"));
+}
+
+#[test]
+fn confirmations_warn_that_a_retry_runs_the_request_again() {
+    for verb in [KeyVerb::Release, KeyVerb::Expire, KeyVerb::Delete] {
+        assert!(
+            verb.warning()
+                .contains("the next retry runs the request again")
+                || verb
+                    .warning()
+                    .contains("The next retry runs the request again"),
+            "{verb:?}: {}",
+            verb.warning()
+        );
+    }
+}
+
+#[test]
+fn a_server_still_starting_is_connected_not_reconnected() {
+    let mut app = App::new("http://x", NOW);
+    app.apply(Update::Disconnected("Connection refused".into()));
+    app.apply(Update::Connected);
+    assert_eq!(app.status.as_ref().unwrap().0, "connected");
 }

@@ -1,0 +1,125 @@
+//! What the console and its admin client tell each other: the client
+//! reports [`Update`]s, the state answers with [`Command`]s. Neither side
+//! imports the other; both import this.
+
+use crate::api::{
+    DecisionEvent, FaultEvent, FaultRule, Faults, KeyDetail, KeyPage, KeyState, Op, Stats,
+};
+
+/// Rows per page asked of the server: a screenful or two. The server pages
+/// through the rest, so the console holds one page whatever the store holds.
+pub const PAGE_SIZE: u32 = 100;
+
+/// The columns the server can sort 100,000 keys by.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Sort {
+    Key,
+    Lease,
+    Expires,
+    Replays,
+}
+
+impl Sort {
+    pub const ALL: [Sort; 4] = [Sort::Key, Sort::Lease, Sort::Expires, Sort::Replays];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Sort::Key => "key",
+            Sort::Lease => "lease",
+            Sort::Expires => "expires",
+            Sort::Replays => "replays",
+        }
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Order {
+    Asc,
+    Desc,
+}
+
+impl Order {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Order::Asc => "asc",
+            Order::Desc => "desc",
+        }
+    }
+}
+
+/// What the keys table shows: `GET /v1/keys` parameters.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct KeyQuery {
+    pub state: Option<KeyState>,
+    pub prefix: String,
+    /// Matches anywhere in the client's own key (the part after the scope).
+    pub search: String,
+    pub sort: Sort,
+    pub order: Order,
+    pub after: Option<String>,
+    pub limit: u32,
+}
+
+impl Default for KeyQuery {
+    fn default() -> Self {
+        KeyQuery {
+            state: None,
+            prefix: String::new(),
+            search: String::new(),
+            sort: Sort::Key,
+            order: Order::Asc,
+            after: None,
+            limit: PAGE_SIZE,
+        }
+    }
+}
+
+/// What the console asks of the admin client.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Command {
+    /// Poll this query from now on (and at once).
+    Query(KeyQuery),
+    /// Poll this key's detail from now on (`None`: stop).
+    Watch(Option<String>),
+    Release(String),
+    Expire(String),
+    Delete(String),
+    SetFault(Op, FaultRule),
+    /// Put this text on the terminal's clipboard (OSC 52). The shell around
+    /// the state does it; the admin client ignores it.
+    Copy(String),
+}
+
+/// What the admin client reports.
+// A page of keys makes `Keys` the big variant; each update is built, moved
+// once and dropped, so boxing would only add an allocation.
+#[allow(clippy::large_enum_variant)]
+#[derive(Clone, Debug, PartialEq)]
+pub enum Update {
+    /// A page of keys, with the query it answers (a late answer to an old
+    /// query is dropped).
+    Keys {
+        query: KeyQuery,
+        page: KeyPage,
+    },
+    Detail(KeyDetail),
+    /// The watched key no longer exists.
+    DetailGone(String),
+    Faults(Faults),
+    Stats(Stats),
+    Decision(DecisionEvent),
+    Fault(FaultEvent),
+    Connected,
+    /// The server cannot be reached (or answers garbage); the client retries.
+    Disconnected(String),
+    /// The server answers, but refuses the console's credentials (401/403):
+    /// retrying will not help until the operator passes the right token.
+    Unauthorized {
+        status: u16,
+        detail: String,
+    },
+    /// An operator action went through.
+    Done(String),
+    /// An operator action was refused; the text names why.
+    Failed(String),
+}

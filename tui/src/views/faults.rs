@@ -1,0 +1,467 @@
+//! The faults view: the store decorator's rule for each operation, edited
+//! from the keyboard and sent at once.
+//!
+//! ```
+//! use idem_tui::api::Op;
+//! use idem_tui::views::faults::FaultsView;
+//! assert_eq!(FaultsView::default().selected_op(), Op::Insert, "the one the guard claims with");
+//! ```
+
+use super::{Effects, Field, Input, Severity};
+use crate::api::{FaultKind, FaultRule, Faults, MAX_LATENCY_MS, Op};
+use crate::format::{percent, thousands};
+use crate::keymap::{Binding, also, bind};
+use crate::protocol::Command;
+use crate::theme::{BOLD, DIM, LABEL, SELECTED, block, fault_style};
+use crossterm::event::KeyCode;
+use ratatui::buffer::Buffer;
+use ratatui::layout::{Constraint, Layout, Rect};
+use ratatui::style::Modifier;
+use ratatui::text::{Line, Span};
+use ratatui::widgets::{Cell, Paragraph, Row, Table, Widget};
+use std::fmt::Write as _;
+
+/// The operations the guard component calls: `insert` to claim a key,
+/// `replace` to complete, release or renew it. `get` and `delete` serve the
+/// admin API only, so a fault on them changes no traffic.
+pub const GUARD_OPS: [Op; 2] = [Op::Insert, Op::Replace];
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FaultsAction {
+    Up,
+    Down,
+    Home,
+    End,
+    SetKind(FaultKind),
+    Toggle,
+    LatencyUp,
+    LatencyDown,
+    ProbabilityUp,
+    ProbabilityDown,
+    CountUp,
+    CountDown,
+    EditLatency,
+    EditProbability,
+    EditCount,
+    EditMessage,
+}
+
+use FaultsAction as A;
+use KeyCode as K;
+
+/// The faults view's key table; the help overlay lists it as written.
+pub const BINDINGS: &[Binding<FaultsAction>] = &[
+    bind(
+        &[K::Up, K::Char('k')],
+        A::Up,
+        "↑↓ j k",
+        "choose the operation",
+    ),
+    also(&[K::Down, K::Char('j')], A::Down),
+    also(&[K::Home, K::Char('g'), K::PageUp], A::Home),
+    also(&[K::End, K::Char('G'), K::PageDown], A::End),
+    bind(
+        &[K::Char('o')],
+        A::SetKind(FaultKind::Off),
+        "o / e",
+        "off / error",
+    ),
+    also(&[K::Char('e')], A::SetKind(FaultKind::Error)),
+    bind(
+        &[K::Char('t')],
+        A::SetKind(FaultKind::Timeout),
+        "t / d / l",
+        "timeout / delay / lost",
+    ),
+    also(&[K::Char('d')], A::SetKind(FaultKind::Delay)),
+    also(&[K::Char('l')], A::SetKind(FaultKind::Lost)),
+    bind(&[K::Char(' ')], A::Toggle, "Space", "fault on / off"),
+    bind(
+        &[K::Char('+'), K::Char('=')],
+        A::LatencyUp,
+        "+ / -",
+        "latency ±100 ms",
+    ),
+    also(&[K::Char('-'), K::Char('_')], A::LatencyDown),
+    bind(
+        &[K::Char(']')],
+        A::ProbabilityUp,
+        "] / [",
+        "probability ±10 %",
+    ),
+    also(&[K::Char('[')], A::ProbabilityDown),
+    bind(
+        &[K::Char('>'), K::Char('.')],
+        A::CountUp,
+        "> / <",
+        "count ±1 (0: unlimited)",
+    ),
+    also(&[K::Char('<'), K::Char(',')], A::CountDown),
+    bind(
+        &[K::Char('L')],
+        A::EditLatency,
+        "L / P",
+        "type latency / prob.",
+    ),
+    also(&[K::Char('P')], A::EditProbability),
+    bind(
+        &[K::Char('C')],
+        A::EditCount,
+        "C / M",
+        "type count / message",
+    ),
+    also(&[K::Char('M')], A::EditMessage),
+];
+
+pub const HINTS: &str =
+    "o e t d l kind · Space on/off · +- latency · [] prob · <> count · ? help · q quit ";
+
+const INJECTED_BY: &str = "injected by idem-tui";
+
+#[derive(Clone, Debug, PartialEq)]
+pub struct FaultsView {
+    pub current: Faults,
+    pub loaded: bool,
+    pub selected: usize,
+}
+
+impl Default for FaultsView {
+    fn default() -> Self {
+        FaultsView {
+            current: Faults::default(),
+            loaded: false,
+            // Opens on insert: the operation every claim goes through.
+            selected: op_index(Op::Insert),
+        }
+    }
+}
+
+fn op_index(op: Op) -> usize {
+    Op::ALL.iter().position(|o| *o == op).unwrap_or(0)
+}
+
+impl FaultsView {
+    pub fn selected_op(&self) -> Op {
+        Op::ALL[self.selected.min(Op::ALL.len() - 1)]
+    }
+
+    pub fn update(&mut self, action: FaultsAction) -> Effects {
+        let last = Op::ALL.len() - 1;
+        let op = self.selected_op();
+        let rule = self.current.faults.rule(op).clone();
+        if let Some(why) = pointless(action, op, &rule) {
+            return Effects::say(why, Severity::Error);
+        }
+        match action {
+            A::Up => self.selected = self.selected.saturating_sub(1),
+            A::Down => self.selected = (self.selected + 1).min(last),
+            A::Home => self.selected = 0,
+            A::End => self.selected = last,
+            A::SetKind(kind) => {
+                return self.edit(|rule| {
+                    rule.kind = kind;
+                    if kind.uses_latency() && rule.latency_ms == 0 {
+                        rule.latency_ms = 500;
+                    }
+                    if kind == FaultKind::Error && rule.message.is_empty() {
+                        rule.message = INJECTED_BY.into();
+                    }
+                });
+            }
+            A::Toggle => {
+                return self.edit(|rule| {
+                    rule.kind = if rule.kind == FaultKind::Off {
+                        FaultKind::Error
+                    } else {
+                        FaultKind::Off
+                    };
+                    if rule.kind == FaultKind::Error && rule.message.is_empty() {
+                        rule.message = INJECTED_BY.into();
+                    }
+                });
+            }
+            A::LatencyUp => {
+                return self.edit(|r| r.latency_ms = (r.latency_ms + 100).min(MAX_LATENCY_MS));
+            }
+            A::LatencyDown => {
+                return self.edit(|r| r.latency_ms = r.latency_ms.saturating_sub(100));
+            }
+            A::ProbabilityUp => {
+                return self.edit(|r| {
+                    r.probability = (((r.probability * 10.0).round() + 1.0) / 10.0).min(1.0);
+                });
+            }
+            A::ProbabilityDown => {
+                return self.edit(|r| {
+                    r.probability = (((r.probability * 10.0).round() - 1.0) / 10.0).max(0.0);
+                });
+            }
+            A::CountUp => return self.edit(|r| r.count = Some(r.count.map_or(1, |n| n + 1))),
+            A::CountDown => {
+                return self.edit(|r| {
+                    r.count = match r.count {
+                        None | Some(0 | 1) => None,
+                        Some(n) => Some(n - 1),
+                    };
+                });
+            }
+            A::EditLatency => {
+                return Effects::prompt(Input::new(
+                    Field::Latency(op),
+                    rule.latency_ms.to_string(),
+                ));
+            }
+            A::EditProbability => {
+                return Effects::prompt(Input::new(
+                    Field::Probability(op),
+                    percent(rule.probability),
+                ));
+            }
+            A::EditCount => {
+                return Effects::prompt(Input::new(
+                    Field::Count(op),
+                    rule.count.map_or("unlimited".to_owned(), |n| n.to_string()),
+                ));
+            }
+            A::EditMessage => {
+                return Effects::prompt(Input::new(Field::Message(op), rule.message));
+            }
+        }
+        Effects::none()
+    }
+
+    /// Changes the selected operation's rule and sends it at once. The
+    /// table shows the change right away; the server's answer (or its
+    /// refusal) has the last word.
+    fn edit(&mut self, change: impl FnOnce(&mut FaultRule)) -> Effects {
+        if !self.loaded {
+            return Effects::say(
+                "faults not loaded yet: waiting for the server",
+                Severity::Error,
+            );
+        }
+        let op = self.selected_op();
+        let mut rule = self.current.faults.rule(op).clone();
+        change(&mut rule);
+        if &rule == self.current.faults.rule(op) {
+            return Effects::none();
+        }
+        self.current.faults.rule_mut(op).clone_from(&rule);
+        let mut effects = Effects::commands(vec![Command::SetFault(op, rule.clone())]);
+        let unused = if GUARD_OPS.contains(&op) {
+            ""
+        } else {
+            " (the guard never calls it: no traffic changes)"
+        };
+        effects.status = Some((
+            format!("{op}: {} — sending{unused}", describe_rule(&rule)),
+            Severity::Info,
+        ));
+        effects
+    }
+
+    /// A typed value for one of the fields.
+    pub fn submit(&mut self, field: Field, text: &str) -> Effects {
+        let refuse = |why: String| Effects::say(why, Severity::Error);
+        match field {
+            Field::Search => Effects::none(),
+            Field::Latency(op) => {
+                self.selected = op_index(op);
+                match text.parse::<u64>() {
+                    Ok(ms) if ms <= MAX_LATENCY_MS => self.edit(|r| r.latency_ms = ms),
+                    _ => refuse(format!(
+                        "latency {text:?} is not a whole number of ms from 0 to {MAX_LATENCY_MS}"
+                    )),
+                }
+            }
+            Field::Probability(op) => {
+                self.selected = op_index(op);
+                match text.trim_end_matches('%').trim().parse::<f64>() {
+                    Ok(p) if (0.0..=100.0).contains(&p) => self.edit(|r| r.probability = p / 100.0),
+                    _ => refuse(format!(
+                        "probability {text:?} is not a percentage from 0 to 100"
+                    )),
+                }
+            }
+            Field::Count(op) => {
+                self.selected = op_index(op);
+                let count = if text.is_empty() {
+                    Ok(0)
+                } else {
+                    text.parse::<u64>()
+                };
+                match count {
+                    Ok(n) => self.edit(|r| r.count = (n > 0).then_some(n)),
+                    Err(_) => refuse(format!(
+                        "count {text:?} is not a whole number (0 = unlimited)"
+                    )),
+                }
+            }
+            Field::Message(op) => {
+                self.selected = op_index(op);
+                self.edit(|r| text.clone_into(&mut r.message))
+            }
+        }
+    }
+
+    /// The operations with a fault on, for the summary line.
+    pub fn active(&self) -> Vec<String> {
+        Op::ALL
+            .iter()
+            .filter(|op| self.current.faults.rule(**op).kind != FaultKind::Off)
+            .map(|op| format!("{op} {}", self.current.faults.rule(*op).kind.as_str()))
+            .collect()
+    }
+}
+
+/// Why `action` would do nothing to `rule`, if it would: a key that does
+/// nothing must say why.
+fn pointless(action: FaultsAction, op: Op, rule: &FaultRule) -> Option<String> {
+    let kind = rule.kind.as_str();
+    match action {
+        A::LatencyUp | A::LatencyDown | A::EditLatency if !rule.kind.uses_latency() => {
+            Some(format!(
+                "{op}: latency is for timeout and delay faults (press t or d); this one is {kind}"
+            ))
+        }
+        A::EditMessage if rule.kind != FaultKind::Error => Some(format!(
+            "{op}: the message is for error faults (press e); this one is {kind}"
+        )),
+        A::ProbabilityUp
+        | A::ProbabilityDown
+        | A::CountUp
+        | A::CountDown
+        | A::EditProbability
+        | A::EditCount
+            if rule.kind == FaultKind::Off =>
+        {
+            Some(format!(
+                "{op}: the fault is off; choose a kind first (e error, t timeout, d delay, l lost)"
+            ))
+        }
+        _ => None,
+    }
+}
+
+/// A rule in the seed's fault grammar, e.g. `25% 3× timeout 500ms`.
+pub fn describe_rule(rule: &FaultRule) -> String {
+    if rule.kind == FaultKind::Off {
+        return "off".into();
+    }
+    let mut text = String::new();
+    if rule.probability < 1.0 {
+        let _ = write!(text, "{}% ", percent(rule.probability));
+    }
+    if let Some(n) = rule.count {
+        let _ = write!(text, "{n}× ");
+    }
+    text.push_str(rule.kind.as_str());
+    if rule.kind.uses_latency() {
+        let _ = write!(text, " {}ms", rule.latency_ms);
+    }
+    if rule.kind == FaultKind::Error && !rule.message.is_empty() {
+        let _ = write!(text, " ({})", rule.message);
+    }
+    text
+}
+
+/// Lines the faults panel takes: borders, header, four operations, a blank,
+/// the keys for the selected operation, and what the guard calls.
+pub const HEIGHT: u16 = 10;
+
+impl Widget for &FaultsView {
+    fn render(self, area: Rect, buf: &mut Buffer) {
+        let header =
+            Row::new(["OP", "FAULT", "LATENCY", "PROBABILITY", "COUNT", "RULE"]).style(LABEL);
+        let rows = Op::ALL.iter().enumerate().map(|(i, op)| {
+            let rule = self.current.faults.rule(*op);
+            let on = rule.kind != FaultKind::Off;
+            let kind = format!("{} {}", if on { "●" } else { "○" }, rule.kind.as_str());
+            let latency = if rule.kind.uses_latency() || !on {
+                format!("{:>6}ms", rule.latency_ms)
+            } else {
+                "       —".into()
+            };
+            let name = if GUARD_OPS.contains(op) {
+                Span::raw(op.as_str())
+            } else {
+                Span::styled(format!("{op}*"), DIM)
+            };
+            let row = Row::new(vec![
+                Cell::from(name),
+                Cell::from(Span::styled(kind, fault_style(rule.kind))),
+                Cell::from(latency),
+                Cell::from(format!("{:>5}%", percent(rule.probability))),
+                Cell::from(
+                    rule.count
+                        .map_or("     ∞".to_owned(), |n| format!("{n:>6}")),
+                ),
+                Cell::from(Span::styled(describe_rule(rule), DIM)),
+            ]);
+            if i == self.selected {
+                row.style(SELECTED)
+            } else {
+                row
+            }
+        });
+        let title = Line::from(vec![
+            Span::styled(" Store faults ", BOLD),
+            Span::styled(
+                format!("· injected {} ", thousands(self.current.injected)),
+                DIM,
+            ),
+            if self.loaded {
+                Span::raw("")
+            } else {
+                Span::styled("loading… ", DIM)
+            },
+        ]);
+        let widths = [
+            Constraint::Length(8),
+            Constraint::Length(10),
+            Constraint::Length(9),
+            Constraint::Length(11),
+            Constraint::Length(6),
+            Constraint::Min(10),
+        ];
+        let outer = block(title);
+        let inner = outer.inner(area);
+        outer.render(area, buf);
+        let [rows_area, keys_area] =
+            Layout::vertical([Constraint::Length(5), Constraint::Min(0)]).areas(inner);
+        Widget::render(
+            Table::new(rows, widths).header(header).column_spacing(1),
+            rows_area,
+            buf,
+        );
+        let op = self.selected_op();
+        let current = self.current.faults.rule(op).kind;
+        let mut choice = vec![Span::styled(format!(" {op}: "), LABEL)];
+        for (key, kind) in [
+            ('o', FaultKind::Off),
+            ('e', FaultKind::Error),
+            ('t', FaultKind::Timeout),
+            ('d', FaultKind::Delay),
+            ('l', FaultKind::Lost),
+        ] {
+            let text = format!("[{key}] {}", kind.as_str());
+            choice.push(if kind == current {
+                Span::styled(text, fault_style(kind).add_modifier(Modifier::REVERSED))
+            } else {
+                Span::raw(text)
+            });
+            choice.push("  ".into());
+        }
+        // The rest is in the footer too: shown when it fits.
+        let tail = Span::styled("+- latency  [] prob.  <> count  L P C M type", DIM);
+        let used: usize = choice.iter().map(Span::width).sum();
+        if used + tail.width() <= usize::from(keys_area.width) {
+            choice.push(tail);
+        }
+        let note = Line::from(Span::styled(
+            " The guard calls only insert and replace; *get, delete: admin API only.",
+            DIM,
+        ));
+        Paragraph::new(vec![Line::default(), Line::from(choice), note]).render(keys_area, buf);
+    }
+}
