@@ -7,7 +7,9 @@
 //! `GET /ledger` shows stock, reservations, charges and executions, so a
 //! check can tell whether any order ran twice. Behind the gateway each run
 //! also records the claim's fence (the `Idempotency-Fence` header), so a check
-//! can tell a takeover (a new fence) from two runs under one claim.
+//! can tell a takeover (a new fence) from two runs under one claim, and when
+//! each run started and ended, so a check can tell whether two runs of one
+//! order overlapped in time.
 
 use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode};
@@ -16,7 +18,7 @@ use axum::{Json, Router};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex, PoisonError};
-use std::time::Duration;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use tokio::net::TcpListener;
 
 /// One order as clients send it.
@@ -41,6 +43,25 @@ pub struct Books {
     /// Order id → the fence of each run that came with one, in arrival order.
     #[serde(default)]
     pub fences: BTreeMap<String, Vec<u64>>,
+    /// Order id → every run, in the order they ended.
+    #[serde(default)]
+    pub runs: BTreeMap<String, Vec<Run>>,
+}
+
+/// One run of `POST /orders` for an order: from the request's arrival to
+/// the moment its effect was applied. Times are milliseconds since the Unix
+/// epoch on a clock that never goes back (the ledger's start on the wall
+/// clock, plus a monotonic clock since), so two runs compare even if the
+/// wall clock is stepped.
+#[derive(Clone, Debug, Default, Deserialize, Serialize, PartialEq, Eq)]
+pub struct Run {
+    /// The claim's fence (`Idempotency-Fence`), if the run came with one.
+    pub fence: Option<u64>,
+    pub started_ms: u64,
+    pub ended_ms: u64,
+    /// Which execution of the order this was (1 for the first): the
+    /// `execution` of its response body.
+    pub execution: u64,
 }
 
 impl Books {
@@ -60,6 +81,9 @@ pub struct Ledger {
     books: Arc<Mutex<Books>>,
     /// Simulated work per order, so concurrent repeats overlap.
     latency: Duration,
+    /// The clock of [`Run`]'s times: the wall clock at the start, and a
+    /// monotonic clock from there.
+    epoch: (Instant, u64),
 }
 
 impl Ledger {
@@ -70,7 +94,19 @@ impl Ledger {
                 ..Books::default()
             })),
             latency,
+            epoch: (
+                Instant::now(),
+                SystemTime::now()
+                    .duration_since(UNIX_EPOCH)
+                    .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX)),
+            ),
         }
+    }
+
+    /// Milliseconds since the Unix epoch, never going back.
+    fn now_ms(&self) -> u64 {
+        let since = u64::try_from(self.epoch.0.elapsed().as_millis()).unwrap_or(u64::MAX);
+        self.epoch.1.saturating_add(since)
     }
 
     pub fn books(&self) -> Books {
@@ -110,6 +146,7 @@ async fn place(
             ),
         );
     }
+    let started_ms = ledger.now_ms();
     if !ledger.latency.is_zero() {
         tokio::time::sleep(ledger.latency).await;
     }
@@ -122,6 +159,13 @@ async fn place(
     let fence = headers
         .get(crate::server::gate::FENCE_HEADER)
         .and_then(|v| v.to_str().ok()?.parse::<u64>().ok());
+    let run = Run {
+        fence,
+        started_ms,
+        ended_ms: ledger.now_ms(),
+        execution,
+    };
+    books.runs.entry(order.order.clone()).or_default().push(run);
     if let Some(fence) = fence {
         books
             .fences
