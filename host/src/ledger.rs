@@ -28,6 +28,10 @@ pub struct Order {
     pub sku: String,
     pub qty: i64,
     pub cents: i64,
+    /// Simulated work for this order, in milliseconds on top of the
+    /// ledger's latency (at most a minute): a slow order.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub work_ms: Option<u64>,
 }
 
 /// What the ledger holds, as `GET /ledger` returns it.
@@ -138,17 +142,22 @@ async fn place(
             ),
         );
     };
-    if order.qty < 1 || order.cents < 0 || order.order.is_empty() {
+    if order.qty < 1
+        || order.cents < 0
+        || order.order.is_empty()
+        || order.work_ms.is_some_and(|ms| ms > 60_000)
+    {
         return (
             StatusCode::BAD_REQUEST,
             Json(
-                serde_json::json!({"error": "BAD_ORDER", "detail": "qty must be at least 1, cents at least 0, order non-empty"}),
+                serde_json::json!({"error": "BAD_ORDER", "detail": "qty must be at least 1, cents at least 0, order non-empty, work_ms at most 60000"}),
             ),
         );
     }
     let started_ms = ledger.now_ms();
-    if !ledger.latency.is_zero() {
-        tokio::time::sleep(ledger.latency).await;
+    let latency = ledger.latency + Duration::from_millis(order.work_ms.unwrap_or(0));
+    if !latency.is_zero() {
+        tokio::time::sleep(latency).await;
     }
     let mut books = ledger.lock();
     let execution = {
