@@ -370,7 +370,13 @@ fn check_overlaps(
     let id = &order.id;
     let answered: BTreeSet<u64> = kept
         .into_iter()
-        .chain(order.bodies.iter().filter(|s| s.replayed).map(|s| &s.body[..]))
+        .chain(
+            order
+                .bodies
+                .iter()
+                .filter(|s| s.replayed)
+                .map(|s| &s.body[..]),
+        )
         .filter_map(execution)
         .collect();
     let mut runs: Vec<&Run> = runs.iter().collect();
@@ -405,7 +411,10 @@ fn check_overlaps(
 
 /// The `execution` of a ledger response body: which run of the order made it.
 fn execution(body: &[u8]) -> Option<u64> {
-    serde_json::from_slice::<Value>(body).ok()?.get("execution")?.as_u64()
+    serde_json::from_slice::<Value>(body)
+        .ok()?
+        .get("execution")?
+        .as_u64()
 }
 
 /// The `order` and `cents` of a ledger response body.
@@ -1124,7 +1133,12 @@ impl Soak {
     /// `kill -STOP` one gateway for `paused` (longer than its lease, so its
     /// claims lapse and are taken over at the other gateway), then `kill
     /// -CONT`: its requests then go on as zombies, under claims they lost.
-    async fn pause(&self, gateway: &Gateway, started: Instant, paused: Duration) -> anyhow::Result<()> {
+    async fn pause(
+        &self,
+        gateway: &Gateway,
+        started: Instant,
+        paused: Duration,
+    ) -> anyhow::Result<()> {
         let pid = gateway
             .pid()
             .with_context(|| format!("gateway {} is not running", gateway.index))?;
@@ -1762,7 +1776,11 @@ fn print_figures(f: &Figures) {
     );
     println!(
         "  re-executions     {} orders ran more than once: {} in flight at a kill, {} under a store fault, {} after a slow or failed upstream call, {} at a stopped gateway",
-        r.reexecuted, r.reexecuted_at_kill, r.reexecuted_under_fault, r.reexecuted_slow, r.reexecuted_paused
+        r.reexecuted,
+        r.reexecuted_at_kill,
+        r.reexecuted_under_fault,
+        r.reexecuted_slow,
+        r.reexecuted_paused
     );
     println!(
         "                    (a claim whose holder was killed, or whose response a store fault kept from being recorded,\n                     is taken over after its lease and runs again under a new fence; the ledger absorbs the repeat)"
