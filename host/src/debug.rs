@@ -302,6 +302,9 @@ impl idem::Store for Halting {
     async fn purge_expired(&self, now_ms: u64, limit: usize) -> Result<usize, idem::StoreError> {
         self.inner.purge_expired(now_ms, limit).await
     }
+    fn purges_itself(&self) -> bool {
+        self.inner.purges_itself()
+    }
 }
 
 /// `idem debug-crash`: one process of a crash test. It claims keys and

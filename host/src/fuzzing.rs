@@ -283,7 +283,7 @@ fn check_hop_by_hop(input: &mut Input) {
 
 fn check_problem(input: &mut Input) {
     let text = |input: &mut Input| String::from_utf8_lossy(&input.bytes(40)).into_owned();
-    let problem = match input.u8() % 12 {
+    let problem = match input.u8() % 13 {
         0 => Problem::KeyMissing {
             header: text(input),
         },
@@ -304,6 +304,10 @@ fn check_problem(input: &mut Input) {
         },
         10 => Problem::Overloaded {
             limit: input.u64() as usize,
+        },
+        11 => Problem::BodyTimeout {
+            after: Duration::from_millis(input.u64() >> (input.u8() % 64)),
+            min_rate: input.u64(),
         },
         _ => Problem::Internal(text(input)),
     };

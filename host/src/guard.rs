@@ -3,7 +3,7 @@
 
 use crate::clock::{Clock, SystemClock};
 use crate::engine::{Pool, PoolStats, Runtime};
-use crate::store::Store;
+use crate::store::{PurgeStats, Purger, Store};
 use idem_guest::model::{Claim, Decision, GuardError, Policy, Response};
 use std::sync::Arc;
 use std::time::Duration;
@@ -74,6 +74,45 @@ pub enum OnHandlerError {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
 pub struct Fence(pub u64);
 
+/// How a handler run under [`Guard::execute`] ends its claim.
+#[derive(Debug)]
+pub enum Settle<E> {
+    /// Store this response: every repeat replays it.
+    Complete(Response),
+    /// Nothing happened that a retry must not repeat: give the claim up so
+    /// a retry runs at once.
+    Release(E),
+    /// Something may have happened: keep the claim until its lease runs out,
+    /// as after a crash.
+    Hold(E),
+}
+
+/// How a claim handed to [`Guard::execute`] ended.
+#[derive(Debug)]
+pub enum Settled<E> {
+    /// The handler ran and its response is stored.
+    Completed(Response),
+    /// The handler ran but its response could not be stored (the store
+    /// failed, the response broke a limit, or the claim was taken over);
+    /// the key stays claimed until its lease runs out.
+    NotRecorded {
+        response: Response,
+        error: GuardError,
+    },
+    /// The handler asked for a release; `released` says whether the store took it
+    /// (if not, the lease runs out as usual).
+    Released {
+        error: E,
+        released: Result<(), GuardError>,
+    },
+    /// The handler asked to hold the claim.
+    Held(E),
+    /// The handler never ran: the claim's lease could not be made to cover
+    /// the handler's time from now (the store failed, or the claim was
+    /// taken over while it was being made). The claim was given up.
+    NotStarted(GuardError),
+}
+
 /// The parts of a request that make its fingerprint.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct RequestParts {
@@ -90,6 +129,8 @@ pub struct Guard {
     policy: Policy,
     on_handler_error: OnHandlerError,
     renew_lease: bool,
+    /// Stops with the last clone of the guard.
+    purger: Option<Arc<Purger>>,
 }
 
 /// Builds a [`Guard`].
@@ -100,7 +141,16 @@ pub struct GuardBuilder {
     policy: Policy,
     on_handler_error: OnHandlerError,
     renew_lease: bool,
+    store_timeout: Duration,
+    purge_every: Option<Duration>,
 }
+
+/// How long one store call may take by default.
+pub const DEFAULT_STORE_TIMEOUT: Duration = Duration::from_secs(5);
+/// How often expired records are purged by default.
+pub const DEFAULT_PURGE_EVERY: Duration = Duration::from_mins(1);
+/// Records freed per purge batch.
+const PURGE_BATCH: usize = 1_000;
 
 impl GuardBuilder {
     /// The clock the guard sees (default: the system clock).
@@ -148,6 +198,25 @@ impl GuardBuilder {
         self
     }
 
+    /// How long one store call may take (default 5 s). Past it the call
+    /// counts as failed — the guard fails closed, and a write it made may
+    /// still be applied, as with a lost reply — so a hung store holds no
+    /// caller longer than this per store call.
+    #[must_use]
+    pub fn store_timeout(mut self, timeout: Duration) -> Self {
+        self.store_timeout = timeout;
+        self
+    }
+
+    /// How often expired records are purged (default every 60 s; `None`
+    /// for never). Only where the store needs it (not Redis, which expires
+    /// keys itself) and only when the guard is built inside a tokio runtime.
+    #[must_use]
+    pub fn purge_every(mut self, every: Option<Duration>) -> Self {
+        self.purge_every = every;
+        self
+    }
+
     /// The compiled component to run (default: the embedded one, compiled
     /// once per process).
     #[must_use]
@@ -162,11 +231,34 @@ impl GuardBuilder {
             Some(runtime) => runtime,
             None => Runtime::shared()?,
         };
+        if self.store_timeout.is_zero() {
+            return Err(GuardError::InvalidInput(
+                "store-timeout must be at least 1 ms".into(),
+            ));
+        }
+        let purger = self
+            .purge_every
+            .filter(|every| !every.is_zero() && !self.store.purges_itself())
+            .filter(|_| tokio::runtime::Handle::try_current().is_ok())
+            .map(|every| {
+                Arc::new(Purger::spawn(
+                    self.store.clone(),
+                    self.clock.clone(),
+                    every,
+                    PURGE_BATCH,
+                ))
+            });
         Ok(Guard {
-            pool: Arc::new(Pool::new(runtime, self.store, self.clock)),
+            pool: Arc::new(Pool::new(
+                runtime,
+                self.store,
+                self.clock,
+                self.store_timeout,
+            )),
             policy: self.policy,
             on_handler_error: self.on_handler_error,
             renew_lease: self.renew_lease,
+            purger,
         })
     }
 }
@@ -191,6 +283,11 @@ impl Guard {
 
     pub fn pool_stats(&self) -> PoolStats {
         self.pool.stats()
+    }
+
+    /// What the background purge has done, if this guard runs one.
+    pub fn purge_stats(&self) -> Option<PurgeStats> {
+        self.purger.as_ref().map(|p| p.stats())
     }
 
     /// Claims `key` for a request with this `fingerprint`.
@@ -274,21 +371,96 @@ impl Guard {
             Err(GuardError::InvalidInput(why)) => return Err(RunError::InvalidInput(why)),
             Err(e) => return Ok(Outcome::Unavailable(e.to_string())),
         };
+        let on_error = self.on_handler_error;
+        let settled = self
+            .execute(claim, Duration::ZERO, |fence| async move {
+                match handler(fence).await {
+                    Ok(response) => Settle::Complete(response),
+                    Err(e) if on_error == OnHandlerError::Release => Settle::Release(e),
+                    Err(e) => Settle::Hold(e),
+                }
+            })
+            .await;
+        match settled {
+            Settled::Completed(response) => Ok(Outcome::Executed(response)),
+            Settled::NotRecorded { response, error } => {
+                Err(RunError::NotRecorded { response, error })
+            }
+            Settled::Released { error, .. } | Settled::Held(error) => Err(RunError::Handler(error)),
+            Settled::NotStarted(e) => Ok(Outcome::Unavailable(e.to_string())),
+        }
+    }
+
+    /// The one claim lifecycle, behind [`Guard::run`], the gateway and the
+    /// tower layer: runs `handler` under `claim` and ends the claim as the
+    /// handler's [`Settle`] says.
+    ///
+    /// Before the handler starts, the claim's lease must cover `budget` (the
+    /// longest the handler may take) from now: a claim whose store round
+    /// trip was slow may have spent most of its lease already, so it is
+    /// renewed first. If it cannot be (the store fails, or the key was
+    /// taken over meanwhile), the handler never runs: the claim is given up
+    /// and [`Settled::NotStarted`] says why. While the handler runs, the
+    /// lease is renewed every third of the lease (unless the guard was
+    /// built without renewal); the completion or release presents the claim
+    /// as last renewed.
+    pub async fn execute<F, Fut, E>(&self, claim: Claim, budget: Duration, handler: F) -> Settled<E>
+    where
+        F: FnOnce(Fence) -> Fut,
+        Fut: Future<Output = Settle<E>>,
+    {
+        let claim = match self.secure(claim, budget).await {
+            Ok(claim) => claim,
+            Err(e) => return Settled::NotStarted(e),
+        };
         let work = handler(Fence(claim.fence));
-        let (result, claim) = self.holding(claim, work).await;
-        match result {
-            Ok(response) => match self.complete(claim, response).await {
-                (response, Ok(())) => Ok(Outcome::Executed(response)),
-                (response, Err(error)) => Err(RunError::NotRecorded { response, error }),
+        let (settle, claim) = self.holding(claim, work).await;
+        match settle {
+            Settle::Complete(response) => match self.complete(claim, response).await {
+                (response, Ok(())) => Settled::Completed(response),
+                (response, Err(error)) => Settled::NotRecorded { response, error },
             },
+            Settle::Release(error) => Settled::Released {
+                error,
+                released: self.release(claim).await,
+            },
+            Settle::Hold(error) => Settled::Held(error),
+        }
+    }
+
+    /// Makes `claim`'s lease run at least `budget` past now, renewing it if
+    /// needed. On failure the claim is released (best effort: if the store
+    /// is down, its lease runs out as usual) and the error returned.
+    async fn secure(&self, claim: Claim, budget: Duration) -> Result<Claim, GuardError> {
+        let covers = |claim: &Claim| {
+            let needed = self
+                .clock()
+                .now_ms()
+                .saturating_add(budget.as_millis() as u64);
+            claim.lease_until_ms > needed
+        };
+        if covers(&claim) {
+            return Ok(claim);
+        }
+        let renewed = match self.renew(claim.clone()).await {
+            Ok(renewed) if covers(&renewed) => renewed,
+            Ok(renewed) => {
+                let _ = self.release(renewed).await;
+                return Err(GuardError::Unavailable(format!(
+                    "the store is too slow to hold key {:?}: its lease of {} ms, renewed, no longer covers the {} ms the request may take",
+                    claim.key,
+                    self.policy.lease_ms,
+                    budget.as_millis()
+                )));
+            }
             Err(e) => {
-                if self.on_handler_error == OnHandlerError::Release {
-                    // If the release fails too, the lease runs out as after a crash.
+                if matches!(e, GuardError::Unavailable(_)) {
                     let _ = self.release(claim).await;
                 }
-                Err(RunError::Handler(e))
+                return Err(e);
             }
-        }
+        };
+        Ok(renewed)
     }
 }
 
@@ -357,6 +529,8 @@ impl GuardBuilder {
             policy: Policy::default(),
             on_handler_error: OnHandlerError::default(),
             renew_lease: true,
+            store_timeout: DEFAULT_STORE_TIMEOUT,
+            purge_every: Some(DEFAULT_PURGE_EVERY),
         }
     }
 }

@@ -30,7 +30,9 @@ pub use clock::{Clock, ManualClock, SystemClock};
 #[cfg(feature = "engine")]
 pub use engine::{Limits, PoolStats, Runtime};
 #[cfg(feature = "engine")]
-pub use guard::{Fence, Guard, GuardBuilder, OnHandlerError, Outcome, RequestParts, RunError};
+pub use guard::{
+    Fence, Guard, GuardBuilder, OnHandlerError, Outcome, RequestParts, RunError, Settle, Settled,
+};
 pub use idem_guest::model::{Claim, Decision, Entry, GuardError, Policy, Record, Response, State};
 #[cfg(feature = "engine")]
 pub use store::{FaultHandle, Faulty, MemoryStore, Store, StoreError, SyncStore};

@@ -79,9 +79,30 @@ pub struct ServeOptions {
     /// How long the upstream may take; shorter than the lease [default: 20s].
     #[arg(long, env = "IDEM_UPSTREAM_TIMEOUT")]
     pub upstream_timeout: Option<String>,
+    /// How long one store call may take; past it the request is answered 503 [default: 5s].
+    #[arg(long, env = "IDEM_STORE_TIMEOUT")]
+    pub store_timeout: Option<String>,
     /// Requests handled at once; more get 503 [default: 1024].
     #[arg(long, env = "IDEM_MAX_CONCURRENT")]
     pub max_concurrent: Option<usize>,
+    /// Client connections open at once; more wait to be accepted [default: 4096].
+    #[arg(long, env = "IDEM_MAX_CONNECTIONS")]
+    pub max_connections: Option<usize>,
+    /// How long a client may take to send a request head [default: 10s].
+    #[arg(long, env = "IDEM_HEADER_READ_TIMEOUT")]
+    pub header_read_timeout: Option<String>,
+    /// How long a client may take to send a guarded request's body [default: 30s].
+    #[arg(long, env = "IDEM_BODY_READ_TIMEOUT")]
+    pub body_read_timeout: Option<String>,
+    /// The slowest a guarded body may arrive after its first 2 s, in bytes/s; slower gets 408 [default: 1024].
+    #[arg(long, env = "IDEM_MIN_BODY_RATE")]
+    pub min_body_rate: Option<u64>,
+    /// Clients of the admin API's /v1/events stream at once [default: 64].
+    #[arg(long, env = "IDEM_MAX_EVENT_LISTENERS")]
+    pub max_event_listeners: Option<usize>,
+    /// How often expired records are purged (memory, SQLite, PostgreSQL) [default: 60s].
+    #[arg(long, env = "IDEM_PURGE_INTERVAL")]
+    pub purge_interval: Option<String>,
     /// How long shutdown waits for in-flight requests [default: 30s].
     #[arg(long, env = "IDEM_DRAIN_TIMEOUT")]
     pub drain_timeout: Option<String>,
@@ -134,7 +155,14 @@ impl ServeOptions {
                 max_headers,
                 max_header_bytes,
                 upstream_timeout,
+                store_timeout,
                 max_concurrent,
+                max_connections,
+                header_read_timeout,
+                body_read_timeout,
+                min_body_rate,
+                max_event_listeners,
+                purge_interval,
                 drain_timeout
             );
         }
@@ -185,7 +213,22 @@ impl ServeOptions {
                 self.upstream_timeout,
                 d.upstream_timeout,
             )?,
+            store_timeout: duration("store-timeout", self.store_timeout, d.store_timeout)?,
             max_concurrent: self.max_concurrent.unwrap_or(d.max_concurrent),
+            max_connections: self.max_connections.unwrap_or(d.max_connections),
+            header_read_timeout: duration(
+                "header-read-timeout",
+                self.header_read_timeout,
+                d.header_read_timeout,
+            )?,
+            body_read_timeout: duration(
+                "body-read-timeout",
+                self.body_read_timeout,
+                d.body_read_timeout,
+            )?,
+            min_body_rate: self.min_body_rate.unwrap_or(d.min_body_rate),
+            max_event_listeners: self.max_event_listeners.unwrap_or(d.max_event_listeners),
+            purge_interval: duration("purge-interval", self.purge_interval, d.purge_interval)?,
             drain_timeout: duration("drain-timeout", self.drain_timeout, d.drain_timeout)?,
             ..d
         };
@@ -213,6 +256,7 @@ impl ServeOptions {
 /// Runs the gateway until Ctrl-C or SIGTERM.
 pub async fn serve(options: ServeOptions) -> anyhow::Result<()> {
     let serve = options.resolve()?;
+    raise_file_limit(serve.config.max_connections);
     let store = idem::store::open(&serve.store).await?;
     let gateway = idem::server::Gateway::builder(serve.config, store, &serve.upstream).build()?;
     let proxy = tokio::net::TcpListener::bind(&serve.listen)
@@ -242,6 +286,23 @@ pub async fn serve(options: ServeOptions) -> anyhow::Result<()> {
     idem::server::run(gateway, proxy, admin, shutdown_signal()).await;
     eprintln!("idem serve: stopped");
     Ok(())
+}
+
+/// Raises the soft limit on open files to the hard one, so that
+/// `max-connections` clients (and as many upstream connections) can be
+/// open at once; warns if even the hard limit is too low for that.
+fn raise_file_limit(max_connections: usize) {
+    // Each client connection may pair with an upstream one; 64 for the rest.
+    let wanted = (max_connections as u64)
+        .saturating_mul(2)
+        .saturating_add(64);
+    match rlimit::increase_nofile_limit(u64::MAX) {
+        Ok(limit) if limit < wanted => eprintln!(
+            "idem serve: warning: the open-file limit is {limit}, under the {wanted} that --max-connections {max_connections} may need; raise it (ulimit -n) or lower --max-connections"
+        ),
+        Ok(_) => {}
+        Err(e) => eprintln!("idem serve: warning: could not raise the open-file limit: {e}"),
+    }
 }
 
 /// Ctrl-C, or SIGTERM on Unix.

@@ -6,6 +6,7 @@ use super::HostState;
 use crate::clock::Clock;
 use crate::store::Store;
 use std::sync::Arc;
+use std::time::Duration;
 use wasmtime::component::{Component, HasSelf, Linker};
 use wasmtime::{Engine, Result, StoreLimits};
 
@@ -29,6 +30,29 @@ pub(super) struct State {
     pub(super) store: Arc<dyn Store>,
     pub(super) clock: Arc<dyn Clock>,
     pub(super) limits: StoreLimits,
+    /// How long one store call may take. Past it the import answers
+    /// `unavailable` (a write may still be applied, as with a lost reply),
+    /// so a hung store fails the guard call closed instead of holding it.
+    pub(super) store_timeout: Duration,
+}
+
+impl State {
+    async fn bounded<T>(
+        &self,
+        op: &str,
+        call: impl Future<Output = Result<T, StoreError>>,
+    ) -> Result<T, StoreError> {
+        match tokio::time::timeout(self.store_timeout, call).await {
+            Ok(result) => result,
+            Err(_) => Err(StoreError::Unavailable {
+                store: self.store.name(),
+                reason: format!(
+                    "{op} did not answer within the store timeout of {} ms",
+                    self.store_timeout.as_millis()
+                ),
+            }),
+        }
+    }
 }
 
 impl HostState for State {
@@ -139,7 +163,7 @@ impl wit_store::Host for State {
         key: String,
         now_ms: u64,
     ) -> Result<Option<wit_types::Entry>, wit_store::StoreError> {
-        match self.store.get(&key, now_ms).await {
+        match self.bounded("get", self.store.get(&key, now_ms)).await {
             Ok(entry) => Ok(entry.map(to_wit_entry)),
             Err(e) => Err(to_wit_store_error(e)),
         }
@@ -151,11 +175,8 @@ impl wit_store::Host for State {
         record: wit_types::Record,
         now_ms: u64,
     ) -> Result<wit_store::InsertOutcome, wit_store::StoreError> {
-        to_wit_insert_outcome(
-            self.store
-                .insert(&key, from_wit_record(record), now_ms)
-                .await,
-        )
+        let insert = self.store.insert(&key, from_wit_record(record), now_ms);
+        to_wit_insert_outcome(self.bounded("insert", insert).await)
     }
 
     async fn replace(
@@ -165,8 +186,10 @@ impl wit_store::Host for State {
         record: wit_types::Record,
         now_ms: u64,
     ) -> Result<Option<u64>, wit_store::StoreError> {
-        self.store
-            .replace(&key, expected_version, from_wit_record(record), now_ms)
+        let replace = self
+            .store
+            .replace(&key, expected_version, from_wit_record(record), now_ms);
+        self.bounded("replace", replace)
             .await
             .map_err(to_wit_store_error)
     }
@@ -176,8 +199,7 @@ impl wit_store::Host for State {
         key: String,
         expected_version: Option<u64>,
     ) -> Result<bool, wit_store::StoreError> {
-        self.store
-            .delete(&key, expected_version)
+        self.bounded("delete", self.store.delete(&key, expected_version))
             .await
             .map_err(to_wit_store_error)
     }

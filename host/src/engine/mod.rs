@@ -152,6 +152,8 @@ pub(crate) struct Pool {
     /// sync flavour, except while it says a call would wait.
     sync_store: Option<Arc<dyn SyncStore>>,
     clock: Arc<dyn Clock>,
+    /// How long one store call may take (the async flavour's imports).
+    store_timeout: Duration,
     idle: Mutex<Vec<Instance>>,
     instantiated: AtomicU64,
     failed: AtomicU64,
@@ -159,12 +161,18 @@ pub(crate) struct Pool {
 }
 
 impl Pool {
-    pub(crate) fn new(runtime: Runtime, store: Arc<dyn Store>, clock: Arc<dyn Clock>) -> Pool {
+    pub(crate) fn new(
+        runtime: Runtime,
+        store: Arc<dyn Store>,
+        clock: Arc<dyn Clock>,
+        store_timeout: Duration,
+    ) -> Pool {
         Pool {
             runtime,
             sync_store: store.as_sync(),
             store,
             clock,
+            store_timeout,
             idle: Mutex::new(Vec::new()),
             instantiated: AtomicU64::new(0),
             failed: AtomicU64::new(0),
@@ -240,6 +248,7 @@ impl Pool {
                 store: self.store.clone(),
                 clock,
                 limits,
+                store_timeout: self.store_timeout,
             });
             async_host::Instance::new(&inner.async_pre, store)
                 .await
@@ -277,32 +286,13 @@ impl Pool {
         store
     }
 
-    /// Returns a healthy instance to the pool, or drops a failed one and
-    /// answers unavailable.
-    fn finish<T>(&self, instance: Instance, result: wasmtime::Result<T>) -> Result<T, GuardError> {
-        self.in_use.fetch_sub(1, Ordering::Relaxed);
-        match result {
-            Ok(value) => {
-                let mut idle = self.lock_idle();
-                if idle.len() < self.runtime.inner.limits.max_idle {
-                    idle.push(instance);
-                }
-                Ok(value)
-            }
-            Err(trap) => {
-                self.failed.fetch_add(1, Ordering::Relaxed);
-                drop(instance);
-                Err(GuardError::Unavailable(format!(
-                    "guard component failed, instance replaced: {trap:#}"
-                )))
-            }
-        }
-    }
-
-    async fn enter(&self) -> Result<Instance, GuardError> {
+    async fn enter(&self) -> Result<Checkout<'_>, GuardError> {
         let instance = self.checkout().await?;
         self.in_use.fetch_add(1, Ordering::Relaxed);
-        Ok(instance)
+        Ok(Checkout {
+            pool: self,
+            instance: Some(instance),
+        })
     }
 
     pub(crate) async fn begin(
@@ -312,11 +302,11 @@ impl Pool {
         policy: &model::Policy,
     ) -> Result<model::Decision, GuardError> {
         let mut i = self.enter().await?;
-        let r = match &mut i {
+        let r = match i.instance() {
             Instance::Sync(s) => s.begin(key, fingerprint, policy),
             Instance::Async(a) => a.begin(key, fingerprint, policy).await,
         };
-        self.finish(i, r)?
+        i.finish(r)?
     }
 
     pub(crate) async fn complete(
@@ -329,20 +319,20 @@ impl Pool {
             Ok(i) => i,
             Err(e) => return (response, Err(e)),
         };
-        let (response, r) = match &mut i {
+        let (response, r) = match i.instance() {
             Instance::Sync(s) => s.complete(claim, response, policy),
             Instance::Async(a) => a.complete(claim, response, policy).await,
         };
-        (response, self.finish(i, r).and_then(|r| r))
+        (response, i.finish(r).and_then(|r| r))
     }
 
     pub(crate) async fn release(&self, claim: model::Claim) -> Result<(), GuardError> {
         let mut i = self.enter().await?;
-        let r = match &mut i {
+        let r = match i.instance() {
             Instance::Sync(s) => s.release(claim),
             Instance::Async(a) => a.release(claim).await,
         };
-        self.finish(i, r)?
+        i.finish(r)?
     }
 
     pub(crate) async fn renew(
@@ -351,11 +341,11 @@ impl Pool {
         policy: &model::Policy,
     ) -> Result<model::Claim, GuardError> {
         let mut i = self.enter().await?;
-        let r = match &mut i {
+        let r = match i.instance() {
             Instance::Sync(s) => s.renew(claim, policy),
             Instance::Async(a) => a.renew(claim, policy).await,
         };
-        self.finish(i, r)?
+        i.finish(r)?
     }
 
     pub(crate) async fn fingerprint(
@@ -363,10 +353,56 @@ impl Pool {
         parts: &crate::RequestParts,
     ) -> Result<String, GuardError> {
         let mut i = self.enter().await?;
-        let r = match &mut i {
+        let r = match i.instance() {
             Instance::Sync(s) => s.fingerprint(parts),
             Instance::Async(a) => a.fingerprint(parts).await,
         };
-        self.finish(i, r)
+        i.finish(r)
+    }
+}
+
+/// An instance out of the pool for one call. Finished, a healthy instance
+/// goes back to the pool and a failed one is dropped. Dropped unfinished
+/// (the caller gave up on the call half-way), the instance is dropped too:
+/// it may have stopped anywhere inside the guest.
+struct Checkout<'a> {
+    pool: &'a Pool,
+    instance: Option<Instance>,
+}
+
+impl Checkout<'_> {
+    fn instance(&mut self) -> &mut Instance {
+        self.instance
+            .as_mut()
+            .expect("a checkout holds its instance until finished")
+    }
+
+    /// Returns a healthy instance to the pool, or drops a failed one and
+    /// answers unavailable.
+    fn finish<T>(mut self, result: wasmtime::Result<T>) -> Result<T, GuardError> {
+        let instance = self.instance.take();
+        let pool = self.pool;
+        match result {
+            Ok(value) => {
+                let mut idle = pool.lock_idle();
+                if idle.len() < pool.runtime.inner.limits.max_idle {
+                    idle.extend(instance);
+                }
+                Ok(value)
+            }
+            Err(trap) => {
+                pool.failed.fetch_add(1, Ordering::Relaxed);
+                drop(instance);
+                Err(GuardError::Unavailable(format!(
+                    "guard component failed, instance replaced: {trap:#}"
+                )))
+            }
+        }
+    }
+}
+
+impl Drop for Checkout<'_> {
+    fn drop(&mut self) {
+        self.pool.in_use.fetch_sub(1, Ordering::Relaxed);
     }
 }

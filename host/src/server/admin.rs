@@ -467,20 +467,33 @@ async fn stats(State(admin): State<Admin>) -> Response {
         "rates_per_s": outcome_map(|v| observer.rate(v).into()),
         "store_latency_us": observer.store_latency_us(),
         "pool": {"instantiated": pool.instantiated, "failed": pool.failed, "idle": pool.idle, "in_use": pool.in_use},
+        "purge": admin.gateway.guard().purge_stats(),
     }))
     .into_response()
 }
 
-async fn events(
-    State(admin): State<Admin>,
-) -> Sse<impl futures_util::Stream<Item = Result<SseEvent, Infallible>>> {
-    let rx = admin.gateway.observer().subscribe();
+async fn events(State(admin): State<Admin>) -> Response {
+    let observer = admin.gateway.observer();
+    let limit = admin.gateway.gate().config().max_event_listeners;
+    if observer.listeners() >= limit {
+        let mut response = problem(
+            StatusCode::SERVICE_UNAVAILABLE,
+            format!(
+                "the live event stream has its limit of {limit} listeners (max-event-listeners); retry later"
+            ),
+        );
+        response
+            .headers_mut()
+            .insert(header::RETRY_AFTER, HeaderValue::from_static("5"));
+        return response;
+    }
+    let rx = observer.subscribe();
     let stream =
         futures_util::stream::unfold((rx, admin.stop.clone()), |(mut rx, mut stop)| async move {
             loop {
                 tokio::select! {
                     received = rx.recv() => match received {
-                        Ok(event) => return Some((Ok(to_sse(&event)), (rx, stop))),
+                        Ok(event) => return Some((Ok::<_, Infallible>(to_sse(&event)), (rx, stop))),
                         Err(broadcast::error::RecvError::Lagged(_)) => {}
                         Err(broadcast::error::RecvError::Closed) => return None,
                     },
@@ -488,11 +501,13 @@ async fn events(
                 }
             }
         });
-    Sse::new(stream).keep_alive(
-        KeepAlive::new()
-            .interval(Duration::from_secs(10))
-            .text("keep-alive"),
-    )
+    Sse::new(stream)
+        .keep_alive(
+            KeepAlive::new()
+                .interval(Duration::from_secs(10))
+                .text("keep-alive"),
+        )
+        .into_response()
 }
 
 fn to_sse(event: &Event) -> SseEvent {
@@ -560,6 +575,28 @@ async fn metrics(State(admin): State<Admin>) -> Response {
         "# TYPE idem_uptime_seconds gauge\nidem_uptime_seconds {}",
         observer.uptime().as_secs()
     );
+    if let Some(purge) = admin.gateway.guard().purge_stats() {
+        let _ = writeln!(
+            text,
+            "# HELP idem_purge_runs_total Purge periods run (each frees every record expired by its start).\n# TYPE idem_purge_runs_total counter\nidem_purge_runs_total {}",
+            purge.runs
+        );
+        let _ = writeln!(
+            text,
+            "# HELP idem_purged_records_total Expired records freed by the purge.\n# TYPE idem_purged_records_total counter\nidem_purged_records_total {}",
+            purge.purged
+        );
+        let _ = writeln!(
+            text,
+            "# HELP idem_purge_errors_total Purge periods stopped by a store error or timeout.\n# TYPE idem_purge_errors_total counter\nidem_purge_errors_total {}",
+            purge.errors
+        );
+        let _ = writeln!(
+            text,
+            "# HELP idem_purge_last_duration_seconds How long the latest purge period took.\n# TYPE idem_purge_last_duration_seconds gauge\nidem_purge_last_duration_seconds {}",
+            Duration::from_micros(purge.last_took_us).as_secs_f64()
+        );
+    }
     let mut response = Response::new(Body::from(text));
     response.headers_mut().insert(
         header::CONTENT_TYPE,

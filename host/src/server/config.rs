@@ -95,8 +95,26 @@ pub struct Config {
     /// The largest request head accepted, in bytes.
     pub max_header_bytes: usize,
     pub upstream_timeout: Duration,
-    /// Requests handled at once; more get 503 at once (load shedding).
+    /// How long one store call may take; past it the request fails closed (503).
+    pub store_timeout: Duration,
+    /// Requests handled at once; more get 503 at once (load shedding). A
+    /// guarded request takes its slot only once its body has arrived.
     pub max_concurrent: usize,
+    /// Client connections open at once; past it the gateway stops
+    /// accepting until one closes.
+    pub max_connections: usize,
+    /// How long a client may take to send a request head.
+    pub header_read_timeout: Duration,
+    /// How long a client may take to send a guarded request's body, in all.
+    pub body_read_timeout: Duration,
+    /// The slowest a guarded request's body may arrive, in bytes per second,
+    /// after its first 2 s (408 below it).
+    pub min_body_rate: u64,
+    /// Clients of the admin API's live event stream at once (503 beyond).
+    pub max_event_listeners: usize,
+    /// How often expired records are purged (stores that keep them: memory,
+    /// SQLite, PostgreSQL).
+    pub purge_interval: Duration,
     /// How long shutdown waits for in-flight requests.
     pub drain_timeout: Duration,
 }
@@ -120,7 +138,14 @@ impl Default for Config {
             max_headers: 100,
             max_header_bytes: 64 << 10,
             upstream_timeout: Duration::from_secs(20),
+            store_timeout: Duration::from_secs(5),
             max_concurrent: 1024,
+            max_connections: 4096,
+            header_read_timeout: Duration::from_secs(10),
+            body_read_timeout: Duration::from_secs(30),
+            min_body_rate: 1024,
+            max_event_listeners: 64,
+            purge_interval: Duration::from_mins(1),
             drain_timeout: Duration::from_secs(30),
         }
     }
@@ -162,10 +187,43 @@ impl Config {
         if self.max_concurrent == 0 {
             return Err("max-concurrent must be at least 1".into());
         }
+        if self.max_connections == 0 {
+            return Err("max-connections must be at least 1".into());
+        }
+        if self.max_event_listeners == 0 {
+            return Err("max-event-listeners must be at least 1".into());
+        }
+        for (name, value) in [
+            ("store-timeout", self.store_timeout),
+            ("header-read-timeout", self.header_read_timeout),
+            ("body-read-timeout", self.body_read_timeout),
+            ("purge-interval", self.purge_interval),
+        ] {
+            if value.is_zero() {
+                return Err(format!("{name} must be at least 1 ms"));
+            }
+        }
+        if self.max_response_bytes < MIN_RESPONSE_BYTES {
+            return Err(format!(
+                "max-response-bytes {} is under the minimum of {MIN_RESPONSE_BYTES}, which the gateway's own stored answers need",
+                self.max_response_bytes
+            ));
+        }
         if self.key_header.is_empty() || self.replay_header.is_empty() {
             return Err("key-header and replay-header must not be empty".into());
         }
         Ok(())
+    }
+
+    /// A guard builder with this configuration's durations and limits.
+    #[cfg(feature = "engine")]
+    pub fn guard_builder(&self, store: impl crate::store::Store) -> crate::GuardBuilder {
+        crate::Guard::builder(store)
+            .lease(self.lease)
+            .retention(self.retention)
+            .max_response_bytes(self.max_response_bytes as u32)
+            .store_timeout(self.store_timeout)
+            .purge_every(Some(self.purge_interval))
     }
 
     /// Whether requests with this method are guarded (any case).
@@ -173,6 +231,10 @@ impl Config {
         self.methods.iter().any(|m| m.eq_ignore_ascii_case(method))
     }
 }
+
+/// The smallest `max-response-bytes`: the problem answer stored in place of
+/// a response too large to keep must fit.
+pub const MIN_RESPONSE_BYTES: usize = 1024;
 
 /// Parses `250ms`, `10s`, `2m`, `1h` or a bare number of seconds.
 pub fn parse_duration(text: &str) -> Result<Duration, String> {

@@ -188,6 +188,11 @@ impl Observer {
         self.events.subscribe()
     }
 
+    /// Listeners of the live event stream right now.
+    pub fn listeners(&self) -> usize {
+        self.events.receiver_count()
+    }
+
     pub fn count(&self, outcome: Verdict) -> u64 {
         self.counts[outcome.index()].load(Ordering::Relaxed)
     }
@@ -385,6 +390,9 @@ impl Store for Timed {
     }
     async fn purge_expired(&self, now_ms: u64, limit: usize) -> Result<usize, StoreError> {
         self.inner.purge_expired(now_ms, limit).await
+    }
+    fn purges_itself(&self) -> bool {
+        self.inner.purges_itself()
     }
     fn as_sync(&self) -> Option<Arc<dyn SyncStore>> {
         Some(Arc::new(TimedSync {

@@ -7,7 +7,7 @@ use super::events::{Observer, Verdict};
 use super::parse::{HOP_BY_HOP, fingerprinted_headers, idempotency_key};
 pub use super::parse::{MAX_KEY_BYTES, strip_hop_by_hop};
 use super::problem::Problem;
-use crate::guard::{Guard, RequestParts};
+use crate::guard::{Guard, RequestParts, Settle, Settled};
 use axum::body::Body;
 use axum::http::{HeaderMap, HeaderName, HeaderValue, Request, StatusCode};
 use bytes::Bytes;
@@ -35,8 +35,18 @@ pub struct Gate {
     pub(crate) observer: Arc<Observer>,
     permits: Semaphore,
     /// Repeats waiting for a key's first request in this process, woken when
-    /// it completes or is released.
+    /// it completes or is released. An entry lives only while a request
+    /// waits on it (see [`Waiter`]).
     waiters: Mutex<HashMap<String, Arc<Notify>>>,
+}
+
+/// A forwarded request that ended without a response to store: what the
+/// client is told instead.
+enum Unstored {
+    /// The upstream's own answer (a 5xx not stored by policy).
+    Response(Stored),
+    /// The gateway's answer (the upstream failed or timed out).
+    Problem(Problem),
 }
 
 impl Gate {
@@ -54,6 +64,15 @@ impl Gate {
         &self.config
     }
 
+    /// Keys with a repeat waiting on them in this process (for tests: none
+    /// may outlive its request).
+    pub fn waiting_keys(&self) -> usize {
+        self.waiters
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .len()
+    }
+
     /// Handles one request: `exec` forwards it (to the upstream, or to the
     /// inner service) and is called at most once.
     #[allow(clippy::too_many_lines)] // one request's path through the guard, read top to bottom
@@ -62,13 +81,6 @@ impl Gate {
         F: FnOnce(Request<Body>) -> Fut + Send + 'static,
         Fut: Future<Output = Result<HttpResponse, Problem>> + Send + 'static,
     {
-        let profile = self.config.profile;
-        let Ok(_permit) = self.permits.try_acquire() else {
-            return Problem::Overloaded {
-                limit: self.config.max_concurrent,
-            }
-            .into_response(profile);
-        };
         if !self.config.guards(req.method().as_str()) {
             return self.pass_through(req, exec).await;
         }
@@ -88,26 +100,17 @@ impl Gate {
         };
         let scoped = scoped_key(req.headers(), &self.config, &key);
         let (parts, body) = req.into_parts();
-        let body = match Limited::new(body, self.config.max_request_bytes)
-            .collect()
-            .await
-        {
-            Ok(collected) => collected.to_bytes(),
-            Err(e) if e.is::<http_body_util::LengthLimitError>() => {
-                return self.refuse(
-                    &scoped,
-                    Verdict::Invalid,
-                    Problem::BodyTooLarge {
-                        limit: self.config.max_request_bytes,
-                    },
-                    started,
-                );
-            }
-            Err(e) => {
-                let problem =
-                    Problem::BadRequest(format!("the request body could not be read: {e}"));
-                return self.refuse(&scoped, Verdict::Invalid, problem, started);
-            }
+        // The body is read before a slot is taken, so slow clients hold
+        // connections (capped apart), never the slots others need.
+        let body = match self.read_body(body).await {
+            Ok(body) => body,
+            Err(problem) => return self.refuse(&scoped, Verdict::Invalid, problem, started),
+        };
+        let Ok(_permit) = self.permits.try_acquire() else {
+            let problem = Problem::Overloaded {
+                limit: self.config.max_concurrent,
+            };
+            return self.refuse(&scoped, Verdict::Unavailable, problem, started);
         };
         let fingerprint = match self
             .guard
@@ -124,8 +127,8 @@ impl Gate {
         };
         loop {
             // Registered before `begin`, so a completion between the two still wakes us.
-            let waiter = deadline.map(|_| self.waiter(&scoped));
-            let mut notified = waiter.as_ref().map(|n| Box::pin(n.notified()));
+            let waiter = deadline.map(|_| Waiter::new(self, &scoped));
+            let mut notified = waiter.as_ref().map(|w| Box::pin(w.notify().notified()));
             if let Some(n) = notified.as_mut() {
                 n.as_mut().enable();
             }
@@ -136,6 +139,7 @@ impl Gate {
             match decision {
                 Decision::Proceed(claim) => {
                     drop(notified);
+                    drop(waiter);
                     // The claimed request runs to completion even if the client
                     // disconnects, so that its key is never left held until the
                     // lease ends. It runs right here, on this task; only when this
@@ -174,7 +178,7 @@ impl Gate {
                     return self.refuse(&scoped, Verdict::Conflict, Problem::KeyMismatch, started);
                 }
                 Decision::InFlight { retry_after_ms } => {
-                    let retry_after = Duration::from_millis(retry_after_ms);
+                    let retry_after = self.retry_after(Duration::from_millis(retry_after_ms));
                     let now = Instant::now();
                     match (deadline, notified) {
                         (Some(deadline), Some(notified)) if now < deadline => {
@@ -204,16 +208,77 @@ impl Gate {
         F: FnOnce(Request<Body>) -> Fut,
         Fut: Future<Output = Result<HttpResponse, Problem>>,
     {
+        let profile = self.config.profile;
+        let Ok(_permit) = self.permits.try_acquire() else {
+            return Problem::Overloaded {
+                limit: self.config.max_concurrent,
+            }
+            .into_response(profile);
+        };
         match tokio::time::timeout(self.config.upstream_timeout, exec(req)).await {
             Ok(Ok(response)) => response,
-            Ok(Err(problem)) => problem.into_response(self.config.profile),
-            Err(_) => Problem::UpstreamTimeout(self.config.upstream_timeout)
-                .into_response(self.config.profile),
+            Ok(Err(problem)) => problem.into_response(profile),
+            Err(_) => Problem::UpstreamTimeout(self.config.upstream_timeout).into_response(profile),
         }
     }
 
-    /// Runs the request under its claim and stores what the policy says to.
-    #[allow(clippy::too_many_lines)]
+    /// Reads a guarded request's body: at most `max_request_bytes`, within
+    /// `body_read_timeout`, and — after a grace of 2 s — no slower than
+    /// `min_body_rate` bytes per second.
+    async fn read_body(&self, body: Body) -> Result<Bytes, Problem> {
+        let config = &self.config;
+        let timeout = Problem::BodyTimeout {
+            after: config.body_read_timeout,
+            min_rate: config.min_body_rate,
+        };
+        let started = tokio::time::Instant::now();
+        let overall = started + config.body_read_timeout;
+        let mut body = Limited::new(body, config.max_request_bytes);
+        let mut collected = Vec::new();
+        loop {
+            // The rate deadline: when the bytes so far would fall under the minimum rate.
+            let earned = Duration::from_millis(
+                (collected.len() as u64).saturating_mul(1000) / config.min_body_rate.max(1),
+            );
+            let deadline = overall.min(started + BODY_GRACE + earned);
+            match tokio::time::timeout_at(deadline, body.frame()).await {
+                Err(_) => return Err(timeout),
+                Ok(None) => return Ok(Bytes::from(collected)),
+                Ok(Some(Ok(frame))) => {
+                    if let Ok(data) = frame.into_data() {
+                        collected.extend_from_slice(&data);
+                    }
+                }
+                Ok(Some(Err(e))) if e.is::<http_body_util::LengthLimitError>() => {
+                    return Err(Problem::BodyTooLarge {
+                        limit: config.max_request_bytes,
+                    });
+                }
+                Ok(Some(Err(e))) => {
+                    return Err(Problem::BadRequest(format!(
+                        "the request body could not be read: {e}"
+                    )));
+                }
+            }
+        }
+    }
+
+    /// How long a repeat should wait, given the holder's remaining lease: a
+    /// holder finishes within the upstream timeout plus a completion after
+    /// its claim, so at most that much of a full lease is ever needed.
+    fn retry_after(&self, lease_left: Duration) -> Duration {
+        let config = &self.config;
+        let slack = config
+            .lease
+            .saturating_sub(config.upstream_timeout + config.store_timeout);
+        lease_left
+            .saturating_sub(slack)
+            .max(Duration::from_millis(1))
+    }
+
+    /// Runs the request under its claim — the guard's one claim lifecycle,
+    /// with its lease secured for the upstream timeout first and renewed
+    /// while the upstream works — and answers what the policy says.
     async fn execute<F, Fut>(
         self: Arc<Self>,
         scoped: String,
@@ -226,10 +291,73 @@ impl Gate {
         F: FnOnce(Request<Body>) -> Fut,
         Fut: Future<Output = Result<HttpResponse, Problem>>,
     {
-        req.headers_mut().insert(
-            HeaderName::from_static(FENCE_HEADER),
-            HeaderValue::from(claim.fence),
+        let settled = self
+            .guard
+            .execute(claim, self.config.upstream_timeout, |fence| {
+                req.headers_mut().insert(
+                    HeaderName::from_static(FENCE_HEADER),
+                    HeaderValue::from(fence.0),
+                );
+                self.forward(req, exec)
+            })
+            .await;
+        self.wake(&scoped);
+        let profile = self.config.profile;
+        let (response, detail) = match settled {
+            Settled::Completed(stored) | Settled::Held(Unstored::Response(stored)) => {
+                (to_http(&stored), None)
+            }
+            Settled::NotRecorded { response, error } => (
+                to_http(&response),
+                Some(format!(
+                    "the response was not recorded: {error}; a retry after the lease runs again"
+                )),
+            ),
+            Settled::Released { error, released } => {
+                let (response, what) = match error {
+                    Unstored::Response(stored) => {
+                        (to_http(&stored), format!("{} not stored", stored.status))
+                    }
+                    Unstored::Problem(problem) => {
+                        (problem.clone().into_response(profile), problem.detail())
+                    }
+                };
+                let detail = match released {
+                    Ok(()) => format!("{what}; key released for a retry"),
+                    Err(e) => format!(
+                        "{what}; the key could not be released ({e}) and is held until its lease runs out"
+                    ),
+                };
+                (response, Some(detail))
+            }
+            Settled::Held(Unstored::Problem(problem)) => {
+                let detail = problem.detail();
+                (problem.into_response(profile), Some(detail))
+            }
+            Settled::NotStarted(e) => {
+                let problem = Problem::StoreUnavailable(format!(
+                    "the key's claim could not be kept for the request: {e}"
+                ));
+                return self.refuse(&scoped, Verdict::Unavailable, problem, started);
+            }
+        };
+        self.observer.decided(
+            &scoped,
+            Verdict::Executed,
+            Some(response.status().as_u16()),
+            started.elapsed(),
+            detail,
         );
+        response
+    }
+
+    /// Forwards the request once and says what its claim becomes: a
+    /// response to store, or a failure that releases the key.
+    async fn forward<F, Fut>(&self, req: Request<Body>, exec: F) -> Settle<Unstored>
+    where
+        F: FnOnce(Request<Body>) -> Fut,
+        Fut: Future<Output = Result<HttpResponse, Problem>>,
+    {
         let limit = self.config.max_response_bytes;
         let timeout = self.config.upstream_timeout;
         let outcome = tokio::time::timeout(timeout, async {
@@ -247,107 +375,52 @@ impl Gate {
         })
         .await
         .unwrap_or(Err(Problem::UpstreamTimeout(timeout)));
-
-        let profile = self.config.profile;
-        let mut timed_out = false;
-        let stored = match outcome {
-            Ok((parts, body)) => Stored {
-                status: parts.status.as_u16(),
-                headers: parts
-                    .headers
-                    .iter()
-                    .filter(|(name, _)| !HOP_BY_HOP.contains(&name.as_str()))
-                    .map(|(name, value)| (name.as_str().to_owned(), value.as_bytes().to_vec()))
-                    .collect(),
-                body: body.to_vec(),
-            },
-            Err(Problem::UpstreamTimeout(after)) if self.config.store_policy.timeouts => {
-                timed_out = true;
-                let problem = Problem::UpstreamTimeout(after).into_response(profile);
-                let (parts, body) = problem.into_parts();
-                let body = body
-                    .collect()
-                    .await
-                    .map(http_body_util::Collected::to_bytes)
-                    .unwrap_or_default();
-                Stored {
+        let policy = self.config.store_policy;
+        match outcome {
+            Ok((parts, body)) => {
+                let stored = Stored {
                     status: parts.status.as_u16(),
                     headers: parts
                         .headers
                         .iter()
-                        .map(|(n, v)| (n.as_str().to_owned(), v.as_bytes().to_vec()))
+                        .filter(|(name, _)| !HOP_BY_HOP.contains(&name.as_str()))
+                        .map(|(name, value)| (name.as_str().to_owned(), value.as_bytes().to_vec()))
                         .collect(),
                     body: body.to_vec(),
+                };
+                if stored.status >= 500 && !policy.server_errors {
+                    Settle::Release(Unstored::Response(stored))
+                } else {
+                    Settle::Complete(stored)
                 }
             }
+            // The upstream ran: its key is done, with this answer in place
+            // of the response, so that it never runs again.
             Err(problem @ Problem::ResponseTooLarge { .. }) => {
-                // The upstream ran: releasing would run it again. The key
-                // stays held until its lease runs out, as after a crash.
-                self.wake(&scoped);
-                self.observer.decided(
-                    &scoped,
-                    Verdict::Executed,
-                    Some(502),
-                    started.elapsed(),
-                    Some(problem.detail()),
-                );
-                return problem.into_response(profile);
+                Settle::Complete(self.problem_to_store(&problem))
             }
-            Err(problem) => {
-                let released = self.guard.release(claim).await;
-                self.wake(&scoped);
-                let detail = match released {
-                    Ok(()) => format!("{}; key released for a retry", problem.detail()),
-                    Err(e) => format!(
-                        "{}; the key could not be released ({e}) and is held until its lease runs out",
-                        problem.detail()
-                    ),
-                };
-                self.observer.decided(
-                    &scoped,
-                    Verdict::Executed,
-                    Some(problem.status().as_u16()),
-                    started.elapsed(),
-                    Some(detail),
-                );
-                return problem.into_response(profile);
+            Err(problem @ Problem::UpstreamTimeout(_)) if policy.timeouts => {
+                Settle::Complete(self.problem_to_store(&problem))
             }
-        };
-
-        if stored.status >= 500 && !self.config.store_policy.server_errors && !timed_out {
-            let released = self.guard.release(claim).await;
-            self.wake(&scoped);
-            let detail = match released {
-                Ok(()) => format!("{} not stored; key released for a retry", stored.status),
-                Err(e) => format!("{} not stored; release failed ({e})", stored.status),
-            };
-            self.observer.decided(
-                &scoped,
-                Verdict::Executed,
-                Some(stored.status),
-                started.elapsed(),
-                Some(detail),
-            );
-            return to_http(&stored);
+            Err(problem) => Settle::Release(Unstored::Problem(problem)),
         }
-        let (stored, recorded) = self.guard.complete(claim, stored).await;
-        self.wake(&scoped);
-        let detail = recorded.err().map(|e| {
-            format!("the response was not recorded: {e}; a retry after the lease runs again")
-        });
-        self.observer.decided(
-            &scoped,
-            Verdict::Executed,
-            Some(stored.status),
-            started.elapsed(),
-            detail,
-        );
-        to_http(&stored)
     }
 
-    fn waiter(&self, scoped: &str) -> Arc<Notify> {
-        let mut waiters = self.waiters.lock().unwrap_or_else(PoisonError::into_inner);
-        waiters.entry(scoped.to_owned()).or_default().clone()
+    /// A gateway answer as a response to store and replay.
+    fn problem_to_store(&self, problem: &Problem) -> Stored {
+        let rendered = problem.render(self.config.profile);
+        let mut headers = vec![(
+            "content-type".to_owned(),
+            rendered.content_type.as_bytes().to_vec(),
+        )];
+        if let Some(secs) = rendered.retry_after_secs {
+            headers.push(("retry-after".to_owned(), secs.to_string().into_bytes()));
+        }
+        Stored {
+            status: rendered.status.as_u16(),
+            headers,
+            body: rendered.body.into_bytes(),
+        }
     }
 
     fn wake(&self, scoped: &str) {
@@ -407,6 +480,53 @@ impl Gate {
                 started,
             ),
         }
+    }
+}
+
+/// How long a slow body may take before the minimum rate applies.
+const BODY_GRACE: Duration = Duration::from_secs(2);
+
+/// A repeat's registration to be woken when its key's request in this
+/// process ends. Every registration is made and dropped under the map's
+/// lock, and the last one out removes the key's entry: no entry outlives
+/// the requests waiting on it.
+struct Waiter<'a> {
+    gate: &'a Gate,
+    key: &'a str,
+    notify: Option<Arc<Notify>>,
+}
+
+impl<'a> Waiter<'a> {
+    fn new(gate: &'a Gate, key: &'a str) -> Self {
+        let mut waiters = gate.waiters.lock().unwrap_or_else(PoisonError::into_inner);
+        let notify = waiters.entry(key.to_owned()).or_default().clone();
+        Waiter {
+            gate,
+            key,
+            notify: Some(notify),
+        }
+    }
+
+    fn notify(&self) -> &Notify {
+        self.notify.as_deref().expect("held until dropped")
+    }
+}
+
+impl Drop for Waiter<'_> {
+    fn drop(&mut self) {
+        let mut waiters = self
+            .gate
+            .waiters
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        let mine = self.notify.take().expect("dropped once");
+        if let Some(entry) = waiters.get(self.key)
+            && Arc::ptr_eq(entry, &mine)
+            && Arc::strong_count(&mine) == 2
+        {
+            waiters.remove(self.key);
+        }
+        drop(mine);
     }
 }
 

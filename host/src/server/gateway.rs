@@ -63,11 +63,10 @@ impl GatewayBuilder {
         let observer = Arc::new(Observer::default());
         let (decorated, faults) = Faulty::new(self.store);
         let timed = events::Timed::new(Arc::new(decorated), observer.clone());
-        let guard = Guard::builder(timed)
+        let guard = self
+            .config
+            .guard_builder(timed)
             .clock(SharedClock(self.clock))
-            .lease(self.config.lease)
-            .retention(self.config.retention)
-            .max_response_bytes(self.config.max_response_bytes as u32)
             .build()?;
         Ok(Gateway {
             gate: Arc::new(Gate::new(guard, self.config, observer)),
@@ -130,11 +129,7 @@ pub async fn run(
 ) {
     let (stop_tx, stop) = watch::channel(false);
     let config = gateway.gate.config.clone();
-    let limits = serve::HttpLimits {
-        max_headers: config.max_headers,
-        max_header_bytes: config.max_header_bytes,
-        drain_timeout: config.drain_timeout,
-    };
+    let limits = serve::HttpLimits::from(&config);
     let mut tasks = tokio::task::JoinSet::new();
     tasks.spawn(serve::serve(
         proxy,

@@ -18,7 +18,6 @@
 use super::events::{Observer, Timed};
 use super::gate::{Gate, HttpResponse};
 use super::{BuildError, Config};
-use crate::guard::Guard;
 use crate::store::Store;
 use axum::body::Body;
 use axum::http::Request;
@@ -38,10 +37,8 @@ impl IdempotencyLayer {
     pub fn new(config: Config, store: Arc<dyn Store>) -> Result<Self, BuildError> {
         config.validate().map_err(BuildError::Config)?;
         let observer = Arc::new(Observer::default());
-        let guard = Guard::builder(Timed::new(store, observer.clone()))
-            .lease(config.lease)
-            .retention(config.retention)
-            .max_response_bytes(config.max_response_bytes as u32)
+        let guard = config
+            .guard_builder(Timed::new(store, observer.clone()))
             .build()?;
         Ok(IdempotencyLayer {
             gate: Arc::new(Gate::new(guard, config, observer)),

@@ -26,8 +26,12 @@ pub enum Problem {
     UpstreamFailed(String),
     /// The upstream did not answer within the timeout.
     UpstreamTimeout(Duration),
-    /// The upstream's response is over the stored-response limit.
+    /// The upstream ran the request, but its response is over the
+    /// stored-response limit. This answer is stored in its place, so the
+    /// key is done: repeats get it too, and the request never runs again.
     ResponseTooLarge { limit: usize },
+    /// The request body did not arrive in time (too slow a client).
+    BodyTimeout { after: Duration, min_rate: u64 },
     /// More requests at once than the gateway takes.
     Overloaded { limit: usize },
     /// The gateway's own HTTP layer (not the upstream) failed.
@@ -46,6 +50,7 @@ impl Problem {
                 StatusCode::SERVICE_UNAVAILABLE
             }
             Problem::BodyTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
+            Problem::BodyTimeout { .. } => StatusCode::REQUEST_TIMEOUT,
             Problem::UpstreamFailed(_) | Problem::ResponseTooLarge { .. } => {
                 StatusCode::BAD_GATEWAY
             }
@@ -63,6 +68,7 @@ impl Problem {
             Problem::InFlight { .. } => "idempotency-key-in-flight",
             Problem::StoreUnavailable(_) => "store-unavailable",
             Problem::BodyTooLarge { .. } => "body-too-large",
+            Problem::BodyTimeout { .. } => "body-timeout",
             Problem::BadRequest(_) => "bad-request",
             Problem::UpstreamFailed(_) => "upstream-failed",
             Problem::UpstreamTimeout(_) => "upstream-timeout",
@@ -80,10 +86,13 @@ impl Problem {
             Problem::InFlight { .. } => "A request with this Idempotency-Key is being processed",
             Problem::StoreUnavailable(_) => "The idempotency store is unavailable",
             Problem::BodyTooLarge { .. } => "Request body too large",
+            Problem::BodyTimeout { .. } => "Request body too slow",
             Problem::BadRequest(_) => "Bad request",
             Problem::UpstreamFailed(_) => "The upstream failed",
             Problem::UpstreamTimeout(_) => "The upstream timed out",
-            Problem::ResponseTooLarge { .. } => "The upstream response is too large to store",
+            Problem::ResponseTooLarge { .. } => {
+                "The request ran; its response was too large to keep"
+            }
             Problem::Overloaded { .. } => "Too many concurrent requests",
             Problem::Internal(_) => "Internal gateway error",
         }
@@ -104,7 +113,11 @@ impl Problem {
             Problem::UpstreamFailed(why) => format!("the upstream failed: {why}"),
             Problem::UpstreamTimeout(after) => format!("the upstream did not answer within {} ms", after.as_millis()),
             Problem::ResponseTooLarge { limit } => format!(
-                "the upstream ran the request but its response is over the limit of {limit} bytes, so it was not stored; the key stays held until its lease runs out"
+                "the upstream ran the request, but its response was over the limit of {limit} bytes (body plus headers) and was not kept; the key is done and this answer is what every repeat gets, so the request is never run again"
+            ),
+            Problem::BodyTimeout { after, min_rate } => format!(
+                "the request body did not arrive in time: it must arrive within {} ms and, after its first 2 s, at {min_rate} bytes/s or faster",
+                after.as_millis()
             ),
             Problem::Overloaded { limit } => format!("the gateway handles at most {limit} requests at once; retry shortly"),
         }
@@ -146,7 +159,8 @@ impl Problem {
                     Problem::KeyMissing { .. }
                     | Problem::KeyMalformed(_)
                     | Problem::BadRequest(_)
-                    | Problem::BodyTooLarge { .. } => (status, "invalid_request_error", None),
+                    | Problem::BodyTooLarge { .. }
+                    | Problem::BodyTimeout { .. } => (status, "invalid_request_error", None),
                     _ => (status, "api_error", None),
                 };
                 let mut error = serde_json::json!({"type": kind, "message": self.detail()});

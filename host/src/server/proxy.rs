@@ -60,6 +60,14 @@ impl Upstream {
     pub async fn forward(&self, req: Request<Body>) -> Result<HttpResponse, Problem> {
         let (mut parts, body) = req.into_parts();
         let path = parts.uri.path_and_query().map_or("/", |pq| pq.as_str());
+        if !path.starts_with('/') {
+            // `OPTIONS *` (asterisk form) asks about the server, not a
+            // resource; appended to the upstream's base it would name
+            // another host. The gateway does not forward it.
+            return Err(Problem::BadRequest(format!(
+                "request target {path:?} is not a path; the gateway forwards only origin-form targets (/…)"
+            )));
+        }
         parts.uri = format!("{}{path}", self.base).parse().map_err(|e| {
             Problem::BadRequest(format!(
                 "the request path does not make an upstream URL: {e}"

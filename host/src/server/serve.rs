@@ -1,5 +1,6 @@
-//! The accept loop: HTTP/1.1 with header limits, one task per connection,
-//! and a graceful shutdown that lets in-flight requests finish.
+//! The accept loop: HTTP/1.1 with header limits and a header read timeout,
+//! at most `max_connections` connections at once (one task each), and a
+//! graceful shutdown that lets in-flight requests finish.
 
 use super::poll_again::PollAgain;
 use axum::Router;
@@ -7,17 +8,35 @@ use hyper::server::conn::http1;
 use hyper_util::rt::{TokioIo, TokioTimer};
 use hyper_util::server::graceful::GracefulShutdown;
 use hyper_util::service::TowerToHyperService;
+use std::sync::Arc;
 use std::time::Duration;
 use tokio::net::TcpListener;
-use tokio::sync::watch;
+use tokio::sync::{Semaphore, watch};
 
 /// Limits on what a client may send before a request is routed.
 #[derive(Clone, Copy, Debug)]
 pub struct HttpLimits {
     pub max_headers: usize,
     pub max_header_bytes: usize,
+    /// How long a client may take to send a request head.
+    pub header_read_timeout: Duration,
+    /// Connections open at once; past it, no more are accepted until one
+    /// closes (they wait in the kernel's backlog).
+    pub max_connections: usize,
     /// How long shutdown waits for in-flight requests.
     pub drain_timeout: Duration,
+}
+
+impl From<&super::Config> for HttpLimits {
+    fn from(config: &super::Config) -> Self {
+        HttpLimits {
+            max_headers: config.max_headers,
+            max_header_bytes: config.max_header_bytes,
+            header_read_timeout: config.header_read_timeout,
+            max_connections: config.max_connections,
+            drain_timeout: config.drain_timeout,
+        }
+    }
 }
 
 /// Serves `router` on `listener` until `stop` turns true, then stops
@@ -34,8 +53,13 @@ pub async fn serve(
         .max_headers(limits.max_headers)
         .max_buf_size(limits.max_header_bytes)
         .timer(TokioTimer::new())
-        .header_read_timeout(Duration::from_secs(30));
+        .header_read_timeout(limits.header_read_timeout);
+    let open = Arc::new(Semaphore::new(limits.max_connections));
     loop {
+        let slot = tokio::select! {
+            slot = open.clone().acquire_owned() => slot.expect("the semaphore is never closed"),
+            () = stopped(&mut stop) => break,
+        };
         tokio::select! {
             accepted = listener.accept() => {
                 let Ok((stream, _peer)) = accepted else {
@@ -49,6 +73,7 @@ pub async fn serve(
                 let connection = graceful.watch(connection);
                 tokio::spawn(PollAgain::new(async move {
                     let _ = connection.await;
+                    drop(slot);
                 }));
             }
             () = stopped(&mut stop) => break,

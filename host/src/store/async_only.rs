@@ -46,4 +46,7 @@ impl<S: Store> Store for AsyncOnly<S> {
     async fn purge_expired(&self, now_ms: u64, limit: usize) -> Result<usize, StoreError> {
         self.0.purge_expired(now_ms, limit).await
     }
+    fn purges_itself(&self) -> bool {
+        self.0.purges_itself()
+    }
 }

@@ -139,13 +139,19 @@ impl FaultRule {
     }
 
     /// Whether the rule is one a `FaultHandle` accepts: a probability from
-    /// 0 to 1 and a latency of at most a minute.
+    /// 0 to 1, a count (if any) of at least 1 and a latency of at most a minute.
     pub fn validate(&self) -> Result<(), ParseFaultError> {
         if !(0.0..=1.0).contains(&self.probability) {
             return Err(ParseFaultError(format!(
                 "probability {} is outside 0 to 1",
                 self.probability
             )));
+        }
+        if self.count == Some(0) {
+            return Err(ParseFaultError(
+                "count 0 would hit no call; give a count of at least 1, or none for every call"
+                    .into(),
+            ));
         }
         if self.latency_ms > MAX_LATENCY_MS {
             return Err(ParseFaultError(format!(
@@ -290,5 +296,7 @@ mod tests {
             .to_string();
         assert!(err.contains("limit of 60000 ms"), "{err}");
         assert!("timeout".parse::<FaultRule>().is_err());
+        let err = "0*lost".parse::<FaultRule>().unwrap_err().to_string();
+        assert!(err.contains("count 0 would hit no call"), "{err}");
     }
 }

@@ -251,6 +251,9 @@ impl<S: Store> Store for Faulty<S> {
     async fn purge_expired(&self, now_ms: u64, limit: usize) -> Result<usize, StoreError> {
         self.inner.purge_expired(now_ms, limit).await
     }
+    fn purges_itself(&self) -> bool {
+        self.inner.purges_itself()
+    }
     fn as_sync(&self) -> Option<Arc<dyn SyncStore>> {
         Some(Arc::new(FaultySync {
             inner: self.inner.as_sync()?,

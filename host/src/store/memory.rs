@@ -1,12 +1,10 @@
 //! Records in this process's memory: fast, and gone when it exits.
 
 use super::{Entry, InsertOutcome, ListQuery, Record, Store, StoreError, SyncStore};
-use crate::clock::Clock;
 use async_trait::async_trait;
 use std::collections::HashMap;
 use std::hash::{BuildHasher, RandomState};
-use std::sync::{Arc, Mutex, Weak};
-use std::time::Duration;
+use std::sync::{Arc, Mutex};
 
 /// Enough shards that 2–64 cores rarely wait on one another.
 const SHARDS: usize = 64;
@@ -104,25 +102,6 @@ impl MemoryStore {
         self.len() == 0
     }
 
-    /// Starts a task that purges up to `batch` expired records every
-    /// `every`, by `clock`. It ends when the last handle to the store is dropped.
-    pub fn spawn_purger(
-        &self,
-        clock: Arc<dyn Clock>,
-        every: Duration,
-        batch: usize,
-    ) -> tokio::task::JoinHandle<()> {
-        let weak: Weak<Shards> = Arc::downgrade(&self.inner);
-        tokio::spawn(async move {
-            let mut tick = tokio::time::interval(every);
-            loop {
-                tick.tick().await;
-                let Some(inner) = weak.upgrade() else { return };
-                MemoryStore { inner }.purge(clock.now_ms(), batch);
-            }
-        })
-    }
-
     fn delete_at(&self, key: &str, expected_version: Option<u64>) -> bool {
         let mut shard = self.shard(key);
         match (shard.get(key), expected_version) {
@@ -132,6 +111,9 @@ impl MemoryStore {
         }
     }
 
+    /// Removes up to `limit` expired records, a shard at a time, and gives
+    /// a shard's spare capacity back once it is mostly empty, so memory
+    /// follows the live keys after a burst.
     fn purge(&self, now_ms: u64, limit: usize) -> usize {
         let mut purged = 0;
         for shard in &self.inner.shards {
@@ -141,15 +123,14 @@ impl MemoryStore {
             let mut map = shard
                 .lock()
                 .unwrap_or_else(std::sync::PoisonError::into_inner);
-            let expired: Vec<String> = map
-                .iter()
-                .filter(|(_, e)| !e.record.is_live(now_ms))
-                .map(|(k, _)| k.clone())
-                .take(limit - purged)
-                .collect();
-            for key in expired {
-                map.remove(&key);
-                purged += 1;
+            map.retain(|_, e| {
+                let expired = purged < limit && !e.record.is_live(now_ms);
+                purged += usize::from(expired);
+                !expired
+            });
+            if map.capacity() > 1024 && map.len() < map.capacity() / 4 {
+                let keep = map.len() * 2;
+                map.shrink_to(keep);
             }
         }
         purged

@@ -44,6 +44,8 @@ mod params;
 #[cfg(feature = "engine")]
 mod postgres;
 #[cfg(feature = "engine")]
+mod purge;
+#[cfg(feature = "engine")]
 mod redis;
 #[cfg(feature = "engine")]
 mod sqlite;
@@ -58,6 +60,8 @@ pub use memory::MemoryStore;
 pub use open::{OpenError, open};
 #[cfg(feature = "engine")]
 pub use postgres::PostgresStore;
+#[cfg(feature = "engine")]
+pub use purge::{PurgeStats, Purger, purge_all};
 #[cfg(feature = "engine")]
 pub use redis::RedisStore;
 #[cfg(feature = "engine")]
@@ -144,6 +148,12 @@ pub trait Store: Send + Sync + 'static {
     /// Reads never depend on it.
     async fn purge_expired(&self, now_ms: u64, limit: usize) -> Result<usize, StoreError>;
 
+    /// Whether the store frees expired records by itself (Redis, by the
+    /// keys' own expiry), so that a guard starts no [`Purger`] for it.
+    fn purges_itself(&self) -> bool {
+        false
+    }
+
     /// The same store, when it answers without waiting on I/O (the memory
     /// store). The guard then calls the component synchronously, with no
     /// async machinery in between: several times faster per call. A store
@@ -222,6 +232,9 @@ impl<S: Store + ?Sized> Store for Arc<S> {
     }
     async fn purge_expired(&self, now_ms: u64, limit: usize) -> Result<usize, StoreError> {
         (**self).purge_expired(now_ms, limit).await
+    }
+    fn purges_itself(&self) -> bool {
+        (**self).purges_itself()
     }
     fn as_sync(&self) -> Option<Arc<dyn SyncStore>> {
         (**self).as_sync()

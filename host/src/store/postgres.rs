@@ -415,31 +415,6 @@ impl PostgresStore {
             ))),
         }
     }
-
-    /// Starts a task that purges up to `batch` expired rows every `every`,
-    /// by `clock`. It ends when `shutdown` resolves.
-    pub fn spawn_purger(
-        &self,
-        clock: Arc<dyn crate::clock::Clock>,
-        every: Duration,
-        batch: usize,
-        shutdown: impl Future<Output = ()> + Send + 'static,
-    ) -> tokio::task::JoinHandle<()> {
-        let store = self.clone();
-        tokio::spawn(async move {
-            let mut tick = tokio::time::interval(every);
-            tokio::pin!(shutdown);
-            loop {
-                tokio::select! {
-                    () = &mut shutdown => return,
-                    _ = tick.tick() => {
-                        // A failed purge only delays freeing space; the next tick tries again.
-                        let _ = store.purge_expired(clock.now_ms(), batch).await;
-                    }
-                }
-            }
-        })
-    }
 }
 
 /// The server's message when there is one (the driver's own text is just "db error").

@@ -653,6 +653,11 @@ impl Store for RedisStore {
         Ok(rows)
     }
 
+    /// Redis drops each key at its own expiry (`PX`, plus a grace period).
+    fn purges_itself(&self) -> bool {
+        true
+    }
+
     /// Deletes up to `limit` records already expired by `now_ms` that Redis
     /// still holds (within their grace period). Redis frees the rest itself.
     async fn purge_expired(&self, now_ms: u64, limit: usize) -> Result<usize, StoreError> {

@@ -47,12 +47,11 @@
 
 use super::{Entry, InsertOutcome, ListQuery, OpenError, Record, State, Store, StoreError};
 use crate::Response;
-use crate::clock::Clock;
 use async_trait::async_trait;
 use rusqlite::{Connection, OpenFlags, OptionalExtension, Row, params};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, OnceLock, Weak};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 use tokio::sync::{mpsc, oneshot};
 
@@ -259,28 +258,6 @@ impl SqliteStore {
     #[doc(hidden)]
     pub fn set_before_commit(&self, hook: impl Fn(usize) + Send + Sync + 'static) -> bool {
         self.inner.side.before_commit.set(Box::new(hook)).is_ok()
-    }
-
-    /// Starts a task that purges up to `batch` expired records every
-    /// `every`, by `clock`. It ends when the last handle to the store is dropped.
-    pub fn spawn_purger(
-        &self,
-        clock: Arc<dyn Clock>,
-        every: Duration,
-        batch: usize,
-    ) -> tokio::task::JoinHandle<()> {
-        let weak: Weak<Inner> = Arc::downgrade(&self.inner);
-        tokio::spawn(async move {
-            let mut tick = tokio::time::interval(every);
-            loop {
-                tick.tick().await;
-                let Some(inner) = weak.upgrade() else { return };
-                // A failed purge only delays freeing space; reads never depend on it.
-                let _ = SqliteStore { inner }
-                    .purge_expired(clock.now_ms(), batch)
-                    .await;
-            }
-        })
     }
 
     /// Applies `write` and answers after its commit. A lone write (see

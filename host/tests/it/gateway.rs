@@ -329,8 +329,9 @@ async fn the_upstream_sees_the_key_and_the_fence() {
 #[tokio::test]
 async fn a_repeat_in_flight_gets_409_with_retry_after_then_the_replay() {
     let mut h = start(Config {
-        lease: Duration::from_secs(7),
+        lease: Duration::from_secs(30),
         upstream_timeout: Duration::from_secs(5),
+        store_timeout: Duration::from_secs(2),
         ..Config::default()
     })
     .await;
@@ -356,7 +357,8 @@ async fn a_repeat_in_flight_gets_409_with_retry_after_then_the_replay() {
     let retry_after: u64 = busy.header("retry-after").unwrap().parse().unwrap();
     assert!(
         (1..=7).contains(&retry_after),
-        "Retry-After {retry_after} comes from the 7 s lease"
+        "Retry-After {retry_after}: the holder finishes within its 5 s upstream timeout and a 2 s \
+         completion, not the whole 30 s lease"
     );
 
     h.upstream.go.add_permits(1);
@@ -419,6 +421,15 @@ async fn with_waiting_enabled_concurrent_repeats_all_get_the_first_response() {
             .filter(|r| r.header("idempotent-replayed").is_none())
             .count(),
         1
+    );
+    // Replays register to wait too; none may outlive its request.
+    for i in 0..20 {
+        assert_eq!(h.post("/orders", "o-wait", &body).await.status, 201, "{i}");
+    }
+    assert_eq!(
+        h.gateway.gate().waiting_keys(),
+        0,
+        "no waiter outlives its request"
     );
     h.shutdown().await;
 }
@@ -627,6 +638,29 @@ async fn invalid_fault_rules_are_refused_naming_the_field_and_nothing_changes() 
     assert_eq!(
         h.admin("PUT", "/v1/faults", &[], "not json").await.status,
         400
+    );
+    // A count of 0 would hit no call: refused, not fired once.
+    let zero = h
+        .admin(
+            "PUT",
+            "/v1/faults",
+            &[],
+            r#"{"faults":{"insert":{"kind":"error","count":0}}}"#,
+        )
+        .await;
+    assert_eq!(zero.status, 400, "{zero:?}");
+    assert!(
+        zero.json()["detail"]
+            .as_str()
+            .unwrap()
+            .contains("count 0 would hit no call"),
+        "{zero:?}"
+    );
+    assert_eq!(
+        h.post("/orders", "o-count", &order("o-count", 1))
+            .await
+            .status,
+        201
     );
     h.shutdown().await;
 }
@@ -932,6 +966,8 @@ async fn limits_on_bodies_and_responses() {
     let h = start(Config {
         max_request_bytes: 1024,
         max_response_bytes: 16 * 1024,
+        lease: Duration::from_secs(1),
+        upstream_timeout: Duration::from_millis(500),
         ..Config::default()
     })
     .await;
@@ -948,12 +984,20 @@ async fn limits_on_bodies_and_responses() {
 
     let too_large = h.post("/big", "r", "").await;
     assert_problem(&too_large, 502, "response-too-large");
-    // The upstream ran; the key stays held rather than running it twice.
-    assert_problem(
-        &h.post("/big", "r", "").await,
-        409,
-        "idempotency-key-in-flight",
+    assert!(
+        too_large.json()["detail"]
+            .as_str()
+            .unwrap()
+            .contains("16384 bytes"),
+        "{too_large:?}"
     );
+    // The upstream ran: the key is done with this answer in its place, so a
+    // repeat, even long after the lease, replays it and never runs it again.
+    tokio::time::sleep(Duration::from_millis(1200)).await;
+    let repeat = h.post("/big", "r", "").await;
+    assert_problem(&repeat, 502, "response-too-large");
+    assert_eq!(repeat.header("idempotent-replayed"), Some("true"));
+    assert_eq!(repeat.body, too_large.body);
     assert_eq!(h.calls(), 1);
     h.shutdown().await;
 }
@@ -1015,6 +1059,25 @@ async fn the_stripe_profile_speaks_stripe() {
     assert_eq!(busy.json()["error"]["code"], "idempotency_key_in_use");
     h.upstream.go.add_permits(1);
     assert_eq!(first.await.unwrap(), 200);
+    h.shutdown().await;
+}
+
+/// `OPTIONS *` asks about the server, not a resource: the gateway answers it
+/// itself (400, naming why) and never appends `*` to the upstream's address,
+/// which used to send it to port 80 of another host.
+#[tokio::test]
+async fn options_asterisk_is_not_forwarded() {
+    let h = start(Config::default()).await;
+    let mut tcp = tokio::net::TcpStream::connect(h.proxy).await.unwrap();
+    tcp.write_all(b"OPTIONS * HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        .await
+        .unwrap();
+    let mut answer = Vec::new();
+    let _ = tcp.read_to_end(&mut answer).await;
+    let answer = String::from_utf8_lossy(&answer);
+    assert!(answer.starts_with("HTTP/1.1 400"), "{answer}");
+    assert!(answer.contains("not a path"), "{answer}");
+    assert_eq!(h.calls(), 0);
     h.shutdown().await;
 }
 

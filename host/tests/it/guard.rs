@@ -440,3 +440,137 @@ async fn a_renewal_whose_reply_is_lost_ends_the_renewing() {
     assert_eq!(faults.injected(), 1, "the first renewal's reply was lost");
     assert_taken_over(&run);
 }
+
+/// A store whose inserts take `slow_ms` of the guard's clock: a claim's
+/// round trip that eats most of its lease.
+struct SlowInserts {
+    inner: MemoryStore,
+    clock: ManualClock,
+    slow_ms: u64,
+}
+
+#[async_trait::async_trait]
+impl Store for SlowInserts {
+    fn name(&self) -> &'static str {
+        "slow-inserts"
+    }
+    async fn get(&self, key: &str, now: u64) -> Result<Option<idem::Entry>, idem::StoreError> {
+        self.inner.get(key, now).await
+    }
+    async fn insert(
+        &self,
+        key: &str,
+        record: idem::Record,
+        now: u64,
+    ) -> Result<idem::store::InsertOutcome, idem::StoreError> {
+        let outcome = self.inner.insert(key, record, now).await;
+        self.clock.advance(Duration::from_millis(self.slow_ms));
+        outcome
+    }
+    async fn replace(
+        &self,
+        key: &str,
+        version: u64,
+        record: idem::Record,
+        now: u64,
+    ) -> Result<Option<u64>, idem::StoreError> {
+        self.inner.replace(key, version, record, now).await
+    }
+    async fn delete(&self, key: &str, version: Option<u64>) -> Result<bool, idem::StoreError> {
+        self.inner.delete(key, version).await
+    }
+    async fn list(
+        &self,
+        query: &idem::store::ListQuery,
+        now: u64,
+    ) -> Result<Vec<(String, idem::Entry)>, idem::StoreError> {
+        self.inner.list(query, now).await
+    }
+    async fn purge_expired(&self, now: u64, limit: usize) -> Result<usize, idem::StoreError> {
+        self.inner.purge_expired(now, limit).await
+    }
+}
+
+/// A claim whose insert took 900 ms of a 1 s lease is renewed before its
+/// handler starts (the handler may take 500 ms), so a repeat 200 ms into the
+/// handler — past the lease the insert stamped — is told the key is in
+/// flight instead of taking it over and running it a second time.
+#[tokio::test]
+async fn a_claim_slower_than_its_lease_allows_is_renewed_before_it_runs() {
+    let clock = ManualClock::new(BASE_MS);
+    let store = std::sync::Arc::new(SlowInserts {
+        inner: MemoryStore::new(),
+        clock: clock.clone(),
+        slow_ms: 900,
+    });
+    let guard = Guard::builder(store.clone())
+        .clock(clock.clone())
+        .lease(Duration::from_secs(1))
+        .renew_lease(false)
+        .build()
+        .unwrap();
+    let calls = AtomicU32::new(0);
+    let claim = match guard.begin("k", "fp").await.unwrap() {
+        Decision::Proceed(claim) => claim,
+        other => panic!("{other:?}"),
+    };
+    assert!(
+        claim.lease_until_ms <= idem::Clock::now_ms(&clock) + 100,
+        "the insert ate the lease"
+    );
+    let settled = guard
+        .execute(claim, Duration::from_millis(500), |_| async {
+            calls.fetch_add(1, Ordering::SeqCst);
+            clock.advance(Duration::from_millis(200));
+            // Past the lease the slow insert stamped: a repeat must not take over.
+            let repeat = guard
+                .run("k", "fp", |_| async {
+                    calls.fetch_add(1, Ordering::SeqCst);
+                    Ok::<_, &str>(paid())
+                })
+                .await
+                .unwrap();
+            assert!(matches!(repeat, Outcome::InFlight { .. }), "{repeat:?}");
+            idem::Settle::<&str>::Complete(paid())
+        })
+        .await;
+    assert!(
+        matches!(settled, idem::Settled::Completed(_)),
+        "{settled:?}"
+    );
+    assert_eq!(calls.load(Ordering::SeqCst), 1, "the handler ran once");
+}
+
+/// When the lease cannot be secured — the key was taken over while the
+/// claim's round trip dragged on — the handler never runs.
+#[tokio::test]
+async fn a_claim_taken_over_before_it_could_be_secured_never_runs() {
+    let clock = ManualClock::new(BASE_MS);
+    let guard = Guard::builder(MemoryStore::new())
+        .clock(clock.clone())
+        .lease(Duration::from_secs(1))
+        .build()
+        .unwrap();
+    let stale = match guard.begin("k", "fp").await.unwrap() {
+        Decision::Proceed(claim) => claim,
+        other => panic!("{other:?}"),
+    };
+    clock.advance(Duration::from_millis(1_000));
+    let taker = match guard.begin("k", "fp").await.unwrap() {
+        Decision::Proceed(claim) => claim,
+        other => panic!("{other:?}"),
+    };
+    assert!(taker.fence > stale.fence);
+    let settled = guard
+        .execute(stale, Duration::from_millis(100), |_| async {
+            panic!("a claim that could not be secured must not run")
+        })
+        .await;
+    assert!(
+        matches!(
+            settled,
+            idem::Settled::<&str>::NotStarted(GuardError::StaleClaim(_))
+        ),
+        "{settled:?}"
+    );
+}

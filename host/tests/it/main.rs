@@ -10,6 +10,7 @@ mod demo;
 mod engine;
 mod gateway;
 mod guard;
+mod hostile;
 mod model;
 mod multiprocess;
 mod netstores;

@@ -91,10 +91,13 @@ pub async fn seed_concurrent_same_key(store: Arc<dyn Store>) {
     let mut outcomes = Vec::new();
     while let Some(result) = tasks.join_next().await {
         let outcome = result.unwrap().unwrap();
-        assert!(
-            matches!(outcome, Outcome::Executed(_) | Outcome::InFlight { .. }),
-            "{outcome:?}"
-        );
+        // A worker scheduled late on a loaded machine arrives after the
+        // first completed and replays: every order is right, none runs twice.
+        match &outcome {
+            Outcome::Executed(_) | Outcome::InFlight { .. } => {}
+            Outcome::Replayed(response) => assert_eq!(response.body, b"paid"),
+            other => panic!("{other:?}"),
+        }
         outcomes.push(outcome.name());
     }
     let executed = outcomes.iter().filter(|&&o| o == "EXECUTED").count();

@@ -1,0 +1,389 @@
+//! The real `idem serve` binary, black box over HTTP, where it used to break:
+//! a claim slower than its lease allows, a store that hangs, expired keys
+//! that were never freed, and slow clients holding every slot. Each test is
+//! a reproduction an operator ran (`idem ledger` as the upstream).
+
+use serde_json::{Value, json};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+
+const IDEM: &str = env!("CARGO_BIN_EXE_idem");
+
+/// A child process killed on drop.
+struct Proc(Child);
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// `N` distinct free ports, their listeners held together while picked.
+fn free_ports<const N: usize>() -> [u16; N] {
+    let held = [(); N].map(|()| std::net::TcpListener::bind("127.0.0.1:0").unwrap());
+    held.map(|listener| listener.local_addr().unwrap().port())
+}
+
+/// `idem ledger` and `idem serve` in front of it, on fresh ports.
+struct Stack {
+    proxy: u16,
+    admin: u16,
+    ledger: u16,
+    _procs: [Proc; 2],
+}
+
+impl Stack {
+    /// `serve_args` are added to `idem serve`'s listeners, upstream and admin.
+    async fn start(ledger_latency: &str, serve_args: &[&str]) -> Stack {
+        let [proxy, admin, ledger] = free_ports();
+        let ledger_proc = spawn(&[
+            "ledger",
+            "--listen",
+            &format!("127.0.0.1:{ledger}"),
+            "--latency",
+            ledger_latency,
+        ]);
+        let mut args = vec![
+            "serve".to_owned(),
+            "--listen".into(),
+            format!("127.0.0.1:{proxy}"),
+            "--admin-listen".into(),
+            format!("127.0.0.1:{admin}"),
+            "--upstream".into(),
+            format!("http://127.0.0.1:{ledger}"),
+        ];
+        args.extend(serve_args.iter().map(|a| (*a).to_owned()));
+        let serve_proc = spawn(&args.iter().map(String::as_str).collect::<Vec<_>>());
+        let stack = Stack {
+            proxy,
+            admin,
+            ledger,
+            _procs: [ledger_proc, serve_proc],
+        };
+        for port in [ledger, admin] {
+            let deadline = Instant::now() + Duration::from_secs(60);
+            while TcpStream::connect(("127.0.0.1", port)).await.is_err() {
+                assert!(Instant::now() < deadline, "nothing listens on {port}");
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        }
+        stack
+    }
+
+    async fn order(&self, key: &str, order: &str) -> Reply {
+        let body = json!({"order": order, "sku": "A", "qty": 1, "cents": 1000}).to_string();
+        http(
+            self.proxy,
+            "POST",
+            "/orders",
+            &[
+                ("idempotency-key", key),
+                ("content-type", "application/json"),
+            ],
+            &body,
+        )
+        .await
+    }
+
+    async fn ledger(&self) -> Value {
+        http(self.ledger, "GET", "/ledger", &[], "").await.json()
+    }
+
+    async fn admin(&self, method: &str, path: &str, body: &str) -> Reply {
+        http(self.admin, method, path, &[], body).await
+    }
+
+    async fn fault(&self, faults: Value) {
+        let reply = self
+            .admin(
+                "PUT",
+                "/v1/faults",
+                &json!({ "faults": faults }).to_string(),
+            )
+            .await;
+        assert_eq!(reply.status, 200, "{reply:?}");
+    }
+}
+
+fn spawn(args: &[&str]) -> Proc {
+    Proc(
+        Command::new(IDEM)
+            .args(args)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap(),
+    )
+}
+
+#[derive(Debug)]
+struct Reply {
+    status: u16,
+    head: String,
+    body: Vec<u8>,
+}
+
+impl Reply {
+    fn json(&self) -> Value {
+        serde_json::from_slice(&self.body)
+            .unwrap_or_else(|e| panic!("not JSON ({e}): {:?}", String::from_utf8_lossy(&self.body)))
+    }
+
+    fn header(&self, name: &str) -> Option<&str> {
+        self.head.lines().find_map(|line| {
+            let (n, v) = line.split_once(':')?;
+            n.eq_ignore_ascii_case(name).then(|| v.trim())
+        })
+    }
+}
+
+/// One HTTP/1.1 request on a connection of its own.
+async fn http(port: u16, method: &str, path: &str, headers: &[(&str, &str)], body: &str) -> Reply {
+    let mut stream = TcpStream::connect(("127.0.0.1", port)).await.unwrap();
+    let mut request = format!(
+        "{method} {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\nContent-Length: {}\r\n",
+        body.len()
+    );
+    for (name, value) in headers {
+        request.push_str(&format!("{name}: {value}\r\n"));
+    }
+    request.push_str("\r\n");
+    request.push_str(body);
+    stream.write_all(request.as_bytes()).await.unwrap();
+    read_reply(&mut stream).await
+}
+
+async fn read_reply(stream: &mut TcpStream) -> Reply {
+    let mut raw = Vec::new();
+    stream.read_to_end(&mut raw).await.unwrap();
+    let split = raw
+        .windows(4)
+        .position(|w| w == b"\r\n\r\n")
+        .unwrap_or_else(|| panic!("no response head in {:?}", String::from_utf8_lossy(&raw)));
+    let head = String::from_utf8_lossy(&raw[..split]).into_owned();
+    let status = head.split(' ').nth(1).and_then(|s| s.parse().ok()).unwrap();
+    let mut body = raw[split + 4..].to_vec();
+    if head
+        .to_ascii_lowercase()
+        .contains("transfer-encoding: chunked")
+    {
+        body = dechunk(&body);
+    }
+    Reply { status, head, body }
+}
+
+fn dechunk(mut raw: &[u8]) -> Vec<u8> {
+    let mut body = Vec::new();
+    loop {
+        let line_end = raw.windows(2).position(|w| w == b"\r\n").unwrap();
+        let size = usize::from_str_radix(std::str::from_utf8(&raw[..line_end]).unwrap().trim(), 16)
+            .unwrap();
+        if size == 0 {
+            return body;
+        }
+        body.extend_from_slice(&raw[line_end + 2..line_end + 2 + size]);
+        raw = &raw[line_end + 4 + size..];
+    }
+}
+
+/// The reproduction: a claim whose store round trip takes 40 % of a 2 s
+/// lease, then an upstream taking 1.4 s of its 1.5 s timeout. A repeat 2.05 s
+/// after the first used to find the lease run out, take the key over and run
+/// the order a second time, and the two clients got different 2xx bodies.
+/// Now the holder renews its lease before forwarding (and while it waits),
+/// so the repeat is told the key is in flight, or replays the first answer.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slow_claim_never_runs_a_key_twice() {
+    let stack = Stack::start(
+        "1400ms",
+        &[
+            "--store",
+            "memory:",
+            "--lease",
+            "2s",
+            "--upstream-timeout",
+            "1500ms",
+        ],
+    )
+    .await;
+    stack
+        .fault(json!({"insert": {"kind": "delay", "latency_ms": 800, "count": 1}}))
+        .await;
+    let first = {
+        let stack_proxy = stack.proxy;
+        tokio::spawn(async move {
+            let body = json!({"order": "o-1", "sku": "A", "qty": 1, "cents": 1000}).to_string();
+            http(
+                stack_proxy,
+                "POST",
+                "/orders",
+                &[
+                    ("idempotency-key", "K"),
+                    ("content-type", "application/json"),
+                ],
+                &body,
+            )
+            .await
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(2050)).await;
+    let second = stack.order("K", "o-1").await;
+    let first = first.await.unwrap();
+
+    let books = stack.ledger().await;
+    assert_eq!(books["executions"]["o-1"], 1, "the order ran once: {books}");
+    assert_eq!(first.status, 201, "{first:?}");
+    match second.status {
+        409 => assert!(second.header("retry-after").is_some(), "{second:?}"),
+        201 => assert_eq!(second.body, first.body, "a repeat replays the first body"),
+        _ => panic!("the repeat got {second:?}"),
+    }
+    // And afterwards every repeat replays the one response.
+    let again = stack.order("K", "o-1").await;
+    assert_eq!((again.status, &again.body), (201, &first.body));
+    assert_eq!(again.header("idempotent-replayed"), Some("true"));
+}
+
+/// A store that hangs (a 30 s delay on every claim) is answered 503 within
+/// the store timeout, not after the 30 s, and the order is never forwarded.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hung_store_is_answered_503_within_the_store_timeout() {
+    let stack = Stack::start("0ms", &["--store", "memory:", "--store-timeout", "1s"]).await;
+    stack
+        .fault(json!({"insert": {"kind": "delay", "latency_ms": 30000}}))
+        .await;
+    let asked = Instant::now();
+    let reply = stack.order("hung-1", "o-hung").await;
+    let took = asked.elapsed();
+    assert_eq!(reply.status, 503, "{reply:?}");
+    assert!(
+        String::from_utf8_lossy(&reply.body).contains("store timeout of 1000 ms"),
+        "the answer names the limit: {reply:?}"
+    );
+    assert!(
+        took < Duration::from_secs(20),
+        "answered after {took:?}, as if the store's 30 s delay held the request"
+    );
+    assert_eq!(stack.ledger().await["executions"], json!({}));
+}
+
+/// Expired records are purged on SQLite: 300 keys with a 3 s retention are
+/// all gone from the file two purge periods (1 s) after they expired, and
+/// `/v1/stats` and `/metrics` count them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn expired_rows_are_purged_from_sqlite() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("idem.db");
+    let store = format!("sqlite:{}", db.display());
+    let stack = Stack::start(
+        "0ms",
+        &[
+            "--store",
+            &store,
+            "--retention",
+            "3s",
+            "--lease",
+            "1s",
+            "--upstream-timeout",
+            "500ms",
+            "--purge-interval",
+            "1s",
+        ],
+    )
+    .await;
+    for i in 0..300 {
+        let reply = stack.order(&format!("p-{i}"), &format!("o-{i}")).await;
+        assert_eq!(reply.status, 201, "{reply:?}");
+    }
+    let rows = || -> i64 {
+        rusqlite::Connection::open(&db)
+            .unwrap()
+            .query_row("SELECT count(*) FROM records", [], |r| r.get(0))
+            .unwrap()
+    };
+    assert_eq!(rows(), 300);
+    let last_written = Instant::now();
+    // Loaded machines run late: a generous bound, and the time it took printed.
+    let deadline = last_written + Duration::from_secs(60);
+    while rows() > 0 {
+        assert!(Instant::now() < deadline, "{} rows left after 60 s", rows());
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    println!(
+        "all 300 rows purged {:?} after the last write (retention 3 s, purge every 1 s)",
+        last_written.elapsed()
+    );
+    let stats = stack.admin("GET", "/v1/stats", "").await.json();
+    assert_eq!(stats["purge"]["purged"], 300, "{stats}");
+    let metrics = String::from_utf8(stack.admin("GET", "/metrics", "").await.body).unwrap();
+    assert!(
+        metrics.contains("idem_purged_records_total 300"),
+        "{metrics}"
+    );
+}
+
+/// 1,100 connections send a keyed POST head with `Content-Length: 100000`
+/// and then a byte now and then: more than the 1,024 handling slots. A
+/// normal keyed request still gets its answer, and the slow bodies are
+/// cut with 408 once they fall under the minimum rate.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn slow_clients_do_not_take_the_gateway_down() {
+    const SLOW: usize = 1_100;
+    // This process holds both ends' sockets: 1,100 client connections here.
+    let _ = rlimit::increase_nofile_limit(u64::MAX);
+    let stack = Stack::start(
+        "0ms",
+        &[
+            "--store",
+            "memory:",
+            "--body-read-timeout",
+            "60s",
+            "--min-body-rate",
+            "100",
+        ],
+    )
+    .await;
+    let mut slow = Vec::with_capacity(SLOW);
+    for i in 0..SLOW {
+        let mut stream = TcpStream::connect(("127.0.0.1", stack.proxy))
+            .await
+            .unwrap();
+        let head = format!(
+            "POST /orders HTTP/1.1\r\nHost: localhost\r\nIdempotency-Key: slow-{i}\r\nContent-Type: application/json\r\nContent-Length: 100000\r\n\r\n{{"
+        );
+        stream.write_all(head.as_bytes()).await.unwrap();
+        slow.push(stream);
+    }
+    let asked = Instant::now();
+    let normal = stack.order("normal-1", "o-normal").await;
+    let took = asked.elapsed();
+    println!(
+        "a normal request beside {SLOW} slow bodies: {} in {took:?}",
+        normal.status
+    );
+    assert_eq!(normal.status, 201, "{normal:?}");
+    assert_eq!(stack.ledger().await["executions"]["o-normal"], 1);
+
+    // The slow bodies fell under 100 bytes/s after the 2 s grace: each is
+    // answered 408, and none reached the upstream.
+    let mut first = slow.swap_remove(0);
+    let cut = tokio::time::timeout(Duration::from_secs(60), read_reply(&mut first))
+        .await
+        .expect("a slow body is cut within the body timeout");
+    assert_eq!(cut.status, 408, "{cut:?}");
+    assert!(
+        String::from_utf8_lossy(&cut.body).contains("100 bytes/s"),
+        "{cut:?}"
+    );
+    assert_eq!(
+        stack.ledger().await["executions"]
+            .as_object()
+            .unwrap()
+            .len(),
+        1,
+        "no slow order was forwarded"
+    );
+}
