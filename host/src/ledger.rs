@@ -7,7 +7,9 @@
 //! `GET /ledger` shows stock, reservations, charges and executions, so a
 //! check can tell whether any order ran twice. Behind the gateway each run
 //! also records the claim's fence (the `Idempotency-Fence` header), so a check
-//! can tell a takeover (a new fence) from two runs under one claim.
+//! can tell a takeover (a new fence) from two runs under one claim, and when
+//! each run started and ended, so a check can tell whether two runs of one
+//! order overlapped in time.
 
 use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode};
@@ -16,7 +18,7 @@ use axum::{Json, Router};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex, PoisonError};
-use std::time::Duration;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use tokio::net::TcpListener;
 
 /// One order as clients send it.
@@ -26,6 +28,10 @@ pub struct Order {
     pub sku: String,
     pub qty: i64,
     pub cents: i64,
+    /// Simulated work for this order, in milliseconds on top of the
+    /// ledger's latency (at most a minute): a slow order.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub work_ms: Option<u64>,
 }
 
 /// What the ledger holds, as `GET /ledger` returns it.
@@ -41,6 +47,25 @@ pub struct Books {
     /// Order id → the fence of each run that came with one, in arrival order.
     #[serde(default)]
     pub fences: BTreeMap<String, Vec<u64>>,
+    /// Order id → every run, in the order they ended.
+    #[serde(default)]
+    pub runs: BTreeMap<String, Vec<Run>>,
+}
+
+/// One run of `POST /orders` for an order: from the request's arrival to
+/// the moment its effect was applied. Times are milliseconds since the Unix
+/// epoch on a clock that never goes back (the ledger's start on the wall
+/// clock, plus a monotonic clock since), so two runs compare even if the
+/// wall clock is stepped.
+#[derive(Clone, Debug, Default, Deserialize, Serialize, PartialEq, Eq)]
+pub struct Run {
+    /// The claim's fence (`Idempotency-Fence`), if the run came with one.
+    pub fence: Option<u64>,
+    pub started_ms: u64,
+    pub ended_ms: u64,
+    /// Which execution of the order this was (1 for the first): the
+    /// `execution` of its response body.
+    pub execution: u64,
 }
 
 impl Books {
@@ -60,6 +85,9 @@ pub struct Ledger {
     books: Arc<Mutex<Books>>,
     /// Simulated work per order, so concurrent repeats overlap.
     latency: Duration,
+    /// The clock of [`Run`]'s times: the wall clock at the start, and a
+    /// monotonic clock from there.
+    epoch: (Instant, u64),
 }
 
 impl Ledger {
@@ -70,7 +98,19 @@ impl Ledger {
                 ..Books::default()
             })),
             latency,
+            epoch: (
+                Instant::now(),
+                SystemTime::now()
+                    .duration_since(UNIX_EPOCH)
+                    .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX)),
+            ),
         }
+    }
+
+    /// Milliseconds since the Unix epoch, never going back.
+    fn now_ms(&self) -> u64 {
+        let since = u64::try_from(self.epoch.0.elapsed().as_millis()).unwrap_or(u64::MAX);
+        self.epoch.1.saturating_add(since)
     }
 
     pub fn books(&self) -> Books {
@@ -102,16 +142,22 @@ async fn place(
             ),
         );
     };
-    if order.qty < 1 || order.cents < 0 || order.order.is_empty() {
+    if order.qty < 1
+        || order.cents < 0
+        || order.order.is_empty()
+        || order.work_ms.is_some_and(|ms| ms > 60_000)
+    {
         return (
             StatusCode::BAD_REQUEST,
             Json(
-                serde_json::json!({"error": "BAD_ORDER", "detail": "qty must be at least 1, cents at least 0, order non-empty"}),
+                serde_json::json!({"error": "BAD_ORDER", "detail": "qty must be at least 1, cents at least 0, order non-empty, work_ms at most 60000"}),
             ),
         );
     }
-    if !ledger.latency.is_zero() {
-        tokio::time::sleep(ledger.latency).await;
+    let started_ms = ledger.now_ms();
+    let latency = ledger.latency + Duration::from_millis(order.work_ms.unwrap_or(0));
+    if !latency.is_zero() {
+        tokio::time::sleep(latency).await;
     }
     let mut books = ledger.lock();
     let execution = {
@@ -122,6 +168,13 @@ async fn place(
     let fence = headers
         .get(crate::server::gate::FENCE_HEADER)
         .and_then(|v| v.to_str().ok()?.parse::<u64>().ok());
+    let run = Run {
+        fence,
+        started_ms,
+        ended_ms: ledger.now_ms(),
+        execution,
+    };
+    books.runs.entry(order.order.clone()).or_default().push(run);
     if let Some(fence) = fence {
         books
             .fences

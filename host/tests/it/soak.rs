@@ -1,9 +1,13 @@
 //! The chaos soak at CI size: `idem soak` on Redis and on PostgreSQL, two
-//! gateways over the shared store, faults switched on and off, gateways
-//! killed and restarted. It must pass its own check (every order applied at
-//! most once, every 2xx charged exactly once, every stored response matching
-//! the ledger) and must really have crashed gateways and injected faults.
-//! The checker itself is tested with broken books in `src/soak.rs`.
+//! gateways over the shared store, faults switched on and off (latency
+//! spikes near the lease among them), gateways killed and restarted, and one
+//! stopped with SIGSTOP past its lease, then continued. It must pass its own
+//! check (every order applied at most once, every 2xx charged exactly once,
+//! every stored response matching the ledger, no key giving two different
+//! 2xx bodies, no two runs of a key overlapping but as a refused takeover)
+//! and must really have crashed, paused and injected faults. Redis runs
+//! with a 1 s lease, PostgreSQL with 2 s. The checker itself is tested with
+//! broken books in `src/soak.rs`.
 //!
 //! About 25 s per store with the debug build on a busy 2-core machine.
 
@@ -18,7 +22,7 @@ const ORDERS: &str = "2000";
 /// One soak at a time: each runs three processes and wants the cores.
 static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
 
-fn soak(store_url: &str) {
+fn soak(store_url: &str, lease: &str) {
     let _turn = ONE_AT_A_TIME
         .lock()
         .unwrap_or_else(std::sync::PoisonError::into_inner);
@@ -31,6 +35,10 @@ fn soak(store_url: &str) {
             ORDERS,
             "--duration-limit",
             "90s",
+            "--lease",
+            lease,
+            "--pauses",
+            "1",
         ])
         .output()
         .expect("run idem soak");
@@ -76,6 +84,11 @@ fn soak(store_url: &str) {
         report()
     );
     assert!(
+        figure("pauses") >= 1 && figure("spikes") >= 1,
+        "no gateway was paused, or no latency spike switched on:\n{}",
+        report()
+    );
+    assert!(
         figure("duplicates_prevented") >= 1,
         "no duplicate reached the gateways:\n{}",
         report()
@@ -100,7 +113,7 @@ fn soak_on_redis_has_no_violations() {
         return;
     };
     let prefix = format!("idem-soak-{}-{}:", std::process::id(), fastrand::u32(..));
-    soak(&with_param(&url, &format!("prefix={prefix}")));
+    soak(&with_param(&url, &format!("prefix={prefix}")), "1s");
 }
 
 #[test]
@@ -109,5 +122,5 @@ fn soak_on_postgres_has_no_violations() {
         return;
     };
     // A table of its own; the soak's keys carry a per-run id besides.
-    soak(&with_param(&url, "table=idem_soak"));
+    soak(&with_param(&url, "table=idem_soak"), "2s");
 }
