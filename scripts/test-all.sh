@@ -7,6 +7,10 @@ cd "$(dirname "$0")/.."
 bash scripts/services.sh
 export IDEM_TEST_REDIS_URL="${IDEM_TEST_REDIS_URL:-redis://127.0.0.1:6379}"
 export IDEM_TEST_POSTGRES_URL="${IDEM_TEST_POSTGRES_URL:-postgres://postgres@127.0.0.1:5432/test}"
+export IDEM_TEST_REDIS_CLUSTER_URL="${IDEM_TEST_REDIS_CLUSTER_URL:-redis+cluster://127.0.0.1:7000,127.0.0.1:7001,127.0.0.1:7002}"
+export IDEM_TEST_VALKEY_URL="${IDEM_TEST_VALKEY_URL:-redis://127.0.0.1:6391}"
+# The failover test starts (and kills) a cluster of its own with this binary.
+export IDEM_TEST_REDIS_SERVER="${IDEM_TEST_REDIS_SERVER:-$(command -v redis-server)}"
 
 cargo test --workspace --locked
 if [ -f examples/run-polyglot-tests.sh ]; then

@@ -9,10 +9,18 @@
 //! the component) for scale. 1 caller and 32 concurrent callers: ops/s,
 //! p50, p99, printed as a table; criterion measures the single-caller figures.
 //!
-//! `IDEM_BENCH_REDIS_URL` / `IDEM_BENCH_POSTGRES_URL` (falling back to the
-//! `IDEM_TEST_*` variables) name the servers; a store without one is skipped.
+//! The Redis rows run on a lone Redis, on Valkey 8.1 with its native
+//! compare-and-set and without (`cas=script`), and on a Redis Cluster with
+//! and without `wait=1` (the raw side there goes through the same cluster
+//! client).
+//!
+//! `IDEM_BENCH_REDIS_URL`, `IDEM_BENCH_VALKEY_URL`,
+//! `IDEM_BENCH_REDIS_CLUSTER_URL` and `IDEM_BENCH_POSTGRES_URL` (falling back
+//! to the `IDEM_TEST_*` variables) name the servers; a store without one is
+//! skipped.
 //! `IDEM_BENCH_SECS` sets the seconds per table row (default 3);
-//! `IDEM_BENCH_ROWS=TEXT` runs only the rows whose label contains TEXT.
+//! `IDEM_BENCH_ROWS=TEXT` runs only the rows whose label contains TEXT;
+//! `IDEM_BENCH_STORES=TEXT` only the stores whose name contains it.
 
 // Pedantic lints guard library code; in tests and benches they are noise.
 #![allow(clippy::pedantic, clippy::type_complexity)]
@@ -157,17 +165,64 @@ fn url(name: &str) -> Option<String> {
 /// The store's default (`connections=4`).
 const REDIS_CONNECTIONS: usize = 4;
 
-async fn redis_pairs(url: &str, run: &str) -> (Vec<Pair>, Arc<dyn Store>) {
+/// The raw side's connection: to the lone server, or through the cluster
+/// client the store uses.
+#[derive(Clone)]
+enum RawConn {
+    Server(redis::aio::ConnectionManager),
+    Cluster(redis::cluster_async::ClusterConnection),
+}
+
+impl redis::aio::ConnectionLike for RawConn {
+    fn req_packed_command<'a>(
+        &'a mut self,
+        cmd: &'a redis::Cmd,
+    ) -> redis::RedisFuture<'a, redis::Value> {
+        match self {
+            RawConn::Server(c) => c.req_packed_command(cmd),
+            RawConn::Cluster(c) => c.req_packed_command(cmd),
+        }
+    }
+    fn req_packed_commands<'a>(
+        &'a mut self,
+        pipeline: &'a redis::Pipeline,
+        offset: usize,
+        count: usize,
+    ) -> redis::RedisFuture<'a, Vec<redis::Value>> {
+        match self {
+            RawConn::Server(c) => c.req_packed_commands(pipeline, offset, count),
+            RawConn::Cluster(c) => c.req_packed_commands(pipeline, offset, count),
+        }
+    }
+    fn get_db(&self) -> i64 {
+        0
+    }
+}
+
+/// `options` are added to the store's URL (`&wait=1`, `&cas=script`).
+async fn redis_pairs(url: &str, options: &str, run: &str) -> (Vec<Pair>, Arc<dyn Store>) {
     // The raw side gets as many multiplexed connections as the store, used in turn the same way.
     let store = RedisStore::open(&format!(
-        "{url}?prefix=idem-bench:{run}:&connections={REDIS_CONNECTIONS}"
+        "{url}?prefix=idem-bench:{run}:&connections={REDIS_CONNECTIONS}{options}"
     ))
     .await
     .unwrap();
-    let client = redis::Client::open(url).unwrap();
     let mut conns = Vec::new();
-    for _ in 0..REDIS_CONNECTIONS {
-        conns.push(client.get_connection_manager().await.unwrap());
+    if let Some(nodes) = url.strip_prefix("redis+cluster://") {
+        let nodes: Vec<String> = nodes.split(',').map(|n| format!("redis://{n}")).collect();
+        let client = redis::cluster::ClusterClient::new(nodes).unwrap();
+        for _ in 0..REDIS_CONNECTIONS {
+            conns.push(RawConn::Cluster(
+                client.get_async_connection().await.unwrap(),
+            ));
+        }
+    } else {
+        let client = redis::Client::open(url).unwrap();
+        for _ in 0..REDIS_CONNECTIONS {
+            conns.push(RawConn::Server(
+                client.get_connection_manager().await.unwrap(),
+            ));
+        }
     }
     let conn = conns[0].clone();
     let conns = Arc::new(conns);
@@ -519,19 +574,29 @@ fn main() {
         .measurement_time(Duration::from_secs(3));
     let mut table: Vec<(String, String, Row, Row)> = Vec::new();
     let mut guard_rows: Vec<(String, Row)> = Vec::new();
-    for name in ["REDIS", "POSTGRES"] {
+    for (store_name, name, options) in [
+        ("redis", "REDIS", ""),
+        ("valkey", "VALKEY", ""),
+        ("valkey cas=script", "VALKEY", "&cas=script"),
+        ("redis-cluster", "REDIS_CLUSTER", ""),
+        ("redis-cluster wait=1", "REDIS_CLUSTER", "&wait=1"),
+        ("postgres", "POSTGRES", ""),
+    ] {
         let Some(url) = url(name) else {
             eprintln!(
-                "{name}: skipped, IDEM_BENCH_{name}_URL (or IDEM_TEST_{name}_URL) is not set"
+                "{store_name}: skipped, IDEM_BENCH_{name}_URL (or IDEM_TEST_{name}_URL) is not set"
             );
             continue;
         };
-        let store_name = name.to_lowercase();
+        if std::env::var("IDEM_BENCH_STORES").is_ok_and(|only| !store_name.contains(&only)) {
+            continue;
+        }
+        let store_name = store_name.to_owned();
         let (pairs, store) = rt.block_on(async {
-            if name == "REDIS" {
-                redis_pairs(&url, &run).await
-            } else {
+            if name == "POSTGRES" {
                 postgres_pairs(&url, &run).await
+            } else {
+                redis_pairs(&url, options, &run).await
             }
         });
         let mut group = criterion.benchmark_group(&store_name);
@@ -572,7 +637,9 @@ fn main() {
                 ));
             }
         }
-        if name == "REDIS" {
+        // A cluster's keys are left to expire (10 minutes): one `UNLINK`
+        // cannot span its slots.
+        if name == "REDIS" || name == "VALKEY" {
             rt.block_on(redis_cleanup(&url, &run));
         }
     }

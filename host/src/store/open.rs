@@ -1,4 +1,5 @@
-//! Choosing a store by URL: `memory:`, `sqlite:PATH`, `redis://…`, `postgres://…`.
+//! Choosing a store by URL: `memory:`, `sqlite:PATH`, `redis://…`,
+//! `redis+cluster://…`, `postgres://…`.
 
 use super::{MemoryStore, SqliteOptions, SqliteStore, Store, Synchronous};
 use std::sync::Arc;
@@ -7,7 +8,7 @@ use std::sync::Arc;
 #[derive(Debug, thiserror::Error)]
 pub enum OpenError {
     #[error(
-        "store URL {url:?} is not understood: {reason}; expected memory:, sqlite:PATH, redis://HOST[:PORT][/DB] or postgres://USER@HOST[:PORT]/DB"
+        "store URL {url:?} is not understood: {reason}; expected memory:, sqlite:PATH, redis://HOST[:PORT][/DB], redis+cluster://HOST:PORT[,HOST:PORT…] or postgres://USER@HOST[:PORT]/DB"
     )]
     BadUrl { url: String, reason: String },
     #[error("{store} store at {url:?} could not be opened: {reason}")]
@@ -37,7 +38,7 @@ pub async fn open(url: &str) -> Result<Arc<dyn Store>, OpenError> {
             })??;
             Ok(Arc::new(store))
         }
-        "redis" => Ok(Arc::new(super::RedisStore::open(url).await?)),
+        "redis" | "redis+cluster" => Ok(Arc::new(super::RedisStore::open(url).await?)),
         "postgres" | "postgresql" => Ok(Arc::new(super::PostgresStore::open(url).await?)),
         other => Err(OpenError::BadUrl {
             url: url.to_owned(),

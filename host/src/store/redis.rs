@@ -14,7 +14,7 @@
 //!   script that overwrites it at its version + 1 if it is still expired.
 //! - a completion is a script (`EVALSHA`): read the header, compare the
 //!   version and the expiry, `SET` the new value. Redis 7 has no native
-//!   compare-and-set.
+//!   compare-and-set; Valkey 8.1 has, and then it is `SET … IFEQ` (below).
 //! - a read is `GET`.
 //!
 //! Time: expiry is compared with the `now_ms` the guard passes, never with
@@ -28,19 +28,44 @@
 //! once Redis has dropped it the key is absent and starts again at 1, which
 //! the contract allows because no record exists to be fenced.
 //!
-//! URL: `redis://[:PASSWORD@]HOST[:PORT][/DB][?prefix=P&timeout_ms=N&grace_ms=N&connections=N]`
-//! (`rediss://` for TLS is not built in). Operations take turns over
-//! `connections` (default 4) multiplexed connections, each pipelining the
-//! commands of concurrent callers and reconnecting by itself when the server
-//! comes back. More than one spreads the client's work over the runtime's
-//! threads: with 32 concurrent callers, 4 connections gave 1.05–1.25× the
-//! guarded ops of one (`benches/netstores.rs`).
+//! Native compare-and-set: on a server that has `SET key value IFEQ old`
+//! (Valkey 8.1 and later, detected at connect), a completion or renewal is
+//! that one native command instead of the script, whenever the store holds
+//! the bytes of the record at the expected version — it remembers the bytes
+//! of every unfinished record it wrote or read, so the usual completion
+//! after this process's own claim always does. Bytes that differ by
+//! anything mean another writer came between: refused, as the script would
+//! (stricter only for a key Redis dropped and a new claim wrote again at the
+//! same version, which the script would let an old holder overwrite). When
+//! the bytes are not known, or on Redis 7, the script runs.
+//!
+//! URL: `redis://[:PASSWORD@]HOST[:PORT][/DB][?prefix=P&timeout_ms=N&grace_ms=N&connections=N&wait=N&wait_ms=N&cas=auto|script]`,
+//! or for a Redis Cluster `redis+cluster://[:PASSWORD@]HOST:PORT[,HOST:PORT…][?…]`
+//! naming any of its nodes (the client learns the rest and follows the slots
+//! as they move; a record is one key, so every primitive is still one
+//! command on one node). `rediss://` for TLS is not built in. Operations
+//! take turns over `connections` (default 4) multiplexed connections, each
+//! pipelining the commands of concurrent callers and reconnecting by itself
+//! when the server comes back. More than one spreads the client's work over
+//! the runtime's threads: with 32 concurrent callers, 4 connections gave
+//! 1.05–1.25× the guarded ops of one (`benches/netstores.rs`).
+//!
+//! Durability: Redis replicates asynchronously, so a claim a primary
+//! acknowledged and lost before its replica had it is gone after a failover,
+//! and a second caller can claim the key again. `wait=N` sends
+//! `WAIT N wait_ms` after every claim and every replace, in the same
+//! pipeline on the same connection (one round trip still): when fewer than N
+//! replicas have the write within `wait_ms` (default: half the timeout) the
+//! operation fails as unavailable — the guard fails closed, nothing runs —
+//! and the write stays on the primary alone, where it may or may not
+//! survive. `cas=script` turns the native compare-and-set off (to compare).
 //!
 //! ```no_run
 //! # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
 //! use idem::store::{RedisStore, Store};
 //! let store = RedisStore::open("redis://127.0.0.1:6379/0?prefix=shop:").await?;
 //! assert_eq!(store.name(), "redis");
+//! let cluster = RedisStore::open("redis+cluster://127.0.0.1:7000,127.0.0.1:7001?wait=1").await?;
 //! # Ok(()) }
 //! ```
 
@@ -48,11 +73,14 @@ use super::params::StoreUrl;
 use super::{Entry, InsertOutcome, ListQuery, OpenError, Record, State, Store, StoreError};
 use async_trait::async_trait;
 use idem_guest::model::Response;
-use redis::aio::{ConnectionManager, ConnectionManagerConfig};
-use redis::{Script, Value};
+use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
+use redis::cluster_async::ClusterConnection;
+use redis::cluster_routing::{RoutingInfo, SingleNodeRoutingInfo};
+use redis::{Cmd, ErrorKind, FromRedisValue, Script, ServerErrorKind, Value};
+use std::collections::HashMap;
 use std::io::Write as _;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, LazyLock};
+use std::sync::{Arc, LazyLock, Mutex};
 use std::time::Duration;
 
 const NAME: &str = "redis";
@@ -61,6 +89,10 @@ const NAME: &str = "redis";
 pub const LIST_SCAN_MAX: usize = 1_000_000;
 /// The header `"{version} {expires_at_ms}\n"` fits in this many bytes (two u64s).
 const HEADER_MAX: usize = 42;
+/// At most this many unfinished records' bytes are remembered for the native
+/// compare-and-set; past it they are forgotten at once, and the next
+/// replaces of those keys run the script.
+const SEEN_MAX: usize = 65_536;
 
 /// Overwrites an expired record at its version + 1, or returns the live one
 /// that a concurrent claimer wrote meanwhile: `{0, version}` or `{1, value}`;
@@ -130,81 +162,200 @@ return n",
     ))
 });
 
-/// A store on a Redis server. Cheap to clone: clones share the connections.
+/// One multiplexed connection: to a lone server, or to a cluster (a
+/// connection per node, each command sent to the node that holds its key's
+/// slot). Either pipelines the commands of concurrent callers.
+#[derive(Clone)]
+enum Conn {
+    Server(ConnectionManager),
+    Cluster(ClusterConnection),
+}
+
+impl ConnectionLike for Conn {
+    fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> redis::RedisFuture<'a, Value> {
+        match self {
+            Conn::Server(c) => c.req_packed_command(cmd),
+            Conn::Cluster(c) => c.req_packed_command(cmd),
+        }
+    }
+
+    fn req_packed_commands<'a>(
+        &'a mut self,
+        pipeline: &'a redis::Pipeline,
+        offset: usize,
+        count: usize,
+    ) -> redis::RedisFuture<'a, Vec<Value>> {
+        match self {
+            Conn::Server(c) => c.req_packed_commands(pipeline, offset, count),
+            Conn::Cluster(c) => c.req_packed_commands(pipeline, offset, count),
+        }
+    }
+
+    fn get_db(&self) -> i64 {
+        match self {
+            Conn::Server(c) => c.get_db(),
+            Conn::Cluster(c) => c.get_db(),
+        }
+    }
+}
+
+/// `WAIT replicas ms` after every write, when `replicas` > 0.
+#[derive(Clone, Copy)]
+struct Wait {
+    replicas: u64,
+    ms: u64,
+}
+
+/// A store on a Redis server or cluster. Cheap to clone: clones share the
+/// connections.
 #[derive(Clone)]
 pub struct RedisStore {
-    conns: Arc<[ConnectionManager]>,
+    conns: Arc<[Conn]>,
     next: Arc<AtomicUsize>,
     prefix: String,
     timeout: Duration,
     grace_ms: u64,
+    wait: Wait,
+    /// With the native compare-and-set: per full key, the version and bytes
+    /// of the unfinished record last written or read. `None` without it.
+    seen: Option<Arc<Mutex<HashMap<String, (u64, Vec<u8>)>>>>,
 }
 
 impl RedisStore {
-    /// Connects to the server the URL names and loads the scripts. Fails
-    /// when the server cannot be reached now; after that, the store
-    /// reconnects by itself and fails each operation as unavailable meanwhile.
+    /// Connects to the server (or cluster) the URL names, loads the scripts
+    /// and asks whether the server has `SET … IFEQ`. Fails when it cannot
+    /// be reached now; after that, the store reconnects by itself and fails
+    /// each operation as unavailable meanwhile.
     pub async fn open(url: &str) -> Result<Self, OpenError> {
-        let url = StoreUrl::parse(url, &["prefix", "timeout_ms", "grace_ms", "connections"])?;
+        let url = StoreUrl::parse(
+            url,
+            &[
+                "prefix",
+                "timeout_ms",
+                "grace_ms",
+                "connections",
+                "wait",
+                "wait_ms",
+                "cas",
+            ],
+        )?;
         let connections = url.number("connections", 4, 1, 64)? as usize;
         let prefix = url.get("prefix").unwrap_or("idem:").to_owned();
         let timeout = url.timeout()?;
         let grace_ms = url.number("grace_ms", 60_000, 0, 86_400_000)?;
+        let timeout_ms = u64::try_from(timeout.as_millis()).unwrap_or(u64::MAX);
+        let wait = Wait {
+            replicas: url.number("wait", 0, 0, 64)?,
+            ms: url.number("wait_ms", (timeout_ms / 2).max(1), 1, timeout_ms)?,
+        };
+        let bad_url = |reason: String| OpenError::BadUrl {
+            url: url.shown.clone(),
+            reason,
+        };
+        let native_cas = match url.get("cas").unwrap_or("auto") {
+            "auto" => true,
+            "script" => false,
+            other => return Err(bad_url(format!("cas={other:?} is not one of auto, script"))),
+        };
         let unreachable = |reason: String| OpenError::Unreachable {
             store: NAME,
             url: url.shown.clone(),
             reason,
         };
-        let client = redis::Client::open(url.driver.as_str()).map_err(|e| OpenError::BadUrl {
-            url: url.shown.clone(),
-            reason: e.to_string(),
-        })?;
-        let config = ConnectionManagerConfig::new()
-            .set_connection_timeout(Some(timeout))
-            // No per-request timer in the driver: `call` bounds each whole
-            // operation (connecting, a retry, the reply) by `timeout` itself,
-            // and one timer per operation is measurably cheaper than two.
-            .set_response_timeout(None)
-            // Few, quick retries: while the server is down each operation
-            // fails fast as unavailable, and the next one tries again.
-            .set_number_of_retries(1)
-            .set_min_delay(Duration::from_millis(10))
-            .set_max_delay(Duration::from_millis(100));
+        let cluster = cluster_nodes(&url.driver).map_err(bad_url)?;
         let connect = async {
             let mut conns = Vec::with_capacity(connections);
-            for _ in 0..connections {
-                conns.push(
-                    ConnectionManager::new_with_config(client.clone(), config.clone())
-                        .await
-                        .map_err(|e| unreachable(e.to_string()))?,
-                );
+            match &cluster {
+                Some(nodes) => {
+                    let client = redis::cluster::ClusterClientBuilder::new(nodes.clone())
+                        .connection_timeout(timeout)
+                        // As for a lone server: few, quick retries, each
+                        // operation bounded by `timeout` as a whole. A retry
+                        // is what follows a slot that moved (`MOVED`) or a
+                        // primary that failed over.
+                        .retries(2)
+                        .min_retry_wait(10)
+                        .max_retry_wait(100)
+                        .build()
+                        .map_err(|e| bad_url(e.to_string()))?;
+                    for _ in 0..connections {
+                        let conn = client
+                            .get_async_connection()
+                            .await
+                            .map_err(|e| unreachable(e.to_string()))?;
+                        conns.push(Conn::Cluster(conn));
+                    }
+                }
+                None => {
+                    let client = redis::Client::open(url.driver.as_str())
+                        .map_err(|e| bad_url(e.to_string()))?;
+                    let config = ConnectionManagerConfig::new()
+                        .set_connection_timeout(Some(timeout))
+                        // No per-request timer in the driver: `call` bounds
+                        // each whole operation (connecting, a retry, the
+                        // reply) by `timeout` itself, and one timer per
+                        // operation is measurably cheaper than two.
+                        .set_response_timeout(None)
+                        // Few, quick retries: while the server is down each
+                        // operation fails fast as unavailable, and the next
+                        // one tries again.
+                        .set_number_of_retries(1)
+                        .set_min_delay(Duration::from_millis(10))
+                        .set_max_delay(Duration::from_millis(100));
+                    for _ in 0..connections {
+                        let conn =
+                            ConnectionManager::new_with_config(client.clone(), config.clone())
+                                .await
+                                .map_err(|e| unreachable(e.to_string()))?;
+                        conns.push(Conn::Server(conn));
+                    }
+                }
             }
-            // Loaded now so that the first claim is one round trip too.
+            // Loaded now so that the first claim is one round trip too (on a
+            // cluster, `SCRIPT LOAD` goes to every node).
             for script in [&*CLAIM_EXPIRED, &*REPLACE, &*DELETE_AT, &*PURGE] {
                 script
                     .load_async(&mut conns[0])
                     .await
                     .map_err(|e| unreachable(e.to_string()))?;
             }
-            Ok(conns)
+            let native = native_cas
+                && has_ifeq(&mut conns[0], &prefix)
+                    .await
+                    .map_err(|e| unreachable(e.to_string()))?;
+            Ok((conns, native))
         };
-        let conns = tokio::time::timeout(timeout * 2, connect)
-            .await
-            .map_err(|_| {
-                unreachable(format!("no answer within {} ms", (timeout * 2).as_millis()))
-            })??;
+        let (conns, native) =
+            tokio::time::timeout(timeout * 2, connect)
+                .await
+                .map_err(|_| {
+                    unreachable(format!("no answer within {} ms", (timeout * 2).as_millis()))
+                })??;
         Ok(RedisStore {
             conns: conns.into(),
             next: Arc::new(AtomicUsize::new(0)),
             prefix,
             timeout,
             grace_ms,
+            wait,
+            seen: native.then(Default::default),
         })
     }
 
     /// The prefix every key is stored under.
     pub fn prefix(&self) -> &str {
         &self.prefix
+    }
+
+    /// Whether completions and renewals use the server's `SET … IFEQ`
+    /// (Valkey 8.1 and later) rather than a script.
+    pub fn native_cas(&self) -> bool {
+        self.seen.is_some()
+    }
+
+    /// Whether the URL named a Redis Cluster.
+    pub fn is_cluster(&self) -> bool {
+        matches!(self.conns[0], Conn::Cluster(_))
     }
 
     fn full_key(&self, key: &str) -> String {
@@ -220,15 +371,46 @@ impl RedisStore {
             .max(1)
     }
 
+    /// Keeps the bytes of an unfinished record for the native
+    /// compare-and-set (a finished one is not replaced again: forgotten).
+    fn remember(&self, full: &str, version: u64, state: State, value: &[u8]) {
+        let Some(seen) = &self.seen else { return };
+        let mut seen = seen.lock().expect("seen lock");
+        if state == State::Done {
+            seen.remove(full);
+            return;
+        }
+        if seen.len() >= SEEN_MAX && !seen.contains_key(full) {
+            seen.clear();
+        }
+        seen.insert(full.to_owned(), (version, value.to_vec()));
+    }
+
+    /// The bytes of the record at `version`, when known; taken out, so a
+    /// concurrent replace of the same key runs the script.
+    fn recall(&self, full: &str, version: u64) -> Option<Vec<u8>> {
+        let mut seen = self.seen.as_ref()?.lock().expect("seen lock");
+        match seen.remove(full) {
+            Some((v, bytes)) if v == version => Some(bytes),
+            Some(other) => {
+                seen.insert(full.to_owned(), other);
+                None
+            }
+            None => None,
+        }
+    }
+
+    fn forget(&self, full: &str) {
+        if let Some(seen) = &self.seen {
+            seen.lock().expect("seen lock").remove(full);
+        }
+    }
+
     /// Runs one operation within the timeout. A refused connection means the
     /// command never left this process, so it is tried once more: that try
     /// waits for the reconnection the refusal started, which is what makes
     /// the first operation after the server comes back succeed.
-    async fn call<T, Fut>(
-        &self,
-        key: &str,
-        op: impl Fn(ConnectionManager) -> Fut,
-    ) -> Result<T, StoreError>
+    async fn call<T, Fut>(&self, key: &str, op: impl Fn(Conn) -> Fut) -> Result<T, StoreError>
     where
         Fut: Future<Output = redis::RedisResult<T>>,
     {
@@ -265,32 +447,180 @@ impl RedisStore {
         for (i, conn) in self.conns.iter().enumerate() {
             if i != failed {
                 let mut conn = conn.clone();
-                let _ = tokio::time::timeout(self.timeout, conn.send_packed_command(&ping)).await;
+                let _ = tokio::time::timeout(self.timeout, conn.req_packed_command(&ping)).await;
             }
         }
     }
 
-    async fn invoke(
+    /// Sends `cmd`, which reads or writes `key` alone. When it runs
+    /// `script` and the server does not have it (restarted, or a replica
+    /// promoted since), loads it and sends `cmd` again. When `write` and the
+    /// URL asks for `wait=N`, `WAIT N wait_ms` follows in the same pipeline,
+    /// on the same connection to the same node, and fewer than N replicas
+    /// acknowledging fails the operation as unavailable.
+    async fn send<T: FromRedisValue>(
         &self,
         key: &str,
-        invocation: &redis::ScriptInvocation<'_>,
-    ) -> Result<Value, StoreError> {
-        self.call(key, |mut conn| async move {
-            invocation.invoke_async::<Value>(&mut conn).await
-        })
-        .await
+        cmd: &Cmd,
+        script: Option<&Script>,
+        write: bool,
+    ) -> Result<T, StoreError> {
+        let wait = self.wait;
+        let pipe = (write && wait.replicas > 0).then(|| {
+            let mut pipe = redis::pipe();
+            pipe.add_command(cmd.clone())
+                .cmd("WAIT")
+                .arg(wait.replicas)
+                .arg(wait.ms);
+            pipe
+        });
+        let pipe = pipe.as_ref();
+        let once = async |mut conn: Conn| match pipe {
+            None => cmd.query_async::<T>(&mut conn).await.map(|v| (v, None)),
+            Some(pipe) => pipe
+                .query_async::<(T, u64)>(&mut conn)
+                .await
+                .map(|(v, acked)| (v, Some(acked))),
+        };
+        let once = &once;
+        let (value, acked) = self
+            .call(key, |conn| async move {
+                match (once(conn.clone()).await, script) {
+                    (Err(e), Some(script))
+                        if e.kind() == ErrorKind::Server(ServerErrorKind::NoScript) =>
+                    {
+                        script.load_async(&mut conn.clone()).await?;
+                        once(conn).await
+                    }
+                    (done, _) => done,
+                }
+            })
+            .await?;
+        match acked {
+            Some(acked) if acked < wait.replicas => Err(unavailable(format!(
+                "the write reached {acked} of the {} replicas wait= asks for within {} ms; failing closed",
+                wait.replicas, wait.ms
+            ))),
+            _ => Ok(value),
+        }
     }
 
-    async fn query<T: redis::FromRedisValue>(
-        &self,
-        key: &str,
-        cmd: &redis::Cmd,
-    ) -> Result<T, StoreError> {
-        self.call(key, |mut conn| async move {
-            cmd.query_async::<T>(&mut conn).await
-        })
-        .await
+    /// The nodes a `SCAN` must visit: the one server (`None`), or each
+    /// primary of the cluster, since a cursor is one node's.
+    async fn scan_nodes(&self) -> Result<Vec<Option<(String, u16)>>, StoreError> {
+        if !self.is_cluster() {
+            return Ok(vec![None]);
+        }
+        let mut cmd = redis::cmd("CLUSTER");
+        cmd.arg("NODES");
+        let nodes: String = self.send(&self.prefix, &cmd, None, false).await?;
+        Ok(cluster_primaries(&nodes).into_iter().map(Some).collect())
     }
+
+    /// One page of the keys matching `pattern` on `node`.
+    async fn scan_page(
+        &self,
+        node: Option<&(String, u16)>,
+        cursor: u64,
+        pattern: &str,
+        count: usize,
+    ) -> Result<(u64, Vec<Vec<u8>>), StoreError> {
+        let mut cmd = redis::cmd("SCAN");
+        cmd.arg(cursor)
+            .arg("MATCH")
+            .arg(pattern)
+            .arg("COUNT")
+            .arg(count);
+        let cmd = &cmd;
+        let value = self
+            .call(&self.prefix, |conn| async move {
+                match (conn, node) {
+                    (Conn::Cluster(mut c), Some((host, port))) => {
+                        let to = SingleNodeRoutingInfo::ByAddress {
+                            host: host.clone(),
+                            port: *port,
+                        };
+                        c.route_command(cmd.clone(), RoutingInfo::SingleNode(to))
+                            .await
+                    }
+                    (mut conn, _) => conn.req_packed_command(cmd).await,
+                }
+            })
+            .await?;
+        redis::from_redis_value(value).map_err(|e| unavailable(e.to_string()))
+    }
+}
+
+/// The node URLs of a `redis+cluster://[USERINFO@]HOST:PORT[,HOST:PORT…][/0][?…]`
+/// URL, or `None` for any other URL (a lone server's).
+fn cluster_nodes(driver_url: &str) -> Result<Option<Vec<String>>, String> {
+    let Some(rest) = driver_url.strip_prefix("redis+cluster://") else {
+        return Ok(None);
+    };
+    let (rest, query) = match rest.split_once('?') {
+        Some((rest, query)) => (rest, format!("?{query}")),
+        None => (rest, String::new()),
+    };
+    let (authority, path) = rest.split_once('/').unwrap_or((rest, ""));
+    if !matches!(path, "" | "0") {
+        return Err(format!("a Redis Cluster has database 0 only, not /{path}"));
+    }
+    let (userinfo, hosts) = match authority.rsplit_once('@') {
+        Some((userinfo, hosts)) => (format!("{userinfo}@"), hosts),
+        None => (String::new(), authority),
+    };
+    let nodes: Vec<String> = hosts
+        .split(',')
+        .map(|host| {
+            if host.is_empty() {
+                Err("redis+cluster:// names an empty node".to_owned())
+            } else {
+                Ok(format!("redis://{userinfo}{host}{query}"))
+            }
+        })
+        .collect::<Result<_, _>>()?;
+    Ok(Some(nodes))
+}
+
+/// The `host` and `port` of each primary that serves slots and is not
+/// failing, from a `CLUSTER NODES` reply.
+fn cluster_primaries(nodes: &str) -> Vec<(String, u16)> {
+    nodes
+        .lines()
+        .filter_map(|line| {
+            let fields: Vec<&str> = line.split_whitespace().collect();
+            let flags = fields.get(2)?;
+            if fields.len() < 9 || !flags.contains("master") || flags.contains("fail") {
+                return None;
+            }
+            let address = fields[1].split(['@', ',']).next()?;
+            let (host, port) = address.rsplit_once(':')?;
+            Some((host.to_owned(), port.parse().ok()?))
+        })
+        .collect()
+}
+
+/// Whether the server has `SET … IFEQ` (Valkey 8.1 and later). The probe
+/// key holds no record (it has a control character, which no idem key
+/// has) and `IFEQ` never creates a key, so the probe writes nothing.
+async fn has_ifeq(conn: &mut Conn, prefix: &str) -> redis::RedisResult<bool> {
+    let mut cmd = redis::cmd("SET");
+    cmd.arg(format!("{prefix}\u{1}ifeq-probe"))
+        .arg("probe")
+        .arg("IFEQ")
+        .arg("probe");
+    match cmd.query_async::<Option<String>>(conn).await {
+        Ok(_) => Ok(true),
+        Err(e) if e.code() == Some("ERR") => Ok(false),
+        Err(e) => Err(e),
+    }
+}
+
+/// `EVALSHA` of `script` on one key; its arguments follow.
+fn evalsha(script: &Script, key: &[u8]) -> Cmd {
+    let mut cmd = redis::cmd("EVALSHA");
+    cmd.arg(script.get_hash()).arg(1).arg(key);
+    cmd
 }
 
 fn unavailable(reason: String) -> StoreError {
@@ -471,13 +801,18 @@ impl Store for RedisStore {
     }
 
     async fn get(&self, key: &str, now_ms: u64) -> Result<Option<Entry>, StoreError> {
+        let full = self.full_key(key);
         let mut cmd = redis::cmd("GET");
-        cmd.arg(self.full_key(key));
-        let value: Option<Vec<u8>> = self.query(key, &cmd).await?;
-        value
-            .map(|v| decode(key, &v))
-            .transpose()
-            .map(|e| e.filter(|e| e.record.is_live(now_ms)))
+        cmd.arg(&full);
+        let Some(value) = self.send::<Option<Vec<u8>>>(key, &cmd, None, false).await? else {
+            return Ok(None);
+        };
+        let entry = decode(key, &value)?;
+        if !entry.record.is_live(now_ms) {
+            return Ok(None);
+        }
+        self.remember(&full, entry.version, entry.record.state, &value);
+        Ok(Some(entry))
     }
 
     async fn insert(
@@ -496,31 +831,39 @@ impl Store for RedisStore {
             .arg("GET")
             .arg("PX")
             .arg(ttl);
-        let Some(held) = self.query::<Option<Vec<u8>>>(key, &cmd).await? else {
+        let Some(held) = self.send::<Option<Vec<u8>>>(key, &cmd, None, true).await? else {
+            self.remember(&full, 1, record.state, &value);
             return Ok(InsertOutcome::Inserted(1));
         };
         let entry = decode(key, &held)?;
         if entry.record.is_live(now_ms) {
+            self.remember(&full, entry.version, entry.record.state, &held);
             return Ok(InsertOutcome::Existing(entry));
         }
         // Expired by the guard's clock, still held by Redis (the grace period).
         let (start, _, _) = header(&value).expect("encode writes a header");
-        let mut inv = CLAIM_EXPIRED.key(full);
-        inv.arg(now_ms)
+        let mut cmd = evalsha(&CLAIM_EXPIRED, full.as_bytes());
+        cmd.arg(now_ms)
             .arg(ttl)
             .arg(record.expires_at_ms)
             .arg(&value[start..]);
-        let reply = self.invoke(key, &inv).await?;
+        let reply: Value = self.send(key, &cmd, Some(&CLAIM_EXPIRED), true).await?;
         match reply {
             Value::Array(parts) => match parts.as_slice() {
-                [Value::Int(0), version] => number(version)
-                    .and_then(|v| u64::try_from(v).ok())
-                    .map(InsertOutcome::Inserted)
-                    .ok_or_else(|| unavailable("unexpected version reply".into())),
-                [Value::Int(1), live] => bytes(live)
-                    .ok_or_else(|| unavailable("unexpected record reply".into()))
-                    .and_then(|v| decode(key, v))
-                    .map(InsertOutcome::Existing),
+                [Value::Int(0), version] => {
+                    let version = number(version)
+                        .and_then(|v| u64::try_from(v).ok())
+                        .ok_or_else(|| unavailable("unexpected version reply".into()))?;
+                    self.remember(&full, version, record.state, &encode(version, &record));
+                    Ok(InsertOutcome::Inserted(version))
+                }
+                [Value::Int(1), live] => {
+                    let live =
+                        bytes(live).ok_or_else(|| unavailable("unexpected record reply".into()))?;
+                    let entry = decode(key, live)?;
+                    self.remember(&full, entry.version, entry.record.state, live);
+                    Ok(InsertOutcome::Existing(entry))
+                }
                 [Value::Int(2)] => Err(corrupt(
                     key,
                     "the stored record has no \"{version} {expires_at_ms}\" header",
@@ -541,13 +884,37 @@ impl Store for RedisStore {
         let Some(version) = expected_version.checked_add(1) else {
             return Ok(None);
         };
-        let mut inv = REPLACE.key(self.full_key(key));
-        inv.arg(expected_version)
-            .arg(now_ms)
-            .arg(self.ttl_ms(&record, now_ms))
-            .arg(encode(version, &record));
-        match number(&self.invoke(key, &inv).await?) {
-            Some(1) => Ok(Some(version)),
+        let full = self.full_key(key);
+        let ttl = self.ttl_ms(&record, now_ms);
+        let value = encode(version, &record);
+        if let Some(old) = self.recall(&full, expected_version) {
+            // The exact bytes at that version: the server compares them
+            // whole, and the expiry is theirs.
+            if header(&old).is_none_or(|(_, _, expires_at_ms)| expires_at_ms <= now_ms) {
+                return Ok(None);
+            }
+            let mut cmd = redis::cmd("SET");
+            cmd.arg(&full)
+                .arg(&value)
+                .arg("IFEQ")
+                .arg(&old)
+                .arg("PX")
+                .arg(ttl);
+            let written: Option<String> = self.send(key, &cmd, None, true).await?;
+            if written.is_none() {
+                return Ok(None);
+            }
+            self.remember(&full, version, record.state, &value);
+            return Ok(Some(version));
+        }
+        let mut cmd = evalsha(&REPLACE, full.as_bytes());
+        cmd.arg(expected_version).arg(now_ms).arg(ttl).arg(&value);
+        let reply: Value = self.send(key, &cmd, Some(&REPLACE), true).await?;
+        match number(&reply) {
+            Some(1) => {
+                self.remember(&full, version, record.state, &value);
+                Ok(Some(version))
+            }
             Some(0) => Ok(None),
             Some(-1) => Err(corrupt(
                 key,
@@ -559,19 +926,26 @@ impl Store for RedisStore {
 
     async fn delete(&self, key: &str, expected_version: Option<u64>) -> Result<bool, StoreError> {
         let full = self.full_key(key);
+        self.forget(&full);
         let removed = match expected_version {
-            None => self.query(key, redis::cmd("DEL").arg(&full)).await?,
+            None => {
+                let mut cmd = redis::cmd("DEL");
+                cmd.arg(&full);
+                self.send(key, &cmd, None, false).await?
+            }
             Some(v) => {
-                let mut inv = DELETE_AT.key(full);
-                inv.arg(v);
-                number(&self.invoke(key, &inv).await?).unwrap_or(0)
+                let mut cmd = evalsha(&DELETE_AT, full.as_bytes());
+                cmd.arg(v);
+                let reply: Value = self.send(key, &cmd, Some(&DELETE_AT), false).await?;
+                number(&reply).unwrap_or(0)
             }
         };
         Ok(removed > 0)
     }
 
-    /// Scans the keys under the prefix (up to [`LIST_SCAN_MAX`]), sorts them
-    /// and reads the page: an operator's tool, O(keys under the prefix).
+    /// Scans the keys under the prefix (up to [`LIST_SCAN_MAX`]; on a
+    /// cluster, on each primary), sorts them and reads the page: an
+    /// operator's tool, O(keys under the prefix).
     async fn list(
         &self,
         query: &ListQuery,
@@ -579,66 +953,54 @@ impl Store for RedisStore {
     ) -> Result<Vec<(String, Entry)>, StoreError> {
         let pattern = glob_prefix(&self.full_key(&query.prefix));
         let mut keys: Vec<String> = Vec::new();
-        let mut cursor: u64 = 0;
-        loop {
-            let mut cmd = redis::cmd("SCAN");
-            cmd.arg(cursor)
-                .arg("MATCH")
-                .arg(&pattern)
-                .arg("COUNT")
-                .arg(1000);
-            let (next, batch): (u64, Vec<Vec<u8>>) = self.query(&self.prefix, &cmd).await?;
-            for raw in batch {
-                let full = String::from_utf8(raw).map_err(|e| {
-                    corrupt(
-                        &String::from_utf8_lossy(e.as_bytes()),
-                        "the key is not UTF-8",
-                    )
-                })?;
-                let key = full[self.prefix.len()..].to_owned();
-                if query
-                    .after
-                    .as_ref()
-                    .is_none_or(|a| key.as_str() > a.as_str())
-                {
-                    keys.push(key);
+        for node in self.scan_nodes().await? {
+            let mut cursor: u64 = 0;
+            loop {
+                let (next, batch) = self
+                    .scan_page(node.as_ref(), cursor, &pattern, 1000)
+                    .await?;
+                for raw in batch {
+                    let full = String::from_utf8(raw).map_err(|e| {
+                        corrupt(
+                            &String::from_utf8_lossy(e.as_bytes()),
+                            "the key is not UTF-8",
+                        )
+                    })?;
+                    let key = full[self.prefix.len()..].to_owned();
+                    if query
+                        .after
+                        .as_ref()
+                        .is_none_or(|a| key.as_str() > a.as_str())
+                    {
+                        keys.push(key);
+                    }
                 }
-            }
-            if keys.len() > LIST_SCAN_MAX {
-                return Err(unavailable(format!(
-                    "more than {LIST_SCAN_MAX} keys start with {:?}; list a narrower prefix",
-                    query.prefix
-                )));
-            }
-            cursor = next;
-            if cursor == 0 {
-                break;
+                if keys.len() > LIST_SCAN_MAX {
+                    return Err(unavailable(format!(
+                        "more than {LIST_SCAN_MAX} keys start with {:?}; list a narrower prefix",
+                        query.prefix
+                    )));
+                }
+                cursor = next;
+                if cursor == 0 {
+                    break;
+                }
             }
         }
         keys.sort_unstable();
         keys.dedup(); // SCAN may return a key twice.
         let mut rows = Vec::new();
         for chunk in keys.chunks(query.limit.clamp(1, 1000)) {
-            let mut pipe = redis::pipe();
-            pipe.ignore_errors();
-            for key in chunk {
-                pipe.cmd("GET").arg(self.full_key(key));
-            }
-            let pipe = &pipe;
-            let values: Vec<redis::RedisResult<Option<Vec<u8>>>> = self
-                .call(&query.prefix, |mut conn| async move {
-                    pipe.query_async(&mut conn).await
-                })
-                .await?;
+            // One `GET` per key, all sent at once: the connection pipelines
+            // them, and on a cluster each goes to its own node.
+            let values = futures_util::future::join_all(chunk.iter().map(|key| async move {
+                let mut cmd = redis::cmd("GET");
+                cmd.arg(self.full_key(key));
+                self.send::<Option<Vec<u8>>>(key, &cmd, None, false).await
+            }))
+            .await;
             for (key, value) in chunk.iter().zip(values) {
-                let value = value.map_err(|e| {
-                    if e.code() == Some("WRONGTYPE") {
-                        wrong_type(key)
-                    } else {
-                        unavailable(e.to_string())
-                    }
-                })?;
-                if let Some(value) = value
+                if let Some(value) = value?
                     && let entry = decode(key, &value)?
                     && entry.record.is_live(now_ms)
                     && query.state.is_none_or(|s| s == entry.record.state)
@@ -662,31 +1024,59 @@ impl Store for RedisStore {
     /// still holds (within their grace period). Redis frees the rest itself.
     async fn purge_expired(&self, now_ms: u64, limit: usize) -> Result<usize, StoreError> {
         let pattern = glob_prefix(&self.prefix);
-        let (mut cursor, mut purged) = (0u64, 0usize);
-        while purged < limit {
-            let mut cmd = redis::cmd("SCAN");
-            cmd.arg(cursor)
-                .arg("MATCH")
-                .arg(&pattern)
-                .arg("COUNT")
-                .arg(500);
-            let (next, batch): (u64, Vec<Vec<u8>>) = self.query(&self.prefix, &cmd).await?;
-            if !batch.is_empty() {
-                let mut inv = PURGE.prepare_invoke();
-                for key in &batch {
-                    inv.key(key.as_slice());
+        let mut purged = 0usize;
+        for node in self.scan_nodes().await? {
+            let mut cursor = 0u64;
+            while purged < limit {
+                let (next, batch) = self.scan_page(node.as_ref(), cursor, &pattern, 500).await?;
+                if self.is_cluster() {
+                    // Keys of different slots cannot meet in one script: one
+                    // call per key, all sent at once.
+                    for chunk in batch.chunks(limit - purged) {
+                        let counts = futures_util::future::join_all(
+                            chunk
+                                .iter()
+                                .map(|key| self.purge_keys(std::slice::from_ref(key), now_ms, 1)),
+                        )
+                        .await;
+                        for n in counts {
+                            purged += n?;
+                        }
+                        if purged >= limit {
+                            break;
+                        }
+                    }
+                } else if !batch.is_empty() {
+                    purged += self.purge_keys(&batch, now_ms, limit - purged).await?;
                 }
-                inv.arg(now_ms).arg(limit - purged);
-                purged += number(&self.invoke(&self.prefix, &inv).await?)
-                    .and_then(|n| usize::try_from(n).ok())
-                    .unwrap_or(0);
-            }
-            cursor = next;
-            if cursor == 0 {
-                break;
+                cursor = next;
+                if cursor == 0 {
+                    break;
+                }
             }
         }
         Ok(purged)
+    }
+}
+
+impl RedisStore {
+    /// Deletes at most `limit` of `keys` whose records expired by `now_ms`.
+    async fn purge_keys(
+        &self,
+        keys: &[Vec<u8>],
+        now_ms: u64,
+        limit: usize,
+    ) -> Result<usize, StoreError> {
+        let mut cmd = redis::cmd("EVALSHA");
+        cmd.arg(PURGE.get_hash()).arg(keys.len());
+        for key in keys {
+            cmd.arg(key.as_slice());
+        }
+        cmd.arg(now_ms).arg(limit);
+        let reply: Value = self.send(&self.prefix, &cmd, Some(&PURGE), false).await?;
+        Ok(number(&reply)
+            .and_then(|n| usize::try_from(n).ok())
+            .unwrap_or(0))
     }
 }
 
@@ -750,6 +1140,39 @@ mod tests {
                 other => panic!("{:?}: {other:?}", String::from_utf8_lossy(bytes)),
             }
         }
+    }
+
+    #[test]
+    fn cluster_urls_name_every_node_with_the_same_credentials() {
+        assert_eq!(
+            cluster_nodes("redis+cluster://:pw@a:7000,b:7001/0?protocol=resp3").unwrap(),
+            Some(vec![
+                "redis://:pw@a:7000?protocol=resp3".to_owned(),
+                "redis://:pw@b:7001?protocol=resp3".to_owned(),
+            ])
+        );
+        assert_eq!(cluster_nodes("redis://a:6379/2").unwrap(), None);
+        let err = cluster_nodes("redis+cluster://a:7000/3").unwrap_err();
+        assert!(err.contains("database 0 only"), "{err}");
+        assert!(cluster_nodes("redis+cluster://a:7000,,b:7001").is_err());
+    }
+
+    #[test]
+    fn cluster_scans_visit_the_live_primaries_with_slots() {
+        let nodes = "\
+a1 127.0.0.1:7004@17004 slave a0 0 1 5 connected
+a0 127.0.0.1:7000@17000 myself,master - 0 1 1 connected 0-5460
+b0 10.0.0.2:7001@17001,host-b master - 0 1 2 connected 5461-10922
+c0 127.0.0.1:7002@17002 master,fail - 0 1 3 disconnected 10923-16383
+d0 127.0.0.1:7003@17003 master - 0 1 4 connected
+";
+        assert_eq!(
+            cluster_primaries(nodes),
+            vec![
+                ("127.0.0.1".to_owned(), 7000),
+                ("10.0.0.2".to_owned(), 7001)
+            ]
+        );
     }
 
     #[test]

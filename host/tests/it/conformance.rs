@@ -496,14 +496,20 @@ async fn open_sqlite() -> Option<Arc<dyn Store>> {
 store_conformance!(sqlite, open_sqlite());
 store_conformance!(sqlite_current_thread, open_sqlite(), current_thread);
 
-store_conformance!(redis, async {
-    let url = crate::netstores::server_url("IDEM_TEST_REDIS_URL")?;
-    Some(Arc::new(
-        idem::store::RedisStore::open(&url)
-            .await
-            .expect("IDEM_TEST_REDIS_URL is set but the server cannot be opened"),
-    ) as Arc<dyn Store>)
-});
+/// The Redis store on the server `var` names; `None` when it is not set.
+async fn open_redis(var: &str) -> Option<Arc<dyn Store>> {
+    let url = crate::netstores::server_url(var)?;
+    let store = idem::store::RedisStore::open(&url)
+        .await
+        .unwrap_or_else(|e| panic!("{var} is set but the server cannot be opened: {e}"));
+    Some(Arc::new(store) as Arc<dyn Store>)
+}
+
+store_conformance!(redis, open_redis("IDEM_TEST_REDIS_URL"));
+// Every primitive is one key, so one command on the node of its slot.
+store_conformance!(redis_cluster, open_redis("IDEM_TEST_REDIS_CLUSTER_URL"));
+// Valkey 8.1: completions and renewals by `SET … IFEQ`.
+store_conformance!(valkey, open_redis("IDEM_TEST_VALKEY_URL"));
 
 store_conformance!(postgres, async {
     let url = crate::netstores::server_url("IDEM_TEST_POSTGRES_URL")?;
