@@ -97,6 +97,7 @@ fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
 
 /// What one order's clients did and saw: the input of [`check`].
 #[derive(Clone, Debug, Default)]
+#[allow(clippy::struct_excessive_bools)] // independent facts about one order
 pub struct OrderLog {
     pub id: String,
     pub qty: i64,
@@ -1378,7 +1379,11 @@ fn upsets(kills: usize, pauses: usize, orders: usize, seed: u64) -> Vec<(u64, Up
     });
     let pause_at = (1..=pauses).map(|k| {
         let at = (orders * (2 * k - 1) / (2 * pauses)) as u64;
-        (at, Upset::Pause, (k + usize::from(seed % 2 == 0)) % 2)
+        (
+            at,
+            Upset::Pause,
+            (k + usize::from(seed.is_multiple_of(2))) % 2,
+        )
     });
     let mut all: Vec<_> = kill_at.chain(pause_at).collect();
     all.sort_by_key(|&(at, upset, _)| std::cmp::Reverse((at, upset == Upset::Pause)));
@@ -1689,6 +1694,7 @@ struct Figures<'a> {
     elapsed: Duration,
 }
 
+#[allow(clippy::too_many_lines)] // one line of the report after another
 fn print_figures(f: &Figures) {
     let (t, r) = (f.tally, f.report);
     let answered_2xx = f.orders.iter().filter(|o| !o.bodies.is_empty()).count();
@@ -1907,6 +1913,7 @@ mod tests {
 
     /// Each case breaks one thing; the checker must name it.
     #[test]
+    #[allow(clippy::too_many_lines)] // one case per kind of violation
     fn every_kind_of_violation_is_reported() {
         type Break = fn(&mut Vec<OrderLog>, &mut Books, &mut Vec<Stored>);
         let cases: &[(&str, Break, &str)] = &[

@@ -564,6 +564,7 @@ fn to_sse(event: &Event) -> SseEvent {
     }
 }
 
+#[allow(clippy::too_many_lines)] // one block per metric
 async fn metrics(State(admin): State<Admin>) -> Response {
     use std::fmt::Write as _;
     let observer = admin.gateway.observer();

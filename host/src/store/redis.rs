@@ -218,14 +218,18 @@ pub struct RedisStore {
     wait: Wait,
     /// With the native compare-and-set: per full key, the version and bytes
     /// of the unfinished record last written or read. `None` without it.
-    seen: Option<Arc<Mutex<HashMap<String, (u64, Vec<u8>)>>>>,
+    seen: Option<Arc<Mutex<Seen>>>,
 }
+
+/// Per full key, the version and bytes of the unfinished record last seen.
+type Seen = HashMap<String, (u64, Vec<u8>)>;
 
 impl RedisStore {
     /// Connects to the server (or cluster) the URL names, loads the scripts
     /// and asks whether the server has `SET … IFEQ`. Fails when it cannot
     /// be reached now; after that, the store reconnects by itself and fails
     /// each operation as unavailable meanwhile.
+    #[allow(clippy::too_many_lines)] // one connect path per kind of server, read top to bottom
     pub async fn open(url: &str) -> Result<Self, OpenError> {
         let url = StoreUrl::parse(
             url,
@@ -265,6 +269,7 @@ impl RedisStore {
         let cluster = cluster_nodes(&url.driver).map_err(bad_url)?;
         let connect = async {
             let mut conns = Vec::with_capacity(connections);
+            #[allow(clippy::single_match_else)] // the two kinds of server, side by side
             match &cluster {
                 Some(nodes) => {
                     let client = redis::cluster::ClusterClientBuilder::new(nodes.clone())
