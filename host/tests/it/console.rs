@@ -7,39 +7,12 @@
 //! the admin token, the console says how to pass it.
 
 use std::io::{Read, Write};
-use std::net::{TcpListener, TcpStream};
-use std::process::{Child, Command, Stdio};
+use std::net::TcpStream;
+use std::process::Command;
 use std::time::{Duration, Instant};
 
-const IDEM: &str = env!("CARGO_BIN_EXE_idem");
-
-/// A child process killed on drop.
-pub(crate) struct Proc(Child);
-
-impl Drop for Proc {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-/// Three distinct free ports: the listeners are held together while they are
-/// picked, so the kernel cannot hand back one it just released.
-fn free_ports() -> [u16; 3] {
-    let held = [(); 3].map(|()| TcpListener::bind("127.0.0.1:0").unwrap());
-    held.map(|listener| listener.local_addr().unwrap().port())
-}
-
-fn spawn(args: &[&str]) -> Proc {
-    Proc(
-        Command::new(IDEM)
-            .args(args)
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap(),
-    )
-}
+pub(crate) use crate::support::Proc;
+use crate::support::{IDEM, free_ports, spawn_idem as spawn};
 
 /// One HTTP/1.1 request; returns the status code (0 if the server is not up yet).
 pub(crate) fn post(port: u16, key: &str, body: &str) -> u16 {
