@@ -128,11 +128,6 @@ pub struct Seen {
     pub body: Vec<u8>,
     /// It came with `Idempotent-Replayed`: from the store.
     pub replayed: bool,
-    /// Its request overlapped a store fault that fails an operation or loses
-    /// its reply, a latency spike on `replace`, or a pause of its gateway:
-    /// any of them may keep the response from being recorded, and the
-    /// gateway then still answers with it.
-    pub may_be_unrecorded: bool,
 }
 
 /// Whether an order's key was sent again with another body, and its final answer.
@@ -170,9 +165,6 @@ pub struct Report {
     pub reexecuted_paused: usize,
     /// 2xx answers checked against their key's kept response.
     pub answers_checked: usize,
-    /// First answers whose response the key did not keep, each explained by
-    /// a store fault or a pause.
-    pub unkept_answers: usize,
     /// Pairs of runs of one key that overlapped in time.
     pub overlapping_runs: usize,
     /// Stored responses that match the ledger.
@@ -330,11 +322,12 @@ pub fn check(orders: &[OrderLog], books: &Books, stock_at_start: i64, stored: &[
     report
 }
 
-/// No key gives two different 2xx bodies: every 2xx body a client saw is
-/// the key's `kept` response, byte for byte. A replay comes from the store,
-/// so it must be. A first answer may differ only if its response was never
-/// recorded (a gateway that cannot record a response still answers with
-/// it), and only a store fault or a pause during its request explains that.
+/// No key gives two different 2xx bodies: every 2xx body a client saw, first
+/// answer or replay, is the key's `kept` response, byte for byte. A replay
+/// comes from the store, so it must be; a first answer is sent only once its
+/// response is recorded (a gateway that cannot record it answers 503
+/// `response-not-recorded` instead), so it must be too, whatever faults,
+/// kills or pauses its request met.
 fn check_bodies(order: &OrderLog, kept: Option<&[u8]>, report: &mut Report, v: &mut Vec<String>) {
     let id = &order.id;
     let kept_execution = kept.and_then(execution);
@@ -344,17 +337,14 @@ fn check_bodies(order: &OrderLog, kept: Option<&[u8]>, report: &mut Report, v: &
             continue;
         }
         let got = execution(&seen.body);
-        if seen.replayed {
-            v.push(format!(
-                "order {id}: a replay gave the body of execution {got:?}, not the key's kept response (execution {kept_execution:?})"
-            ));
-        } else if seen.may_be_unrecorded {
-            report.unkept_answers += 1;
+        let what = if seen.replayed {
+            "a replay"
         } else {
-            v.push(format!(
-                "order {id}: two different 2xx bodies: a client got execution {got:?}, the key kept execution {kept_execution:?}, with no store fault or pause to explain it"
-            ));
-        }
+            "a first answer"
+        };
+        v.push(format!(
+            "order {id}: two different 2xx bodies: {what} gave the body of execution {got:?}, the key kept execution {kept_execution:?}"
+        ));
     }
 }
 
@@ -865,7 +855,6 @@ impl Soak {
             log.bodies.push(Seen {
                 body: answer.body.to_vec(),
                 replayed: answer.replayed,
-                may_be_unrecorded: under_fault || paused,
             });
         }
         Some(answer)
@@ -1796,8 +1785,8 @@ fn print_figures(f: &Figures) {
         r.stored_matching, r.left_processing
     );
     println!(
-        "  2xx bodies        {} checked against their key's kept response: {} first answers not kept (a store fault or a pause kept them from being recorded); a key that gave two different 2xx bodies otherwise is a violation",
-        r.answers_checked, r.unkept_answers
+        "  2xx bodies        {} checked against their key's kept response (first answers and replays alike); any other body is a violation",
+        r.answers_checked
     );
     println!(
         "  overlapping runs  {} pairs of runs of one key overlapped in time; allowed only as a takeover under a higher fence whose earlier run's response was refused",
@@ -1811,7 +1800,7 @@ fn print_figures(f: &Figures) {
         println!("    … and {} more", r.violations.len() - 20);
     }
     println!(
-        "soak: orders={} requests={} crashes={} fault_toggles={toggles} faults_injected={injected} duplicates_prevented={duplicates_prevented} reexecuted={} violations={} pauses={} spikes={} unkept_2xx={} overlapping_runs={}",
+        "soak: orders={} requests={} crashes={} fault_toggles={toggles} faults_injected={injected} duplicates_prevented={duplicates_prevented} reexecuted={} violations={} pauses={} spikes={} answers_checked={} overlapping_runs={}",
         f.orders.len(),
         get(&t.sent),
         get(&t.kills),
@@ -1819,7 +1808,7 @@ fn print_figures(f: &Figures) {
         r.violations.len(),
         get(&t.pauses),
         get(&t.spikes_on),
-        r.unkept_answers,
+        r.answers_checked,
         r.overlapping_runs,
     );
 }
@@ -2006,7 +1995,6 @@ mod tests {
                     rerun(books, "a", 2, 5_000, 5_100);
                     orders[0].bodies.push(Seen {
                         replayed: true,
-                        may_be_unrecorded: true,
                         ..answer("a", 2)
                     });
                 },
@@ -2061,8 +2049,8 @@ mod tests {
     fn reruns_after_a_kill_a_fault_or_a_pause_are_counted_not_violations() {
         let (mut a, mut b, mut c) = (order("a"), order("b"), order("c"));
         a.at_kill = true;
-        // Left claimed: the answer its client got was never recorded.
-        a.bodies[0].may_be_unrecorded = true;
+        // Left claimed: its client got no 2xx (the gateway died under it).
+        a.bodies.clear();
         b.under_fault = true;
         c.at_pause = true;
         let mut books = books_for(&[&a, &b, &c]);
@@ -2079,9 +2067,8 @@ mod tests {
                 report.reexecuted_under_fault,
                 report.reexecuted_paused,
                 report.left_processing,
-                report.unkept_answers
             ),
-            (3, 1, 1, 1, 1, 1)
+            (3, 1, 1, 1, 1)
         );
     }
 
@@ -2089,10 +2076,10 @@ mod tests {
     /// whose `insert` took 800 ms of a 2 s lease, an upstream call of 1.4 s
     /// still running when a retry took the lapsed claim over, the first
     /// run's completion refused, and each client answered with its own run.
-    fn slow_claim(first_answer_explained: bool) -> Report {
+    fn slow_claim(first_answer_under_fault: bool) -> Report {
         let mut a = order("a");
         a.slow = true; // the old check's only clue: a request slower than the upstream timeout
-        a.bodies[0].may_be_unrecorded = first_answer_explained;
+        a.under_fault = first_answer_under_fault;
         a.bodies.push(answer("a", 2));
         let mut books = books_for(&[&a]);
         books.runs.get_mut("a").unwrap()[0].ended_ms = 1_000 + 1_400;
@@ -2120,18 +2107,21 @@ mod tests {
         assert_eq!(report.overlapping_runs, 1);
     }
 
+    /// A gateway answers 2xx only once the response is recorded, so a first
+    /// answer the key did not keep is a violation even when a store fault
+    /// or a pause overlapped its request (the old check excused those).
     #[test]
-    fn an_unrecorded_first_answer_under_a_fault_or_a_pause_is_counted_not_a_violation() {
+    fn an_unkept_first_answer_is_a_violation_even_under_a_fault() {
         let report = slow_claim(true);
-        assert!(report.violations.is_empty(), "{:?}", report.violations);
-        assert_eq!(
-            (
-                report.answers_checked,
-                report.unkept_answers,
-                report.overlapping_runs
-            ),
-            (2, 1, 1)
+        assert!(
+            report
+                .violations
+                .iter()
+                .any(|v| v.contains("a first answer gave the body of execution Some(1)")),
+            "{:?}",
+            report.violations
         );
+        assert_eq!(report.answers_checked, 2);
     }
 
     #[test]
