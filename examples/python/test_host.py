@@ -5,8 +5,8 @@ lease."""
 
 from __future__ import annotations
 
-import hashlib
-import struct
+import importlib.util
+import random
 import time
 from pathlib import Path
 from typing import Any, Callable
@@ -52,28 +52,41 @@ def test_a_host_bug_traps_the_instance_which_is_replaced() -> None:
     assert guard.begin("k", "fp")[0] == "replay"
 
 
-def test_the_fingerprint_is_the_documented_encoding() -> None:
-    # Recomputed here from the WIT's description, independently of the component.
-    def expected(method: str, path: str, headers: list[tuple[str, bytes]], body: bytes) -> str:
-        h = hashlib.sha256()
+def native_fingerprint():
+    """`conformance/fingerprint.py`: the fingerprint written from the WIT doc alone."""
+    spec = importlib.util.spec_from_file_location(
+        "fingerprint", Path(__file__).resolve().parents[2] / "conformance" / "fingerprint.py"
+    )
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
-        def part(b: bytes) -> None:
-            h.update(struct.pack(">Q", len(b)))
-            h.update(b)
 
-        ordered = sorted((n.lower().encode(), v) for n, v in headers)
-        for p in (b"idem-fingerprint-v1", method.upper().encode(), path.encode(), struct.pack(">Q", len(ordered))):
-            part(p)
-        for n, v in ordered:
-            part(n)
-            part(v)
-        part(body)
-        return "sha256:" + h.hexdigest()
+def test_the_fingerprint_vectors_are_reproduced_natively() -> None:
+    # Independently of the component: the vectors follow from the WIT's text.
+    native = native_fingerprint()
+    conformance = Path(__file__).resolve().parents[2] / "conformance"
+    assert native.check(conformance / "fingerprint-vectors.json") >= 20
+    assert native.check(conformance / "fingerprint-canonical.json") == 4
 
+
+def test_the_component_and_the_native_fingerprint_agree_on_random_requests() -> None:
+    native = native_fingerprint()
     guard = guard_over(MemoryStore())
-    headers = [("X-Tenant", b"acme"), ("content-type", b"application/json")]
-    assert guard.fingerprint("post", "/pay", headers, b'{"qty":1}') == expected("post", "/pay", headers, b'{"qty":1}')
-    assert guard.fingerprint("GET", "/", [], b"\x00\xff") == expected("GET", "/", [], b"\x00\xff")
+    rng = random.Random(16)
+    alphabet = "aAzZ-_/?=&é ÖöΣσ\u00e9x0\x7f"
+    for _ in range(300):
+        word = lambda n: "".join(rng.choice(alphabet) for _ in range(rng.randint(0, n)))
+        headers = [(word(6), rng.randbytes(rng.randint(0, 4))) for _ in range(rng.randint(0, 4))]
+        if headers and rng.random() < 0.3:
+            headers.append((headers[0][0].swapcase(), headers[0][1]))
+        method, path, body = word(5), word(12), rng.randbytes(rng.randint(0, 40))
+        assert guard.fingerprint(method, path, headers, body) == native.fingerprint(method, path, headers, body), (
+            method,
+            path,
+            headers,
+            body,
+        )
 
 
 class Ledger:
