@@ -30,6 +30,56 @@ pub fn record(fingerprint: &str, state: State, lease_until_ms: u64, expires_at_m
     }
 }
 
+/// Inserts `record` at `key`, which must be absent or expired.
+pub async fn put<S: Store + ?Sized>(store: &S, key: &str, record: Record, now_ms: u64) {
+    match store.insert(key, record, now_ms).await.unwrap() {
+        idem::store::InsertOutcome::Inserted(_) => {}
+        existing => panic!("{key} was live: {existing:?}"),
+    }
+}
+
+/// Five records expired at `BASE_MS + 10` and one live: `purge_expired`
+/// frees at most its limit per call, only expired records, and then no
+/// more. For a store of its own (a fresh file, prefix or table).
+pub async fn purge_is_bounded_and_spares_live_records<S: Store + ?Sized>(store: &S) {
+    for i in 0..5 {
+        put(
+            store,
+            &format!("old{i}"),
+            record("fp", State::Done, 0, BASE_MS + 10),
+            BASE_MS,
+        )
+        .await;
+    }
+    put(
+        store,
+        "live",
+        record("fp", State::Done, 0, BASE_MS + 10_000),
+        BASE_MS,
+    )
+    .await;
+    assert_eq!(store.purge_expired(BASE_MS + 10, 3).await.unwrap(), 3);
+    assert_eq!(store.purge_expired(BASE_MS + 10, 100).await.unwrap(), 2);
+    assert_eq!(store.purge_expired(BASE_MS + 10, 100).await.unwrap(), 0);
+    assert!(store.get("live", BASE_MS + 10).await.unwrap().is_some());
+}
+
+/// Waits for concurrent `begin`s of one key: how many proceeded. Every
+/// other one must have been told the key is in flight.
+pub async fn proceeded<E: std::fmt::Debug + 'static>(
+    mut tasks: tokio::task::JoinSet<Result<Decision, E>>,
+) -> usize {
+    let mut proceeded = 0;
+    while let Some(d) = tasks.join_next().await {
+        match d.unwrap().unwrap() {
+            Decision::Proceed(_) => proceeded += 1,
+            Decision::InFlight { .. } => {}
+            other => panic!("unexpected {other:?}"),
+        }
+    }
+    proceeded
+}
+
 /// A key no other test (or earlier run against a shared server) uses.
 pub fn unique(name: &str) -> String {
     static N: AtomicUsize = AtomicUsize::new(0);
@@ -114,27 +164,25 @@ pub async fn replace_only_at_version(store: Arc<dyn Store>) {
 pub async fn delete_at_version(store: Arc<dyn Store>) {
     let key = unique("delete");
     let now = BASE_MS;
-    store
-        .insert(
-            &key,
-            record("fp", State::Processing, now + 1, now + 10_000),
-            now,
-        )
-        .await
-        .unwrap();
+    put(
+        &store,
+        &key,
+        record("fp", State::Processing, now + 1, now + 10_000),
+        now,
+    )
+    .await;
     assert!(!store.delete(&key, Some(7)).await.unwrap());
     assert!(store.get(&key, now).await.unwrap().is_some());
     assert!(store.delete(&key, Some(1)).await.unwrap());
     assert!(store.get(&key, now).await.unwrap().is_none());
     assert!(!store.delete(&key, None).await.unwrap());
-    store
-        .insert(
-            &key,
-            record("fp", State::Processing, now + 1, now + 10_000),
-            now,
-        )
-        .await
-        .unwrap();
+    put(
+        &store,
+        &key,
+        record("fp", State::Processing, now + 1, now + 10_000),
+        now,
+    )
+    .await;
     assert!(store.delete(&key, None).await.unwrap());
 }
 
@@ -197,14 +245,13 @@ pub async fn list_filters_and_pages(store: Arc<dyn Store>) {
         } else {
             State::Processing
         };
-        store
-            .insert(
-                &format!("{prefix}/{i}"),
-                record("fp", state, now + 1_000, now + 10_000),
-                now,
-            )
-            .await
-            .unwrap();
+        put(
+            &store,
+            &format!("{prefix}/{i}"),
+            record("fp", state, now + 1_000, now + 10_000),
+            now,
+        )
+        .await;
     }
     let q = ListQuery {
         prefix: prefix.clone(),
@@ -245,15 +292,7 @@ pub async fn one_of_64_concurrent_claimers_proceeds(store: Arc<dyn Store>) {
         let (guard, key) = (guard.clone(), key.clone());
         tasks.spawn(async move { guard.begin(&key, "fp").await });
     }
-    let mut proceeded = 0;
-    while let Some(d) = tasks.join_next().await {
-        match d.unwrap().unwrap() {
-            Decision::Proceed(_) => proceeded += 1,
-            Decision::InFlight { .. } => {}
-            other => panic!("unexpected {other:?}"),
-        }
-    }
-    assert_eq!(proceeded, 1, "exactly one claimer proceeds");
+    assert_eq!(proceeded(tasks).await, 1, "exactly one claimer proceeds");
 }
 
 /// 64 concurrent claims of a key whose record has expired (still held by the

@@ -6,7 +6,7 @@
 //! Servers come from `IDEM_TEST_REDIS_URL` and `IDEM_TEST_POSTGRES_URL`;
 //! without them each test prints why it skipped.
 
-use crate::conformance::{BASE_MS, record, unique};
+use crate::conformance::{BASE_MS, put, record, unique};
 use crate::proxy::Proxy;
 use idem::store::{InsertOutcome, Store, StoreError};
 use idem::{Guard, ManualClock, Outcome, Response, State};
@@ -74,14 +74,13 @@ fn ok_handler(
 pub async fn claim_is_one_round_trip(store: Arc<dyn Store>, proxy: &Proxy) {
     let now = BASE_MS;
     // Warm: connections made and statements or scripts prepared.
-    store
-        .insert(
-            &unique("warm"),
-            record("fp", State::Processing, now + 1_000, now + 10_000),
-            now,
-        )
-        .await
-        .unwrap();
+    put(
+        &store,
+        &unique("warm"),
+        record("fp", State::Processing, now + 1_000, now + 10_000),
+        now,
+    )
+    .await;
     proxy.take_round_trips();
 
     let key = unique("rt");
@@ -334,14 +333,13 @@ mod redis {
             .await
             .unwrap();
         let key = unique("ttl");
-        store
-            .insert(
-                &key,
-                record("fp", State::Processing, BASE_MS + 1, BASE_MS + 50_000),
-                BASE_MS,
-            )
-            .await
-            .unwrap();
+        put(
+            &store,
+            &key,
+            record("fp", State::Processing, BASE_MS + 1, BASE_MS + 50_000),
+            BASE_MS,
+        )
+        .await;
         let ttl: i64 = ::redis::cmd("PTTL")
             .arg(format!("{}{key}", store.prefix()))
             .query_async(&mut raw(&url).await)
@@ -390,27 +388,7 @@ mod redis {
         let store = RedisStore::open(&format!("{url}?prefix={prefix}"))
             .await
             .unwrap();
-        for i in 0..5 {
-            store
-                .insert(
-                    &format!("old{i}"),
-                    record("fp", State::Done, 0, BASE_MS + 10),
-                    BASE_MS,
-                )
-                .await
-                .unwrap();
-        }
-        store
-            .insert(
-                "live",
-                record("fp", State::Done, 0, BASE_MS + 10_000),
-                BASE_MS,
-            )
-            .await
-            .unwrap();
-        assert_eq!(store.purge_expired(BASE_MS + 10, 3).await.unwrap(), 3);
-        assert_eq!(store.purge_expired(BASE_MS + 10, 100).await.unwrap(), 2);
-        assert!(store.get("live", BASE_MS + 10).await.unwrap().is_some());
+        crate::conformance::purge_is_bounded_and_spares_live_records(&store).await;
     }
 }
 
@@ -583,14 +561,13 @@ mod postgres {
         let Some(url) = url() else { return };
         let store = PostgresStore::open(&url).await.unwrap();
         let key = unique("garbled");
-        store
-            .insert(
-                &key,
-                record("fp", State::Done, 0, BASE_MS + 10_000),
-                BASE_MS,
-            )
-            .await
-            .unwrap();
+        put(
+            &store,
+            &key,
+            record("fp", State::Done, 0, BASE_MS + 10_000),
+            BASE_MS,
+        )
+        .await;
         raw(&url)
             .await
             .execute(
@@ -632,27 +609,7 @@ mod postgres {
         let store = PostgresStore::open(&with(&url, &format!("table={t}")))
             .await
             .unwrap();
-        for i in 0..5 {
-            store
-                .insert(
-                    &format!("old{i}"),
-                    record("fp", State::Done, 0, BASE_MS + 10),
-                    BASE_MS,
-                )
-                .await
-                .unwrap();
-        }
-        store
-            .insert(
-                "live",
-                record("fp", State::Done, 0, BASE_MS + 10_000),
-                BASE_MS,
-            )
-            .await
-            .unwrap();
-        assert_eq!(store.purge_expired(BASE_MS + 10, 3).await.unwrap(), 3);
-        assert_eq!(store.purge_expired(BASE_MS + 10, 100).await.unwrap(), 2);
-        assert!(store.get("live", BASE_MS + 10).await.unwrap().is_some());
+        crate::conformance::purge_is_bounded_and_spares_live_records(&store).await;
         let client = raw(&url).await;
         let rows: i64 = client
             .query_one(&format!("SELECT count(*) FROM {t}"), &[])

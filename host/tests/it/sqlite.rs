@@ -2,7 +2,7 @@
 //! `kill -9`, rows that do not decode, schema versions, bad paths, purging,
 //! and two stores (as two processes would) sharing one file.
 
-use crate::conformance::{BASE_MS, record, unique};
+use crate::conformance::{BASE_MS, put, record, unique};
 use idem::store::{
     ListQuery, OpenError, SqliteOptions, SqliteStore, Store, StoreError, Synchronous,
 };
@@ -287,14 +287,13 @@ async fn urls_choose_the_file_and_durability() {
         .unwrap();
     assert_eq!(store.name(), "sqlite");
     let key = unique("url");
-    store
-        .insert(
-            &key,
-            record("fp", State::Done, 0, BASE_MS + 10_000),
-            BASE_MS,
-        )
-        .await
-        .unwrap();
+    put(
+        &store,
+        &key,
+        record("fp", State::Done, 0, BASE_MS + 10_000),
+        BASE_MS,
+    )
+    .await;
     drop(store);
     let reopened = SqliteStore::open(
         &db,
@@ -322,24 +321,22 @@ async fn purge_is_bounded_and_frees_only_expired_records() {
     let store = open(&db);
     let now = BASE_MS;
     for i in 0..10 {
-        store
-            .insert(
-                &format!("old/{i}"),
-                record("fp", State::Done, 0, now + 100),
-                now,
-            )
-            .await
-            .unwrap();
+        put(
+            &store,
+            &format!("old/{i}"),
+            record("fp", State::Done, 0, now + 100),
+            now,
+        )
+        .await;
     }
     for i in 0..2 {
-        store
-            .insert(
-                &format!("live/{i}"),
-                record("fp", State::Done, 0, now + 10_000),
-                now,
-            )
-            .await
-            .unwrap();
+        put(
+            &store,
+            &format!("live/{i}"),
+            record("fp", State::Done, 0, now + 10_000),
+            now,
+        )
+        .await;
     }
     assert_eq!(
         store.purge_expired(now + 99, 100).await.unwrap(),
@@ -376,23 +373,21 @@ async fn the_purger_frees_every_expired_row_each_period_in_batches() {
     let store = open(&db);
     let clock = ManualClock::new(BASE_MS);
     for i in 0..7 {
-        store
-            .insert(
-                &format!("old/{i}"),
-                record("fp", State::Done, 0, BASE_MS + 100),
-                BASE_MS,
-            )
-            .await
-            .unwrap();
-    }
-    store
-        .insert(
-            "live",
-            record("fp", State::Done, 0, BASE_MS + 10_000),
+        put(
+            &store,
+            &format!("old/{i}"),
+            record("fp", State::Done, 0, BASE_MS + 100),
             BASE_MS,
         )
-        .await
-        .unwrap();
+        .await;
+    }
+    put(
+        &store,
+        "live",
+        record("fp", State::Done, 0, BASE_MS + 10_000),
+        BASE_MS,
+    )
+    .await;
     clock.advance(Duration::from_millis(100));
     let shared: Arc<dyn idem::Store> = Arc::new(store.clone());
     let purger = idem::store::Purger::spawn(shared, Arc::new(clock), Duration::from_millis(200), 3);
@@ -431,15 +426,11 @@ async fn two_stores_on_one_file_let_one_claimer_proceed() {
             let (guard, key) = (guards[i % 2].clone(), key.clone());
             tasks.spawn(async move { guard.begin(&key, "fp").await });
         }
-        let mut proceeded = 0;
-        while let Some(d) = tasks.join_next().await {
-            match d.unwrap().unwrap() {
-                Decision::Proceed(_) => proceeded += 1,
-                Decision::InFlight { .. } => {}
-                other => panic!("unexpected {other:?}"),
-            }
-        }
-        assert_eq!(proceeded, 1, "round {round}: exactly one claimer proceeds");
+        assert_eq!(
+            crate::conformance::proceeded(tasks).await,
+            1,
+            "round {round}: exactly one claimer proceeds"
+        );
     }
 }
 
