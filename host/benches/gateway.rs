@@ -6,27 +6,20 @@
 
 #![allow(clippy::pedantic)]
 
-use anyhow::{Context, bail};
+mod load;
+
+use anyhow::Context;
 use axum::Router;
-use axum::body::Body;
-use axum::http::Request;
 use axum::routing::get;
-use http_body_util::BodyExt;
-use hyper_util::client::legacy::Client;
-use hyper_util::client::legacy::connect::HttpConnector;
-use hyper_util::rt::TokioExecutor;
 use idem::ledger::Ledger;
 use idem::server::{Config, Gateway};
+use load::{Figures, Keys, Target, measure};
 use std::fmt::Write as _;
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
-
-/// Keys placed before a replay run, then replayed round robin.
-const REPLAY_KEYS: u64 = 256;
 
 #[derive(clap::Parser)]
 struct Args {
@@ -45,139 +38,6 @@ struct Args {
     /// Also write the results as Markdown here.
     #[arg(long, value_name = "FILE")]
     out: Option<std::path::PathBuf>,
-}
-
-/// One measurement.
-struct Figures {
-    name: String,
-    requests: u64,
-    errors: u64,
-    elapsed: Duration,
-    latencies_us: Vec<u32>,
-}
-
-#[allow(clippy::cast_precision_loss, clippy::cast_sign_loss)] // counts and indexes far below 2^52
-impl Figures {
-    fn rps(&self) -> f64 {
-        self.requests as f64 / self.elapsed.as_secs_f64()
-    }
-    fn percentile(&self, q: f64) -> u32 {
-        if self.latencies_us.is_empty() {
-            return 0;
-        }
-        self.latencies_us[((self.latencies_us.len() - 1) as f64 * q).round() as usize]
-    }
-}
-
-#[derive(Clone, Copy)]
-enum Keys {
-    /// A fresh key (and order) per request: every request executes.
-    New,
-    /// Keys placed beforehand: every request is a replay.
-    Replay,
-    /// No key: a plain request (for the direct baseline).
-    None,
-}
-
-struct Target {
-    addr: SocketAddr,
-    path: &'static str,
-    keys: Keys,
-}
-
-async fn measure(
-    name: &str,
-    target: &Target,
-    connections: usize,
-    duration: Duration,
-) -> anyhow::Result<Figures> {
-    let client: Client<HttpConnector, Body> = Client::builder(TokioExecutor::new())
-        .pool_max_idle_per_host(connections)
-        .build_http();
-    let run = fastrand::u32(..);
-    let seq = Arc::new(AtomicU64::new(0));
-    let errors = Arc::new(AtomicU64::new(0));
-    if matches!(target.keys, Keys::Replay) {
-        for i in 0..REPLAY_KEYS {
-            let (status, _) = send(&client, target, &format!("r-{run:08x}-{i}")).await?;
-            if status != 201 {
-                bail!("{name}: placing replay key {i} got {status}");
-            }
-        }
-    }
-    // Warm up connections and the guard's instance pool.
-    for _ in 0..connections.min(64) {
-        let _ = send(
-            &client,
-            target,
-            &format!("w-{run:08x}-{}", seq.fetch_add(1, Ordering::Relaxed)),
-        )
-        .await?;
-    }
-    let deadline = Instant::now() + duration;
-    let started = Instant::now();
-    let mut workers = tokio::task::JoinSet::new();
-    for _ in 0..connections {
-        let (client, seq, errors) = (client.clone(), seq.clone(), errors.clone());
-        let target = Target {
-            addr: target.addr,
-            path: target.path,
-            keys: target.keys,
-        };
-        workers.spawn(async move {
-            let mut latencies = Vec::with_capacity(16 * 1024);
-            while Instant::now() < deadline {
-                let n = seq.fetch_add(1, Ordering::Relaxed);
-                let key = match target.keys {
-                    Keys::Replay => format!("r-{run:08x}-{}", n % REPLAY_KEYS),
-                    Keys::New | Keys::None => format!("n-{run:08x}-{n}"),
-                };
-                let t = Instant::now();
-                match send(&client, &target, &key).await {
-                    Ok((200..=299, _)) => {
-                        latencies.push(t.elapsed().as_micros().min(u128::from(u32::MAX)) as u32);
-                    }
-                    _ => {
-                        errors.fetch_add(1, Ordering::Relaxed);
-                    }
-                }
-            }
-            latencies
-        });
-    }
-    let mut latencies_us = Vec::new();
-    while let Some(done) = workers.join_next().await {
-        latencies_us.extend(done?);
-    }
-    let elapsed = started.elapsed();
-    latencies_us.sort_unstable();
-    Ok(Figures {
-        name: name.to_owned(),
-        requests: latencies_us.len() as u64,
-        errors: errors.load(Ordering::Relaxed),
-        elapsed,
-        latencies_us,
-    })
-}
-
-async fn send(
-    client: &Client<HttpConnector, Body>,
-    target: &Target,
-    key: &str,
-) -> anyhow::Result<(u16, bytes::Bytes)> {
-    let mut req = Request::post(format!("http://{}{}", target.addr, target.path))
-        .header("content-type", "application/json");
-    if !matches!(target.keys, Keys::None) {
-        req = req.header("idempotency-key", key);
-    }
-    let body = serde_json::json!({"order": key, "sku": "A", "qty": 1, "cents": 100}).to_string();
-    let response = client
-        .request(req.body(Body::from(body))?)
-        .await
-        .context("request")?;
-    let status = response.status().as_u16();
-    let body = response.into_body().collect().await?.to_bytes();
-    Ok((status, body))
 }
 
 #[allow(clippy::too_many_lines)] // one measured run, top to bottom
@@ -226,20 +86,12 @@ async fn run(args: Args) -> anyhow::Result<()> {
     };
     measure_both(
         "loopback round trip (empty HTTP)",
-        Target {
-            addr: ping_addr,
-            path: "/ping",
-            keys: Keys::None,
-        },
+        Target::one(ping_addr, "/ping", Keys::None),
     )
     .await?;
     measure_both(
         "direct to the ledger",
-        Target {
-            addr: ledger_addr,
-            path: "/orders",
-            keys: Keys::None,
-        },
+        Target::one(ledger_addr, "/orders", Keys::None),
     )
     .await?;
 
@@ -250,15 +102,7 @@ async fn run(args: Args) -> anyhow::Result<()> {
     let store = idem::store::open("memory:").await?;
     let (addr, gateway) = start_gateway(store, ledger_addr, stop.clone()).await?;
     gateways.push(gateway);
-    measure_both(
-        PROXY_ALONE,
-        Target {
-            addr,
-            path: "/orders",
-            keys: Keys::None,
-        },
-    )
-    .await?;
+    measure_both(PROXY_ALONE, Target::one(addr, "/orders", Keys::None)).await?;
     for url in &args.stores {
         let (url, cleanup) = if url == "sqlite:" {
             let dir = std::env::temp_dir().join(format!("idem-bench-{}", std::process::id()));
@@ -282,20 +126,12 @@ async fn run(args: Args) -> anyhow::Result<()> {
         gateways.push(gateway);
         measure_both(
             &format!("gateway ({name}), new keys"),
-            Target {
-                addr,
-                path: "/orders",
-                keys: Keys::New,
-            },
+            Target::one(addr, "/orders", Keys::New),
         )
         .await?;
         measure_both(
             &format!("gateway ({name}), replays"),
-            Target {
-                addr,
-                path: "/orders",
-                keys: Keys::Replay,
-            },
+            Target::one(addr, "/orders", Keys::Replay),
         )
         .await?;
         if let Some(dir) = cleanup {

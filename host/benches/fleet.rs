@@ -1,0 +1,182 @@
+//! Many gateways, one store: 1, 2 and 4 `idem serve` processes over one
+//! shared store (by default the loopback Redis Cluster of
+//! `scripts/services.sh`), each with `--connections` clients of its own, new
+//! keys spread round robin over the gateways; the throughput curve.
+//!
+//! `cargo bench -p idem --bench fleet -- --store "redis+cluster://127.0.0.1:7000,127.0.0.1:7001,127.0.0.1:7002" --gateways 1,2,4`
+//!
+//! The gateways are real processes (the `idem` binary cargo built beside
+//! this bench), so each has its own runtime, component pool and store
+//! connections, as on separate hosts; the ledger they forward to and the
+//! load generator run in this process. Every process shares this machine's
+//! cores: the curve is only as steep as the cores allow, so the report
+//! names their number.
+
+#![allow(clippy::pedantic)]
+
+mod load;
+
+use anyhow::{Context, bail};
+use idem::ledger::Ledger;
+use load::{Figures, Keys, Target, measure};
+use std::fmt::Write as _;
+use std::net::SocketAddr;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+use tokio::net::TcpListener;
+use tokio::sync::watch;
+
+#[derive(clap::Parser)]
+struct Args {
+    /// Passed by `cargo bench`; ignored.
+    #[arg(long, hide = true)]
+    bench: bool,
+    /// The store every gateway shares.
+    #[arg(
+        long,
+        env = "IDEM_TEST_REDIS_CLUSTER_URL",
+        default_value = "redis+cluster://127.0.0.1:7000,127.0.0.1:7001,127.0.0.1:7002"
+    )]
+    store: String,
+    /// The fleet sizes to measure, comma-separated.
+    #[arg(long, default_value = "1,2,4", value_delimiter = ',')]
+    gateways: Vec<usize>,
+    /// Concurrent connections per gateway.
+    #[arg(long, default_value_t = 32)]
+    connections: usize,
+    /// How long each throughput measurement runs.
+    #[arg(long, default_value = "5s", value_parser = idem::server::parse_duration)]
+    duration: Duration,
+    /// Also write the results as Markdown here.
+    #[arg(long, value_name = "FILE")]
+    out: Option<std::path::PathBuf>,
+}
+
+/// A gateway process, killed on drop.
+struct Gateway(Child);
+
+impl Drop for Gateway {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn free_port() -> anyhow::Result<u16> {
+    Ok(std::net::TcpListener::bind("127.0.0.1:0")?
+        .local_addr()?
+        .port())
+}
+
+/// `idem serve` on `store` in front of `upstream`, once it accepts connections.
+async fn spawn_gateway(store: &str, upstream: SocketAddr) -> anyhow::Result<(SocketAddr, Gateway)> {
+    let (port, admin) = (free_port()?, free_port()?);
+    let child = Command::new(env!("CARGO_BIN_EXE_idem"))
+        .args(["serve", "--store", store, "--max-concurrent", "4096"])
+        .args(["--listen", &format!("127.0.0.1:{port}")])
+        .args(["--admin-listen", &format!("127.0.0.1:{admin}")])
+        .args(["--upstream", &format!("http://{upstream}")])
+        .stdout(Stdio::null())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .context("start idem serve")?;
+    let mut gateway = Gateway(child);
+    let addr: SocketAddr = ([127, 0, 0, 1], port).into();
+    let give_up = Instant::now() + Duration::from_secs(60);
+    while tokio::net::TcpStream::connect(addr).await.is_err() {
+        if let Some(status) = gateway.0.try_wait()? {
+            bail!("idem serve --store {store} exited: {status}");
+        }
+        if Instant::now() > give_up {
+            bail!("idem serve --store {store} did not listen within 60 s");
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    Ok((addr, gateway))
+}
+
+fn main() -> anyhow::Result<()> {
+    let args = <Args as clap::Parser>::parse();
+    tokio::runtime::Runtime::new()?.block_on(run(args))
+}
+
+async fn run(args: Args) -> anyhow::Result<()> {
+    let (stop_tx, mut stop) = watch::channel(false);
+    let listener = TcpListener::bind("127.0.0.1:0").await?;
+    let ledger_addr = listener.local_addr()?;
+    let ledger = tokio::spawn(idem::ledger::run(
+        Ledger::new(i64::MAX / 2, Duration::ZERO),
+        listener,
+        async move {
+            let _ = stop.wait_for(|s| *s).await;
+        },
+    ));
+
+    let mut rows = Vec::new();
+    for &n in &args.gateways {
+        let mut addrs = Vec::new();
+        let mut fleet = Vec::new();
+        for _ in 0..n {
+            let (addr, gateway) = spawn_gateway(&args.store, ledger_addr).await?;
+            addrs.push(addr);
+            fleet.push(gateway);
+        }
+        let name = format!("{n} gateway{}", if n == 1 { "" } else { "s" });
+        let target = Target {
+            addrs,
+            path: "/orders",
+            keys: Keys::New,
+        };
+        let figures = measure(&name, &target, args.connections * n, args.duration).await?;
+        eprintln!(
+            "{name:<12} c={:<4} {:>8.0} req/s p50 {:>6} µs p99 {:>7} µs errors {}",
+            args.connections * n,
+            figures.rps(),
+            figures.percentile(0.5),
+            figures.percentile(0.99),
+            figures.errors
+        );
+        rows.push((n, figures));
+        drop(fleet);
+    }
+    let _ = stop_tx.send(true);
+    let _ = ledger.await;
+
+    let report = report(&rows, &args);
+    println!("{report}");
+    if let Some(out) = &args.out {
+        std::fs::write(out, &report).with_context(|| format!("write {}", out.display()))?;
+    }
+    Ok(())
+}
+
+fn report(rows: &[(usize, Figures)], args: &Args) -> String {
+    let mut text = String::new();
+    let _ = writeln!(
+        text,
+        "| gateways | connections | new keys req/s | × one gateway | p50 µs | p99 µs | errors |"
+    );
+    let _ = writeln!(text, "|---:|---:|---:|---:|---:|---:|---:|");
+    let one = rows.first().map(|(_, f)| f.rps()).unwrap_or(0.0);
+    for (n, f) in rows {
+        let _ = writeln!(
+            text,
+            "| {n} | {} | {:.0} | {:.2} | {} | {} | {} |",
+            args.connections * n,
+            f.rps(),
+            f.rps() / one,
+            f.percentile(0.5),
+            f.percentile(0.99),
+            f.errors
+        );
+    }
+    let cores = std::thread::available_parallelism().map_or(0, |n| n.get());
+    let _ = writeln!(
+        text,
+        "\nStore `{}`; {} s per row; fresh keys (every request claims, forwards and completes); \
+         every gateway, the store's servers, the ledger and the load generator share this machine's {cores} cores.",
+        args.store,
+        args.duration.as_secs_f64()
+    );
+    text
+}
