@@ -275,7 +275,18 @@ async fn expired_rows_are_purged_from_sqlite() {
             .query_row("SELECT count(*) FROM records", [], |r| r.get(0))
             .unwrap()
     };
-    assert_eq!(rows(), 300);
+    // On a loaded machine the first rows may expire, and be purged, before
+    // the last is written: every row is either still there or counted purged.
+    let purged = || async {
+        stack.admin("GET", "/v1/stats", "").await.json()["purge"]["purged"]
+            .as_i64()
+            .unwrap()
+    };
+    let (left, gone) = (rows(), purged().await);
+    assert!(
+        left + gone >= 300,
+        "{left} rows left and {gone} purged: rows were lost"
+    );
     let last_written = Instant::now();
     // Loaded machines run late: a generous bound, and the time it took printed.
     let deadline = last_written + Duration::from_secs(60);
