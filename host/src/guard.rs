@@ -129,6 +129,8 @@ pub struct Guard {
     policy: Policy,
     on_handler_error: OnHandlerError,
     renew_lease: bool,
+    /// The longest one store call may take (the completion's bound).
+    store_timeout: Duration,
     /// Stops with the last clone of the guard.
     purger: Option<Arc<Purger>>,
 }
@@ -258,6 +260,7 @@ impl GuardBuilder {
             policy: self.policy,
             on_handler_error: self.on_handler_error,
             renew_lease: self.renew_lease,
+            store_timeout: self.store_timeout,
             purger,
         })
     }
@@ -403,7 +406,10 @@ impl Guard {
     /// and [`Settled::NotStarted`] says why. While the handler runs, the
     /// lease is renewed every third of the lease (unless the guard was
     /// built without renewal); the completion or release presents the claim
-    /// as last renewed.
+    /// as last renewed. A handler with a `budget` (one that ends within it,
+    /// as the gateway's upstream call does) whose lease already covers that
+    /// budget and the completion's store call (the store timeout) needs no
+    /// renewal, and arms no timer. `Duration::ZERO` means no bound.
     pub async fn execute<F, Fut, E>(&self, claim: Claim, budget: Duration, handler: F) -> Settled<E>
     where
         F: FnOnce(Fence) -> Fut,
@@ -414,7 +420,12 @@ impl Guard {
             Err(e) => return Settled::NotStarted(e),
         };
         let work = handler(Fence(claim.fence));
-        let (settle, claim) = self.holding(claim, work).await;
+        let bounded = !budget.is_zero() && self.covers(&claim, budget + self.store_timeout);
+        let (settle, claim) = if bounded {
+            (work.await, claim)
+        } else {
+            self.holding(claim, work).await
+        };
         match settle {
             Settle::Complete(response) => match self.complete(claim, response).await {
                 (response, Ok(())) => Settled::Completed(response),
@@ -428,22 +439,25 @@ impl Guard {
         }
     }
 
+    /// Whether `claim`'s lease runs past `span` from now.
+    #[allow(clippy::cast_possible_truncation)] // a span of 2^64 ms is no span
+    fn covers(&self, claim: &Claim, span: Duration) -> bool {
+        let needed = self
+            .clock()
+            .now_ms()
+            .saturating_add(span.as_millis() as u64);
+        claim.lease_until_ms > needed
+    }
+
     /// Makes `claim`'s lease run at least `budget` past now, renewing it if
     /// needed. On failure the claim is released (best effort: if the store
     /// is down, its lease runs out as usual) and the error returned.
     async fn secure(&self, claim: Claim, budget: Duration) -> Result<Claim, GuardError> {
-        let covers = |claim: &Claim| {
-            let needed = self
-                .clock()
-                .now_ms()
-                .saturating_add(budget.as_millis() as u64);
-            claim.lease_until_ms > needed
-        };
-        if covers(&claim) {
+        if self.covers(&claim, budget) {
             return Ok(claim);
         }
         let renewed = match self.renew(claim.clone()).await {
-            Ok(renewed) if covers(&renewed) => renewed,
+            Ok(renewed) if self.covers(&renewed, budget) => renewed,
             Ok(renewed) => {
                 let _ = self.release(renewed).await;
                 return Err(GuardError::Unavailable(format!(

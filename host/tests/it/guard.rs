@@ -574,3 +574,41 @@ async fn a_claim_taken_over_before_it_could_be_secured_never_runs() {
         "{settled:?}"
     );
 }
+
+/// A handler bound by a budget that its lease already covers, with the
+/// completion's store call, is not renewed: a 1.2 s handler under a 3 s
+/// lease with a 1 s budget completes under its first fence (the record's
+/// version is the claim's + 1). Without a budget the same handler is
+/// renewed every second, so its completion presents a later fence.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_bounded_handler_inside_its_lease_is_not_renewed() {
+    let store = std::sync::Arc::new(MemoryStore::new());
+    let guard = Guard::builder(store.clone())
+        .lease(Duration::from_secs(3))
+        .store_timeout(Duration::from_millis(100))
+        .build()
+        .unwrap();
+    for (key, budget, renewed) in [
+        ("bounded", Duration::from_secs(1), false),
+        ("unbounded", Duration::ZERO, true),
+    ] {
+        let Decision::Proceed(claim) = guard.begin(key, "fp").await.unwrap() else {
+            panic!("{key}: a new key proceeds")
+        };
+        let fence = claim.fence;
+        let settled = guard
+            .execute(claim, budget, |_| async {
+                tokio::time::sleep(Duration::from_millis(1_200)).await;
+                idem::Settle::<()>::Complete(paid())
+            })
+            .await;
+        assert!(matches!(settled, idem::Settled::Completed(_)), "{key}");
+        let now = idem::Clock::now_ms(&idem::SystemClock);
+        let version = store.get(key, now).await.unwrap().unwrap().version;
+        assert_eq!(
+            version > fence + 1,
+            renewed,
+            "{key}: version {version} after fence {fence}"
+        );
+    }
+}
