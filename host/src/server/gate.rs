@@ -9,6 +9,7 @@ pub use super::parse::{MAX_KEY_BYTES, strip_hop_by_hop};
 use super::problem::Problem;
 use crate::guard::{Guard, RequestParts, Settle, Settled};
 use axum::body::Body;
+use axum::body::HttpBody as _;
 use axum::http::{HeaderMap, HeaderName, HeaderValue, Request, StatusCode};
 use bytes::Bytes;
 use futures_util::FutureExt;
@@ -241,20 +242,34 @@ impl Gate {
                 (collected.len() as u64).saturating_mul(1000) / config.min_body_rate.max(1),
             );
             let deadline = overall.min(started + BODY_GRACE + earned);
-            match tokio::time::timeout_at(deadline, body.frame()).await {
-                Err(_) => return Err(timeout),
-                Ok(None) => return Ok(Bytes::from(collected)),
-                Ok(Some(Ok(frame))) => {
+            // A frame already received (a small body usually is) is taken
+            // without arming a timer; only a wait is bounded by the deadline.
+            let ready = std::future::poll_fn(|cx| {
+                std::task::Poll::Ready(std::pin::Pin::new(&mut body).poll_frame(cx))
+            })
+            .await;
+            let frame = match ready {
+                std::task::Poll::Ready(frame) => frame,
+                std::task::Poll::Pending => {
+                    match tokio::time::timeout_at(deadline, body.frame()).await {
+                        Err(_) => return Err(timeout),
+                        Ok(frame) => frame,
+                    }
+                }
+            };
+            match frame {
+                None => return Ok(Bytes::from(collected)),
+                Some(Ok(frame)) => {
                     if let Ok(data) = frame.into_data() {
                         collected.extend_from_slice(&data);
                     }
                 }
-                Ok(Some(Err(e))) if e.is::<http_body_util::LengthLimitError>() => {
+                Some(Err(e)) if e.is::<http_body_util::LengthLimitError>() => {
                     return Err(Problem::BodyTooLarge {
                         limit: config.max_request_bytes,
                     });
                 }
-                Ok(Some(Err(e))) => {
+                Some(Err(e)) => {
                     return Err(Problem::BadRequest(format!(
                         "the request body could not be read: {e}"
                     )));
