@@ -3,6 +3,7 @@
 // Pedantic lints guard library code; in tests and benches they are noise.
 #![allow(clippy::pedantic)]
 
+mod admin_contract;
 mod cluster;
 mod conformance;
 mod console;
