@@ -191,8 +191,13 @@ impl FaultRule {
 /// Faults longer than a minute are never what an operator meant.
 pub const MAX_LATENCY_MS: u64 = 60_000;
 
+/// The text form, which [`FaultRule::from_str`] reads back. A rule that is
+/// off is `off`, whatever its probability and count: it hits no call.
 impl fmt::Display for FaultRule {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.kind == FaultKind::Off {
+            return f.write_str("off");
+        }
         if self.probability < 1.0 {
             // Six decimals, trailing zeros dropped: 0.57 shows as "57%",
             // not as its binary neighbour "56.99999999999999%".
@@ -307,6 +312,12 @@ mod tests {
             assert_eq!(rule.to_string(), text);
         }
         assert_eq!("delay(5ms)".parse::<FaultRule>().unwrap().latency_ms, 5);
+        let off = FaultRule::default().with_probability(0.5).times(3);
+        assert_eq!(
+            off.to_string(),
+            "off",
+            "an off rule hits nothing, whatever its odds"
+        );
     }
 
     #[test]

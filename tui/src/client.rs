@@ -388,10 +388,7 @@ impl Session {
                     Command::SetFault(op, rule) => match client.set_fault(op, &rule).await {
                         Ok(faults) => {
                             let _ = updates_tx.send(Update::Faults(faults)).await;
-                            Update::Done(format!(
-                                "{op}: {}",
-                                crate::views::faults::describe_rule(&rule)
-                            ))
+                            Update::Done(format!("{op}: {rule}"))
                         }
                         Err(e) => Update::Failed(format!("{op} fault refused: {e}")),
                     },
