@@ -8,8 +8,12 @@
 //! pure parsing the gateway does on its inputs is built —
 //! [`server::parse`], [`server::config`], [`server::problem`] and the fault
 //! rules' grammar ([`store::FaultRule`]) — for the `gateway` fuzz target,
-//! which so builds without wasmtime.
+//! which so builds without wasmtime. Feature `cli` (also on by default)
+//! adds [`cli`], the `idem` command itself, with its flag parser and the
+//! console; a library user turns it off.
 
+#[cfg(feature = "cli")]
+pub mod cli;
 #[cfg(feature = "engine")]
 pub mod clock;
 #[cfg(feature = "engine")]

@@ -8,8 +8,7 @@
 //! console's memory stays flat however busy the server is.
 
 use crate::api::{
-    DecisionEvent, FaultEvent, FaultRule, Faults, KeyDetail, KeyInfo, KeyPage, KeyState, Op,
-    Problem, Stats,
+    Event, FaultRule, Faults, KeyDetail, KeyInfo, KeyPage, Op, Problem, SetFaults, Stats,
 };
 use crate::protocol::{Command, KeyQuery, Update};
 use futures_util::StreamExt;
@@ -163,30 +162,21 @@ impl Client {
     pub async fn keys(&self, query: &KeyQuery) -> Result<KeyPage, ClientError> {
         let mut url = self.url(&["v1", "keys"]);
         {
+            let params = query.params();
             let mut pairs = url.query_pairs_mut();
-            if let Some(state) = query.state {
-                pairs.append_pair(
-                    "state",
-                    if state == KeyState::Processing {
-                        "processing"
-                    } else {
-                        "done"
-                    },
-                );
+            for (name, value) in [
+                ("state", params.state),
+                ("prefix", params.prefix),
+                ("search", params.search),
+                ("after", params.after),
+                ("limit", params.limit.map(|n| n.to_string())),
+                ("sort", params.sort),
+                ("order", params.order),
+            ] {
+                if let Some(value) = value {
+                    pairs.append_pair(name, &value);
+                }
             }
-            if !query.prefix.is_empty() {
-                pairs.append_pair("prefix", &query.prefix);
-            }
-            if !query.search.is_empty() {
-                pairs.append_pair("search", &query.search);
-            }
-            if let Some(after) = &query.after {
-                pairs.append_pair("after", after);
-            }
-            pairs
-                .append_pair("limit", &query.limit.to_string())
-                .append_pair("sort", query.sort.as_str())
-                .append_pair("order", query.order.as_str());
         }
         self.get_json(url).await
     }
@@ -224,11 +214,11 @@ impl Client {
 
     /// Sets one operation's rule; the others stay as they are.
     pub async fn set_fault(&self, op: Op, rule: &FaultRule) -> Result<Faults, ClientError> {
-        let body = serde_json::json!({ "faults": { op.as_str(): rule } });
+        let body = SetFaults::one(op, rule.clone());
         let request = self
             .request(Method::PUT, self.url(&["v1", "faults"]))
             .header(reqwest::header::CONTENT_TYPE, "application/json")
-            .body(body.to_string());
+            .body(serde_json::to_string(&body).map_err(|e| ClientError::Decode(e.to_string()))?);
         let answer = self.send(request).await?;
         serde_json::from_slice(&answer).map_err(|e| ClientError::Decode(e.to_string()))
     }
@@ -340,14 +330,9 @@ impl SseParser {
 
 /// Turns an SSE event into what the console shows; unknown events are skipped.
 pub fn decode_event(event: &SseEvent) -> Option<Update> {
-    match event.event.as_str() {
-        "decision" => serde_json::from_str::<DecisionEvent>(&event.data)
-            .ok()
-            .map(Update::Decision),
-        "fault" => serde_json::from_str::<FaultEvent>(&event.data)
-            .ok()
-            .map(Update::Fault),
-        _ => None,
+    match Event::decode(&event.event, &event.data)? {
+        Event::Decision(decision) => Some(Update::Decision(decision)),
+        Event::Fault(fault) => Some(Update::Fault(fault)),
     }
 }
 
@@ -403,10 +388,7 @@ impl Session {
                     Command::SetFault(op, rule) => match client.set_fault(op, &rule).await {
                         Ok(faults) => {
                             let _ = updates_tx.send(Update::Faults(faults)).await;
-                            Update::Done(format!(
-                                "{op}: {}",
-                                crate::views::faults::describe_rule(&rule)
-                            ))
+                            Update::Done(format!("{op}: {rule}"))
                         }
                         Err(e) => Update::Failed(format!("{op} fault refused: {e}")),
                     },

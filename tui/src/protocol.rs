@@ -2,77 +2,12 @@
 //! reports [`Update`]s, the state answers with [`Command`]s. Neither side
 //! imports the other; both import this.
 
-use crate::api::{
-    DecisionEvent, FaultEvent, FaultRule, Faults, KeyDetail, KeyPage, KeyState, Op, Stats,
-};
+use crate::api::{DecisionEvent, FaultEvent, FaultRule, Faults, KeyDetail, KeyPage, Op, Stats};
+pub use crate::api::{KeyQuery, Order, Sort};
 
 /// Rows per page asked of the server: a screenful or two. The server pages
 /// through the rest, so the console holds one page whatever the store holds.
-pub const PAGE_SIZE: u32 = 100;
-
-/// The columns the server can sort 100,000 keys by.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum Sort {
-    Key,
-    Lease,
-    Expires,
-    Replays,
-}
-
-impl Sort {
-    pub const ALL: [Sort; 4] = [Sort::Key, Sort::Lease, Sort::Expires, Sort::Replays];
-
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Sort::Key => "key",
-            Sort::Lease => "lease",
-            Sort::Expires => "expires",
-            Sort::Replays => "replays",
-        }
-    }
-}
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum Order {
-    Asc,
-    Desc,
-}
-
-impl Order {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Order::Asc => "asc",
-            Order::Desc => "desc",
-        }
-    }
-}
-
-/// What the keys table shows: `GET /v1/keys` parameters.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct KeyQuery {
-    pub state: Option<KeyState>,
-    pub prefix: String,
-    /// Matches anywhere in the client's own key (the part after the scope).
-    pub search: String,
-    pub sort: Sort,
-    pub order: Order,
-    pub after: Option<String>,
-    pub limit: u32,
-}
-
-impl Default for KeyQuery {
-    fn default() -> Self {
-        KeyQuery {
-            state: None,
-            prefix: String::new(),
-            search: String::new(),
-            sort: Sort::Key,
-            order: Order::Asc,
-            after: None,
-            limit: PAGE_SIZE,
-        }
-    }
-}
+pub const PAGE_SIZE: u32 = crate::api::DEFAULT_LIMIT;
 
 /// What the console asks of the admin client.
 #[derive(Clone, Debug, PartialEq)]

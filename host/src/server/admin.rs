@@ -1,10 +1,11 @@
 //! The admin API v1, on a listener of its own: keys, faults, stats, live
 //! events and Prometheus metrics. Loopback by default; anywhere else a
-//! bearer token is required, compared in constant time.
+//! bearer token is required, compared in constant time. Every body is a
+//! type of the `idem-admin-api` crate, the contract the console decodes.
 
 use super::Gateway;
 use super::events::{Event, Verdict};
-use crate::store::{Entry, FaultRule, ListQuery, Op, State as KeyState};
+use crate::store::{Entry, ListQuery, Op, State as KeyState};
 use axum::Json;
 use axum::Router;
 use axum::body::Body;
@@ -15,10 +16,9 @@ use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use base64::Engine as _;
-use serde::Deserialize;
-use serde_json::{Value, json};
+use idem_admin_api as api;
+use serde::Serialize;
 use sha2::{Digest, Sha256};
-use std::collections::BTreeMap;
 use std::convert::Infallible;
 use std::sync::Arc;
 use std::time::Duration;
@@ -129,14 +129,28 @@ fn same_secret(given: &[u8], expected: &[u8]) -> bool {
         == 0
 }
 
+/// `body` as JSON. Through a `serde_json::Value`, whose objects keep their
+/// keys sorted: the bytes are those the API sent before it had types.
+fn json(body: &impl Serialize) -> Response {
+    match serde_json::to_value(body) {
+        Ok(value) => Json(value).into_response(),
+        Err(e) => problem(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            format!("the answer does not serialize: {e}"),
+        ),
+    }
+}
+
 fn problem(status: StatusCode, detail: impl Into<String>) -> Response {
-    let body = json!({
-        "type": "about:blank",
-        "title": status.canonical_reason().unwrap_or("Error"),
-        "status": status.as_u16(),
-        "detail": detail.into(),
-    });
-    let mut response = (status, body.to_string()).into_response();
+    let body = api::Problem::new(
+        status.as_u16(),
+        status.canonical_reason().unwrap_or("Error"),
+        detail,
+    );
+    let text = serde_json::to_value(&body)
+        .map(|v| v.to_string())
+        .unwrap_or_default();
+    let mut response = (status, text).into_response();
     response.headers_mut().insert(
         header::CONTENT_TYPE,
         HeaderValue::from_static("application/problem+json"),
@@ -156,95 +170,67 @@ impl Admin {
         self.gateway.guard().clock().now_ms()
     }
 
-    fn key_json(&self, key: &str, entry: &Entry, now_ms: u64) -> Value {
+    fn key_info(&self, key: &str, entry: &Entry, now_ms: u64) -> api::KeyInfo {
         let r = &entry.record;
         let processing = r.state == KeyState::Processing;
-        json!({
-            "key": key,
-            "state": r.state.as_str(),
+        api::KeyInfo {
+            key: key.to_owned(),
+            state: if processing {
+                api::KeyState::Processing
+            } else {
+                api::KeyState::Done
+            },
             // A done record was written by `complete` at the claim's fence + 1.
-            "fence": if processing { entry.version } else { entry.version.saturating_sub(1) },
-            "version": entry.version,
-            "lease_until_ms": r.lease_until_ms,
-            "lease_remaining_ms": if processing { r.lease_until_ms.saturating_sub(now_ms) } else { 0 },
-            "expires_at_ms": r.expires_at_ms,
-            "expires_in_ms": r.expires_at_ms.saturating_sub(now_ms),
-            "fingerprint": r.fingerprint,
-            "status": r.response.as_ref().map(|resp| resp.status),
-            "replays": self.gateway.observer().replays(key),
-        })
+            fence: if processing {
+                entry.version
+            } else {
+                entry.version.saturating_sub(1)
+            },
+            version: entry.version,
+            lease_until_ms: r.lease_until_ms,
+            lease_remaining_ms: if processing {
+                r.lease_until_ms.saturating_sub(now_ms)
+            } else {
+                0
+            },
+            expires_at_ms: r.expires_at_ms,
+            expires_in_ms: r.expires_at_ms.saturating_sub(now_ms),
+            fingerprint: r.fingerprint.clone(),
+            status: r.response.as_ref().map(|resp| resp.status),
+            replays: self.gateway.observer().replays(key),
+        }
     }
 }
 
-#[derive(Deserialize)]
-struct ListParams {
-    state: Option<String>,
-    prefix: Option<String>,
-    /// Matches anywhere in the client's own key (after the client scope
-    /// and its `/`), ignoring ASCII case.
-    search: Option<String>,
-    after: Option<String>,
-    limit: Option<usize>,
-    sort: Option<String>,
-    order: Option<String>,
-}
-
-#[allow(clippy::too_many_lines)] // parameter checks, then two ways to page
 async fn list_keys(
     State(admin): State<Admin>,
-    params: Result<Query<ListParams>, axum::extract::rejection::QueryRejection>,
+    params: Result<Query<api::KeyListParams>, axum::extract::rejection::QueryRejection>,
 ) -> Response {
-    let Query(p) = match params {
+    let Query(params) = match params {
         Ok(p) => p,
         Err(e) => return problem(StatusCode::BAD_REQUEST, format!("bad query: {e}")),
     };
-    let state = match p.state.as_deref() {
-        None => None,
-        Some(s) => match KeyState::parse(s) {
-            Some(state) => Some(state),
-            None => {
-                return problem(
-                    StatusCode::BAD_REQUEST,
-                    format!("state {s:?} is not processing or done"),
-                );
-            }
-        },
+    let asked = match params.check() {
+        Ok(query) => query,
+        Err(why) => return problem(StatusCode::BAD_REQUEST, why),
     };
-    let limit = p.limit.unwrap_or(100);
-    if !(1..=1000).contains(&limit) {
-        return problem(
-            StatusCode::BAD_REQUEST,
-            format!("limit {limit} is outside 1 to 1000"),
-        );
-    }
-    let sort = p.sort.as_deref().unwrap_or("key");
-    if !["key", "expires", "lease", "replays"].contains(&sort) {
-        return problem(
-            StatusCode::BAD_REQUEST,
-            format!("sort {sort:?} is not key, expires, lease or replays"),
-        );
-    }
-    let descending = match p.order.as_deref() {
-        None | Some("asc") => false,
-        Some("desc") => true,
-        Some(o) => {
-            return problem(
-                StatusCode::BAD_REQUEST,
-                format!("order {o:?} is not asc or desc"),
-            );
-        }
-    };
+    let state = asked.state.map(|state| match state {
+        api::KeyState::Processing => KeyState::Processing,
+        api::KeyState::Done => KeyState::Done,
+    });
+    let limit = asked.limit as usize;
+    let descending = asked.order == api::Order::Desc;
     let now = admin.now_ms();
     let store = admin.gateway.guard().store();
-    let prefix = p.prefix.unwrap_or_default();
-    let search = p.search.filter(|s| !s.is_empty());
+    let prefix = asked.prefix;
+    let search = Some(asked.search).filter(|s| !s.is_empty());
 
-    if sort == "key" && !descending && search.is_none() {
+    if asked.sort == api::Sort::Key && !descending && search.is_none() {
         // Key order is the store's own: page with its cursor.
         let query = ListQuery {
             prefix,
             state,
-            after: p.after,
+            after: asked.after,
             limit: limit + 1,
         };
         let mut rows = match store.list(&query, now).await {
@@ -255,16 +241,19 @@ async fn list_keys(
             rows.truncate(limit);
             rows.last().map(|(k, _)| k.clone())
         });
-        let keys: Vec<Value> = rows
-            .iter()
-            .map(|(k, e)| admin.key_json(k, e, now))
-            .collect();
-        return Json(json!({"now_ms": now, "keys": keys, "next": next.flatten(), "total": null}))
-            .into_response();
+        return json(&api::KeyPage {
+            now_ms: now,
+            keys: rows
+                .iter()
+                .map(|(k, e)| admin.key_info(k, e, now))
+                .collect(),
+            next: next.flatten(),
+            total: None,
+        });
     }
 
     // Other orders: sort a bounded scan; the cursor is an offset.
-    let offset = match p.after.as_deref().map(str::parse::<usize>) {
+    let offset = match asked.after.as_deref().map(str::parse::<usize>) {
         None => 0,
         Some(Ok(n)) => n,
         Some(Err(_)) => {
@@ -289,24 +278,27 @@ async fn list_keys(
         Err(e) => return unavailable(&e),
     };
     let observer = admin.gateway.observer();
-    match sort {
-        "expires" => rows.sort_by_key(|(k, e)| (e.record.expires_at_ms, k.clone())),
-        "lease" => rows.sort_by_key(|(k, e)| (e.record.lease_until_ms, k.clone())),
-        "replays" => rows.sort_by_cached_key(|(k, _)| (observer.replays(k), k.clone())),
-        _ => {}
+    match asked.sort {
+        api::Sort::Expires => rows.sort_by_key(|(k, e)| (e.record.expires_at_ms, k.clone())),
+        api::Sort::Lease => rows.sort_by_key(|(k, e)| (e.record.lease_until_ms, k.clone())),
+        api::Sort::Replays => rows.sort_by_cached_key(|(k, _)| (observer.replays(k), k.clone())),
+        api::Sort::Key => {}
     }
     if descending {
         rows.reverse();
     }
     let total = rows.len();
-    let page: Vec<Value> = rows
-        .iter()
-        .skip(offset)
-        .take(limit)
-        .map(|(k, e)| admin.key_json(k, e, now))
-        .collect();
-    let next = (offset + limit < total).then(|| (offset + limit).to_string());
-    Json(json!({"now_ms": now, "keys": page, "next": next, "total": total})).into_response()
+    json(&api::KeyPage {
+        now_ms: now,
+        keys: rows
+            .iter()
+            .skip(offset)
+            .take(limit)
+            .map(|(k, e)| admin.key_info(k, e, now))
+            .collect(),
+        next: (offset + limit < total).then(|| (offset + limit).to_string()),
+        total: Some(total as u64),
+    })
 }
 
 /// The records of `query` whose client key contains `search` (ASCII case
@@ -344,19 +336,23 @@ async fn scan_matching(
 async fn get_key(State(admin): State<Admin>, Path(key): Path<String>) -> Response {
     let now = admin.now_ms();
     match admin.gateway.guard().store().get(&key, now).await {
-        Ok(Some(entry)) => {
-            let mut body = admin.key_json(&key, &entry, now);
-            body["response"] = entry.record.response.as_ref().map_or(Value::Null, |r| {
-                json!({
-                    "status": r.status,
-                    "headers": r.headers.iter().map(|(n, v)| json!([n, String::from_utf8_lossy(v)])).collect::<Vec<_>>(),
-                    "body_bytes": r.body.len(),
-                    "body_preview": String::from_utf8_lossy(&r.body).chars().take(BODY_PREVIEW_CHARS).collect::<String>(),
-                    "body_base64": base64::engine::general_purpose::STANDARD.encode(&r.body),
-                })
-            });
-            Json(body).into_response()
-        }
+        Ok(Some(entry)) => json(&api::KeyDetail {
+            info: admin.key_info(&key, &entry, now),
+            response: entry.record.response.as_ref().map(|r| api::StoredResponse {
+                status: r.status,
+                headers: r
+                    .headers
+                    .iter()
+                    .map(|(n, v)| (n.clone(), String::from_utf8_lossy(v).into_owned()))
+                    .collect(),
+                body_bytes: r.body.len() as u64,
+                body_preview: String::from_utf8_lossy(&r.body)
+                    .chars()
+                    .take(BODY_PREVIEW_CHARS)
+                    .collect(),
+                body_base64: base64::engine::general_purpose::STANDARD.encode(&r.body),
+            }),
+        }),
         Ok(None) => no_key(&key),
         Err(e) => unavailable(&e),
     }
@@ -425,9 +421,7 @@ async fn rewrite(
         return response;
     }
     match store.replace(key, entry.version, record.clone(), now).await {
-        Ok(Some(version)) => {
-            Json(admin.key_json(key, &Entry { record, version }, now)).into_response()
-        }
+        Ok(Some(version)) => json(&admin.key_info(key, &Entry { record, version }, now)),
         Ok(None) => problem(
             StatusCode::CONFLICT,
             format!("key {key:?} changed while it was being rewritten; try again"),
@@ -436,83 +430,99 @@ async fn rewrite(
     }
 }
 
-fn faults_json(admin: &Admin) -> Value {
+fn faults(admin: &Admin) -> api::Faults {
     let faults = admin.gateway.faults();
     let rules = faults.rules();
-    let by_op: BTreeMap<&str, FaultRule> = Op::ALL
-        .into_iter()
-        .map(|op| (op.as_str(), rules.get(&op).cloned().unwrap_or_default()))
-        .collect();
-    json!({"faults": by_op, "injected": faults.injected()})
+    let mut set = api::FaultSet::default();
+    for op in Op::ALL {
+        *set.rule_mut(op) = rules.get(&op).cloned().unwrap_or_default();
+    }
+    api::Faults {
+        faults: set,
+        injected: faults.injected(),
+    }
 }
 
 async fn get_faults(State(admin): State<Admin>) -> Response {
-    Json(faults_json(&admin)).into_response()
+    json(&faults(&admin))
 }
 
 async fn put_faults(State(admin): State<Admin>, body: axum::body::Bytes) -> Response {
     let bad = |why: String| problem(StatusCode::BAD_REQUEST, why);
-    let value: Value = match serde_json::from_slice(&body) {
-        Ok(v) => v,
-        Err(e) => return bad(format!("the body is not JSON: {e}")),
+    let set = match api::SetFaults::from_json(&body) {
+        Ok(set) => set,
+        Err(why) => return bad(why),
     };
-    let Some(faults) = value.get("faults").and_then(Value::as_object) else {
-        return bad("the body must be {\"faults\":{\"insert\":RULE,...}}".into());
-    };
-    let mut changes = Vec::new();
-    for (name, rule) in faults {
-        let op: Op = match name.parse() {
-            Ok(op) => op,
-            Err(e) => return bad(format!("faults.{name}: {e}")),
-        };
-        match serde_json::from_value::<FaultRule>(rule.clone()) {
-            Ok(rule) => changes.push((op, rule)),
-            Err(e) => return bad(format!("faults.{name}: {e}")),
-        }
+    // All or nothing: every rule is checked before any is set.
+    if let Err(why) = set.validate() {
+        return bad(why);
     }
-    // All or nothing: on a rule that does not validate, restore the old ones.
+    let changes = set.faults;
     let handle = admin.gateway.faults();
     let before = handle.rules();
     for (op, rule) in &changes {
         if let Err(e) = handle.set(*op, rule.clone()) {
+            // Not reached (the rules were validated); restore the old ones anyway.
             for op in Op::ALL {
                 let _ = handle.set(op, before.get(&op).cloned().unwrap_or_default());
             }
-            return bad(format!(
-                "faults.{}: {}; probability is 0 to 1 and latency_ms at most 60000",
-                op.as_str(),
-                e.0
-            ));
+            return bad(format!("faults.{op}: {}", e.0));
         }
     }
     for (op, rule) in changes {
         admin.gateway.observer().fault_changed(op, rule);
     }
-    Json(faults_json(&admin)).into_response()
+    json(&faults(&admin))
 }
 
-fn outcome_map(f: impl Fn(Verdict) -> Value) -> Value {
-    Value::Object(
-        Verdict::ALL
-            .into_iter()
-            .map(|v| (v.as_str().to_owned(), f(v)))
-            .collect(),
-    )
+/// The contract's name for a verdict.
+fn outcome(verdict: Verdict) -> api::Outcome {
+    match verdict {
+        Verdict::Executed => api::Outcome::Executed,
+        Verdict::Replayed => api::Outcome::Replayed,
+        Verdict::InFlight => api::Outcome::InFlight,
+        Verdict::Conflict => api::Outcome::Conflict,
+        Verdict::Unavailable => api::Outcome::Unavailable,
+        Verdict::Invalid => api::Outcome::Invalid,
+    }
 }
 
 async fn stats(State(admin): State<Admin>) -> Response {
     let observer = admin.gateway.observer();
-    let pool = admin.gateway.guard().pool_stats();
-    Json(json!({
-        "uptime_ms": observer.uptime().as_millis() as u64,
-        "store": admin.gateway.guard().store().name(),
-        "outcomes": outcome_map(|v| observer.count(v).into()),
-        "rates_per_s": outcome_map(|v| observer.rate(v).into()),
-        "store_latency_us": observer.store_latency_us(),
-        "pool": {"instantiated": pool.instantiated, "failed": pool.failed, "idle": pool.idle, "in_use": pool.in_use},
-        "purge": admin.gateway.guard().purge_stats(),
-    }))
-    .into_response()
+    let guard = admin.gateway.guard();
+    let pool = guard.pool_stats();
+    let latency = observer.store_latency_us();
+    let mut stats = api::Stats {
+        uptime_ms: observer.uptime().as_millis() as u64,
+        store: guard.store().name().to_owned(),
+        store_latency_us: api::Latency {
+            p50: latency.p50,
+            p90: latency.p90,
+            p99: latency.p99,
+            max: latency.max,
+        },
+        pool: api::Pool {
+            instantiated: pool.instantiated,
+            failed: pool.failed,
+            idle: pool.idle as u64,
+            in_use: pool.in_use,
+        },
+        purge: guard.purge_stats().map(|p| api::Purge {
+            runs: p.runs,
+            purged: p.purged,
+            errors: p.errors,
+            last_purged: p.last_purged,
+            last_took_us: p.last_took_us,
+            last_error: p.last_error,
+            every_ms: p.every_ms,
+        }),
+        ..api::Stats::default()
+    };
+    for verdict in Verdict::ALL {
+        *stats.outcomes.get_mut(outcome(verdict)) = observer.count(verdict);
+        *stats.rates_per_s.get_mut(outcome(verdict)) = observer.rate(verdict);
+    }
+    json(&stats)
 }
 
 async fn events(State(admin): State<Admin>) -> Response {
@@ -554,14 +564,22 @@ async fn events(State(admin): State<Admin>) -> Response {
 }
 
 fn to_sse(event: &Event) -> SseEvent {
-    match event {
-        Event::Decision(d) => SseEvent::default()
-            .event("decision")
-            .data(serde_json::to_string(d).unwrap_or_default()),
-        Event::Fault(f) => SseEvent::default()
-            .event("fault")
-            .data(serde_json::to_string(f).unwrap_or_default()),
-    }
+    let event = match event {
+        Event::Decision(d) => api::Event::Decision(api::DecisionEvent {
+            ts_ms: d.ts_ms,
+            key: d.key.clone(),
+            outcome: outcome(d.outcome),
+            status: d.status,
+            latency_us: d.latency_us,
+            detail: d.detail.clone(),
+        }),
+        Event::Fault(f) => api::Event::Fault(api::FaultEvent {
+            ts_ms: f.ts_ms,
+            op: f.op,
+            rule: f.rule.clone(),
+        }),
+    };
+    SseEvent::default().event(event.name()).data(event.data())
 }
 
 #[allow(clippy::too_many_lines)] // one block per metric

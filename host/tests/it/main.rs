@@ -3,10 +3,10 @@
 // Pedantic lints guard library code; in tests and benches they are noise.
 #![allow(clippy::pedantic)]
 
+mod admin_contract;
 mod cluster;
 mod conformance;
 mod console;
-mod crash;
 mod demo;
 mod engine;
 mod gateway;
@@ -14,14 +14,12 @@ mod guard;
 mod hostile;
 mod metrics;
 mod model;
-mod multiprocess;
 mod netstores;
 mod proxy;
 mod readme;
 mod sandbox;
 mod scenarios;
 mod seed;
-mod soak;
 mod sqlite;
 mod store_open;
 mod support;

@@ -1,15 +1,12 @@
-//! What the SQLite store adds to the conformance suite: durability across a
-//! `kill -9`, rows that do not decode, schema versions, bad paths, purging,
+//! What the SQLite store adds to the conformance suite: rows that do not decode, schema versions, bad paths, purging,
 //! and two stores (as two processes would) sharing one file.
 
 use crate::conformance::{BASE_MS, put, record, unique};
 use idem::store::{
     ListQuery, OpenError, SqliteOptions, SqliteStore, Store, StoreError, Synchronous,
 };
-use idem::{Decision, Guard, ManualClock, Outcome, Response, State, SystemClock};
-use std::io::{BufRead, BufReader};
+use idem::{Guard, ManualClock, Outcome, Response, State};
 use std::path::Path;
-use std::process::{Command, Stdio};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
@@ -29,68 +26,6 @@ fn rows(path: &Path) -> i64 {
     raw(path)
         .query_row("SELECT count(*) FROM records", [], |r| r.get(0))
         .unwrap()
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_completed_response_survives_kill_9() {
-    let dir = tempfile::tempdir().unwrap();
-    let db = dir.path().join("idem.db");
-    let body: Vec<u8> = (0..100_000u32)
-        .map(|i| (i.wrapping_mul(2_654_435_761) >> 13) as u8)
-        .collect();
-    let body_file = dir.path().join("body.bin");
-    std::fs::write(&body_file, &body).unwrap();
-    let key = unique("crash");
-
-    let mut child = Command::new(env!("CARGO_BIN_EXE_idem"))
-        .args([
-            "debug-complete",
-            "--store",
-            &format!("sqlite:{}", db.display()),
-            "--key",
-            &key,
-            "--fingerprint",
-            "fp",
-        ])
-        .arg("--body-file")
-        .arg(&body_file)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::inherit())
-        .spawn()
-        .expect("start idem debug-complete");
-    let mut line = String::new();
-    BufReader::new(child.stdout.take().unwrap())
-        .read_line(&mut line)
-        .unwrap();
-    assert_eq!(
-        line.trim_end(),
-        format!("completed {key}"),
-        "the child reports completion"
-    );
-    child.kill().unwrap(); // SIGKILL: no destructor, no checkpoint, no clean close.
-    let status = child.wait().unwrap();
-    assert!(
-        !status.success(),
-        "the child was killed, not finished: {status:?}"
-    );
-    let wal = std::fs::metadata(dir.path().join("idem.db-wal")).map_or(0, |m| m.len());
-    assert!(
-        wal > 0,
-        "the commit lives in the write-ahead log the crash left behind"
-    );
-
-    let store = open(&db);
-    let guard = Guard::builder(store).clock(SystemClock).build().unwrap();
-    let expected = Response {
-        status: 201,
-        headers: vec![("x-idem-test".into(), b"crash".to_vec())],
-        body,
-    };
-    assert_eq!(
-        guard.begin(&key, "fp").await.unwrap(),
-        Decision::Replay(expected),
-        "replayed byte for byte"
-    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -4,7 +4,6 @@
 // Rates are shown to a tenth: a float there loses nothing anyone could see.
 #![allow(clippy::cast_precision_loss, clippy::cast_sign_loss)]
 
-use super::faults::describe_rule;
 use crate::api::{DecisionEvent, FaultEvent, Outcome, Outcomes, Stats};
 use crate::format::{clock, micros, truncate_middle};
 use crate::keymap::{Binding, also, bind};
@@ -304,7 +303,7 @@ fn log_line(line: &LogLine) -> Line<'static> {
                 format!("{:<11}", "FAULT"),
                 fault_style(f.rule.kind).add_modifier(Modifier::REVERSED),
             ),
-            Span::raw(format!(" {} → {}", f.op, describe_rule(&f.rule))),
+            Span::raw(format!(" {} → {}", f.op, f.rule)),
         ]),
     }
 }

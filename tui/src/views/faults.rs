@@ -19,7 +19,6 @@ use ratatui::layout::{Constraint, Layout, Rect};
 use ratatui::style::Modifier;
 use ratatui::text::{Line, Span};
 use ratatui::widgets::{Cell, Paragraph, Row, Table, Widget};
-use std::fmt::Write as _;
 
 /// The operations the guard component calls: `insert` to claim a key,
 /// `replace` to complete, release or renew it. `get` and `delete` serve the
@@ -44,6 +43,8 @@ pub enum FaultsAction {
     EditProbability,
     EditCount,
     EditMessage,
+    /// The whole rule as text, in the grammar the gateway parses.
+    EditRule,
 }
 
 use FaultsAction as A;
@@ -111,6 +112,7 @@ pub const BINDINGS: &[Binding<FaultsAction>] = &[
         "type count / message",
     ),
     also(&[K::Char('M')], A::EditMessage),
+    bind(&[K::Char('R')], A::EditRule, "R", "type the whole rule"),
 ];
 
 pub const HINTS: &str =
@@ -226,6 +228,9 @@ impl FaultsView {
             A::EditMessage => {
                 return Effects::prompt(Input::new(Field::Message(op), rule.message));
             }
+            A::EditRule => {
+                return Effects::prompt(Input::new(Field::Rule(op), rule.to_string()));
+            }
         }
         Effects::none()
     }
@@ -253,10 +258,7 @@ impl FaultsView {
         } else {
             " (the guard never calls it: no traffic changes)"
         };
-        effects.status = Some((
-            format!("{op}: {} — sending{unused}", describe_rule(&rule)),
-            Severity::Info,
-        ));
+        effects.status = Some((format!("{op}: {rule} — sending{unused}"), Severity::Info));
         effects
     }
 
@@ -301,6 +303,13 @@ impl FaultsView {
                 self.selected = op_index(op);
                 self.edit(|r| text.clone_into(&mut r.message))
             }
+            Field::Rule(op) => {
+                self.selected = op_index(op);
+                match text.parse::<FaultRule>() {
+                    Ok(rule) => self.edit(|r| *r = rule),
+                    Err(e) => refuse(e.to_string()),
+                }
+            }
         }
     }
 
@@ -343,28 +352,6 @@ fn pointless(action: FaultsAction, op: Op, rule: &FaultRule) -> Option<String> {
     }
 }
 
-/// A rule in the seed's fault grammar, e.g. `25% 3× timeout 500ms`.
-pub fn describe_rule(rule: &FaultRule) -> String {
-    if rule.kind == FaultKind::Off {
-        return "off".into();
-    }
-    let mut text = String::new();
-    if rule.probability < 1.0 {
-        let _ = write!(text, "{}% ", percent(rule.probability));
-    }
-    if let Some(n) = rule.count {
-        let _ = write!(text, "{n}× ");
-    }
-    text.push_str(rule.kind.as_str());
-    if rule.kind.uses_latency() {
-        let _ = write!(text, " {}ms", rule.latency_ms);
-    }
-    if rule.kind == FaultKind::Error && !rule.message.is_empty() {
-        let _ = write!(text, " ({})", rule.message);
-    }
-    text
-}
-
 /// Lines the faults panel takes: borders, header, four operations, a blank,
 /// the keys for the selected operation, and what the guard calls.
 pub const HEIGHT: u16 = 10;
@@ -396,7 +383,7 @@ impl Widget for &FaultsView {
                     rule.count
                         .map_or("     ∞".to_owned(), |n| format!("{n:>6}")),
                 ),
-                Cell::from(Span::styled(describe_rule(rule), DIM)),
+                Cell::from(Span::styled(rule.to_string(), DIM)),
             ]);
             if i == self.selected {
                 row.style(SELECTED)
@@ -453,7 +440,7 @@ impl Widget for &FaultsView {
             choice.push("  ".into());
         }
         // The rest is in the footer too: shown when it fits.
-        let tail = Span::styled("+- latency  [] prob.  <> count  L P C M type", DIM);
+        let tail = Span::styled("+- latency  [] prob.  <> count  L P C M R type", DIM);
         let used: usize = choice.iter().map(Span::width).sum();
         if used + tail.width() <= usize::from(keys_area.width) {
             choice.push(tail);

@@ -80,6 +80,7 @@ pub enum Field {
     Probability(Op),
     Count(Op),
     Message(Op),
+    Rule(Op),
 }
 
 impl Field {
@@ -90,6 +91,9 @@ impl Field {
             Field::Probability(op) => format!("{op} probability in % (0 to 100)"),
             Field::Count(op) => format!("{op} count (empty or 0 = unlimited)"),
             Field::Message(op) => format!("{op} error message"),
+            Field::Rule(op) => {
+                format!("{op} rule: [P%][N*]error(msg)|timeout(ms)|delay(ms)|lost|off")
+            }
         }
     }
 }

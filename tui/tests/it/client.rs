@@ -125,7 +125,7 @@ async fn refusals_carry_the_servers_reason() {
     let err = client.set_fault(Op::Insert, &bad).await.unwrap_err();
     assert!(
         err.to_string()
-            .contains("faults.insert.probability 1.5 is outside 0 to 1"),
+            .contains("faults.insert: probability 1.5 is outside 0 to 1"),
         "{err}"
     );
 }

@@ -1,5 +1,6 @@
-//! A fake admin API v1 server: the exact JSON of the contract, backed by an
-//! in-memory table the test owns. It filters, sorts and pages like the real
+//! A fake admin API v1 server: the contract's own types (`idem-admin-api`,
+//! which the real gateway serializes too), backed by an in-memory table the
+//! test owns. It filters, sorts and pages like the real
 //! one should, records every mutating request, and streams SSE events.
 
 // A handler's early return is a whole response; the fake's counts are small.
@@ -7,17 +8,15 @@
 
 use axum::extract::{Path, Query, State};
 use axum::http::{HeaderMap, StatusCode};
-use axum::response::sse::{Event, KeepAlive, Sse};
+use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
 use futures_util::StreamExt;
 use idem_tui::api::{
-    DecisionEvent, FaultEvent, FaultRule, FaultSet, Faults, KeyDetail, KeyInfo, KeyPage, KeyState,
-    Op, Outcome, Stats, StoredResponse,
+    DecisionEvent, Event, FaultEvent, FaultSet, Faults, KeyDetail, KeyInfo, KeyListParams, KeyPage,
+    KeyState, Order, Outcome, Problem, SetFaults, Sort, Stats, StoredResponse,
 };
-use serde::Deserialize;
-use serde_json::json;
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -54,7 +53,7 @@ pub struct Inner {
 
 pub struct Shared {
     pub inner: Mutex<Inner>,
-    events: broadcast::Sender<(&'static str, String)>,
+    events: broadcast::Sender<Event>,
     token: Option<String>,
 }
 
@@ -72,9 +71,7 @@ impl Shared {
             latency_us: 420,
             detail: None,
         };
-        let _ = self
-            .events
-            .send(("decision", serde_json::to_string(&event).unwrap()));
+        let _ = self.events.send(Event::Decision(event));
     }
 
     pub fn requests(&self) -> Vec<String> {
@@ -175,11 +172,15 @@ impl Fake {
 }
 
 fn problem(status: StatusCode, detail: impl Into<String>) -> Response {
-    let body = json!({"type": "about:blank", "title": status.canonical_reason(), "status": status.as_u16(), "detail": detail.into()});
+    let body = Problem::new(
+        status.as_u16(),
+        status.canonical_reason().unwrap_or("Error"),
+        detail,
+    );
     (
         status,
         [("content-type", "application/problem+json")],
-        body.to_string(),
+        serde_json::to_string(&body).unwrap(),
     )
         .into_response()
 }
@@ -218,50 +219,34 @@ fn info(key: &str, s: &Stored, now: u64) -> KeyInfo {
     }
 }
 
-#[derive(Deserialize)]
-struct ListParams {
-    state: Option<String>,
-    prefix: Option<String>,
-    search: Option<String>,
-    after: Option<String>,
-    limit: Option<usize>,
-    sort: Option<String>,
-    order: Option<String>,
-}
-
 async fn list(
     State(shared): State<Arc<Shared>>,
     headers: HeaderMap,
-    Query(p): Query<ListParams>,
+    Query(p): Query<KeyListParams>,
 ) -> Response {
     if let Err(r) = authorized(&shared, &headers) {
         return r;
     }
-    let limit = p.limit.unwrap_or(100);
-    if limit == 0 || limit > 1000 {
-        return problem(
-            StatusCode::BAD_REQUEST,
-            format!("limit {limit} is outside 1 to 1000"),
-        );
-    }
     let now = now_ms();
     let mut inner = shared.lock();
     inner.keys_queries.push(format!(
-        "state={:?} prefix={:?} search={:?} sort={:?} order={:?} after={:?} limit={limit}",
-        p.state, p.prefix, p.search, p.sort, p.order, p.after
+        "state={:?} prefix={:?} search={:?} sort={:?} order={:?} after={:?} limit={}",
+        p.state,
+        p.prefix,
+        p.search,
+        p.sort,
+        p.order,
+        p.after,
+        p.limit.unwrap_or(idem_tui::api::DEFAULT_LIMIT)
     ));
-    let state = match p.state.as_deref() {
-        None => None,
-        Some("processing") => Some(KeyState::Processing),
-        Some("done") => Some(KeyState::Done),
-        Some(other) => {
-            return problem(
-                StatusCode::BAD_REQUEST,
-                format!("state {other:?} is not processing or done"),
-            );
-        }
+    // The real gateway's checks and messages: the contract's own.
+    let query = match p.check() {
+        Ok(query) => query,
+        Err(why) => return problem(StatusCode::BAD_REQUEST, why),
     };
-    let prefix = p.prefix.unwrap_or_default();
+    let (state, limit) = (query.state, query.limit as usize);
+    let search = Some(query.search).filter(|s| !s.is_empty());
+    let prefix = query.prefix;
     let mut rows: Vec<KeyInfo> = inner
         .keys
         .range(prefix.clone()..)
@@ -270,29 +255,23 @@ async fn list(
         .filter(|(k, _)| {
             // As the server: anywhere in the client's key, ignoring case.
             let own = k.split_once('/').map_or(k.as_str(), |(_, own)| own);
-            p.search
+            search
                 .as_deref()
                 .is_none_or(|q| own.to_lowercase().contains(&q.to_lowercase()))
         })
         .map(|(k, s)| info(k, s, now))
         .collect();
-    match p.sort.as_deref().unwrap_or("key") {
-        "key" => {}
-        "lease" => rows.sort_by_key(|r| r.lease_until_ms),
-        "expires" => rows.sort_by_key(|r| r.expires_at_ms),
-        "replays" => rows.sort_by_key(|r| r.replays),
-        other => {
-            return problem(
-                StatusCode::BAD_REQUEST,
-                format!("sort {other:?} is not key, expires, lease or replays"),
-            );
-        }
+    match query.sort {
+        Sort::Key => {}
+        Sort::Lease => rows.sort_by_key(|r| r.lease_until_ms),
+        Sort::Expires => rows.sort_by_key(|r| r.expires_at_ms),
+        Sort::Replays => rows.sort_by_key(|r| r.replays),
     }
-    if p.order.as_deref() == Some("desc") {
+    if query.order == Order::Desc {
         rows.reverse();
     }
     // The fake's cursor is an offset; the real one is opaque too.
-    let start: usize = p
+    let start: usize = query
         .after
         .as_deref()
         .and_then(|a| a.strip_prefix('o'))
@@ -403,11 +382,6 @@ async fn faults(State(shared): State<Arc<Shared>>, headers: HeaderMap) -> Respon
     faults_body(&shared.lock()).into_response()
 }
 
-#[derive(Deserialize)]
-struct FaultsPut {
-    faults: BTreeMap<Op, FaultRule>,
-}
-
 async fn set_faults(
     State(shared): State<Arc<Shared>>,
     headers: HeaderMap,
@@ -418,20 +392,12 @@ async fn set_faults(
     }
     let mut inner = shared.lock();
     inner.requests.push(format!("PUT /v1/faults {body}"));
-    let put: FaultsPut = match serde_json::from_str(&body) {
-        Ok(p) => p,
-        Err(e) => return problem(StatusCode::BAD_REQUEST, e.to_string()),
+    let put = match SetFaults::from_json(body.as_bytes()) {
+        Ok(put) => put,
+        Err(why) => return problem(StatusCode::BAD_REQUEST, why),
     };
-    for (op, rule) in &put.faults {
-        if !(0.0..=1.0).contains(&rule.probability) {
-            return problem(
-                StatusCode::BAD_REQUEST,
-                format!(
-                    "faults.{op}.probability {} is outside 0 to 1",
-                    rule.probability
-                ),
-            );
-        }
+    if let Err(why) = put.validate() {
+        return problem(StatusCode::BAD_REQUEST, why);
     }
     for (op, rule) in put.faults {
         inner.faults.rule_mut(op).clone_from(&rule);
@@ -440,9 +406,7 @@ async fn set_faults(
             op,
             rule,
         };
-        let _ = shared
-            .events
-            .send(("fault", serde_json::to_string(&event).unwrap()));
+        let _ = shared.events.send(Event::Fault(event));
     }
     faults_body(&inner).into_response()
 }
@@ -481,8 +445,10 @@ async fn event_stream(State(shared): State<Arc<Shared>>, headers: HeaderMap) -> 
     let rx = shared.events.subscribe();
     let stream = tokio_stream::wrappers::BroadcastStream::new(rx)
         .filter_map(|e| async move { e.ok() })
-        .map(|(name, data)| {
-            Ok::<_, std::convert::Infallible>(Event::default().event(name).data(data))
+        .map(|event| {
+            Ok::<_, std::convert::Infallible>(
+                SseEvent::default().event(event.name()).data(event.data()),
+            )
         });
     Sse::new(stream)
         .keep_alive(

@@ -171,6 +171,7 @@ fn every_binding_maps_to_its_action() {
         (KeyCode::Char('>'), A::Faults(F::CountUp)),
         (KeyCode::Char('<'), A::Faults(F::CountDown)),
         (KeyCode::Char('L'), A::Faults(F::EditLatency)),
+        (KeyCode::Char('R'), A::Faults(F::EditRule)),
         (KeyCode::Char('P'), A::Faults(F::EditProbability)),
         (KeyCode::Char('C'), A::Faults(F::EditCount)),
         (KeyCode::Char('M'), A::Faults(F::EditMessage)),
@@ -714,6 +715,47 @@ fn typed_fault_values_are_checked_before_sending() {
     assert_eq!(
         sent(&press(&mut app, KeyCode::Enter)).1.message,
         "disk full"
+    );
+}
+
+#[test]
+fn a_whole_rule_is_typed_and_shown_in_the_gateways_text_form() {
+    let mut app = faults_app();
+    ch(&mut app, 'R');
+    assert_eq!(
+        app.input.as_ref().map(|i| i.was.as_str()),
+        Some("off"),
+        "the prompt shows the rule as the table does"
+    );
+    type_text(&mut app, "25%3*timeout(500)");
+    let (op, rule) = sent(&press(&mut app, KeyCode::Enter));
+    assert_eq!(op, Op::Insert);
+    assert_eq!(rule, "25%3*timeout(500)".parse().unwrap());
+    assert!(
+        app.status
+            .as_ref()
+            .unwrap()
+            .0
+            .contains("insert: 25%3*timeout(500)"),
+        "{:?}",
+        app.status
+    );
+
+    ch(&mut app, 'R');
+    assert_eq!(
+        app.input.as_ref().map(|i| i.was.as_str()),
+        Some("25%3*timeout(500)")
+    );
+    type_text(&mut app, "25% 3× timeout 500ms");
+    assert_eq!(press(&mut app, KeyCode::Enter), vec![], "not the grammar");
+    assert!(
+        app.status.as_ref().unwrap().0.contains("expected [P%][N*]"),
+        "{:?}",
+        app.status
+    );
+    assert_eq!(
+        app.faults.current.faults.insert.to_string(),
+        "25%3*timeout(500)"
     );
 }
 

@@ -34,12 +34,12 @@ use tokio::sync::{Semaphore, mpsc, oneshot};
 /// The service behind the gateway: the ledger, plus endpoints that echo,
 /// fail, hang, or wait for the test's go-ahead.
 #[derive(Clone)]
-struct Upstream {
+pub(crate) struct Upstream {
     ledger: Ledger,
     calls: Arc<AtomicUsize>,
     /// `/slow` reports its arrival here, then waits for a permit.
     arrived: mpsc::UnboundedSender<()>,
-    go: Arc<Semaphore>,
+    pub(crate) go: Arc<Semaphore>,
 }
 
 async fn echo(
@@ -88,18 +88,20 @@ async fn big(State(up): State<Upstream>) -> Vec<u8> {
     vec![b'x'; 64 * 1024]
 }
 
-struct Harness {
-    proxy: SocketAddr,
-    admin: SocketAddr,
-    upstream: Upstream,
-    arrivals: mpsc::UnboundedReceiver<()>,
+/// A gateway on the memory store in front of [`Upstream`], with its admin
+/// API; the admin API's contract test (`admin_contract.rs`) uses it too.
+pub(crate) struct Harness {
+    pub(crate) proxy: SocketAddr,
+    pub(crate) admin: SocketAddr,
+    pub(crate) upstream: Upstream,
+    pub(crate) arrivals: mpsc::UnboundedReceiver<()>,
     gateway: Gateway,
     stop: Option<oneshot::Sender<()>>,
     served: tokio::task::JoinHandle<()>,
-    client: Client<HttpConnector, Body>,
+    pub(crate) client: Client<HttpConnector, Body>,
 }
 
-async fn start(config: Config) -> Harness {
+pub(crate) async fn start(config: Config) -> Harness {
     start_with(config, None).await
 }
 
@@ -166,18 +168,18 @@ async fn serve(gateway: Gateway) -> SocketAddr {
 }
 
 #[derive(Debug)]
-struct Reply {
-    status: u16,
-    headers: HeaderMap,
-    body: Bytes,
+pub(crate) struct Reply {
+    pub(crate) status: u16,
+    pub(crate) headers: HeaderMap,
+    pub(crate) body: Bytes,
 }
 
 impl Reply {
-    fn json(&self) -> Value {
+    pub(crate) fn json(&self) -> Value {
         serde_json::from_slice(&self.body)
             .unwrap_or_else(|e| panic!("not JSON ({e}): {:?}", String::from_utf8_lossy(&self.body)))
     }
-    fn header(&self, name: &str) -> Option<&str> {
+    pub(crate) fn header(&self, name: &str) -> Option<&str> {
         self.headers.get(name).map(|v| v.to_str().unwrap())
     }
     /// Every header but the ones that differ per response on the wire.
@@ -195,7 +197,13 @@ impl Harness {
         self.send_to(self.proxy, method, path, headers, body).await
     }
 
-    async fn admin(&self, method: &str, path: &str, headers: &[(&str, &str)], body: &str) -> Reply {
+    pub(crate) async fn admin(
+        &self,
+        method: &str,
+        path: &str,
+        headers: &[(&str, &str)],
+        body: &str,
+    ) -> Reply {
         self.send_to(self.admin, method, path, headers, body).await
     }
 
@@ -228,7 +236,7 @@ impl Harness {
 
     /// `POST /slow` with `key` on a task of its own: it arrives upstream and
     /// waits there for a permit on `upstream.go`.
-    fn spawn_slow(&self, key: &str) -> tokio::task::JoinHandle<Reply> {
+    pub(crate) fn spawn_slow(&self, key: &str) -> tokio::task::JoinHandle<Reply> {
         let (client, proxy, key) = (self.client.clone(), self.proxy, key.to_owned());
         tokio::spawn(async move {
             let req = Request::post(format!("http://{proxy}/slow"))
@@ -244,7 +252,7 @@ impl Harness {
         })
     }
 
-    async fn post(&self, path: &str, key: &str, body: &str) -> Reply {
+    pub(crate) async fn post(&self, path: &str, key: &str, body: &str) -> Reply {
         self.send(
             "POST",
             path,
@@ -265,7 +273,7 @@ impl Harness {
         self.upstream.ledger.books()
     }
 
-    async fn shutdown(mut self) {
+    pub(crate) async fn shutdown(mut self) {
         let _ = self.stop.take().unwrap().send(());
         self.served.await.unwrap();
     }

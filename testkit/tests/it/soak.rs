@@ -1,4 +1,4 @@
-//! The chaos soak at CI size: `idem soak` on Redis and on PostgreSQL, two
+//! The chaos soak at CI size: `idem-testkit soak` on Redis and on PostgreSQL, two
 //! gateways over the shared store, faults switched on and off (latency
 //! spikes near the lease among them), gateways killed and restarted, and one
 //! stopped with SIGSTOP past its lease, then continued. It must pass its own
@@ -7,11 +7,11 @@
 //! 2xx bodies, no two runs of a key overlapping but as a refused takeover)
 //! and must really have crashed, paused and injected faults. Redis runs
 //! with a 1 s lease, PostgreSQL with 2 s. The checker itself is tested with
-//! broken books in `src/soak.rs`.
+//! broken books in `src/soak/check/tests.rs`.
 //!
 //! About 25 s per store with the debug build on a busy 2-core machine.
 
-use crate::netstores::server_url;
+use crate::support::{TESTKIT, server_url};
 use std::collections::HashMap;
 use std::process::Command;
 
@@ -26,7 +26,7 @@ fn soak(store_url: &str, lease: &str) {
     let _turn = ONE_AT_A_TIME
         .lock()
         .unwrap_or_else(std::sync::PoisonError::into_inner);
-    let output = Command::new(env!("CARGO_BIN_EXE_idem"))
+    let output = Command::new(TESTKIT)
         .args([
             "soak",
             "--store",
@@ -43,13 +43,13 @@ fn soak(store_url: &str, lease: &str) {
             "1",
         ])
         .output()
-        .expect("run idem soak");
+        .expect("run idem-testkit soak");
     let stdout = String::from_utf8_lossy(&output.stdout);
     let stderr = String::from_utf8_lossy(&output.stderr);
     let report = || format!("stdout:\n{stdout}\nstderr:\n{stderr}");
     assert!(
         output.status.success(),
-        "idem soak failed ({}):\n{}",
+        "idem-testkit soak failed ({}):\n{}",
         output.status,
         report()
     );

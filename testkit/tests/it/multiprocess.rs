@@ -1,8 +1,8 @@
-//! Two `idem` processes guard the same 1,000 keys against one shared store,
+//! Two `idem-testkit hammer` processes guard the same 1,000 keys against one shared store,
 //! each requesting every key five times: across both, every key's handler
 //! runs exactly once.
 
-use crate::netstores::server_url;
+use crate::support::{TESTKIT, server_url};
 use std::collections::HashMap;
 use std::io::{BufRead, BufReader, Write};
 use std::process::{Command, Stdio};
@@ -17,9 +17,9 @@ struct Run {
 fn hammer_twice(store_url: &str) {
     let prefix = format!("mp-{}-{}/", std::process::id(), fastrand::u64(..));
     let spawn = || {
-        Command::new(env!("CARGO_BIN_EXE_idem"))
+        Command::new(TESTKIT)
             .args([
-                "debug-hammer",
+                "hammer",
                 "--store",
                 store_url,
                 "--keys",
@@ -33,7 +33,7 @@ fn hammer_twice(store_url: &str) {
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())
             .spawn()
-            .expect("spawn idem debug-hammer")
+            .expect("spawn idem-testkit hammer")
     };
     let mut children = [spawn(), spawn()];
     // Both ready (store opened, guard built), then both start at once.

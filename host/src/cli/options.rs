@@ -2,8 +2,8 @@
 //! optional TOML file with the same names (`lease = "30s"`), in that order
 //! of precedence.
 
+use crate::server::{Config, InFlight, Profile, StorePolicy, parse_duration};
 use anyhow::{Context, bail};
-use idem::server::{Config, InFlight, Profile, StorePolicy, parse_duration};
 use serde::Deserialize;
 use std::path::PathBuf;
 
@@ -257,8 +257,8 @@ impl ServeOptions {
 pub async fn serve(options: ServeOptions) -> anyhow::Result<()> {
     let serve = options.resolve()?;
     raise_file_limit(serve.config.max_connections);
-    let store = idem::store::open(&serve.store).await?;
-    let gateway = idem::server::Gateway::builder(serve.config, store, &serve.upstream).build()?;
+    let store = crate::store::open(&serve.store).await?;
+    let gateway = crate::server::Gateway::builder(serve.config, store, &serve.upstream).build()?;
     let proxy = tokio::net::TcpListener::bind(&serve.listen)
         .await
         .with_context(|| format!("listen on {}", serve.listen))?;
@@ -267,7 +267,7 @@ pub async fn serve(options: ServeOptions) -> anyhow::Result<()> {
             let listener = tokio::net::TcpListener::bind(addr)
                 .await
                 .with_context(|| format!("admin listen on {addr}"))?;
-            Some(idem::server::AdminListener::new(
+            Some(crate::server::AdminListener::new(
                 listener,
                 serve.admin_token.clone(),
             )?)
@@ -283,7 +283,7 @@ pub async fn serve(options: ServeOptions) -> anyhow::Result<()> {
     if let Some(admin) = &serve.admin_listen {
         eprintln!("admin API: http://{admin}/v1/stats");
     }
-    idem::server::run(gateway, proxy, admin, shutdown_signal()).await;
+    crate::server::run(gateway, proxy, admin, shutdown_signal()).await;
     eprintln!("idem serve: stopped");
     Ok(())
 }

@@ -1,4 +1,4 @@
-//! Crash recovery: a real `idem` process (`idem debug-crash`) is `kill -9`ed
+//! Crash recovery: a real `idem` process (`idem-testkit crash`) is `kill -9`ed
 //! in the handler, inside `complete` before and after the store write, and
 //! in the middle of store writes — on SQLite and on PostgreSQL. A guard
 //! opened afresh on the same store must then replay every acknowledged
@@ -10,8 +10,7 @@
 //! time of the restart (the crashed process used the wall clock), so a lease
 //! "runs out" by moving the clock, not by sleeping.
 
-use crate::conformance::unique;
-use crate::netstores::server_url;
+use crate::support::{TESTKIT, server_url, unique};
 use idem::store::{ListQuery, Store};
 use idem::{Clock, Decision, Guard, ManualClock, Outcome, Response, SystemClock};
 use std::collections::{BTreeMap, HashSet};
@@ -29,7 +28,7 @@ const LEASE: Duration = Duration::from_secs(5);
 /// How long the test waits for one line from the child.
 const LINE_TIMEOUT: Duration = Duration::from_secs(60);
 
-/// A running `idem debug-crash`, its stdout read line by line on a thread.
+/// A running `idem-testkit crash`, its stdout read line by line on a thread.
 struct Crashing {
     child: Child,
     stdin: Option<ChildStdin>,
@@ -45,8 +44,8 @@ impl Crashing {
         extra: &[&str],
     ) -> Self {
         let prefix = format!("{}/", unique("crash"));
-        let mut child = Command::new(env!("CARGO_BIN_EXE_idem"))
-            .args(["debug-crash", "--store", store_url, "--crash-at", crash_at])
+        let mut child = Command::new(TESTKIT)
+            .args(["crash", "--store", store_url, "--crash-at", crash_at])
             .args(["--keys", &keys.to_string(), "--prefix", &prefix])
             .args(["--lease-ms", &LEASE.as_millis().to_string()])
             .arg("--body-file")
@@ -56,7 +55,7 @@ impl Crashing {
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())
             .spawn()
-            .expect("start idem debug-crash");
+            .expect("start idem-testkit crash");
         let stdout = child.stdout.take().unwrap();
         let (send, lines) = mpsc::channel();
         std::thread::spawn(move || {
@@ -80,10 +79,10 @@ impl Crashing {
         let line = self
             .lines
             .recv_timeout(LINE_TIMEOUT)
-            .expect("idem debug-crash said nothing more");
+            .expect("idem-testkit crash said nothing more");
         assert!(
             !line.starts_with("unexpected") && !line.starts_with("not-written"),
-            "idem debug-crash: {line}"
+            "idem-testkit crash: {line}"
         );
         line.split(' ').map(str::to_owned).collect()
     }
@@ -120,7 +119,7 @@ impl Drop for Crashing {
     }
 }
 
-/// The response `debug-crash` stores for `key`: the key, a newline, the body file.
+/// The response `crash` stores for `key`: the key, a newline, the body file.
 fn first_response(key: &str, body: &[u8]) -> Response {
     Response {
         status: 201,
@@ -349,7 +348,7 @@ async fn killed_after_the_write(store_url: &str) {
     assert!(recovery.taken_over.is_empty(), "{recovery:?}");
 }
 
-/// A real `idem serve`, its address read from the line it prints at start.
+/// A real `idem serve` (run as `idem-testkit idem serve`), its address read from the line it prints at start.
 struct Serve {
     child: Child,
     addr: std::net::SocketAddr,
@@ -357,8 +356,15 @@ struct Serve {
 
 impl Serve {
     fn start(store_url: &str, upstream: std::net::SocketAddr) -> Serve {
-        let mut child = Command::new(env!("CARGO_BIN_EXE_idem"))
-            .args(["serve", "--listen", "127.0.0.1:0", "--admin-listen", "off"])
+        let mut child = Command::new(TESTKIT)
+            .args([
+                "idem",
+                "serve",
+                "--listen",
+                "127.0.0.1:0",
+                "--admin-listen",
+                "off",
+            ])
             .args([
                 "--store",
                 store_url,

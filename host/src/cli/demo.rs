@@ -4,6 +4,9 @@
 //! payloads — while the store fails for a few seconds. At the end the
 //! ledger is checked: every order executed exactly once.
 
+use crate::ledger::{Books, Ledger};
+use crate::server::{AdminListener, Config, Gateway};
+use crate::store::{FaultRule, Op};
 use anyhow::{Context, bail};
 use axum::body::Body;
 use axum::http::Request;
@@ -11,9 +14,6 @@ use http_body_util::BodyExt;
 use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
-use idem::ledger::{Books, Ledger};
-use idem::server::{AdminListener, Config, Gateway};
-use idem::store::{FaultRule, Op};
 use std::io::IsTerminal;
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -30,7 +30,7 @@ pub struct Args {
     #[arg(long, default_value_t = 600)]
     orders: usize,
     /// How long to send orders for; the run ends soon after.
-    #[arg(long, default_value = "10s", value_parser = idem::server::parse_duration)]
+    #[arg(long, default_value = "10s", value_parser = crate::server::parse_duration)]
     duration: Duration,
     /// Where the admin API listens, for an operator console to attach.
     #[arg(long, default_value = "127.0.0.1:0", value_name = "ADDR")]
@@ -246,7 +246,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
             )
         }
     };
-    let store = idem::store::open(&store_url).await?;
+    let store = crate::store::open(&store_url).await?;
 
     let order_count = i64::try_from(args.orders).context("--orders is too large")?;
     let stock = order_count * 10;
@@ -254,7 +254,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
     let ledger_listener = TcpListener::bind("127.0.0.1:0").await?;
     let ledger_addr = ledger_listener.local_addr()?;
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
-    let ledger_task = tokio::spawn(idem::ledger::run(
+    let ledger_task = tokio::spawn(crate::ledger::run(
         ledger.clone(),
         ledger_listener,
         wait_stop(stop_rx.clone()),
@@ -275,7 +275,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
     let admin_addr = admin_listener.local_addr()?;
     let console_token = args.admin_token.clone();
     let admin = AdminListener::new(admin_listener, args.admin_token)?;
-    let gateway_task = tokio::spawn(idem::server::run(
+    let gateway_task = tokio::spawn(crate::server::run(
         gateway.clone(),
         proxy,
         Some(admin),

@@ -1,0 +1,56 @@
+//! The admin API v1's contract: every request and response body of
+//! `/v1/keys`, `/v1/faults`, `/v1/stats` and `/v1/events` as a serde type,
+//! and the fault rules' one text form. The gateway (`idem::server::admin`)
+//! serializes them, the console (`idem-tui`) and its test fake decode and
+//! send them, so the three cannot drift apart. No I/O and no engine: the
+//! console builds it without wasmtime, the gateway without ratatui.
+//!
+//! ```
+//! use idem_admin_api::{Faults, Op};
+//! let faults: Faults = serde_json::from_str(
+//!     r#"{"faults":{"insert":{"kind":"timeout","latency_ms":500,"probability":0.25,"count":3,"message":""}},"injected":7}"#,
+//! ).unwrap();
+//! assert_eq!(faults.faults.rule(Op::Insert).to_string(), "25%3*timeout(500)");
+//! ```
+
+mod events;
+mod fault_rule;
+mod faults;
+mod keys;
+mod stats;
+
+pub use events::{DecisionEvent, Event, FaultEvent, Outcome};
+pub use fault_rule::{FaultKind, FaultRule, MAX_LATENCY_MS, Op, ParseFaultError};
+pub use faults::{FaultSet, Faults, SetFaults};
+pub use keys::{
+    DEFAULT_LIMIT, KeyDetail, KeyInfo, KeyListParams, KeyPage, KeyQuery, KeyState, MAX_LIMIT,
+    Order, Sort, StoredResponse,
+};
+pub use stats::{Latency, Outcomes, Pool, Purge, Stats};
+
+use serde::{Deserialize, Serialize};
+
+/// An `application/problem+json` body (RFC 9457): what every refusal of
+/// the admin API carries.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct Problem {
+    /// Always `about:blank`: the status says what kind of problem it is.
+    #[serde(rename = "type")]
+    pub kind: String,
+    pub title: String,
+    pub status: u16,
+    pub detail: String,
+}
+
+impl Problem {
+    /// A problem with `status`'s reason phrase (`title`) as its title.
+    pub fn new(status: u16, title: &str, detail: impl Into<String>) -> Problem {
+        Problem {
+            kind: "about:blank".into(),
+            title: title.into(),
+            status,
+            detail: detail.into(),
+        }
+    }
+}

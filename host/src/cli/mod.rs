@@ -1,0 +1,129 @@
+//! The `idem` command: `serve`, `demo`, `ledger`, `tui`, `wit` and
+//! `component`, behind the `cli` feature. `src/main.rs` only calls [`main`];
+//! the test rigs (`idem-testkit`, in `testkit/`) call [`run`] too, so the
+//! gateways their tests start and kill run exactly this code.
+//!
+//! ```no_run
+//! use clap::Parser;
+//! idem::cli::run(idem::cli::Cli::parse_from(["idem", "wit"])).unwrap();
+//! ```
+
+use anyhow::Context;
+use clap::{Parser, Subcommand};
+use std::path::PathBuf;
+
+mod demo;
+mod options;
+
+#[derive(Parser)]
+#[command(
+    name = "idem",
+    version,
+    about = "The idempotency layer: a guard in a WebAssembly component"
+)]
+pub struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Runs the HTTP idempotency gateway in front of an upstream service.
+    Serve(Box<options::ServeOptions>),
+    /// Runs the demo ledger service (an upstream to put behind the gateway).
+    Ledger {
+        /// Where the ledger listens (address:port); the gateway's --upstream points here.
+        #[arg(
+            long,
+            env = "IDEM_LEDGER_LISTEN",
+            default_value = "127.0.0.1:8081",
+            value_name = "ADDR"
+        )]
+        listen: String,
+        /// Units in stock at start.
+        #[arg(long, default_value_t = 1_000_000)]
+        stock: i64,
+        /// Simulated work per order, e.g. 20ms.
+        #[arg(long, default_value = "0ms", value_parser = crate::server::parse_duration)]
+        latency: std::time::Duration,
+    },
+    /// Runs the ledger behind the gateway with misbehaving clients, then checks every order ran exactly once.
+    Demo(demo::Args),
+    /// The operator console: live keys, leases, faults and decisions of an `idem serve`.
+    Tui {
+        /// The admin API's base URL.
+        #[arg(long, env = "IDEM_ADMIN_URL", default_value = "http://127.0.0.1:9090")]
+        admin: String,
+        /// The admin API's bearer token.
+        #[arg(long, env = "IDEM_ADMIN_TOKEN", hide_env_values = true)]
+        token: Option<String>,
+    },
+    /// Prints the WIT contract.
+    Wit,
+    /// Writes the exact component bytes this binary embeds, for other hosts to load.
+    Component {
+        /// The file to write the component to (e.g. guard.wasm); an existing file is replaced.
+        #[arg(long, value_name = "FILE")]
+        out: PathBuf,
+    },
+}
+
+/// Parses this process's arguments and runs the command.
+pub fn main() -> anyhow::Result<()> {
+    run(Cli::parse())
+}
+
+/// Runs one parsed command to its end (`serve` and `ledger`: until a
+/// shutdown signal).
+pub fn run(cli: Cli) -> anyhow::Result<()> {
+    match cli.command {
+        Command::Tui { admin, token } => {
+            tokio::runtime::Runtime::new()?.block_on(idem_tui::run(&admin, token))?;
+            Ok(())
+        }
+        Command::Wit => {
+            for (name, text) in crate::component::WIT {
+                println!("// wit/{name}\n{text}");
+            }
+            Ok(())
+        }
+        Command::Component { out } => {
+            std::fs::write(&out, crate::component::COMPONENT)
+                .with_context(|| format!("write {}", out.display()))?;
+            eprintln!(
+                "wrote {} bytes to {}",
+                crate::component::COMPONENT.len(),
+                out.display()
+            );
+            Ok(())
+        }
+        Command::Serve(options) => {
+            tokio::runtime::Runtime::new()?.block_on(options::serve(*options))
+        }
+        Command::Ledger {
+            listen,
+            stock,
+            latency,
+        } => tokio::runtime::Runtime::new()?.block_on(async move {
+            let listener = tokio::net::TcpListener::bind(&listen)
+                .await
+                .with_context(|| format!("listen on {listen}"))?;
+            eprintln!(
+                "idem ledger: http://{}/orders, http://{}/ledger",
+                listener.local_addr()?,
+                listener.local_addr()?
+            );
+            crate::ledger::run(
+                crate::ledger::Ledger::new(stock, latency),
+                listener,
+                options::shutdown_signal(),
+            )
+            .await?;
+            Ok(())
+        }),
+        Command::Demo(args) => {
+            let runtime = tokio::runtime::Runtime::new()?;
+            runtime.block_on(demo::run(args))
+        }
+    }
+}
