@@ -1121,6 +1121,42 @@ mod tests {
         }
     }
 
+    /// Values as this layout has always written them: whatever the code
+    /// becomes, a record stored before must still decode, and be written
+    /// again byte for byte.
+    #[test]
+    fn stored_bytes_still_decode() {
+        let done = b"7 90000\n\0\0\0\0\0\0\x03\xe8\x01\0\0\0\x05fp-\xc3\xbc\x01\0\xc9\
+            \0\0\0\x02\0\0\0\x0ccontent-type\0\0\0\ntext/plain\0\0\0\x01x\0\0\0\x02\0\xff\
+            \0\0\0\x04paid";
+        let record = Record {
+            fingerprint: "fp-ü".into(),
+            state: State::Done,
+            lease_until_ms: 1_000,
+            expires_at_ms: 90_000,
+            response: Some(Response {
+                status: 201,
+                headers: vec![
+                    ("content-type".to_owned(), b"text/plain".to_vec()),
+                    ("x".to_owned(), vec![0, 255]),
+                ],
+                body: b"paid".to_vec(),
+            }),
+        };
+        let processing = b"1 18446744073709551615\n\0\0\0\0\0\0\x01\xf4\0\0\0\0\x02fp\0";
+        let claim = Record {
+            fingerprint: "fp".into(),
+            state: State::Processing,
+            lease_until_ms: 500,
+            expires_at_ms: u64::MAX,
+            response: None,
+        };
+        for (bytes, version, record) in [(&done[..], 7, record), (&processing[..], 1, claim)] {
+            assert_eq!(encode(version, &record), bytes);
+            assert_eq!(decode("k", bytes).unwrap(), Entry { record, version });
+        }
+    }
+
     #[test]
     fn bad_values_are_corrupt_naming_the_key() {
         let value = encode(3, &sample(true));

@@ -1096,6 +1096,19 @@ mod tests {
         assert!(decode_headers(&bad_name).unwrap_err().contains("not UTF-8"));
     }
 
+    /// The headers column as this layout has always written it: a file
+    /// written before must still decode, and be written again byte for byte.
+    #[test]
+    fn stored_header_blobs_still_decode() {
+        let blob = b"\0\0\0\x02\0\0\0\x0ccontent-type\0\0\0\ntext/plain\0\0\0\x01x\0\0\0\x02\0\xff";
+        let headers = vec![
+            ("content-type".to_owned(), b"text/plain".to_vec()),
+            ("x".to_owned(), vec![0, 255]),
+        ];
+        assert_eq!(encode_headers(&headers), blob);
+        assert_eq!(decode_headers(blob).unwrap(), headers);
+    }
+
     #[test]
     fn prefix_end_bounds_exactly_the_keys_with_the_prefix() {
         assert_eq!(prefix_end(""), None);
