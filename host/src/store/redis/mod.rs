@@ -335,7 +335,7 @@ impl Store for RedisStore {
         Ok(removed > 0)
     }
 
-    /// Scans the keys under the prefix (up to [`scan::LIST_SCAN_MAX`]; on a
+    /// Scans the keys under the prefix (up to `LIST_SCAN_MAX`, a million; on a
     /// cluster, on each primary), sorts them and reads the page: an
     /// operator's tool, O(keys under the prefix).
     async fn list(
