@@ -54,15 +54,6 @@ enum Unstored {
     Problem(Problem),
 }
 
-/// Lets a shared clock be handed to the guard builder.
-struct SharedClock(Arc<dyn Clock>);
-
-impl Clock for SharedClock {
-    fn now_ms(&self) -> u64 {
-        self.0.now_ms()
-    }
-}
-
 impl Gate {
     /// The gate the proxy and the layer both use: the guard over `backend`
     /// in the [`store::Stack`] (faults the admin API sets, operations timed
@@ -76,10 +67,7 @@ impl Gate {
         let observer = Arc::new(Observer::default());
         let store = store::stack(backend, observer.latencies().clone());
         let faults = store.faults().clone();
-        let guard = config
-            .guard_builder(store)
-            .clock(SharedClock(clock))
-            .build()?;
+        let guard = config.guard_builder(store).clock(clock).build()?;
         Ok(Gate {
             permits: Semaphore::new(config.max_concurrent),
             guard,
