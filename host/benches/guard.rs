@@ -83,7 +83,9 @@ fn new_keys(iters: u64, store: &MemoryStore, mut run_chunk: impl FnMut(&[String]
 fn component_guard(store: &MemoryStore, flavour: &str) -> Guard {
     match flavour {
         "component" => Guard::builder(store.clone()).build().unwrap(),
-        "component-async" => Guard::builder(AsyncOnly(store.clone())).build().unwrap(),
+        "component-async" => Guard::builder(AsyncOnly::new(store.clone()))
+            .build()
+            .unwrap(),
         _ => unreachable!(),
     }
 }

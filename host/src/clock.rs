@@ -45,3 +45,10 @@ impl Clock for ManualClock {
         self.0.load(Ordering::SeqCst)
     }
 }
+
+/// A clock shared with others, as the gateway hands its own to the guard.
+impl Clock for std::sync::Arc<dyn Clock> {
+    fn now_ms(&self) -> u64 {
+        (**self).now_ms()
+    }
+}

@@ -4,14 +4,11 @@
 //! The hot path pays for two atomic adds, one short lock on a 10-slot rate
 //! window and — only while someone listens to `/v1/events` — one broadcast.
 
-use crate::store::{
-    Entry, FaultRule, InsertOutcome, ListQuery, Op, Record, Store, StoreError, SyncStore,
-};
-use async_trait::async_trait;
+use crate::store::{FaultRule, Latencies, Op, Percentiles};
 use serde::Serialize;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Mutex, PoisonError};
 use std::time::{Duration, Instant};
 use tokio::sync::broadcast;
 
@@ -88,8 +85,6 @@ pub enum Event {
 /// How many keys' replay counts are kept; past it the oldest counts are
 /// forgotten (the admin API then shows 0 for them).
 const MAX_REPLAY_KEYS: usize = 100_000;
-/// Store latencies kept for percentiles.
-const LATENCY_SAMPLES: usize = 4096;
 const RATE_WINDOW_S: u64 = 10;
 
 /// Counters and the event stream of one gateway.
@@ -99,7 +94,9 @@ pub struct Observer {
     window: Mutex<[(u64, [u64; 6]); RATE_WINDOW_S as usize]>,
     events: broadcast::Sender<Event>,
     replays: Mutex<ReplayCounts>,
-    latency: Mutex<LatencyRing>,
+    /// Of the store's atomic operations, which the gateway's store stack
+    /// times into it.
+    latencies: Latencies,
 }
 
 #[derive(Default)]
@@ -107,21 +104,6 @@ struct ReplayCounts {
     counts: HashMap<String, u64>,
     /// Insertion order, to forget the oldest first.
     order: std::collections::VecDeque<String>,
-}
-
-#[derive(Default)]
-struct LatencyRing {
-    samples: Vec<u32>,
-    next: usize,
-}
-
-/// Store latency percentiles, in microseconds.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
-pub struct Percentiles {
-    pub p50: u64,
-    pub p90: u64,
-    pub p99: u64,
-    pub max: u64,
 }
 
 impl Default for Observer {
@@ -132,7 +114,7 @@ impl Default for Observer {
             window: Mutex::new([(u64::MAX, [0; 6]); RATE_WINDOW_S as usize]),
             events: broadcast::channel(1024).0,
             replays: Mutex::default(),
-            latency: Mutex::default(),
+            latencies: Latencies::default(),
         }
     }
 }
@@ -247,159 +229,19 @@ impl Observer {
         }
     }
 
-    fn store_latency(&self, took: Duration) {
-        let us = took.as_micros().min(u128::from(u32::MAX)) as u32;
-        let mut ring = self.latency.lock().unwrap_or_else(PoisonError::into_inner);
-        if ring.samples.len() < LATENCY_SAMPLES {
-            ring.samples.push(us);
-        } else {
-            let i = ring.next;
-            ring.samples[i] = us;
-        }
-        ring.next = (ring.next + 1) % LATENCY_SAMPLES;
+    /// What the store stack times the store's operations into.
+    pub fn latencies(&self) -> &Latencies {
+        &self.latencies
     }
 
     /// Percentiles of the latest store operations.
-    #[allow(clippy::cast_precision_loss, clippy::cast_sign_loss)] // an index into at most 4096 samples
     pub fn store_latency_us(&self) -> Percentiles {
-        let mut samples = self
-            .latency
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .samples
-            .clone();
-        if samples.is_empty() {
-            return Percentiles::default();
-        }
-        samples.sort_unstable();
-        let at = |q: f64| u64::from(samples[((samples.len() - 1) as f64 * q).round() as usize]);
-        Percentiles {
-            p50: at(0.5),
-            p90: at(0.9),
-            p99: at(0.99),
-            max: u64::from(samples[samples.len() - 1]),
-        }
+        self.latencies.percentiles_us()
     }
 }
 
 pub(crate) fn now_ms() -> u64 {
     crate::clock::Clock::now_ms(&crate::clock::SystemClock)
-}
-
-/// A store decorator that times every atomic operation for the stats.
-pub struct Timed {
-    inner: Arc<dyn Store>,
-    observer: Arc<Observer>,
-}
-
-impl Timed {
-    pub fn new(inner: Arc<dyn Store>, observer: Arc<Observer>) -> Self {
-        Timed { inner, observer }
-    }
-
-    async fn time<T>(&self, call: impl Future<Output = T>) -> T {
-        let started = Instant::now();
-        let out = call.await;
-        self.observer.store_latency(started.elapsed());
-        out
-    }
-}
-
-/// The sync form of [`Timed`], over the sync form of its inner store.
-struct TimedSync {
-    inner: Arc<dyn SyncStore>,
-    observer: Arc<Observer>,
-}
-
-impl TimedSync {
-    fn time<T>(&self, call: impl FnOnce() -> T) -> T {
-        let started = Instant::now();
-        let out = call();
-        self.observer.store_latency(started.elapsed());
-        out
-    }
-}
-
-impl SyncStore for TimedSync {
-    fn get_now(&self, key: &str, now_ms: u64) -> Result<Option<Entry>, StoreError> {
-        self.time(|| self.inner.get_now(key, now_ms))
-    }
-    fn insert_now(
-        &self,
-        key: &str,
-        record: Record,
-        now_ms: u64,
-    ) -> Result<InsertOutcome, StoreError> {
-        self.time(|| self.inner.insert_now(key, record, now_ms))
-    }
-    fn replace_now(
-        &self,
-        key: &str,
-        expected_version: u64,
-        record: Record,
-        now_ms: u64,
-    ) -> Result<Option<u64>, StoreError> {
-        self.time(|| {
-            self.inner
-                .replace_now(key, expected_version, record, now_ms)
-        })
-    }
-    fn delete_now(&self, key: &str, expected_version: Option<u64>) -> Result<bool, StoreError> {
-        self.time(|| self.inner.delete_now(key, expected_version))
-    }
-    fn would_wait(&self) -> bool {
-        self.inner.would_wait()
-    }
-}
-
-#[async_trait]
-impl Store for Timed {
-    fn name(&self) -> &'static str {
-        self.inner.name()
-    }
-    async fn get(&self, key: &str, now_ms: u64) -> Result<Option<Entry>, StoreError> {
-        self.time(self.inner.get(key, now_ms)).await
-    }
-    async fn insert(
-        &self,
-        key: &str,
-        record: Record,
-        now_ms: u64,
-    ) -> Result<InsertOutcome, StoreError> {
-        self.time(self.inner.insert(key, record, now_ms)).await
-    }
-    async fn replace(
-        &self,
-        key: &str,
-        expected_version: u64,
-        record: Record,
-        now_ms: u64,
-    ) -> Result<Option<u64>, StoreError> {
-        self.time(self.inner.replace(key, expected_version, record, now_ms))
-            .await
-    }
-    async fn delete(&self, key: &str, expected_version: Option<u64>) -> Result<bool, StoreError> {
-        self.time(self.inner.delete(key, expected_version)).await
-    }
-    async fn list(
-        &self,
-        query: &ListQuery,
-        now_ms: u64,
-    ) -> Result<Vec<(String, Entry)>, StoreError> {
-        self.inner.list(query, now_ms).await
-    }
-    async fn purge_expired(&self, now_ms: u64, limit: usize) -> Result<usize, StoreError> {
-        self.inner.purge_expired(now_ms, limit).await
-    }
-    fn purges_itself(&self) -> bool {
-        self.inner.purges_itself()
-    }
-    fn as_sync(&self) -> Option<Arc<dyn SyncStore>> {
-        Some(Arc::new(TimedSync {
-            inner: self.inner.as_sync()?,
-            observer: self.observer.clone(),
-        }))
-    }
 }
 
 #[cfg(test)]
@@ -420,15 +262,5 @@ mod tests {
         assert!(o.rate(Verdict::Replayed) > 0.0);
         o.forget_replays("a");
         assert_eq!(o.replays("a"), 0);
-    }
-
-    #[test]
-    fn percentiles_of_samples() {
-        let o = Observer::default();
-        for us in 1..=100 {
-            o.store_latency(Duration::from_micros(us));
-        }
-        let p = o.store_latency_us();
-        assert_eq!((p.p50, p.p99, p.max), (51, 99, 100));
     }
 }

@@ -2,12 +2,15 @@
 //! tower layer: read the key, scope it by client, fingerprint the request in
 //! the component, then forward once, replay, or refuse.
 
+use super::BuildError;
 use super::config::{Config, InFlight};
 use super::events::{Observer, Verdict};
 use super::parse::{HOP_BY_HOP, fingerprinted_headers, idempotency_key};
 pub use super::parse::{MAX_KEY_BYTES, strip_hop_by_hop};
 use super::problem::Problem;
+use crate::clock::Clock;
 use crate::guard::{Guard, RequestParts, Settle, Settled};
+use crate::store::{self, FaultHandle, Store};
 use axum::body::Body;
 use axum::body::HttpBody as _;
 use axum::http::{HeaderMap, HeaderName, HeaderValue, Request, StatusCode};
@@ -34,6 +37,8 @@ pub struct Gate {
     pub(crate) guard: Guard,
     pub(crate) config: Config,
     pub(crate) observer: Arc<Observer>,
+    /// The faults of the guard's store: see [`Gate::over`].
+    faults: FaultHandle,
     permits: Semaphore,
     /// Repeats waiting for a key's first request in this process, woken when
     /// it completes or is released. An entry lives only while a request
@@ -51,18 +56,36 @@ enum Unstored {
 }
 
 impl Gate {
-    pub fn new(guard: Guard, config: Config, observer: Arc<Observer>) -> Gate {
-        Gate {
+    /// The gate the proxy and the layer both use: the guard over `backend`
+    /// in the [`store::Stack`] (faults the admin API sets, operations timed
+    /// into the observer's latencies), seeing time by `clock`.
+    pub(crate) fn over(
+        config: Config,
+        backend: Arc<dyn Store>,
+        clock: Arc<dyn Clock>,
+    ) -> Result<Gate, BuildError> {
+        config.validate().map_err(BuildError::Config)?;
+        let observer = Arc::new(Observer::default());
+        let store = store::stack(backend, observer.latencies().clone());
+        let faults = store.faults().clone();
+        let guard = config.guard_builder(store).clock(clock).build()?;
+        Ok(Gate {
             permits: Semaphore::new(config.max_concurrent),
             guard,
             config,
             observer,
+            faults,
             waiters: Mutex::default(),
-        }
+        })
     }
 
     pub fn config(&self) -> &Config {
         &self.config
+    }
+
+    /// The faults of the store the gate uses.
+    pub fn faults(&self) -> &FaultHandle {
+        &self.faults
     }
 
     /// Keys with a repeat waiting on them in this process (for tests: none

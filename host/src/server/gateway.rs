@@ -2,10 +2,10 @@
 //! the admin API's state; and [`run`], which serves it.
 
 use super::gate::Gate;
-use super::{AdminListener, Config, Observer, Upstream, admin, events, serve};
+use super::{AdminListener, Config, Observer, Upstream, admin, serve};
 use crate::clock::{Clock, SystemClock};
 use crate::guard::Guard;
-use crate::store::{FaultHandle, Faulty, Store};
+use crate::store::{FaultHandle, Store};
 use axum::Router;
 use axum::body::Body;
 use axum::extract::{Request, State};
@@ -30,7 +30,6 @@ pub enum BuildError {
 pub struct Gateway {
     gate: Arc<Gate>,
     upstream: Upstream,
-    faults: FaultHandle,
 }
 
 pub struct GatewayBuilder {
@@ -38,15 +37,6 @@ pub struct GatewayBuilder {
     store: Arc<dyn Store>,
     upstream: String,
     clock: Arc<dyn Clock>,
-}
-
-/// Lets a shared clock be handed to the guard builder.
-struct SharedClock(Arc<dyn Clock>);
-
-impl Clock for SharedClock {
-    fn now_ms(&self) -> u64 {
-        self.0.now_ms()
-    }
 }
 
 impl GatewayBuilder {
@@ -60,25 +50,16 @@ impl GatewayBuilder {
     pub fn build(self) -> Result<Gateway, BuildError> {
         self.config.validate().map_err(BuildError::Config)?;
         let upstream = Upstream::new(&self.upstream).map_err(BuildError::Upstream)?;
-        let observer = Arc::new(Observer::default());
-        let (decorated, faults) = Faulty::new(self.store);
-        let timed = events::Timed::new(Arc::new(decorated), observer.clone());
-        let guard = self
-            .config
-            .guard_builder(timed)
-            .clock(SharedClock(self.clock))
-            .build()?;
         Ok(Gateway {
-            gate: Arc::new(Gate::new(guard, self.config, observer)),
+            gate: Arc::new(Gate::over(self.config, self.store, self.clock)?),
             upstream,
-            faults,
         })
     }
 }
 
 impl Gateway {
-    /// A gateway over `store` (wrapped in a [`Faulty`] decorator the admin
-    /// API drives) in front of the upstream at `upstream`.
+    /// A gateway over `store` (in the [`crate::store::Stack`], whose faults
+    /// the admin API drives) in front of the upstream at `upstream`.
     pub fn builder(config: Config, store: Arc<dyn Store>, upstream: &str) -> GatewayBuilder {
         GatewayBuilder {
             config,
@@ -102,7 +83,7 @@ impl Gateway {
 
     /// The faults of the store the gateway uses.
     pub fn faults(&self) -> &FaultHandle {
-        &self.faults
+        self.gate.faults()
     }
 
     /// The reverse proxy: every request goes through the gate.

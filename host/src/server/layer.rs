@@ -15,10 +15,11 @@
 //! # Ok(()) }
 //! ```
 
-use super::events::{Observer, Timed};
+use super::events::Observer;
 use super::gate::{Gate, HttpResponse};
 use super::{BuildError, Config};
-use crate::store::Store;
+use crate::clock::SystemClock;
+use crate::store::{FaultHandle, Store};
 use axum::body::Body;
 use axum::http::Request;
 use std::convert::Infallible;
@@ -35,13 +36,9 @@ pub struct IdempotencyLayer {
 
 impl IdempotencyLayer {
     pub fn new(config: Config, store: Arc<dyn Store>) -> Result<Self, BuildError> {
-        config.validate().map_err(BuildError::Config)?;
-        let observer = Arc::new(Observer::default());
-        let guard = config
-            .guard_builder(Timed::new(store, observer.clone()))
-            .build()?;
+        let gate = Gate::over(config, store, Arc::new(SystemClock))?;
         Ok(IdempotencyLayer {
-            gate: Arc::new(Gate::new(guard, config, observer)),
+            gate: Arc::new(gate),
         })
     }
 
@@ -53,6 +50,12 @@ impl IdempotencyLayer {
     /// The decisions made so far.
     pub fn observer(&self) -> &Arc<Observer> {
         &self.gate.observer
+    }
+
+    /// The faults of the store the layer uses: to see how an application
+    /// behaves while its store fails.
+    pub fn faults(&self) -> &FaultHandle {
+        self.gate.faults()
     }
 }
 

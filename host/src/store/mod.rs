@@ -32,9 +32,11 @@ pub use idem_guest::model::{Entry, InsertOutcome, Record, State};
 // Everything below is the engine's (feature `engine`, on by default); the
 // rules above are all the `gateway` fuzz target needs.
 #[cfg(feature = "engine")]
-mod async_only;
+mod codec;
 #[cfg(feature = "engine")]
 mod faulty;
+#[cfg(feature = "engine")]
+mod hooked;
 #[cfg(feature = "engine")]
 mod memory;
 #[cfg(feature = "engine")]
@@ -49,11 +51,15 @@ mod purge;
 mod redis;
 #[cfg(feature = "engine")]
 mod sqlite;
+#[cfg(feature = "engine")]
+mod stack;
+#[cfg(feature = "engine")]
+mod timing;
 
 #[cfg(feature = "engine")]
-pub use async_only::AsyncOnly;
-#[cfg(feature = "engine")]
 pub use faulty::{FaultHandle, Faulty};
+#[cfg(feature = "engine")]
+pub use hooked::{AsyncOnly, HideSync, Hook, Hooked, Plan};
 #[cfg(feature = "engine")]
 pub use memory::MemoryStore;
 #[cfg(feature = "engine")]
@@ -66,6 +72,10 @@ pub use purge::{PurgeStats, Purger, purge_all};
 pub use redis::RedisStore;
 #[cfg(feature = "engine")]
 pub use sqlite::{SqliteOptions, SqliteStore, Synchronous};
+#[cfg(feature = "engine")]
+pub use stack::{Stack, stack};
+#[cfg(feature = "engine")]
+pub use timing::{Latencies, Percentiles, Timed};
 
 #[cfg(feature = "engine")]
 use async_trait::async_trait;
@@ -184,9 +194,9 @@ pub trait SyncStore: Send + Sync + 'static {
     ) -> Result<Option<u64>, StoreError>;
     fn delete_now(&self, key: &str, expected_version: Option<u64>) -> Result<bool, StoreError>;
 
-    /// Whether a call made now might have to wait (a [`super::Faulty`]
-    /// store with an injected delay). The guard then makes that call through
-    /// the async flavour, which can wait without holding up the thread.
+    /// Whether a call made now might have to wait (a [`Faulty`] store with
+    /// an injected delay). The guard then makes that call through the async
+    /// flavour, which can wait without holding up the thread.
     fn would_wait(&self) -> bool {
         false
     }

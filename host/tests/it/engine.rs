@@ -12,7 +12,7 @@ use std::time::Duration;
 
 /// The memory store as the sync flavour sees it, and as the async one does.
 fn both_flavours() -> [std::sync::Arc<dyn Store>; 2] {
-    let async_only = AsyncOnly(MemoryStore::new());
+    let async_only = AsyncOnly::new(MemoryStore::new());
     assert!(async_only.as_sync().is_none());
     assert!(MemoryStore::new().as_sync().is_some());
     [

@@ -153,6 +153,7 @@ async fn the_tower_layer_gives_an_axum_app_the_same_semantics() {
     let runs = Arc::new(AtomicUsize::new(0));
     let counter = runs.clone();
     let store = idem::store::open("memory:").await.unwrap();
+    let layer = IdempotencyLayer::new(Config::default(), store).unwrap();
     let app: Router = Router::new()
         .route(
             "/orders",
@@ -164,7 +165,7 @@ async fn the_tower_layer_gives_an_axum_app_the_same_semantics() {
                 )
             }),
         )
-        .layer(IdempotencyLayer::new(Config::default(), store).unwrap());
+        .layer(layer.clone());
     let post_order = serve_app(app).await;
     let post = async |key, body| {
         let (status, headers, body) = post_order(key, body).await;
@@ -177,6 +178,13 @@ async fn the_tower_layer_gives_an_axum_app_the_same_semantics() {
         (201, Bytes::from("order o-7 charged, run 1"), true)
     );
     assert_eq!(post("o-7", "other").await.0, 422);
+    assert_eq!(runs.load(Ordering::SeqCst), 1);
+    // The layer's store is the gateway's stack: its faults fail it closed.
+    layer
+        .faults()
+        .set_all(&idem::FaultRule::error("down"))
+        .unwrap();
+    assert_eq!(post("o-8", "o-8").await.0, 503);
     assert_eq!(runs.load(Ordering::SeqCst), 1);
 }
 

@@ -1,0 +1,107 @@
+//! A record as the statements' parameters, and a row back as an entry.
+
+use super::NAME;
+use crate::store::codec::{corrupt, int, unsigned};
+use crate::store::{Entry, Record, State, StoreError};
+use deadpool_postgres::tokio_postgres::{self, Row, types::ToSql};
+use idem_guest::model::Response;
+
+/// A record as the statements' parameters, in `COLUMNS` order after the
+/// version: fingerprint, state, lease, expiry, status, header names,
+/// header values, body.
+pub(super) struct RecordParams<'r> {
+    fingerprint: &'r str,
+    state: &'static str,
+    lease_until_ms: i64,
+    expires_at_ms: i64,
+    status: Option<i32>,
+    names: Option<Vec<String>>,
+    values: Option<Vec<Vec<u8>>>,
+    body: Option<&'r [u8]>,
+}
+
+impl<'r> RecordParams<'r> {
+    pub(super) fn new(record: &'r Record) -> Self {
+        let response = record.response.as_ref();
+        RecordParams {
+            fingerprint: &record.fingerprint,
+            state: record.state.as_str(),
+            lease_until_ms: int(record.lease_until_ms),
+            expires_at_ms: int(record.expires_at_ms),
+            status: response.map(|r| i32::from(r.status)),
+            names: response.map(|r| r.headers.iter().map(|(n, _)| n.clone()).collect()),
+            values: response.map(|r| r.headers.iter().map(|(_, v)| v.clone()).collect()),
+            body: response.map(|r| r.body.as_slice()),
+        }
+    }
+
+    /// `leading` (key, version, now: as the statement wants), then the record.
+    pub(super) fn after<'a>(
+        &'a self,
+        leading: &[&'a (dyn ToSql + Sync)],
+    ) -> Vec<&'a (dyn ToSql + Sync)> {
+        let mut params = leading.to_vec();
+        params.extend_from_slice(&[
+            &self.fingerprint,
+            &self.state,
+            &self.lease_until_ms,
+            &self.expires_at_ms,
+            &self.status,
+            &self.names,
+            &self.values,
+            &self.body,
+        ]);
+        params
+    }
+}
+
+/// Decodes the `COLUMNS` starting at column `at`.
+pub(super) fn decode(key: &str, row: &Row, at: usize) -> Result<Entry, StoreError> {
+    let col = |name: &str, e: tokio_postgres::Error| {
+        corrupt(
+            NAME,
+            key,
+            format!("the column {name:?} does not decode: {e}"),
+        )
+    };
+    let version: i64 = row.try_get(at).map_err(|e| col("version", e))?;
+    let fingerprint: String = row.try_get(at + 1).map_err(|e| col("fingerprint", e))?;
+    let state: String = row.try_get(at + 2).map_err(|e| col("state", e))?;
+    let lease: i64 = row.try_get(at + 3).map_err(|e| col("lease_until_ms", e))?;
+    let exp: i64 = row.try_get(at + 4).map_err(|e| col("expires_at_ms", e))?;
+    let status: Option<i32> = row.try_get(at + 5).map_err(|e| col("status", e))?;
+    let names: Option<Vec<String>> = row.try_get(at + 6).map_err(|e| col("header_names", e))?;
+    let values: Option<Vec<Vec<u8>>> = row.try_get(at + 7).map_err(|e| col("header_values", e))?;
+    let body: Option<Vec<u8>> = row.try_get(at + 8).map_err(|e| col("body", e))?;
+    let unsigned = |name: &str, n: i64| unsigned(name, n).map_err(|e| corrupt(NAME, key, e));
+    let state = State::parse(&state)
+        .ok_or_else(|| corrupt(NAME, key, format!("unknown state {state:?}")))?;
+    let response = match (status, names, values, body) {
+        (None, None, None, None) => None,
+        (Some(status), Some(names), Some(values), Some(body)) if names.len() == values.len() => {
+            Some(Response {
+                status: u16::try_from(status)
+                    .map_err(|_| corrupt(NAME, key, format!("status {status} is out of range")))?,
+                headers: names.into_iter().zip(values).collect(),
+                body,
+            })
+        }
+        _ => {
+            return Err(corrupt(
+                NAME,
+                key,
+                "the response columns are inconsistent (status, header names/values, body)",
+            ));
+        }
+    };
+    Ok(Entry {
+        version: unsigned("version", version)?,
+        record: Record {
+            fingerprint,
+            state,
+            lease_until_ms: unsigned("lease_until_ms", lease)?,
+            expires_at_ms: unsigned("expires_at_ms", exp)?,
+            response,
+        },
+    })
+}

@@ -1,0 +1,208 @@
+//! A record as the string stored for it, and back.
+
+use super::NAME;
+use crate::store::codec::{self, Reader, corrupt};
+use crate::store::{Entry, Record, State, StoreError};
+use idem_guest::model::Response;
+use redis::Value;
+use std::io::Write as _;
+
+/// The header `"{version} {expires_at_ms}\n"` fits in this many bytes (two u64s).
+pub(super) const HEADER_MAX: usize = 42;
+
+/// A record as the string stored for it: the header
+/// `"{version} {expires_at_ms}\n"` (ASCII, read by the scripts), then
+/// `lease_until_ms` (u64), the state (u8: 0 processing, 1 done), the
+/// fingerprint (u32 length, UTF-8), and the response: a u8 0 for none, or 1,
+/// the status (u16), the headers (the blob of [`codec`]) and the body (u32
+/// length, bytes). Big-endian.
+pub(super) fn encode(version: u64, record: &Record) -> Vec<u8> {
+    let response_len = record
+        .response
+        .as_ref()
+        .map_or(0, |r| 2 + codec::headers_len(&r.headers) + 4 + r.body.len());
+    let mut out = Vec::with_capacity(HEADER_MAX + 14 + record.fingerprint.len() + response_len);
+    // Written in place: no intermediate String on every claim.
+    let _ = writeln!(out, "{version} {}", record.expires_at_ms);
+    out.extend_from_slice(&record.lease_until_ms.to_be_bytes());
+    out.push(match record.state {
+        State::Processing => 0,
+        State::Done => 1,
+    });
+    codec::put(&mut out, record.fingerprint.as_bytes());
+    match &record.response {
+        None => out.push(0),
+        Some(r) => {
+            out.push(1);
+            out.extend_from_slice(&r.status.to_be_bytes());
+            codec::put_headers(&mut out, &r.headers);
+            codec::put(&mut out, &r.body);
+        }
+    }
+    out
+}
+
+/// The length of the header, and the version and expiry it holds.
+pub(super) fn header(value: &[u8]) -> Option<(usize, u64, u64)> {
+    let end = value.iter().take(HEADER_MAX).position(|&b| b == b'\n')?;
+    let text = std::str::from_utf8(&value[..end]).ok()?;
+    let (version, expires) = text.split_once(' ')?;
+    let digits = |s: &str| !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit());
+    if !digits(version) || !digits(expires) {
+        return None;
+    }
+    Some((end + 1, version.parse().ok()?, expires.parse().ok()?))
+}
+
+/// The inverse of [`encode`]; `Corrupt` naming the key and what is wrong.
+pub(super) fn decode(key: &str, value: &[u8]) -> Result<Entry, StoreError> {
+    let bad = |what: String| corrupt(NAME, key, format!("the stored record {what}"));
+    let (start, version, expires_at_ms) =
+        header(value).ok_or_else(|| bad("has no \"{version} {expires_at_ms}\" header".into()))?;
+    let record = decode_after_header(&mut Reader::new(&value[start..]), expires_at_ms);
+    Ok(Entry {
+        record: record.map_err(bad)?,
+        version,
+    })
+}
+
+fn decode_after_header(r: &mut Reader<'_>, expires_at_ms: u64) -> Result<Record, String> {
+    let lease_until_ms = r.u64("the lease")?;
+    let state = match r.u8("the state")? {
+        0 => State::Processing,
+        1 => State::Done,
+        other => return Err(format!("has an unknown state {other}")),
+    };
+    let fingerprint = r.text("the fingerprint")?;
+    let response = match r.u8("the response flag")? {
+        0 => None,
+        1 => Some(Response {
+            status: r.u16("the status")?,
+            headers: r.headers()?,
+            body: r.bytes("the body")?.to_vec(),
+        }),
+        other => return Err(format!("has an unknown response flag {other}")),
+    };
+    r.end()?;
+    Ok(Record {
+        fingerprint,
+        state,
+        lease_until_ms,
+        expires_at_ms,
+        response,
+    })
+}
+
+pub(super) fn bytes(value: &Value) -> Option<&[u8]> {
+    match value {
+        Value::BulkString(b) => Some(b),
+        Value::SimpleString(s) => Some(s.as_bytes()),
+        _ => None,
+    }
+}
+
+pub(super) fn number(value: &Value) -> Option<i64> {
+    match value {
+        Value::Int(n) => Some(*n),
+        other => std::str::from_utf8(bytes(other)?).ok()?.parse().ok(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sample(response: bool) -> Record {
+        Record {
+            fingerprint: "sha256:ü".into(),
+            state: if response {
+                State::Done
+            } else {
+                State::Processing
+            },
+            lease_until_ms: 1_792_382_430_000,
+            expires_at_ms: u64::MAX,
+            response: response.then(|| Response {
+                status: 201,
+                headers: vec![
+                    ("a".to_owned(), vec![0, 255]),
+                    (String::new(), vec![]),
+                    ("ü".to_owned(), b"x".to_vec()),
+                ],
+                body: b"\n0 0\n".to_vec(),
+            }),
+        }
+    }
+
+    #[test]
+    fn records_round_trip() {
+        for response in [false, true] {
+            let record = sample(response);
+            let value = encode(7, &record);
+            assert!(value.starts_with(b"7 18446744073709551615\n"));
+            assert_eq!(decode("k", &value).unwrap(), Entry { record, version: 7 });
+        }
+    }
+
+    /// Values as this layout has always written them: whatever the code
+    /// becomes, a record stored before must still decode, and be written
+    /// again byte for byte.
+    #[test]
+    fn stored_bytes_still_decode() {
+        let done = b"7 90000\n\0\0\0\0\0\0\x03\xe8\x01\0\0\0\x05fp-\xc3\xbc\x01\0\xc9\
+            \0\0\0\x02\0\0\0\x0ccontent-type\0\0\0\ntext/plain\0\0\0\x01x\0\0\0\x02\0\xff\
+            \0\0\0\x04paid";
+        let record = Record {
+            fingerprint: "fp-ü".into(),
+            state: State::Done,
+            lease_until_ms: 1_000,
+            expires_at_ms: 90_000,
+            response: Some(Response {
+                status: 201,
+                headers: vec![
+                    ("content-type".to_owned(), b"text/plain".to_vec()),
+                    ("x".to_owned(), vec![0, 255]),
+                ],
+                body: b"paid".to_vec(),
+            }),
+        };
+        let processing = b"1 18446744073709551615\n\0\0\0\0\0\0\x01\xf4\0\0\0\0\x02fp\0";
+        let claim = Record {
+            fingerprint: "fp".into(),
+            state: State::Processing,
+            lease_until_ms: 500,
+            expires_at_ms: u64::MAX,
+            response: None,
+        };
+        for (bytes, version, record) in [(&done[..], 7, record), (&processing[..], 1, claim)] {
+            assert_eq!(encode(version, &record), bytes);
+            assert_eq!(decode("k", bytes).unwrap(), Entry { record, version });
+        }
+    }
+
+    #[test]
+    fn bad_values_are_corrupt_naming_the_key() {
+        let value = encode(3, &sample(true));
+        let mut trailing = encode(3, &sample(false));
+        trailing.push(0);
+        let mut bad_state = encode(3, &sample(false));
+        let at = header(&bad_state).unwrap().0 + 8;
+        bad_state[at] = 9;
+        for (bytes, says) in [
+            (&b"garbage"[..], "header"),
+            (b"1 x\n", "header"),
+            (b"-1 5\n", "header"),
+            (&value[..value.len() - 1], "ends inside the body"),
+            (&bad_state, "unknown state 9"),
+            (&trailing[..trailing.len()], "after its end"),
+        ] {
+            match decode("the-key", bytes) {
+                Err(StoreError::Corrupt { key, reason, .. }) => {
+                    assert_eq!(key, "the-key");
+                    assert!(reason.contains(says), "{reason:?} should say {says:?}");
+                }
+                other => panic!("{:?}: {other:?}", String::from_utf8_lossy(bytes)),
+            }
+        }
+    }
+}

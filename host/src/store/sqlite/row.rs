@@ -1,0 +1,130 @@
+//! A record as a row: the columns, the statements that read and write
+//! them, and the decoding of a row back into an entry.
+
+use super::STORE;
+use crate::Response;
+use crate::store::codec::{corrupt, decode_headers, encode_headers, unsigned};
+use crate::store::{Entry, Record, State, StoreError};
+use rusqlite::Row;
+
+/// A record's columns, in the order [`decode`] reads them.
+macro_rules! columns {
+    () => {
+        "key, version, fingerprint, state, lease_until_ms, expires_at_ms, status, headers, body"
+    };
+}
+pub(super) const COLUMNS: &str = columns!();
+
+/// The write statements. Each is prepared once per connection and found
+/// again in its statement cache.
+pub(super) mod sql {
+    pub const BEGIN: &str = "BEGIN IMMEDIATE";
+    pub const COMMIT: &str = "COMMIT";
+    pub const SELECT: &str = concat!("SELECT ", columns!(), " FROM records WHERE key = ?1");
+    pub const INSERT: &str = "INSERT INTO records (key, version, fingerprint, state, lease_until_ms, expires_at_ms, status, headers, body)
+         VALUES (?1, 1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)";
+    /// Inside the write transaction, so nothing changes the row between the
+    /// read that found it expired and this write.
+    pub const OVERWRITE: &str =
+        "UPDATE records SET version = ?2, fingerprint = ?3, state = ?4, lease_until_ms = ?5,
+         expires_at_ms = ?6, status = ?7, headers = ?8, body = ?9
+         WHERE key = ?1";
+    pub const REPLACE: &str =
+        "UPDATE records SET version = version + 1, fingerprint = ?3, state = ?4,
+         lease_until_ms = ?5, expires_at_ms = ?6, status = ?7, headers = ?8, body = ?9
+         WHERE key = ?1 AND version = ?2 AND expires_at_ms > ?10";
+    pub const DELETE: &str = "DELETE FROM records WHERE key = ?1 AND (?2 IS NULL OR version = ?2)";
+    pub const PURGE: &str = "DELETE FROM records WHERE rowid IN
+         (SELECT rowid FROM records WHERE expires_at_ms <= ?1 LIMIT ?2)";
+}
+
+pub(super) fn response_columns(
+    response: Option<&Response>,
+) -> (Option<u16>, Option<Vec<u8>>, Option<&[u8]>) {
+    match response {
+        Some(r) => (
+            Some(r.status),
+            Some(encode_headers(&r.headers)),
+            Some(r.body.as_slice()),
+        ),
+        None => (None, None, None),
+    }
+}
+
+/// One row as an entry, or `Corrupt` naming the key and what is wrong.
+pub(super) fn decode(key: &str, row: &Row<'_>) -> Result<Entry, StoreError> {
+    let bad = |e: rusqlite::Error| corrupt(STORE, key, e.to_string());
+    let unsigned = |column: &str, v: i64| unsigned(column, v).map_err(|e| corrupt(STORE, key, e));
+    let version = unsigned("version", row.get::<_, i64>(1).map_err(bad)?)?;
+    let fingerprint: String = row.get(2).map_err(bad)?;
+    let state_text: String = row.get(3).map_err(bad)?;
+    let state = State::parse(&state_text)
+        .ok_or_else(|| corrupt(STORE, key, format!("unknown state {state_text:?}")))?;
+    let lease_until_ms = unsigned("lease_until_ms", row.get::<_, i64>(4).map_err(bad)?)?;
+    let expires_at_ms = unsigned("expires_at_ms", row.get::<_, i64>(5).map_err(bad)?)?;
+    let status: Option<i64> = row.get(6).map_err(bad)?;
+    let headers: Option<Vec<u8>> = row.get(7).map_err(bad)?;
+    let body: Option<Vec<u8>> = row.get(8).map_err(bad)?;
+    let response = match (status, headers, body) {
+        (None, None, None) => None,
+        (Some(status), Some(headers), Some(body)) => Some(Response {
+            status: u16::try_from(status).map_err(|_| {
+                corrupt(STORE, key, format!("status {status} is not an HTTP status"))
+            })?,
+            headers: decode_headers(&headers)
+                .map_err(|reason| corrupt(STORE, key, format!("headers blob {reason}")))?,
+            body,
+        }),
+        _ => {
+            return Err(corrupt(
+                STORE,
+                key,
+                "the response's status, headers and body are only partly present",
+            ));
+        }
+    };
+    Ok(Entry {
+        record: Record {
+            fingerprint,
+            state,
+            lease_until_ms,
+            expires_at_ms,
+            response,
+        },
+        version,
+    })
+}
+
+/// The smallest string above every string starting with `prefix`, or `None`
+/// when there is none; key order is UTF-8 byte order, which is char order.
+pub(super) fn prefix_end(prefix: &str) -> Option<String> {
+    let mut chars: Vec<char> = prefix.chars().collect();
+    while let Some(last) = chars.pop() {
+        let next = (u32::from(last) + 1..=u32::from(char::MAX)).find_map(char::from_u32);
+        if let Some(next) = next {
+            chars.push(next);
+            return Some(chars.into_iter().collect());
+        }
+    }
+    None
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn prefix_end_bounds_exactly_the_keys_with_the_prefix() {
+        assert_eq!(prefix_end(""), None);
+        assert_eq!(prefix_end("ab").as_deref(), Some("ac"));
+        assert_eq!(prefix_end("a\u{d7ff}").as_deref(), Some("a\u{e000}"));
+        assert_eq!(prefix_end(&format!("a{}", char::MAX)).as_deref(), Some("b"));
+        assert_eq!(prefix_end(&char::MAX.to_string()), None);
+        for key in ["ab", "ab\u{10ffff}", "abz", "ab/1"] {
+            assert!(
+                key >= "ab" && key < prefix_end("ab").unwrap().as_str(),
+                "{key}"
+            );
+        }
+    }
+}

@@ -1,0 +1,104 @@
+//! Timing as a hook: `Timed<S>` records how long each atomic operation of
+//! `S` took into its [`Latencies`], which the gateway's stats and metrics
+//! read as percentiles.
+
+use super::hooked::{Hook, Hooked};
+use super::{Op, Store, StoreError};
+use serde::Serialize;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
+
+/// Store latencies kept for percentiles.
+const SAMPLES: usize = 4096;
+
+/// The durations of the latest store operations. Clones share them.
+#[derive(Clone, Default)]
+pub struct Latencies {
+    ring: Arc<Mutex<Ring>>,
+}
+
+#[derive(Default)]
+struct Ring {
+    samples_us: Vec<u32>,
+    next: usize,
+}
+
+/// Store latency percentiles, in microseconds.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct Percentiles {
+    pub p50: u64,
+    pub p90: u64,
+    pub p99: u64,
+    pub max: u64,
+}
+
+impl Latencies {
+    pub fn record(&self, took: Duration) {
+        let us = took.as_micros().min(u128::from(u32::MAX)) as u32;
+        let mut ring = self.ring.lock().unwrap_or_else(PoisonError::into_inner);
+        if ring.samples_us.len() < SAMPLES {
+            ring.samples_us.push(us);
+        } else {
+            let i = ring.next;
+            ring.samples_us[i] = us;
+        }
+        ring.next = (ring.next + 1) % SAMPLES;
+    }
+
+    /// Percentiles of the latest operations (all zero before the first).
+    #[allow(clippy::cast_precision_loss, clippy::cast_sign_loss)] // an index into at most 4096 samples
+    pub fn percentiles_us(&self) -> Percentiles {
+        let mut samples = self
+            .ring
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .samples_us
+            .clone();
+        if samples.is_empty() {
+            return Percentiles::default();
+        }
+        samples.sort_unstable();
+        let at = |q: f64| u64::from(samples[((samples.len() - 1) as f64 * q).round() as usize]);
+        Percentiles {
+            p50: at(0.5),
+            p90: at(0.9),
+            p99: at(0.99),
+            max: u64::from(samples[samples.len() - 1]),
+        }
+    }
+}
+
+impl Hook for Latencies {
+    const TIMES: bool = true;
+
+    fn after(&self, _op: Op, took: Option<Duration>, _outcome: Result<(), &StoreError>) {
+        if let Some(took) = took {
+            self.record(took);
+        }
+    }
+}
+
+/// A store whose atomic operations are timed into [`Latencies`].
+pub type Timed<S> = Hooked<S, Latencies>;
+
+impl<S: Store> Timed<S> {
+    pub fn new(inner: S, latencies: Latencies) -> Self {
+        Hooked::wrap(inner, latencies)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn percentiles_of_samples() {
+        let latencies = Latencies::default();
+        assert_eq!(latencies.percentiles_us(), Percentiles::default());
+        for us in 1..=100 {
+            latencies.record(Duration::from_micros(us));
+        }
+        let p = latencies.percentiles_us();
+        assert_eq!((p.p50, p.p99, p.max), (51, 99, 100));
+    }
+}
