@@ -95,6 +95,23 @@ async fn spawn_gateway(store: &str, upstream: SocketAddr) -> anyhow::Result<(Soc
     Ok((addr, gateway))
 }
 
+/// The machine's CPU time so far from `/proc/stat`: (busy, total) in ticks;
+/// `None` off Linux.
+fn cpu_ticks() -> Option<(u64, u64)> {
+    let stat = std::fs::read_to_string("/proc/stat").ok()?;
+    let ticks: Vec<u64> = stat
+        .lines()
+        .next()?
+        .split_whitespace()
+        .skip(1)
+        .filter_map(|n| n.parse().ok())
+        .collect();
+    let total: u64 = ticks.iter().sum();
+    // idle and iowait are the 4th and 5th fields.
+    let idle = ticks.get(3)? + ticks.get(4).unwrap_or(&0);
+    Some((total - idle, total))
+}
+
 fn main() -> anyhow::Result<()> {
     let args = <Args as clap::Parser>::parse();
     tokio::runtime::Runtime::new()?.block_on(run(args))
@@ -127,16 +144,25 @@ async fn run(args: Args) -> anyhow::Result<()> {
             path: "/orders",
             keys: Keys::New,
         };
+        let before = cpu_ticks();
         let figures = measure(&name, &target, args.connections * n, args.duration).await?;
+        // How busy the machine's cores were: at 100 % the curve has met the
+        // cores, not the store or the gateways.
+        let busy = match (before, cpu_ticks()) {
+            (Some((b0, t0)), Some((b1, t1))) if t1 > t0 => {
+                (b1 - b0) as f64 / (t1 - t0) as f64 * 100.0
+            }
+            _ => f64::NAN,
+        };
         eprintln!(
-            "{name:<12} c={:<4} {:>8.0} req/s p50 {:>6} µs p99 {:>7} µs errors {}",
+            "{name:<12} c={:<4} {:>8.0} req/s p50 {:>6} µs p99 {:>7} µs errors {} cpu {busy:.0}%",
             args.connections * n,
             figures.rps(),
             figures.percentile(0.5),
             figures.percentile(0.99),
             figures.errors
         );
-        rows.push((n, figures));
+        rows.push((n, figures, busy));
         drop(fleet);
     }
     let _ = stop_tx.send(true);
@@ -150,18 +176,18 @@ async fn run(args: Args) -> anyhow::Result<()> {
     Ok(())
 }
 
-fn report(rows: &[(usize, Figures)], args: &Args) -> String {
+fn report(rows: &[(usize, Figures, f64)], args: &Args) -> String {
     let mut text = String::new();
     let _ = writeln!(
         text,
-        "| gateways | connections | new keys req/s | × one gateway | p50 µs | p99 µs | errors |"
+        "| gateways | connections | new keys req/s | × one gateway | p50 µs | p99 µs | errors | CPU busy |"
     );
-    let _ = writeln!(text, "|---:|---:|---:|---:|---:|---:|---:|");
-    let one = rows.first().map(|(_, f)| f.rps()).unwrap_or(0.0);
-    for (n, f) in rows {
+    let _ = writeln!(text, "|---:|---:|---:|---:|---:|---:|---:|---:|");
+    let one = rows.first().map(|(_, f, _)| f.rps()).unwrap_or(0.0);
+    for (n, f, busy) in rows {
         let _ = writeln!(
             text,
-            "| {n} | {} | {:.0} | {:.2} | {} | {} | {} |",
+            "| {n} | {} | {:.0} | {:.2} | {} | {} | {} | {busy:.0} % |",
             args.connections * n,
             f.rps(),
             f.rps() / one,
@@ -174,7 +200,8 @@ fn report(rows: &[(usize, Figures)], args: &Args) -> String {
     let _ = writeln!(
         text,
         "\nStore `{}`; {} s per row; fresh keys (every request claims, forwards and completes); \
-         every gateway, the store's servers, the ledger and the load generator share this machine's {cores} cores.",
+         every gateway, the store's servers, the ledger and the load generator share this machine's {cores} cores \
+         (CPU busy: all of them, over the row, from /proc/stat).",
         args.store,
         args.duration.as_secs_f64()
     );

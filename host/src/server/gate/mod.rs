@@ -2,6 +2,15 @@
 //! tower layer: read the key, scope it by client, fingerprint the request in
 //! the component, then forward once, replay, or refuse.
 
+mod parts;
+mod run_to_completion;
+mod waiter;
+
+pub use parts::{client_key, scoped_key};
+use parts::{request_parts, to_http};
+use run_to_completion::RunToCompletion;
+use waiter::Waiter;
+
 use super::BuildError;
 use super::config::{Config, InFlight};
 use super::events::{Observer, Verdict};
@@ -532,152 +541,3 @@ impl Gate {
 
 /// How long a slow body may take before the minimum rate applies.
 const BODY_GRACE: Duration = Duration::from_secs(2);
-
-/// A repeat's registration to be woken when its key's request in this
-/// process ends. Every registration is made and dropped under the map's
-/// lock, and the last one out removes the key's entry: no entry outlives
-/// the requests waiting on it.
-struct Waiter<'a> {
-    gate: &'a Gate,
-    key: &'a str,
-    notify: Option<Arc<Notify>>,
-}
-
-impl<'a> Waiter<'a> {
-    fn new(gate: &'a Gate, key: &'a str) -> Self {
-        let mut waiters = gate.waiters.lock().unwrap_or_else(PoisonError::into_inner);
-        let notify = waiters.entry(key.to_owned()).or_default().clone();
-        Waiter {
-            gate,
-            key,
-            notify: Some(notify),
-        }
-    }
-
-    fn notify(&self) -> &Notify {
-        self.notify.as_deref().expect("held until dropped")
-    }
-}
-
-impl Drop for Waiter<'_> {
-    fn drop(&mut self) {
-        let mut waiters = self
-            .gate
-            .waiters
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner);
-        let mine = self.notify.take().expect("dropped once");
-        if let Some(entry) = waiters.get(self.key)
-            && Arc::ptr_eq(entry, &mine)
-            && Arc::strong_count(&mine) == 2
-        {
-            waiters.remove(self.key);
-        }
-        drop(mine);
-    }
-}
-
-/// The key a client sent, if any: a structured-field string (`"…"`, as the
-/// draft specifies) or, as many clients send it, a bare token.
-pub fn client_key(headers: &HeaderMap, config: &Config) -> Result<Option<String>, String> {
-    let mut values = headers.get_all(config.key_header.as_str()).iter();
-    let Some(value) = values.next() else {
-        return Ok(None);
-    };
-    if values.next().is_some() {
-        return Err(format!(
-            "more than one {} header; send exactly one",
-            config.key_header
-        ));
-    }
-    idempotency_key(value.as_bytes()).map(Some)
-}
-
-/// The store key: the client's scope (a hash of its client header, `anon`
-/// without one), `/`, the key. See [`super::parse::scoped_key`].
-pub fn scoped_key(headers: &HeaderMap, config: &Config, key: &str) -> String {
-    let client = config
-        .client_header
-        .as_deref()
-        .and_then(|h| headers.get(h))
-        .map(HeaderValue::as_bytes);
-    super::parse::scoped_key(client, key)
-}
-
-fn request_parts(
-    parts: &axum::http::request::Parts,
-    body: &Bytes,
-    config: &Config,
-) -> RequestParts {
-    RequestParts {
-        method: parts.method.as_str().to_owned(),
-        path: parts
-            .uri
-            .path_and_query()
-            .map_or_else(|| parts.uri.path().to_owned(), |pq| pq.as_str().to_owned()),
-        headers: fingerprinted_headers(&parts.headers, &config.fingerprint_headers),
-        body: body.to_vec(),
-    }
-}
-
-/// The stored response as HTTP, headers in their stored order.
-fn to_http(stored: &Stored) -> HttpResponse {
-    let mut response = HttpResponse::new(Body::from(stored.body.clone()));
-    *response.status_mut() =
-        StatusCode::from_u16(stored.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
-    let headers = response.headers_mut();
-    for (name, value) in &stored.headers {
-        if let (Ok(name), Ok(value)) = (
-            HeaderName::try_from(name.as_str()),
-            HeaderValue::from_bytes(value),
-        ) {
-            headers.append(name, value);
-        }
-    }
-    response
-}
-
-/// A future that finishes even when dropped: polled in place while its
-/// owner polls it, and spawned onto the runtime with whatever is left if its
-/// owner drops it before it is done (a client disconnected). Unlike spawning
-/// it up front, the common case pays no hand-off to another worker thread.
-/// A panic inside it is caught and returned as `Err`, as a task's would be,
-/// so that it ends one request and not the whole connection.
-struct RunToCompletion<T: Send + 'static> {
-    inner: Option<Pin<Box<dyn Future<Output = std::thread::Result<T>> + Send>>>,
-}
-
-impl<T: Send + 'static> RunToCompletion<T> {
-    fn new(future: impl Future<Output = T> + Send + 'static) -> Self {
-        RunToCompletion {
-            inner: Some(Box::pin(AssertUnwindSafe(future).catch_unwind())),
-        }
-    }
-}
-
-impl<T: Send + 'static> Future for RunToCompletion<T> {
-    type Output = std::thread::Result<T>;
-
-    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
-        let inner = self
-            .inner
-            .as_mut()
-            .expect("RunToCompletion polled after it completed");
-        let output = std::task::ready!(inner.as_mut().poll(cx));
-        self.inner = None;
-        Poll::Ready(output)
-    }
-}
-
-impl<T: Send + 'static> Drop for RunToCompletion<T> {
-    fn drop(&mut self) {
-        if let Some(rest) = self.inner.take() {
-            // The box keeps the half-run future where it is; only the box moves.
-            if let Ok(runtime) = tokio::runtime::Handle::try_current() {
-                runtime.spawn(async move {
-                    let _ = rest.await;
-                });
-            }
-        }
-    }
-}

@@ -1,0 +1,266 @@
+//! What the gateway is doing: its faults, stats, live events and metrics.
+
+#[allow(clippy::wildcard_imports)]
+use super::*;
+
+pub(super) fn faults(admin: &Admin) -> api::Faults {
+    let faults = admin.gateway.faults();
+    let rules = faults.rules();
+    let mut set = api::FaultSet::default();
+    for op in Op::ALL {
+        *set.rule_mut(op) = rules.get(&op).cloned().unwrap_or_default();
+    }
+    api::Faults {
+        faults: set,
+        injected: faults.injected(),
+    }
+}
+
+pub(super) async fn get_faults(State(admin): State<Admin>) -> Response {
+    json(&faults(&admin))
+}
+
+pub(super) async fn put_faults(State(admin): State<Admin>, body: axum::body::Bytes) -> Response {
+    let bad = |why: String| problem(StatusCode::BAD_REQUEST, why);
+    let set = match api::SetFaults::from_json(&body) {
+        Ok(set) => set,
+        Err(why) => return bad(why),
+    };
+    // All or nothing: every rule is checked before any is set.
+    if let Err(why) = set.validate() {
+        return bad(why);
+    }
+    let changes = set.faults;
+    let handle = admin.gateway.faults();
+    let before = handle.rules();
+    for (op, rule) in &changes {
+        if let Err(e) = handle.set(*op, rule.clone()) {
+            // Not reached (the rules were validated); restore the old ones anyway.
+            for op in Op::ALL {
+                let _ = handle.set(op, before.get(&op).cloned().unwrap_or_default());
+            }
+            return bad(format!("faults.{op}: {}", e.0));
+        }
+    }
+    for (op, rule) in changes {
+        admin.gateway.observer().fault_changed(op, rule);
+    }
+    json(&faults(&admin))
+}
+
+/// The contract's name for a verdict.
+pub(super) fn outcome(verdict: Verdict) -> api::Outcome {
+    match verdict {
+        Verdict::Executed => api::Outcome::Executed,
+        Verdict::Replayed => api::Outcome::Replayed,
+        Verdict::InFlight => api::Outcome::InFlight,
+        Verdict::Conflict => api::Outcome::Conflict,
+        Verdict::Unavailable => api::Outcome::Unavailable,
+        Verdict::Invalid => api::Outcome::Invalid,
+    }
+}
+
+pub(super) async fn stats(State(admin): State<Admin>) -> Response {
+    let observer = admin.gateway.observer();
+    let guard = admin.gateway.guard();
+    let pool = guard.pool_stats();
+    let latency = observer.store_latency_us();
+    let mut stats = api::Stats {
+        uptime_ms: observer.uptime().as_millis() as u64,
+        store: guard.store().name().to_owned(),
+        store_latency_us: api::Latency {
+            p50: latency.p50,
+            p90: latency.p90,
+            p99: latency.p99,
+            max: latency.max,
+        },
+        pool: api::Pool {
+            instantiated: pool.instantiated,
+            failed: pool.failed,
+            idle: pool.idle as u64,
+            in_use: pool.in_use,
+        },
+        purge: guard.purge_stats().map(|p| api::Purge {
+            runs: p.runs,
+            purged: p.purged,
+            errors: p.errors,
+            last_purged: p.last_purged,
+            last_took_us: p.last_took_us,
+            last_error: p.last_error,
+            every_ms: p.every_ms,
+        }),
+        ..api::Stats::default()
+    };
+    for verdict in Verdict::ALL {
+        *stats.outcomes.get_mut(outcome(verdict)) = observer.count(verdict);
+        *stats.rates_per_s.get_mut(outcome(verdict)) = observer.rate(verdict);
+    }
+    json(&stats)
+}
+
+pub(super) async fn events(State(admin): State<Admin>) -> Response {
+    let observer = admin.gateway.observer();
+    let limit = admin.gateway.gate().config().max_event_listeners;
+    if observer.listeners() >= limit {
+        let mut response = problem(
+            StatusCode::SERVICE_UNAVAILABLE,
+            format!(
+                "the live event stream has its limit of {limit} listeners (max-event-listeners); retry later"
+            ),
+        );
+        response
+            .headers_mut()
+            .insert(header::RETRY_AFTER, HeaderValue::from_static("5"));
+        return response;
+    }
+    let rx = observer.subscribe();
+    let stream =
+        futures_util::stream::unfold((rx, admin.stop.clone()), |(mut rx, mut stop)| async move {
+            loop {
+                tokio::select! {
+                    received = rx.recv() => match received {
+                        Ok(event) => return Some((Ok::<_, Infallible>(to_sse(&event)), (rx, stop))),
+                        Err(broadcast::error::RecvError::Lagged(_)) => {}
+                        Err(broadcast::error::RecvError::Closed) => return None,
+                    },
+                    () = crate::server::serve::stopped(&mut stop) => return None,
+                }
+            }
+        });
+    Sse::new(stream)
+        .keep_alive(
+            KeepAlive::new()
+                .interval(Duration::from_secs(10))
+                .text("keep-alive"),
+        )
+        .into_response()
+}
+
+pub(super) fn to_sse(event: &Event) -> SseEvent {
+    let event = match event {
+        Event::Decision(d) => api::Event::Decision(api::DecisionEvent {
+            ts_ms: d.ts_ms,
+            key: d.key.clone(),
+            outcome: outcome(d.outcome),
+            status: d.status,
+            latency_us: d.latency_us,
+            detail: d.detail.clone(),
+        }),
+        Event::Fault(f) => api::Event::Fault(api::FaultEvent {
+            ts_ms: f.ts_ms,
+            op: f.op,
+            rule: f.rule.clone(),
+        }),
+    };
+    SseEvent::default().event(event.name()).data(event.data())
+}
+
+#[allow(clippy::too_many_lines)] // one block per metric
+pub(super) async fn metrics(State(admin): State<Admin>) -> Response {
+    use std::fmt::Write as _;
+    let observer = admin.gateway.observer();
+    let pool = admin.gateway.guard().pool_stats();
+    let latency = observer.store_latency_us();
+    let mut text = String::new();
+    // Every metric with its HELP and TYPE; durations in seconds, as
+    // Prometheus names them (`_seconds`).
+    let mut family = |name: &str, kind: &str, help: &str, samples: &[(String, String)]| {
+        let _ = writeln!(text, "# HELP {name} {help}\n# TYPE {name} {kind}");
+        for (labels, value) in samples {
+            let _ = writeln!(text, "{name}{labels} {value}");
+        }
+    };
+    let plain = |value: &dyn std::fmt::Display| vec![(String::new(), value.to_string())];
+    family(
+        "idem_outcomes_total",
+        "counter",
+        "Guarded requests by what the gateway did.",
+        &Verdict::ALL
+            .iter()
+            .map(|v| {
+                (
+                    format!("{{outcome=\"{}\"}}", v.as_str()),
+                    observer.count(*v).to_string(),
+                )
+            })
+            .collect::<Vec<_>>(),
+    );
+    #[allow(clippy::cast_precision_loss)] // microseconds as seconds: exact to 2^53 µs
+    let seconds = |us: u64| format!("{}", us as f64 / 1e6);
+    family(
+        "idem_store_latency_seconds",
+        "summary",
+        "Latency of the latest store operations, in seconds (quantile 1 is the maximum).",
+        &[
+            ("0.5", latency.p50),
+            ("0.9", latency.p90),
+            ("0.99", latency.p99),
+            ("1", latency.max),
+        ]
+        .map(|(q, us)| (format!("{{quantile=\"{q}\"}}"), seconds(us))),
+    );
+    family(
+        "idem_faults_injected_total",
+        "counter",
+        "Store operations a fault rule made fail, delay or lose their reply.",
+        &plain(&admin.gateway.faults().injected()),
+    );
+    family(
+        "idem_pool_instantiated_total",
+        "counter",
+        "Guard component instances created.",
+        &plain(&pool.instantiated),
+    );
+    family(
+        "idem_pool_failed_total",
+        "counter",
+        "Guard component instantiations that failed.",
+        &plain(&pool.failed),
+    );
+    family(
+        "idem_pool_idle",
+        "gauge",
+        "Guard component instances ready for a call.",
+        &plain(&pool.idle),
+    );
+    family(
+        "idem_pool_in_use",
+        "gauge",
+        "Guard component instances serving a call now.",
+        &plain(&pool.in_use),
+    );
+    family(
+        "idem_uptime_seconds",
+        "gauge",
+        "Seconds since the gateway started.",
+        &plain(&observer.uptime().as_secs()),
+    );
+    if let Some(purge) = admin.gateway.guard().purge_stats() {
+        let _ = writeln!(
+            text,
+            "# HELP idem_purge_runs_total Purge periods run (each frees every record expired by its start).\n# TYPE idem_purge_runs_total counter\nidem_purge_runs_total {}",
+            purge.runs
+        );
+        let _ = writeln!(
+            text,
+            "# HELP idem_purged_records_total Expired records freed by the purge.\n# TYPE idem_purged_records_total counter\nidem_purged_records_total {}",
+            purge.purged
+        );
+        let _ = writeln!(
+            text,
+            "# HELP idem_purge_errors_total Purge periods stopped by a store error or timeout.\n# TYPE idem_purge_errors_total counter\nidem_purge_errors_total {}",
+            purge.errors
+        );
+        let _ = writeln!(
+            text,
+            "# HELP idem_purge_last_duration_seconds How long the latest purge period took.\n# TYPE idem_purge_last_duration_seconds gauge\nidem_purge_last_duration_seconds {}",
+            Duration::from_micros(purge.last_took_us).as_secs_f64()
+        );
+    }
+    let mut response = Response::new(Body::from(text));
+    response.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("text/plain; version=0.0.4; charset=utf-8"),
+    );
+    response
+}

@@ -1,0 +1,65 @@
+//! From HTTP to the guard and back: the client's key, its scope, the
+//! request parts that make the fingerprint, a stored response as HTTP.
+
+#[allow(clippy::wildcard_imports)]
+use super::*;
+
+/// The key a client sent, if any: a structured-field string (`"…"`, as the
+/// draft specifies) or, as many clients send it, a bare token.
+pub fn client_key(headers: &HeaderMap, config: &Config) -> Result<Option<String>, String> {
+    let mut values = headers.get_all(config.key_header.as_str()).iter();
+    let Some(value) = values.next() else {
+        return Ok(None);
+    };
+    if values.next().is_some() {
+        return Err(format!(
+            "more than one {} header; send exactly one",
+            config.key_header
+        ));
+    }
+    idempotency_key(value.as_bytes()).map(Some)
+}
+
+/// The store key: the client's scope (a hash of its client header, `anon`
+/// without one), `/`, the key. See [`crate::server::parse::scoped_key`].
+pub fn scoped_key(headers: &HeaderMap, config: &Config, key: &str) -> String {
+    let client = config
+        .client_header
+        .as_deref()
+        .and_then(|h| headers.get(h))
+        .map(HeaderValue::as_bytes);
+    crate::server::parse::scoped_key(client, key)
+}
+
+pub(super) fn request_parts(
+    parts: &axum::http::request::Parts,
+    body: &Bytes,
+    config: &Config,
+) -> RequestParts {
+    RequestParts {
+        method: parts.method.as_str().to_owned(),
+        path: parts
+            .uri
+            .path_and_query()
+            .map_or_else(|| parts.uri.path().to_owned(), |pq| pq.as_str().to_owned()),
+        headers: fingerprinted_headers(&parts.headers, &config.fingerprint_headers),
+        body: body.to_vec(),
+    }
+}
+
+/// The stored response as HTTP, headers in their stored order.
+pub(super) fn to_http(stored: &Stored) -> HttpResponse {
+    let mut response = HttpResponse::new(Body::from(stored.body.clone()));
+    *response.status_mut() =
+        StatusCode::from_u16(stored.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+    let headers = response.headers_mut();
+    for (name, value) in &stored.headers {
+        if let (Ok(name), Ok(value)) = (
+            HeaderName::try_from(name.as_str()),
+            HeaderValue::from_bytes(value),
+        ) {
+            headers.append(name, value);
+        }
+    }
+    response
+}
