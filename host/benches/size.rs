@@ -90,7 +90,7 @@ impl Footprint {
             }
             Footprint::PostgresTable(client, table) => {
                 let row = client
-                    .query_one("SELECT pg_total_relation_size($1::regclass)", &[table])
+                    .query_one("SELECT pg_total_relation_size($1::text::regclass)", &[table])
                     .await
                     .unwrap();
                 row.get::<_, i64>(0) as u64
