@@ -90,7 +90,10 @@ impl Footprint {
             }
             Footprint::PostgresTable(client, table) => {
                 let row = client
-                    .query_one("SELECT pg_total_relation_size($1::text::regclass)", &[table])
+                    .query_one(
+                        "SELECT pg_total_relation_size($1::text::regclass)",
+                        &[table],
+                    )
                     .await
                     .unwrap();
                 row.get::<_, i64>(0) as u64
@@ -220,32 +223,41 @@ async fn bench_store(
     // Expired by the guard's clock one second after `NOW`.
     fill(&store, "gone", 0, expired, NOW + 1_000).await;
     let before = latencies(secs, |_| claim(&store, &claims)).await;
-    let purging = AtomicBool::new(true);
+    let purging = Arc::new(AtomicBool::new(true));
     let purge = async {
         let t = Instant::now();
         let mut purged = 0;
-        // In batches, as the purgers do: each one bounded.
+        // In batches, as the `Purger` does: each one bounded, and the
+        // runtime given back between them.
         loop {
             let n = store.purge_expired(NOW + 2_000, 10_000).await.unwrap();
             purged += n;
             if n == 0 {
                 break;
             }
+            tokio::task::yield_now().await;
         }
         purging.store(false, Ordering::Relaxed);
         (t.elapsed().as_secs_f64(), purged)
     };
-    let traffic = async {
-        let mut lat = Vec::new();
-        while purging.load(Ordering::Relaxed) {
-            let t = Instant::now();
-            claim(&store, &claims).await;
-            lat.push(t.elapsed().as_micros() as u64);
+    // The traffic on a task of its own, as a request is beside the purger's.
+    let counter = Arc::new(AtomicU64::new(claims.load(Ordering::Relaxed)));
+    let traffic = tokio::spawn({
+        let (store, purging, counter) = (store.clone(), purging.clone(), counter.clone());
+        async move {
+            let mut lat = Vec::new();
+            while purging.load(Ordering::Relaxed) {
+                let t = Instant::now();
+                claim(&store, &counter).await;
+                lat.push(t.elapsed().as_micros() as u64);
+            }
+            lat.sort_unstable();
+            lat
         }
-        lat.sort_unstable();
-        lat
-    };
-    let ((purge_secs, purged), during) = tokio::join!(purge, traffic);
+    });
+    let (purge_secs, purged) = purge.await;
+    let during = traffic.await.unwrap();
+    claims.store(counter.load(Ordering::Relaxed), Ordering::Relaxed);
     let during = if during.is_empty() { vec![0] } else { during };
     let row = PurgeRow {
         store: name,
