@@ -29,6 +29,8 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 const NOW: u64 = 1_792_382_400_000;
+/// Records freed per `purge_expired` call: the `Purger`'s own batch.
+const PURGE_BATCH: usize = 1_000;
 /// Concurrent writers filling a store.
 const FILLERS: usize = 64;
 
@@ -230,7 +232,7 @@ async fn bench_store(
         // In batches, as the `Purger` does: each one bounded, and the
         // runtime given back between them.
         loop {
-            let n = store.purge_expired(NOW + 2_000, 10_000).await.unwrap();
+            let n = store.purge_expired(NOW + 2_000, PURGE_BATCH).await.unwrap();
             purged += n;
             if n == 0 {
                 break;
