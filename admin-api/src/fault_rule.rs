@@ -286,6 +286,11 @@ impl FromStr for FaultRule {
             other => return Err(bad(format!("unknown fault {other:?}"))),
         }
         rule.validate()?;
+        if rule.kind == FaultKind::Off {
+            // An off rule does nothing whatever its probability or count: it
+            // has one form, the one it is shown as (`1*off` is `off`).
+            return Ok(FaultRule::default());
+        }
         Ok(rule)
     }
 }
