@@ -15,12 +15,26 @@ const SHARDS: usize = 64;
 /// operation, never across an `.await`, so an async mutex would only add cost.
 #[derive(Clone)]
 pub struct MemoryStore {
-    inner: Arc<Shards>,
+    inner: Arc<Inner>,
 }
 
-struct Shards {
+struct Inner {
     hasher: RandomState,
     shards: Vec<Mutex<HashMap<String, Entry>>>,
+    /// Where the purge goes on from: each shard is scanned once a sweep.
+    purge: Mutex<PurgeCursor>,
+}
+
+/// The purge's place between calls, so that freeing `n` expired records in
+/// batches costs one scan of the store, not one per batch.
+#[derive(Default)]
+struct PurgeCursor {
+    /// The shard to scan next.
+    next: usize,
+    /// Expired keys of shard `pending_shard` found by its scan but past the
+    /// last call's limit; each is checked again before it is removed.
+    pending: Vec<String>,
+    pending_shard: usize,
 }
 
 impl Default for MemoryStore {
@@ -32,20 +46,17 @@ impl Default for MemoryStore {
 impl MemoryStore {
     pub fn new() -> Self {
         MemoryStore {
-            inner: Arc::new(Shards {
+            inner: Arc::new(Inner {
                 hasher: RandomState::new(),
                 shards: (0..SHARDS).map(|_| Mutex::new(HashMap::new())).collect(),
+                purge: Mutex::default(),
             }),
         }
     }
 
     fn shard(&self, key: &str) -> std::sync::MutexGuard<'_, HashMap<String, Entry>> {
         let i = (self.inner.hasher.hash_one(key) as usize) % SHARDS;
-        // A poisoned shard only means a panic elsewhere mid-operation; every
-        // operation below leaves the map consistent, so keep serving.
-        self.inner.shards[i]
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
+        lock(&self.inner.shards[i])
     }
 
     fn get_live(&self, key: &str, now_ms: u64) -> Option<Entry> {
@@ -111,29 +122,71 @@ impl MemoryStore {
         }
     }
 
-    /// Removes up to `limit` expired records, a shard at a time, and gives
-    /// a shard's spare capacity back once it is mostly empty, so memory
-    /// follows the live keys after a burst.
+    /// Removes up to `limit` expired records and gives a shard's spare
+    /// capacity back once it is mostly empty, so memory follows the live
+    /// keys after a burst.
+    ///
+    /// The shards are swept round robin from where the last call stopped:
+    /// a shard is scanned once (its lock held for that scan), the expired
+    /// keys past the limit are kept for the next call, and each is looked at
+    /// again before it goes. So purging `n` records in batches costs one scan
+    /// of the store plus `n` removals. A call returns fewer than `limit` only
+    /// after it has itself scanned every shard.
     fn purge(&self, now_ms: u64, limit: usize) -> usize {
+        let mut cursor = lock(&self.inner.purge);
         let mut purged = 0;
-        for shard in &self.inner.shards {
-            if purged >= limit {
-                break;
+        let mut scanned = 0;
+        while purged < limit {
+            if cursor.pending.is_empty() {
+                if scanned == SHARDS {
+                    break;
+                }
+                let i = cursor.next;
+                cursor.next = (i + 1) % SHARDS;
+                scanned += 1;
+                let mut map = lock(&self.inner.shards[i]);
+                let pending = &mut cursor.pending;
+                map.retain(|key, e| {
+                    if e.record.is_live(now_ms) {
+                        return true;
+                    }
+                    if purged < limit {
+                        purged += 1;
+                        return false;
+                    }
+                    pending.push(key.clone());
+                    true
+                });
+                cursor.pending_shard = i;
+                give_back_spare(&mut map);
+                continue;
             }
-            let mut map = shard
-                .lock()
-                .unwrap_or_else(std::sync::PoisonError::into_inner);
-            map.retain(|_, e| {
-                let expired = purged < limit && !e.record.is_live(now_ms);
-                purged += usize::from(expired);
-                !expired
-            });
-            if map.capacity() > 1024 && map.len() < map.capacity() / 4 {
-                let keep = map.len() * 2;
-                map.shrink_to(keep);
+            let mut map = lock(&self.inner.shards[cursor.pending_shard]);
+            while purged < limit {
+                let Some(key) = cursor.pending.pop() else {
+                    break;
+                };
+                if map.get(&key).is_some_and(|e| !e.record.is_live(now_ms)) {
+                    map.remove(&key);
+                    purged += 1;
+                }
             }
+            give_back_spare(&mut map);
         }
         purged
+    }
+}
+
+/// Locks a shard or the purge cursor. A poisoned lock only means a panic
+/// elsewhere mid-operation; every operation leaves its map consistent.
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+/// Shrinks a shard that is mostly empty to twice what it holds.
+fn give_back_spare(map: &mut HashMap<String, Entry>) {
+    if map.capacity() > 1024 && map.len() < map.capacity() / 4 {
+        map.shrink_to(map.len() * 2);
     }
 }
 
@@ -243,5 +296,66 @@ impl Store for MemoryStore {
 
     fn as_sync(&self) -> Option<Arc<dyn SyncStore>> {
         Some(Arc::new(self.clone()))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::State;
+
+    fn done(expires_at_ms: u64) -> Record {
+        Record {
+            fingerprint: "fp".into(),
+            state: State::Done,
+            lease_until_ms: 0,
+            expires_at_ms,
+            response: None,
+        }
+    }
+
+    #[test]
+    fn a_purge_in_batches_frees_every_expired_record_once_and_spares_the_live() {
+        let store = MemoryStore::new();
+        for i in 0..5_000 {
+            store.insert_live(&format!("old{i}"), done(10), 0);
+            store.insert_live(&format!("live{i}"), done(1_000), 0);
+        }
+        let mut batches = Vec::new();
+        loop {
+            let n = store.purge(10, 700);
+            batches.push(n);
+            if n < 700 {
+                break;
+            }
+        }
+        // Full batches until the last: the cursor carries each call on
+        // from where the last one stopped.
+        assert_eq!(batches.iter().sum::<usize>(), 5_000, "{batches:?}");
+        assert!(batches[..batches.len() - 1].iter().all(|&n| n == 700));
+        assert_eq!(store.len(), 5_000);
+        assert!((0..5_000).all(|i| store.get_live(&format!("live{i}"), 10).is_some()));
+        assert_eq!(store.purge(10, 700), 0);
+    }
+
+    #[test]
+    fn a_key_claimed_again_after_the_scan_that_found_it_expired_is_spared() {
+        let store = MemoryStore::new();
+        for i in 0..2_000 {
+            store.insert_live(&format!("k{i}"), done(10), 0);
+        }
+        // One call scans a shard and keeps its expired keys past the limit.
+        assert_eq!(store.purge(10, 1), 1);
+        // Every key still held is claimed again before the next call.
+        let mut reclaimed = 0;
+        for i in 0..2_000 {
+            if let InsertOutcome::Inserted(_) = store.insert_live(&format!("k{i}"), done(1_000), 20)
+            {
+                reclaimed += 1;
+            }
+        }
+        assert_eq!(reclaimed, 2_000);
+        assert_eq!(store.purge(20, 10_000), 0);
+        assert_eq!(store.len(), 2_000);
     }
 }

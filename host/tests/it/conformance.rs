@@ -64,6 +64,62 @@ pub async fn purge_is_bounded_and_spares_live_records<S: Store + ?Sized>(store: 
     assert!(store.get("live", BASE_MS + 10).await.unwrap().is_some());
 }
 
+/// 1,100 expired records among 100 live ones, purged in batches of 100:
+/// every batch is full until the last, which comes back short; together
+/// they free each expired record once and no live one. A store that
+/// lost its place between calls would come back short early, or scan from
+/// the start each time (the size bench shows the cost). For a store of its
+/// own.
+pub async fn purge_in_batches_frees_every_expired_record<S: Store + ?Sized>(store: &S) {
+    for i in 0..1_200 {
+        let expires_at_ms = if i % 12 == 0 {
+            BASE_MS + 60_000
+        } else {
+            BASE_MS + 10
+        };
+        let key = format!("k{i}");
+        put(
+            store,
+            &key,
+            record("fp", State::Done, 0, expires_at_ms),
+            BASE_MS,
+        )
+        .await;
+    }
+    let mut batches = Vec::new();
+    loop {
+        let n = store.purge_expired(BASE_MS + 10, 100).await.unwrap();
+        batches.push(n);
+        if n < 100 {
+            break;
+        }
+    }
+    assert_eq!(batches.iter().sum::<usize>(), 1_100, "batches {batches:?}");
+    assert!(
+        batches[..batches.len() - 1].iter().all(|&n| n == 100),
+        "{batches:?}"
+    );
+    for i in (0..1_200).step_by(12) {
+        let key = format!("k{i}");
+        assert!(
+            store.get(&key, BASE_MS + 10).await.unwrap().is_some(),
+            "{key} was purged"
+        );
+    }
+    assert_eq!(store.purge_expired(BASE_MS + 10, 100).await.unwrap(), 0);
+}
+
+#[tokio::test]
+async fn memory_purges_in_batches() {
+    purge_in_batches_frees_every_expired_record(&idem::MemoryStore::new()).await;
+}
+
+#[tokio::test]
+async fn sqlite_purges_in_batches() {
+    let store = open_sqlite().await.unwrap();
+    purge_in_batches_frees_every_expired_record(&*store).await;
+}
+
 /// Waits for concurrent `begin`s of one key: how many proceeded. Every
 /// other one must have been told the key is in flight.
 pub async fn proceeded<E: std::fmt::Debug + 'static>(

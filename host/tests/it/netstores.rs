@@ -390,6 +390,24 @@ mod redis {
             .unwrap();
         crate::conformance::purge_is_bounded_and_spares_live_records(&store).await;
     }
+
+    /// On the lone server, the loopback cluster (a cursor per primary) and
+    /// Valkey, each under a prefix of its own.
+    #[tokio::test]
+    async fn redis_purges_in_batches_from_where_the_last_one_stopped() {
+        for var in [
+            "IDEM_TEST_REDIS_URL",
+            "IDEM_TEST_REDIS_CLUSTER_URL",
+            "IDEM_TEST_VALKEY_URL",
+        ] {
+            let Some(url) = server_url(var) else { continue };
+            let prefix = unique("batches:");
+            let store = RedisStore::open(&format!("{url}?prefix={prefix}"))
+                .await
+                .unwrap();
+            crate::conformance::purge_in_batches_frees_every_expired_record(&store).await;
+        }
+    }
 }
 
 mod postgres {
@@ -617,6 +635,18 @@ mod postgres {
             .unwrap()
             .get(0);
         assert_eq!(rows, 1, "the expired rows are gone from the table");
+        client.batch_execute(&format!("DROP TABLE {t}; DROP FUNCTION {t}_claim; DELETE FROM idem_schema WHERE table_name = '{t}'")).await.unwrap();
+    }
+
+    #[tokio::test]
+    async fn postgres_purges_in_batches() {
+        let Some(url) = url() else { return };
+        let t = table();
+        let store = PostgresStore::open(&with(&url, &format!("table={t}")))
+            .await
+            .unwrap();
+        crate::conformance::purge_in_batches_frees_every_expired_record(&store).await;
+        let client = raw(&url).await;
         client.batch_execute(&format!("DROP TABLE {t}; DROP FUNCTION {t}_claim; DELETE FROM idem_schema WHERE table_name = '{t}'")).await.unwrap();
     }
 

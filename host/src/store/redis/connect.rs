@@ -177,6 +177,7 @@ impl RedisStore {
             grace_ms,
             wait,
             seen: native.then(Default::default),
+            purge: Arc::default(),
         })
     }
 

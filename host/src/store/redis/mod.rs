@@ -105,6 +105,8 @@ pub struct RedisStore {
     /// With the native compare-and-set: per full key, the version and bytes
     /// of the unfinished record last written or read. `None` without it.
     seen: Option<Arc<Mutex<Seen>>>,
+    /// Where `purge_expired` goes on from (see [`scan::PurgeCursor`]).
+    purge: Arc<tokio::sync::Mutex<scan::PurgeCursor>>,
 }
 
 /// Per full key, the version and bytes of the unfinished record last seen.

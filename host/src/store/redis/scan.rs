@@ -11,6 +11,23 @@ use redis::Value;
 use redis::aio::ConnectionLike;
 use redis::cluster_routing::{RoutingInfo, SingleNodeRoutingInfo};
 
+/// Keys asked of one `SCAN` page, and sent to one purge script, by a purge.
+const PURGE_PAGE: usize = 500;
+
+/// Where a purge of a Redis store goes on from.
+#[derive(Default)]
+pub(super) struct PurgeCursor {
+    /// The node being scanned: its index in [`RedisStore::scan_nodes`]'s
+    /// list and its address (`None`: the lone server), to notice a cluster
+    /// whose primaries changed since.
+    node: usize,
+    addr: Option<(String, u16)>,
+    /// Its `SCAN` cursor (0: from the start).
+    cursor: u64,
+    /// Keys of the last page not yet sent to the purge script.
+    pending: Vec<Vec<u8>>,
+}
+
 /// At most this many keys under a prefix are scanned by `list`, an operator's
 /// tool: past it the answer would cost the server too much to compute.
 pub const LIST_SCAN_MAX: usize = 1_000_000;
@@ -94,40 +111,73 @@ impl RedisStore {
 
     /// Deletes up to `limit` records already expired by `now_ms` that Redis
     /// still holds (within their grace period). Redis frees the rest itself.
+    ///
+    /// The `SCAN` goes on from where the last call stopped, and the keys of
+    /// a page past the last call's limit are kept for the next one: purging
+    /// `n` records in batches costs one pass over the keyspace, not one per
+    /// batch. A call returns fewer than `limit` only after it has itself
+    /// scanned a whole pass, from cursor 0 of the first node to the end of
+    /// the last.
     pub(super) async fn purge_held(&self, now_ms: u64, limit: usize) -> Result<usize, StoreError> {
         let pattern = glob_prefix(&self.prefix);
+        let nodes = self.scan_nodes().await?;
+        let mut at = self.purge.lock().await;
+        if nodes.is_empty() {
+            return Ok(0);
+        }
+        if nodes.get(at.node) != Some(&at.addr) {
+            // The first call, or the cluster changed under the cursor.
+            *at = PurgeCursor {
+                addr: nodes[0].clone(),
+                ..PurgeCursor::default()
+            };
+        }
         let mut purged = 0usize;
-        for node in self.scan_nodes().await? {
-            let mut cursor = 0u64;
-            while purged < limit {
-                let (next, batch) = self.scan_page(node.as_ref(), cursor, &pattern, 500).await?;
-                if self.is_cluster() {
-                    // Keys of different slots cannot meet in one script: one
-                    // call per key, all sent at once.
-                    for chunk in batch.chunks(limit - purged) {
-                        let counts = futures_util::future::join_all(
-                            chunk
-                                .iter()
-                                .map(|key| self.purge_keys(std::slice::from_ref(key), now_ms, 1)),
-                        )
-                        .await;
-                        for n in counts {
-                            purged += n?;
-                        }
-                        if purged >= limit {
-                            break;
-                        }
-                    }
-                } else if !batch.is_empty() {
-                    purged += self.purge_keys(&batch, now_ms, limit - purged).await?;
+        let mut pass_began_here = false;
+        loop {
+            while purged < limit && !at.pending.is_empty() {
+                // Chunks the limit cannot cut, so every key sent is looked at.
+                let n = (limit - purged).min(at.pending.len()).min(PURGE_PAGE);
+                let from = at.pending.len() - n;
+                let chunk: Vec<Vec<u8>> = at.pending.drain(from..).collect();
+                purged += self.purge_chunk(&chunk, now_ms).await?;
+            }
+            if purged >= limit {
+                return Ok(purged);
+            }
+            if at.node == 0 && at.cursor == 0 {
+                if pass_began_here {
+                    return Ok(purged); // a whole pass since this call began
                 }
-                cursor = next;
-                if cursor == 0 {
-                    break;
-                }
+                pass_began_here = true;
+            }
+            let (next, batch) = self
+                .scan_page(nodes[at.node].as_ref(), at.cursor, &pattern, PURGE_PAGE)
+                .await?;
+            at.pending = batch;
+            at.cursor = next;
+            if next == 0 {
+                // This node is done: on to the next, or back to the first.
+                let node = (at.node + 1) % nodes.len();
+                at.node = node;
+                at.addr.clone_from(&nodes[node]);
             }
         }
-        Ok(purged)
+    }
+
+    /// Deletes those of `keys` whose records expired by `now_ms`.
+    async fn purge_chunk(&self, keys: &[Vec<u8>], now_ms: u64) -> Result<usize, StoreError> {
+        if !self.is_cluster() {
+            return self.purge_keys(keys, now_ms, keys.len()).await;
+        }
+        // Keys of different slots cannot meet in one script: one call per
+        // key, all sent at once.
+        let counts = futures_util::future::join_all(
+            keys.iter()
+                .map(|key| self.purge_keys(std::slice::from_ref(key), now_ms, 1)),
+        )
+        .await;
+        counts.into_iter().sum()
     }
 
     /// Deletes at most `limit` of `keys` whose records expired by `now_ms`.
