@@ -26,7 +26,7 @@
 //! ```
 
 use super::codec::unavailable;
-use super::{Entry, InsertOutcome, ListQuery, Op, Record, Store, StoreError, SyncStore};
+use super::{Entry, InsertOutcome, ListQuery, Op, Record, Result, Store, StoreError, SyncStore};
 use async_trait::async_trait;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -101,11 +101,7 @@ impl<S, H: Hook> Hooked<S, H> {
         &self.hook
     }
 
-    async fn run<T>(
-        &self,
-        op: Op,
-        call: impl Future<Output = Result<T, StoreError>>,
-    ) -> Result<T, StoreError> {
+    async fn run<T>(&self, op: Op, call: impl Future<Output = Result<T>>) -> Result<T> {
         let started = H::TIMES.then(Instant::now);
         let out = match self.hook.before(op) {
             Plan::Run => call.await,
@@ -127,11 +123,7 @@ impl<S, H: Hook> Hooked<S, H> {
     }
 
     /// [`Hooked::run`] on the sync side, which cannot wait: see [`Hook::would_wait`].
-    fn run_now<T>(
-        &self,
-        op: Op,
-        call: impl FnOnce() -> Result<T, StoreError>,
-    ) -> Result<T, StoreError> {
+    fn run_now<T>(&self, op: Op, call: impl FnOnce() -> Result<T>) -> Result<T> {
         let started = H::TIMES.then(Instant::now);
         let out = match self.hook.before(op) {
             Plan::Run | Plan::Delay(_) => call(),
@@ -145,7 +137,7 @@ impl<S, H: Hook> Hooked<S, H> {
         out
     }
 
-    fn after<T>(&self, op: Op, started: Option<Instant>, out: &Result<T, StoreError>) {
+    fn after<T>(&self, op: Op, started: Option<Instant>, out: &Result<T>) {
         let took = started.map(|s| s.elapsed());
         self.hook.after(op, took, out.as_ref().map(|_| ()));
     }
@@ -162,15 +154,10 @@ impl<S: Store, H: Hook> Store for Hooked<S, H> {
     fn name(&self) -> &'static str {
         self.store
     }
-    async fn get(&self, key: &str, now_ms: u64) -> Result<Option<Entry>, StoreError> {
+    async fn get(&self, key: &str, now_ms: u64) -> Result<Option<Entry>> {
         self.run(Op::Get, self.inner.get(key, now_ms)).await
     }
-    async fn insert(
-        &self,
-        key: &str,
-        record: Record,
-        now_ms: u64,
-    ) -> Result<InsertOutcome, StoreError> {
+    async fn insert(&self, key: &str, record: Record, now_ms: u64) -> Result<InsertOutcome> {
         self.run(Op::Insert, self.inner.insert(key, record, now_ms))
             .await
     }
@@ -180,22 +167,18 @@ impl<S: Store, H: Hook> Store for Hooked<S, H> {
         expected_version: u64,
         record: Record,
         now_ms: u64,
-    ) -> Result<Option<u64>, StoreError> {
+    ) -> Result<Option<u64>> {
         let call = self.inner.replace(key, expected_version, record, now_ms);
         self.run(Op::Replace, call).await
     }
-    async fn delete(&self, key: &str, expected_version: Option<u64>) -> Result<bool, StoreError> {
+    async fn delete(&self, key: &str, expected_version: Option<u64>) -> Result<bool> {
         self.run(Op::Delete, self.inner.delete(key, expected_version))
             .await
     }
-    async fn list(
-        &self,
-        query: &ListQuery,
-        now_ms: u64,
-    ) -> Result<Vec<(String, Entry)>, StoreError> {
+    async fn list(&self, query: &ListQuery, now_ms: u64) -> Result<Vec<(String, Entry)>> {
         self.inner.list(query, now_ms).await
     }
-    async fn purge_expired(&self, now_ms: u64, limit: usize) -> Result<usize, StoreError> {
+    async fn purge_expired(&self, now_ms: u64, limit: usize) -> Result<usize> {
         self.inner.purge_expired(now_ms, limit).await
     }
     fn purges_itself(&self) -> bool {
@@ -215,15 +198,10 @@ impl<S: Store, H: Hook> Store for Hooked<S, H> {
 
 /// The sync side, as [`Store::as_sync`] makes it.
 impl<H: Hook> SyncStore for Hooked<Arc<dyn SyncStore>, H> {
-    fn get_now(&self, key: &str, now_ms: u64) -> Result<Option<Entry>, StoreError> {
+    fn get_now(&self, key: &str, now_ms: u64) -> Result<Option<Entry>> {
         self.run_now(Op::Get, || self.inner.get_now(key, now_ms))
     }
-    fn insert_now(
-        &self,
-        key: &str,
-        record: Record,
-        now_ms: u64,
-    ) -> Result<InsertOutcome, StoreError> {
+    fn insert_now(&self, key: &str, record: Record, now_ms: u64) -> Result<InsertOutcome> {
         self.run_now(Op::Insert, || self.inner.insert_now(key, record, now_ms))
     }
     fn replace_now(
@@ -232,13 +210,13 @@ impl<H: Hook> SyncStore for Hooked<Arc<dyn SyncStore>, H> {
         expected_version: u64,
         record: Record,
         now_ms: u64,
-    ) -> Result<Option<u64>, StoreError> {
+    ) -> Result<Option<u64>> {
         self.run_now(Op::Replace, || {
             self.inner
                 .replace_now(key, expected_version, record, now_ms)
         })
     }
-    fn delete_now(&self, key: &str, expected_version: Option<u64>) -> Result<bool, StoreError> {
+    fn delete_now(&self, key: &str, expected_version: Option<u64>) -> Result<bool> {
         self.run_now(Op::Delete, || self.inner.delete_now(key, expected_version))
     }
     fn would_wait(&self) -> bool {

@@ -1,6 +1,6 @@
 //! Records in this process's memory: fast, and gone when it exits.
 
-use super::{Entry, InsertOutcome, ListQuery, Record, Store, StoreError, SyncStore};
+use super::{Entry, InsertOutcome, ListQuery, Record, Result, Store, SyncStore};
 use async_trait::async_trait;
 use std::collections::HashMap;
 use std::hash::{BuildHasher, RandomState};
@@ -191,16 +191,11 @@ fn give_back_spare(map: &mut HashMap<String, Entry>) {
 }
 
 impl SyncStore for MemoryStore {
-    fn get_now(&self, key: &str, now_ms: u64) -> Result<Option<Entry>, StoreError> {
+    fn get_now(&self, key: &str, now_ms: u64) -> Result<Option<Entry>> {
         Ok(self.get_live(key, now_ms))
     }
 
-    fn insert_now(
-        &self,
-        key: &str,
-        record: Record,
-        now_ms: u64,
-    ) -> Result<InsertOutcome, StoreError> {
+    fn insert_now(&self, key: &str, record: Record, now_ms: u64) -> Result<InsertOutcome> {
         Ok(self.insert_live(key, record, now_ms))
     }
 
@@ -210,11 +205,11 @@ impl SyncStore for MemoryStore {
         expected_version: u64,
         record: Record,
         now_ms: u64,
-    ) -> Result<Option<u64>, StoreError> {
+    ) -> Result<Option<u64>> {
         Ok(self.replace_live(key, expected_version, record, now_ms))
     }
 
-    fn delete_now(&self, key: &str, expected_version: Option<u64>) -> Result<bool, StoreError> {
+    fn delete_now(&self, key: &str, expected_version: Option<u64>) -> Result<bool> {
         Ok(self.delete_at(key, expected_version))
     }
 }
@@ -225,16 +220,11 @@ impl Store for MemoryStore {
         "memory"
     }
 
-    async fn get(&self, key: &str, now_ms: u64) -> Result<Option<Entry>, StoreError> {
+    async fn get(&self, key: &str, now_ms: u64) -> Result<Option<Entry>> {
         Ok(self.get_live(key, now_ms))
     }
 
-    async fn insert(
-        &self,
-        key: &str,
-        record: Record,
-        now_ms: u64,
-    ) -> Result<InsertOutcome, StoreError> {
+    async fn insert(&self, key: &str, record: Record, now_ms: u64) -> Result<InsertOutcome> {
         Ok(self.insert_live(key, record, now_ms))
     }
 
@@ -244,19 +234,15 @@ impl Store for MemoryStore {
         expected_version: u64,
         record: Record,
         now_ms: u64,
-    ) -> Result<Option<u64>, StoreError> {
+    ) -> Result<Option<u64>> {
         Ok(self.replace_live(key, expected_version, record, now_ms))
     }
 
-    async fn delete(&self, key: &str, expected_version: Option<u64>) -> Result<bool, StoreError> {
+    async fn delete(&self, key: &str, expected_version: Option<u64>) -> Result<bool> {
         Ok(self.delete_at(key, expected_version))
     }
 
-    async fn list(
-        &self,
-        query: &ListQuery,
-        now_ms: u64,
-    ) -> Result<Vec<(String, Entry)>, StoreError> {
+    async fn list(&self, query: &ListQuery, now_ms: u64) -> Result<Vec<(String, Entry)>> {
         // Sort and page on keys alone; clone only the page's records, so an
         // operator paging through 100,000 keys does not copy every response.
         let mut keys: Vec<String> = Vec::new();
@@ -290,7 +276,7 @@ impl Store for MemoryStore {
             .collect())
     }
 
-    async fn purge_expired(&self, now_ms: u64, limit: usize) -> Result<usize, StoreError> {
+    async fn purge_expired(&self, now_ms: u64, limit: usize) -> Result<usize> {
         Ok(self.purge(now_ms, limit))
     }
 

@@ -99,6 +99,10 @@ pub enum StoreError {
     },
 }
 
+/// What a store operation returns: its value, or why it failed.
+#[cfg(feature = "engine")]
+pub type Result<T, E = StoreError> = std::result::Result<T, E>;
+
 /// A page of live records for operators, in key order.
 #[cfg(feature = "engine")]
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -123,16 +127,11 @@ pub trait Store: Send + Sync + 'static {
     fn name(&self) -> &'static str;
 
     /// The live record for `key`, or `None` when absent or expired.
-    async fn get(&self, key: &str, now_ms: u64) -> Result<Option<Entry>, StoreError>;
+    async fn get(&self, key: &str, now_ms: u64) -> Result<Option<Entry>>;
 
     /// Writes `record` only if `key` is absent or expired (version 1, or the
     /// expired record's version + 1); otherwise returns the live record.
-    async fn insert(
-        &self,
-        key: &str,
-        record: Record,
-        now_ms: u64,
-    ) -> Result<InsertOutcome, StoreError>;
+    async fn insert(&self, key: &str, record: Record, now_ms: u64) -> Result<InsertOutcome>;
 
     /// Overwrites the live record only if its version is `expected_version`;
     /// returns the new version (`expected_version + 1`), or `None`.
@@ -142,21 +141,17 @@ pub trait Store: Send + Sync + 'static {
         expected_version: u64,
         record: Record,
         now_ms: u64,
-    ) -> Result<Option<u64>, StoreError>;
+    ) -> Result<Option<u64>>;
 
     /// Removes the record (only at `expected_version`, when given).
-    async fn delete(&self, key: &str, expected_version: Option<u64>) -> Result<bool, StoreError>;
+    async fn delete(&self, key: &str, expected_version: Option<u64>) -> Result<bool>;
 
     /// Live records matching `query`, in key order.
-    async fn list(
-        &self,
-        query: &ListQuery,
-        now_ms: u64,
-    ) -> Result<Vec<(String, Entry)>, StoreError>;
+    async fn list(&self, query: &ListQuery, now_ms: u64) -> Result<Vec<(String, Entry)>>;
 
     /// Frees the space of up to `limit` expired records; returns how many.
     /// Reads never depend on it.
-    async fn purge_expired(&self, now_ms: u64, limit: usize) -> Result<usize, StoreError>;
+    async fn purge_expired(&self, now_ms: u64, limit: usize) -> Result<usize>;
 
     /// Whether the store frees expired records by itself (Redis, by the
     /// keys' own expiry), so that a guard starts no [`Purger`] for it.
@@ -178,21 +173,16 @@ pub trait Store: Send + Sync + 'static {
 /// [`Store`] methods of the same names.
 #[cfg(feature = "engine")]
 pub trait SyncStore: Send + Sync + 'static {
-    fn get_now(&self, key: &str, now_ms: u64) -> Result<Option<Entry>, StoreError>;
-    fn insert_now(
-        &self,
-        key: &str,
-        record: Record,
-        now_ms: u64,
-    ) -> Result<InsertOutcome, StoreError>;
+    fn get_now(&self, key: &str, now_ms: u64) -> Result<Option<Entry>>;
+    fn insert_now(&self, key: &str, record: Record, now_ms: u64) -> Result<InsertOutcome>;
     fn replace_now(
         &self,
         key: &str,
         expected_version: u64,
         record: Record,
         now_ms: u64,
-    ) -> Result<Option<u64>, StoreError>;
-    fn delete_now(&self, key: &str, expected_version: Option<u64>) -> Result<bool, StoreError>;
+    ) -> Result<Option<u64>>;
+    fn delete_now(&self, key: &str, expected_version: Option<u64>) -> Result<bool>;
 
     /// Whether a call made now might have to wait (a [`Faulty`] store with
     /// an injected delay). The guard then makes that call through the async
@@ -208,15 +198,10 @@ impl<S: Store + ?Sized> Store for Arc<S> {
     fn name(&self) -> &'static str {
         (**self).name()
     }
-    async fn get(&self, key: &str, now_ms: u64) -> Result<Option<Entry>, StoreError> {
+    async fn get(&self, key: &str, now_ms: u64) -> Result<Option<Entry>> {
         (**self).get(key, now_ms).await
     }
-    async fn insert(
-        &self,
-        key: &str,
-        record: Record,
-        now_ms: u64,
-    ) -> Result<InsertOutcome, StoreError> {
+    async fn insert(&self, key: &str, record: Record, now_ms: u64) -> Result<InsertOutcome> {
         (**self).insert(key, record, now_ms).await
     }
     async fn replace(
@@ -225,22 +210,18 @@ impl<S: Store + ?Sized> Store for Arc<S> {
         expected_version: u64,
         record: Record,
         now_ms: u64,
-    ) -> Result<Option<u64>, StoreError> {
+    ) -> Result<Option<u64>> {
         (**self)
             .replace(key, expected_version, record, now_ms)
             .await
     }
-    async fn delete(&self, key: &str, expected_version: Option<u64>) -> Result<bool, StoreError> {
+    async fn delete(&self, key: &str, expected_version: Option<u64>) -> Result<bool> {
         (**self).delete(key, expected_version).await
     }
-    async fn list(
-        &self,
-        query: &ListQuery,
-        now_ms: u64,
-    ) -> Result<Vec<(String, Entry)>, StoreError> {
+    async fn list(&self, query: &ListQuery, now_ms: u64) -> Result<Vec<(String, Entry)>> {
         (**self).list(query, now_ms).await
     }
-    async fn purge_expired(&self, now_ms: u64, limit: usize) -> Result<usize, StoreError> {
+    async fn purge_expired(&self, now_ms: u64, limit: usize) -> Result<usize> {
         (**self).purge_expired(now_ms, limit).await
     }
     fn purges_itself(&self) -> bool {

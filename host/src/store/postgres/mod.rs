@@ -40,7 +40,7 @@ mod sql;
 
 use super::codec::{int, unavailable};
 use super::params::StoreUrl;
-use super::{Entry, InsertOutcome, ListQuery, OpenError, Record, State, Store, StoreError};
+use super::{Entry, InsertOutcome, ListQuery, OpenError, Record, Result, State, Store};
 use async_trait::async_trait;
 use deadpool_postgres::tokio_postgres::{self, NoTls, Row, types::ToSql};
 use deadpool_postgres::{
@@ -190,11 +190,7 @@ impl PostgresStore {
     }
 
     /// Runs one prepared statement on a pooled connection, within the timeout.
-    async fn query(
-        &self,
-        sql: &str,
-        params: &[&(dyn ToSql + Sync)],
-    ) -> Result<Vec<Row>, StoreError> {
+    async fn query(&self, sql: &str, params: &[&(dyn ToSql + Sync)]) -> Result<Vec<Row>> {
         self.within_timeout(async {
             let (client, statement) = self.prepared(sql).await?;
             client
@@ -206,7 +202,7 @@ impl PostgresStore {
     }
 
     /// Runs one prepared statement that returns no rows; how many it changed.
-    async fn execute(&self, sql: &str, params: &[&(dyn ToSql + Sync)]) -> Result<u64, StoreError> {
+    async fn execute(&self, sql: &str, params: &[&(dyn ToSql + Sync)]) -> Result<u64> {
         self.within_timeout(async {
             let (client, statement) = self.prepared(sql).await?;
             client
@@ -221,7 +217,7 @@ impl PostgresStore {
     async fn prepared(
         &self,
         sql: &str,
-    ) -> Result<(deadpool_postgres::Object, tokio_postgres::Statement), StoreError> {
+    ) -> Result<(deadpool_postgres::Object, tokio_postgres::Statement)> {
         let client = self
             .pool
             .get()
@@ -234,10 +230,7 @@ impl PostgresStore {
         Ok((client, statement))
     }
 
-    async fn within_timeout<T>(
-        &self,
-        run: impl Future<Output = Result<T, StoreError>>,
-    ) -> Result<T, StoreError> {
+    async fn within_timeout<T>(&self, run: impl Future<Output = Result<T>>) -> Result<T> {
         match tokio::time::timeout(self.timeout, run).await {
             Ok(result) => result,
             Err(_) => Err(unavailable(
@@ -297,17 +290,12 @@ impl Store for PostgresStore {
         NAME
     }
 
-    async fn get(&self, key: &str, now_ms: u64) -> Result<Option<Entry>, StoreError> {
+    async fn get(&self, key: &str, now_ms: u64) -> Result<Option<Entry>> {
         let rows = self.query(&self.sql.get, &[&key, &int(now_ms)]).await?;
         rows.first().map(|row| decode(key, row, 0)).transpose()
     }
 
-    async fn insert(
-        &self,
-        key: &str,
-        record: Record,
-        now_ms: u64,
-    ) -> Result<InsertOutcome, StoreError> {
+    async fn insert(&self, key: &str, record: Record, now_ms: u64) -> Result<InsertOutcome> {
         let now = int(now_ms);
         let columns = RecordParams::new(&record);
         let params = columns.after(&[&key, &now]);
@@ -353,7 +341,7 @@ impl Store for PostgresStore {
         expected_version: u64,
         record: Record,
         now_ms: u64,
-    ) -> Result<Option<u64>, StoreError> {
+    ) -> Result<Option<u64>> {
         let (version, now) = (int(expected_version), int(now_ms));
         let columns = RecordParams::new(&record);
         let replaced = self
@@ -363,18 +351,14 @@ impl Store for PostgresStore {
         Ok((replaced > 0).then(|| expected_version.saturating_add(1)))
     }
 
-    async fn delete(&self, key: &str, expected_version: Option<u64>) -> Result<bool, StoreError> {
+    async fn delete(&self, key: &str, expected_version: Option<u64>) -> Result<bool> {
         let removed = self
             .execute(&self.sql.delete, &[&key, &expected_version.map(int)])
             .await?;
         Ok(removed > 0)
     }
 
-    async fn list(
-        &self,
-        query: &ListQuery,
-        now_ms: u64,
-    ) -> Result<Vec<(String, Entry)>, StoreError> {
+    async fn list(&self, query: &ListQuery, now_ms: u64) -> Result<Vec<(String, Entry)>> {
         let state = query.state.map(State::as_str);
         let limit = int(query.limit as u64);
         let rows = self
@@ -397,7 +381,7 @@ impl Store for PostgresStore {
             .collect()
     }
 
-    async fn purge_expired(&self, now_ms: u64, limit: usize) -> Result<usize, StoreError> {
+    async fn purge_expired(&self, now_ms: u64, limit: usize) -> Result<usize> {
         let purged = self
             .execute(&self.sql.purge, &[&int(now_ms), &int(limit as u64)])
             .await?;

@@ -2,7 +2,7 @@
 
 use super::NAME;
 use crate::store::codec::{corrupt, int, unsigned};
-use crate::store::{Entry, Record, State, StoreError};
+use crate::store::{Entry, Record, Result, State};
 use deadpool_postgres::tokio_postgres::{self, Row, types::ToSql};
 use idem_guest::model::Response;
 
@@ -56,7 +56,7 @@ impl<'r> RecordParams<'r> {
 }
 
 /// Decodes the `COLUMNS` starting at column `at`.
-pub(super) fn decode(key: &str, row: &Row, at: usize) -> Result<Entry, StoreError> {
+pub(super) fn decode(key: &str, row: &Row, at: usize) -> Result<Entry> {
     let col = |name: &str, e: tokio_postgres::Error| {
         corrupt(
             NAME,

@@ -5,7 +5,7 @@ use super::scripts::{CLAIM_EXPIRED, DELETE_AT, PURGE, REPLACE};
 use super::{NAME, RedisStore, wrong_type};
 use crate::store::codec::unavailable;
 use crate::store::params::StoreUrl;
-use crate::store::{OpenError, StoreError};
+use crate::store::{OpenError, Result};
 use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
 use redis::cluster_async::ClusterConnection;
 use redis::{Cmd, ErrorKind, FromRedisValue, Script, ServerErrorKind, Value};
@@ -185,11 +185,7 @@ impl RedisStore {
     /// command never left this process, so it is tried once more: that try
     /// waits for the reconnection the refusal started, which is what makes
     /// the first operation after the server comes back succeed.
-    pub(super) async fn call<T, Fut>(
-        &self,
-        key: &str,
-        op: impl Fn(Conn) -> Fut,
-    ) -> Result<T, StoreError>
+    pub(super) async fn call<T, Fut>(&self, key: &str, op: impl Fn(Conn) -> Fut) -> Result<T>
     where
         Fut: Future<Output = redis::RedisResult<T>>,
     {
@@ -243,7 +239,7 @@ impl RedisStore {
         cmd: &Cmd,
         script: Option<&Script>,
         write: bool,
-    ) -> Result<T, StoreError> {
+    ) -> Result<T> {
         let wait = self.wait;
         let pipe = (write && wait.replicas > 0).then(|| {
             let mut pipe = redis::pipe();

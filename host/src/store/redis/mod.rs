@@ -75,7 +75,7 @@ mod scripts;
 mod value;
 
 use super::codec::{corrupt, unavailable};
-use super::{Entry, InsertOutcome, ListQuery, Record, State, Store, StoreError};
+use super::{Entry, InsertOutcome, ListQuery, Record, Result, State, Store, StoreError};
 use async_trait::async_trait;
 use connect::{Conn, Wait};
 use redis::Value;
@@ -192,7 +192,7 @@ impl Store for RedisStore {
         NAME
     }
 
-    async fn get(&self, key: &str, now_ms: u64) -> Result<Option<Entry>, StoreError> {
+    async fn get(&self, key: &str, now_ms: u64) -> Result<Option<Entry>> {
         let full = self.full_key(key);
         let mut cmd = redis::cmd("GET");
         cmd.arg(&full);
@@ -207,12 +207,7 @@ impl Store for RedisStore {
         Ok(Some(entry))
     }
 
-    async fn insert(
-        &self,
-        key: &str,
-        record: Record,
-        now_ms: u64,
-    ) -> Result<InsertOutcome, StoreError> {
+    async fn insert(&self, key: &str, record: Record, now_ms: u64) -> Result<InsertOutcome> {
         let full = self.full_key(key);
         let ttl = self.ttl_ms(&record, now_ms);
         let value = encode(1, &record);
@@ -273,7 +268,7 @@ impl Store for RedisStore {
         expected_version: u64,
         record: Record,
         now_ms: u64,
-    ) -> Result<Option<u64>, StoreError> {
+    ) -> Result<Option<u64>> {
         let Some(version) = expected_version.checked_add(1) else {
             return Ok(None);
         };
@@ -318,7 +313,7 @@ impl Store for RedisStore {
         }
     }
 
-    async fn delete(&self, key: &str, expected_version: Option<u64>) -> Result<bool, StoreError> {
+    async fn delete(&self, key: &str, expected_version: Option<u64>) -> Result<bool> {
         let full = self.full_key(key);
         self.forget(&full);
         let removed = match expected_version {
@@ -340,11 +335,7 @@ impl Store for RedisStore {
     /// Scans the keys under the prefix (up to `LIST_SCAN_MAX`, a million; on a
     /// cluster, on each primary), sorts them and reads the page: an
     /// operator's tool, O(keys under the prefix).
-    async fn list(
-        &self,
-        query: &ListQuery,
-        now_ms: u64,
-    ) -> Result<Vec<(String, Entry)>, StoreError> {
+    async fn list(&self, query: &ListQuery, now_ms: u64) -> Result<Vec<(String, Entry)>> {
         self.scan_list(query, now_ms).await
     }
 
@@ -353,7 +344,7 @@ impl Store for RedisStore {
         true
     }
 
-    async fn purge_expired(&self, now_ms: u64, limit: usize) -> Result<usize, StoreError> {
+    async fn purge_expired(&self, now_ms: u64, limit: usize) -> Result<usize> {
         self.purge_held(now_ms, limit).await
     }
 }

@@ -6,7 +6,7 @@ use super::scripts::PURGE;
 use super::value::{decode, number};
 use super::{NAME, RedisStore};
 use crate::store::codec::{corrupt, unavailable};
-use crate::store::{Entry, ListQuery, StoreError};
+use crate::store::{Entry, ListQuery, Result};
 use redis::Value;
 use redis::aio::ConnectionLike;
 use redis::cluster_routing::{RoutingInfo, SingleNodeRoutingInfo};
@@ -40,7 +40,7 @@ impl RedisStore {
         &self,
         query: &ListQuery,
         now_ms: u64,
-    ) -> Result<Vec<(String, Entry)>, StoreError> {
+    ) -> Result<Vec<(String, Entry)>> {
         let pattern = glob_prefix(&self.full_key(&query.prefix));
         let mut keys: Vec<String> = Vec::new();
         for node in self.scan_nodes().await? {
@@ -118,7 +118,7 @@ impl RedisStore {
     /// batch. A call returns fewer than `limit` only after it has itself
     /// scanned a whole pass, from cursor 0 of the first node to the end of
     /// the last.
-    pub(super) async fn purge_held(&self, now_ms: u64, limit: usize) -> Result<usize, StoreError> {
+    pub(super) async fn purge_held(&self, now_ms: u64, limit: usize) -> Result<usize> {
         let pattern = glob_prefix(&self.prefix);
         let nodes = self.scan_nodes().await?;
         let mut at = self.purge.lock().await;
@@ -166,7 +166,7 @@ impl RedisStore {
     }
 
     /// Deletes those of `keys` whose records expired by `now_ms`.
-    async fn purge_chunk(&self, keys: &[Vec<u8>], now_ms: u64) -> Result<usize, StoreError> {
+    async fn purge_chunk(&self, keys: &[Vec<u8>], now_ms: u64) -> Result<usize> {
         if !self.is_cluster() {
             return self.purge_keys(keys, now_ms, keys.len()).await;
         }
@@ -181,12 +181,7 @@ impl RedisStore {
     }
 
     /// Deletes at most `limit` of `keys` whose records expired by `now_ms`.
-    async fn purge_keys(
-        &self,
-        keys: &[Vec<u8>],
-        now_ms: u64,
-        limit: usize,
-    ) -> Result<usize, StoreError> {
+    async fn purge_keys(&self, keys: &[Vec<u8>], now_ms: u64, limit: usize) -> Result<usize> {
         let mut cmd = redis::cmd("EVALSHA");
         cmd.arg(PURGE.get_hash()).arg(keys.len());
         for key in keys {
@@ -201,7 +196,7 @@ impl RedisStore {
 
     /// The nodes a `SCAN` must visit: the one server (`None`), or each
     /// primary of the cluster, since a cursor is one node's.
-    pub(super) async fn scan_nodes(&self) -> Result<Vec<Option<(String, u16)>>, StoreError> {
+    pub(super) async fn scan_nodes(&self) -> Result<Vec<Option<(String, u16)>>> {
         if !self.is_cluster() {
             return Ok(vec![None]);
         }
@@ -218,7 +213,7 @@ impl RedisStore {
         cursor: u64,
         pattern: &str,
         count: usize,
-    ) -> Result<(u64, Vec<Vec<u8>>), StoreError> {
+    ) -> Result<(u64, Vec<Vec<u8>>)> {
         let mut cmd = redis::cmd("SCAN");
         cmd.arg(cursor)
             .arg("MATCH")

@@ -2,7 +2,7 @@
 
 use super::NAME;
 use crate::store::codec::{self, Reader, corrupt};
-use crate::store::{Entry, Record, State, StoreError};
+use crate::store::{Entry, Record, Result, State};
 use idem_guest::model::Response;
 use redis::Value;
 use std::io::Write as _;
@@ -55,7 +55,7 @@ pub(super) fn header(value: &[u8]) -> Option<(usize, u64, u64)> {
 }
 
 /// The inverse of [`encode`]; `Corrupt` naming the key and what is wrong.
-pub(super) fn decode(key: &str, value: &[u8]) -> Result<Entry, StoreError> {
+pub(super) fn decode(key: &str, value: &[u8]) -> Result<Entry> {
     let bad = |what: String| corrupt(NAME, key, format!("the stored record {what}"));
     let (start, version, expires_at_ms) =
         header(value).ok_or_else(|| bad("has no \"{version} {expires_at_ms}\" header".into()))?;
@@ -111,6 +111,7 @@ pub(super) fn number(value: &Value) -> Option<i64> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::store::StoreError;
 
     fn sample(response: bool) -> Record {
         Record {

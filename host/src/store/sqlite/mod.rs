@@ -51,7 +51,7 @@ mod schema;
 mod writer;
 
 use super::codec::{int, unavailable};
-use super::{Entry, InsertOutcome, ListQuery, OpenError, Record, State, Store, StoreError};
+use super::{Entry, InsertOutcome, ListQuery, OpenError, Record, Result, State, Store};
 use async_trait::async_trait;
 use crowd::{Crowd, may_block_in_place, try_lock};
 use row::{COLUMNS, decode, prefix_end};
@@ -238,7 +238,7 @@ impl SqliteStore {
     /// (`block_in_place`): it pays no trip to the writer thread and back,
     /// which costs more than the write itself. Under concurrent writes it
     /// joins the queue and shares the writer thread's next commit.
-    async fn write(&self, write: Write) -> Result<Written, StoreError> {
+    async fn write(&self, write: Write) -> Result<Written> {
         let queue = self
             .inner
             .writes
@@ -269,8 +269,8 @@ impl SqliteStore {
     /// crowd over its threads with fewer hand-offs.
     async fn read<T: Send + 'static>(
         &self,
-        read: impl FnOnce(&Connection) -> Result<T, StoreError> + Send + 'static,
-    ) -> Result<T, StoreError> {
+        read: impl FnOnce(&Connection) -> Result<T> + Send + 'static,
+    ) -> Result<T> {
         let (_reading, alone) = self.inner.reading.enter();
         if alone && may_block_in_place() {
             return tokio::task::block_in_place(|| Self::read_now(&self.inner, read));
@@ -282,10 +282,7 @@ impl SqliteStore {
     }
 
     /// Runs `read` on a pooled read connection, on this thread.
-    fn read_now<T>(
-        inner: &Inner,
-        read: impl FnOnce(&Connection) -> Result<T, StoreError>,
-    ) -> Result<T, StoreError> {
+    fn read_now<T>(inner: &Inner, read: impl FnOnce(&Connection) -> Result<T>) -> Result<T> {
         let pooled = inner
             .readers
             .lock()
@@ -313,7 +310,7 @@ impl Store for SqliteStore {
         STORE
     }
 
-    async fn get(&self, key: &str, now_ms: u64) -> Result<Option<Entry>, StoreError> {
+    async fn get(&self, key: &str, now_ms: u64) -> Result<Option<Entry>> {
         let key = key.to_owned();
         self.read(move |conn| {
             let row = conn
@@ -330,12 +327,7 @@ impl Store for SqliteStore {
         .await
     }
 
-    async fn insert(
-        &self,
-        key: &str,
-        record: Record,
-        now_ms: u64,
-    ) -> Result<InsertOutcome, StoreError> {
+    async fn insert(&self, key: &str, record: Record, now_ms: u64) -> Result<InsertOutcome> {
         match self
             .write(Write::Insert {
                 key: key.to_owned(),
@@ -355,7 +347,7 @@ impl Store for SqliteStore {
         expected_version: u64,
         record: Record,
         now_ms: u64,
-    ) -> Result<Option<u64>, StoreError> {
+    ) -> Result<Option<u64>> {
         match self
             .write(Write::Replace {
                 key: key.to_owned(),
@@ -370,7 +362,7 @@ impl Store for SqliteStore {
         }
     }
 
-    async fn delete(&self, key: &str, expected_version: Option<u64>) -> Result<bool, StoreError> {
+    async fn delete(&self, key: &str, expected_version: Option<u64>) -> Result<bool> {
         match self
             .write(Write::Delete {
                 key: key.to_owned(),
@@ -383,11 +375,7 @@ impl Store for SqliteStore {
         }
     }
 
-    async fn list(
-        &self,
-        query: &ListQuery,
-        now_ms: u64,
-    ) -> Result<Vec<(String, Entry)>, StoreError> {
+    async fn list(&self, query: &ListQuery, now_ms: u64) -> Result<Vec<(String, Entry)>> {
         let query = query.clone();
         self.read(move |conn| {
             let end = prefix_end(&query.prefix);
@@ -427,7 +415,7 @@ impl Store for SqliteStore {
         .await
     }
 
-    async fn purge_expired(&self, now_ms: u64, limit: usize) -> Result<usize, StoreError> {
+    async fn purge_expired(&self, now_ms: u64, limit: usize) -> Result<usize> {
         match self.write(Write::Purge { now_ms, limit }).await? {
             Written::Purge(n) => Ok(n),
             _ => unreachable!("the writer answers in kind"),

@@ -4,7 +4,7 @@
 use super::STORE;
 use crate::Response;
 use crate::store::codec::{corrupt, decode_headers, encode_headers, unsigned};
-use crate::store::{Entry, Record, State, StoreError};
+use crate::store::{Entry, Record, Result, State};
 use rusqlite::Row;
 
 /// A record's columns, in the order [`decode`] reads them.
@@ -52,7 +52,7 @@ pub(super) fn response_columns(
 }
 
 /// One row as an entry, or `Corrupt` naming the key and what is wrong.
-pub(super) fn decode(key: &str, row: &Row<'_>) -> Result<Entry, StoreError> {
+pub(super) fn decode(key: &str, row: &Row<'_>) -> Result<Entry> {
     let bad = |e: rusqlite::Error| corrupt(STORE, key, e.to_string());
     let unsigned = |column: &str, v: i64| unsigned(column, v).map_err(|e| corrupt(STORE, key, e));
     let version = unsigned("version", row.get::<_, i64>(1).map_err(bad)?)?;

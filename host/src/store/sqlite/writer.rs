@@ -4,7 +4,7 @@
 use super::STORE;
 use super::row::{decode, response_columns, sql};
 use crate::store::codec::{corrupt, int, unavailable};
-use crate::store::{InsertOutcome, Record, StoreError};
+use crate::store::{InsertOutcome, Record, Result};
 use rusqlite::{Connection, OptionalExtension, params};
 use std::sync::{Mutex, OnceLock};
 use tokio::sync::{mpsc, oneshot};
@@ -55,7 +55,7 @@ pub(super) enum Written {
 
 pub(super) struct Job {
     pub(super) write: Write,
-    pub(super) reply: oneshot::Sender<Result<Written, StoreError>>,
+    pub(super) reply: oneshot::Sender<Result<Written>>,
 }
 
 /// The writer thread: takes what is queued, applies it in one transaction,
@@ -111,7 +111,7 @@ pub(super) fn apply_alone(
     conn: &Connection,
     write: &Write,
     before_commit: &OnceLock<BeforeCommit>,
-) -> Result<Written, StoreError> {
+) -> Result<Written> {
     match apply_batch(conn, std::iter::once(write), before_commit) {
         Ok(mut results) => results.pop().expect("one result"),
         Err(e) => Err(unavailable(STORE, e.to_string())),
@@ -125,7 +125,7 @@ fn apply_batch<'w>(
     conn: &Connection,
     writes: impl ExactSizeIterator<Item = &'w Write>,
     before_commit: &OnceLock<BeforeCommit>,
-) -> Result<Vec<Result<Written, StoreError>>, rusqlite::Error> {
+) -> Result<Vec<Result<Written>>, rusqlite::Error> {
     if !conn.is_autocommit() {
         // Left open by a panic mid-transaction: none of it was answered.
         conn.execute_batch("ROLLBACK")?;
@@ -161,7 +161,7 @@ fn apply_batch<'w>(
 /// One primitive, inside the batch's write transaction (`BEGIN IMMEDIATE`:
 /// no other connection or process writes until it commits), so a read and
 /// the write it decides are one atomic step.
-fn apply(conn: &Connection, write: &Write) -> Result<Result<Written, StoreError>, rusqlite::Error> {
+fn apply(conn: &Connection, write: &Write) -> Result<Result<Written>, rusqlite::Error> {
     Ok(match write {
         Write::Insert {
             key,
