@@ -67,6 +67,9 @@ const STORE: &str = "sqlite";
 
 /// Writes queued beyond this make callers wait (backpressure, not memory growth).
 const QUEUE: usize = 4096;
+/// Rows one purge write deletes at the most: a large purge goes in slices so
+/// that the one writer is never held by it for long.
+const PURGE_SLICE: usize = 128;
 /// Idle read connections kept open.
 const MAX_IDLE_READERS: usize = 8;
 
@@ -415,10 +418,26 @@ impl Store for SqliteStore {
         .await
     }
 
+    /// In slices of [`PURGE_SLICE`] rows, each its own write: claims queued
+    /// meanwhile wait for one slice, not for the whole batch.
     async fn purge_expired(&self, now_ms: u64, limit: usize) -> Result<usize> {
-        match self.write(Write::Purge { now_ms, limit }).await? {
-            Written::Purge(n) => Ok(n),
-            _ => unreachable!("the writer answers in kind"),
+        let mut purged = 0;
+        while purged < limit {
+            let slice = (limit - purged).min(PURGE_SLICE);
+            let Written::Purge(n) = self
+                .write(Write::Purge {
+                    now_ms,
+                    limit: slice,
+                })
+                .await?
+            else {
+                unreachable!("the writer answers in kind")
+            };
+            purged += n;
+            if n < slice {
+                break;
+            }
         }
+        Ok(purged)
     }
 }
