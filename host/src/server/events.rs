@@ -12,49 +12,9 @@ use std::sync::{Mutex, PoisonError};
 use std::time::{Duration, Instant};
 use tokio::sync::broadcast;
 
-/// What the gateway did with one guarded request.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize)]
-#[serde(rename_all = "snake_case")]
-pub enum Verdict {
-    /// Forwarded: the upstream ran it.
-    Executed,
-    /// Answered from the store.
-    Replayed,
-    /// Refused: the key's first request was still running.
-    InFlight,
-    /// Refused: the key was used for another request.
-    Conflict,
-    /// Refused: the store (or the guard) failed, or the gateway was overloaded.
-    Unavailable,
-    /// Refused: the key or the request was malformed.
-    Invalid,
-}
-
-impl Verdict {
-    pub const ALL: [Verdict; 6] = [
-        Verdict::Executed,
-        Verdict::Replayed,
-        Verdict::InFlight,
-        Verdict::Conflict,
-        Verdict::Unavailable,
-        Verdict::Invalid,
-    ];
-
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Verdict::Executed => "executed",
-            Verdict::Replayed => "replayed",
-            Verdict::InFlight => "in_flight",
-            Verdict::Conflict => "conflict",
-            Verdict::Unavailable => "unavailable",
-            Verdict::Invalid => "invalid",
-        }
-    }
-
-    fn index(self) -> usize {
-        self as usize
-    }
-}
+/// What the gateway did with one guarded request: the admin API's
+/// `outcome`, one type from the counters to the wire.
+pub use idem_admin_api::Outcome as Verdict;
 
 /// One decision, as `/v1/events` sends it.
 #[derive(Clone, Debug, Serialize)]
@@ -133,7 +93,7 @@ impl Observer {
         latency: Duration,
         detail: Option<String>,
     ) {
-        self.counts[outcome.index()].fetch_add(1, Ordering::Relaxed);
+        self.counts[outcome as usize].fetch_add(1, Ordering::Relaxed);
         let second = self.started.elapsed().as_secs();
         {
             let mut window = self.window.lock().unwrap_or_else(PoisonError::into_inner);
@@ -141,7 +101,7 @@ impl Observer {
             if slot.0 != second {
                 *slot = (second, [0; 6]);
             }
-            slot.1[outcome.index()] += 1;
+            slot.1[outcome as usize] += 1;
         }
         if outcome == Verdict::Replayed {
             self.count_replay(key);
@@ -176,7 +136,7 @@ impl Observer {
     }
 
     pub fn count(&self, outcome: Verdict) -> u64 {
-        self.counts[outcome.index()].load(Ordering::Relaxed)
+        self.counts[outcome as usize].load(Ordering::Relaxed)
     }
 
     /// Decisions per second over the last 10 s (or since start, if sooner).
@@ -187,7 +147,7 @@ impl Observer {
         let total: u64 = window
             .iter()
             .filter(|(s, _)| *s != u64::MAX && *s + RATE_WINDOW_S > second)
-            .map(|(_, c)| c[outcome.index()])
+            .map(|(_, c)| c[outcome as usize])
             .sum();
         let span = self
             .started

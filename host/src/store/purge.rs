@@ -31,23 +31,9 @@ use std::time::{Duration, Instant};
 /// period (a store that hangs must not pile purges up).
 const BATCH_TIMEOUT: Duration = Duration::from_secs(10);
 
-/// What the purger has done so far, for `/v1/stats` and `/metrics`.
-#[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize)]
-pub struct PurgeStats {
-    /// Purge periods run (each frees every record expired by its start).
-    pub runs: u64,
-    /// Records freed in all.
-    pub purged: u64,
-    /// Periods that stopped on a store error or timeout.
-    pub errors: u64,
-    /// Records freed by the latest period, and how long it took.
-    pub last_purged: u64,
-    pub last_took_us: u64,
-    /// The latest error's text, if the latest period failed.
-    pub last_error: Option<String>,
-    /// The purge period.
-    pub every_ms: u64,
-}
+/// What the purger has done so far, for `/v1/stats` and `/metrics`: the
+/// admin API's `purge` object.
+pub use idem_admin_api::Purge as PurgeStats;
 
 /// A background task that purges expired records every period, until dropped.
 pub struct Purger {

@@ -4,7 +4,6 @@
 
 use super::hooked::{Hook, Hooked};
 use super::{Op, Store, StoreError};
-use serde::Serialize;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
@@ -23,14 +22,9 @@ struct Ring {
     next: usize,
 }
 
-/// Store latency percentiles, in microseconds.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
-pub struct Percentiles {
-    pub p50: u64,
-    pub p90: u64,
-    pub p99: u64,
-    pub max: u64,
-}
+/// Store latency percentiles, in microseconds: the admin API's
+/// `store_latency_us` object.
+pub use idem_admin_api::Latency as Percentiles;
 
 impl Latencies {
     pub fn record(&self, took: Duration) {

@@ -48,18 +48,6 @@ pub(super) async fn put_faults(State(admin): State<Admin>, body: axum::body::Byt
     json(&faults(&admin))
 }
 
-/// The contract's name for a verdict.
-pub(super) fn outcome(verdict: Verdict) -> api::Outcome {
-    match verdict {
-        Verdict::Executed => api::Outcome::Executed,
-        Verdict::Replayed => api::Outcome::Replayed,
-        Verdict::InFlight => api::Outcome::InFlight,
-        Verdict::Conflict => api::Outcome::Conflict,
-        Verdict::Unavailable => api::Outcome::Unavailable,
-        Verdict::Invalid => api::Outcome::Invalid,
-    }
-}
-
 pub(super) async fn stats(State(admin): State<Admin>) -> Response {
     let observer = admin.gateway.observer();
     let guard = admin.gateway.guard();
@@ -68,32 +56,19 @@ pub(super) async fn stats(State(admin): State<Admin>) -> Response {
     let mut stats = api::Stats {
         uptime_ms: observer.uptime().as_millis() as u64,
         store: guard.store().name().to_owned(),
-        store_latency_us: api::Latency {
-            p50: latency.p50,
-            p90: latency.p90,
-            p99: latency.p99,
-            max: latency.max,
-        },
+        store_latency_us: latency,
         pool: api::Pool {
             instantiated: pool.instantiated,
             failed: pool.failed,
             idle: pool.idle as u64,
             in_use: pool.in_use,
         },
-        purge: guard.purge_stats().map(|p| api::Purge {
-            runs: p.runs,
-            purged: p.purged,
-            errors: p.errors,
-            last_purged: p.last_purged,
-            last_took_us: p.last_took_us,
-            last_error: p.last_error,
-            every_ms: p.every_ms,
-        }),
+        purge: guard.purge_stats(),
         ..api::Stats::default()
     };
     for verdict in Verdict::ALL {
-        *stats.outcomes.get_mut(outcome(verdict)) = observer.count(verdict);
-        *stats.rates_per_s.get_mut(outcome(verdict)) = observer.rate(verdict);
+        *stats.outcomes.get_mut(verdict) = observer.count(verdict);
+        *stats.rates_per_s.get_mut(verdict) = observer.rate(verdict);
     }
     json(&stats)
 }
@@ -141,7 +116,7 @@ pub(super) fn to_sse(event: &Event) -> SseEvent {
         Event::Decision(d) => api::Event::Decision(api::DecisionEvent {
             ts_ms: d.ts_ms,
             key: d.key.clone(),
-            outcome: outcome(d.outcome),
+            outcome: d.outcome,
             status: d.status,
             latency_us: d.latency_us,
             detail: d.detail.clone(),
