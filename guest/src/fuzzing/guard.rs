@@ -50,15 +50,7 @@ pub fn check_guard(data: &[u8]) {
             0..=2 => {
                 let key = input.name(KEYS, MAX_KEY_BYTES + 2);
                 let fingerprint = input.name(FINGERPRINTS, MAX_FINGERPRINT_BYTES + 2);
-                let policy = if input.u8() % 4 == 0 {
-                    input.policy()
-                } else {
-                    Policy {
-                        lease_ms: 100,
-                        retention_ms: 1_000,
-                        max_response_bytes: 64,
-                    }
-                };
+                let policy = input.call_policy();
                 let faulted = store.fail_next.is_some();
                 let result = guard::begin(&mut store, &key, &fingerprint, &policy);
                 if faulted && valid_inputs(&key, &fingerprint, &policy) {
@@ -139,18 +131,8 @@ pub fn check_guard(data: &[u8]) {
                 let Some(claim) = pick(&claims, &mut input) else {
                     continue;
                 };
-                let policy = if input.u8() % 4 == 0 {
-                    input.policy()
-                } else {
-                    Policy {
-                        lease_ms: 100,
-                        retention_ms: 1_000,
-                        max_response_bytes: 64,
-                    }
-                };
-                let current = before
-                    .get(&claim.key)
-                    .is_some_and(|e| e.version == claim.fence && e.record.is_live(store.now));
+                let policy = input.call_policy();
+                let current = is_current(&before, &claim, store.now);
                 let faulted = store.fail_next.is_some();
                 if op == 6 && check_policy(&policy).is_ok() {
                     // A renew whose reply is lost still writes this lease.
@@ -205,9 +187,7 @@ pub fn check_guard(data: &[u8]) {
                 let Some(claim) = pick(&claims, &mut input) else {
                     continue;
                 };
-                let current = before
-                    .get(&claim.key)
-                    .is_some_and(|e| e.version == claim.fence && e.record.is_live(store.now));
+                let current = is_current(&before, &claim, store.now);
                 let result = guard::release(&mut store, &claim);
                 assert!(result.is_err() || current, "a stale claim released");
                 if result.is_ok() {
@@ -225,6 +205,13 @@ pub fn check_guard(data: &[u8]) {
 
 fn pick(claims: &[Claim], input: &mut Input<'_>) -> Option<Claim> {
     (!claims.is_empty()).then(|| claims[usize::from(input.u8()) % claims.len()].clone())
+}
+
+/// Whether `claim` held its key in the store as it was before the operation.
+fn is_current(before: &HashMap<String, Entry>, claim: &Claim, now: u64) -> bool {
+    before
+        .get(&claim.key)
+        .is_some_and(|e| e.version == claim.fence && e.record.is_live(now))
 }
 
 fn check_store_invariants(store: &Map, before: &HashMap<String, Entry>, claims: &[Claim]) {

@@ -14,25 +14,11 @@ pub fn check_limits(data: &[u8]) {
     let text = input.string(300);
     let key_ok =
         !text.is_empty() && text.len() <= MAX_KEY_BYTES && !text.chars().any(char::is_control);
-    match check_key(&text) {
-        Ok(()) => assert!(key_ok, "key {text:?} accepted"),
-        Err(GuardError::InvalidInput(why)) => {
-            assert!(!key_ok, "key {text:?} refused: {why}");
-            assert!(why.contains("key"), "{why}");
-        }
-        Err(e) => panic!("{e}"),
-    }
+    check_text_verdict("key", &text, key_ok, check_key(&text));
     let fp_ok = !text.is_empty()
         && text.len() <= MAX_FINGERPRINT_BYTES
         && text.bytes().all(|b| (b'!'..=b'~').contains(&b));
-    match check_fingerprint(&text) {
-        Ok(()) => assert!(fp_ok, "fingerprint {text:?} accepted"),
-        Err(GuardError::InvalidInput(why)) => {
-            assert!(!fp_ok, "fingerprint {text:?} refused: {why}");
-            assert!(why.contains("fingerprint"), "{why}");
-        }
-        Err(e) => panic!("{e}"),
-    }
+    check_text_verdict("fingerprint", &text, fp_ok, check_fingerprint(&text));
     let policy = input.policy();
     let policy_ok = policy.lease_ms >= 1 && policy.lease_ms < policy.retention_ms;
     assert_eq!(check_policy(&policy).is_ok(), policy_ok, "{policy:?}");
@@ -52,6 +38,19 @@ pub fn check_limits(data: &[u8]) {
             let names_limit = why.contains(&format!("{size} bytes"))
                 || why.contains(&format!("status {}", response.status));
             assert!(names_limit, "{why}");
+        }
+        Err(e) => panic!("{e}"),
+    }
+}
+
+/// A check of `text` as a `what` accepts it exactly when `ok`, and a refusal
+/// is `invalid-input` naming `what`.
+fn check_text_verdict(what: &str, text: &str, ok: bool, verdict: Result<(), GuardError>) {
+    match verdict {
+        Ok(()) => assert!(ok, "{what} {text:?} accepted"),
+        Err(GuardError::InvalidInput(why)) => {
+            assert!(!ok, "{what} {text:?} refused: {why}");
+            assert!(why.contains(what), "{why}");
         }
         Err(e) => panic!("{e}"),
     }
