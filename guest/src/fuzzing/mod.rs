@@ -11,7 +11,7 @@ mod fingerprint;
 mod guard;
 mod input;
 mod limits;
-mod store;
+pub(crate) mod store;
 
 pub use decide::check_decide;
 pub use fingerprint::check_fingerprint_canonical;

@@ -1,20 +1,21 @@
 //! The store the `guard` check runs the guard over, with faults the input
-//! schedules.
+//! schedules; the guard's unit tests use it too, without faults.
 
 use std::collections::HashMap;
 
 use crate::guard::Primitives;
 use crate::model::{Entry, InsertOutcome, Record, StoreFailure};
 
-/// A store of one process's memory, with faults the input schedules.
+/// A store of one process's memory: the primitives' contract at its
+/// simplest, with the faults its user schedules.
 #[derive(Default)]
-pub(super) struct Map {
-    pub(super) now: u64,
-    pub(super) records: HashMap<String, Entry>,
+pub(crate) struct Map {
+    pub(crate) now: u64,
+    pub(crate) records: HashMap<String, Entry>,
     /// How many writes were applied.
-    pub(super) writes: usize,
+    pub(crate) writes: usize,
     /// The next store call fails (and, if `lost`, is applied first).
-    pub(super) fail_next: Option<bool>,
+    pub(crate) fail_next: Option<bool>,
 }
 
 impl Map {
