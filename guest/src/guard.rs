@@ -215,62 +215,7 @@ fn unavailable(op: &str, key: &str, failure: StoreFailure) -> GuardError {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::collections::HashMap;
-
-    /// The simplest store that keeps the primitives' contract.
-    #[derive(Default)]
-    struct Map {
-        now: u64,
-        records: HashMap<String, Entry>,
-        writes: usize,
-    }
-
-    impl Primitives for Map {
-        fn now_ms(&mut self) -> u64 {
-            self.now
-        }
-        fn insert(
-            &mut self,
-            key: &str,
-            record: &Record,
-            now: u64,
-        ) -> Result<InsertOutcome, StoreFailure> {
-            match self.records.get(key) {
-                Some(e) if e.record.is_live(now) => Ok(InsertOutcome::Existing(e.clone())),
-                old => {
-                    let version = old.map_or(1, |e| e.version + 1);
-                    self.records.insert(
-                        key.into(),
-                        Entry {
-                            record: record.clone(),
-                            version,
-                        },
-                    );
-                    self.writes += 1;
-                    Ok(InsertOutcome::Inserted(version))
-                }
-            }
-        }
-        fn replace(
-            &mut self,
-            key: &str,
-            expected: u64,
-            record: &Record,
-            now: u64,
-        ) -> Result<Option<u64>, StoreFailure> {
-            match self.records.get_mut(key) {
-                Some(e) if e.record.is_live(now) && e.version == expected => {
-                    *e = Entry {
-                        record: record.clone(),
-                        version: expected + 1,
-                    };
-                    self.writes += 1;
-                    Ok(Some(expected + 1))
-                }
-                _ => Ok(None),
-            }
-        }
-    }
+    use crate::fuzzing::store::Map;
 
     fn policy() -> Policy {
         Policy {

@@ -3,12 +3,14 @@
 //! The decision logic lives in plain modules ([`decide`], [`guard`],
 //! [`limits`], [`fingerprint`]) over plain types ([`model`]); on
 //! `wasm32` this file adds the generated bindings, `export!` and the
-//! conversions between the two, and nothing else.
+//! conversions between the two ([`wit_conversions!`], which the host
+//! expands over its own bindings too), and nothing else.
 
 #![cfg_attr(target_arch = "wasm32", no_std)]
 
 extern crate alloc;
 
+mod conversions;
 pub mod decide;
 pub mod fingerprint;
 pub mod guard;
@@ -125,13 +127,11 @@ mod component {
             record: &model::Record,
             now_ms: u64,
         ) -> Result<model::InsertOutcome, model::StoreFailure> {
-            match store::insert(key, &to_wit_record(record), now_ms) {
-                Ok(store::InsertOutcome::Inserted(v)) => Ok(model::InsertOutcome::Inserted(v)),
-                Ok(store::InsertOutcome::Existing(e)) => {
-                    Ok(model::InsertOutcome::Existing(from_wit_entry(e)))
-                }
-                Err(e) => Err(from_wit_failure(e)),
-            }
+            // The import borrows a record of its own types: the copy is the
+            // fingerprint and, when complete writes one, the response.
+            store::insert(key, &record.clone().into(), now_ms)
+                .map(Into::into)
+                .map_err(Into::into)
         }
 
         fn replace(
@@ -141,8 +141,8 @@ mod component {
             record: &model::Record,
             now_ms: u64,
         ) -> Result<Option<u64>, model::StoreFailure> {
-            store::replace(key, expected_version, &to_wit_record(record), now_ms)
-                .map_err(from_wit_failure)
+            store::replace(key, expected_version, &record.clone().into(), now_ms)
+                .map_err(Into::into)
         }
     }
 
@@ -156,14 +156,9 @@ mod component {
             if let Some(decision) = misbehave(&key) {
                 return Ok(decision);
             }
-            crate::guard::begin(
-                &mut ImportedStore,
-                &key,
-                &fingerprint,
-                &from_wit_policy(policy),
-            )
-            .map(to_wit_decision)
-            .map_err(to_wit_error)
+            crate::guard::begin(&mut ImportedStore, &key, &fingerprint, &policy.into())
+                .map(Into::into)
+                .map_err(Into::into)
         }
 
         fn complete(
@@ -173,25 +168,21 @@ mod component {
         ) -> Result<(), wit::GuardError> {
             crate::guard::complete(
                 &mut ImportedStore,
-                &from_wit_claim(claim),
-                from_wit_response(response),
-                &from_wit_policy(policy),
+                &claim.into(),
+                response.into(),
+                &policy.into(),
             )
-            .map_err(to_wit_error)
+            .map_err(Into::into)
         }
 
         fn release(claim: wit::Claim) -> Result<(), wit::GuardError> {
-            crate::guard::release(&mut ImportedStore, &from_wit_claim(claim)).map_err(to_wit_error)
+            crate::guard::release(&mut ImportedStore, &claim.into()).map_err(Into::into)
         }
 
         fn renew(claim: wit::Claim, policy: wit::Policy) -> Result<wit::Claim, wit::GuardError> {
-            crate::guard::renew(
-                &mut ImportedStore,
-                &from_wit_claim(claim),
-                &from_wit_policy(policy),
-            )
-            .map(to_wit_claim)
-            .map_err(to_wit_error)
+            crate::guard::renew(&mut ImportedStore, &claim.into(), &policy.into())
+                .map(Into::into)
+                .map_err(Into::into)
         }
 
         fn fingerprint(request: wit::RequestParts) -> String {
@@ -239,103 +230,5 @@ mod component {
         None
     }
 
-    fn to_wit_record(r: &model::Record) -> types::Record {
-        // The record is lowered by reference; only the response needs a copy,
-        // and only complete writes one.
-        types::Record {
-            fingerprint: r.fingerprint.clone(),
-            state: match r.state {
-                model::State::Processing => types::State::Processing,
-                model::State::Done => types::State::Done,
-            },
-            lease_until_ms: r.lease_until_ms,
-            expires_at_ms: r.expires_at_ms,
-            response: r.response.clone().map(to_wit_response),
-        }
-    }
-
-    fn from_wit_entry(e: types::Entry) -> model::Entry {
-        let r = e.record;
-        model::Entry {
-            record: model::Record {
-                fingerprint: r.fingerprint,
-                state: match r.state {
-                    types::State::Processing => model::State::Processing,
-                    types::State::Done => model::State::Done,
-                },
-                lease_until_ms: r.lease_until_ms,
-                expires_at_ms: r.expires_at_ms,
-                response: r.response.map(from_wit_response),
-            },
-            version: e.version,
-        }
-    }
-
-    fn to_wit_response(r: model::Response) -> types::Response {
-        types::Response {
-            status: r.status,
-            headers: r.headers,
-            body: r.body,
-        }
-    }
-
-    fn from_wit_response(r: types::Response) -> model::Response {
-        model::Response {
-            status: r.status,
-            headers: r.headers,
-            body: r.body,
-        }
-    }
-
-    fn from_wit_failure(e: store::StoreError) -> model::StoreFailure {
-        match e {
-            store::StoreError::Unavailable(why) => model::StoreFailure::Unavailable(why),
-            store::StoreError::Corrupt(why) => model::StoreFailure::Corrupt(why),
-        }
-    }
-
-    fn from_wit_policy(p: wit::Policy) -> model::Policy {
-        model::Policy {
-            lease_ms: p.lease_ms,
-            retention_ms: p.retention_ms,
-            max_response_bytes: p.max_response_bytes,
-        }
-    }
-
-    fn from_wit_claim(c: wit::Claim) -> model::Claim {
-        model::Claim {
-            key: c.key,
-            fingerprint: c.fingerprint,
-            fence: c.fence,
-            lease_until_ms: c.lease_until_ms,
-            expires_at_ms: c.expires_at_ms,
-        }
-    }
-
-    fn to_wit_claim(c: model::Claim) -> wit::Claim {
-        wit::Claim {
-            key: c.key,
-            fingerprint: c.fingerprint,
-            fence: c.fence,
-            lease_until_ms: c.lease_until_ms,
-            expires_at_ms: c.expires_at_ms,
-        }
-    }
-
-    fn to_wit_decision(d: model::Decision) -> wit::Decision {
-        match d {
-            model::Decision::Proceed(c) => wit::Decision::Proceed(to_wit_claim(c)),
-            model::Decision::Replay(r) => wit::Decision::Replay(to_wit_response(r)),
-            model::Decision::InFlight { retry_after_ms } => wit::Decision::InFlight(retry_after_ms),
-            model::Decision::Conflict => wit::Decision::Conflict,
-        }
-    }
-
-    fn to_wit_error(e: model::GuardError) -> wit::GuardError {
-        match e {
-            model::GuardError::Unavailable(why) => wit::GuardError::Unavailable(why),
-            model::GuardError::InvalidInput(why) => wit::GuardError::InvalidInput(why),
-            model::GuardError::StaleClaim(why) => wit::GuardError::StaleClaim(why),
-        }
-    }
+    crate::wit_conversions!(types: types, store: store, guard: wit);
 }

@@ -1,136 +1,200 @@
-//! Conversions between the types `bindgen!` generates and the plain model
-//! types, written once and expanded into each flavour's module (the async
-//! and the sync bindings generate distinct, identical types).
+//! The body both engine flavours share, written once and expanded into each
+//! flavour's module by `flavour!`: the `Instance` calls into the guard,
+//! the store and clock imports, the linking, and the conversions between
+//! the generated types and the model (`idem_guest::wit_conversions!`; the
+//! async and the sync bindings generate distinct, identical types).
 //!
-//! The expanding module must have in scope: `wit` (the exported guard
-//! interface), `wit_store` and `wit_types` (the imported interfaces).
-//! All moves: no string or body is copied.
+//! What differs between the flavours is in their own modules, and only that:
+//! - `bindings`: `bindgen!` with `async` imports and exports, or without;
+//! - `State`: the store the imports reach (`dyn Store` and a store timeout,
+//!   or `dyn SyncStore`);
+//! - `call_store!`: how an import calls that store (awaited within the store
+//!   timeout, or a plain call of the sync store);
+//! - `Instance::new`: `instantiate_async` or `instantiate`;
+//! - the tokens given to `flavour!`: `async` before each function that
+//!   calls into the guest or the store and `.await` after each such call,
+//!   or nothing — so the sync flavour stays plain calls, with no future
+//!   in between.
+//!
+//! The expanding module must have in scope: `bindings` (its `bindgen!`),
+//! `State`, `wit` (the exported guard interface), `wit_store` and
+//! `wit_types` (the imported interfaces), and `HostState`. The expansion
+//! brings `model` and `GuardError` into it.
 
-macro_rules! wit_glue {
-    () => {
-        use crate::store::StoreError;
+macro_rules! flavour {
+    (asyncness: [$($async:tt)?], awaiting: [$($await:tt)*], call_store: $call_store:ident $(,)?) => {
         use idem_guest::model::{self, GuardError};
 
-        #[allow(clippy::needless_pass_by_value)] // used as `map_err(to_wit_store_error)`
-        fn to_wit_store_error(e: StoreError) -> wit_store::StoreError {
-            match e {
-                StoreError::Unavailable { .. } => wit_store::StoreError::Unavailable(e.to_string()),
-                StoreError::Corrupt { .. } => wit_store::StoreError::Corrupt(e.to_string()),
-            }
-        }
+        idem_guest::wit_conversions!(types: wit_types, store: wit_store, guard: wit);
 
-        fn to_wit_insert_outcome(
-            r: Result<model::InsertOutcome, StoreError>,
-        ) -> Result<wit_store::InsertOutcome, wit_store::StoreError> {
-            match r {
-                Ok(model::InsertOutcome::Inserted(v)) => Ok(wit_store::InsertOutcome::Inserted(v)),
-                Ok(model::InsertOutcome::Existing(e)) => {
-                    Ok(wit_store::InsertOutcome::Existing(to_wit_entry(e)))
+        impl From<crate::store::StoreError> for wit_store::StoreError {
+            fn from(e: crate::store::StoreError) -> Self {
+                use crate::store::StoreError;
+                match e {
+                    StoreError::Unavailable { .. } => Self::Unavailable(e.to_string()),
+                    StoreError::Corrupt { .. } => Self::Corrupt(e.to_string()),
                 }
-                Err(e) => Err(to_wit_store_error(e)),
             }
         }
 
-        fn to_wit_entry(e: model::Entry) -> wit_types::Entry {
-            let r = e.record;
-            wit_types::Entry {
-                record: wit_types::Record {
-                    fingerprint: r.fingerprint,
-                    state: match r.state {
-                        model::State::Processing => wit_types::State::Processing,
-                        model::State::Done => wit_types::State::Done,
-                    },
-                    lease_until_ms: r.lease_until_ms,
-                    expires_at_ms: r.expires_at_ms,
-                    response: r.response.map(to_wit_response),
-                },
-                version: e.version,
+        impl From<&crate::RequestParts> for wit::RequestParts {
+            fn from(parts: &crate::RequestParts) -> Self {
+                Self {
+                    method: parts.method.clone(),
+                    path: parts.path.clone(),
+                    headers: parts.headers.clone(),
+                    body: parts.body.clone(),
+                }
             }
         }
 
-        fn from_wit_record(r: wit_types::Record) -> model::Record {
-            model::Record {
-                fingerprint: r.fingerprint,
-                state: match r.state {
-                    wit_types::State::Processing => model::State::Processing,
-                    wit_types::State::Done => model::State::Done,
-                },
-                lease_until_ms: r.lease_until_ms,
-                expires_at_ms: r.expires_at_ms,
-                response: r.response.map(from_wit_response),
+        impl HostState for State {
+            fn limits(&mut self) -> &mut wasmtime::StoreLimits {
+                &mut self.limits
             }
         }
 
-        fn to_wit_response(r: model::Response) -> wit_types::Response {
-            wit_types::Response {
-                status: r.status,
-                headers: r.headers,
-                body: r.body,
+        pub(super) type Pre = bindings::IdemPre<State>;
+
+        pub(super) fn link(
+            engine: &wasmtime::Engine,
+            component: &wasmtime::component::Component,
+        ) -> wasmtime::Result<Pre> {
+            let mut linker = wasmtime::component::Linker::<State>::new(engine);
+            bindings::Idem::add_to_linker::<_, wasmtime::component::HasSelf<_>>(
+                &mut linker,
+                |state| state,
+            )?;
+            Pre::new(linker.instantiate_pre(component)?)
+        }
+
+        pub(super) struct Instance {
+            store: wasmtime::Store<State>,
+            guard: bindings::Idem,
+        }
+
+        impl Instance {
+            pub(super) fn set_epoch_deadline(&mut self, ticks: u64) {
+                self.store.set_epoch_deadline(ticks);
+            }
+
+            pub(super) $($async)? fn begin(
+                &mut self,
+                key: &str,
+                fingerprint: &str,
+                policy: &model::Policy,
+            ) -> wasmtime::Result<Result<model::Decision, GuardError>> {
+                let Instance { store, guard } = self;
+                let r = guard
+                    .idem_guard_guard()
+                    .call_begin(store, key, fingerprint, (*policy).into())
+                    $($await)*?;
+                Ok(r.map(Into::into).map_err(Into::into))
+            }
+
+            /// The response comes back whatever happened.
+            pub(super) $($async)? fn complete(
+                &mut self,
+                claim: model::Claim,
+                response: model::Response,
+                policy: &model::Policy,
+            ) -> (model::Response, wasmtime::Result<Result<(), GuardError>>) {
+                let Instance { store, guard } = self;
+                let response: wit_types::Response = response.into();
+                let r = guard
+                    .idem_guard_guard()
+                    .call_complete(store, &claim.into(), &response, (*policy).into())
+                    $($await)*;
+                (response.into(), r.map(|r| r.map_err(Into::into)))
+            }
+
+            pub(super) $($async)? fn release(
+                &mut self,
+                claim: model::Claim,
+            ) -> wasmtime::Result<Result<(), GuardError>> {
+                let Instance { store, guard } = self;
+                let r = guard
+                    .idem_guard_guard()
+                    .call_release(store, &claim.into())
+                    $($await)*?;
+                Ok(r.map_err(Into::into))
+            }
+
+            pub(super) $($async)? fn renew(
+                &mut self,
+                claim: model::Claim,
+                policy: &model::Policy,
+            ) -> wasmtime::Result<Result<model::Claim, GuardError>> {
+                let Instance { store, guard } = self;
+                let r = guard
+                    .idem_guard_guard()
+                    .call_renew(store, &claim.into(), (*policy).into())
+                    $($await)*?;
+                Ok(r.map(Into::into).map_err(Into::into))
+            }
+
+            pub(super) $($async)? fn fingerprint(
+                &mut self,
+                parts: &crate::RequestParts,
+            ) -> wasmtime::Result<String> {
+                let Instance { store, guard } = self;
+                guard
+                    .idem_guard_guard()
+                    .call_fingerprint(store, &parts.into())
+                    $($await)*
             }
         }
 
-        fn from_wit_response(r: wit_types::Response) -> model::Response {
-            model::Response {
-                status: r.status,
-                headers: r.headers,
-                body: r.body,
+        impl wit_types::Host for State {}
+
+        impl bindings::idem::guard::clock::Host for State {
+            $($async)? fn now_ms(&mut self) -> u64 {
+                self.clock.now_ms()
             }
         }
 
-        fn to_wit_policy(p: &model::Policy) -> wit::Policy {
-            wit::Policy {
-                lease_ms: p.lease_ms,
-                retention_ms: p.retention_ms,
-                max_response_bytes: p.max_response_bytes,
+        impl wit_store::Host for State {
+            $($async)? fn get(
+                &mut self,
+                key: String,
+                now_ms: u64,
+            ) -> Result<Option<wit_types::Entry>, wit_store::StoreError> {
+                $call_store!(self.get(&key, now_ms))
+                    .map(|entry| entry.map(Into::into))
+                    .map_err(Into::into)
             }
-        }
 
-        fn to_wit_claim(c: model::Claim) -> wit::Claim {
-            wit::Claim {
-                key: c.key,
-                fingerprint: c.fingerprint,
-                fence: c.fence,
-                lease_until_ms: c.lease_until_ms,
-                expires_at_ms: c.expires_at_ms,
+            $($async)? fn insert(
+                &mut self,
+                key: String,
+                record: wit_types::Record,
+                now_ms: u64,
+            ) -> Result<wit_store::InsertOutcome, wit_store::StoreError> {
+                $call_store!(self.insert(&key, record.into(), now_ms))
+                    .map(Into::into)
+                    .map_err(Into::into)
             }
-        }
 
-        fn from_wit_claim(c: wit::Claim) -> model::Claim {
-            model::Claim {
-                key: c.key,
-                fingerprint: c.fingerprint,
-                fence: c.fence,
-                lease_until_ms: c.lease_until_ms,
-                expires_at_ms: c.expires_at_ms,
+            $($async)? fn replace(
+                &mut self,
+                key: String,
+                expected_version: u64,
+                record: wit_types::Record,
+                now_ms: u64,
+            ) -> Result<Option<u64>, wit_store::StoreError> {
+                $call_store!(self.replace(&key, expected_version, record.into(), now_ms))
+                    .map_err(Into::into)
             }
-        }
 
-        fn from_wit_decision(d: wit::Decision) -> model::Decision {
-            match d {
-                wit::Decision::Proceed(c) => model::Decision::Proceed(from_wit_claim(c)),
-                wit::Decision::Replay(r) => model::Decision::Replay(from_wit_response(r)),
-                wit::Decision::InFlight(ms) => model::Decision::InFlight { retry_after_ms: ms },
-                wit::Decision::Conflict => model::Decision::Conflict,
-            }
-        }
-
-        fn from_wit_error(e: wit::GuardError) -> GuardError {
-            match e {
-                wit::GuardError::Unavailable(why) => GuardError::Unavailable(why),
-                wit::GuardError::InvalidInput(why) => GuardError::InvalidInput(why),
-                wit::GuardError::StaleClaim(why) => GuardError::StaleClaim(why),
-            }
-        }
-
-        fn to_wit_parts(parts: &crate::RequestParts) -> wit::RequestParts {
-            wit::RequestParts {
-                method: parts.method.clone(),
-                path: parts.path.clone(),
-                headers: parts.headers.clone(),
-                body: parts.body.clone(),
+            $($async)? fn delete(
+                &mut self,
+                key: String,
+                expected_version: Option<u64>,
+            ) -> Result<bool, wit_store::StoreError> {
+                $call_store!(self.delete(&key, expected_version)).map_err(Into::into)
             }
         }
     };
 }
 
-pub(super) use wit_glue;
+pub(super) use flavour;

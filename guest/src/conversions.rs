@@ -1,0 +1,100 @@
+//! The conversions between the types generated from `wit/` and the plain
+//! [`model`](crate::model) types, written once for both sides of the
+//! component boundary.
+//!
+//! wit-bindgen (the guest, on `wasm32`) and wasmtime's `bindgen!` (the host,
+//! once per engine flavour) generate types of the same shape from the same
+//! WIT: records with the same fields, variants with the same cases. So one
+//! list of fields or cases per type, in [`wit_conversions!`], gives the
+//! `From` impls both ways on either side; each side uses its half. All
+//! moves: no string or body is copied.
+
+/// Implements `From` both ways between each model type and the type
+/// generated for it, in the module that invokes it.
+///
+/// `types`, `store` and `guard` name the modules, in scope where it is
+/// invoked, that hold the generated types of the `types`, `store` and
+/// `guard` interfaces.
+#[macro_export]
+macro_rules! wit_conversions {
+    (types: $types:ident, store: $store:ident, guard: $guard:ident $(,)?) => {
+        $crate::wit_conversions!(@record $crate::model::Response = $types::Response {
+            status, headers, body
+        });
+        $crate::wit_conversions!(@variant $crate::model::State = $types::State {
+            Processing, Done
+        });
+        $crate::wit_conversions!(@record $crate::model::Record = $types::Record {
+            fingerprint, state, lease_until_ms, expires_at_ms; optional response
+        });
+        $crate::wit_conversions!(@record $crate::model::Entry = $types::Entry {
+            record, version
+        });
+        $crate::wit_conversions!(@variant $crate::model::StoreFailure = $store::StoreError {
+            Unavailable(why), Corrupt(why)
+        });
+        $crate::wit_conversions!(@variant $crate::model::InsertOutcome = $store::InsertOutcome {
+            Inserted(version), Existing(entry)
+        });
+        $crate::wit_conversions!(@record $crate::model::Policy = $guard::Policy {
+            lease_ms, retention_ms, max_response_bytes
+        });
+        $crate::wit_conversions!(@record $crate::model::Claim = $guard::Claim {
+            key, fingerprint, fence, lease_until_ms, expires_at_ms
+        });
+        // WIT cases carry their value unnamed; the model names `retry_after_ms`.
+        $crate::wit_conversions!(@variant $crate::model::Decision = $guard::Decision {
+            Proceed(claim), Replay(response), InFlight { retry_after_ms }, Conflict
+        });
+        $crate::wit_conversions!(@variant $crate::model::GuardError = $guard::GuardError {
+            Unavailable(why), InvalidInput(why), StaleClaim(why)
+        });
+    };
+
+    // A record: field by field, an `optional` field inside its option.
+    (@record $model:ty = $wit:ty {
+        $($field:ident),+ $(; optional $($optional:ident),+)?
+    }) => {
+        $crate::wit_conversions!(@record_into $model => $wit { $($field),+ ; $($($optional),+)? });
+        $crate::wit_conversions!(@record_into $wit => $model { $($field),+ ; $($($optional),+)? });
+    };
+    (@record_into $from:ty => $to:ty { $($field:ident),+ ; $($optional:ident),* }) => {
+        // A field of the same type on both sides goes through `into` too.
+        #[allow(clippy::useless_conversion)]
+        impl From<$from> for $to {
+            fn from(value: $from) -> Self {
+                Self {
+                    $($field: value.$field.into(),)+
+                    $($optional: value.$optional.map(Into::into),)*
+                }
+            }
+        }
+    };
+
+    // A variant: case by case, a case's value converted; a model case may
+    // name the value that the WIT case carries unnamed (`Case { name }`).
+    (@variant $model:ty = $wit:ty {
+        $($case:ident $(($inner:ident))? $({ $named:ident })?),+ $(,)?
+    }) => {
+        #[allow(clippy::useless_conversion)]
+        impl From<$model> for $wit {
+            fn from(value: $model) -> Self {
+                type Model = $model;
+                match value {
+                    $(Model::$case $(($inner))? $({ $named })? =>
+                        Self::$case $(($inner.into()))? $(($named.into()))?,)+
+                }
+            }
+        }
+        #[allow(clippy::useless_conversion)]
+        impl From<$wit> for $model {
+            fn from(value: $wit) -> Self {
+                type Wit = $wit;
+                match value {
+                    $(Wit::$case $(($inner))? $(($named))? =>
+                        Self::$case $(($inner.into()))? $({ $named: $named.into() })?,)+
+                }
+            }
+        }
+    };
+}

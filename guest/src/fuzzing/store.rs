@@ -1,0 +1,90 @@
+//! The store the `guard` check runs the guard over, with faults the input
+//! schedules; the guard's unit tests use it too, without faults.
+
+use std::collections::HashMap;
+
+use crate::guard::Primitives;
+use crate::model::{Entry, InsertOutcome, Record, StoreFailure};
+
+/// A store of one process's memory: the primitives' contract at its
+/// simplest, with the faults its user schedules.
+#[derive(Default)]
+pub(crate) struct Map {
+    pub(crate) now: u64,
+    pub(crate) records: HashMap<String, Entry>,
+    /// How many writes were applied.
+    pub(crate) writes: usize,
+    /// The next store call fails (and, if `lost`, is applied first).
+    pub(crate) fail_next: Option<bool>,
+}
+
+impl Map {
+    fn fault(&mut self) -> Option<bool> {
+        self.fail_next.take()
+    }
+}
+
+impl Primitives for Map {
+    fn now_ms(&mut self) -> u64 {
+        self.now
+    }
+
+    fn insert(
+        &mut self,
+        key: &str,
+        record: &Record,
+        now: u64,
+    ) -> Result<InsertOutcome, StoreFailure> {
+        let fault = self.fault();
+        if fault == Some(false) {
+            return Err(StoreFailure::Unavailable("injected".into()));
+        }
+        let outcome = match self.records.get(key) {
+            Some(e) if e.record.is_live(now) => InsertOutcome::Existing(e.clone()),
+            old => {
+                let version = old.map_or(1, |e| e.version + 1);
+                self.records.insert(
+                    key.into(),
+                    Entry {
+                        record: record.clone(),
+                        version,
+                    },
+                );
+                self.writes += 1;
+                InsertOutcome::Inserted(version)
+            }
+        };
+        if fault == Some(true) {
+            return Err(StoreFailure::Unavailable("reply lost".into()));
+        }
+        Ok(outcome)
+    }
+
+    fn replace(
+        &mut self,
+        key: &str,
+        expected: u64,
+        record: &Record,
+        now: u64,
+    ) -> Result<Option<u64>, StoreFailure> {
+        let fault = self.fault();
+        if fault == Some(false) {
+            return Err(StoreFailure::Corrupt("injected".into()));
+        }
+        let outcome = match self.records.get_mut(key) {
+            Some(e) if e.record.is_live(now) && e.version == expected => {
+                *e = Entry {
+                    record: record.clone(),
+                    version: expected + 1,
+                };
+                self.writes += 1;
+                Some(expected + 1)
+            }
+            _ => None,
+        };
+        if fault == Some(true) {
+            return Err(StoreFailure::Unavailable("reply lost".into()));
+        }
+        Ok(outcome)
+    }
+}
