@@ -150,7 +150,10 @@ pub trait Store: Send + Sync + 'static {
     async fn list(&self, query: &ListQuery, now_ms: u64) -> Result<Vec<(String, Entry)>>;
 
     /// Frees the space of up to `limit` expired records; returns how many.
-    /// Reads never depend on it.
+    /// Reads never depend on it. Fewer than `limit` means this call found no
+    /// more expired by `now_ms` (the [`Purger`] stops there), so a store that
+    /// goes on between calls from where the last stopped (memory, Redis) must
+    /// have looked at every record within the short call itself.
     async fn purge_expired(&self, now_ms: u64, limit: usize) -> Result<usize>;
 
     /// Whether the store frees expired records by itself (Redis, by the
