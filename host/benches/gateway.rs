@@ -35,6 +35,10 @@ struct Args {
     /// Stores to measure through the gateway, comma-separated.
     #[arg(long, default_value = "memory:,sqlite:", value_delimiter = ',')]
     stores: Vec<String>,
+    /// A process whose CPU time to count per request beside the bench's own
+    /// (e.g. the Redis server's pid, `pgrep -f 'redis-server.*:6379'`).
+    #[arg(long, value_name = "PID")]
+    server_pid: Option<u32>,
     /// Also write the results as Markdown here.
     #[arg(long, value_name = "FILE")]
     out: Option<std::path::PathBuf>,
@@ -67,21 +71,26 @@ async fn run(args: Args) -> anyhow::Result<()> {
             .await
     });
 
-    let mut rows: Vec<(Figures, Figures)> = Vec::new();
+    let mut rows: Vec<(Figures, Figures, Cpu)> = Vec::new();
+    let server_pid = args.server_pid.map(|pid| pid.to_string());
     let mut measure_both = async |name: &str, target: Target| -> anyhow::Result<()> {
         let single = measure(name, &target, 1, args.duration.min(Duration::from_secs(2))).await?;
+        let before = Cpu::now(server_pid.as_deref());
         let many = measure(name, &target, args.connections, args.duration).await?;
+        let cpu = Cpu::now(server_pid.as_deref()).since(&before, many.requests);
         eprintln!(
-            "{name:<32} c=1 p50 {:>5} µs p99 {:>5} µs | c={} {:>8.0} req/s p50 {:>5} µs p99 {:>6} µs errors {}",
+            "{name:<32} c=1 p50 {:>5} µs p99 {:>5} µs | c={} {:>8.0} req/s p50 {:>5} µs p99 {:>6} µs errors {} | CPU µs/req bench {:.0} server {:.0}",
             single.percentile(0.5),
             single.percentile(0.99),
             args.connections,
             many.rps(),
             many.percentile(0.5),
             many.percentile(0.99),
-            many.errors
+            many.errors,
+            cpu.bench_us,
+            cpu.server_us,
         );
-        rows.push((single, many));
+        rows.push((single, many, cpu));
         Ok(())
     };
     measure_both(
@@ -153,34 +162,40 @@ async fn run(args: Args) -> anyhow::Result<()> {
     Ok(())
 }
 
-fn report(rows: &[(Figures, Figures)], connections: usize, duration: Duration) -> String {
+fn report(rows: &[(Figures, Figures, Cpu)], connections: usize, duration: Duration) -> String {
     let mut text = String::new();
     let _ = writeln!(
         text,
-        "| scenario | c=1 p50 µs | c=1 p99 µs | c={connections} req/s | c={connections} p50 µs | c={connections} p99 µs | errors |"
+        "| scenario | c=1 p50 µs | c=1 p99 µs | c={connections} req/s | c={connections} p50 µs | c={connections} p99 µs | errors | CPU µs/req, bench | CPU µs/req, server |"
     );
-    let _ = writeln!(text, "|---|---:|---:|---:|---:|---:|---:|");
-    for (single, many) in rows {
+    let _ = writeln!(text, "|---|---:|---:|---:|---:|---:|---:|---:|---:|");
+    for (single, many, cpu) in rows {
         let _ = writeln!(
             text,
-            "| {} | {} | {} | {:.0} | {} | {} | {} |",
+            "| {} | {} | {} | {:.0} | {} | {} | {} | {:.1} | {:.1} |",
             single.name,
             single.percentile(0.5),
             single.percentile(0.99),
             many.rps(),
             many.percentile(0.5),
             many.percentile(0.99),
-            single.errors + many.errors
+            single.errors + many.errors,
+            cpu.bench_us,
+            cpu.server_us,
         );
     }
-    let find = |prefix: &str| rows.iter().find(|(s, _)| s.name.starts_with(prefix));
+    let find = |prefix: &str| {
+        rows.iter()
+            .find(|(s, _, _)| s.name.starts_with(prefix))
+            .map(|(s, m, _)| (s, m))
+    };
     if let (Some((rtt, _)), Some((direct, direct_many))) = (find("loopback"), find("direct")) {
         let _ = writeln!(
             text,
             "\nTargets (p50 at c=1: gateway − direct ≤ one loopback round trip + 50 µs; throughput ≥ 50% of direct):\n"
         );
         let proxy = find(PROXY_ALONE);
-        for (single, many) in rows.iter().filter(|(s, _)| s.name.starts_with("gateway")) {
+        for (single, many, _) in rows.iter().filter(|(s, _, _)| s.name.starts_with("gateway")) {
             let added = i64::from(single.percentile(0.5)) - i64::from(direct.percentile(0.5));
             let budget = i64::from(rtt.percentile(0.5)) + 50;
             let share = many.rps() / direct_many.rps() * 100.0;
@@ -212,7 +227,9 @@ fn report(rows: &[(Figures, Figures)], connections: usize, duration: Duration) -
     }
     let _ = writeln!(
         text,
-        "\n{} s per throughput run, {connections} connections, loopback, one process.",
+        "\n{} s per throughput run, {connections} connections, loopback, one process. CPU µs/req: \
+         the CPU time (user + system) the bench process (load, gateway and ledger together) and the \
+         `--server-pid` process spent during the c={connections} run, over the requests answered.",
         duration.as_secs_f64()
     );
     text
@@ -237,6 +254,46 @@ async fn start_gateway(
     let addr = listener.local_addr()?;
     let serving = tokio::spawn(idem::server::run(gateway, listener, None, stopped(stop)));
     Ok((addr, serving))
+}
+
+/// CPU time spent, per request answered, by this process and by the
+/// `--server-pid` one (0 without it), from `/proc/PID/stat`.
+#[derive(Default)]
+struct Cpu {
+    ticks_bench: u64,
+    ticks_server: u64,
+    bench_us: f64,
+    server_us: f64,
+}
+
+impl Cpu {
+    fn now(server: Option<&str>) -> Cpu {
+        Cpu {
+            ticks_bench: cpu_ticks("self").unwrap_or(0),
+            ticks_server: server.and_then(cpu_ticks).unwrap_or(0),
+            ..Cpu::default()
+        }
+    }
+
+    fn since(self, before: &Cpu, requests: u64) -> Cpu {
+        // USER_HZ: 100 ticks a second on Linux.
+        let per_request = |ticks: u64| ticks as f64 * 10_000.0 / requests.max(1) as f64;
+        Cpu {
+            bench_us: per_request(self.ticks_bench.saturating_sub(before.ticks_bench)),
+            server_us: per_request(self.ticks_server.saturating_sub(before.ticks_server)),
+            ..self
+        }
+    }
+}
+
+/// utime + stime of a process, in clock ticks.
+fn cpu_ticks(pid: &str) -> Option<u64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // Fields after the command name (which may hold spaces, inside parentheses).
+    let rest = &stat[stat.rfind(')')? + 2..];
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    // utime and stime are fields 14 and 15 of the line, 12 and 13 here.
+    Some(fields.get(11)?.parse::<u64>().ok()? + fields.get(12)?.parse::<u64>().ok()?)
 }
 
 /// The row of the gateway forwarding keyless requests, unguarded.
