@@ -6,7 +6,11 @@
 #
 #   scripts/gateway-instructions.sh [IDEM_BINARY]   # default: target/release/idem
 #
-# Runs `idem ledger` natively and `idem serve --store memory:` under
+# IDEM_STORE picks the gateway's store (default `memory:`; e.g.
+# `redis://127.0.0.1:6379?prefix=cg:`); CALLGRIND_KEEP=DIR keeps the two
+# profiles there (new.cg, replay.cg) for `callgrind_annotate --inclusive=yes`.
+#
+# Runs `idem ledger` natively and `idem serve --store $IDEM_STORE` under
 # valgrind; after 100 warm-up requests and 50 placed keys, counts 1,000
 # sequential keep-alive POSTs with fresh keys, then 1,000 replays of the 50.
 # The keys' length moves the count (the body is hashed in 64-byte blocks),
@@ -19,7 +23,7 @@ cd "$work"
 free_port() { python3 -c 'import socket;s=socket.socket();s.bind(("127.0.0.1",0));print(s.getsockname()[1])'; }
 ledger=$(free_port); gateway=$(free_port); admin=$(free_port)
 "$bin" ledger --listen "127.0.0.1:$ledger" >/dev/null 2>&1 &
-valgrind --tool=callgrind --callgrind-out-file="$work/cg.%p" "$bin" serve --store memory: \
+valgrind --tool=callgrind --callgrind-out-file="$work/cg.%p" "$bin" serve --store "${IDEM_STORE:-memory:}" \
   --listen "127.0.0.1:$gateway" --admin-listen "127.0.0.1:$admin" \
   --upstream "http://127.0.0.1:$ledger" >/dev/null 2>"$work/valgrind.log" &
 served=$!
@@ -48,4 +52,5 @@ for kind in new replay; do
   file=$(grep -l "Trigger: dump $kind" "$work"/cg.* | head -1)
   total=$(grep -m1 '^summary:' "$file" | cut -d' ' -f2)
   echo "$kind: $((total / 1000)) instructions per request ($total for 1000)"
+  if [ -n "${CALLGRIND_KEEP:-}" ]; then cp "$file" "$CALLGRIND_KEEP/$kind.cg"; fi
 done

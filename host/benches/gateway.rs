@@ -79,7 +79,7 @@ async fn run(args: Args) -> anyhow::Result<()> {
         let many = measure(name, &target, args.connections, args.duration).await?;
         let cpu = Cpu::now(server_pid.as_deref()).since(&before, many.requests);
         eprintln!(
-            "{name:<32} c=1 p50 {:>5} µs p99 {:>5} µs | c={} {:>8.0} req/s p50 {:>5} µs p99 {:>6} µs errors {} | CPU µs/req bench {:.0} server {:.0}",
+            "{name:<32} c=1 p50 {:>5} µs p99 {:>5} µs | c={} {:>8.0} req/s p50 {:>5} µs p99 {:>6} µs errors {} | CPU µs/req bench {:.0} user + {:.0} system, server {:.0}",
             single.percentile(0.5),
             single.percentile(0.99),
             args.connections,
@@ -87,7 +87,8 @@ async fn run(args: Args) -> anyhow::Result<()> {
             many.percentile(0.5),
             many.percentile(0.99),
             many.errors,
-            cpu.bench_us,
+            cpu.user_us,
+            cpu.system_us,
             cpu.server_us,
         );
         rows.push((single, many, cpu));
@@ -166,13 +167,13 @@ fn report(rows: &[(Figures, Figures, Cpu)], connections: usize, duration: Durati
     let mut text = String::new();
     let _ = writeln!(
         text,
-        "| scenario | c=1 p50 µs | c=1 p99 µs | c={connections} req/s | c={connections} p50 µs | c={connections} p99 µs | errors | CPU µs/req, bench | CPU µs/req, server |"
+        "| scenario | c=1 p50 µs | c=1 p99 µs | c={connections} req/s | c={connections} p50 µs | c={connections} p99 µs | errors | CPU µs/req, bench user | bench system | server |"
     );
-    let _ = writeln!(text, "|---|---:|---:|---:|---:|---:|---:|---:|---:|");
+    let _ = writeln!(text, "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
     for (single, many, cpu) in rows {
         let _ = writeln!(
             text,
-            "| {} | {} | {} | {:.0} | {} | {} | {} | {:.1} | {:.1} |",
+            "| {} | {} | {} | {:.0} | {} | {} | {} | {:.1} | {:.1} | {:.1} |",
             single.name,
             single.percentile(0.5),
             single.percentile(0.99),
@@ -180,7 +181,8 @@ fn report(rows: &[(Figures, Figures, Cpu)], connections: usize, duration: Durati
             many.percentile(0.5),
             many.percentile(0.99),
             single.errors + many.errors,
-            cpu.bench_us,
+            cpu.user_us,
+            cpu.system_us,
             cpu.server_us,
         );
     }
@@ -228,7 +230,7 @@ fn report(rows: &[(Figures, Figures, Cpu)], connections: usize, duration: Durati
     let _ = writeln!(
         text,
         "\n{} s per throughput run, {connections} connections, loopback, one process. CPU µs/req: \
-         the CPU time (user + system) the bench process (load, gateway and ledger together) and the \
+         the CPU time (user, system) the bench process (load, gateway and ledger together) and the \
          `--server-pid` process spent during the c={connections} run, over the requests answered.",
         duration.as_secs_f64()
     );
@@ -256,44 +258,53 @@ async fn start_gateway(
     Ok((addr, serving))
 }
 
-/// CPU time spent, per request answered, by this process and by the
-/// `--server-pid` one (0 without it), from `/proc/PID/stat`.
+/// CPU time spent, per request answered, by this process (user and
+/// system apart) and by the `--server-pid` one (0 without it), from
+/// `/proc/PID/stat`.
 #[derive(Default)]
 struct Cpu {
-    ticks_bench: u64,
+    ticks_user: u64,
+    ticks_system: u64,
     ticks_server: u64,
-    bench_us: f64,
+    user_us: f64,
+    system_us: f64,
     server_us: f64,
 }
 
 impl Cpu {
     fn now(server: Option<&str>) -> Cpu {
+        let (user, system) = cpu_ticks("self").unwrap_or_default();
+        let (server_user, server_system) = server.and_then(cpu_ticks).unwrap_or_default();
         Cpu {
-            ticks_bench: cpu_ticks("self").unwrap_or(0),
-            ticks_server: server.and_then(cpu_ticks).unwrap_or(0),
+            ticks_user: user,
+            ticks_system: system,
+            ticks_server: server_user + server_system,
             ..Cpu::default()
         }
     }
 
     fn since(self, before: &Cpu, requests: u64) -> Cpu {
         // USER_HZ: 100 ticks a second on Linux.
-        let per_request = |ticks: u64| ticks as f64 * 10_000.0 / requests.max(1) as f64;
+        let per_request = |now: u64, then: u64| {
+            now.saturating_sub(then) as f64 * 10_000.0 / requests.max(1) as f64
+        };
         Cpu {
-            bench_us: per_request(self.ticks_bench.saturating_sub(before.ticks_bench)),
-            server_us: per_request(self.ticks_server.saturating_sub(before.ticks_server)),
+            user_us: per_request(self.ticks_user, before.ticks_user),
+            system_us: per_request(self.ticks_system, before.ticks_system),
+            server_us: per_request(self.ticks_server, before.ticks_server),
             ..self
         }
     }
 }
 
-/// utime + stime of a process, in clock ticks.
-fn cpu_ticks(pid: &str) -> Option<u64> {
+/// (utime, stime) of a process, in clock ticks.
+fn cpu_ticks(pid: &str) -> Option<(u64, u64)> {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
     // Fields after the command name (which may hold spaces, inside parentheses).
     let rest = &stat[stat.rfind(')')? + 2..];
     let fields: Vec<&str> = rest.split_whitespace().collect();
     // utime and stime are fields 14 and 15 of the line, 12 and 13 here.
-    Some(fields.get(11)?.parse::<u64>().ok()? + fields.get(12)?.parse::<u64>().ok()?)
+    Some((fields.get(11)?.parse().ok()?, fields.get(12)?.parse().ok()?))
 }
 
 /// The row of the gateway forwarding keyless requests, unguarded.
