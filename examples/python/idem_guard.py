@@ -237,6 +237,7 @@ class Guard:
         path = Path(component or os.environ.get("IDEM_COMPONENT") or DEFAULT_COMPONENT)
         self._guest = _binding(binding).load(path)
         self._instance: Any = None
+        self._renewer = _Renewer(self)
         self._instantiate()  # fail at load, not at the first request
 
     def _instantiate(self) -> Any:
@@ -279,8 +280,8 @@ class Guard:
         """Runs `handler(fence)` at most once per key and fingerprint within the
         retention window and replays its response to every repeat.
 
-        While the handler runs, a thread renews its claim's lease every third
-        of the lease, so a handler slower than the lease is
+        While the handler runs, the guard's renewal thread renews its claim's
+        lease every third of the lease, so a handler slower than the lease is
         not taken over and run a second time (`renew_lease=False` turns this
         off). A renewal the store cannot answer is tried again at the next
         tick; one refused as stale (the claim was taken over) stops the
@@ -302,7 +303,7 @@ class Guard:
             return Outcome("in-flight", retry_after_ms=value)
         if kind == "conflict":
             return Outcome("conflict")
-        held = _Held(self, value)
+        held = self._renewer.hold(value) if self.renew_lease else _Held(value)
         try:
             response = _normalized(handler(value.fence))
         except BaseException:
@@ -321,29 +322,79 @@ class Guard:
 
 
 class _Held:
-    """A claim whose lease a thread renews until `stop()`, which returns the latest claim."""
+    """A claim whose lease may be renewed meanwhile; `stop()` returns the latest claim."""
 
-    def __init__(self, guard: Guard, claim: Claim):
+    def __init__(self, claim: Claim, renewer: Optional["_Renewer"] = None, due: float = 0.0):
         self.claim = claim
-        self._guard = guard
-        self._stop = threading.Event()
-        self._thread: Optional[threading.Thread] = None
-        if guard.renew_lease:
-            self._thread = threading.Thread(target=self._renew, name="idem-renew", daemon=True)
-            self._thread.start()
-
-    def _renew(self) -> None:
-        every = max(1, self._guard.policy.lease_ms // 3) / 1000
-        while not self._stop.wait(every):
-            try:
-                self.claim = self._guard.renew(self.claim)
-            except GuardError as e:
-                if e.kind != "unavailable":
-                    return  # taken over: the completion will be refused too
-                # the lease may still hold: try at the next tick
+        self.due = due  # time.monotonic() of the next renewal
+        self.stopped = False
+        self.lock = threading.Lock()  # held across a renewal, so `stop` waits for one under way
+        self._renewer = renewer
 
     def stop(self) -> Claim:
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join()
-        return self.claim
+        if self._renewer is not None:
+            self._renewer.drop(self)
+        with self.lock:
+            self.stopped = True
+            return self.claim
+
+
+class _Renewer:
+    """One thread per guard renews every held claim each third of the lease.
+
+    A handler that returns before its first renewal (the usual case) costs a
+    dict entry, not a thread: the thread starts at the first `hold` and exits
+    after a third of a lease with nothing held. All claims of one guard share
+    one interval, so a new claim is never due before the thread's next wake-up
+    and `hold` need not wake it.
+    """
+
+    def __init__(self, guard: Guard):
+        self._guard = guard
+        self._every = max(1, guard.policy.lease_ms // 3) / 1000
+        self._cond = threading.Condition()
+        self._held: dict[int, _Held] = {}
+        self._thread: Optional[threading.Thread] = None
+
+    def hold(self, claim: Claim) -> _Held:
+        held = _Held(claim, self, time.monotonic() + self._every)
+        with self._cond:
+            self._held[id(held)] = held
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, name="idem-renew", daemon=True)
+                self._thread.start()
+        return held
+
+    def drop(self, held: _Held) -> None:
+        with self._cond:
+            self._held.pop(id(held), None)
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                now = time.monotonic()
+                if not self._held:
+                    self._cond.wait(self._every)
+                    if not self._held:
+                        self._thread = None
+                        return
+                    continue
+                due = [h for h in self._held.values() if h.due <= now]
+                if not due:
+                    self._cond.wait(min(h.due for h in self._held.values()) - now)
+                    continue
+            for held in due:
+                self._renew(held)
+
+    def _renew(self, held: _Held) -> None:
+        with held.lock:
+            if held.stopped:
+                return
+            held.due = time.monotonic() + self._every
+            try:
+                held.claim = self._guard.renew(held.claim)
+            except GuardError as e:
+                if e.kind != "unavailable":
+                    held.stopped = True  # taken over: the completion will be refused too
+                    self.drop(held)
+                # unavailable: the lease may still hold, try at the next tick

@@ -168,3 +168,14 @@ def test_a_renewal_the_store_fails_is_tried_again_before_the_lease_runs_out() ->
     assert executions == ["first"]
     assert repeat.kind == "in-flight"
     assert outcome.kind == "executed"
+
+
+def test_run_arms_one_renewal_thread_per_guard_not_one_per_call() -> None:
+    guard = Guard.load(store=MemoryStore(), lease_ms=30_000, retention_ms=60_000)
+    guard.run("first", "fp", lambda _: Response(200, [], b"ok"))
+    thread = guard._renewer._thread
+    assert thread is not None and thread.name == "idem-renew"
+    for i in range(50):
+        assert guard.run(f"k{i}", "fp", lambda _: Response(200, [], b"ok")).kind == "executed"
+    assert guard._renewer._thread is thread, "fast handlers share the guard's one renewal thread"
+    assert not guard._renewer._held, "every claim was let go"
