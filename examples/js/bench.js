@@ -1,21 +1,82 @@
-// The cost of one guarded call in Node.js — begin then complete on a new key,
-// through the component, over the Map store — as ns/op, for
-// examples/bench-hosts.sh. `node bench.js [OPS]`
+// The cost of one guarded call in Node.js, through the component, over the
+// Map store, with each binding: `jco` (jco 1.35's transpiled glue, the binding
+// before issue 17) and `abi` (idem-abi.js, the guard's). Rounds alternate the
+// bindings so a busy machine slows both alike; the median round is printed
+// (wall-clock and this process's CPU time per call: on a shared machine the
+// two part when the process waits for a core), then the ratio. For
+// examples/bench-hosts.sh. `node bench.js [OPS] [ROUNDS]`
+//
+// - begin+complete: a new key, as examples/bench-hosts.sh compares across hosts.
+// - run: `guard.run` on a new key with lease renewal armed (the default).
+// - replay: `begin` on a completed key.
 
 import { Guard, MemoryStore } from './idem.js';
+import { jcoGuest } from './jco-guest.js';
 
 const ops = Number(process.argv[2] ?? 20_000);
-const guard = Guard.load({ store: new MemoryStore() });
+const rounds = Number(process.argv[3] ?? 5);
 const response = { status: 200, headers: [['content-type', 'text/plain']], body: 'paid' };
+// The jco glue is an order of magnitude slower: a quarter of the ops is plenty.
+const bindings = {
+  jco: { guest: await jcoGuest(), what: 'jco 1.35 glue', ops: Math.max(5_000, Math.floor(ops / 4)) },
+  abi: { guest: undefined, what: 'idem-abi.js', ops },
+};
 
-function call(i) {
-  const decision = guard.begin(`order-${i}`, 'sku=A&qty=1');
+function beginComplete(guard, key) {
+  const decision = guard.begin(key, 'sku=A&qty=1');
   if (decision.tag !== 'proceed') throw new Error(`a new key must proceed, got ${decision.tag}`);
   guard.complete(decision.val, response);
 }
 
-for (let i = 0; i < ops / 10; i++) call(`warm-${i}`);
-const start = process.hrtime.bigint();
-for (let i = 0; i < ops; i++) call(i);
-const ns = Number(process.hrtime.bigint() - start) / ops;
-console.log(`node    ${process.version.padEnd(17)} begin+complete  ${ops} ops  ${Math.round(ns)} ns/op`);
+async function run(guard, key) {
+  if ((await guard.run(key, 'sku=A&qty=1', async () => response)).outcome !== 'executed') throw new Error('a new key must execute');
+}
+
+function replay(guard) {
+  if (guard.begin('done', 'sku=A&qty=1').tag !== 'replay') throw new Error('a completed key must replay');
+}
+
+const calls = { 'begin+complete': beginComplete, run, replay };
+
+async function measure({ guest, ops }, call, round) {
+  const guard = Guard.load({ store: new MemoryStore(), guest });
+  beginComplete(guard, 'done');
+  const fn = calls[call];
+  for (let i = 0; i < Math.max(2_000, ops / 10); i++) await fn(guard, `warm-${round}-${i}`); // JIT-compiled before timing
+  const cpu = process.cpuUsage();
+  const start = process.hrtime.bigint();
+  if (call === 'run') for (let i = 0; i < ops; i++) await fn(guard, `order-${round}-${i}`);
+  else for (let i = 0; i < ops; i++) fn(guard, `order-${round}-${i}`);
+  const wall = Number(process.hrtime.bigint() - start) / ops;
+  const { user, system } = process.cpuUsage(cpu);
+  return { wall, cpu: ((user + system) * 1000) / ops };
+}
+
+const results = new Map();
+for (let round = 0; round < rounds; round++) {
+  for (const call of Object.keys(calls)) {
+    const order = round % 2 === 0 ? Object.keys(bindings) : Object.keys(bindings).reverse();
+    for (const binding of order) {
+      const key = `${binding} ${call}`;
+      results.set(key, [...(results.get(key) ?? []), await measure(bindings[binding], call, round)]);
+    }
+  }
+}
+
+const median = (xs) => [...xs].sort((a, b) => a - b)[Math.floor(xs.length / 2)];
+const wall = (key) => median(results.get(key).map((r) => r.wall));
+const cpu = (key) => median(results.get(key).map((r) => r.cpu));
+const ns = (n) => Math.round(n).toString().padStart(9);
+for (const [binding, { what, ops }] of Object.entries(bindings)) {
+  for (const call of Object.keys(calls)) {
+    const key = `${binding} ${call}`;
+    console.log(
+      `node    ${process.version.padEnd(17)} ${call.padEnd(15)} ${String(ops).padStart(6)} ops  ${ns(wall(key))} ns/op  ${ns(cpu(key))} cpu-ns/op  (${binding}: ${what}, median of ${rounds})`,
+    );
+  }
+}
+for (const call of Object.keys(calls)) {
+  const ratio = wall(`jco ${call}`) / wall(`abi ${call}`);
+  const cpuRatio = cpu(`jco ${call}`) / cpu(`abi ${call}`);
+  console.log(`node    jco/abi           ${call.padEnd(15)} ${ratio.toFixed(1).padStart(6)}x wall  ${cpuRatio.toFixed(1).padStart(6)}x cpu`);
+}
