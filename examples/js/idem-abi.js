@@ -378,9 +378,13 @@ class Instance {
     }
   }
 
-  /** Linear memory as it is now: call after the guest ran (it may have grown). */
+  /**
+   * Linear memory as it is now: call after the guest ran (it may have grown).
+   * Growing detaches the old ArrayBuffer, so a view of length 0 is stale: that
+   * check is cheaper than reading `memory.buffer` each time.
+   */
   #view() {
-    if (this.memory.buffer !== this.#buffer) {
+    if (this.#u8 === null || this.#u8.length === 0) {
       this.#buffer = this.memory.buffer;
       this.#u8 = new Uint8Array(this.#buffer);
       this.#dv = new DataView(this.#buffer);
@@ -400,8 +404,14 @@ class Instance {
   }
 
   #putBytes(bytes) {
-    const ptr = this.#alloc(1, bytes.length);
-    this.#u8.set(bytes, ptr);
+    const length = bytes.length;
+    const ptr = this.#alloc(1, length);
+    if (length > 32) {
+      this.#u8.set(bytes, ptr);
+    } else {
+      const u8 = this.#u8; // a loop beats `set`'s fixed cost for a short header value or body
+      for (let i = 0; i < length; i++) u8[ptr + i] = bytes[i];
+    }
     return ptr;
   }
 

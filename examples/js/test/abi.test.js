@@ -139,3 +139,15 @@ test('the layouts are the canonical ABI’s', () => {
   assert.deepEqual([RECORD.size, ENTRY.size, INSERT_RESULT.size], [56, 64, 80]);
   assert.deepEqual(RECORD.flat, ['i32', 'i32', 'i32', 'i64', 'i64', 'i32', 'i32', 'i32', 'i32', 'i32', 'i32']);
 });
+
+test('a response larger than the guest’s memory grows it and replays byte for byte', () => {
+  const guard = Guard.load({ store: new MemoryStore(), clock: new ManualClock(1_000), maxResponseBytes: 8 << 20, renewLease: false });
+  const body = Uint8Array.from({ length: 3 << 20 }, (_, i) => (i * 7) & 0xff); // past the 1.1 MB the guest starts with
+  const headers = [['x-big', body.subarray(0, 70_000)]];
+  const claim = guard.begin('big', 'fp').val;
+  guard.complete(claim, { status: 200, headers, body });
+  const replay = guard.begin('big', 'fp');
+  assert.equal(replay.tag, 'replay');
+  assert.ok(Buffer.from(replay.val.body).equals(body) && Buffer.from(replay.val.headers[0][1]).equals(headers[0][1]));
+  assert.equal(guard.replaced, 0);
+});
