@@ -340,6 +340,19 @@ export class Guest {
 }
 
 const decoder = new TextDecoder('utf-8', { fatal: true });
+const MAX_U64 = 2n ** 64n - 1n;
+
+// Range checks where a JS value would otherwise wrap silently on its way to
+// a core parameter (ToBigInt64, ToInt32), as jco's glue checks too.
+function checkedU64(v) {
+  if (typeof v !== 'bigint' || v < 0n || v > MAX_U64) throw new RangeError(`${v} is not a u64`);
+  return v;
+}
+
+function checkedU32(v) {
+  if (!(Number.isInteger(v) && v >= 0 && v <= 0xffffffff)) throw new RangeError(`${v} is not a u32`);
+  return v;
+}
 
 /**
  * One instance of the guest over one store and clock. After anything thrown
@@ -417,6 +430,7 @@ class Instance {
 
   /** A string as UTF-8 in guest memory; its byte length is left in `#len`. */
   #putString(s) {
+    if (typeof s !== 'string') throw new TypeError(`expected a string, got ${typeof s}`);
     const chars = s.length;
     let ascii = true;
     for (let i = 0; i < chars; i++) {
@@ -541,7 +555,7 @@ class Instance {
     const kl = this.#len;
     const fp = this.#putString(fingerprint);
     const fl = this.#len;
-    const ret = this.beginExport(kp, kl, fp, fl, policy.leaseMs, policy.retentionMs, policy.maxResponseBytes) >>> 0;
+    const ret = this.beginExport(kp, kl, fp, fl, checkedU64(policy.leaseMs), checkedU64(policy.retentionMs), checkedU32(policy.maxResponseBytes)) >>> 0;
     const dv = this.#view();
     let value;
     if (BEGIN_RESULT.caseOf(dv.getUint8(ret)) === 'err') {
@@ -567,9 +581,9 @@ class Instance {
     const bp = this.#putBytes(response.body);
     const ret =
       this.completeExport(
-        kp, kl, fp, fl, claim.fence, claim.leaseUntilMs, claim.expiresAtMs,
+        kp, kl, fp, fl, checkedU64(claim.fence), checkedU64(claim.leaseUntilMs), checkedU64(claim.expiresAtMs),
         status, hp, response.headers.length, bp, response.body.length,
-        policy.leaseMs, policy.retentionMs, policy.maxResponseBytes,
+        checkedU64(policy.leaseMs), checkedU64(policy.retentionMs), checkedU32(policy.maxResponseBytes),
       ) >>> 0;
     this.#view();
     const value = this.#unit(ret);
@@ -582,7 +596,7 @@ class Instance {
     const kl = this.#len;
     const fp = this.#putString(claim.fingerprint);
     const fl = this.#len;
-    const ret = this.releaseExport(kp, kl, fp, fl, claim.fence, claim.leaseUntilMs, claim.expiresAtMs) >>> 0;
+    const ret = this.releaseExport(kp, kl, fp, fl, checkedU64(claim.fence), checkedU64(claim.leaseUntilMs), checkedU64(claim.expiresAtMs)) >>> 0;
     this.#view();
     const value = this.#unit(ret);
     this.releasePost(ret);
@@ -595,7 +609,10 @@ class Instance {
     const fp = this.#putString(claim.fingerprint);
     const fl = this.#len;
     const ret =
-      this.renewExport(kp, kl, fp, fl, claim.fence, claim.leaseUntilMs, claim.expiresAtMs, policy.leaseMs, policy.retentionMs, policy.maxResponseBytes) >>> 0;
+      this.renewExport(
+        kp, kl, fp, fl, checkedU64(claim.fence), checkedU64(claim.leaseUntilMs), checkedU64(claim.expiresAtMs),
+        checkedU64(policy.leaseMs), checkedU64(policy.retentionMs), checkedU32(policy.maxResponseBytes),
+      ) >>> 0;
     const dv = this.#view();
     const value =
       RENEW_RESULT.caseOf(dv.getUint8(ret)) === 'ok' ? this.#claim(ret + RENEW_RESULT.payload) : this.#failure(ret + RENEW_RESULT.payload);

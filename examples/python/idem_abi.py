@@ -511,6 +511,8 @@ class Instance:
         return (*self._put(writes, c.key.encode()), *self._put(writes, c.fingerprint.encode()), c.fence, c.lease_until_ms, c.expires_at_ms)
 
     def _response_params(self, writes: list, r: Response) -> tuple[int, ...]:
+        if not 0 <= r.status <= 0xFFFF:  # a u16 travels in an i32: the guest would truncate it
+            raise ValueError(f"status {r.status} is not a u16")
         return (r.status, *self._put_headers(writes, r.headers), *self._put(writes, bytes(r.body)))
 
     # Lifting: the guest's memory into Python values (copied: the guest frees it in post-return).

@@ -72,6 +72,10 @@ def _claim(r: WitRecord) -> Claim:
 
 
 def _to_response(r: Response) -> WitRecord:
+    # wasmtime-py 50.0.1 lowers a u16 without a range check: status 65_736
+    # would be stored as 200. Refuse it as the static binding (and jco) do.
+    if not 0 <= r.status <= 0xFFFF:
+        raise ValueError(f"status {r.status} is not a u16")
     return _wit(status=r.status, headers=[(n, bytes(v)) for n, v in r.headers], body=bytes(r.body))
 
 

@@ -139,3 +139,14 @@ def test_a_response_larger_than_the_guests_memory_grows_it_and_replays_byte_for_
     guard.complete(claim, Response(200, headers, body))
     assert guard.begin("big", "fp") == ("replay", Response(200, headers, body))
     assert guard.replaced == 0
+
+
+@pytest.mark.parametrize("binding", ["static", "dynamic"])
+def test_a_status_over_u16_fails_closed_instead_of_wrapping_to_200(binding: str) -> None:
+    store = MemoryStore()
+    guard = Guard.load(store=store, clock=ManualClock(1_000), renew_lease=False, binding=binding)
+    _, claim = guard.begin("k", "fp")
+    with pytest.raises(GuardError) as err:
+        guard.complete(claim, Response(65_536 + 200, [], b"x"))  # 200 if an i32 were cut to a u16
+    assert err.value.kind == "unavailable"
+    assert store.peek("k", 1_000).record.state == "processing", "nothing was stored"

@@ -151,3 +151,14 @@ test('a response larger than the guest’s memory grows it and replays byte for 
   assert.ok(Buffer.from(replay.val.body).equals(body) && Buffer.from(replay.val.headers[0][1]).equals(headers[0][1]));
   assert.equal(guard.replaced, 0);
 });
+
+test('values out of their WIT range fail closed instead of wrapping', () => {
+  const store = new MemoryStore();
+  const guard = Guard.load({ store, clock: new ManualClock(1_000), renewLease: false });
+  const claim = guard.begin('k', 'fp').val;
+  // 65_736 would be 200 cut to a u16; -1n would be u64::MAX as an i64.
+  assert.throws(() => guard.complete(claim, { status: 65_536 + 200, body: 'x' }), (e) => e instanceof GuardError && e.kind === 'unavailable');
+  assert.throws(() => guard.complete({ ...claim, fence: -1n }, { status: 200, body: 'x' }), (e) => e instanceof GuardError && e.kind === 'unavailable');
+  assert.throws(() => guard.begin(42, 'fp'), (e) => e instanceof GuardError && e.kind === 'unavailable');
+  assert.equal(store.peek('k', 1_000).record.state, 'processing', 'nothing was stored');
+});
