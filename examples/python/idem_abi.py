@@ -26,8 +26,14 @@ signatures are computed from it with the canonical ABI's rules, and
 `Guest.load` compares every computed signature with the core module's: a
 component whose types moved (a field added to `record`, a new export) is
 refused at load, not mis-read at run time. Moving to the next contract: edit
-the mirror, the `CONTRACT` version and the few hand-written lift/lower
-functions that name fields.
+the mirror, `VERSION` and the few hand-written lift/lower functions that
+name fields.
+
+What it takes from wasmtime-py beyond its public API, all pinned by
+requirements.txt (wasmtime==50.0.1) and exercised by every test: the library
+handle and C types of `wasmtime._bindings`, `Func._from_raw`, `Func._func`,
+`Memory._memory`, `Store._context()`, `FuncType.ptr()`, `Trap._from_ptr`,
+`WasmtimeError._from_ptr` and `Trap._consume`.
 """
 
 from __future__ import annotations
@@ -45,7 +51,12 @@ from wasmtime import _bindings as capi  # wasmtime-py's ctypes prototypes of was
 
 from idem_types import Claim, Entry, Failure, Policy, Record, Response, StoreFault
 
-CONTRACT = "idem:guard/{}@0.1.0"
+VERSION = "0.1.0"
+
+
+def contract(interface: str) -> str:
+    """The name an interface of the contract has in the component: `idem:guard/store@0.1.0`."""
+    return f"idem:guard/{interface}@{VERSION}"
 
 
 class AbiViolation(Exception):
@@ -250,8 +261,9 @@ _RECORD_HEAD = _fields(RECORD, "fingerprint", "state", "lease_until_ms", "expire
 _VERSION = struct.Struct("<Q")
 _DISC = struct.Struct("<B")
 _PTR_LEN = struct.Struct("<II")
-_U64_AT_PAYLOAD = struct.Struct("<B" + "x" * (8 - 1) + "Q")  # an option<u64> or a u64 case: disc, payload at 8
-assert DECISION.payload == Option(U64).payload == INSERT_OUTCOME.payload == 8
+# `inserted(u64)` and `option<u64>`: a discriminant, then the u64 at the payload offset (8 for both).
+assert INSERT_OUTCOME.payload == Option(U64).payload
+_U64_AT_PAYLOAD = struct.Struct(f"<B{INSERT_OUTCOME.payload - 1}xQ")
 
 # Where the payloads sit, from the layouts above.
 _BEGIN_OK = BEGIN_RESULT.payload  # the decision
@@ -319,13 +331,13 @@ class Guest:
         self.module = module
         exports = {e.name: e.type for e in module.exports}
         for name, (params, results) in EXPORTS.items():
-            self._check(exports, CONTRACT.format("guard") + "#" + name, params, results)
-            self._check(exports, "cabi_post_" + CONTRACT.format("guard") + "#" + name, ["i32"], [])
+            self._check(exports, contract("guard") + "#" + name, params, results)
+            self._check(exports, "cabi_post_" + contract("guard") + "#" + name, ["i32"], [])
         self._check(exports, "cabi_realloc", ["i32"] * 4, ["i32"])
         self.imports = []
         for imp in module.imports:
-            iface = imp.module.split("/")[-1].removesuffix("@0.1.0")
-            if imp.module != CONTRACT.format(iface) or (iface, imp.name) not in IMPORTS:
+            iface = imp.module.split("/")[-1].removesuffix(f"@{VERSION}")
+            if imp.module != contract(iface) or (iface, imp.name) not in IMPORTS:
                 raise AbiViolation(f"the component imports {imp.module} {imp.name}, which this binding does not provide")
             self._check({imp.name: imp.type}, imp.name, *IMPORTS[(iface, imp.name)])
             self.imports.append((iface, imp.name))
@@ -436,8 +448,8 @@ class Instance:
         self._mem = memoryview(b"")
         self._exports = {}
         for name, (params, results) in EXPORTS.items():
-            self._exports[name] = _Export(exports[CONTRACT.format("guard") + "#" + name], params, results)
-            self._exports["post-" + name] = _Export(exports["cabi_post_" + CONTRACT.format("guard") + "#" + name], ["i32"], [])
+            self._exports[name] = _Export(exports[contract("guard") + "#" + name], params, results)
+            self._exports["post-" + name] = _Export(exports["cabi_post_" + contract("guard") + "#" + name], ["i32"], [])
         self._realloc = _Export(exports["cabi_realloc"], ["i32"] * 4, ["i32"])
 
     # Calls into the guest.
