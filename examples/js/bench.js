@@ -1,25 +1,29 @@
 // The cost of one guarded call in Node.js, through the component, over the
 // Map store, with each binding: `jco` (jco 1.35's transpiled glue, the binding
-// before issue 17) and `abi` (idem-abi.js, the guard's). Rounds alternate the
-// bindings so a busy machine slows both alike; the median round is printed
-// (wall-clock and this process's CPU time per call: on a shared machine the
-// two part when the process waits for a core), then the ratio. For
-// examples/bench-hosts.sh. `node bench.js [OPS] [ROUNDS]`
+// before issue 17) and `abi` (idem-abi.js, the guard's). Each measurement runs
+// in a child process of its own, so one binding's JIT feedback and heap do not
+// slow the other; rounds alternate the bindings so a busy machine slows both
+// alike. The median round is printed (wall-clock and the child's CPU time per
+// call: on a shared machine the two part when the process waits for a core),
+// then the ratio. For examples/bench-hosts.sh. `node bench.js [OPS] [ROUNDS]`
 //
 // - begin+complete: a new key, as examples/bench-hosts.sh compares across hosts.
 // - run: `guard.run` on a new key with lease renewal armed (the default).
 // - replay: `begin` on a completed key.
 
+import { execFileSync } from 'node:child_process';
+import { fileURLToPath } from 'node:url';
 import { Guard, MemoryStore } from './idem.js';
 import { jcoGuest } from './jco-guest.js';
 
+const child = process.argv[2] === '--child';
 const ops = Number(process.argv[2] ?? 20_000);
 const rounds = Number(process.argv[3] ?? 5);
 const response = { status: 200, headers: [['content-type', 'text/plain']], body: 'paid' };
 // The jco glue is an order of magnitude slower: a quarter of the ops is plenty.
 const bindings = {
-  jco: { guest: await jcoGuest(), what: 'jco 1.35 glue', ops: Math.max(5_000, Math.floor(ops / 4)) },
-  abi: { guest: undefined, what: 'idem-abi.js', ops },
+  jco: { guest: () => jcoGuest(), what: 'jco 1.35 glue', ops: Math.max(5_000, Math.floor(ops / 4)) },
+  abi: { guest: async () => undefined, what: 'idem-abi.js', ops },
 };
 
 function beginComplete(guard, key) {
@@ -38,11 +42,13 @@ function replay(guard) {
 
 const calls = { 'begin+complete': beginComplete, run, replay };
 
-async function measure({ guest, ops }, call, round) {
+async function measure(guest, call, ops, round) {
   const guard = Guard.load({ store: new MemoryStore(), guest });
   beginComplete(guard, 'done');
   const fn = calls[call];
-  for (let i = 0; i < Math.max(2_000, ops / 10); i++) await fn(guard, `warm-${round}-${i}`); // JIT-compiled before timing
+  // A fresh process needs tens of thousands of calls before the wasm is tiered
+  // up from Liftoff and the JS optimized: the first 20,000 cost twice the next.
+  for (let i = 0; i < Math.max(10_000, 2 * ops); i++) await fn(guard, `warm-${round}-${i}`);
   const cpu = process.cpuUsage();
   const start = process.hrtime.bigint();
   if (call === 'run') for (let i = 0; i < ops; i++) await fn(guard, `order-${round}-${i}`);
@@ -52,13 +58,21 @@ async function measure({ guest, ops }, call, round) {
   return { wall, cpu: ((user + system) * 1000) / ops };
 }
 
+if (child) {
+  // node bench.js --child BINDING CALL OPS ROUND: one measurement, as JSON.
+  const [binding, call, n, round] = process.argv.slice(3);
+  console.log(JSON.stringify(await measure(await bindings[binding].guest(), call, Number(n), Number(round))));
+  process.exit(0);
+}
+
 const results = new Map();
 for (let round = 0; round < rounds; round++) {
   for (const call of Object.keys(calls)) {
     const order = round % 2 === 0 ? Object.keys(bindings) : Object.keys(bindings).reverse();
     for (const binding of order) {
+      const args = [fileURLToPath(import.meta.url), '--child', binding, call, String(bindings[binding].ops), String(round)];
       const key = `${binding} ${call}`;
-      results.set(key, [...(results.get(key) ?? []), await measure(bindings[binding], call, round)]);
+      results.set(key, [...(results.get(key) ?? []), JSON.parse(execFileSync(process.execPath, args, { encoding: 'utf8' }))]);
     }
   }
 }
