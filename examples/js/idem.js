@@ -184,6 +184,7 @@ export function toResponse({ status, headers = [], body }) {
 }
 
 export class Guard {
+  #renewer = null;
   #guest;
   #store;
   #clock;
@@ -329,18 +330,56 @@ export class Guard {
 
   /** Keeps renewing `claim`'s lease until `stop()`; `claim` is always the latest. */
   #hold(claim) {
-    const held = { claim, stop: () => {} };
-    if (!this.renewLease) return held;
-    const every = Math.max(1, Math.floor(Number(this.policy.leaseMs) / 3));
-    const timer = setInterval(() => {
+    if (!this.renewLease) return { claim, stop() {} };
+    this.#renewer ??= new Renewer(this, Math.max(1, Math.floor(Number(this.policy.leaseMs) / 3)));
+    return this.#renewer.hold(claim);
+  }
+}
+
+/**
+ * Renews the claims a guard's `run` holds, each a third of a lease after its
+ * claim or last renewal, on one timer per guard armed for the earliest one
+ * due: a handler that returns before its first renewal (the usual case)
+ * costs a Set entry, not a timer of its own. All claims of a guard share one
+ * interval, so a new claim is never due before the armed timer fires. The
+ * timer is unref'd: it never keeps the process alive by itself.
+ */
+class Renewer {
+  #guard;
+  #every;
+  #held = new Set();
+  #timer = null;
+
+  constructor(guard, everyMs) {
+    this.#guard = guard;
+    this.#every = everyMs;
+  }
+
+  hold(claim) {
+    const held = { claim, due: Date.now() + this.#every, stop: () => this.#held.delete(held) };
+    this.#held.add(held);
+    if (!this.#timer) this.#arm(this.#every);
+    return held;
+  }
+
+  #arm(ms) {
+    this.#timer = setTimeout(() => this.#tick(), ms);
+    this.#timer.unref();
+  }
+
+  #tick() {
+    this.#timer = null;
+    const now = Date.now();
+    for (const held of [...this.#held]) {
+      if (held.due > now) continue;
+      held.due = now + this.#every;
       try {
-        held.claim = this.renew(held.claim);
+        held.claim = this.#guard.renew(held.claim);
       } catch (e) {
         // Unavailable: the lease may still hold, try at the next tick.
-        if (!(e instanceof GuardError && e.kind === 'unavailable')) clearInterval(timer);
+        if (!(e instanceof GuardError && e.kind === 'unavailable')) this.#held.delete(held);
       }
-    }, every);
-    held.stop = () => clearInterval(timer);
-    return held;
+    }
+    if (this.#held.size > 0) this.#arm(Math.max(1, Math.min(...Array.from(this.#held, (h) => h.due)) - now));
   }
 }
