@@ -349,6 +349,9 @@ function checkedU64(v) {
   return v;
 }
 
+/** A u64 from the i64 core value it arrived as (negative above 2^63). */
+const unsigned = (v) => (v < 0n ? BigInt.asUintN(64, v) : v);
+
 function checkedU32(v) {
   if (!(Number.isInteger(v) && v >= 0 && v <= 0xffffffff)) throw new RangeError(`${v} is not a u32`);
   return v;
@@ -375,7 +378,7 @@ class Instance {
     this.store = store;
     this.clock = clock;
     const handlers = {
-      'clock/now-ms': () => BigInt.asIntN(64, BigInt(clock.nowMs())),
+      'clock/now-ms': () => clock.nowMs(), // a BigInt; wasm's i64 takes it modulo 2^64
       'store/insert': (...flat) => this.#insert(...flat),
       'store/replace': (...flat) => this.#replace(...flat),
     };
@@ -647,8 +650,8 @@ class Instance {
     return {
       fingerprint: this.#string(fp >>> 0, fl >>> 0),
       state: STATE.caseOf(state),
-      leaseUntilMs: BigInt.asUintN(64, leaseUntilMs),
-      expiresAtMs: BigInt.asUintN(64, expiresAtMs),
+      leaseUntilMs: unsigned(leaseUntilMs),
+      expiresAtMs: unsigned(expiresAtMs),
       response,
     };
   }
@@ -670,7 +673,7 @@ class Instance {
     const record = this.#record(fp, fl, state, leaseUntilMs, expiresAtMs, hasResponse, status, hp, hn, bp, bn);
     let outcome;
     try {
-      outcome = this.store.insert(key, record, BigInt.asUintN(64, nowMs));
+      outcome = this.store.insert(key, record, unsigned(nowMs));
     } catch (e) {
       return this.#storeError(ret, INSERT_RESULT, e);
     }
@@ -723,7 +726,7 @@ class Instance {
     const record = this.#record(fp, fl, state, leaseUntilMs, expiresAtMs, hasResponse, status, hp, hn, bp, bn);
     let version;
     try {
-      version = this.store.replace(key, BigInt.asUintN(64, expectedVersion), record, BigInt.asUintN(64, nowMs));
+      version = this.store.replace(key, unsigned(expectedVersion), record, unsigned(nowMs));
     } catch (e) {
       return this.#storeError(ret, REPLACE_RESULT, e);
     }
