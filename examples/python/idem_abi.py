@@ -365,7 +365,10 @@ _next_env = itertools.count(1)
 # `wasmtime_func_unchecked_callback_t`, with its pointers as plain ints.
 @ctypes.CFUNCTYPE(ctypes.c_size_t, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t)
 def _trampoline(env: int, caller: int, values: int, count: int) -> int:
-    instance, handler, params = _HOST_FUNCS[env]
+    try:
+        instance, handler, params = _HOST_FUNCS[env]
+    except KeyError:  # never expected; an exception escaping a ctypes callback would read as success
+        return _trap(f"no host function {env}")
     return Instance._host_call(instance(), caller, values, handler, params)
 
 
@@ -639,8 +642,8 @@ class Instance:
         (raised again from the export call that was running)."""
         if self is None:
             return _trap("the instance was dropped")
-        self._ctx = _caller_context(caller)  # calls made meanwhile go through the caller
         try:
+            self._ctx = _caller_context(caller)  # calls made meanwhile go through the caller
             handler(self, values, params.unpack(ctypes.string_at(values, params.size)))
             return 0
         except BaseException as e:
