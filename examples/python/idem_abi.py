@@ -180,8 +180,8 @@ def import_signature(params: Sequence[Type], result: Optional[Type]) -> tuple[li
 # --- the WIT, mirrored: the one place the layouts come from ----------------
 
 # wit/types.wit
-RESPONSE = Rec(("status", U16), ("headers", Str(Tuple(STRING, Str(U8)))), ("body", Str(U8)))
 HEADER = Tuple(STRING, Str(U8))  # an element of `response.headers` and `request-parts.headers`
+RESPONSE = Rec(("status", U16), ("headers", Str(HEADER)), ("body", Str(U8)))
 STATE = Enum("processing", "done")
 RECORD = Rec(
     ("fingerprint", STRING),
