@@ -1,21 +1,27 @@
 // The idem guard component hosted in Node.js.
 //
-// The component (the very bytes `idem component --out FILE` writes, transpiled
-// by jco into ./gen) makes every decision; this file gives it a clock and a
-// store, and wraps its four calls in `Guard.run`, which runs a handler at
-// most once per key and replays its response to every repeat.
+// The component (the very bytes `idem component --out FILE` writes) makes
+// every decision; this file gives it a clock and a store, and wraps its four
+// calls in `Guard.run`, which runs a handler at most once per key and replays
+// its response to every repeat.
 //
 //   const guard = Guard.load({ store: new MemoryStore() });
 //   const outcome = await guard.run('order-1', 'sku=A&qty=1', async (fence) => charge());
 //
-// Conventions of jco (1.35) this relies on: a `result<T, E>` export returns T
-// or throws a `ComponentError` whose own `payload` is E; a `result<T, E>`
-// import returns T, or throws a value with an own `payload` property holding
-// E (any other thrown `Error` is a host bug and traps the instance); u64 is a
-// BigInt; `option<T>` is `undefined` or T; a variant is `{ tag, val }`.
+// The binding that runs the component is `idem-abi.js` (its core module with
+// the canonical ABI of this WIT written once, a few microseconds a call); the
+// jco-transpiled glue (`jco-guest.js`, pass `guest: await jcoGuest()`) is the
+// reference the tests check it against. Values either way: u64 is a BigInt;
+// `option<T>` is `undefined` or T; a variant is `{ tag, val }`; records have
+// camelCase fields; `list<u8>` is a Uint8Array. A store signals a failure the
+// guard should see (`store-error`) by throwing a value with an own `payload`
+// property holding it (`StoreError`); anything else it throws is a host bug
+// and traps the instance.
 
-import { readFileSync } from 'node:fs';
-import { instantiate } from './gen/idem.js';
+import { fileURLToPath } from 'node:url';
+import { Failure, Guest } from './idem-abi.js';
+
+const DEFAULT_COMPONENT = fileURLToPath(new URL('../../target/idem-guard.wasm', import.meta.url));
 
 const encoder = new TextEncoder();
 
@@ -44,15 +50,15 @@ export class NotRecordedError extends Error {
 }
 
 /**
- * A store failure as the guard sees it. Thrown from a store function, jco
- * hands its `payload` to the component as `store-error` — the guard then
- * fails closed with `unavailable`.
+ * A store failure as the guard sees it. Thrown from a store function, the
+ * binding hands its `payload` to the component as `store-error` — the guard
+ * then fails closed with `unavailable`.
  */
 export class StoreError extends Error {
   constructor(kind, message) {
     super(message);
     this.name = 'StoreError';
-    // An own property: jco's `getErrorPayload` looks for exactly this.
+    // An own property: idem-abi.js and jco's `getErrorPayload` look for exactly this.
     this.payload = { tag: kind, val: message };
   }
 }
@@ -125,10 +131,10 @@ export class MemoryStore {
 
   insert(key, record, nowMs) {
     return this.#apply('insert', () => {
-      const live = this.#live(key, nowMs);
-      if (live) return { tag: 'existing', val: live };
+      const old = this.#records.get(key);
+      if (old && nowMs < old.record.expiresAtMs) return { tag: 'existing', val: old };
       // An expired record's version carries on, so an old fence never matches again.
-      const version = (this.#records.get(key)?.version ?? 0n) + 1n;
+      const version = (old?.version ?? 0n) + 1n;
       this.#records.set(key, { record, version });
       return { tag: 'inserted', val: version };
     });
@@ -158,22 +164,18 @@ export class MemoryStore {
   }
 }
 
-const coreModules = new Map();
-
-/** Compiles the transpiled component's core modules once per process. */
-function coreModule(dir, name) {
-  const path = new URL(name, dir);
-  let module = coreModules.get(path.href);
-  if (!module) {
-    module = new WebAssembly.Module(readFileSync(path));
-    coreModules.set(path.href, module);
-  }
-  return module;
-}
-
 function bytes(value) {
   if (value === undefined || value === null) return new Uint8Array();
-  return typeof value === 'string' ? encoder.encode(value) : value;
+  if (typeof value !== 'string') return value;
+  // ASCII (most header values and many bodies) byte for byte: TextEncoder
+  // costs more than the whole call into the component for a short string.
+  const out = new Uint8Array(value.length);
+  for (let i = 0; i < value.length; i++) {
+    const c = value.charCodeAt(i);
+    if (c > 0x7f) return encoder.encode(value);
+    out[i] = c;
+  }
+  return out;
 }
 
 /** A response as the component stores it: status, headers in order, body bytes. */
@@ -182,8 +184,10 @@ export function toResponse({ status, headers = [], body }) {
 }
 
 export class Guard {
-  #dir;
-  #imports;
+  #renewer = null;
+  #guest;
+  #store;
+  #clock;
   #instance = null;
 
   /**
@@ -194,7 +198,8 @@ export class Guard {
    * @param {number} options.retentionMs how long keys are remembered (default 24 h)
    * @param {number} options.maxResponseBytes the largest stored response (default 1 MiB)
    * @param {boolean} options.renewLease whether `run` renews the claim's lease while its handler runs (default true)
-   * @param {URL} options.dir where jco wrote the transpiled component (default ./gen/)
+   * @param {string} options.component the component file (default `$IDEM_COMPONENT`, else target/idem-guard.wasm)
+   * @param {object} options.guest the binding that runs it (default `Guest.load(component)` from idem-abi.js)
    */
   static load(options = {}) {
     return new Guard(options);
@@ -207,52 +212,38 @@ export class Guard {
     retentionMs = 24 * 60 * 60 * 1000,
     maxResponseBytes = 1 << 20,
     renewLease = true,
-    dir = new URL('./gen/', import.meta.url),
+    component = process.env.IDEM_COMPONENT || DEFAULT_COMPONENT,
+    guest = Guest.load(component),
   } = {}) {
     this.store = store;
     this.clock = clock;
     this.policy = { leaseMs: BigInt(leaseMs), retentionMs: BigInt(retentionMs), maxResponseBytes };
     this.renewLease = renewLease;
     this.replaced = 0;
-    this.#dir = dir;
-    const clockImport = { nowMs: () => BigInt(clock.nowMs()) };
-    const storeImport = {
-      get: (key, nowMs) => store.get(key, nowMs),
-      insert: (key, record, nowMs) => store.insert(key, record, nowMs),
-      replace: (key, expectedVersion, record, nowMs) => store.replace(key, expectedVersion, record, nowMs),
-      delete: (key, expectedVersion) => store.delete(key, expectedVersion),
-    };
-    // jco 1.35's generated code looks imports up without the `@0.1.0`
-    // version its .d.ts shows; give both spellings.
-    this.#imports = {
-      'idem:guard/clock': clockImport,
-      'idem:guard/clock@0.1.0': clockImport,
-      'idem:guard/store': storeImport,
-      'idem:guard/store@0.1.0': storeImport,
-    };
+    this.#guest = guest;
+    this.#store = store;
+    this.#clock = { nowMs: () => BigInt(clock.nowMs()) };
     this.#guard(); // fail at load, not at the first request, if the component is missing
   }
 
   #guard() {
-    if (!this.#instance) {
-      this.#instance = instantiate((name) => coreModule(this.#dir, name), this.#imports).guard;
-    }
+    if (!this.#instance) this.#instance = this.#guest.instantiate(this.#store, this.#clock);
     return this.#instance;
   }
 
   /** Calls the component; a trap drops the instance (it is never reused) and fails closed. */
   #call(call) {
     const guard = this.#guard();
+    let value;
     try {
-      return call(guard);
+      value = call(guard);
     } catch (e) {
-      if (e && Object.hasOwn(e, 'payload') && typeof e.payload?.tag === 'string') {
-        throw new GuardError(e.payload.tag, e.payload.val);
-      }
       this.#instance = null;
       this.replaced += 1;
       throw new GuardError('unavailable', `guard component failed, instance replaced: ${e?.message ?? e}`);
     }
+    if (value instanceof Failure) throw new GuardError(value.kind, value.detail);
+    return value;
   }
 
   /** `{ tag: 'proceed', val: claim } | { tag: 'replay', val: response } | { tag: 'in-flight', val: ms } | { tag: 'conflict' }` */
@@ -339,18 +330,56 @@ export class Guard {
 
   /** Keeps renewing `claim`'s lease until `stop()`; `claim` is always the latest. */
   #hold(claim) {
-    const held = { claim, stop: () => {} };
-    if (!this.renewLease) return held;
-    const every = Math.max(1, Math.floor(Number(this.policy.leaseMs) / 3));
-    const timer = setInterval(() => {
+    if (!this.renewLease) return { claim, stop() {} };
+    this.#renewer ??= new Renewer(this, Math.max(1, Math.floor(Number(this.policy.leaseMs) / 3)));
+    return this.#renewer.hold(claim);
+  }
+}
+
+/**
+ * Renews the claims a guard's `run` holds, each a third of a lease after its
+ * claim or last renewal, on one timer per guard armed for the earliest one
+ * due: a handler that returns before its first renewal (the usual case)
+ * costs a Set entry, not a timer of its own. All claims of a guard share one
+ * interval, so a new claim is never due before the armed timer fires. The
+ * timer is unref'd: it never keeps the process alive by itself.
+ */
+class Renewer {
+  #guard;
+  #every;
+  #held = new Set();
+  #timer = null;
+
+  constructor(guard, everyMs) {
+    this.#guard = guard;
+    this.#every = everyMs;
+  }
+
+  hold(claim) {
+    const held = { claim, due: Date.now() + this.#every, stop: () => this.#held.delete(held) };
+    this.#held.add(held);
+    if (!this.#timer) this.#arm(this.#every);
+    return held;
+  }
+
+  #arm(ms) {
+    this.#timer = setTimeout(() => this.#tick(), ms);
+    this.#timer.unref();
+  }
+
+  #tick() {
+    this.#timer = null;
+    const now = Date.now();
+    for (const held of [...this.#held]) {
+      if (held.due > now) continue;
+      held.due = now + this.#every;
       try {
-        held.claim = this.renew(held.claim);
+        held.claim = this.#guard.renew(held.claim);
       } catch (e) {
         // Unavailable: the lease may still hold, try at the next tick.
-        if (!(e instanceof GuardError && e.kind === 'unavailable')) clearInterval(timer);
+        if (!(e instanceof GuardError && e.kind === 'unavailable')) this.#held.delete(held);
       }
-    }, every);
-    held.stop = () => clearInterval(timer);
-    return held;
+    }
+    if (this.#held.size > 0) this.#arm(Math.max(1, Math.min(...Array.from(this.#held, (h) => h.due)) - now));
   }
 }

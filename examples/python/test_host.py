@@ -1,5 +1,6 @@
 """What the Python host does beyond the shared scenarios: store errors reach
-the guest as `err` (not a trap), a trapped instance is replaced, the
+the guest as `err` (not a trap) and a trapped instance is replaced, with
+either binding; the
 README's snippet is the code tested here, and `run` renews a slow handler's
 lease."""
 
@@ -17,15 +18,20 @@ from idem_guard import Guard, GuardError, ManualClock, MemoryStore, NotRecorded,
 from pay import pay
 
 
-def guard_over(store: MemoryStore) -> Guard:
-    return Guard.load(store=store, clock=ManualClock(1_000), lease_ms=100, retention_ms=10_000)
+def guard_over(store: MemoryStore, binding: str = "static") -> Guard:
+    return Guard.load(store=store, clock=ManualClock(1_000), lease_ms=100, retention_ms=10_000, binding=binding)
 
 
-def test_a_store_error_from_replace_reaches_the_guest_as_err_not_a_trap() -> None:
+BINDINGS = ["static", "dynamic"]
+
+
+@pytest.mark.parametrize("binding", BINDINGS)
+def test_a_store_error_from_replace_reaches_the_guest_as_err_not_a_trap(binding: str) -> None:
     # `replace` returns `result<option<u64>, store-error>`, the shape wasmtime-py
-    # 50.0.1 cannot lower an `err` for without idem_guard's OptionType fix.
+    # 50.0.1 cannot lower an `err` for without idem_component's OptionType fix
+    # (the dynamic binding); the static one writes the `err` case itself.
     store = MemoryStore()
-    guard = guard_over(store)
+    guard = guard_over(store, binding)
     _, claim = guard.begin("k", "fp")
     store.fault("replace", "error", "store timeout", count=1)
     with pytest.raises(GuardError) as err:
@@ -37,9 +43,10 @@ def test_a_store_error_from_replace_reaches_the_guest_as_err_not_a_trap() -> Non
     assert guard.begin("k", "fp") == ("replay", Response(200, [], b"x"))
 
 
-def test_a_host_bug_traps_the_instance_which_is_replaced() -> None:
+@pytest.mark.parametrize("binding", BINDINGS)
+def test_a_host_bug_traps_the_instance_which_is_replaced(binding: str) -> None:
     store = MemoryStore()
-    guard = guard_over(store)
+    guard = guard_over(store, binding)
     _, claim = guard.begin("k", "fp")
     store.fault("replace", "trap", count=1)
     with pytest.raises(GuardError) as err:
@@ -161,3 +168,14 @@ def test_a_renewal_the_store_fails_is_tried_again_before_the_lease_runs_out() ->
     assert executions == ["first"]
     assert repeat.kind == "in-flight"
     assert outcome.kind == "executed"
+
+
+def test_run_arms_one_renewal_thread_per_guard_not_one_per_call() -> None:
+    guard = Guard.load(store=MemoryStore(), lease_ms=30_000, retention_ms=60_000)
+    guard.run("first", "fp", lambda _: Response(200, [], b"ok"))
+    thread = guard._renewer._thread
+    assert thread is not None and thread.name == "idem-renew"
+    for i in range(50):
+        assert guard.run(f"k{i}", "fp", lambda _: Response(200, [], b"ok")).kind == "executed"
+    assert guard._renewer._thread is thread, "fast handlers share the guard's one renewal thread"
+    assert not guard._renewer._held, "every claim was let go"

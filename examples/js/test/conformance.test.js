@@ -1,13 +1,15 @@
 // Every conformance scenario (conformance/*.json, format in
 // conformance/README.md) against the component hosted in Node.js, with the
-// JavaScript MemoryStore and a ManualClock. The Rust and Python hosts run the
-// same files.
+// JavaScript MemoryStore and a ManualClock, through both bindings: idem-abi.js
+// (the guard's) and jco's glue (the reference it is checked against). The
+// Rust and Python hosts run the same files.
 
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
 import { readdirSync, readFileSync } from 'node:fs';
 import { isDeepStrictEqual } from 'node:util';
 import { Guard, GuardError, ManualClock, MemoryStore, NotRecordedError } from '../idem.js';
+import { jcoGuest } from '../jco-guest.js';
 
 const dir = new URL('../../../conformance/', import.meta.url);
 const files = readdirSync(dir).filter((f) => f.endsWith('.json')).sort();
@@ -89,8 +91,10 @@ function check(expect, actual) {
   return null;
 }
 
+const guests = { abi: undefined, jco: await jcoGuest() };
+
 class Host {
-  constructor(scenario) {
+  constructor(scenario, guest) {
     this.clock = new ManualClock(scenario.clock_ms);
     this.store = new MemoryStore();
     const p = scenario.policy;
@@ -100,6 +104,7 @@ class Host {
       leaseMs: p.lease_ms,
       retentionMs: p.retention_ms,
       maxResponseBytes: p.max_response_bytes,
+      guest,
     });
     this.claims = new Map();
     this.effects = new Map();
@@ -206,8 +211,8 @@ class Host {
 }
 
 /** Runs a scenario; returns the number of checked steps, or throws `step N (op): ...`. */
-async function runScenario(scenario) {
-  const host = new Host(scenario);
+async function runScenario(scenario, guest = guests.abi) {
+  const host = new Host(scenario, guest);
   let checked = 0;
   for (const [i, step] of scenario.steps.entries()) {
     for (let n = 0; n < (step.times ?? 1); n++) {
@@ -248,10 +253,12 @@ test('the conformance suite is all there', () => {
 });
 
 for (const file of files) {
-  test(`conformance: ${file}`, async () => {
-    const checked = await runScenario(load(file));
-    assert.ok(checked > 0);
-  });
+  for (const [binding, guest] of Object.entries(guests)) {
+    test(`conformance (${binding}): ${file}`, async () => {
+      const checked = await runScenario(load(file), guest);
+      assert.ok(checked > 0);
+    });
+  }
 }
 
 test('a wrong expectation fails the scenario at that step', async () => {

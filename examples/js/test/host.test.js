@@ -24,9 +24,9 @@ test('a host bug traps the instance: the call fails closed and the next call get
   assert.equal(guard.begin('k', 'fp').tag, 'replay');
 });
 
-test('a call jco refuses to lower (status over u16) fails closed, and the guard keeps working', () => {
+test('a call the binding refuses to lower (status over u16) fails closed, and the guard keeps working', () => {
   const guard = Guard.load({ store: new MemoryStore(), clock: new ManualClock(1_000), leaseMs: 100, retentionMs: 10_000 });
-  // jco throws while lowering, mid-call; the instance is dropped rather than trusted again.
+  // The binding throws while lowering, mid-call; the instance is dropped rather than trusted again.
   assert.throws(() => guard.complete({ key: 'k', fingerprint: 'f', fence: 1n, leaseUntilMs: 0n, expiresAtMs: 0n }, { status: 70_000, body: '' }), GuardError);
   assert.equal(guard.begin('k', 'fp').tag, 'proceed');
 });

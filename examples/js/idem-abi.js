@@ -1,0 +1,738 @@
+// The guard component run through Node's WebAssembly API, with the canonical
+// ABI of `idem:guard@0.1.0` written once, here, for this WIT.
+//
+// Why: jco 1.35's generated glue spends most of a guarded call on work a
+// synchronous call does not need — a debug-log check that reads
+// `process.env` on every call and component-model-async task bookkeeping
+// (97–121 µs a call measured in issue 17). This module takes the guest's core
+// module out of the very component bytes `idem component --out` writes
+// (nothing is rebuilt or transpiled), instantiates it with
+// `WebAssembly.Instance`, and moves values in linear memory as the canonical
+// ABI says (component-model design/mvp/CanonicalABI.md: `flatten_functype`,
+// `store`, `load`, `lift_flat`).
+//
+// What the component model would also check, this binding checks: pointers
+// and lengths the guest hands back are bounds-checked (lists' alignment too),
+// strings must be UTF-8, discriminants in range; a violation throws
+// `AbiViolation`, which the guard treats as a trap (the instance is dropped).
+//
+// The layouts live in one place, the WIT mirror below (each `// wit/...`
+// comment says where a type comes from). Sizes, alignments, offsets and the
+// flattened core signatures are computed from it with the canonical ABI's
+// rules, and `Guest.load` compares every computed signature with the core
+// module's own (read from its type, import, function and export sections): a
+// component whose types moved is refused at load, not mis-read at run time.
+// Moving to the next contract: edit the mirror, `VERSION`, and the few
+// lift/lower functions that name fields. `examples/python/idem_abi.py` is the
+// same binding for Python.
+
+import { readFileSync } from 'node:fs';
+
+const VERSION = '0.1.0';
+const contract = (iface) => `idem:guard/${iface}@${VERSION}`;
+
+/** The guest broke the canonical ABI, or the component is not the shape this binding reads. */
+export class AbiViolation extends Error {
+  constructor(message) {
+    super(message);
+    this.name = 'AbiViolation';
+  }
+}
+
+/** A `guard-error` as the guard returned it (a value, not thrown: the binding stays neutral). */
+export class Failure {
+  constructor(kind, detail) {
+    this.kind = kind;
+    this.detail = detail;
+  }
+}
+
+// --- the canonical ABI's layout rules ---------------------------------------
+
+const alignTo = (n, align) => Math.ceil(n / align) * align;
+
+const scalar = (size, flat) => ({ size, align: size, flat: [flat] });
+const list = (element) => ({ size: 8, align: 4, flat: ['i32', 'i32'], element });
+
+function record(...fields) {
+  const offset = {};
+  let end = 0;
+  for (const [name, ty] of fields) {
+    end = alignTo(end, ty.align);
+    offset[name] = end;
+    end += ty.size;
+  }
+  const align = Math.max(...fields.map(([, ty]) => ty.align));
+  return { size: alignTo(end, align), align, flat: fields.flatMap(([, ty]) => ty.flat), offset, fields: Object.fromEntries(fields) };
+}
+
+function variant(...cases) {
+  const names = cases.map(([name]) => name);
+  const payloads = cases.map(([, ty]) => ty).filter(Boolean);
+  const disc = names.length <= 256 ? 1 : names.length <= 65536 ? 2 : 4;
+  const payloadAlign = Math.max(1, ...payloads.map((ty) => ty.align));
+  const payload = alignTo(disc, payloadAlign);
+  const align = Math.max(disc, payloadAlign);
+  const flat = [];
+  for (const ty of payloads) {
+    ty.flat.forEach((f, i) => {
+      flat[i] = flat[i] === undefined || flat[i] === f ? f : 'i64'; // only i32 and i64 occur in this WIT
+    });
+  }
+  return {
+    size: alignTo(payload + Math.max(0, ...payloads.map((ty) => ty.size)), align),
+    align,
+    payload,
+    flat: ['i32', ...flat],
+    cases: names,
+    index: Object.fromEntries(names.map((n, i) => [n, i])),
+    /** The case name of a discriminant read from the guest. */
+    caseOf(i) {
+      if (!(i < names.length)) throw new AbiViolation(`discriminant ${i} out of range for ${names.join('|')}`);
+      return names[i];
+    },
+  };
+}
+
+const enumOf = (...names) => variant(...names.map((n) => [n]));
+const option = (ty) => variant(['none'], ['some', ty]);
+const result = (ok, err) => variant(['ok', ok], ['err', err]);
+const tuple = (...types) => record(...types.map((ty, i) => [String(i), ty]));
+
+const U8 = scalar(1, 'i32');
+const U16 = scalar(2, 'i32');
+const U32 = scalar(4, 'i32');
+const U64 = scalar(8, 'i64');
+const STRING = list(U8);
+
+const MAX_FLAT_PARAMS = 16;
+const MAX_FLAT_RESULTS = 1;
+
+/** `flatten_functype` for a lifted export: results over one core value come back through a pointer. */
+function exportSignature(params, res) {
+  const flat = params.flatMap((ty) => ty.flat);
+  if (flat.length > MAX_FLAT_PARAMS) throw new Error('spilled parameters are not needed by this WIT');
+  const results = res ? res.flat : [];
+  return { params: flat, results: results.length > MAX_FLAT_RESULTS ? ['i32'] : results };
+}
+
+/** `flatten_functype` for a lowered import: results over one core value go to a pointer the guest passes last. */
+function importSignature(params, res) {
+  const flat = params.flatMap((ty) => ty.flat);
+  if (flat.length > MAX_FLAT_PARAMS) throw new Error('spilled parameters are not needed by this WIT');
+  const results = res ? res.flat : [];
+  return results.length > MAX_FLAT_RESULTS ? { params: [...flat, 'i32'], results: [] } : { params: flat, results };
+}
+
+// --- the WIT, mirrored: the one place the layouts come from -----------------
+
+// wit/types.wit
+const HEADER = tuple(STRING, list(U8)); // an element of `response.headers` and `request-parts.headers`
+export const RESPONSE = record(['status', U16], ['headers', list(HEADER)], ['body', list(U8)]);
+const STATE = enumOf('processing', 'done');
+const OPTION_RESPONSE = option(RESPONSE);
+export const RECORD = record(
+  ['fingerprint', STRING],
+  ['state', STATE],
+  ['leaseUntilMs', U64],
+  ['expiresAtMs', U64],
+  ['response', OPTION_RESPONSE],
+);
+export const ENTRY = record(['record', RECORD], ['version', U64]);
+
+// wit/guard.wit
+const POLICY = record(['leaseMs', U64], ['retentionMs', U64], ['maxResponseBytes', U32]);
+export const CLAIM = record(['key', STRING], ['fingerprint', STRING], ['fence', U64], ['leaseUntilMs', U64], ['expiresAtMs', U64]);
+export const DECISION = variant(['proceed', CLAIM], ['replay', RESPONSE], ['in-flight', U64], ['conflict']);
+const GUARD_ERROR = variant(['unavailable', STRING], ['invalid-input', STRING], ['stale-claim', STRING]);
+const REQUEST_PARTS = record(['method', STRING], ['path', STRING], ['headers', list(HEADER)], ['body', list(U8)]);
+export const BEGIN_RESULT = result(DECISION, GUARD_ERROR);
+const UNIT_RESULT = result(undefined, GUARD_ERROR);
+const RENEW_RESULT = result(CLAIM, GUARD_ERROR);
+
+// wit/store.wit (the 0.1.0 guest imports only `insert` and `replace`; `Guest.load`
+// refuses a component that imports anything this binding does not lower)
+const STORE_ERROR = variant(['unavailable', STRING], ['corrupt', STRING]);
+const INSERT_OUTCOME = variant(['inserted', U64], ['existing', ENTRY]);
+export const INSERT_RESULT = result(INSERT_OUTCOME, STORE_ERROR);
+const OPTION_U64 = option(U64);
+const REPLACE_RESULT = result(OPTION_U64, STORE_ERROR);
+
+// wit/guard.wit's exports and the imports of wit/clock.wit and wit/store.wit: core signatures.
+export const EXPORTS = {
+  begin: exportSignature([STRING, STRING, POLICY], BEGIN_RESULT),
+  complete: exportSignature([CLAIM, RESPONSE, POLICY], UNIT_RESULT),
+  release: exportSignature([CLAIM], UNIT_RESULT),
+  renew: exportSignature([CLAIM, POLICY], RENEW_RESULT),
+  fingerprint: exportSignature([REQUEST_PARTS], STRING),
+};
+export const IMPORTS = {
+  'clock/now-ms': importSignature([], U64),
+  'store/insert': importSignature([STRING, RECORD, U64], INSERT_RESULT),
+  'store/replace': importSignature([STRING, U64, RECORD, U64], REPLACE_RESULT),
+};
+
+// Where the payloads sit, from the layouts above.
+const BEGIN_CASE = BEGIN_RESULT.payload + DECISION.payload;
+const ENTRY_AT = INSERT_RESULT.payload + INSERT_OUTCOME.payload;
+const RESPONSE_IN_RECORD = RECORD.offset.response + OPTION_RESPONSE.payload;
+
+// --- the component file -----------------------------------------------------
+
+function leb128(bytes, at) {
+  let value = 0;
+  let shift = 0;
+  for (;;) {
+    const byte = bytes[at++];
+    value += (byte & 0x7f) * 2 ** shift;
+    shift += 7;
+    if (byte < 0x80) return [value, at];
+  }
+}
+
+function sections(bytes, from, each) {
+  for (let at = from; at < bytes.length; ) {
+    const id = bytes[at];
+    const [size, start] = leb128(bytes, at + 1);
+    each(id, start, start + size);
+    at = start + size;
+  }
+}
+
+/** The core modules a component embeds at its top level (section id 1), in order. */
+export function coreModules(component) {
+  const header = [0x00, 0x61, 0x73, 0x6d, 0x0d, 0x00, 0x01, 0x00];
+  if (!header.every((b, i) => component[i] === b)) {
+    throw new AbiViolation('not a component (expected the component-model binary, version 0xd, layer 1)');
+  }
+  const modules = [];
+  sections(component, 8, (id, start, end) => {
+    if (id === 1) modules.push(component.subarray(start, end));
+  });
+  return modules;
+}
+
+const VALTYPES = { 0x7f: 'i32', 0x7e: 'i64', 0x7d: 'f32', 0x7c: 'f64' };
+
+/**
+ * The function types of a core module's imports and exports, from its type,
+ * import, function and export sections (the JS API cannot tell them).
+ */
+function coreSignatures(wasm) {
+  const types = [];
+  const funcs = []; // type index of each function, imports first
+  const imports = new Map();
+  const exports = new Map();
+  let at;
+  const u32 = () => {
+    let v;
+    [v, at] = leb128(wasm, at);
+    return v;
+  };
+  const name = () => {
+    const n = u32();
+    at += n;
+    return new TextDecoder().decode(wasm.subarray(at - n, at));
+  };
+  const valtypes = () =>
+    Array.from({ length: u32() }, () => {
+      const type = VALTYPES[wasm[at++]];
+      if (!type) throw new AbiViolation(`unsupported value type 0x${wasm[at - 1].toString(16)}`);
+      return type;
+    });
+  const limits = () => {
+    const flags = wasm[at++];
+    u32();
+    if (flags & 1) u32();
+  };
+  sections(wasm, 8, (id, start) => {
+    at = start;
+    if (id === 1) {
+      for (let n = u32(); n > 0; n--) {
+        if (wasm[at++] !== 0x60) throw new AbiViolation('unsupported core type (not a plain function type)');
+        types.push({ params: valtypes(), results: valtypes() });
+      }
+    } else if (id === 2) {
+      for (let n = u32(); n > 0; n--) {
+        const key = `${name()} ${name()}`;
+        const kind = wasm[at++];
+        if (kind === 0x00) {
+          const type = u32();
+          funcs.push(type);
+          imports.set(key, types[type]);
+        } else if (kind === 0x01) {
+          at++; // reference type
+          limits();
+        } else if (kind === 0x02) limits();
+        else if (kind === 0x03) at += 2; // value type, mutability
+        else throw new AbiViolation(`unsupported import kind ${kind}`);
+      }
+    } else if (id === 3) {
+      for (let n = u32(); n > 0; n--) funcs.push(u32());
+    } else if (id === 7) {
+      for (let n = u32(); n > 0; n--) {
+        const key = name();
+        const kind = wasm[at++];
+        const index = u32();
+        if (kind === 0x00) exports.set(key, types[funcs[index]]);
+      }
+    }
+  });
+  return { imports, exports };
+}
+
+const guests = new Map();
+
+/** The guard's core module, compiled once per component file, checked against the WIT mirror. */
+export class Guest {
+  static load(path) {
+    const key = String(path);
+    let guest = guests.get(key);
+    if (!guest) {
+      guest = new Guest(readFileSync(path));
+      guests.set(key, guest);
+    }
+    return guest;
+  }
+
+  constructor(component) {
+    // wit-component wraps the guest with a shim and a fixup module for the
+    // imports' indirect calls; the guest is the one that exports memory.
+    for (const wasm of coreModules(component)) {
+      const module = new WebAssembly.Module(wasm);
+      if (WebAssembly.Module.exports(module).some((e) => e.name === 'memory')) {
+        this.module = module;
+        this.#check(coreSignatures(wasm));
+        return;
+      }
+    }
+    throw new AbiViolation('the component has no core module exporting its memory');
+  }
+
+  #check({ imports, exports }) {
+    const same = (name, actual, want) => {
+      if (!actual) throw new AbiViolation(`the component's core module has no function ${name}`);
+      if (JSON.stringify(actual) !== JSON.stringify(want)) {
+        throw new AbiViolation(`${name}: core signature ${JSON.stringify(actual)}, the WIT mirror says ${JSON.stringify(want)}`);
+      }
+    };
+    for (const [name, signature] of Object.entries(EXPORTS)) {
+      same(name, exports.get(`${contract('guard')}#${name}`), signature);
+      same(`post-${name}`, exports.get(`cabi_post_${contract('guard')}#${name}`), { params: ['i32'], results: [] });
+    }
+    same('cabi_realloc', exports.get('cabi_realloc'), { params: ['i32', 'i32', 'i32', 'i32'], results: ['i32'] });
+    this.imports = [];
+    for (const [key, signature] of imports) {
+      const [module, name] = key.split(' ');
+      const iface = module.replace(/^idem:guard\//, '').replace(`@${VERSION}`, '');
+      const want = IMPORTS[`${iface}/${name}`];
+      if (module !== contract(iface) || !want) {
+        throw new AbiViolation(`the component imports ${module} ${name}, which this binding does not provide`);
+      }
+      same(`${iface}/${name}`, signature, want);
+      this.imports.push([iface, name]);
+    }
+  }
+
+  instantiate(store, clock) {
+    return new Instance(this, store, clock);
+  }
+}
+
+const decoder = new TextDecoder('utf-8', { fatal: true });
+const MAX_U64 = 2n ** 64n - 1n;
+
+// Range checks where a JS value would otherwise wrap silently on its way to
+// a core parameter (ToBigInt64, ToInt32), as jco's glue checks too.
+function checkedU64(v) {
+  if (typeof v !== 'bigint' || v < 0n || v > MAX_U64) throw new RangeError(`${v} is not a u64`);
+  return v;
+}
+
+/** A u64 from the i64 core value it arrived as (negative above 2^63). */
+const unsigned = (v) => (v < 0n ? BigInt.asUintN(64, v) : v);
+
+function checkedU32(v) {
+  if (!(Number.isInteger(v) && v >= 0 && v <= 0xffffffff)) throw new RangeError(`${v} is not a u32`);
+  return v;
+}
+
+/**
+ * One instance of the guest over one store and clock. After anything thrown
+ * (a returned `Failure` is not thrown) it must be dropped: the guest may be
+ * half-way through a call.
+ *
+ * Written for the per-call cost: no intermediate arrays or closures on the
+ * way in or out, strings written into and read from linear memory directly
+ * (ASCII, the usual key and fingerprint, byte for byte; anything else through
+ * Buffer's UTF-8 codec), every export called with its flat arguments.
+ */
+class Instance {
+  #buffer = null;
+  #u8 = null;
+  #dv = null;
+  #buf = null; // a Node Buffer over the same memory, for its UTF-8 codec
+  #len = 0; // the byte length of the last `#putString`
+
+  constructor(guest, store, clock) {
+    this.store = store;
+    this.clock = clock;
+    const handlers = {
+      'clock/now-ms': () => clock.nowMs(), // a BigInt; wasm's i64 takes it modulo 2^64
+      'store/insert': (...flat) => this.#insert(...flat),
+      'store/replace': (...flat) => this.#replace(...flat),
+    };
+    const imports = {};
+    for (const [iface, name] of guest.imports) (imports[contract(iface)] ??= {})[name] = handlers[`${iface}/${name}`];
+    const e = new WebAssembly.Instance(guest.module, imports).exports;
+    this.memory = e.memory;
+    this.realloc = e.cabi_realloc;
+    const g = contract('guard');
+    for (const name of Object.keys(EXPORTS)) {
+      this[`${name}Export`] = e[`${g}#${name}`];
+      this[`${name}Post`] = e[`cabi_post_${g}#${name}`];
+    }
+  }
+
+  /**
+   * Linear memory as it is now: call after the guest ran (it may have grown).
+   * Growing detaches the old ArrayBuffer, so a view of length 0 is stale: that
+   * check is cheaper than reading `memory.buffer` each time.
+   */
+  #view() {
+    if (this.#u8 === null || this.#u8.length === 0) {
+      this.#buffer = this.memory.buffer;
+      this.#u8 = new Uint8Array(this.#buffer);
+      this.#dv = new DataView(this.#buffer);
+      this.#buf = Buffer.from(this.#buffer);
+    }
+    return this.#dv;
+  }
+
+  // Lowering: values into memory the guest then owns.
+
+  /** `cabi_realloc(0, 0, align, size)`; the view is fresh afterwards. */
+  #alloc(align, size) {
+    const ptr = this.realloc(0, 0, align, size) >>> 0;
+    this.#view();
+    if (ptr % align || ptr + size > this.#u8.length) throw new AbiViolation(`cabi_realloc returned ${ptr} for ${size} bytes`);
+    return ptr;
+  }
+
+  #putBytes(bytes) {
+    const length = bytes.length;
+    const ptr = this.#alloc(1, length);
+    if (length > 32) {
+      this.#u8.set(bytes, ptr);
+    } else {
+      const u8 = this.#u8; // a loop beats `set`'s fixed cost for a short header value or body
+      for (let i = 0; i < length; i++) u8[ptr + i] = bytes[i];
+    }
+    return ptr;
+  }
+
+  /** A string as UTF-8 in guest memory; its byte length is left in `#len`. */
+  #putString(s) {
+    if (typeof s !== 'string') throw new TypeError(`expected a string, got ${typeof s}`);
+    const chars = s.length;
+    let ascii = true;
+    for (let i = 0; i < chars; i++) {
+      if (s.charCodeAt(i) > 0x7f) {
+        ascii = false;
+        break;
+      }
+    }
+    const length = ascii ? chars : Buffer.byteLength(s, 'utf8');
+    const ptr = this.#alloc(1, length);
+    if (ascii) {
+      const u8 = this.#u8;
+      for (let i = 0; i < chars; i++) u8[ptr + i] = s.charCodeAt(i);
+    } else if (this.#buf.utf8Write(s, ptr, length) !== length) {
+      throw new RangeError('string does not encode to its UTF-8 length'); // lone surrogates
+    }
+    this.#len = length;
+    return ptr;
+  }
+
+  /** `list<tuple<string, list<u8>>>`: the array, then each name and value. */
+  #putHeaders(headers) {
+    const array = this.#alloc(HEADER.align, HEADER.size * headers.length);
+    for (let i = 0; i < headers.length; i++) {
+      const [name, value] = headers[i];
+      const np = this.#putString(name);
+      const nl = this.#len;
+      const vp = this.#putBytes(value);
+      const at = array + i * HEADER.size;
+      this.#dv.setUint32(at + HEADER.offset[0], np, true);
+      this.#dv.setUint32(at + HEADER.offset[0] + 4, nl, true);
+      this.#dv.setUint32(at + HEADER.offset[1], vp, true);
+      this.#dv.setUint32(at + HEADER.offset[1] + 4, value.length, true);
+    }
+    return array;
+  }
+
+  static #status(status) {
+    if (!(Number.isInteger(status) && status >= 0 && status <= 0xffff)) throw new RangeError(`status ${status} is not a u16`);
+    return status;
+  }
+
+  // Lifting: the guest's memory into values (copied: the guest frees it in post-return).
+
+  #bounds(ptr, length) {
+    if (ptr + length > this.#u8.length) throw new AbiViolation(`${length} bytes at ${ptr} are beyond memory (${this.#u8.length} bytes)`);
+  }
+
+  #bytes(ptr, length) {
+    this.#bounds(ptr, length);
+    return this.#u8.slice(ptr, ptr + length);
+  }
+
+  #string(ptr, length) {
+    this.#bounds(ptr, length);
+    const u8 = this.#u8;
+    const end = ptr + length;
+    for (let i = ptr; i < end; i++) {
+      if (u8[i] > 0x7f) {
+        try {
+          return decoder.decode(u8.subarray(ptr, end));
+        } catch (e) {
+          throw new AbiViolation(`string at ${ptr} is not UTF-8: ${e.message}`);
+        }
+      }
+    }
+    return this.#buf.latin1Slice(ptr, end); // ASCII: latin-1 and UTF-8 agree
+  }
+
+  #stringAt(at) {
+    return this.#string(this.#dv.getUint32(at, true), this.#dv.getUint32(at + 4, true));
+  }
+
+  #headers(ptr, count) {
+    if (ptr % HEADER.align) throw new AbiViolation(`header list at ${ptr} is not aligned to ${HEADER.align}`);
+    this.#bounds(ptr, count * HEADER.size);
+    const headers = new Array(count);
+    for (let i = 0; i < count; i++) {
+      const at = ptr + i * HEADER.size;
+      const value = at + HEADER.offset[1];
+      headers[i] = [this.#stringAt(at + HEADER.offset[0]), this.#bytes(this.#dv.getUint32(value, true), this.#dv.getUint32(value + 4, true))];
+    }
+    return headers;
+  }
+
+  #claim(at) {
+    const dv = this.#dv;
+    const o = CLAIM.offset;
+    return {
+      key: this.#stringAt(at + o.key),
+      fingerprint: this.#stringAt(at + o.fingerprint),
+      fence: dv.getBigUint64(at + o.fence, true),
+      leaseUntilMs: dv.getBigUint64(at + o.leaseUntilMs, true),
+      expiresAtMs: dv.getBigUint64(at + o.expiresAtMs, true),
+    };
+  }
+
+  #response(at) {
+    const dv = this.#dv;
+    const o = RESPONSE.offset;
+    return {
+      status: dv.getUint16(at + o.status, true),
+      headers: this.#headers(dv.getUint32(at + o.headers, true), dv.getUint32(at + o.headers + 4, true)),
+      body: this.#bytes(dv.getUint32(at + o.body, true), dv.getUint32(at + o.body + 4, true)),
+    };
+  }
+
+  #failure(at) {
+    return new Failure(GUARD_ERROR.caseOf(this.#dv.getUint8(at)), this.#stringAt(at + GUARD_ERROR.payload));
+  }
+
+  /** `result<_, guard-error>` at `ret`. */
+  #unit(ret) {
+    return UNIT_RESULT.caseOf(this.#dv.getUint8(ret)) === 'ok' ? undefined : this.#failure(ret + UNIT_RESULT.payload);
+  }
+
+  // The exports of wit/guard.wit: arguments lowered, the export called, its
+  // result lifted, then `cabi_post_*` lets the guest free the result.
+
+  begin(key, fingerprint, policy) {
+    const kp = this.#putString(key);
+    const kl = this.#len;
+    const fp = this.#putString(fingerprint);
+    const fl = this.#len;
+    const ret = this.beginExport(kp, kl, fp, fl, checkedU64(policy.leaseMs), checkedU64(policy.retentionMs), checkedU32(policy.maxResponseBytes)) >>> 0;
+    const dv = this.#view();
+    let value;
+    if (BEGIN_RESULT.caseOf(dv.getUint8(ret)) === 'err') {
+      value = this.#failure(ret + BEGIN_RESULT.payload);
+    } else {
+      const tag = DECISION.caseOf(dv.getUint8(ret + BEGIN_RESULT.payload));
+      if (tag === 'proceed') value = { tag, val: this.#claim(ret + BEGIN_CASE) };
+      else if (tag === 'replay') value = { tag, val: this.#response(ret + BEGIN_CASE) };
+      else if (tag === 'in-flight') value = { tag, val: dv.getBigUint64(ret + BEGIN_CASE, true) };
+      else value = { tag };
+    }
+    this.beginPost(ret);
+    return value;
+  }
+
+  complete(claim, response, policy) {
+    const kp = this.#putString(claim.key);
+    const kl = this.#len;
+    const fp = this.#putString(claim.fingerprint);
+    const fl = this.#len;
+    const status = Instance.#status(response.status);
+    const hp = this.#putHeaders(response.headers);
+    const bp = this.#putBytes(response.body);
+    const ret =
+      this.completeExport(
+        kp, kl, fp, fl, checkedU64(claim.fence), checkedU64(claim.leaseUntilMs), checkedU64(claim.expiresAtMs),
+        status, hp, response.headers.length, bp, response.body.length,
+        checkedU64(policy.leaseMs), checkedU64(policy.retentionMs), checkedU32(policy.maxResponseBytes),
+      ) >>> 0;
+    this.#view();
+    const value = this.#unit(ret);
+    this.completePost(ret);
+    return value;
+  }
+
+  release(claim) {
+    const kp = this.#putString(claim.key);
+    const kl = this.#len;
+    const fp = this.#putString(claim.fingerprint);
+    const fl = this.#len;
+    const ret = this.releaseExport(kp, kl, fp, fl, checkedU64(claim.fence), checkedU64(claim.leaseUntilMs), checkedU64(claim.expiresAtMs)) >>> 0;
+    this.#view();
+    const value = this.#unit(ret);
+    this.releasePost(ret);
+    return value;
+  }
+
+  renew(claim, policy) {
+    const kp = this.#putString(claim.key);
+    const kl = this.#len;
+    const fp = this.#putString(claim.fingerprint);
+    const fl = this.#len;
+    const ret =
+      this.renewExport(
+        kp, kl, fp, fl, checkedU64(claim.fence), checkedU64(claim.leaseUntilMs), checkedU64(claim.expiresAtMs),
+        checkedU64(policy.leaseMs), checkedU64(policy.retentionMs), checkedU32(policy.maxResponseBytes),
+      ) >>> 0;
+    const dv = this.#view();
+    const value =
+      RENEW_RESULT.caseOf(dv.getUint8(ret)) === 'ok' ? this.#claim(ret + RENEW_RESULT.payload) : this.#failure(ret + RENEW_RESULT.payload);
+    this.renewPost(ret);
+    return value;
+  }
+
+  fingerprint({ method, path, headers, body }) {
+    const mp = this.#putString(method);
+    const ml = this.#len;
+    const pp = this.#putString(path);
+    const pl = this.#len;
+    const hp = this.#putHeaders(headers);
+    const bp = this.#putBytes(body);
+    const ret = this.fingerprintExport(mp, ml, pp, pl, hp, headers.length, bp, body.length) >>> 0;
+    this.#view();
+    const value = this.#stringAt(ret);
+    this.fingerprintPost(ret);
+    return value;
+  }
+
+  // The imports of wit/clock.wit and wit/store.wit. A `StoreError` (an own
+  // `payload` property holding the `store-error` variant) is the import's
+  // `err`; anything else thrown unwinds the guest: a trap.
+
+  /** `record` from its 11 flat values (RECORD.flat). */
+  #record(fp, fl, state, leaseUntilMs, expiresAtMs, hasResponse, status, hp, hn, bp, bn) {
+    let response;
+    if (OPTION_RESPONSE.caseOf(hasResponse) === 'some') {
+      response = { status: status & 0xffff, headers: this.#headers(hp >>> 0, hn >>> 0), body: this.#bytes(bp >>> 0, bn >>> 0) };
+    }
+    return {
+      fingerprint: this.#string(fp >>> 0, fl >>> 0),
+      state: STATE.caseOf(state),
+      leaseUntilMs: unsigned(leaseUntilMs),
+      expiresAtMs: unsigned(expiresAtMs),
+      response,
+    };
+  }
+
+  #storeError(ret, result, e) {
+    if (!(e && Object.hasOwn(e, 'payload') && e.payload?.tag in STORE_ERROR.index)) throw e;
+    const ptr = this.#putString(String(e.payload.val));
+    const dv = this.#dv;
+    dv.setUint8(ret, result.index.err);
+    dv.setUint8(ret + result.payload, STORE_ERROR.index[e.payload.tag]);
+    dv.setUint32(ret + result.payload + STORE_ERROR.payload, ptr, true);
+    dv.setUint32(ret + result.payload + STORE_ERROR.payload + 4, this.#len, true);
+  }
+
+  #insert(kp, kl, fp, fl, state, leaseUntilMs, expiresAtMs, hasResponse, status, hp, hn, bp, bn, nowMs, ret) {
+    ret >>>= 0;
+    this.#view();
+    const key = this.#string(kp >>> 0, kl >>> 0);
+    const record = this.#record(fp, fl, state, leaseUntilMs, expiresAtMs, hasResponse, status, hp, hn, bp, bn);
+    let outcome;
+    try {
+      outcome = this.store.insert(key, record, unsigned(nowMs));
+    } catch (e) {
+      return this.#storeError(ret, INSERT_RESULT, e);
+    }
+    if (outcome?.tag === 'inserted') {
+      this.#view();
+      this.#dv.setBigUint64(ret + ENTRY_AT, outcome.val, true);
+    } else if (outcome?.tag === 'existing') {
+      this.#entry(ret + ENTRY_AT, outcome.val);
+    } else {
+      throw new TypeError(`insert returned ${JSON.stringify(outcome?.tag)}, expected inserted or existing`);
+    }
+    this.#dv.setUint8(ret, INSERT_RESULT.index.ok);
+    this.#dv.setUint8(ret + INSERT_RESULT.payload, INSERT_OUTCOME.index[outcome.tag]);
+  }
+
+  /** Writes `entry` at `at` (ENTRY's layout), its strings and lists allocated first. */
+  #entry(at, { record: r, version }) {
+    const fp = this.#putString(r.fingerprint);
+    const fl = this.#len;
+    const response = r.response;
+    let status, hp, bp;
+    if (response) {
+      status = Instance.#status(response.status);
+      hp = this.#putHeaders(response.headers);
+      bp = this.#putBytes(response.body);
+    }
+    const dv = this.#view();
+    const o = RECORD.offset;
+    dv.setUint32(at + o.fingerprint, fp, true);
+    dv.setUint32(at + o.fingerprint + 4, fl, true);
+    dv.setUint8(at + o.state, STATE.index[r.state]);
+    dv.setBigUint64(at + o.leaseUntilMs, r.leaseUntilMs, true);
+    dv.setBigUint64(at + o.expiresAtMs, r.expiresAtMs, true);
+    dv.setUint8(at + o.response, response ? OPTION_RESPONSE.index.some : OPTION_RESPONSE.index.none);
+    if (response) {
+      const ro = RESPONSE.offset;
+      dv.setUint16(at + RESPONSE_IN_RECORD + ro.status, status, true);
+      dv.setUint32(at + RESPONSE_IN_RECORD + ro.headers, hp, true);
+      dv.setUint32(at + RESPONSE_IN_RECORD + ro.headers + 4, response.headers.length, true);
+      dv.setUint32(at + RESPONSE_IN_RECORD + ro.body, bp, true);
+      dv.setUint32(at + RESPONSE_IN_RECORD + ro.body + 4, response.body.length, true);
+    }
+    dv.setBigUint64(at + ENTRY.offset.version, version, true);
+  }
+
+  #replace(kp, kl, expectedVersion, fp, fl, state, leaseUntilMs, expiresAtMs, hasResponse, status, hp, hn, bp, bn, nowMs, ret) {
+    ret >>>= 0;
+    this.#view();
+    const key = this.#string(kp >>> 0, kl >>> 0);
+    const record = this.#record(fp, fl, state, leaseUntilMs, expiresAtMs, hasResponse, status, hp, hn, bp, bn);
+    let version;
+    try {
+      version = this.store.replace(key, unsigned(expectedVersion), record, unsigned(nowMs));
+    } catch (e) {
+      return this.#storeError(ret, REPLACE_RESULT, e);
+    }
+    const dv = this.#view();
+    dv.setUint8(ret, REPLACE_RESULT.index.ok);
+    dv.setUint8(ret + REPLACE_RESULT.payload, version === undefined ? OPTION_U64.index.none : OPTION_U64.index.some);
+    if (version !== undefined) dv.setBigUint64(ret + REPLACE_RESULT.payload + OPTION_U64.payload, version, true);
+  }
+}

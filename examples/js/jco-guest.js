@@ -1,0 +1,62 @@
+// The guard component through jco's transpiled glue (`gen/idem.js`, written by
+// `npm run transpile`): the reference binding. `idem-abi.js` is the binding
+// the guard uses; this one lifts and lowers through jco's own implementation
+// of the canonical ABI, so the tests run the conformance scenarios through
+// both and catch a mistake in the hand-written one, and `bench.js` measures
+// what the lean binding saves.
+//
+//   const guard = Guard.load({ guest: await jcoGuest() });
+//
+// Conventions of jco (1.35) this relies on: a `result<T, E>` export returns T
+// or throws a `ComponentError` whose own `payload` is E; a `result<T, E>`
+// import returns T, or throws a value with an own `payload` property holding
+// E (any other thrown `Error` is a host bug and traps the instance). jco
+// 1.35's generated code looks imports up without the `@0.1.0` version its
+// .d.ts shows; both spellings are given.
+
+import { readFileSync } from 'node:fs';
+import { Failure } from './idem-abi.js';
+
+const modules = new Map();
+
+/** Loads the transpiled glue from `dir` (default ./gen/); its core modules are compiled once per process. */
+export async function jcoGuest(dir = new URL('./gen/', import.meta.url)) {
+  const { instantiate } = await import(new URL('idem.js', dir).href);
+  const coreModule = (name) => {
+    const path = new URL(name, dir);
+    if (!modules.has(path.href)) modules.set(path.href, new WebAssembly.Module(readFileSync(path)));
+    return modules.get(path.href);
+  };
+  return {
+    instantiate(store, clock) {
+      const storeImport = {
+        get: (key, nowMs) => store.get(key, nowMs),
+        insert: (key, record, nowMs) => store.insert(key, record, nowMs),
+        replace: (key, expectedVersion, record, nowMs) => store.replace(key, expectedVersion, record, nowMs),
+        delete: (key, expectedVersion) => store.delete(key, expectedVersion),
+      };
+      const imports = {
+        'idem:guard/clock': clock,
+        'idem:guard/clock@0.1.0': clock,
+        'idem:guard/store': storeImport,
+        'idem:guard/store@0.1.0': storeImport,
+      };
+      const guard = instantiate(coreModule, imports).guard;
+      const result = (call) => {
+        try {
+          return call();
+        } catch (e) {
+          if (e && Object.hasOwn(e, 'payload') && typeof e.payload?.tag === 'string') return new Failure(e.payload.tag, e.payload.val);
+          throw e;
+        }
+      };
+      return {
+        begin: (key, fingerprint, policy) => result(() => guard.begin(key, fingerprint, policy)),
+        complete: (claim, response, policy) => result(() => guard.complete(claim, response, policy)),
+        release: (claim) => result(() => guard.release(claim)),
+        renew: (claim, policy) => result(() => guard.renew(claim, policy)),
+        fingerprint: (parts) => guard.fingerprint(parts),
+      };
+    },
+  };
+}

@@ -1,0 +1,164 @@
+// The lean binding (idem-abi.js) against the reference (jco's glue, jco's own
+// canonical ABI): the same random calls, stores and faults give the same
+// answers and the same stored records. And what it refuses: a component whose
+// core signatures are not the WIT mirror's.
+
+import { test } from 'node:test';
+import assert from 'node:assert/strict';
+import { readFileSync } from 'node:fs';
+import { fileURLToPath } from 'node:url';
+import { Guard, GuardError, ManualClock, MemoryStore, StoreError } from '../idem.js';
+import { AbiViolation, BEGIN_RESULT, CLAIM, DECISION, ENTRY, EXPORTS, Guest, IMPORTS, INSERT_RESULT, RECORD } from '../idem-abi.js';
+import { jcoGuest } from '../jco-guest.js';
+
+const component = process.env.IDEM_COMPONENT || fileURLToPath(new URL('../../../target/idem-guard.wasm', import.meta.url));
+
+/** A MemoryStore whose next `insert` or `replace` may answer `corrupt`. */
+class Corrupting extends MemoryStore {
+  corruptNext = false;
+  insert(...args) {
+    return this.#corrupt('insert') ?? super.insert(...args);
+  }
+  replace(...args) {
+    return this.#corrupt('replace') ?? super.replace(...args);
+  }
+  #corrupt(primitive) {
+    if (!this.corruptNext) return undefined;
+    this.corruptNext = false;
+    throw new StoreError('corrupt', `bytes for ${primitive} do not decode (injected)`);
+  }
+}
+
+/** A small deterministic generator (mulberry32), so a failure replays. */
+function random(seed) {
+  return () => {
+    seed = (seed + 0x6d2b79f5) | 0;
+    let t = Math.imul(seed ^ (seed >>> 15), 1 | seed);
+    t = (t + Math.imul(t ^ (t >>> 7), 61 | t)) ^ t;
+    return ((t ^ (t >>> 14)) >>> 0) / 2 ** 32;
+  };
+}
+
+function outcome(call) {
+  try {
+    return ['ok', call()];
+  } catch (e) {
+    if (e instanceof GuardError) return ['error', e.kind, e.detail];
+    throw e;
+  }
+}
+
+test('random calls answer and store the same through both bindings', async () => {
+  const rng = random(17);
+  const int = (n) => Math.floor(rng() * n);
+  const pick = (xs) => xs[int(xs.length)];
+  const bytes = (n) => Uint8Array.from({ length: int(n + 1) }, () => int(256));
+  const jco = await jcoGuest();
+  const sides = [undefined, jco].map((guest) => {
+    const store = new Corrupting();
+    const clock = new ManualClock(1_000);
+    return { store, clock, guard: Guard.load({ store, clock, leaseMs: 50, retentionMs: 400, maxResponseBytes: 64, guest }) };
+  });
+  const keys = ['a', 'b', 'ключ', 'k\u200b', 'x'.repeat(255)];
+  const text = 'aZ-/é Σ日\u00e9';
+  const claims = [];
+  for (let step = 0; step < 400; step++) {
+    const op = pick(['begin', 'begin', 'complete', 'complete', 'release', 'renew', 'clock', 'fault', 'corrupt']);
+    let answers;
+    if (op === 'clock') {
+      const ms = pick([1, 10, 49, 50, 51, 400]);
+      for (const s of sides) s.clock.advance(ms);
+      continue;
+    } else if (op === 'fault') {
+      const [primitive, kind] = [pick(['insert', 'replace']), pick(['error', 'lost'])];
+      for (const s of sides) s.store.fault(primitive, { kind, message: 'down', count: 1 });
+      continue;
+    } else if (op === 'corrupt') {
+      for (const s of sides) s.store.corruptNext = true;
+      continue;
+    } else if (op === 'begin') {
+      const [key, fp] = [pick(keys), pick(['fp-1', 'fp-2'])];
+      answers = sides.map((s) => outcome(() => s.guard.begin(key, fp)));
+      if (answers[0][0] === 'ok' && answers[0][1].tag === 'proceed') claims.push(answers[0][1].val);
+    } else if (claims.length === 0) {
+      continue;
+    } else if (op === 'complete') {
+      const claim = pick(claims);
+      const headers = Array.from({ length: int(4) }, () => [Array.from({ length: 1 + int(6) }, () => pick([...text])).join(''), bytes(5)]);
+      const response = { status: pick([200, 201, 404, 99, 1000]), headers, body: bytes(40) };
+      answers = sides.map((s) => outcome(() => s.guard.complete(claim, response)));
+    } else if (op === 'release') {
+      const claim = pick(claims);
+      answers = sides.map((s) => outcome(() => s.guard.release(claim)));
+    } else {
+      const claim = pick(claims);
+      answers = sides.map((s) => outcome(() => s.guard.renew(claim)));
+      if (answers[0][0] === 'ok') claims.push(answers[0][1]);
+    }
+    assert.deepEqual(answers[0], answers[1], `step ${step} (${op})`);
+    const now = sides[0].clock.nowMs();
+    assert.deepEqual(
+      keys.map((k) => sides[0].store.peek(k, now)),
+      keys.map((k) => sides[1].store.peek(k, now)),
+      `step ${step} (${op}): stored records`,
+    );
+  }
+  assert.deepEqual(sides.map((s) => s.guard.replaced), [0, 0], 'no call trapped');
+});
+
+test('fingerprints agree through both bindings', async () => {
+  const rng = random(18);
+  const int = (n) => Math.floor(rng() * n);
+  const [lean, jco] = [undefined, await jcoGuest()].map((guest) => Guard.load({ guest, renewLease: false }));
+  for (let i = 0; i < 50; i++) {
+    const headers = Array.from({ length: int(5) }, () => [['a', 'B', 'ü', ''][int(4)], Uint8Array.from({ length: int(5) }, () => int(256))]);
+    const request = { method: ['get', 'POST', 'ß'][int(3)], path: `/p?${['', 'q=1', '日'][int(3)]}`, headers, body: Uint8Array.from({ length: int(30) }, () => int(256)) };
+    assert.equal(lean.fingerprint(request), jco.fingerprint(request));
+  }
+});
+
+test('a component whose core signatures moved is refused at load', () => {
+  const bytes = readFileSync(component);
+  const insert = IMPORTS['store/insert'];
+  // As if `record` had gained a field: the WIT mirror's insert no longer matches the guest's.
+  IMPORTS['store/insert'] = { params: [...insert.params.slice(0, -1), 'i32', 'i32'], results: insert.results };
+  try {
+    assert.throws(() => new Guest(bytes), (e) => e instanceof AbiViolation && e.message.startsWith('store/insert: core signature'));
+  } finally {
+    IMPORTS['store/insert'] = insert;
+  }
+  assert.throws(() => new Guest(Uint8Array.of(0, 0x61, 0x73, 0x6d, 1, 0, 0, 0)), /not a component/);
+  assert.ok(new Guest(bytes).module, 'the real component loads');
+  assert.equal(Object.keys(EXPORTS).length, 5);
+});
+
+test('the layouts are the canonical ABI’s', () => {
+  // Offsets jco 1.35 generates for the same WIT (gen/idem.js reads a claim from begin's result at +16..+48).
+  assert.equal(BEGIN_RESULT.payload + DECISION.payload, 16);
+  assert.deepEqual(CLAIM.offset, { key: 0, fingerprint: 8, fence: 16, leaseUntilMs: 24, expiresAtMs: 32 });
+  assert.deepEqual([RECORD.size, ENTRY.size, INSERT_RESULT.size], [56, 64, 80]);
+  assert.deepEqual(RECORD.flat, ['i32', 'i32', 'i32', 'i64', 'i64', 'i32', 'i32', 'i32', 'i32', 'i32', 'i32']);
+});
+
+test('a response larger than the guest’s memory grows it and replays byte for byte', () => {
+  const guard = Guard.load({ store: new MemoryStore(), clock: new ManualClock(1_000), maxResponseBytes: 8 << 20, renewLease: false });
+  const body = Uint8Array.from({ length: 3 << 20 }, (_, i) => (i * 7) & 0xff); // past the 1.1 MB the guest starts with
+  const headers = [['x-big', body.subarray(0, 70_000)]];
+  const claim = guard.begin('big', 'fp').val;
+  guard.complete(claim, { status: 200, headers, body });
+  const replay = guard.begin('big', 'fp');
+  assert.equal(replay.tag, 'replay');
+  assert.ok(Buffer.from(replay.val.body).equals(body) && Buffer.from(replay.val.headers[0][1]).equals(headers[0][1]));
+  assert.equal(guard.replaced, 0);
+});
+
+test('values out of their WIT range fail closed instead of wrapping', () => {
+  const store = new MemoryStore();
+  const guard = Guard.load({ store, clock: new ManualClock(1_000), renewLease: false });
+  const claim = guard.begin('k', 'fp').val;
+  // 65_736 would be 200 cut to a u16; -1n would be u64::MAX as an i64.
+  assert.throws(() => guard.complete(claim, { status: 65_536 + 200, body: 'x' }), (e) => e instanceof GuardError && e.kind === 'unavailable');
+  assert.throws(() => guard.complete({ ...claim, fence: -1n }, { status: 200, body: 'x' }), (e) => e instanceof GuardError && e.kind === 'unavailable');
+  assert.throws(() => guard.begin(42, 'fp'), (e) => e instanceof GuardError && e.kind === 'unavailable');
+  assert.equal(store.peek('k', 1_000).record.state, 'processing', 'nothing was stored');
+});

@@ -1,0 +1,715 @@
+"""The guard component run through wasmtime's core API, with the canonical ABI
+of `idem:guard@0.1.0` written once, here, for this WIT.
+
+Why: wasmtime-py 50's dynamic component API lifts and lowers every value
+through generic type objects, with a ctypes call or more per value: about
+3.7 ms per guarded call. Its core `Func.__call__` is no way out either: it
+rebuilds the function's type and converts every parameter through `Val` on
+each call (about 95 µs a call on this machine). This module runs the
+component's own core module (the guest wit-bindgen compiled, taken out of the
+very component bytes `idem component --out` writes; nothing is rebuilt) and
+calls it through the unchecked entry points of wasmtime's C API
+(`wasmtime_func_call_unchecked`, `wasmtime_func_new_unchecked`), reached
+through the ctypes prototypes wasmtime-py ships with its library. Values are
+moved with precompiled `struct` formats straight in linear memory, as the
+canonical ABI says (https://github.com/WebAssembly/component-model, design/mvp/
+CanonicalABI.md: `flatten_functype`, `store`, `load`, `lift_flat`).
+
+What the component model would also check and this binding checks too: every
+pointer and length the guest hands back is bounds-checked (and lists'
+alignment), strings must be UTF-8, discriminants in range. A violation raises
+`AbiViolation`, which the guard treats as a trap (the instance is dropped).
+
+The layouts live in one place, the WIT mirror below (`# wit/...` comments say
+where each type comes from). Sizes, alignments, offsets and the flattened core
+signatures are computed from it with the canonical ABI's rules, and
+`Guest.load` compares every computed signature with the core module's: a
+component whose types moved (a field added to `record`, a new export) is
+refused at load, not mis-read at run time. Moving to the next contract: edit
+the mirror, `VERSION` and the few hand-written lift/lower functions that
+name fields.
+
+What it takes from wasmtime-py beyond its public API, all pinned by
+requirements.txt (wasmtime==50.0.1) and exercised by every test: the library
+handle and C types of `wasmtime._bindings`, `Func._from_raw`, `Func._func`,
+`Memory._memory`, `Store._context()`, `FuncType.ptr()`, `Trap._from_ptr`,
+`WasmtimeError._from_ptr` and `Trap._consume`.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import itertools
+import struct
+import weakref
+from ctypes import POINTER
+from pathlib import Path
+from typing import Any, Callable, Optional, Sequence
+
+import wasmtime
+from wasmtime import _bindings as capi  # wasmtime-py's ctypes prototypes of wasmtime's C API
+
+from idem_types import Claim, Entry, Failure, Policy, Record, Response, StoreFault
+
+VERSION = "0.1.0"
+
+
+def contract(interface: str) -> str:
+    """The name an interface of the contract has in the component: `idem:guard/store@0.1.0`."""
+    return f"idem:guard/{interface}@{VERSION}"
+
+
+class AbiViolation(Exception):
+    """The guest broke the canonical ABI (bad pointer, length, UTF-8 or
+    discriminant), or the component is not the shape this binding reads."""
+
+
+# --- the canonical ABI's layout rules --------------------------------------
+
+
+def _align_to(n: int, align: int) -> int:
+    return (n + align - 1) // align * align
+
+
+class Type:
+    size: int
+    align: int
+    flat: tuple[str, ...]
+
+
+class Scalar(Type):
+    def __init__(self, size: int, flat: str, code: str):
+        self.size = self.align = size
+        self.flat = (flat,)
+        self.code = code  # its `struct` format character
+
+
+class Str(Type):
+    """`string` or `list<T>`: a (pointer, length) pair."""
+
+    size, align, flat = 8, 4, ("i32", "i32")
+
+    def __init__(self, element: Optional[Type] = None):
+        self.element = element
+
+
+class Rec(Type):
+    """A record (or tuple): fields in order, each at its own alignment."""
+
+    def __init__(self, *fields: tuple[str, Type]):
+        self.fields = dict(fields)
+        self.offset: dict[str, int] = {}
+        end = 0
+        for name, ty in fields:
+            end = _align_to(end, ty.align)
+            self.offset[name] = end
+            end += ty.size
+        self.align = max(ty.align for _, ty in fields)
+        self.size = _align_to(end, self.align)
+        self.flat = tuple(f for _, ty in fields for f in ty.flat)
+
+
+def _join(a: str, b: str) -> str:
+    return a if a == b else "i64"  # only i32 and i64 occur in this WIT
+
+
+class Variant(Type):
+    """A variant, enum, option or result: a discriminant, then the payload at the largest case alignment."""
+
+    def __init__(self, *cases: tuple[str, Optional[Type]]):
+        self.cases = tuple(name for name, _ in cases)
+        self.payloads = tuple(ty for _, ty in cases)
+        self.disc = 1 if len(cases) <= 256 else 2 if len(cases) <= 65536 else 4
+        payload_align = max([ty.align for ty in self.payloads if ty] or [1])
+        payload_size = max([ty.size for ty in self.payloads if ty] or [0])
+        self.align = max(self.disc, payload_align)
+        self.payload = _align_to(self.disc, payload_align)
+        self.size = _align_to(self.payload + payload_size, self.align)
+        flat: list[str] = []
+        for ty in self.payloads:
+            for i, f in enumerate(ty.flat if ty else ()):
+                flat[i : i + 1] = [_join(flat[i], f) if i < len(flat) else f]
+        self.flat = ("i32", *flat)
+
+    def case(self, index: int) -> str:
+        if index >= len(self.cases):
+            raise AbiViolation(f"discriminant {index} out of range for {self.cases}")
+        return self.cases[index]
+
+
+def Enum(*names: str) -> Variant:
+    return Variant(*((n, None) for n in names))
+
+
+def Option(ty: Type) -> Variant:
+    return Variant(("none", None), ("some", ty))
+
+
+def Result(ok: Optional[Type], err: Optional[Type]) -> Variant:
+    return Variant(("ok", ok), ("err", err))
+
+
+def Tuple(*types: Type) -> Rec:
+    return Rec(*((str(i), ty) for i, ty in enumerate(types)))
+
+
+U8, U16, U32, U64 = Scalar(1, "i32", "B"), Scalar(2, "i32", "H"), Scalar(4, "i32", "I"), Scalar(8, "i64", "Q")
+STRING = Str()
+
+MAX_FLAT_PARAMS, MAX_FLAT_RESULTS = 16, 1
+
+
+def export_signature(params: Sequence[Type], result: Optional[Type]) -> tuple[list[str], list[str]]:
+    """`flatten_functype` for a lifted export: results over one core value come back through a pointer."""
+    flat = [f for ty in params for f in ty.flat]
+    assert len(flat) <= MAX_FLAT_PARAMS, "spilled parameters are not needed by this WIT"
+    results = list(result.flat) if result else []
+    return flat, (["i32"] if len(results) > MAX_FLAT_RESULTS else results)
+
+
+def import_signature(params: Sequence[Type], result: Optional[Type]) -> tuple[list[str], list[str]]:
+    """`flatten_functype` for a lowered import: results over one core value go to a pointer the guest passes last."""
+    flat = [f for ty in params for f in ty.flat]
+    assert len(flat) <= MAX_FLAT_PARAMS, "spilled parameters are not needed by this WIT"
+    results = list(result.flat) if result else []
+    if len(results) > MAX_FLAT_RESULTS:
+        return flat + ["i32"], []
+    return flat, results
+
+
+# --- the WIT, mirrored: the one place the layouts come from ----------------
+
+# wit/types.wit
+HEADER = Tuple(STRING, Str(U8))  # an element of `response.headers` and `request-parts.headers`
+RESPONSE = Rec(("status", U16), ("headers", Str(HEADER)), ("body", Str(U8)))
+STATE = Enum("processing", "done")
+RECORD = Rec(
+    ("fingerprint", STRING),
+    ("state", STATE),
+    ("lease_until_ms", U64),
+    ("expires_at_ms", U64),
+    ("response", Option(RESPONSE)),
+)
+ENTRY = Rec(("record", RECORD), ("version", U64))
+
+# wit/guard.wit
+POLICY = Rec(("lease_ms", U64), ("retention_ms", U64), ("max_response_bytes", U32))
+CLAIM = Rec(
+    ("key", STRING),
+    ("fingerprint", STRING),
+    ("fence", U64),
+    ("lease_until_ms", U64),
+    ("expires_at_ms", U64),
+)
+DECISION = Variant(("proceed", CLAIM), ("replay", RESPONSE), ("in-flight", U64), ("conflict", None))
+GUARD_ERROR = Variant(("unavailable", STRING), ("invalid-input", STRING), ("stale-claim", STRING))
+REQUEST_PARTS = Rec(("method", STRING), ("path", STRING), ("headers", Str(HEADER)), ("body", Str(U8)))
+BEGIN_RESULT = Result(DECISION, GUARD_ERROR)
+UNIT_RESULT = Result(None, GUARD_ERROR)
+RENEW_RESULT = Result(CLAIM, GUARD_ERROR)
+
+# wit/store.wit (the 0.1.0 guest imports only `insert` and `replace`; `Guest.load`
+# refuses a component that imports anything this binding does not lower)
+STORE_ERROR = Variant(("unavailable", STRING), ("corrupt", STRING))
+INSERT_OUTCOME = Variant(("inserted", U64), ("existing", ENTRY))
+INSERT_RESULT = Result(INSERT_OUTCOME, STORE_ERROR)
+REPLACE_RESULT = Result(Option(U64), STORE_ERROR)
+
+# wit/guard.wit's exports and the imports of wit/clock.wit and wit/store.wit: core signatures.
+EXPORTS = {
+    "begin": export_signature([STRING, STRING, POLICY], BEGIN_RESULT),
+    "complete": export_signature([CLAIM, RESPONSE, POLICY], UNIT_RESULT),
+    "release": export_signature([CLAIM], UNIT_RESULT),
+    "renew": export_signature([CLAIM, POLICY], RENEW_RESULT),
+    "fingerprint": export_signature([REQUEST_PARTS], STRING),
+}
+IMPORTS = {
+    ("clock", "now-ms"): import_signature([], U64),
+    ("store", "insert"): import_signature([STRING, RECORD, U64], INSERT_RESULT),
+    ("store", "replace"): import_signature([STRING, U64, RECORD, U64], REPLACE_RESULT),
+}
+
+
+def _fields(ty: Rec, *names: str) -> struct.Struct:
+    """A `struct` format reading the named fields of a record in memory, padding
+    included (a string or list is its pointer and length; a variant, its discriminant)."""
+    fmt, at = "<", ty.offset[names[0]]
+    for name in names:
+        field = ty.fields[name]
+        fmt += "x" * (ty.offset[name] - at)
+        if isinstance(field, Scalar):
+            fmt += field.code
+        elif isinstance(field, Str):
+            fmt += "II"
+        elif isinstance(field, Variant):
+            fmt += "BHI"[field.disc // 2]
+        else:
+            raise TypeError(f"{name}: read nested records field by field")
+        at = ty.offset[name] + (field.disc if isinstance(field, Variant) else field.size)
+    return struct.Struct(fmt)
+
+
+def _flat(signature: list[str]) -> struct.Struct:
+    """Core values as wasmtime's C API lays them out: one 16-byte `wasmtime_val_raw_t` each."""
+    return struct.Struct("<" + "".join("I12x" if t == "i32" else "Q8x" for t in signature))
+
+
+_CLAIM = _fields(CLAIM, "key", "fingerprint", "fence", "lease_until_ms", "expires_at_ms")
+_RESPONSE = _fields(RESPONSE, "status", "headers", "body")
+_HEADER = _fields(HEADER, "0", "1")
+_RECORD_HEAD = _fields(RECORD, "fingerprint", "state", "lease_until_ms", "expires_at_ms", "response")
+_VERSION = struct.Struct("<Q")
+_DISC = struct.Struct("<B")
+_PTR_LEN = struct.Struct("<II")
+# `inserted(u64)` and `option<u64>`: a discriminant, then the u64 at the payload offset (8 for both).
+assert INSERT_OUTCOME.payload == Option(U64).payload
+_U64_AT_PAYLOAD = struct.Struct(f"<B{INSERT_OUTCOME.payload - 1}xQ")
+
+# Where the payloads sit, from the layouts above.
+_BEGIN_OK = BEGIN_RESULT.payload  # the decision
+_BEGIN_CASE = _BEGIN_OK + DECISION.payload  # the decision's payload
+_UNIT_ERR = UNIT_RESULT.payload
+_RENEW_OK = RENEW_RESULT.payload
+_ENTRY_AT = INSERT_RESULT.payload + INSERT_OUTCOME.payload
+_OPTION_RESPONSE = RECORD.fields["response"]
+assert isinstance(_OPTION_RESPONSE, Variant)
+_RESPONSE_IN_RECORD = RECORD.offset["response"] + _OPTION_RESPONSE.payload
+
+
+# --- the component file ----------------------------------------------------
+
+
+def _leb128(data: bytes, at: int) -> tuple[int, int]:
+    value = shift = 0
+    while True:
+        byte = data[at]
+        at += 1
+        value |= (byte & 0x7F) << shift
+        shift += 7
+        if byte < 0x80:
+            return value, at
+
+
+def core_modules(component: bytes) -> list[bytes]:
+    """The core modules a component embeds at its top level (section id 1), in order."""
+    if component[:8] != b"\0asm\x0d\x00\x01\x00":
+        raise AbiViolation("not a component (expected the component-model binary, version 0xd, layer 1)")
+    modules, at = [], 8
+    while at < len(component):
+        section = component[at]
+        size, at = _leb128(component, at + 1)
+        if section == 1:
+            modules.append(component[at : at + size])
+        at += size
+    return modules
+
+
+ENGINE = wasmtime.Engine()
+
+
+class Guest:
+    """The guard's core module, compiled once, checked against the WIT mirror."""
+
+    _loaded: dict[str, "Guest"] = {}
+
+    @classmethod
+    def load(cls, path: Path) -> "Guest":
+        key = str(path)
+        if key not in cls._loaded:
+            cls._loaded[key] = cls(Path(path).read_bytes())
+        return cls._loaded[key]
+
+    def __init__(self, component: bytes):
+        # wit-component wraps the guest with a shim and a fixup module for the
+        # imports' indirect calls; the guest is the one that exports memory.
+        for wasm in core_modules(component):
+            module = wasmtime.Module(ENGINE, wasm)
+            if any(e.name == "memory" for e in module.exports):
+                break
+        else:
+            raise AbiViolation("the component has no core module exporting its memory")
+        self.module = module
+        exports = {e.name: e.type for e in module.exports}
+        for name, (params, results) in EXPORTS.items():
+            self._check(exports, contract("guard") + "#" + name, params, results)
+            self._check(exports, "cabi_post_" + contract("guard") + "#" + name, ["i32"], [])
+        self._check(exports, "cabi_realloc", ["i32"] * 4, ["i32"])
+        self.imports = []
+        for imp in module.imports:
+            iface = imp.module.split("/")[-1].removesuffix(f"@{VERSION}")
+            if imp.module != contract(iface) or (iface, imp.name) not in IMPORTS:
+                raise AbiViolation(f"the component imports {imp.module} {imp.name}, which this binding does not provide")
+            self._check({imp.name: imp.type}, imp.name, *IMPORTS[(iface, imp.name)])
+            self.imports.append((iface, imp.name))
+
+    @staticmethod
+    def _check(types: dict[str, Any], name: str, params: list[str], results: list[str]) -> None:
+        ty = types.get(name)
+        if not isinstance(ty, wasmtime.FuncType):
+            raise AbiViolation(f"the component's core module has no function {name}")
+        actual = ([str(t) for t in ty.params], [str(t) for t in ty.results])
+        if actual != (params, results):
+            raise AbiViolation(f"{name}: core signature {actual}, the WIT mirror says {(params, results)}")
+
+    def instantiate(self, store: Any, clock: Any) -> "Instance":
+        return Instance(self, store, clock)
+
+
+# --- host functions through wasmtime's unchecked C API ---------------------
+
+# env -> (the instance, weakly: the dict must not keep it alive, its handler, the handler's flat parameters)
+_HOST_FUNCS: dict[int, tuple[weakref.ref, Callable[..., None], struct.Struct]] = {}
+_next_env = itertools.count(1)
+
+
+# `wasmtime_func_unchecked_callback_t`, with its pointers as plain ints.
+@ctypes.CFUNCTYPE(ctypes.c_size_t, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t)
+def _trampoline(env: int, caller: int, values: int, count: int) -> int:
+    try:
+        instance, handler, params = _HOST_FUNCS[env]
+    except KeyError:  # never expected; an exception escaping a ctypes callback would read as success
+        return _trap(f"no host function {env}")
+    return Instance._host_call(instance(), caller, values, handler, params)
+
+
+@ctypes.CFUNCTYPE(None, ctypes.c_void_p)
+def _finalize(env: int) -> None:
+    _HOST_FUNCS.pop(env, None)  # the wasmtime Store holding the function was dropped
+
+
+def _trap(message: str) -> int:
+    return ctypes.cast(wasmtime.Trap(message)._consume(), ctypes.c_void_p).value or 0
+
+
+def _c(name: str, restype: Any, *argtypes: Any) -> Any:
+    """A C API function of the library wasmtime-py loaded, taking addresses as plain ints.
+
+    `PYFUNCTYPE` keeps the GIL across the call: the calls are microseconds
+    long, and this halves ctypes' cost against wasmtime-py's own prototypes."""
+    return ctypes.PYFUNCTYPE(restype, *argtypes)((name, capi.dll))
+
+
+_P = ctypes.c_void_p
+
+
+def _address(pointer: Any) -> int:
+    return ctypes.cast(pointer, _P).value or 0
+
+_call_unchecked = _c("wasmtime_func_call_unchecked", _P, _P, _P, _P, ctypes.c_size_t, _P)
+_memory_size = _c("wasmtime_memory_data_size", ctypes.c_size_t, _P, _P)
+_memory_data = _c("wasmtime_memory_data", _P, _P, _P)
+_caller_context = _c("wasmtime_caller_context", _P, _P)
+_func_new_unchecked = _c("wasmtime_func_new_unchecked", None, _P, _P, _P, _P, _P, _P)
+_Values = capi.wasmtime_val_raw_t
+
+
+class _Export:
+    """A core export and a buffer of raw values for its parameters and results."""
+
+    def __init__(self, func: wasmtime.Func, params: list[str], results: list[str]):
+        self.func = func  # keeps the `wasmtime_func_t` at `self.ref` alive
+        self.ref = ctypes.addressof(func._func)
+        self.count = max(len(params), len(results))
+        self.values = (_Values * self.count)()
+        self.address = ctypes.addressof(self.values)
+        self.view = memoryview(self.values).cast("B")
+        self.params = _flat(params)
+
+
+class Instance:
+    """One instance of the guest in a wasmtime Store of its own, over one store and clock.
+
+    Not thread-safe (the guard calls it under its lock). After any exception
+    other than a returned `Failure` the instance must be dropped: the guest
+    may be half-way through a call."""
+
+    def __init__(self, guest: Guest, store: Any, clock: Any):
+        self.store, self.clock = store, clock
+        self._wasmtime = wasmtime.Store(ENGINE)
+        self._ctx = self._store_ctx = _address(self._wasmtime._context())
+        self._pending: Optional[BaseException] = None
+        self._trap = POINTER(capi.wasm_trap_t)()
+        self._trap_ref = ctypes.addressof(self._trap)
+        handlers = {
+            ("clock", "now-ms"): Instance._now_ms,
+            ("store", "insert"): Instance._insert,
+            ("store", "replace"): Instance._replace,
+        }
+        funcs = []
+        for imp, (iface, name) in zip(guest.module.imports, guest.imports):
+            env = next(_next_env)
+            _HOST_FUNCS[env] = (weakref.ref(self), handlers[(iface, name)], _flat(IMPORTS[(iface, name)][0]))
+            func = capi.wasmtime_func_t()
+            _func_new_unchecked(
+                self._ctx, _address(imp.type.ptr()), _address(_trampoline), env, _address(_finalize), ctypes.addressof(func)
+            )
+            funcs.append(wasmtime.Func._from_raw(func))
+        exports = wasmtime.Instance(self._wasmtime, guest.module, funcs).exports(self._wasmtime)
+        self._memory_export = exports["memory"]
+        self._memory = ctypes.addressof(self._memory_export._memory)
+        self._size = -1
+        self._mem = memoryview(b"")
+        self._exports = {}
+        for name, (params, results) in EXPORTS.items():
+            self._exports[name] = _Export(exports[contract("guard") + "#" + name], params, results)
+            self._exports["post-" + name] = _Export(exports["cabi_post_" + contract("guard") + "#" + name], ["i32"], [])
+        self._realloc = _Export(exports["cabi_realloc"], ["i32"] * 4, ["i32"])
+
+    # Calls into the guest.
+
+    def _invoke(self, export: _Export) -> None:
+        error = _call_unchecked(self._ctx, export.ref, export.address, export.count, self._trap_ref)
+        if error or self._trap:
+            pending, self._pending = self._pending, None
+            if error:
+                failure: Exception = wasmtime.WasmtimeError._from_ptr(ctypes.cast(error, POINTER(capi.wasmtime_error_t)))
+            else:
+                failure = wasmtime.Trap._from_ptr(self._trap)
+            self._trap = POINTER(capi.wasm_trap_t)()
+            self._trap_ref = ctypes.addressof(self._trap)
+            if pending is not None:
+                raise pending from failure
+            raise failure
+
+    def _call(self, name: str, *params: int) -> int:
+        export = self._exports[name]
+        export.params.pack_into(export.view, 0, *params)
+        self._invoke(export)
+        return export.values[0].i32 & 0xFFFFFFFF
+
+    def _post(self, name: str, ret: int) -> None:
+        export = self._exports["post-" + name]
+        export.values[0].i32 = ret
+        self._invoke(export)
+
+    def _view(self) -> memoryview:
+        """Linear memory as it is now: call after the guest ran (it may have grown)."""
+        size = _memory_size(self._ctx, self._memory)
+        if size != self._size:
+            base = _memory_data(self._ctx, self._memory)
+            self._mem = memoryview((ctypes.c_ubyte * size).from_address(base)).cast("B")
+            self._size = size
+        return self._mem
+
+    def _alloc(self, align: int, size: int) -> int:
+        """`cabi_realloc(0, 0, align, size)`: memory the guest then owns."""
+        r = self._realloc
+        r.params.pack_into(r.view, 0, 0, 0, align, size)
+        self._invoke(r)
+        ptr = r.values[0].i32 & 0xFFFFFFFF
+        if ptr % align:
+            raise AbiViolation(f"cabi_realloc returned {ptr}, not aligned to {align}")
+        return ptr
+
+    # Lowering: Python values into memory the guest owns. Allocations first, then one view, then the writes.
+
+    def _put(self, writes: list, data: bytes, align: int = 1) -> tuple[int, int]:
+        ptr = self._alloc(align, len(data))
+        writes.append((ptr, data))
+        return ptr, len(data)
+
+    def _put_headers(self, writes: list, headers: Sequence[tuple[str, bytes]]) -> tuple[int, int]:
+        array = bytearray(HEADER.size * len(headers))
+        for i, (name, value) in enumerate(headers):
+            _HEADER.pack_into(array, i * HEADER.size, *self._put(writes, name.encode()), *self._put(writes, bytes(value)))
+        ptr, _ = self._put(writes, bytes(array), HEADER.align)
+        return ptr, len(headers)
+
+    def _flush(self, writes: list) -> None:
+        mem = self._view()
+        for ptr, data in writes:
+            if ptr + len(data) > self._size:
+                raise AbiViolation(f"cabi_realloc returned {ptr}, beyond memory ({self._size} bytes)")
+            mem[ptr : ptr + len(data)] = data
+
+    def _claim_params(self, writes: list, c: Claim) -> tuple[int, ...]:
+        return (*self._put(writes, c.key.encode()), *self._put(writes, c.fingerprint.encode()), c.fence, c.lease_until_ms, c.expires_at_ms)
+
+    def _response_params(self, writes: list, r: Response) -> tuple[int, ...]:
+        if not 0 <= r.status <= 0xFFFF:  # a u16 travels in an i32: the guest would truncate it
+            raise ValueError(f"status {r.status} is not a u16")
+        return (r.status, *self._put_headers(writes, r.headers), *self._put(writes, bytes(r.body)))
+
+    # Lifting: the guest's memory into Python values (copied: the guest frees it in post-return).
+
+    def _bytes(self, mem: memoryview, ptr: int, length: int) -> bytes:
+        if ptr + length > self._size:
+            raise AbiViolation(f"list at {ptr} of {length} bytes is beyond memory ({self._size} bytes)")
+        return mem[ptr : ptr + length].tobytes()
+
+    def _string(self, mem: memoryview, ptr: int, length: int) -> str:
+        if ptr + length > self._size:
+            raise AbiViolation(f"string at {ptr} of {length} bytes is beyond memory ({self._size} bytes)")
+        try:
+            return str(mem[ptr : ptr + length], "utf-8")
+        except UnicodeDecodeError as e:
+            raise AbiViolation(f"string at {ptr} is not UTF-8: {e}") from e
+
+    def _headers(self, mem: memoryview, ptr: int, count: int) -> list[tuple[str, bytes]]:
+        if ptr % HEADER.align or ptr + count * HEADER.size > self._size:
+            raise AbiViolation(f"header list at {ptr} ({count} entries) is misaligned or beyond memory")
+        headers = []
+        for i in range(count):
+            np, nl, vp, vl = _HEADER.unpack_from(mem, ptr + i * HEADER.size)
+            headers.append((self._string(mem, np, nl), self._bytes(mem, vp, vl)))
+        return headers
+
+    def _claim(self, mem: memoryview, at: int) -> Claim:
+        kp, kl, fp, fl, fence, lease_until_ms, expires_at_ms = _CLAIM.unpack_from(mem, at)
+        return Claim(self._string(mem, kp, kl), self._string(mem, fp, fl), fence, lease_until_ms, expires_at_ms)
+
+    def _response(self, mem: memoryview, at: int) -> Response:
+        status, hp, hn, bp, bn = _RESPONSE.unpack_from(mem, at)
+        return Response(status, self._headers(mem, hp, hn), self._bytes(mem, bp, bn))
+
+    def _failure(self, mem: memoryview, at: int) -> Failure:
+        (case,) = _DISC.unpack_from(mem, at)
+        return Failure(GUARD_ERROR.case(case), self._string(mem, *_PTR_LEN.unpack_from(mem, at + GUARD_ERROR.payload)))
+
+    # The exports of wit/guard.wit.
+
+    def begin(self, key: str, fingerprint: str, policy: Policy) -> tuple[str, Any] | Failure:
+        writes: list = []
+        params = (*self._put(writes, key.encode()), *self._put(writes, fingerprint.encode()), *policy)
+        self._flush(writes)
+        ret = self._call("begin", *params)
+        mem = self._view()
+        (ok,) = _DISC.unpack_from(mem, ret)
+        if BEGIN_RESULT.case(ok) == "err":
+            value: Any = self._failure(mem, ret + BEGIN_RESULT.payload)
+        else:
+            tag = DECISION.case(mem[ret + _BEGIN_OK])
+            if tag == "proceed":
+                value = (tag, self._claim(mem, ret + _BEGIN_CASE))
+            elif tag == "replay":
+                value = (tag, self._response(mem, ret + _BEGIN_CASE))
+            elif tag == "in-flight":
+                value = (tag, _VERSION.unpack_from(mem, ret + _BEGIN_CASE)[0])
+            else:
+                value = (tag, None)
+        self._post("begin", ret)
+        return value
+
+    def _unit(self, name: str, params: tuple[int, ...]) -> Optional[Failure]:
+        ret = self._call(name, *params)
+        mem = self._view()
+        failure = None if UNIT_RESULT.case(mem[ret]) == "ok" else self._failure(mem, ret + _UNIT_ERR)
+        self._post(name, ret)
+        return failure
+
+    def complete(self, claim: Claim, response: Response, policy: Policy) -> Optional[Failure]:
+        writes: list = []
+        params = (*self._claim_params(writes, claim), *self._response_params(writes, response), *policy)
+        self._flush(writes)
+        return self._unit("complete", params)
+
+    def release(self, claim: Claim) -> Optional[Failure]:
+        writes: list = []
+        params = self._claim_params(writes, claim)
+        self._flush(writes)
+        return self._unit("release", params)
+
+    def renew(self, claim: Claim, policy: Policy) -> Claim | Failure:
+        writes: list = []
+        params = (*self._claim_params(writes, claim), *policy)
+        self._flush(writes)
+        ret = self._call("renew", *params)
+        mem = self._view()
+        ok = RENEW_RESULT.case(mem[ret]) == "ok"
+        value = self._claim(mem, ret + _RENEW_OK) if ok else self._failure(mem, ret + RENEW_RESULT.payload)
+        self._post("renew", ret)
+        return value
+
+    def fingerprint(self, method: str, path: str, headers: Sequence[tuple[str, bytes]], body: bytes) -> str:
+        writes: list = []
+        params = (
+            *self._put(writes, method.encode()),
+            *self._put(writes, path.encode()),
+            *self._put_headers(writes, headers),
+            *self._put(writes, bytes(body)),
+        )
+        self._flush(writes)
+        ret = self._call("fingerprint", *params)
+        mem = self._view()
+        value = self._string(mem, *_PTR_LEN.unpack_from(mem, ret))
+        self._post("fingerprint", ret)
+        return value
+
+    # The imports of wit/clock.wit and wit/store.wit.
+
+    def _host_call(self: Optional["Instance"], caller: Any, values: Any, handler: Callable[..., None], params: struct.Struct) -> int:
+        """Runs an import: its flat parameters unpacked; a host exception becomes a trap
+        (raised again from the export call that was running)."""
+        if self is None:
+            return _trap("the instance was dropped")
+        try:
+            self._ctx = _caller_context(caller)  # calls made meanwhile go through the caller
+            handler(self, values, params.unpack(ctypes.string_at(values, params.size)))
+            return 0
+        except BaseException as e:
+            self._pending = e
+            return _trap(f"host function raised {type(e).__name__}: {e}")
+        finally:
+            self._ctx = self._store_ctx
+
+    def _now_ms(self, values: int, _params: tuple) -> None:
+        ctypes.c_uint64.from_address(values).value = self.clock.now_ms()
+
+    def _record(self, mem: memoryview, flat: tuple) -> Record:
+        """`record` from its 11 flat values (RECORD.flat)."""
+        fp, fl, state, lease_until_ms, expires_at_ms, has_response, status, hp, hn, bp, bn = flat
+        response = None
+        if _OPTION_RESPONSE.case(has_response) == "some":
+            response = Response(status & 0xFFFF, self._headers(mem, hp, hn), self._bytes(mem, bp, bn))
+        return Record(self._string(mem, fp, fl), STATE.case(state), lease_until_ms, expires_at_ms, response)
+
+    def _store_error(self, writes: list, ret: int, result: Variant, fault: StoreFault) -> None:
+        case = STORE_ERROR.cases.index(fault.kind)
+        message = self._put(writes, str(fault).encode())
+        writes.append((ret, struct.pack("<B", result.cases.index("err"))))
+        writes.append((ret + result.payload, struct.pack("<B", case)))
+        writes.append((ret + result.payload + STORE_ERROR.payload, _PTR_LEN.pack(*message)))
+
+    def _insert(self, _values: Any, params: tuple) -> None:
+        kp, kl, *record, now_ms, ret = params
+        mem = self._view()
+        writes: list = []
+        try:
+            outcome = self.store.insert(self._string(mem, kp, kl), self._record(mem, tuple(record)), now_ms)
+        except StoreFault as fault:
+            self._store_error(writes, ret, INSERT_RESULT, fault)
+        else:
+            writes.append((ret, b"\0"))  # ok
+            if isinstance(outcome, Entry):
+                writes.append((ret + INSERT_RESULT.payload, struct.pack("<B", INSERT_OUTCOME.cases.index("existing"))))
+                writes.append((ret + _ENTRY_AT, self._lower_entry(writes, outcome)))
+            else:
+                writes.append((ret + INSERT_RESULT.payload, _U64_AT_PAYLOAD.pack(INSERT_OUTCOME.cases.index("inserted"), outcome)))
+        self._flush(writes)
+
+    def _lower_entry(self, writes: list, entry: Entry) -> bytes:
+        """`entry` as it sits in memory (ENTRY.size bytes); its strings and lists allocated."""
+        r = entry.record
+        out = bytearray(ENTRY.size)
+        has = r.response is not None
+        _RECORD_HEAD.pack_into(
+            out, 0, *self._put(writes, r.fingerprint.encode()), STATE.cases.index(r.state), r.lease_until_ms, r.expires_at_ms, has
+        )
+        if has:
+            _RESPONSE.pack_into(out, _RESPONSE_IN_RECORD, *self._response_params(writes, r.response))
+        _VERSION.pack_into(out, ENTRY.offset["version"], entry.version)
+        return bytes(out)
+
+    def _replace(self, _values: Any, params: tuple) -> None:
+        kp, kl, expected_version, *record, now_ms, ret = params
+        mem = self._view()
+        writes: list = []
+        try:
+            version = self.store.replace(self._string(mem, kp, kl), expected_version, self._record(mem, tuple(record)), now_ms)
+        except StoreFault as fault:
+            self._store_error(writes, ret, REPLACE_RESULT, fault)
+        else:
+            some = version is not None
+            writes.append((ret, b"\0"))  # ok
+            writes.append((ret + REPLACE_RESULT.payload, _U64_AT_PAYLOAD.pack(some, version if some else 0)))
+        self._flush(writes)

@@ -1,0 +1,152 @@
+"""The static binding (`idem_abi`) against the reference (`idem_component`,
+wasmtime's own canonical ABI): the same random calls, stores and faults give the
+same answers and the same stored records. And what it refuses: a component whose
+core signatures are not the WIT mirror's."""
+
+from __future__ import annotations
+
+import gc
+import os
+import random
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import idem_abi
+from idem_guard import DEFAULT_COMPONENT, Guard, GuardError, ManualClock, MemoryStore, Response, StoreFault
+
+COMPONENT = Path(os.environ.get("IDEM_COMPONENT") or DEFAULT_COMPONENT)
+
+
+class Corrupting(MemoryStore):
+    """A MemoryStore whose next `insert` or `replace` may answer `corrupt`."""
+
+    corrupt_next = False
+
+    def _apply(self, primitive: str, operation: Any) -> Any:
+        if self.corrupt_next and primitive in ("insert", "replace"):
+            self.corrupt_next = False
+            raise StoreFault("corrupt", f"bytes for {primitive} do not decode (injected)")
+        return super()._apply(primitive, operation)
+
+
+def outcome(call: Any) -> Any:
+    try:
+        return ("ok", call())
+    except GuardError as e:
+        return ("error", e.kind, e.detail)
+
+
+def test_random_calls_answer_and_store_the_same_through_both_bindings() -> None:
+    rng = random.Random(17)
+    sides = []
+    for binding in ("static", "dynamic"):
+        store, clock = Corrupting(), ManualClock(1_000)
+        sides.append((Guard.load(store=store, clock=clock, lease_ms=50, retention_ms=400, max_response_bytes=64, binding=binding), store, clock))
+    keys = ["a", "b", "ключ", "k\u200b", "x" * 255]
+    text = "aZ-/é Σ日\u00e9"
+    claims = []
+    for step in range(300):
+        op = rng.choice(["begin", "begin", "complete", "complete", "release", "renew", "clock", "fault", "corrupt"])
+        if op == "clock":
+            ms = rng.choice([1, 10, 49, 50, 51, 400])
+            for _, _, clock in sides:
+                clock.advance(ms)
+            continue
+        if op == "fault":
+            primitive, kind = rng.choice(["insert", "replace"]), rng.choice(["error", "lost"])
+            for _, store, _ in sides:
+                store.fault(primitive, kind, "down", count=1)
+            continue
+        if op == "corrupt":
+            for _, store, _ in sides:
+                store.corrupt_next = True
+            continue
+        if op == "begin":
+            key, fp = rng.choice(keys), rng.choice(["fp-1", "fp-2"])
+            answers = [outcome(lambda g=g: g.begin(key, fp)) for g, _, _ in sides]
+            if answers[0][0] == "ok" and answers[0][1][0] == "proceed":
+                claims.append(answers[0][1][1])
+        elif not claims:
+            continue
+        elif op == "complete":
+            claim = rng.choice(claims)
+            headers = [("".join(rng.choice(text) for _ in range(rng.randint(1, 6))), rng.randbytes(rng.randint(0, 5))) for _ in range(rng.randint(0, 3))]
+            response = Response(rng.choice([200, 201, 404, 99, 1000]), headers, rng.randbytes(rng.randint(0, 40)))
+            answers = [outcome(lambda g=g: g.complete(claim, response)) for g, _, _ in sides]
+        elif op == "release":
+            claim = rng.choice(claims)
+            answers = [outcome(lambda g=g: g.release(claim)) for g, _, _ in sides]
+        else:
+            claim = rng.choice(claims)
+            answers = [outcome(lambda g=g: g.renew(claim)) for g, _, _ in sides]
+            if answers[0][0] == "ok":
+                claims.append(answers[0][1])
+        assert answers[0] == answers[1], (step, op, answers)
+        now = sides[0][2].now_ms()
+        assert [sides[0][1].peek(k, now) for k in keys] == [sides[1][1].peek(k, now) for k in keys], (step, op)
+    assert all(g.replaced == 0 for g, _, _ in sides), "no call trapped"
+
+
+def test_fingerprints_agree_through_both_bindings() -> None:
+    rng = random.Random(18)
+    static, dynamic = (Guard.load(binding=b, renew_lease=False) for b in ("static", "dynamic"))
+    for _ in range(50):
+        headers = [(rng.choice(["a", "B", "ü", ""]), rng.randbytes(rng.randint(0, 4))) for _ in range(rng.randint(0, 4))]
+        args = (rng.choice(["get", "POST", "ß"]), "/p?" + rng.choice(["", "q=1", "日"]), headers, rng.randbytes(rng.randint(0, 30)))
+        assert static.fingerprint(*args) == dynamic.fingerprint(*args)
+
+
+def test_a_component_whose_core_signatures_moved_is_refused_at_load(monkeypatch: pytest.MonkeyPatch) -> None:
+    # As if `record` had gained a field: the WIT mirror's insert no longer matches the guest's.
+    params, results = idem_abi.IMPORTS[("store", "insert")]
+    monkeypatch.setitem(idem_abi.IMPORTS, ("store", "insert"), (params[:-1] + ["i32", "i32"], results))
+    with pytest.raises(idem_abi.AbiViolation, match="insert: core signature"):
+        idem_abi.Guest(COMPONENT.read_bytes())
+    with pytest.raises(idem_abi.AbiViolation, match="not a component"):
+        idem_abi.Guest(b"\0asm\x01\x00\x00\x00")
+
+
+def test_the_layouts_are_the_canonical_abis() -> None:
+    # Offsets jco 1.35 generates for the same WIT (gen/idem.js reads a claim from begin's result at +16..+48).
+    assert idem_abi.BEGIN_RESULT.payload + idem_abi.DECISION.payload == 16
+    assert idem_abi.CLAIM.offset == {"key": 0, "fingerprint": 8, "fence": 16, "lease_until_ms": 24, "expires_at_ms": 32}
+    assert (idem_abi.RECORD.size, idem_abi.ENTRY.size, idem_abi.INSERT_RESULT.size) == (56, 64, 80)
+    assert idem_abi.RECORD.flat == ("i32", "i32", "i32", "i64", "i64", "i32", "i32", "i32", "i32", "i32", "i32")
+
+
+def test_dropped_instances_free_their_host_functions() -> None:
+    Guard.load(renew_lease=False)
+    gc.collect()
+    before = len(idem_abi._HOST_FUNCS)
+    for _ in range(20):
+        guard = Guard.load(renew_lease=False)
+        guard.begin("k", "fp")
+    del guard
+    gc.collect()
+    assert len(idem_abi._HOST_FUNCS) <= before
+
+
+def test_a_response_larger_than_the_guests_memory_grows_it_and_replays_byte_for_byte() -> None:
+    # The static binding only: the dynamic one takes seconds per megabyte, and
+    # past about 2 MB wasmtime-py's component API refuses the copy ("fuel
+    # allocated for hostcalls has been exhausted").
+    guard = Guard.load(store=MemoryStore(), clock=ManualClock(1_000), max_response_bytes=8 << 20, renew_lease=False)
+    body = bytes((i * 7) & 0xFF for i in range(3 << 20))  # past the 1.1 MB the guest starts with
+    headers = [("x-big", body[:70_000])]
+    _, claim = guard.begin("big", "fp")
+    guard.complete(claim, Response(200, headers, body))
+    assert guard.begin("big", "fp") == ("replay", Response(200, headers, body))
+    assert guard.replaced == 0
+
+
+@pytest.mark.parametrize("binding", ["static", "dynamic"])
+def test_a_status_over_u16_fails_closed_instead_of_wrapping_to_200(binding: str) -> None:
+    store = MemoryStore()
+    guard = Guard.load(store=store, clock=ManualClock(1_000), renew_lease=False, binding=binding)
+    _, claim = guard.begin("k", "fp")
+    with pytest.raises(GuardError) as err:
+        guard.complete(claim, Response(65_536 + 200, [], b"x"))  # 200 if an i32 were cut to a u16
+    assert err.value.kind == "unavailable"
+    assert store.peek("k", 1_000).record.state == "processing", "nothing was stored"
