@@ -296,9 +296,12 @@ fn replay_key(store: &str, i: usize) -> String {
 }
 
 /// A guarded op's store work straight on the store, without the guard or
-/// the component: insert a claim, replace it with the response.
+/// the component: insert a claim, replace it with the response. Timed by the
+/// wall clock, as the guard's records are: the guard's `Purger` shares this
+/// store and purges by the wall clock, so a record stamped with a fixed past
+/// instant could be freed between its insert and its replace.
 async fn claim_complete(store: &dyn Store, key: &str) {
-    let now = 1_792_382_400_000;
+    let now = now_ms() as u64;
     let claim = Record {
         fingerprint: "fp".into(),
         state: State::Processing,
