@@ -8,11 +8,12 @@
 //! by `IDEM_TEST_REDIS_SERVER`. Without them each test prints why it skipped;
 //! `scripts/test-all.sh` sets them all.
 
-use crate::conformance::{BASE_MS, record, unique};
-use crate::netstores::{claim_is_one_round_trip, host_port, server_url, via};
+use crate::conformance::{BASE_MS, record};
+use crate::netstores::{claim_is_one_round_trip, host_port, via};
 use crate::proxy::Proxy;
 use idem::State;
 use idem::store::{InsertOutcome, RedisStore, Store, StoreError};
+use idem_harness::{server_url, unique};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::Arc;

@@ -8,6 +8,7 @@
 
 use idem::store::{InsertOutcome, ListQuery, Store};
 use idem::{Decision, Guard, ManualClock, Outcome, Record, Response, State};
+use idem_harness::{server_url, unique};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
@@ -134,17 +135,6 @@ pub async fn proceeded<E: std::fmt::Debug + 'static>(
         }
     }
     proceeded
-}
-
-/// A key no other test (or earlier run against a shared server) uses.
-pub fn unique(name: &str) -> String {
-    static N: AtomicUsize = AtomicUsize::new(0);
-    format!(
-        "{name}-{}-{}-{}",
-        std::process::id(),
-        N.fetch_add(1, Ordering::Relaxed),
-        fastrand::u64(..)
-    )
 }
 
 pub async fn insert_if_absent_or_expired(store: Arc<dyn Store>) {
@@ -593,7 +583,7 @@ store_conformance!(sqlite_current_thread, open_sqlite(), current_thread);
 
 /// The Redis store on the server `var` names; `None` when it is not set.
 async fn open_redis(var: &str) -> Option<Arc<dyn Store>> {
-    let url = crate::netstores::server_url(var)?;
+    let url = server_url(var)?;
     let store = idem::store::RedisStore::open(&url)
         .await
         .unwrap_or_else(|e| panic!("{var} is set but the server cannot be opened: {e}"));
@@ -607,7 +597,7 @@ store_conformance!(redis_cluster, open_redis("IDEM_TEST_REDIS_CLUSTER_URL"));
 store_conformance!(valkey, open_redis("IDEM_TEST_VALKEY_URL"));
 
 store_conformance!(postgres, async {
-    let url = crate::netstores::server_url("IDEM_TEST_POSTGRES_URL")?;
+    let url = server_url("IDEM_TEST_POSTGRES_URL")?;
     Some(Arc::new(
         idem::store::PostgresStore::open(&url)
             .await

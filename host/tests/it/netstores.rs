@@ -6,25 +6,13 @@
 //! Servers come from `IDEM_TEST_REDIS_URL` and `IDEM_TEST_POSTGRES_URL`;
 //! without them each test prints why it skipped.
 
-use crate::conformance::{BASE_MS, put, record, unique};
+use crate::conformance::{BASE_MS, put, record};
 use crate::proxy::Proxy;
 use idem::store::{InsertOutcome, Store, StoreError};
 use idem::{Guard, ManualClock, Outcome, Response, State};
+use idem_harness::{server_url, unique};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
-
-/// The server URL from `var`, or `None` after saying why the test skips.
-pub fn server_url(var: &str) -> Option<String> {
-    match std::env::var(var) {
-        Ok(url) if !url.is_empty() => Some(url),
-        _ => {
-            eprintln!(
-                "skipped: {var} is not set (CI sets it; e.g. {var}=redis://127.0.0.1:6379 or postgres://postgres@127.0.0.1:5432/test)"
-            );
-            None
-        }
-    }
-}
 
 /// `url` with its `host:port` replaced by `addr`.
 pub fn via(url: &str, addr: std::net::SocketAddr) -> String {

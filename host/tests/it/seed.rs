@@ -2,9 +2,10 @@
 //! and run through the component, on the memory store here and on every
 //! store by the conformance suite. With `--nocapture` they print the seed's lines.
 
-use crate::conformance::{BASE_MS, unique};
+use crate::conformance::BASE_MS;
 use idem::store::Store;
 use idem::{FaultRule, Faulty, Guard, ManualClock, Op, Outcome, Response, RunError};
+use idem_harness::unique;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};

@@ -1,11 +1,12 @@
 //! What the SQLite store adds to the conformance suite: rows that do not decode, schema versions, bad paths, purging,
 //! and two stores (as two processes would) sharing one file.
 
-use crate::conformance::{BASE_MS, put, record, unique};
+use crate::conformance::{BASE_MS, put, record};
 use idem::store::{
     ListQuery, OpenError, SqliteOptions, SqliteStore, Store, StoreError, Synchronous,
 };
 use idem::{Guard, ManualClock, Outcome, Response, State};
+use idem_harness::unique;
 use std::path::Path;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
