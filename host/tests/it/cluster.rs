@@ -8,7 +8,7 @@
 //! by `IDEM_TEST_REDIS_SERVER`. Without them each test prints why it skipped;
 //! `scripts/test-all.sh` sets them all.
 
-use crate::conformance::{BASE_MS, record};
+use crate::conformance::{BASE_MS, claimed, record};
 use crate::netstores::{claim_is_one_round_trip, host_port, via};
 use crate::proxy::Proxy;
 use idem::State;
@@ -53,7 +53,7 @@ async fn wait_fails_closed_when_no_replica_acknowledges() {
     let store = RedisStore::open(&format!("{url}?wait=1&wait_ms=20"))
         .await
         .unwrap();
-    let claim = record("fp", State::Processing, BASE_MS + 1_000, BASE_MS + 10_000);
+    let claim = claimed(BASE_MS + 1_000, BASE_MS + 10_000);
     match store.insert(&unique("wait"), claim, BASE_MS).await {
         Err(StoreError::Unavailable { reason, .. }) => {
             assert!(reason.contains("0 of the 1 replicas"), "{reason}");

@@ -6,10 +6,12 @@
 //! Servers come from `IDEM_TEST_REDIS_URL` and `IDEM_TEST_POSTGRES_URL`;
 //! without them each test prints why it skipped.
 
-use crate::conformance::{BASE_MS, put, record};
+use crate::conformance::{
+    BASE_MS, claimed, counting, done, guard_at_base, paid, put, record, under,
+};
 use crate::proxy::Proxy;
 use idem::store::{InsertOutcome, Store, StoreError};
-use idem::{Guard, ManualClock, Outcome, Response, State};
+use idem::{Outcome, State};
 use idem_harness::{server_url, unique};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -44,20 +46,6 @@ pub async fn closed_port() -> std::net::SocketAddr {
     listener.local_addr().unwrap()
 }
 
-fn ok_handler(
-    calls: &AtomicUsize,
-) -> impl FnOnce(idem::Fence) -> std::future::Ready<Result<Response, std::convert::Infallible>> + '_
-{
-    move |_| {
-        calls.fetch_add(1, Ordering::SeqCst);
-        std::future::ready(Ok(Response {
-            status: 201,
-            headers: vec![],
-            body: b"created".to_vec(),
-        }))
-    }
-}
-
 /// A claim, the refusal's read, a completion and a replay: each one round trip.
 pub async fn claim_is_one_round_trip(store: Arc<dyn Store>, proxy: &Proxy) {
     let now = BASE_MS;
@@ -65,14 +53,14 @@ pub async fn claim_is_one_round_trip(store: Arc<dyn Store>, proxy: &Proxy) {
     put(
         &store,
         &unique("warm"),
-        record("fp", State::Processing, now + 1_000, now + 10_000),
+        claimed(now + 1_000, now + 10_000),
         now,
     )
     .await;
     proxy.take_round_trips();
 
     let key = unique("rt");
-    let claim = record("fp", State::Processing, now + 1_000, now + 10_000);
+    let claim = claimed(now + 1_000, now + 10_000);
     assert_eq!(
         store.insert(&key, claim.clone(), now).await.unwrap(),
         InsertOutcome::Inserted(1)
@@ -89,7 +77,7 @@ pub async fn claim_is_one_round_trip(store: Arc<dyn Store>, proxy: &Proxy) {
     );
     assert_eq!(
         store
-            .replace(&key, 1, record("fp", State::Done, 0, now + 10_000), now)
+            .replace(&key, 1, done(now + 10_000), now)
             .await
             .unwrap(),
         Some(2)
@@ -102,20 +90,17 @@ pub async fn claim_is_one_round_trip(store: Arc<dyn Store>, proxy: &Proxy) {
 /// Through a proxy that is cut and restored: Unavailable while cut and the
 /// handler never runs; then the same store object works again.
 pub async fn fails_closed_when_cut_and_recovers(store: Arc<dyn Store>, proxy: &Proxy) {
-    let guard = Guard::builder(store.clone())
-        .clock(ManualClock::new(BASE_MS))
-        .build()
-        .unwrap();
+    let guard = guard_at_base(store.clone());
     let calls = AtomicUsize::new(0);
     let (done, later) = (unique("before-cut"), unique("during-cut"));
     assert!(matches!(
-        guard.run(&done, "fp", ok_handler(&calls)).await.unwrap(),
+        guard.run(&done, "fp", counting(&calls)).await.unwrap(),
         Outcome::Executed(_)
     ));
 
     proxy.cut();
     for key in [&later, &done] {
-        let outcome = guard.run(key, "fp", ok_handler(&calls)).await.unwrap();
+        let outcome = guard.run(key, "fp", counting(&calls)).await.unwrap();
         assert!(
             matches!(outcome, Outcome::Unavailable(_)),
             "server gone, {key}: {outcome:?}"
@@ -132,20 +117,13 @@ pub async fn fails_closed_when_cut_and_recovers(store: Arc<dyn Store>, proxy: &P
     );
 
     proxy.restore().await;
-    let outcome = guard.run(&later, "fp", ok_handler(&calls)).await.unwrap();
+    let outcome = guard.run(&later, "fp", counting(&calls)).await.unwrap();
     assert!(
         matches!(outcome, Outcome::Executed(_)),
         "server back: {outcome:?}"
     );
-    let replay = guard.run(&done, "fp", ok_handler(&calls)).await.unwrap();
-    assert_eq!(
-        replay,
-        Outcome::Replayed(Response {
-            status: 201,
-            headers: vec![],
-            body: b"created".to_vec()
-        })
-    );
+    let replay = guard.run(&done, "fp", counting(&calls)).await.unwrap();
+    assert_eq!(replay, Outcome::Replayed(paid()));
     assert_eq!(calls.load(Ordering::SeqCst), 2);
 }
 
@@ -155,11 +133,7 @@ pub async fn corrupt_record_names_the_key(store: Arc<dyn Store>, key: &str) {
     for result in [
         store.get(key, BASE_MS).await.map(|_| ()),
         store
-            .insert(
-                key,
-                record("fp", State::Processing, BASE_MS + 1, BASE_MS + 10),
-                BASE_MS,
-            )
+            .insert(key, claimed(BASE_MS + 1, BASE_MS + 10), BASE_MS)
             .await
             .map(|_| ()),
     ] {
@@ -168,12 +142,9 @@ pub async fn corrupt_record_names_the_key(store: Arc<dyn Store>, key: &str) {
             other => panic!("expected Corrupt for {key}, got {other:?}"),
         }
     }
-    let guard = Guard::builder(store)
-        .clock(ManualClock::new(BASE_MS))
-        .build()
-        .unwrap();
+    let guard = guard_at_base(store);
     let calls = AtomicUsize::new(0);
-    let outcome = guard.run(key, "fp", ok_handler(&calls)).await.unwrap();
+    let outcome = guard.run(key, "fp", counting(&calls)).await.unwrap();
     assert!(
         matches!(&outcome, Outcome::Unavailable(why) if why.contains(key)),
         "{outcome:?}"
@@ -229,10 +200,10 @@ mod redis {
             return;
         };
         let key = unique("rt-expired");
-        let old = record("fp", State::Processing, BASE_MS + 1, BASE_MS + 10);
+        let old = claimed(BASE_MS + 1, BASE_MS + 10);
         store.insert(&key, old, BASE_MS).await.unwrap();
         proxy.take_round_trips();
-        let claim = record("fp", State::Processing, BASE_MS + 1_000, BASE_MS + 10_000);
+        let claim = claimed(BASE_MS + 1_000, BASE_MS + 10_000);
         assert_eq!(
             store.insert(&key, claim, BASE_MS + 10).await.unwrap(),
             InsertOutcome::Inserted(2)
@@ -324,7 +295,7 @@ mod redis {
         put(
             &store,
             &key,
-            record("fp", State::Processing, BASE_MS + 1, BASE_MS + 50_000),
+            claimed(BASE_MS + 1, BASE_MS + 50_000),
             BASE_MS,
         )
         .await;
@@ -351,7 +322,7 @@ mod redis {
         let store_b = RedisStore::open(&format!("{url}?prefix={b}"))
             .await
             .unwrap();
-        let r = record("fp", State::Processing, BASE_MS + 1, BASE_MS + 10_000);
+        let r = claimed(BASE_MS + 1, BASE_MS + 10_000);
         assert_eq!(
             store_a.insert("k", r.clone(), BASE_MS).await.unwrap(),
             InsertOutcome::Inserted(1)
@@ -360,10 +331,7 @@ mod redis {
             store_b.insert("k", r.clone(), BASE_MS).await.unwrap(),
             InsertOutcome::Inserted(1)
         );
-        let q = idem::store::ListQuery {
-            limit: 10,
-            ..Default::default()
-        };
+        let q = under("", 10);
         assert_eq!(store_a.list(&q, BASE_MS).await.unwrap().len(), 1);
         assert!(store_a.delete("k", Some(1)).await.unwrap());
         assert!(store_b.get("k", BASE_MS).await.unwrap().is_some());
@@ -567,13 +535,7 @@ mod postgres {
         let Some(url) = url() else { return };
         let store = PostgresStore::open(&url).await.unwrap();
         let key = unique("garbled");
-        put(
-            &store,
-            &key,
-            record("fp", State::Done, 0, BASE_MS + 10_000),
-            BASE_MS,
-        )
-        .await;
+        put(&store, &key, done(BASE_MS + 10_000), BASE_MS).await;
         raw(&url)
             .await
             .execute(
