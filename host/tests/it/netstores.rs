@@ -152,12 +152,80 @@ pub async fn corrupt_record_names_the_key(store: Arc<dyn Store>, key: &str) {
     assert_eq!(calls.load(Ordering::SeqCst), 0);
 }
 
-pub async fn open_unreachable_names_store_and_url(url: &str, store: &str) {
-    let Err(err) = idem::store::open(url).await else {
-        panic!("opened {url} with nothing listening")
+/// Why opening `url` fails.
+async fn refusal(url: &str) -> String {
+    match idem::store::open(url).await {
+        Ok(_) => panic!("opened {url}"),
+        Err(err) => err.to_string(),
+    }
+}
+
+/// Opening a server nothing answers on fails, naming the store and the URL.
+#[tokio::test]
+async fn open_unreachable_names_store_and_url() {
+    let addr = closed_port().await;
+    for (url, store) in [
+        (format!("redis://{addr}/0?timeout_ms=500"), "redis"),
+        (
+            format!("postgres://postgres@{addr}/test?timeout_ms=500"),
+            "postgres",
+        ),
+        (
+            format!("postgresql://postgres@{addr}/test?timeout_ms=500"),
+            "postgres",
+        ),
+    ] {
+        let text = refusal(&url).await;
+        assert!(text.contains(store) && text.contains(&url), "{text}");
+    }
+}
+
+/// A URL parameter the store cannot take is refused, naming it and why.
+#[tokio::test]
+async fn bad_url_parameters_are_refused() {
+    for (url, why) in [
+        (
+            "redis://127.0.0.1:6379/0?grace_ms=soon",
+            "grace_ms=\"soon\" must be a whole number",
+        ),
+        (
+            "postgres://postgres@127.0.0.1/test?table=x;drop",
+            "table=\"x;drop\" must be 1 to 48 characters",
+        ),
+    ] {
+        let err = refusal(url).await;
+        assert!(err.contains(why), "{url}: {err}");
+    }
+}
+
+/// The store on the server `var` names, opened through a [`Proxy`] of its
+/// own in front of that server (`default_port` when the URL names none);
+/// `None` when `var` is not set.
+async fn through_proxy(var: &str, default_port: u16) -> Option<(Arc<dyn Store>, Proxy)> {
+    let url = server_url(var)?;
+    let proxy = Proxy::start(&host_port(&url, default_port)).await;
+    let store = idem::store::open(&via(&url, proxy.addr)).await.unwrap();
+    Some((store, proxy))
+}
+
+/// What every network store promises through a proxy, as tests of the
+/// module that invokes it, on the store [`through_proxy`] opens.
+macro_rules! proxied_tests {
+    ($var:literal, $default_port:literal) => {
+        #[tokio::test]
+        async fn claim_is_one_round_trip() {
+            if let Some((store, proxy)) = through_proxy($var, $default_port).await {
+                super::claim_is_one_round_trip(store, &proxy).await;
+            }
+        }
+
+        #[tokio::test]
+        async fn fails_closed_when_cut_and_recovers() {
+            if let Some((store, proxy)) = through_proxy($var, $default_port).await {
+                super::fails_closed_when_cut_and_recovers(store, &proxy).await;
+            }
+        }
     };
-    let text = err.to_string();
-    assert!(text.contains(store) && text.contains(url), "{text}");
 }
 
 mod redis {
@@ -177,26 +245,13 @@ mod redis {
             .unwrap()
     }
 
-    async fn through_proxy() -> Option<(Arc<dyn Store>, Proxy)> {
-        let url = url()?;
-        let proxy = Proxy::start(&host_port(&url, 6379)).await;
-        let store = RedisStore::open(&via(&url, proxy.addr)).await.unwrap();
-        Some((Arc::new(store), proxy))
-    }
-
-    #[tokio::test]
-    async fn redis_claim_is_one_round_trip() {
-        let Some((store, proxy)) = through_proxy().await else {
-            return;
-        };
-        claim_is_one_round_trip(store, &proxy).await;
-    }
+    proxied_tests!("IDEM_TEST_REDIS_URL", 6379);
 
     /// The one claim that takes two round trips: the key's record has expired
     /// by the guard's clock while Redis still holds it (its grace period).
     #[tokio::test]
     async fn redis_claim_of_an_expired_record_still_held_is_two_round_trips() {
-        let Some((store, proxy)) = through_proxy().await else {
+        let Some((store, proxy)) = through_proxy("IDEM_TEST_REDIS_URL", 6379).await else {
             return;
         };
         let key = unique("rt-expired");
@@ -209,34 +264,6 @@ mod redis {
             InsertOutcome::Inserted(2)
         );
         assert_eq!(proxy.take_round_trips(), 2);
-    }
-
-    #[tokio::test]
-    async fn redis_fails_closed_when_cut_and_recovers() {
-        let Some((store, proxy)) = through_proxy().await else {
-            return;
-        };
-        fails_closed_when_cut_and_recovers(store, &proxy).await;
-    }
-
-    #[tokio::test]
-    async fn redis_open_unreachable_names_store_and_url() {
-        let addr = closed_port().await;
-        open_unreachable_names_store_and_url(&format!("redis://{addr}/0?timeout_ms=500"), "redis")
-            .await;
-    }
-
-    #[tokio::test]
-    async fn redis_bad_url_parameter_is_refused() {
-        let err = idem::store::open("redis://127.0.0.1:6379/0?grace_ms=soon")
-            .await
-            .err()
-            .unwrap()
-            .to_string();
-        assert!(
-            err.contains("grace_ms=\"soon\" must be a whole number"),
-            "{err}"
-        );
     }
 
     #[tokio::test]
@@ -387,31 +414,29 @@ mod postgres {
         format!("t_{}_{}", std::process::id(), fastrand::u32(..))
     }
 
+    /// Drops `table` and what the store made beside it.
+    async fn drop_table(client: &tokio_postgres::Client, table: &str) {
+        let t = table;
+        client
+            .batch_execute(&format!(
+                "DROP TABLE {t}; DROP FUNCTION {t}_claim; DELETE FROM idem_schema WHERE table_name = '{t}'"
+            ))
+            .await
+            .unwrap();
+    }
+
     fn with(url: &str, param: &str) -> String {
         format!("{url}{}{param}", if url.contains('?') { '&' } else { '?' })
     }
 
-    async fn through_proxy() -> Option<(Arc<dyn Store>, Proxy)> {
-        let url = url()?;
-        let proxy = Proxy::start(&host_port(&url, 5432)).await;
-        let store = PostgresStore::open(&via(&url, proxy.addr)).await.unwrap();
-        Some((Arc::new(store), proxy))
-    }
-
-    #[tokio::test]
-    async fn postgres_claim_is_one_round_trip() {
-        let Some((store, proxy)) = through_proxy().await else {
-            return;
-        };
-        claim_is_one_round_trip(store, &proxy).await;
-    }
+    proxied_tests!("IDEM_TEST_POSTGRES_URL", 5432);
 
     /// A claim that reads the key absent while another claimer's insert is
     /// not yet committed loses the race when it commits: it gets the
     /// winner's record, in a second round trip, and writes nothing.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn postgres_a_claimer_that_loses_the_race_gets_the_winners_record() {
-        let Some((store, proxy)) = through_proxy().await else {
+        let Some((store, proxy)) = through_proxy("IDEM_TEST_POSTGRES_URL", 5432).await else {
             return;
         };
         let url = url().unwrap();
@@ -495,42 +520,6 @@ mod postgres {
     }
 
     #[tokio::test]
-    async fn postgres_fails_closed_when_cut_and_recovers() {
-        let Some((store, proxy)) = through_proxy().await else {
-            return;
-        };
-        fails_closed_when_cut_and_recovers(store, &proxy).await;
-    }
-
-    #[tokio::test]
-    async fn postgres_open_unreachable_names_store_and_url() {
-        let addr = closed_port().await;
-        open_unreachable_names_store_and_url(
-            &format!("postgres://postgres@{addr}/test?timeout_ms=500"),
-            "postgres",
-        )
-        .await;
-        open_unreachable_names_store_and_url(
-            &format!("postgresql://postgres@{addr}/test?timeout_ms=500"),
-            "postgres",
-        )
-        .await;
-    }
-
-    #[tokio::test]
-    async fn postgres_bad_table_name_is_refused() {
-        let err = idem::store::open("postgres://postgres@127.0.0.1/test?table=x;drop")
-            .await
-            .err()
-            .unwrap()
-            .to_string();
-        assert!(
-            err.contains("table=\"x;drop\" must be 1 to 48 characters"),
-            "{err}"
-        );
-    }
-
-    #[tokio::test]
     async fn postgres_corrupt_record_names_the_key() {
         let Some(url) = url() else { return };
         let store = PostgresStore::open(&url).await.unwrap();
@@ -567,7 +556,7 @@ mod postgres {
             .unwrap()
             .get(0);
         assert_eq!(version, idem::store::PostgresStore::SCHEMA_VERSION);
-        client.batch_execute(&format!("DROP TABLE {t}; DROP FUNCTION {t}_claim; DELETE FROM idem_schema WHERE table_name = '{t}'")).await.unwrap();
+        drop_table(&client, &t).await;
     }
 
     #[tokio::test]
@@ -585,7 +574,7 @@ mod postgres {
             .unwrap()
             .get(0);
         assert_eq!(rows, 1, "the expired rows are gone from the table");
-        client.batch_execute(&format!("DROP TABLE {t}; DROP FUNCTION {t}_claim; DELETE FROM idem_schema WHERE table_name = '{t}'")).await.unwrap();
+        drop_table(&client, &t).await;
     }
 
     #[tokio::test]
@@ -625,6 +614,6 @@ mod postgres {
             err.contains("schema version 99") && err.contains(&t),
             "{err}"
         );
-        client.batch_execute(&format!("DROP TABLE {t}; DROP FUNCTION {t}_claim; DELETE FROM idem_schema WHERE table_name = '{t}'")).await.unwrap();
+        drop_table(&client, &t).await;
     }
 }
