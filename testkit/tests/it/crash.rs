@@ -542,6 +542,33 @@ async fn serve_killed_mid_request(store_url: &str) {
     assert_eq!(calls.load(Ordering::SeqCst), 2, "a replay calls nothing");
 }
 
+/// The crash scenarios every store goes through, as tests of the module that
+/// invokes it, each on a store of its own that the module's `with_store`
+/// gives it.
+macro_rules! crash_scenarios {
+    () => {
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn in_the_handler_then_takeover_after_the_lease() {
+            with_store(killed_in_the_handler).await;
+        }
+
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn in_complete_before_the_write_then_takeover() {
+            with_store(killed_before_the_write).await;
+        }
+
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn idem_serve_killed_mid_request_then_takeover_after_the_lease() {
+            with_store(serve_killed_mid_request).await;
+        }
+
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn in_complete_after_the_write_replays() {
+            with_store(killed_after_the_write).await;
+        }
+    };
+}
+
 mod sqlite {
     use super::*;
 
@@ -549,29 +576,13 @@ mod sqlite {
         format!("sqlite:{}", dir.join("idem.db").display())
     }
 
-    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn crash_sqlite_in_the_handler_then_takeover_after_the_lease() {
+    /// A database file of its own.
+    async fn with_store(scenario: impl AsyncFnOnce(&str)) {
         let dir = tempfile::tempdir().unwrap();
-        killed_in_the_handler(&url(dir.path())).await;
+        scenario(&url(dir.path())).await;
     }
 
-    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn crash_sqlite_in_complete_before_the_write_then_takeover() {
-        let dir = tempfile::tempdir().unwrap();
-        killed_before_the_write(&url(dir.path())).await;
-    }
-
-    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn crash_sqlite_idem_serve_killed_mid_request_then_takeover_after_the_lease() {
-        let dir = tempfile::tempdir().unwrap();
-        serve_killed_mid_request(&url(dir.path())).await;
-    }
-
-    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn crash_sqlite_in_complete_after_the_write_replays() {
-        let dir = tempfile::tempdir().unwrap();
-        killed_after_the_write(&url(dir.path())).await;
-    }
+    crash_scenarios!();
 
     /// Frames in the write-ahead log after its last commit frame: pages of a
     /// transaction that was being written and never committed. Walks the
@@ -704,33 +715,15 @@ mod postgres {
         }
     }
 
-    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn crash_postgres_in_the_handler_then_takeover_after_the_lease() {
+    /// A table of its own, dropped after the scenario; none when no server
+    /// is configured.
+    async fn with_store(scenario: impl AsyncFnOnce(&str)) {
         let Some(table) = Table::new() else { return };
-        killed_in_the_handler(&table.url("")).await;
+        scenario(&table.url("")).await;
         table.drop_table().await;
     }
 
-    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn crash_postgres_in_complete_before_the_write_then_takeover() {
-        let Some(table) = Table::new() else { return };
-        killed_before_the_write(&table.url("")).await;
-        table.drop_table().await;
-    }
-
-    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn crash_postgres_idem_serve_killed_mid_request_then_takeover_after_the_lease() {
-        let Some(table) = Table::new() else { return };
-        serve_killed_mid_request(&table.url("")).await;
-        table.drop_table().await;
-    }
-
-    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn crash_postgres_in_complete_after_the_write_replays() {
-        let Some(table) = Table::new() else { return };
-        killed_after_the_write(&table.url("")).await;
-        table.drop_table().await;
-    }
+    crash_scenarios!();
 
     /// How many server sessions of `application` match `condition`.
     async fn sessions(client: &tokio_postgres::Client, application: &str, condition: &str) -> i64 {
