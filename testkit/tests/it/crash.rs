@@ -294,17 +294,31 @@ impl Writes {
     }
 }
 
-/// Killed while every handler runs: the claims are stored, no response is.
-async fn killed_in_the_handler(store_url: &str) {
+/// `idem-testkit crash --crash-at CRASH_AT` on `store_url` with a body of
+/// `body_bytes`: once each of its keys has printed its `halted` line, it is
+/// killed with `kill -9` and its keys recovered. The keys with the number
+/// each printed, and what the recovery found.
+async fn crash_then_recover(
+    store_url: &str,
+    crash_at: &str,
+    halted_word: &str,
+    body_bytes: usize,
+) -> (BTreeMap<String, u64>, Recovery) {
     let dir = tempfile::tempdir().unwrap();
-    let (body_path, body) = body_file(dir.path(), 1000);
-    let mut child = Crashing::spawn(store_url, "handler", KEYS, &body_path, &[]);
-    let fences = halted(&child, "in-handler", KEYS);
+    let (body_path, body) = body_file(dir.path(), body_bytes);
+    let mut child = Crashing::spawn(store_url, crash_at, KEYS, &body_path, &[]);
+    let halted = halted(&child, halted_word, KEYS);
     child.kill_9();
 
-    let keys: Vec<String> = fences.keys().cloned().collect();
+    let keys: Vec<String> = halted.keys().cloned().collect();
     let store = idem::store::open(store_url).await.unwrap();
     let recovery = recover(store, &keys, &HashSet::new(), &body).await;
+    (halted, recovery)
+}
+
+/// Killed while every handler runs: the claims are stored, no response is.
+async fn killed_in_the_handler(store_url: &str) {
+    let (fences, recovery) = crash_then_recover(store_url, "handler", "in-handler", 1000).await;
     assert!(recovery.replayed.is_empty(), "{recovery:?}");
     for (key, crashed) in &fences {
         let fence = recovery.taken_over[key];
@@ -317,16 +331,8 @@ async fn killed_in_the_handler(store_url: &str) {
 
 /// Killed inside `complete`, before the store saw the write: taken over.
 async fn killed_before_the_write(store_url: &str) {
-    let dir = tempfile::tempdir().unwrap();
-    let (body_path, body) = body_file(dir.path(), 1000);
-    let mut child = Crashing::spawn(store_url, "complete-unwritten", KEYS, &body_path, &[]);
-    let keys: Vec<String> = halted(&child, "halted-before-write", KEYS)
-        .into_keys()
-        .collect();
-    child.kill_9();
-
-    let store = idem::store::open(store_url).await.unwrap();
-    let recovery = recover(store, &keys, &HashSet::new(), &body).await;
+    let (_, recovery) =
+        crash_then_recover(store_url, "complete-unwritten", "halted-before-write", 1000).await;
     assert!(recovery.replayed.is_empty(), "{recovery:?}");
     assert_eq!(recovery.taken_over.len(), KEYS, "{recovery:?}");
 }
@@ -334,16 +340,9 @@ async fn killed_before_the_write(store_url: &str) {
 /// Killed inside `complete`, after the store wrote the response and before
 /// the guard heard so: the write counts, the response replays.
 async fn killed_after_the_write(store_url: &str) {
-    let dir = tempfile::tempdir().unwrap();
-    let (body_path, body) = body_file(dir.path(), 100_000);
-    let mut child = Crashing::spawn(store_url, "complete-written", KEYS, &body_path, &[]);
-    let keys: Vec<String> = halted(&child, "halted-after-write", KEYS)
-        .into_keys()
-        .collect();
-    child.kill_9();
-
-    let store = idem::store::open(store_url).await.unwrap();
-    let recovery = recover(store, &keys, &HashSet::new(), &body).await;
+    let (halted, recovery) =
+        crash_then_recover(store_url, "complete-written", "halted-after-write", 100_000).await;
+    let keys: Vec<String> = halted.into_keys().collect();
     assert_eq!(recovery.replayed, keys, "{recovery:?}");
     assert!(recovery.taken_over.is_empty(), "{recovery:?}");
 }
