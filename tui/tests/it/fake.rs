@@ -129,6 +129,11 @@ impl Fake {
         }
     }
 
+    /// A client of this fake, without a token.
+    pub fn client(&self) -> idem_tui::client::Client {
+        idem_tui::client::Client::new(&self.url, None).unwrap()
+    }
+
     /// Adds keys `prefix-00000`…: processing ones with a lease of 30 s, done
     /// ones with a stored JSON response.
     pub fn seed(&self, prefix: &str, n: usize, state: KeyState) {
