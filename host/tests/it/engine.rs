@@ -35,7 +35,7 @@ fn misbehaving(limits: Limits, store: std::sync::Arc<dyn Store>) -> Guard {
 /// replaced and the next call runs.
 async fn fails_closed_then_recovers(limits: Limits, bad_key: &str, needle: &str) {
     for store in both_flavours() {
-        let guard = misbehaving(limits.clone(), store);
+        let guard = misbehaving(limits, store);
         let calls = AtomicUsize::new(0);
         match guard.run(bad_key, "fp", counting(&calls)).await.unwrap() {
             Outcome::Unavailable(why) => assert!(why.contains(needle), "{why}"),

@@ -296,7 +296,7 @@ async fn the_purger_frees_every_expired_row_each_period_in_batches() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn two_stores_on_one_file_let_one_claimer_proceed() {
     let (_dir, db) = db_file();
-    let guards = [open(&db), open(&db)].map(|s| guard_at_base(s));
+    let guards = [open(&db), open(&db)].map(guard_at_base);
     for round in 0..5 {
         let key = unique(&format!("shared-{round}"));
         let mut tasks = tokio::task::JoinSet::new();
