@@ -110,13 +110,7 @@ pub async fn purge_in_batches_frees_every_expired_record<S: Store + ?Sized>(stor
             BASE_MS + 10
         };
         let key = format!("k{i}");
-        put(
-            store,
-            &key,
-            record("fp", State::Done, 0, expires_at_ms),
-            BASE_MS,
-        )
-        .await;
+        put(store, &key, done(expires_at_ms), BASE_MS).await;
     }
     let mut batches = Vec::new();
     loop {

@@ -586,7 +586,7 @@ mod postgres {
             .unwrap();
         crate::conformance::purge_in_batches_frees_every_expired_record(&store).await;
         let client = raw(&url).await;
-        client.batch_execute(&format!("DROP TABLE {t}; DROP FUNCTION {t}_claim; DELETE FROM idem_schema WHERE table_name = '{t}'")).await.unwrap();
+        drop_table(&client, &t).await;
     }
 
     /// The schema says which version wrote it; a table from another version is refused by name.
