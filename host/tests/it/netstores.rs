@@ -425,6 +425,13 @@ mod postgres {
             .unwrap();
     }
 
+    /// The store on the table `t` of the server at `url`.
+    async fn open_table(url: &str, t: &str) -> PostgresStore {
+        PostgresStore::open(&with(url, &format!("table={t}")))
+            .await
+            .unwrap()
+    }
+
     fn with(url: &str, param: &str) -> String {
         format!("{url}{}{param}", if url.contains('?') { '&' } else { '?' })
     }
@@ -563,9 +570,7 @@ mod postgres {
     async fn postgres_purge_is_bounded_and_frees_expired_rows_only() {
         let Some(url) = url() else { return };
         let t = table();
-        let store = PostgresStore::open(&with(&url, &format!("table={t}")))
-            .await
-            .unwrap();
+        let store = open_table(&url, &t).await;
         crate::conformance::purge_is_bounded_and_spares_live_records(&store).await;
         let client = raw(&url).await;
         let rows: i64 = client
@@ -581,9 +586,7 @@ mod postgres {
     async fn postgres_purges_in_batches() {
         let Some(url) = url() else { return };
         let t = table();
-        let store = PostgresStore::open(&with(&url, &format!("table={t}")))
-            .await
-            .unwrap();
+        let store = open_table(&url, &t).await;
         crate::conformance::purge_in_batches_frees_every_expired_record(&store).await;
         let client = raw(&url).await;
         drop_table(&client, &t).await;
@@ -594,9 +597,7 @@ mod postgres {
     async fn postgres_refuses_a_table_of_another_schema_version() {
         let Some(url) = url() else { return };
         let t = table();
-        PostgresStore::open(&with(&url, &format!("table={t}")))
-            .await
-            .unwrap();
+        open_table(&url, &t).await;
         let client = raw(&url).await;
         client
             .execute(
