@@ -197,7 +197,10 @@ fn report(rows: &[(Figures, Figures, Cpu)], connections: usize, duration: Durati
             "\nTargets (p50 at c=1: gateway − direct ≤ one loopback round trip + 50 µs; throughput ≥ 50% of direct):\n"
         );
         let proxy = find(PROXY_ALONE);
-        for (single, many, _) in rows.iter().filter(|(s, _, _)| s.name.starts_with("gateway")) {
+        for (single, many, _) in rows
+            .iter()
+            .filter(|(s, _, _)| s.name.starts_with("gateway"))
+        {
             let added = i64::from(single.percentile(0.5)) - i64::from(direct.percentile(0.5));
             let budget = i64::from(rtt.percentile(0.5)) + 50;
             let share = many.rps() / direct_many.rps() * 100.0;

@@ -25,15 +25,16 @@
 // Pedantic lints guard library code; in tests and benches they are noise.
 #![allow(clippy::pedantic, clippy::type_complexity)]
 
+mod support;
+
 use criterion::Criterion;
 use deadpool_postgres::tokio_postgres::{self, NoTls};
-use idem::store::{PostgresStore, RedisStore, Store};
+use idem::store::{InsertOutcome, PostgresStore, RedisStore, Store};
 use idem::{Guard, Record, Response, State};
-use std::future::Future;
-use std::pin::Pin;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::{Duration, Instant};
+use std::time::Duration;
+use support::{Figures, Op, fresh, measure, op, url};
 
 const NOW: u64 = 1_792_382_400_000;
 
@@ -52,72 +53,6 @@ fn record(state: State) -> Record {
     }
 }
 
-type Op = Arc<dyn Fn(u64) -> Pin<Box<dyn Future<Output = ()> + Send>> + Send + Sync>;
-
-fn op<F, Fut>(f: F) -> Op
-where
-    F: Fn(u64) -> Fut + Send + Sync + 'static,
-    Fut: Future<Output = ()> + Send + 'static,
-{
-    Arc::new(move |i| Box::pin(f(i)))
-}
-
-struct Row {
-    name: String,
-    callers: usize,
-    ops_per_s: f64,
-    p50_us: u64,
-    p99_us: u64,
-}
-
-/// The ops of one or more timed slices: latencies in µs and the wall time they took.
-#[derive(Default)]
-struct Sample {
-    latencies_us: Vec<u64>,
-    secs: f64,
-}
-
-impl Sample {
-    fn row(mut self, name: &str, callers: usize) -> Row {
-        let all = &mut self.latencies_us;
-        all.sort_unstable();
-        let pct = |p: f64| all[((all.len() as f64 * p) as usize).min(all.len() - 1)];
-        Row {
-            name: name.to_owned(),
-            callers,
-            ops_per_s: all.len() as f64 / self.secs,
-            p50_us: pct(0.50),
-            p99_us: pct(0.99),
-        }
-    }
-}
-
-/// Runs `op` from `callers` tasks for `secs`, each call numbered uniquely.
-async fn slice(callers: usize, secs: f64, op: &Op, into: &mut Sample) {
-    // One numbering for the whole run: every row claims keys no other row used.
-    static NEXT: AtomicU64 = AtomicU64::new(0);
-    let deadline = Instant::now() + Duration::from_secs_f64(secs);
-    let mut tasks = tokio::task::JoinSet::new();
-    let started = Instant::now();
-    for _ in 0..callers {
-        let op = op.clone();
-        tasks.spawn(async move {
-            let mut latencies = Vec::new();
-            while Instant::now() < deadline {
-                let i = NEXT.fetch_add(1, Ordering::Relaxed);
-                let t = Instant::now();
-                op(i).await;
-                latencies.push(t.elapsed().as_micros() as u64);
-            }
-            latencies
-        });
-    }
-    while let Some(l) = tasks.join_next().await {
-        into.latencies_us.extend(l.unwrap());
-    }
-    into.secs += started.elapsed().as_secs_f64();
-}
-
 /// Slices per table row: idem and raw take turns, so that a change in the
 /// machine's load during the row weighs on both sides alike. Short slices
 /// matter at 32 callers, where a server's throughput drifts by ±15 % over a
@@ -126,40 +61,49 @@ async fn slice(callers: usize, secs: f64, op: &Op, into: &mut Sample) {
 /// runs; with 30, 71–75 %.
 const TURNS: usize = 30;
 
-/// `op` alone for `secs`.
-async fn measure(name: &str, callers: usize, secs: f64, op: &Op) -> Row {
-    let mut sample = Sample::default();
-    slice(callers, secs, op, &mut sample).await;
-    sample.row(name, callers)
-}
-
-/// idem and raw side by side: `TURNS` alternating slices each, `secs` in all per side.
-async fn measure_pair(name: &str, callers: usize, secs: f64, idem: &Op, raw: &Op) -> (Row, Row) {
-    let (mut i, mut r) = (Sample::default(), Sample::default());
-    let turn = secs / TURNS as f64;
-    for n in 0..TURNS {
-        if n % 2 == 0 {
-            slice(callers, turn, idem, &mut i).await;
-            slice(callers, turn, raw, &mut r).await;
-        } else {
-            slice(callers, turn, raw, &mut r).await;
-            slice(callers, turn, idem, &mut i).await;
-        }
-    }
-    (i.row(name, callers), r.row(name, callers))
-}
-
 struct Pair {
     label: &'static str,
     store: Op,
     raw: Op,
 }
 
-fn url(name: &str) -> Option<String> {
-    std::env::var(format!("IDEM_BENCH_{name}_URL"))
-        .or_else(|_| std::env::var(format!("IDEM_TEST_{name}_URL")))
-        .ok()
-        .filter(|u| !u.is_empty())
+/// The store side of the pairs: a claim of a new key (named `{prefix}{i}`)
+/// and its completion, `insert` then `replace`; and a replay, an `insert`
+/// finding the live record of the key `replayed`, written here.
+async fn store_ops(store: &Arc<dyn Store>, prefix: &str) -> (Op, Op) {
+    store
+        .insert("replayed", record(State::Done), NOW)
+        .await
+        .unwrap();
+    let (s, prefix) = (store.clone(), prefix.to_owned());
+    let claim_complete = op(move |i| {
+        let (s, key) = (s.clone(), format!("{prefix}{i}"));
+        async move {
+            let InsertOutcome::Inserted(v) = s
+                .insert(&key, record(State::Processing), NOW)
+                .await
+                .unwrap()
+            else {
+                panic!("{key} is new")
+            };
+            s.replace(&key, v, record(State::Done), NOW)
+                .await
+                .unwrap()
+                .unwrap();
+        }
+    });
+    let s = store.clone();
+    let replay = op(move |_| {
+        let s = s.clone();
+        async move {
+            let outcome = s
+                .insert("replayed", record(State::Processing), NOW)
+                .await
+                .unwrap();
+            assert!(matches!(outcome, InsertOutcome::Existing(_)));
+        }
+    });
+    (claim_complete, replay)
 }
 
 /// The store's default (`connections=4`).
@@ -202,11 +146,13 @@ impl redis::aio::ConnectionLike for RawConn {
 /// `options` are added to the store's URL (`&wait=1`, `&cas=script`).
 async fn redis_pairs(url: &str, options: &str, run: &str) -> (Vec<Pair>, Arc<dyn Store>) {
     // The raw side gets as many multiplexed connections as the store, used in turn the same way.
-    let store = RedisStore::open(&format!(
-        "{url}?prefix=idem-bench:{run}:&connections={REDIS_CONNECTIONS}{options}"
-    ))
-    .await
-    .unwrap();
+    let store: Arc<dyn Store> = Arc::new(
+        RedisStore::open(&format!(
+            "{url}?prefix=idem-bench:{run}:&connections={REDIS_CONNECTIONS}{options}"
+        ))
+        .await
+        .unwrap(),
+    );
     let mut conns = Vec::new();
     if let Some(nodes) = url.strip_prefix("redis+cluster://") {
         let nodes: Vec<String> = nodes.split(',').map(|n| format!("redis://{n}")).collect();
@@ -231,9 +177,8 @@ async fn redis_pairs(url: &str, options: &str, run: &str) -> (Vec<Pair>, Arc<dyn
         let next = Arc::new(AtomicU64::new(0));
         move || conns[(next.fetch_add(1, Ordering::Relaxed) as usize) % conns.len()].clone()
     };
-    let done = record(State::Done);
-    let replay_key = "replayed".to_owned();
-    store.insert(&replay_key, done.clone(), NOW).await.unwrap();
+    // The store prefixes the run.
+    let (guarded, replay) = store_ops(&store, "g").await;
     // About the size of idem's encoded records (53 bytes claimed, 131 done).
     let raw_value = vec![b'x'; 120];
     let mut setup = conn.clone();
@@ -243,24 +188,6 @@ async fn redis_pairs(url: &str, options: &str, run: &str) -> (Vec<Pair>, Arc<dyn
         .query_async(&mut setup)
         .await
         .unwrap();
-    let s = store.clone();
-    let guarded = op(move |i| {
-        let s = s.clone();
-        async move {
-            let key = format!("g{i}");
-            let idem::store::InsertOutcome::Inserted(v) = s
-                .insert(&key, record(State::Processing), NOW)
-                .await
-                .unwrap()
-            else {
-                panic!()
-            };
-            s.replace(&key, v, record(State::Done), NOW)
-                .await
-                .unwrap()
-                .unwrap();
-        }
-    });
     let (c, run_id, value) = (pick.clone(), run.to_owned(), raw_value.clone());
     let raw_guarded = op(move |i| {
         let (mut c, key, value) = (c(), format!("idem-bench-raw:{run_id}:g{i}"), value.clone());
@@ -282,17 +209,6 @@ async fn redis_pairs(url: &str, options: &str, run: &str) -> (Vec<Pair>, Arc<dyn
                 .query_async(&mut c)
                 .await
                 .unwrap();
-        }
-    });
-    let s = store.clone();
-    let replay = op(move |_| {
-        let s = s.clone();
-        async move {
-            let outcome = s
-                .insert("replayed", record(State::Processing), NOW)
-                .await
-                .unwrap();
-            assert!(matches!(outcome, idem::store::InsertOutcome::Existing(_)));
         }
     });
     let (c, key) = (pick.clone(), format!("idem-bench-raw:{run}:replayed"));
@@ -318,14 +234,16 @@ async fn redis_pairs(url: &str, options: &str, run: &str) -> (Vec<Pair>, Arc<dyn
             raw: raw_replay,
         },
     ];
-    (pairs, Arc::new(store))
+    (pairs, store)
 }
 
 async fn postgres_pairs(url: &str, run: &str) -> (Vec<Pair>, Arc<dyn Store>) {
     let table = "idem_bench";
-    let store = PostgresStore::open(&format!("{url}?table={table}&pool=32"))
-        .await
-        .unwrap();
+    let store: Arc<dyn Store> = Arc::new(
+        PostgresStore::open(&format!("{url}?table={table}&pool=32"))
+            .await
+            .unwrap(),
+    );
     // The raw side: the same columns, plain statements, the same driver and pool settings.
     let (client, connection) = tokio_postgres::connect(url, NoTls).await.unwrap();
     tokio::spawn(connection);
@@ -356,8 +274,8 @@ async fn postgres_pairs(url: &str, run: &str) -> (Vec<Pair>, Arc<dyn Store>) {
     const INSERT: &str = "INSERT INTO idem_bench_raw (key, version, fingerprint, state, lease_until_ms, expires_at_ms, status, header_names, header_values, body) VALUES ($1, 1, $2, $3, $4, $5, $6, $7, $8, $9)";
     const UPDATE: &str = "UPDATE idem_bench_raw SET version = version + 1, fingerprint = $2, state = $3, lease_until_ms = $4, expires_at_ms = $5, status = $6, header_names = $7, header_values = $8, body = $9 WHERE key = $1";
     const SELECT: &str = "SELECT version, fingerprint, state, lease_until_ms, expires_at_ms, status, header_names, header_values, body FROM idem_bench_raw WHERE key = $1";
+    let (guarded, replay) = store_ops(&store, &format!("{run}:g")).await;
     let done = record(State::Done);
-    store.insert("replayed", done.clone(), NOW).await.unwrap();
     let r = done.response.clone().unwrap();
     let names: Vec<String> = r.headers.iter().map(|(n, _)| n.clone()).collect();
     let values: Vec<Vec<u8>> = r.headers.iter().map(|(_, v)| v.clone()).collect();
@@ -381,24 +299,6 @@ async fn postgres_pairs(url: &str, run: &str) -> (Vec<Pair>, Arc<dyn Store>) {
         .await
         .unwrap();
     }
-    let s = store.clone();
-    let run_id = run.to_owned();
-    let guarded = op(move |i| {
-        let (s, key) = (s.clone(), format!("{run_id}:g{i}"));
-        async move {
-            let idem::store::InsertOutcome::Inserted(v) = s
-                .insert(&key, record(State::Processing), NOW)
-                .await
-                .unwrap()
-            else {
-                panic!()
-            };
-            s.replace(&key, v, record(State::Done), NOW)
-                .await
-                .unwrap()
-                .unwrap();
-        }
-    });
     let (p, run_id) = (pool.clone(), run.to_owned());
     let (n2, v2, body) = (names.clone(), values.clone(), r.body.clone());
     let raw_guarded = op(move |i| {
@@ -455,17 +355,6 @@ async fn postgres_pairs(url: &str, run: &str) -> (Vec<Pair>, Arc<dyn Store>) {
             .unwrap();
         }
     });
-    let s = store.clone();
-    let replay = op(move |_| {
-        let s = s.clone();
-        async move {
-            let outcome = s
-                .insert("replayed", record(State::Processing), NOW)
-                .await
-                .unwrap();
-            assert!(matches!(outcome, idem::store::InsertOutcome::Existing(_)));
-        }
-    });
     let p = pool.clone();
     let raw_replay = op(move |_| {
         let p = p.clone();
@@ -487,40 +376,7 @@ async fn postgres_pairs(url: &str, run: &str) -> (Vec<Pair>, Arc<dyn Store>) {
             raw: raw_replay,
         },
     ];
-    (pairs, Arc::new(store))
-}
-
-/// Unlinks this run's keys (a run writes millions), so that the shared
-/// server's tests do not scan them until they expire.
-async fn redis_cleanup(url: &str, run: &str) {
-    let mut conn = redis::Client::open(url)
-        .unwrap()
-        .get_multiplexed_async_connection()
-        .await
-        .unwrap();
-    let mut cursor: u64 = 0;
-    loop {
-        let (next, keys): (u64, Vec<Vec<u8>>) = redis::cmd("SCAN")
-            .arg(cursor)
-            .arg("MATCH")
-            .arg(format!("idem-bench*:{run}:*"))
-            .arg("COUNT")
-            .arg(10_000)
-            .query_async(&mut conn)
-            .await
-            .unwrap();
-        if !keys.is_empty() {
-            let _: i64 = redis::cmd("UNLINK")
-                .arg(keys)
-                .query_async(&mut conn)
-                .await
-                .unwrap();
-        }
-        cursor = next;
-        if cursor == 0 {
-            return;
-        }
-    }
+    (pairs, store)
 }
 
 /// `IDEM_BENCH_ROWS=TEXT` runs only the table rows whose label contains TEXT.
@@ -563,17 +419,16 @@ fn guard_ops(store: Arc<dyn Store>, run: &str) -> (Op, Op) {
 
 fn main() {
     let rt = tokio::runtime::Runtime::new().unwrap();
-    let secs: f64 = std::env::var("IDEM_BENCH_SECS")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(3.0);
+    let secs = Duration::from_secs_f64(support::secs(3.0));
     let run = format!("{}-{}", std::process::id(), fastrand::u32(..));
     let mut criterion = Criterion::default()
         .configure_from_args()
         .warm_up_time(Duration::from_secs(1))
         .measurement_time(Duration::from_secs(3));
-    let mut table: Vec<(String, String, Row, Row)> = Vec::new();
-    let mut guard_rows: Vec<(String, Row)> = Vec::new();
+    // Store, operation, callers: idem's figures and raw's.
+    let mut table: Vec<(String, &str, usize, Figures, Figures)> = Vec::new();
+    // Store, operation, callers: the figures through the component.
+    let mut guard_rows: Vec<(String, &str, usize, Figures)> = Vec::new();
     for (store_name, name, options) in [
         ("redis", "REDIS", ""),
         ("valkey", "VALKEY", ""),
@@ -602,24 +457,18 @@ fn main() {
         let mut group = criterion.benchmark_group(&store_name);
         for pair in &pairs {
             for (side, f) in [("idem", &pair.store), ("raw", &pair.raw)] {
-                let counter = AtomicU64::new(1 << 40);
                 group.bench_function(format!("{} [{side}]", pair.label), |b| {
-                    b.to_async(&rt)
-                        .iter(|| f(counter.fetch_add(1, Ordering::Relaxed)));
+                    b.to_async(&rt).iter(|| f(fresh()));
                 });
             }
         }
         group.finish();
         for pair in pairs.iter().filter(|p| row_selected(p.label)) {
             for callers in [1, 32] {
-                let (idem_row, raw_row) = rt.block_on(measure_pair(
-                    pair.label,
-                    callers,
-                    secs,
-                    &pair.store,
-                    &pair.raw,
-                ));
-                table.push((store_name.clone(), pair.label.to_owned(), idem_row, raw_row));
+                let works = [&pair.store, &pair.raw];
+                let figures = rt.block_on(measure(callers, secs, TURNS, &works));
+                let (label, name) = (pair.label, store_name.clone());
+                table.push((name, label, callers, figures[0], figures[1]));
             }
         }
         let (executed, replayed) = guard_ops(store, &run);
@@ -631,41 +480,43 @@ fn main() {
                 continue;
             }
             for callers in [1, 32] {
-                guard_rows.push((
-                    store_name.clone(),
-                    rt.block_on(measure(label, callers, secs, f)),
-                ));
+                let figures = rt.block_on(measure(callers, secs, 1, &[f]));
+                guard_rows.push((store_name.clone(), label, callers, figures[0]));
             }
         }
         // A cluster's keys are left to expire (10 minutes): one `UNLINK`
         // cannot span its slots.
         if name == "REDIS" || name == "VALKEY" {
-            rt.block_on(redis_cleanup(&url, &run));
+            rt.block_on(support::unlink_matching(
+                &url,
+                &format!("idem-bench*:{run}:*"),
+            ));
         }
     }
     println!(
         "\n| store | operation | callers | idem ops/s | raw ops/s | idem/raw | idem p50 µs | raw p50 µs | idem p99 µs | raw p99 µs |"
     );
     println!("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|");
-    for (store, label, i, r) in &table {
+    for (store, label, callers, i, r) in &table {
         println!(
-            "| {store} | {label} | {} | {:.0} | {:.0} | {:.0}% | {} | {} | {} | {} |",
-            i.callers,
+            "| {store} | {label} | {callers} | {:.0} | {:.0} | {:.0}% | {} | {} | {} | {} |",
             i.ops_per_s,
             r.ops_per_s,
             100.0 * i.ops_per_s / r.ops_per_s,
-            i.p50_us,
-            r.p50_us,
-            i.p99_us,
-            r.p99_us
+            i.p50.as_micros(),
+            r.p50.as_micros(),
+            i.p99.as_micros(),
+            r.p99.as_micros()
         );
     }
     println!("\n| store | through the component | callers | ops/s | p50 µs | p99 µs |");
     println!("|---|---|---:|---:|---:|---:|");
-    for (store, row) in &guard_rows {
+    for (store, label, callers, f) in &guard_rows {
         println!(
-            "| {store} | {} | {} | {:.0} | {} | {} |",
-            row.name, row.callers, row.ops_per_s, row.p50_us, row.p99_us
+            "| {store} | {label} | {callers} | {:.0} | {} | {} |",
+            f.ops_per_s,
+            f.p50.as_micros(),
+            f.p99.as_micros()
         );
     }
     criterion.final_summary();

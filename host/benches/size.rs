@@ -21,12 +21,15 @@
 // Pedantic lints guard library code; in tests and benches they are noise.
 #![allow(clippy::pedantic)]
 
+mod support;
+
 use deadpool_postgres::tokio_postgres::{self, NoTls};
 use idem::store::{InsertOutcome, MemoryStore, PostgresStore, RedisStore, SqliteStore, Store};
 use idem::{Record, Response, State};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
+use support::url;
 
 const NOW: u64 = 1_792_382_400_000;
 /// Records freed per `purge_expired` call: the `Purger`'s own batch.
@@ -46,13 +49,6 @@ fn record(expires_at_ms: u64) -> Record {
             body: br#"{"id":"ord_123","status":"paid"}"#.to_vec(),
         }),
     }
-}
-
-fn url(name: &str) -> Option<String> {
-    std::env::var(format!("IDEM_BENCH_{name}_URL"))
-        .or_else(|_| std::env::var(format!("IDEM_TEST_{name}_URL")))
-        .ok()
-        .filter(|u| !u.is_empty())
 }
 
 /// What a store occupies now, in bytes.
@@ -281,10 +277,7 @@ fn main() {
         .ok()
         .map(|s| s.split(',').map(|n| n.trim().parse().unwrap()).collect())
         .unwrap_or_else(|| vec![1_000, 100_000, 1_000_000]);
-    let secs: f64 = std::env::var("IDEM_BENCH_SECS")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(2.0);
+    let secs = support::secs(2.0);
     let wanted = |name: &str| {
         std::env::var("IDEM_BENCH_STORES").map_or(true, |only| only.split(',').any(|s| s == name))
     };
@@ -350,7 +343,7 @@ fn main() {
             purge_rows.extend(purge);
         }
         if let Some(url) = url("REDIS").filter(|_| wanted("redis")) {
-            unlink_prefix(&url, &format!("idem-size:{run}:*")).await;
+            support::unlink_matching(&url, &format!("idem-size:{run}:*")).await;
         }
     });
     println!(
@@ -380,37 +373,5 @@ fn main() {
             r.during_p99,
             r.during_claims
         );
-    }
-}
-
-/// Unlinks the run's keys from the shared server.
-async fn unlink_prefix(url: &str, pattern: &str) {
-    let mut conn = redis::Client::open(url)
-        .unwrap()
-        .get_multiplexed_async_connection()
-        .await
-        .unwrap();
-    let mut cursor: u64 = 0;
-    loop {
-        let (next, keys): (u64, Vec<Vec<u8>>) = redis::cmd("SCAN")
-            .arg(cursor)
-            .arg("MATCH")
-            .arg(pattern)
-            .arg("COUNT")
-            .arg(10_000)
-            .query_async(&mut conn)
-            .await
-            .unwrap();
-        if !keys.is_empty() {
-            let _: i64 = redis::cmd("UNLINK")
-                .arg(keys)
-                .query_async(&mut conn)
-                .await
-                .unwrap();
-        }
-        cursor = next;
-        if cursor == 0 {
-            return;
-        }
     }
 }

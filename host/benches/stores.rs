@@ -36,16 +36,16 @@
 // Pedantic lints guard library code; in tests and benches they are noise.
 #![allow(clippy::pedantic)]
 
+mod support;
+
 use async_trait::async_trait;
 use criterion::Criterion;
 use idem::store::{InsertOutcome, SqliteOptions, SqliteStore, Store, Synchronous};
 use idem::{Decision, Guard, Record, Response, State};
 use rusqlite::{Connection, params};
-use std::future::Future;
-use std::pin::Pin;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::{Duration, Instant};
+use std::time::Duration;
+use support::{Figures, Op, fresh, op};
 use tokio::sync::{mpsc, oneshot};
 
 /// The concurrency levels of the table: 1 and 32, or `IDEM_BENCH_CALLERS=1,8,…`.
@@ -71,7 +71,7 @@ pub trait RawBaseline: Send + Sync + 'static {
     /// Rows it needs before the run.
     async fn prepare(&self) {}
     /// One op; `i` is unique to the call.
-    async fn op(&self, i: usize);
+    async fn op(&self, i: u64);
 }
 
 /// One row of the printed table.
@@ -79,9 +79,7 @@ struct Row {
     store: String,
     work: &'static str,
     callers: usize,
-    ops_per_s: f64,
-    p50: Duration,
-    p99: Duration,
+    figures: Figures,
     baseline: bool,
 }
 
@@ -91,12 +89,6 @@ fn now_ms() -> i64 {
         .duration_since(std::time::UNIX_EPOCH)
         .unwrap()
         .as_millis() as i64
-}
-
-/// A number no other call of the run gets.
-fn fresh() -> usize {
-    static N: AtomicU64 = AtomicU64::new(0);
-    N.fetch_add(1, Ordering::Relaxed) as usize
 }
 
 fn next_key(prefix: &str) -> String {
@@ -115,77 +107,9 @@ async fn replay(guard: &Guard, key: &str) {
     assert!(matches!(d, Decision::Replay(_)), "{d:?}");
 }
 
-/// One unit of work for the table, given a number unique to the call.
-type Op = Arc<dyn Fn(usize) -> Pin<Box<dyn Future<Output = ()> + Send>> + Send + Sync>;
-
-fn op<F, Fut>(f: F) -> Op
-where
-    F: Fn(usize) -> Fut + Send + Sync + 'static,
-    Fut: Future<Output = ()> + Send + 'static,
-{
-    Arc::new(move |i| Box::pin(f(i)))
-}
-
-/// The latencies of one work's slices and the wall time they took.
-#[derive(Default)]
-struct Sample {
-    latencies: Vec<Duration>,
-    secs: f64,
-}
-
-/// Runs `op` from `callers` tasks for `time`, adding to `sample`.
-async fn slice(callers: usize, time: Duration, op: &Op, sample: &mut Sample) {
-    let started = Instant::now();
-    let deadline = started + time;
-    let mut tasks = tokio::task::JoinSet::new();
-    for _ in 0..callers {
-        let op = op.clone();
-        tasks.spawn(async move {
-            let mut latencies = Vec::new();
-            while Instant::now() < deadline {
-                let i = fresh();
-                let t = Instant::now();
-                op(i).await;
-                latencies.push(t.elapsed());
-            }
-            latencies
-        });
-    }
-    while let Some(l) = tasks.join_next().await {
-        sample.latencies.extend(l.unwrap());
-    }
-    sample.secs += started.elapsed().as_secs_f64();
-}
-
 /// Slices per work and concurrency level: the works take turns, so that a
 /// change in the machine's load during the run weighs on all of them alike.
 const TURNS: usize = 6;
-
-/// Every work in `works` for `time` in all, in `TURNS` turns; ops/s, p50, p99 each.
-async fn measure(callers: usize, time: Duration, works: &[&Op]) -> Vec<(f64, Duration, Duration)> {
-    let mut samples: Vec<Sample> = works.iter().map(|_| Sample::default()).collect();
-    let turn = time / TURNS as u32;
-    for t in 0..TURNS {
-        // Each turn starts with a different work.
-        for k in 0..works.len() {
-            let w = (k + t) % works.len();
-            slice(callers, turn, works[w], &mut samples[w]).await;
-        }
-    }
-    samples
-        .into_iter()
-        .map(|mut s| {
-            let all = &mut s.latencies;
-            all.sort_unstable();
-            let pct = |p: usize| {
-                all.get((all.len() * p / 100).min(all.len().saturating_sub(1)))
-                    .copied()
-                    .unwrap_or_default()
-            };
-            (all.len() as f64 / s.secs, pct(50), pct(99))
-        })
-        .collect()
-}
 
 /// Benches one store: criterion for one caller, and the table's rows for
 /// every level of `callers()`. Each work is given the number of its call.
@@ -205,7 +129,7 @@ fn bench_store(
     let replay_keys: Arc<Vec<String>> = Arc::new(rt.block_on(async {
         let mut keys = Vec::new();
         for i in 0..REPLAY_KEYS {
-            let key = replay_key(name, i);
+            let key = replay_key(name, i as u64);
             guarded(&guard, &key).await;
             keys.push(key);
         }
@@ -244,7 +168,7 @@ fn bench_store(
     let (g, keys) = (guard.clone(), replay_keys.clone());
     let replay_op = op(move |i| {
         let (g, keys) = (g.clone(), keys.clone());
-        async move { replay(&g, &keys[i % keys.len()]).await }
+        async move { replay(&g, &keys[i as usize % keys.len()]).await }
     });
     let s = store.clone();
     let store_op = op(move |i| {
@@ -273,15 +197,13 @@ fn bench_store(
     }
     for callers in callers() {
         let ops: Vec<&Op> = works.iter().map(|(_, op, _)| op).collect();
-        let results = rt.block_on(measure(callers, table_time, &ops));
-        for ((work, _, baseline), (ops_per_s, p50, p99)) in works.iter().zip(results) {
+        let results = rt.block_on(support::measure(callers, table_time, TURNS, &ops));
+        for ((work, _, baseline), figures) in works.iter().zip(results) {
             table.push(Row {
                 store: name.into(),
                 work,
                 callers,
-                ops_per_s,
-                p50,
-                p99,
+                figures,
                 baseline: *baseline,
             });
         }
@@ -291,14 +213,17 @@ fn bench_store(
 /// How many completed keys the replays cycle through.
 const REPLAY_KEYS: usize = 1_000;
 
-fn replay_key(store: &str, i: usize) -> String {
-    format!("{store}-replay-{}", i % REPLAY_KEYS)
+fn replay_key(store: &str, i: u64) -> String {
+    format!("{store}-replay-{}", i % REPLAY_KEYS as u64)
 }
 
 /// A guarded op's store work straight on the store, without the guard or
-/// the component: insert a claim, replace it with the response.
+/// the component: insert a claim, replace it with the response. Timed by the
+/// wall clock, as the guard's records are: the guard's `Purger` shares this
+/// store and purges by the wall clock, so a record stamped with a fixed past
+/// instant could be freed between its insert and its replace.
 async fn claim_complete(store: &dyn Store, key: &str) {
-    let now = 1_792_382_400_000;
+    let now = now_ms() as u64;
     let claim = Record {
         fingerprint: "fp".into(),
         state: State::Processing,
@@ -430,7 +355,7 @@ impl SqliteRaw {
 
 #[async_trait]
 impl RawBaseline for SqliteRaw {
-    async fn op(&self, i: usize) {
+    async fn op(&self, i: u64) {
         let key = format!("r-{i}");
         self.step(Step::Insert, &key).await;
         self.step(Step::Update, &key).await;
@@ -462,7 +387,7 @@ impl RawBaseline for SqliteRead {
     async fn prepare(&self) {
         let conn = Connection::open(&self.path).unwrap();
         conn.execute_batch("BEGIN").unwrap();
-        for i in 0..REPLAY_KEYS {
+        for i in 0..REPLAY_KEYS as u64 {
             conn.execute(
                 "INSERT INTO records VALUES (?1, 2, 'fp', 'done', 0, 9223372036854775807, 200, ?2, ?3)",
                 params![replay_key(self.name, i), vec![0u8; 40], vec![b'x'; 256]],
@@ -472,7 +397,7 @@ impl RawBaseline for SqliteRead {
         conn.execute_batch("COMMIT").unwrap();
     }
 
-    async fn op(&self, i: usize) {
+    async fn op(&self, i: u64) {
         let (path, readers) = (self.path.clone(), self.readers.clone());
         let key = replay_key(self.name, i);
         tokio::task::spawn_blocking(move || {
@@ -517,12 +442,7 @@ fn main() {
     // `cargo bench` passes --bench; `cargo test --benches` does not: run each part briefly then.
     let benching = std::env::args().any(|a| a == "--bench");
     let table_time = if benching {
-        Duration::from_secs_f64(
-            std::env::var("IDEM_BENCH_SECS")
-                .ok()
-                .and_then(|s| s.parse().ok())
-                .unwrap_or(3.0),
-        )
+        Duration::from_secs_f64(support::secs(3.0))
     } else {
         Duration::from_millis(100)
     };
@@ -571,11 +491,20 @@ fn print_table(table: &[Row]) {
         });
         let ratio = match (row.baseline, raw) {
             (true, _) | (_, None) => String::new(),
-            (_, Some(raw)) => format!("{:.0}%", 100.0 * row.ops_per_s / raw.ops_per_s),
+            (_, Some(raw)) => format!(
+                "{:.0}%",
+                100.0 * row.figures.ops_per_s / raw.figures.ops_per_s
+            ),
         };
         println!(
             "{:<14} {:<8} {:>7} {:>12.0} {:>10.1?} {:>10.1?} {:>8}",
-            row.store, row.work, row.callers, row.ops_per_s, row.p50, row.p99, ratio
+            row.store,
+            row.work,
+            row.callers,
+            row.figures.ops_per_s,
+            row.figures.p50,
+            row.figures.p99,
+            ratio
         );
     }
 }

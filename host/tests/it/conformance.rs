@@ -8,6 +8,8 @@
 
 use idem::store::{InsertOutcome, ListQuery, Store};
 use idem::{Decision, Guard, ManualClock, Outcome, Record, Response, State};
+use idem_harness::{server_url, unique};
+use std::convert::Infallible;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
@@ -15,18 +17,60 @@ use std::time::Duration;
 /// 2026-10-19 04:00 UTC, the seed's base time.
 pub const BASE_MS: u64 = 1_792_382_400_000;
 
-pub fn record(fingerprint: &str, state: State, lease_until_ms: u64, expires_at_ms: u64) -> Record {
-    let response = (state == State::Done).then(|| Response {
+/// What the tests' handlers answer, and completed records hold.
+pub fn paid() -> Response {
+    Response {
         status: 200,
         headers: vec![],
         body: b"paid".to_vec(),
-    });
+    }
+}
+
+pub fn record(fingerprint: &str, state: State, lease_until_ms: u64, expires_at_ms: u64) -> Record {
+    let response = (state == State::Done).then(paid);
     Record {
         fingerprint: fingerprint.into(),
         state,
         lease_until_ms,
         expires_at_ms,
         response,
+    }
+}
+
+/// A guard over `store` whose clock stands at [`BASE_MS`].
+pub fn guard_at_base(store: impl Store) -> Guard {
+    Guard::builder(store)
+        .clock(ManualClock::new(BASE_MS))
+        .build()
+        .unwrap()
+}
+
+/// A handler that counts its runs in `calls` and answers [`paid`].
+pub fn counting(
+    calls: &AtomicUsize,
+) -> impl FnOnce(idem::Fence) -> std::future::Ready<Result<Response, Infallible>> + Copy + '_ {
+    move |_| {
+        calls.fetch_add(1, Ordering::SeqCst);
+        std::future::ready(Ok(paid()))
+    }
+}
+
+/// A claim of the fingerprint `fp`, its lease held until `lease_until_ms`.
+pub fn claimed(lease_until_ms: u64, expires_at_ms: u64) -> Record {
+    record("fp", State::Processing, lease_until_ms, expires_at_ms)
+}
+
+/// A completed record of the fingerprint `fp`, holding [`paid`].
+pub fn done(expires_at_ms: u64) -> Record {
+    record("fp", State::Done, 0, expires_at_ms)
+}
+
+/// The first `limit` keys starting with `prefix`, in any state.
+pub fn under(prefix: &str, limit: usize) -> ListQuery {
+    ListQuery {
+        prefix: prefix.to_owned(),
+        limit,
+        ..ListQuery::default()
     }
 }
 
@@ -43,21 +87,9 @@ pub async fn put<S: Store + ?Sized>(store: &S, key: &str, record: Record, now_ms
 /// more. For a store of its own (a fresh file, prefix or table).
 pub async fn purge_is_bounded_and_spares_live_records<S: Store + ?Sized>(store: &S) {
     for i in 0..5 {
-        put(
-            store,
-            &format!("old{i}"),
-            record("fp", State::Done, 0, BASE_MS + 10),
-            BASE_MS,
-        )
-        .await;
+        put(store, &format!("old{i}"), done(BASE_MS + 10), BASE_MS).await;
     }
-    put(
-        store,
-        "live",
-        record("fp", State::Done, 0, BASE_MS + 10_000),
-        BASE_MS,
-    )
-    .await;
+    put(store, "live", done(BASE_MS + 10_000), BASE_MS).await;
     assert_eq!(store.purge_expired(BASE_MS + 10, 3).await.unwrap(), 3);
     assert_eq!(store.purge_expired(BASE_MS + 10, 100).await.unwrap(), 2);
     assert_eq!(store.purge_expired(BASE_MS + 10, 100).await.unwrap(), 0);
@@ -78,13 +110,7 @@ pub async fn purge_in_batches_frees_every_expired_record<S: Store + ?Sized>(stor
             BASE_MS + 10
         };
         let key = format!("k{i}");
-        put(
-            store,
-            &key,
-            record("fp", State::Done, 0, expires_at_ms),
-            BASE_MS,
-        )
-        .await;
+        put(store, &key, done(expires_at_ms), BASE_MS).await;
     }
     let mut batches = Vec::new();
     loop {
@@ -136,21 +162,10 @@ pub async fn proceeded<E: std::fmt::Debug + 'static>(
     proceeded
 }
 
-/// A key no other test (or earlier run against a shared server) uses.
-pub fn unique(name: &str) -> String {
-    static N: AtomicUsize = AtomicUsize::new(0);
-    format!(
-        "{name}-{}-{}-{}",
-        std::process::id(),
-        N.fetch_add(1, Ordering::Relaxed),
-        fastrand::u64(..)
-    )
-}
-
 pub async fn insert_if_absent_or_expired(store: Arc<dyn Store>) {
     let key = unique("insert");
     let now = BASE_MS;
-    let r = record("fp", State::Processing, now + 1_000, now + 10_000);
+    let r = claimed(now + 1_000, now + 10_000);
     assert_eq!(
         store.insert(&key, r.clone(), now).await.unwrap(),
         InsertOutcome::Inserted(1)
@@ -184,35 +199,32 @@ pub async fn insert_if_absent_or_expired(store: Arc<dyn Store>) {
 pub async fn replace_only_at_version(store: Arc<dyn Store>) {
     let key = unique("replace");
     let now = BASE_MS;
-    let r = record("fp", State::Processing, now + 1_000, now + 10_000);
+    let r = claimed(now + 1_000, now + 10_000);
     store.insert(&key, r, now).await.unwrap();
-    let done = record("fp", State::Done, 0, now + 10_000);
-    assert_eq!(
-        store.replace(&key, 2, done.clone(), now).await.unwrap(),
-        None,
-        "wrong version"
-    );
-    assert_eq!(
-        store.replace(&key, 1, done.clone(), now).await.unwrap(),
-        Some(2)
-    );
-    assert_eq!(
-        store.replace(&key, 1, done.clone(), now).await.unwrap(),
-        None,
-        "stale version"
-    );
+    let completed = done(now + 10_000);
+    for (version, replaced, why) in [
+        (2, None, "a wrong version"),
+        (1, Some(2), "the claim's version"),
+        (1, None, "a stale version"),
+    ] {
+        let got = store.replace(&key, version, completed.clone(), now).await;
+        assert_eq!(got.unwrap(), replaced, "{why}");
+    }
     let got = store.get(&key, now).await.unwrap().unwrap();
-    assert_eq!((got.record, got.version), (done.clone(), 2));
+    assert_eq!((got.record, got.version), (completed.clone(), 2));
     // Absent and expired keys are never replaced.
     assert_eq!(
         store
-            .replace(&unique("absent"), 1, done.clone(), now)
+            .replace(&unique("absent"), 1, completed.clone(), now)
             .await
             .unwrap(),
         None
     );
     assert_eq!(
-        store.replace(&key, 2, done, now + 10_000).await.unwrap(),
+        store
+            .replace(&key, 2, completed, now + 10_000)
+            .await
+            .unwrap(),
         None
     );
 }
@@ -220,51 +232,26 @@ pub async fn replace_only_at_version(store: Arc<dyn Store>) {
 pub async fn delete_at_version(store: Arc<dyn Store>) {
     let key = unique("delete");
     let now = BASE_MS;
-    put(
-        &store,
-        &key,
-        record("fp", State::Processing, now + 1, now + 10_000),
-        now,
-    )
-    .await;
+    put(&store, &key, claimed(now + 1, now + 10_000), now).await;
     assert!(!store.delete(&key, Some(7)).await.unwrap());
     assert!(store.get(&key, now).await.unwrap().is_some());
     assert!(store.delete(&key, Some(1)).await.unwrap());
     assert!(store.get(&key, now).await.unwrap().is_none());
     assert!(!store.delete(&key, None).await.unwrap());
-    put(
-        &store,
-        &key,
-        record("fp", State::Processing, now + 1, now + 10_000),
-        now,
-    )
-    .await;
+    put(&store, &key, claimed(now + 1, now + 10_000), now).await;
     assert!(store.delete(&key, None).await.unwrap());
 }
 
 pub async fn reads_never_return_expired(store: Arc<dyn Store>) {
     let key = unique("expiry");
     let now = BASE_MS;
-    store
-        .insert(&key, record("fp", State::Done, 0, now + 100), now)
-        .await
-        .unwrap();
+    store.insert(&key, done(now + 100), now).await.unwrap();
     assert!(store.get(&key, now + 99).await.unwrap().is_some());
     assert!(
         store.get(&key, now + 100).await.unwrap().is_none(),
         "expired at expires_at, purged or not"
     );
-    let listed = store
-        .list(
-            &ListQuery {
-                prefix: key.clone(),
-                limit: 10,
-                ..ListQuery::default()
-            },
-            now + 100,
-        )
-        .await
-        .unwrap();
+    let listed = store.list(&under(&key, 10), now + 100).await.unwrap();
     assert!(listed.is_empty(), "list must hide expired records too");
 }
 
@@ -278,7 +265,7 @@ pub async fn keys_round_trip_any_allowed_bytes(store: Arc<dyn Store>) {
         "semi;colon%25\\back",
     ] {
         let key = format!("{}/{name}", unique("bytes"));
-        let r = record("fp", State::Done, 0, now + 10_000);
+        let r = done(now + 10_000);
         assert_eq!(
             store.insert(&key, r.clone(), now).await.unwrap(),
             InsertOutcome::Inserted(1),
@@ -309,11 +296,7 @@ pub async fn list_filters_and_pages(store: Arc<dyn Store>) {
         )
         .await;
     }
-    let q = ListQuery {
-        prefix: prefix.clone(),
-        limit: 2,
-        ..ListQuery::default()
-    };
+    let q = under(&prefix, 2);
     let page1 = store.list(&q, now).await.unwrap();
     assert_eq!(
         page1.iter().map(|(k, _)| k.clone()).collect::<Vec<_>>(),
@@ -444,10 +427,7 @@ pub async fn takeover_fencing_and_retention(store: Arc<dyn Store>) {
 }
 
 pub async fn replays_the_stored_bytes(store: Arc<dyn Store>) {
-    let guard = Guard::builder(store)
-        .clock(ManualClock::new(BASE_MS))
-        .build()
-        .unwrap();
+    let guard = guard_at_base(store);
     let key = unique("bytes");
     let body: Vec<u8> = (0..=255u8).cycle().take(70_000).collect();
     let response = Response {
@@ -535,22 +515,12 @@ pub use crate::seed::{seed_concurrent_same_key, seed_lease_takeover_faults_and_w
 /// handler never runs; then the faults clear and the same guard works.
 pub async fn fails_closed_when_down_and_recovers(store: Arc<dyn Store>) {
     let (faulty, faults) = idem::Faulty::new(store);
-    let guard = Guard::builder(faulty)
-        .clock(ManualClock::new(BASE_MS))
-        .build()
-        .unwrap();
+    let guard = guard_at_base(faulty);
     faults
         .set_all(&idem::FaultRule::error("connection refused"))
         .unwrap();
     let calls = AtomicUsize::new(0);
-    let handler = |_| async {
-        calls.fetch_add(1, Ordering::SeqCst);
-        Ok::<_, std::convert::Infallible>(Response {
-            status: 200,
-            headers: vec![],
-            body: b"ok".to_vec(),
-        })
-    };
+    let handler = counting(&calls);
     let key = unique("down");
     assert!(matches!(
         guard.run(&key, "fp", handler).await.unwrap(),
@@ -593,7 +563,7 @@ store_conformance!(sqlite_current_thread, open_sqlite(), current_thread);
 
 /// The Redis store on the server `var` names; `None` when it is not set.
 async fn open_redis(var: &str) -> Option<Arc<dyn Store>> {
-    let url = crate::netstores::server_url(var)?;
+    let url = server_url(var)?;
     let store = idem::store::RedisStore::open(&url)
         .await
         .unwrap_or_else(|e| panic!("{var} is set but the server cannot be opened: {e}"));
@@ -607,7 +577,7 @@ store_conformance!(redis_cluster, open_redis("IDEM_TEST_REDIS_CLUSTER_URL"));
 store_conformance!(valkey, open_redis("IDEM_TEST_VALKEY_URL"));
 
 store_conformance!(postgres, async {
-    let url = crate::netstores::server_url("IDEM_TEST_POSTGRES_URL")?;
+    let url = server_url("IDEM_TEST_POSTGRES_URL")?;
     Some(Arc::new(
         idem::store::PostgresStore::open(&url)
             .await

@@ -6,6 +6,7 @@
 //! decisions; flipped back, requests succeed; `q` exits cleanly. Without
 //! the admin token, the console says how to pass it.
 
+use idem_harness::Tmux;
 use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::process::Command;
@@ -47,110 +48,6 @@ pub(crate) fn order(key: &str) -> String {
     format!(r#"{{"order":"{key}","sku":"A","qty":1,"cents":1000}}"#)
 }
 
-struct Tmux {
-    socket: String,
-}
-
-impl Tmux {
-    /// `command` in a fresh 80×24 tmux server named after `name`.
-    fn start(name: &str, command: &str) -> Tmux {
-        let version = Command::new("tmux").arg("-V").output();
-        assert!(
-            version.as_ref().is_ok_and(|o| o.status.success()),
-            "tmux is required for the console test (apt-get install tmux): {version:?}"
-        );
-        let tmux = Tmux {
-            socket: format!("idem-console-{name}-{}", std::process::id()),
-        };
-        let script = format!("{command}; echo \"exit=$?\"; sleep 600");
-        let ok = tmux
-            .cmd()
-            .args([
-                "new-session",
-                "-d",
-                "-x",
-                "80",
-                "-y",
-                "24",
-                "-s",
-                "t",
-                "sh",
-                "-c",
-                &script,
-            ])
-            .env("TERM", "xterm-256color")
-            .status()
-            .unwrap()
-            .success();
-        assert!(ok, "tmux new-session failed");
-        tmux
-    }
-
-    fn cmd(&self) -> Command {
-        let mut c = Command::new("tmux");
-        c.args(["-L", &self.socket]);
-        c
-    }
-
-    fn screen(&self) -> String {
-        let out = self
-            .cmd()
-            .args(["capture-pane", "-p", "-t", "t"])
-            .output()
-            .unwrap();
-        String::from_utf8_lossy(&out.stdout).into_owned()
-    }
-
-    fn keys(&self, keys: &[&str]) {
-        for key in keys {
-            assert!(
-                self.cmd()
-                    .args(["send-keys", "-t", "t", key])
-                    .status()
-                    .unwrap()
-                    .success()
-            );
-        }
-    }
-
-    /// Polls the screen until `pred` holds, doing `meanwhile` between polls.
-    fn wait_for(
-        &self,
-        what: &str,
-        mut meanwhile: impl FnMut(),
-        pred: impl Fn(&str) -> bool,
-    ) -> String {
-        let deadline = Instant::now() + Duration::from_secs(40);
-        loop {
-            let screen = self.screen();
-            // A frame can be caught half drawn on a loaded machine: the
-            // screen returned is one captured 100 ms after a match, and it
-            // must match too (the console redraws live figures, so the two
-            // need not be equal).
-            if pred(&screen) {
-                std::thread::sleep(Duration::from_millis(100));
-                let settled = self.screen();
-                if pred(&settled) {
-                    return settled;
-                }
-                continue;
-            }
-            assert!(
-                Instant::now() < deadline,
-                "timed out waiting for {what}; the screen:\n{screen}"
-            );
-            meanwhile();
-            std::thread::sleep(Duration::from_millis(100));
-        }
-    }
-}
-
-impl Drop for Tmux {
-    fn drop(&mut self) {
-        let _ = self.cmd().arg("kill-server").status();
-    }
-}
-
 /// `idem ledger` and `idem serve` (memory store) on free ports, with the
 /// admin API's `extra` arguments; returns them with the proxy and admin ports.
 pub(crate) fn serve(extra: &[&str]) -> (Proc, Proc, u16, u16) {
@@ -177,6 +74,13 @@ pub(crate) fn serve(extra: &[&str]) -> (Proc, Proc, u16, u16) {
         std::thread::sleep(Duration::from_millis(100));
     }
     (ledger, serve, proxy_port, admin_port)
+}
+
+/// `idem tui` on the admin API at `admin_port` in an 80×24 pane, after the
+/// shell's `env` settings (`IDEM_ADMIN_TOKEN=…`, `env -u …`).
+fn console(name: &str, env: &str, admin_port: u16) -> Tmux {
+    let command = format!("{env} {IDEM} tui --admin http://127.0.0.1:{admin_port}");
+    Tmux::start(&format!("console-{name}"), 80, 24, &command)
 }
 
 /// The table rows on screen: the lines between the column header and the
@@ -222,15 +126,10 @@ fn console_at_80x24_tells_two_clients_apart_searches_and_flips_the_insert_fault(
         assert_eq!(post_as(proxy_port, Some(auth), key, &order(key)) / 100, 2);
     }
 
-    let tmux = Tmux::start(
-        "clients",
-        &format!("{IDEM} tui --admin http://127.0.0.1:{admin_port}"),
-    );
-    let screen = tmux.wait_for(
-        "the keys of both clients",
-        || {},
-        |s| s.contains("connected") && key_cells(s).len() == 6,
-    );
+    let tmux = console("clients", "", admin_port);
+    let screen = tmux.wait_for("the keys of both clients", |s| {
+        s.contains("connected") && key_cells(s).len() == 6
+    });
     // Every key is told apart: the client's own key, its scope as a tag.
     let cells = key_cells(&screen);
     let mut distinct = cells.clone();
@@ -255,41 +154,33 @@ fn console_at_80x24_tells_two_clients_apart_searches_and_flips_the_insert_fault(
 
     // Search by what the client sent, anywhere in the key.
     tmux.keys(&["/", "der-2", "Enter"]);
-    let screen = tmux.wait_for(
-        "the search",
-        || {},
-        |s| s.contains(r#"search "der-2""#) && key_cells(s).len() == 2,
-    );
+    let screen = tmux.wait_for("the search", |s| {
+        s.contains(r#"search "der-2""#) && key_cells(s).len() == 2
+    });
     assert!(
         key_cells(&screen).iter().all(|c| c.ends_with(" order-2")),
         "{screen}"
     );
     tmux.keys(&["Escape"]);
-    tmux.wait_for("the search cleared", || {}, |s| key_cells(s).len() == 6);
+    tmux.wait_for("the search cleared", |s| key_cells(s).len() == 6);
 
     // The faults view opens on insert and says what the guard calls; the
     // insert fault, flipped with its key, makes the gateway fail closed.
     tmux.keys(&["2"]);
-    let screen = tmux.wait_for(
-        "the faults view",
-        || {},
-        |s| s.contains("Store faults") && s.contains("The guard calls only"),
-    );
+    let screen = tmux.wait_for("the faults view", |s| {
+        s.contains("Store faults") && s.contains("The guard calls only")
+    });
     assert!(screen.contains(" insert: [o] off"), "{screen}");
     assert!(
         screen.contains("The guard calls only insert and replace"),
         "{screen}"
     );
     tmux.keys(&["e"]);
-    tmux.wait_for(
-        "the insert fault on",
-        || {},
-        |s| s.contains("insert → error"),
-    );
+    tmux.wait_for("the insert fault on", |s| s.contains("insert → error"));
     let mut n = 100;
     let mut statuses = Vec::new();
     tmux.keys(&["3"]);
-    tmux.wait_for(
+    tmux.wait_for_doing(
         "unavailable decisions in the activity view",
         || {
             n += 1;
@@ -309,75 +200,55 @@ fn console_at_80x24_tells_two_clients_apart_searches_and_flips_the_insert_fault(
 
     // And off again: requests succeed.
     tmux.keys(&["2", "Space"]);
-    tmux.wait_for(
-        "the insert fault off",
-        || {},
-        |s| s.contains("insert → off"),
-    );
+    tmux.wait_for("the insert fault off", |s| s.contains("insert → off"));
     assert_eq!(
         post(proxy_port, "console-after", &order("console-after")) / 100,
         2
     );
 
     tmux.keys(&["q"]);
-    tmux.wait_for(
-        "the console to exit cleanly",
-        || {},
-        |s| s.contains("exit=0"),
-    );
+    tmux.wait_for("the console to exit cleanly", |s| s.contains("exit=0"));
 }
 
 #[test]
 fn a_console_without_the_admin_token_says_how_to_pass_it() {
     let (_ledger, _serve, _proxy_port, admin_port) = serve(&["--admin-token", "s3cret"]);
-    let tmux = Tmux::start(
-        "token",
-        &format!("env -u IDEM_ADMIN_TOKEN {IDEM} tui --admin http://127.0.0.1:{admin_port}"),
-    );
-    let screen = tmux.wait_for(
-        "the fix for a missing token",
-        || {},
-        |s| s.contains("--token") && s.contains("IDEM_ADMIN_TOKEN") && s.contains("unauthorized"),
-    );
+    let tmux = console("token", "env -u IDEM_ADMIN_TOKEN", admin_port);
+    let screen = tmux.wait_for("the fix for a missing token", |s| {
+        s.contains("--token") && s.contains("IDEM_ADMIN_TOKEN") && s.contains("unauthorized")
+    });
     assert!(
         !screen.contains("reconnecting") && !screen.contains("disconnected"),
         "a refused token is not an outage:\n{screen}"
     );
     tmux.keys(&["q"]);
-    tmux.wait_for("the console to exit", || {}, |s| s.contains("exit=0"));
+    tmux.wait_for("the console to exit", |s| s.contains("exit=0"));
 
     // With the token, it connects.
-    let tmux = Tmux::start(
-        "token-ok",
-        &format!("IDEM_ADMIN_TOKEN=s3cret {IDEM} tui --admin http://127.0.0.1:{admin_port}"),
-    );
-    tmux.wait_for(
-        "the console to connect with the token",
-        || {},
-        |s| s.contains("● connected") && s.contains("warm-up"),
-    );
+    let tmux = console("token-ok", "IDEM_ADMIN_TOKEN=s3cret", admin_port);
+    tmux.wait_for("the console to connect with the token", |s| {
+        s.contains("● connected") && s.contains("warm-up")
+    });
     tmux.keys(&["q"]);
-    tmux.wait_for("the console to exit", || {}, |s| s.contains("exit=0"));
+    tmux.wait_for("the console to exit", |s| s.contains("exit=0"));
 }
 
 #[test]
 fn the_demo_console_says_when_the_run_is_over_and_q_shows_the_verdict() {
     let tmux = Tmux::start(
-        "demo",
+        "console-demo",
+        80,
+        24,
         &format!("{IDEM} demo --store memory: --orders 40 --duration 2s"),
     );
-    tmux.wait_for(
-        "the console on the demo",
-        || {},
-        |s| s.contains("1 Keys") && s.contains("● connected"),
-    );
-    tmux.wait_for(
-        "the end of the run, and how to see the verdict",
-        || {},
-        |s| s.contains("The run is over") && s.contains("q closes and shows the verdict"),
-    );
+    tmux.wait_for("the console on the demo", |s| {
+        s.contains("1 Keys") && s.contains("● connected")
+    });
+    tmux.wait_for("the end of the run, and how to see the verdict", |s| {
+        s.contains("The run is over") && s.contains("q closes and shows the verdict")
+    });
     tmux.keys(&["q"]);
-    let screen = tmux.wait_for("the verdict", || {}, |s| s.contains("exit="));
+    let screen = tmux.wait_for("the verdict", |s| s.contains("exit="));
     assert!(
         screen.contains("exactly-once check passed") && screen.contains("exit=0"),
         "{screen}"

@@ -4,10 +4,10 @@
 //! the memory store) and async (every other store; here the memory store
 //! behind `AsyncOnly`, which hides its sync side).
 
-use crate::conformance::BASE_MS;
+use crate::conformance::{BASE_MS, counting};
 use idem::store::AsyncOnly;
 use idem::{Guard, Limits, ManualClock, MemoryStore, Outcome, Response, Runtime, Store};
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 /// The memory store as the sync flavour sees it, and as the async one does.
@@ -30,60 +30,48 @@ fn misbehaving(limits: Limits, store: std::sync::Arc<dyn Store>) -> Guard {
         .unwrap()
 }
 
-async fn check_fails_closed_then_recovers(guard: &Guard, bad_key: &str, needle: &str) {
-    let calls = AtomicU32::new(0);
-    let handler = |_| async {
-        calls.fetch_add(1, Ordering::SeqCst);
-        Ok::<_, &str>(Response {
-            status: 200,
-            headers: vec![],
-            body: b"ok".to_vec(),
-        })
-    };
-    match guard.run(bad_key, "fp", handler).await.unwrap() {
-        Outcome::Unavailable(why) => assert!(why.contains(needle), "{why}"),
-        other => panic!("{bad_key}: {other:?}"),
+/// In both flavours, under `limits`: the guest misbehaving on `bad_key`
+/// answers unavailable, saying `needle`, and nothing runs; the instance is
+/// replaced and the next call runs.
+async fn fails_closed_then_recovers(limits: Limits, bad_key: &str, needle: &str) {
+    for store in both_flavours() {
+        let guard = misbehaving(limits, store);
+        let calls = AtomicUsize::new(0);
+        match guard.run(bad_key, "fp", counting(&calls)).await.unwrap() {
+            Outcome::Unavailable(why) => assert!(why.contains(needle), "{why}"),
+            other => panic!("{bad_key}: {other:?}"),
+        }
+        assert_eq!(calls.load(Ordering::SeqCst), 0);
+        assert!(guard.pool_stats().failed >= 1);
+        assert!(matches!(
+            guard.run("fine", "fp", counting(&calls)).await.unwrap(),
+            Outcome::Executed(_)
+        ));
+        assert_eq!(calls.load(Ordering::SeqCst), 1);
     }
-    assert_eq!(calls.load(Ordering::SeqCst), 0);
-    let failed = guard.pool_stats().failed;
-    assert!(failed >= 1);
-    assert!(matches!(
-        guard.run("fine", "fp", handler).await.unwrap(),
-        Outcome::Executed(_)
-    ));
-    assert_eq!(calls.load(Ordering::SeqCst), 1);
 }
 
 #[tokio::test]
 async fn trapping_guest_answers_unavailable_and_is_replaced() {
-    for store in both_flavours() {
-        let guard = misbehaving(Limits::default(), store);
-        check_fails_closed_then_recovers(&guard, "!trap", "instance replaced").await;
-    }
+    fails_closed_then_recovers(Limits::default(), "!trap", "instance replaced").await;
 }
 
 #[tokio::test]
 async fn runaway_guest_is_stopped_by_the_epoch_deadline() {
-    for store in both_flavours() {
-        let limits = Limits {
-            call_timeout: Duration::from_millis(200),
-            ..Limits::default()
-        };
-        let guard = misbehaving(limits, store);
-        check_fails_closed_then_recovers(&guard, "!spin", "interrupt").await;
-    }
+    let limits = Limits {
+        call_timeout: Duration::from_millis(200),
+        ..Limits::default()
+    };
+    fails_closed_then_recovers(limits, "!spin", "interrupt").await;
 }
 
 #[tokio::test]
 async fn memory_hungry_guest_is_stopped_by_the_memory_limit() {
-    for store in both_flavours() {
-        let limits = Limits {
-            memory_bytes: 8 << 20,
-            ..Limits::default()
-        };
-        let guard = misbehaving(limits, store);
-        check_fails_closed_then_recovers(&guard, "!grow", "instance replaced").await;
-    }
+    let limits = Limits {
+        memory_bytes: 8 << 20,
+        ..Limits::default()
+    };
+    fails_closed_then_recovers(limits, "!grow", "instance replaced").await;
 }
 
 #[tokio::test]

@@ -1,18 +1,33 @@
 //! The guard's behaviour beyond the seed, through the component.
 
-use crate::conformance::BASE_MS;
+use crate::conformance::{BASE_MS, counting, paid};
+use idem::store::{Hook, Hooked};
 use idem::{
-    Decision, FaultRule, Faulty, Guard, GuardError, ManualClock, MemoryStore, OnHandlerError, Op,
-    Outcome, Response, RunError, Store,
+    Claim, Clock, Decision, FaultRule, Faulty, Guard, GuardBuilder, GuardError, ManualClock,
+    MemoryStore, OnHandlerError, Op, Outcome, Response, RunError, Store, StoreError,
 };
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
-fn paid() -> Response {
-    Response {
-        status: 200,
-        headers: vec![],
-        body: b"paid".to_vec(),
+/// A guard over `store` on `clock` whose claims hold a one-second lease.
+fn one_second_lease(store: impl Store, clock: impl Clock) -> GuardBuilder {
+    Guard::builder(store)
+        .clock(clock)
+        .lease(Duration::from_secs(1))
+}
+
+/// [`one_second_lease`] over a fresh memory store, and its clock, at [`BASE_MS`].
+fn memory_guard_with_one_second_lease() -> (ManualClock, Guard) {
+    let clock = ManualClock::new(BASE_MS);
+    let guard = one_second_lease(MemoryStore::new(), clock.clone());
+    (clock, guard.build().unwrap())
+}
+
+/// The claim of a new `key`.
+async fn proceed(guard: &Guard, key: &str) -> Claim {
+    match guard.begin(key, "fp").await.unwrap() {
+        Decision::Proceed(claim) => claim,
+        other => panic!("{key} is new, yet {other:?}"),
     }
 }
 
@@ -23,7 +38,7 @@ async fn released_claim_lets_the_retry_execute_at_once() {
         .clock(clock)
         .build()
         .unwrap();
-    let calls = AtomicU32::new(0);
+    let calls = AtomicUsize::new(0);
     let failing = |_| async {
         calls.fetch_add(1, Ordering::SeqCst);
         Err::<Response, _>("upstream 503")
@@ -33,10 +48,7 @@ async fn released_claim_lets_the_retry_execute_at_once() {
         Err(RunError::Handler("upstream 503"))
     ));
     // No time passes: the retry runs because the claim was released.
-    let ok = |_| async {
-        calls.fetch_add(1, Ordering::SeqCst);
-        Ok::<_, &str>(paid())
-    };
+    let ok = counting(&calls);
     assert_eq!(
         guard.run("k", "fp", ok).await.unwrap(),
         Outcome::Executed(paid())
@@ -80,16 +92,9 @@ async fn held_claim_makes_the_retry_wait_for_the_lease() {
 async fn insert_applied_but_reply_lost_never_executes_twice() {
     let clock = ManualClock::new(BASE_MS);
     let (store, faults) = Faulty::new(MemoryStore::new());
-    let guard = Guard::builder(store)
-        .clock(clock.clone())
-        .lease(Duration::from_secs(1))
-        .build()
-        .unwrap();
-    let calls = AtomicU32::new(0);
-    let handler = |_| async {
-        calls.fetch_add(1, Ordering::SeqCst);
-        Ok::<_, &str>(paid())
-    };
+    let guard = one_second_lease(store, clock.clone()).build().unwrap();
+    let calls = AtomicUsize::new(0);
+    let handler = counting(&calls);
     faults.set(Op::Insert, FaultRule::lost().times(1)).unwrap();
     // The claim landed but its reply was lost: fail closed, nothing runs.
     assert!(matches!(
@@ -144,11 +149,8 @@ async fn delay_and_timeout_faults_are_waited_out_over_the_sync_store() {
         .set(Op::Insert, FaultRule::timeout(Duration::from_millis(300)))
         .unwrap();
     let started = tokio::time::Instant::now();
-    let calls = AtomicU32::new(0);
-    let outcome = guard.run("late", "fp", |_| async {
-        calls.fetch_add(1, Ordering::SeqCst);
-        Ok::<_, &str>(paid())
-    });
+    let calls = AtomicUsize::new(0);
+    let outcome = guard.run("late", "fp", counting(&calls));
     match outcome.await.unwrap() {
         Outcome::Unavailable(why) => assert!(why.contains("timed out after 300 ms"), "{why}"),
         other => panic!("{other:?}"),
@@ -189,15 +191,8 @@ async fn complete_reply_lost_still_replays_the_stored_response() {
 
 #[tokio::test]
 async fn renewed_lease_keeps_the_key_and_refuses_the_old_fence() {
-    let clock = ManualClock::new(BASE_MS);
-    let guard = Guard::builder(MemoryStore::new())
-        .clock(clock.clone())
-        .lease(Duration::from_secs(1))
-        .build()
-        .unwrap();
-    let Decision::Proceed(claim) = guard.begin("k", "fp").await.unwrap() else {
-        panic!()
-    };
+    let (clock, guard) = memory_guard_with_one_second_lease();
+    let claim = proceed(&guard, "k").await;
     clock.advance(Duration::from_millis(900));
     let renewed = guard.renew(claim.clone()).await.unwrap();
     assert!(renewed.fence > claim.fence);
@@ -224,11 +219,8 @@ async fn bad_input_is_refused_with_the_limit_and_nothing_runs_or_is_stored() {
         .max_response_bytes(1024)
         .build()
         .unwrap();
-    let calls = AtomicU32::new(0);
-    let handler = |_| async {
-        calls.fetch_add(1, Ordering::SeqCst);
-        Ok::<_, &str>(paid())
-    };
+    let calls = AtomicUsize::new(0);
+    let handler = counting(&calls);
     let long_key = "k".repeat(256);
     for (key, fingerprint, needle) in [
         ("", "fp", "empty"),
@@ -330,7 +322,7 @@ impl idem::Clock for RuntimeClock {
 /// Runs `key` with a handler that takes 3.5 leases, and a repeat 2.5 leases
 /// in: what the repeat got, and how many times the handler ran in all.
 async fn repeat_during_a_long_handler(guard: &Guard, key: &'static str) -> LongRun {
-    let calls = std::sync::Arc::new(AtomicU32::new(0));
+    let calls = std::sync::Arc::new(AtomicUsize::new(0));
     let slow = {
         let calls = calls.clone();
         move |_| async move {
@@ -344,18 +336,12 @@ async fn repeat_during_a_long_handler(guard: &Guard, key: &'static str) -> LongR
         async move { guard.run(key, "fp", slow).await }
     });
     tokio::time::sleep(Duration::from_millis(2500)).await;
-    let repeat = guard
-        .run(key, "fp", |_| async {
-            calls.fetch_add(1, Ordering::SeqCst);
-            Ok::<_, &str>(paid())
-        })
-        .await
-        .unwrap();
+    let repeat = guard.run(key, "fp", counting(&calls)).await.unwrap();
     let first = first.await.unwrap();
     (first, repeat, calls.load(Ordering::SeqCst))
 }
 
-type LongRun = (Result<Outcome, RunError<&'static str>>, Outcome, u32);
+type LongRun = (Result<Outcome, RunError<&'static str>>, Outcome, usize);
 
 /// The holder kept its key: the repeat was told it is in flight, the
 /// handler ran once and its response was recorded.
@@ -386,11 +372,8 @@ fn assert_taken_over((first, repeat, calls): &LongRun) {
 /// replaces (renewals among them) meet `rule` once.
 fn renewing_over_one_fault(rule: FaultRule) -> (Guard, idem::store::FaultHandle) {
     let (store, faults) = Faulty::new(MemoryStore::new());
-    let guard = Guard::builder(store)
-        .clock(RuntimeClock(tokio::time::Instant::now()))
-        .lease(Duration::from_secs(1))
-        .build()
-        .unwrap();
+    let clock = RuntimeClock(tokio::time::Instant::now());
+    let guard = one_second_lease(store, clock).build().unwrap();
     faults.set(Op::Replace, rule.times(1)).unwrap();
     (guard, faults)
 }
@@ -403,11 +386,7 @@ fn renewing_over_one_fault(rule: FaultRule) -> (Guard, idem::store::FaultHandle)
 async fn a_handler_that_outlives_its_lease_keeps_its_key() {
     let store: std::sync::Arc<dyn Store> = std::sync::Arc::new(MemoryStore::new());
     let clock = RuntimeClock(tokio::time::Instant::now());
-    let builder = || {
-        idem::GuardBuilder::from_arc(store.clone())
-            .clock(clock.clone())
-            .lease(Duration::from_secs(1))
-    };
+    let builder = || one_second_lease(store.clone(), clock.clone());
 
     let renewing = builder().build().unwrap();
     assert_kept(&repeat_during_a_long_handler(&renewing, "renewed").await);
@@ -441,53 +420,19 @@ async fn a_renewal_whose_reply_is_lost_ends_the_renewing() {
     assert_taken_over(&run);
 }
 
-/// A store whose inserts take `slow_ms` of the guard's clock: a claim's
-/// round trip that eats most of its lease.
+/// Inserts that take `slow_ms` of the guard's clock: a claim's round trip
+/// that eats most of its lease.
+#[derive(Clone)]
 struct SlowInserts {
-    inner: MemoryStore,
     clock: ManualClock,
     slow_ms: u64,
 }
 
-#[async_trait::async_trait]
-impl Store for SlowInserts {
-    fn name(&self) -> &'static str {
-        "slow-inserts"
-    }
-    async fn get(&self, key: &str, now: u64) -> Result<Option<idem::Entry>, idem::StoreError> {
-        self.inner.get(key, now).await
-    }
-    async fn insert(
-        &self,
-        key: &str,
-        record: idem::Record,
-        now: u64,
-    ) -> Result<idem::store::InsertOutcome, idem::StoreError> {
-        let outcome = self.inner.insert(key, record, now).await;
-        self.clock.advance(Duration::from_millis(self.slow_ms));
-        outcome
-    }
-    async fn replace(
-        &self,
-        key: &str,
-        version: u64,
-        record: idem::Record,
-        now: u64,
-    ) -> Result<Option<u64>, idem::StoreError> {
-        self.inner.replace(key, version, record, now).await
-    }
-    async fn delete(&self, key: &str, version: Option<u64>) -> Result<bool, idem::StoreError> {
-        self.inner.delete(key, version).await
-    }
-    async fn list(
-        &self,
-        query: &idem::store::ListQuery,
-        now: u64,
-    ) -> Result<Vec<(String, idem::Entry)>, idem::StoreError> {
-        self.inner.list(query, now).await
-    }
-    async fn purge_expired(&self, now: u64, limit: usize) -> Result<usize, idem::StoreError> {
-        self.inner.purge_expired(now, limit).await
+impl Hook for SlowInserts {
+    fn after(&self, op: Op, _took: Option<Duration>, _outcome: Result<(), &StoreError>) {
+        if op == Op::Insert {
+            self.clock.advance(Duration::from_millis(self.slow_ms));
+        }
     }
 }
 
@@ -498,22 +443,16 @@ impl Store for SlowInserts {
 #[tokio::test]
 async fn a_claim_slower_than_its_lease_allows_is_renewed_before_it_runs() {
     let clock = ManualClock::new(BASE_MS);
-    let store = std::sync::Arc::new(SlowInserts {
-        inner: MemoryStore::new(),
+    let slow = SlowInserts {
         clock: clock.clone(),
         slow_ms: 900,
-    });
-    let guard = Guard::builder(store.clone())
-        .clock(clock.clone())
-        .lease(Duration::from_secs(1))
+    };
+    let guard = one_second_lease(Hooked::wrap(MemoryStore::new(), slow), clock.clone())
         .renew_lease(false)
         .build()
         .unwrap();
-    let calls = AtomicU32::new(0);
-    let claim = match guard.begin("k", "fp").await.unwrap() {
-        Decision::Proceed(claim) => claim,
-        other => panic!("{other:?}"),
-    };
+    let calls = AtomicUsize::new(0);
+    let claim = proceed(&guard, "k").await;
     assert!(
         claim.lease_until_ms <= idem::Clock::now_ms(&clock) + 100,
         "the insert ate the lease"
@@ -523,13 +462,7 @@ async fn a_claim_slower_than_its_lease_allows_is_renewed_before_it_runs() {
             calls.fetch_add(1, Ordering::SeqCst);
             clock.advance(Duration::from_millis(200));
             // Past the lease the slow insert stamped: a repeat must not take over.
-            let repeat = guard
-                .run("k", "fp", |_| async {
-                    calls.fetch_add(1, Ordering::SeqCst);
-                    Ok::<_, &str>(paid())
-                })
-                .await
-                .unwrap();
+            let repeat = guard.run("k", "fp", counting(&calls)).await.unwrap();
             assert!(matches!(repeat, Outcome::InFlight { .. }), "{repeat:?}");
             idem::Settle::<&str>::Complete(paid())
         })
@@ -545,21 +478,10 @@ async fn a_claim_slower_than_its_lease_allows_is_renewed_before_it_runs() {
 /// claim's round trip dragged on — the handler never runs.
 #[tokio::test]
 async fn a_claim_taken_over_before_it_could_be_secured_never_runs() {
-    let clock = ManualClock::new(BASE_MS);
-    let guard = Guard::builder(MemoryStore::new())
-        .clock(clock.clone())
-        .lease(Duration::from_secs(1))
-        .build()
-        .unwrap();
-    let stale = match guard.begin("k", "fp").await.unwrap() {
-        Decision::Proceed(claim) => claim,
-        other => panic!("{other:?}"),
-    };
+    let (clock, guard) = memory_guard_with_one_second_lease();
+    let stale = proceed(&guard, "k").await;
     clock.advance(Duration::from_millis(1_000));
-    let taker = match guard.begin("k", "fp").await.unwrap() {
-        Decision::Proceed(claim) => claim,
-        other => panic!("{other:?}"),
-    };
+    let taker = proceed(&guard, "k").await;
     assert!(taker.fence > stale.fence);
     let settled = guard
         .execute(stale, Duration::from_millis(100), |_| async {
@@ -592,9 +514,7 @@ async fn a_bounded_handler_inside_its_lease_is_not_renewed() {
         ("bounded", Duration::from_secs(1), false),
         ("unbounded", Duration::ZERO, true),
     ] {
-        let Decision::Proceed(claim) = guard.begin(key, "fp").await.unwrap() else {
-            panic!("{key}: a new key proceeds")
-        };
+        let claim = proceed(&guard, key).await;
         let fence = claim.fence;
         let settled = guard
             .execute(claim, budget, |_| async {

@@ -18,11 +18,12 @@
 //!
 //! `IDEM_MODEL_CASES` (default 64) and `IDEM_MODEL_STEPS` (default 40) size the run.
 
-use crate::conformance::{BASE_MS, unique};
+use crate::conformance::BASE_MS;
 use idem::store::{FaultRule, Op, Store};
 use idem::{
     Claim, Decision, Faulty, Guard, GuardError, ManualClock, Outcome, Response, RunError, State,
 };
+use idem_harness::unique;
 use proptest::prelude::*;
 use proptest::test_runner::{Config, TestCaseError, TestRunner};
 use std::collections::HashMap;

@@ -6,25 +6,15 @@
 //! Servers come from `IDEM_TEST_REDIS_URL` and `IDEM_TEST_POSTGRES_URL`;
 //! without them each test prints why it skipped.
 
-use crate::conformance::{BASE_MS, put, record, unique};
+use crate::conformance::{
+    BASE_MS, claimed, counting, done, guard_at_base, paid, put, record, under,
+};
 use crate::proxy::Proxy;
 use idem::store::{InsertOutcome, Store, StoreError};
-use idem::{Guard, ManualClock, Outcome, Response, State};
+use idem::{Outcome, State};
+use idem_harness::{server_url, unique};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
-
-/// The server URL from `var`, or `None` after saying why the test skips.
-pub fn server_url(var: &str) -> Option<String> {
-    match std::env::var(var) {
-        Ok(url) if !url.is_empty() => Some(url),
-        _ => {
-            eprintln!(
-                "skipped: {var} is not set (CI sets it; e.g. {var}=redis://127.0.0.1:6379 or postgres://postgres@127.0.0.1:5432/test)"
-            );
-            None
-        }
-    }
-}
 
 /// `url` with its `host:port` replaced by `addr`.
 pub fn via(url: &str, addr: std::net::SocketAddr) -> String {
@@ -56,20 +46,6 @@ pub async fn closed_port() -> std::net::SocketAddr {
     listener.local_addr().unwrap()
 }
 
-fn ok_handler(
-    calls: &AtomicUsize,
-) -> impl FnOnce(idem::Fence) -> std::future::Ready<Result<Response, std::convert::Infallible>> + '_
-{
-    move |_| {
-        calls.fetch_add(1, Ordering::SeqCst);
-        std::future::ready(Ok(Response {
-            status: 201,
-            headers: vec![],
-            body: b"created".to_vec(),
-        }))
-    }
-}
-
 /// A claim, the refusal's read, a completion and a replay: each one round trip.
 pub async fn claim_is_one_round_trip(store: Arc<dyn Store>, proxy: &Proxy) {
     let now = BASE_MS;
@@ -77,14 +53,14 @@ pub async fn claim_is_one_round_trip(store: Arc<dyn Store>, proxy: &Proxy) {
     put(
         &store,
         &unique("warm"),
-        record("fp", State::Processing, now + 1_000, now + 10_000),
+        claimed(now + 1_000, now + 10_000),
         now,
     )
     .await;
     proxy.take_round_trips();
 
     let key = unique("rt");
-    let claim = record("fp", State::Processing, now + 1_000, now + 10_000);
+    let claim = claimed(now + 1_000, now + 10_000);
     assert_eq!(
         store.insert(&key, claim.clone(), now).await.unwrap(),
         InsertOutcome::Inserted(1)
@@ -101,7 +77,7 @@ pub async fn claim_is_one_round_trip(store: Arc<dyn Store>, proxy: &Proxy) {
     );
     assert_eq!(
         store
-            .replace(&key, 1, record("fp", State::Done, 0, now + 10_000), now)
+            .replace(&key, 1, done(now + 10_000), now)
             .await
             .unwrap(),
         Some(2)
@@ -114,20 +90,17 @@ pub async fn claim_is_one_round_trip(store: Arc<dyn Store>, proxy: &Proxy) {
 /// Through a proxy that is cut and restored: Unavailable while cut and the
 /// handler never runs; then the same store object works again.
 pub async fn fails_closed_when_cut_and_recovers(store: Arc<dyn Store>, proxy: &Proxy) {
-    let guard = Guard::builder(store.clone())
-        .clock(ManualClock::new(BASE_MS))
-        .build()
-        .unwrap();
+    let guard = guard_at_base(store.clone());
     let calls = AtomicUsize::new(0);
     let (done, later) = (unique("before-cut"), unique("during-cut"));
     assert!(matches!(
-        guard.run(&done, "fp", ok_handler(&calls)).await.unwrap(),
+        guard.run(&done, "fp", counting(&calls)).await.unwrap(),
         Outcome::Executed(_)
     ));
 
     proxy.cut();
     for key in [&later, &done] {
-        let outcome = guard.run(key, "fp", ok_handler(&calls)).await.unwrap();
+        let outcome = guard.run(key, "fp", counting(&calls)).await.unwrap();
         assert!(
             matches!(outcome, Outcome::Unavailable(_)),
             "server gone, {key}: {outcome:?}"
@@ -144,20 +117,13 @@ pub async fn fails_closed_when_cut_and_recovers(store: Arc<dyn Store>, proxy: &P
     );
 
     proxy.restore().await;
-    let outcome = guard.run(&later, "fp", ok_handler(&calls)).await.unwrap();
+    let outcome = guard.run(&later, "fp", counting(&calls)).await.unwrap();
     assert!(
         matches!(outcome, Outcome::Executed(_)),
         "server back: {outcome:?}"
     );
-    let replay = guard.run(&done, "fp", ok_handler(&calls)).await.unwrap();
-    assert_eq!(
-        replay,
-        Outcome::Replayed(Response {
-            status: 201,
-            headers: vec![],
-            body: b"created".to_vec()
-        })
-    );
+    let replay = guard.run(&done, "fp", counting(&calls)).await.unwrap();
+    assert_eq!(replay, Outcome::Replayed(paid()));
     assert_eq!(calls.load(Ordering::SeqCst), 2);
 }
 
@@ -167,11 +133,7 @@ pub async fn corrupt_record_names_the_key(store: Arc<dyn Store>, key: &str) {
     for result in [
         store.get(key, BASE_MS).await.map(|_| ()),
         store
-            .insert(
-                key,
-                record("fp", State::Processing, BASE_MS + 1, BASE_MS + 10),
-                BASE_MS,
-            )
+            .insert(key, claimed(BASE_MS + 1, BASE_MS + 10), BASE_MS)
             .await
             .map(|_| ()),
     ] {
@@ -180,12 +142,9 @@ pub async fn corrupt_record_names_the_key(store: Arc<dyn Store>, key: &str) {
             other => panic!("expected Corrupt for {key}, got {other:?}"),
         }
     }
-    let guard = Guard::builder(store)
-        .clock(ManualClock::new(BASE_MS))
-        .build()
-        .unwrap();
+    let guard = guard_at_base(store);
     let calls = AtomicUsize::new(0);
-    let outcome = guard.run(key, "fp", ok_handler(&calls)).await.unwrap();
+    let outcome = guard.run(key, "fp", counting(&calls)).await.unwrap();
     assert!(
         matches!(&outcome, Outcome::Unavailable(why) if why.contains(key)),
         "{outcome:?}"
@@ -193,12 +152,80 @@ pub async fn corrupt_record_names_the_key(store: Arc<dyn Store>, key: &str) {
     assert_eq!(calls.load(Ordering::SeqCst), 0);
 }
 
-pub async fn open_unreachable_names_store_and_url(url: &str, store: &str) {
-    let Err(err) = idem::store::open(url).await else {
-        panic!("opened {url} with nothing listening")
+/// Why opening `url` fails.
+async fn refusal(url: &str) -> String {
+    match idem::store::open(url).await {
+        Ok(_) => panic!("opened {url}"),
+        Err(err) => err.to_string(),
+    }
+}
+
+/// Opening a server nothing answers on fails, naming the store and the URL.
+#[tokio::test]
+async fn open_unreachable_names_store_and_url() {
+    let addr = closed_port().await;
+    for (url, store) in [
+        (format!("redis://{addr}/0?timeout_ms=500"), "redis"),
+        (
+            format!("postgres://postgres@{addr}/test?timeout_ms=500"),
+            "postgres",
+        ),
+        (
+            format!("postgresql://postgres@{addr}/test?timeout_ms=500"),
+            "postgres",
+        ),
+    ] {
+        let text = refusal(&url).await;
+        assert!(text.contains(store) && text.contains(&url), "{text}");
+    }
+}
+
+/// A URL parameter the store cannot take is refused, naming it and why.
+#[tokio::test]
+async fn bad_url_parameters_are_refused() {
+    for (url, why) in [
+        (
+            "redis://127.0.0.1:6379/0?grace_ms=soon",
+            "grace_ms=\"soon\" must be a whole number",
+        ),
+        (
+            "postgres://postgres@127.0.0.1/test?table=x;drop",
+            "table=\"x;drop\" must be 1 to 48 characters",
+        ),
+    ] {
+        let err = refusal(url).await;
+        assert!(err.contains(why), "{url}: {err}");
+    }
+}
+
+/// The store on the server `var` names, opened through a [`Proxy`] of its
+/// own in front of that server (`default_port` when the URL names none);
+/// `None` when `var` is not set.
+async fn through_proxy(var: &str, default_port: u16) -> Option<(Arc<dyn Store>, Proxy)> {
+    let url = server_url(var)?;
+    let proxy = Proxy::start(&host_port(&url, default_port)).await;
+    let store = idem::store::open(&via(&url, proxy.addr)).await.unwrap();
+    Some((store, proxy))
+}
+
+/// What every network store promises through a proxy, as tests of the
+/// module that invokes it, on the store [`through_proxy`] opens.
+macro_rules! proxied_tests {
+    ($var:literal, $default_port:literal) => {
+        #[tokio::test]
+        async fn claim_is_one_round_trip() {
+            if let Some((store, proxy)) = through_proxy($var, $default_port).await {
+                super::claim_is_one_round_trip(store, &proxy).await;
+            }
+        }
+
+        #[tokio::test]
+        async fn fails_closed_when_cut_and_recovers() {
+            if let Some((store, proxy)) = through_proxy($var, $default_port).await {
+                super::fails_closed_when_cut_and_recovers(store, &proxy).await;
+            }
+        }
     };
-    let text = err.to_string();
-    assert!(text.contains(store) && text.contains(url), "{text}");
 }
 
 mod redis {
@@ -218,66 +245,25 @@ mod redis {
             .unwrap()
     }
 
-    async fn through_proxy() -> Option<(Arc<dyn Store>, Proxy)> {
-        let url = url()?;
-        let proxy = Proxy::start(&host_port(&url, 6379)).await;
-        let store = RedisStore::open(&via(&url, proxy.addr)).await.unwrap();
-        Some((Arc::new(store), proxy))
-    }
-
-    #[tokio::test]
-    async fn redis_claim_is_one_round_trip() {
-        let Some((store, proxy)) = through_proxy().await else {
-            return;
-        };
-        claim_is_one_round_trip(store, &proxy).await;
-    }
+    proxied_tests!("IDEM_TEST_REDIS_URL", 6379);
 
     /// The one claim that takes two round trips: the key's record has expired
     /// by the guard's clock while Redis still holds it (its grace period).
     #[tokio::test]
     async fn redis_claim_of_an_expired_record_still_held_is_two_round_trips() {
-        let Some((store, proxy)) = through_proxy().await else {
+        let Some((store, proxy)) = through_proxy("IDEM_TEST_REDIS_URL", 6379).await else {
             return;
         };
         let key = unique("rt-expired");
-        let old = record("fp", State::Processing, BASE_MS + 1, BASE_MS + 10);
+        let old = claimed(BASE_MS + 1, BASE_MS + 10);
         store.insert(&key, old, BASE_MS).await.unwrap();
         proxy.take_round_trips();
-        let claim = record("fp", State::Processing, BASE_MS + 1_000, BASE_MS + 10_000);
+        let claim = claimed(BASE_MS + 1_000, BASE_MS + 10_000);
         assert_eq!(
             store.insert(&key, claim, BASE_MS + 10).await.unwrap(),
             InsertOutcome::Inserted(2)
         );
         assert_eq!(proxy.take_round_trips(), 2);
-    }
-
-    #[tokio::test]
-    async fn redis_fails_closed_when_cut_and_recovers() {
-        let Some((store, proxy)) = through_proxy().await else {
-            return;
-        };
-        fails_closed_when_cut_and_recovers(store, &proxy).await;
-    }
-
-    #[tokio::test]
-    async fn redis_open_unreachable_names_store_and_url() {
-        let addr = closed_port().await;
-        open_unreachable_names_store_and_url(&format!("redis://{addr}/0?timeout_ms=500"), "redis")
-            .await;
-    }
-
-    #[tokio::test]
-    async fn redis_bad_url_parameter_is_refused() {
-        let err = idem::store::open("redis://127.0.0.1:6379/0?grace_ms=soon")
-            .await
-            .err()
-            .unwrap()
-            .to_string();
-        assert!(
-            err.contains("grace_ms=\"soon\" must be a whole number"),
-            "{err}"
-        );
     }
 
     #[tokio::test]
@@ -336,7 +322,7 @@ mod redis {
         put(
             &store,
             &key,
-            record("fp", State::Processing, BASE_MS + 1, BASE_MS + 50_000),
+            claimed(BASE_MS + 1, BASE_MS + 50_000),
             BASE_MS,
         )
         .await;
@@ -363,7 +349,7 @@ mod redis {
         let store_b = RedisStore::open(&format!("{url}?prefix={b}"))
             .await
             .unwrap();
-        let r = record("fp", State::Processing, BASE_MS + 1, BASE_MS + 10_000);
+        let r = claimed(BASE_MS + 1, BASE_MS + 10_000);
         assert_eq!(
             store_a.insert("k", r.clone(), BASE_MS).await.unwrap(),
             InsertOutcome::Inserted(1)
@@ -372,10 +358,7 @@ mod redis {
             store_b.insert("k", r.clone(), BASE_MS).await.unwrap(),
             InsertOutcome::Inserted(1)
         );
-        let q = idem::store::ListQuery {
-            limit: 10,
-            ..Default::default()
-        };
+        let q = under("", 10);
         assert_eq!(store_a.list(&q, BASE_MS).await.unwrap().len(), 1);
         assert!(store_a.delete("k", Some(1)).await.unwrap());
         assert!(store_b.get("k", BASE_MS).await.unwrap().is_some());
@@ -431,31 +414,36 @@ mod postgres {
         format!("t_{}_{}", std::process::id(), fastrand::u32(..))
     }
 
+    /// Drops `table` and what the store made beside it.
+    async fn drop_table(client: &tokio_postgres::Client, table: &str) {
+        let t = table;
+        client
+            .batch_execute(&format!(
+                "DROP TABLE {t}; DROP FUNCTION {t}_claim; DELETE FROM idem_schema WHERE table_name = '{t}'"
+            ))
+            .await
+            .unwrap();
+    }
+
+    /// The store on the table `t` of the server at `url`.
+    async fn open_table(url: &str, t: &str) -> PostgresStore {
+        PostgresStore::open(&with(url, &format!("table={t}")))
+            .await
+            .unwrap()
+    }
+
     fn with(url: &str, param: &str) -> String {
         format!("{url}{}{param}", if url.contains('?') { '&' } else { '?' })
     }
 
-    async fn through_proxy() -> Option<(Arc<dyn Store>, Proxy)> {
-        let url = url()?;
-        let proxy = Proxy::start(&host_port(&url, 5432)).await;
-        let store = PostgresStore::open(&via(&url, proxy.addr)).await.unwrap();
-        Some((Arc::new(store), proxy))
-    }
-
-    #[tokio::test]
-    async fn postgres_claim_is_one_round_trip() {
-        let Some((store, proxy)) = through_proxy().await else {
-            return;
-        };
-        claim_is_one_round_trip(store, &proxy).await;
-    }
+    proxied_tests!("IDEM_TEST_POSTGRES_URL", 5432);
 
     /// A claim that reads the key absent while another claimer's insert is
     /// not yet committed loses the race when it commits: it gets the
     /// winner's record, in a second round trip, and writes nothing.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn postgres_a_claimer_that_loses_the_race_gets_the_winners_record() {
-        let Some((store, proxy)) = through_proxy().await else {
+        let Some((store, proxy)) = through_proxy("IDEM_TEST_POSTGRES_URL", 5432).await else {
             return;
         };
         let url = url().unwrap();
@@ -539,53 +527,11 @@ mod postgres {
     }
 
     #[tokio::test]
-    async fn postgres_fails_closed_when_cut_and_recovers() {
-        let Some((store, proxy)) = through_proxy().await else {
-            return;
-        };
-        fails_closed_when_cut_and_recovers(store, &proxy).await;
-    }
-
-    #[tokio::test]
-    async fn postgres_open_unreachable_names_store_and_url() {
-        let addr = closed_port().await;
-        open_unreachable_names_store_and_url(
-            &format!("postgres://postgres@{addr}/test?timeout_ms=500"),
-            "postgres",
-        )
-        .await;
-        open_unreachable_names_store_and_url(
-            &format!("postgresql://postgres@{addr}/test?timeout_ms=500"),
-            "postgres",
-        )
-        .await;
-    }
-
-    #[tokio::test]
-    async fn postgres_bad_table_name_is_refused() {
-        let err = idem::store::open("postgres://postgres@127.0.0.1/test?table=x;drop")
-            .await
-            .err()
-            .unwrap()
-            .to_string();
-        assert!(
-            err.contains("table=\"x;drop\" must be 1 to 48 characters"),
-            "{err}"
-        );
-    }
-
-    #[tokio::test]
     async fn postgres_corrupt_record_names_the_key() {
         let Some(url) = url() else { return };
         let store = PostgresStore::open(&url).await.unwrap();
         let key = unique("garbled");
-        put(
-            &store,
-            &key,
-            record("fp", State::Done, 0, BASE_MS + 10_000),
-            BASE_MS,
-        )
-        .await;
+        put(&store, &key, done(BASE_MS + 10_000), BASE_MS).await;
         raw(&url)
             .await
             .execute(
@@ -617,16 +563,14 @@ mod postgres {
             .unwrap()
             .get(0);
         assert_eq!(version, idem::store::PostgresStore::SCHEMA_VERSION);
-        client.batch_execute(&format!("DROP TABLE {t}; DROP FUNCTION {t}_claim; DELETE FROM idem_schema WHERE table_name = '{t}'")).await.unwrap();
+        drop_table(&client, &t).await;
     }
 
     #[tokio::test]
     async fn postgres_purge_is_bounded_and_frees_expired_rows_only() {
         let Some(url) = url() else { return };
         let t = table();
-        let store = PostgresStore::open(&with(&url, &format!("table={t}")))
-            .await
-            .unwrap();
+        let store = open_table(&url, &t).await;
         crate::conformance::purge_is_bounded_and_spares_live_records(&store).await;
         let client = raw(&url).await;
         let rows: i64 = client
@@ -635,19 +579,17 @@ mod postgres {
             .unwrap()
             .get(0);
         assert_eq!(rows, 1, "the expired rows are gone from the table");
-        client.batch_execute(&format!("DROP TABLE {t}; DROP FUNCTION {t}_claim; DELETE FROM idem_schema WHERE table_name = '{t}'")).await.unwrap();
+        drop_table(&client, &t).await;
     }
 
     #[tokio::test]
     async fn postgres_purges_in_batches() {
         let Some(url) = url() else { return };
         let t = table();
-        let store = PostgresStore::open(&with(&url, &format!("table={t}")))
-            .await
-            .unwrap();
+        let store = open_table(&url, &t).await;
         crate::conformance::purge_in_batches_frees_every_expired_record(&store).await;
         let client = raw(&url).await;
-        client.batch_execute(&format!("DROP TABLE {t}; DROP FUNCTION {t}_claim; DELETE FROM idem_schema WHERE table_name = '{t}'")).await.unwrap();
+        drop_table(&client, &t).await;
     }
 
     /// The schema says which version wrote it; a table from another version is refused by name.
@@ -655,9 +597,7 @@ mod postgres {
     async fn postgres_refuses_a_table_of_another_schema_version() {
         let Some(url) = url() else { return };
         let t = table();
-        PostgresStore::open(&with(&url, &format!("table={t}")))
-            .await
-            .unwrap();
+        open_table(&url, &t).await;
         let client = raw(&url).await;
         client
             .execute(
@@ -675,6 +615,6 @@ mod postgres {
             err.contains("schema version 99") && err.contains(&t),
             "{err}"
         );
-        client.batch_execute(&format!("DROP TABLE {t}; DROP FUNCTION {t}_claim; DELETE FROM idem_schema WHERE table_name = '{t}'")).await.unwrap();
+        drop_table(&client, &t).await;
     }
 }

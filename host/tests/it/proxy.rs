@@ -6,7 +6,7 @@
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::task::JoinHandle;
 
@@ -95,29 +95,32 @@ async fn pipe(mut client: TcpStream, mut server: TcpStream, shared: Arc<Shared>)
     let (mut client_read, mut client_write) = client.split();
     let (mut server_read, mut server_write) = server.split();
     let requesting = AtomicBool::new(false);
-    let up = async {
-        let mut buf = vec![0u8; 64 * 1024];
-        loop {
-            let n = client_read.read(&mut buf).await?;
-            if n == 0 {
-                return Ok::<_, std::io::Error>(());
-            }
-            if !requesting.swap(true, Ordering::SeqCst) {
-                shared.round_trips.fetch_add(1, Ordering::SeqCst);
-            }
-            server_write.write_all(&buf[..n]).await?;
+    // A round trip starts with the first bytes up after an answer came down.
+    let up = relay(&mut client_read, &mut server_write, || {
+        if !requesting.swap(true, Ordering::SeqCst) {
+            shared.round_trips.fetch_add(1, Ordering::SeqCst);
         }
-    };
-    let down = async {
-        let mut buf = vec![0u8; 64 * 1024];
-        loop {
-            let n = server_read.read(&mut buf).await?;
-            if n == 0 {
-                return Ok::<_, std::io::Error>(());
-            }
-            requesting.store(false, Ordering::SeqCst);
-            client_write.write_all(&buf[..n]).await?;
-        }
-    };
+    });
+    let down = relay(&mut server_read, &mut client_write, || {
+        requesting.store(false, Ordering::SeqCst);
+    });
     let _ = tokio::try_join!(up, down);
+}
+
+/// Copies `from` to `to` until `from` ends, calling `seen` before each
+/// chunk is passed on.
+async fn relay(
+    from: &mut (impl AsyncRead + Unpin),
+    to: &mut (impl AsyncWrite + Unpin),
+    seen: impl Fn(),
+) -> std::io::Result<()> {
+    let mut buf = vec![0u8; 64 * 1024];
+    loop {
+        let n = from.read(&mut buf).await?;
+        if n == 0 {
+            return Ok(());
+        }
+        seen();
+        to.write_all(&buf[..n]).await?;
+    }
 }

@@ -92,27 +92,19 @@ async fn a_wrong_expectation_fails_the_scenario() {
 /// A plausible wrong answer for an expectation, or `None` if there is nothing to flip.
 fn mutate(expect: &Value) -> Option<Value> {
     let mut wrong = expect.as_object()?.clone();
-    if let Some(d) = wrong.get("decision").and_then(Value::as_str) {
-        let other = if d == "proceed" {
-            "in-flight"
-        } else {
-            "proceed"
-        };
-        wrong.insert("decision".into(), json!(other));
-    } else if let Some(o) = wrong.get("outcome").and_then(Value::as_str) {
-        let other = if o == "executed" {
-            "replayed"
-        } else {
-            "executed"
-        };
-        wrong.insert("outcome".into(), json!(other));
-    } else if let Some(e) = wrong.get("error").and_then(Value::as_str) {
-        let other = if e == "stale-claim" {
-            "unavailable"
-        } else {
-            "stale-claim"
-        };
-        wrong.insert("error".into(), json!(other));
+    // A decision, an outcome or an error turns into the other of a pair.
+    let flipped = [
+        ("decision", "proceed", "in-flight"),
+        ("outcome", "executed", "replayed"),
+        ("error", "stale-claim", "unavailable"),
+    ]
+    .into_iter()
+    .find_map(|(field, one, other)| {
+        let was = wrong.get(field)?.as_str()?;
+        Some((field, if was == one { other } else { one }))
+    });
+    if let Some((field, other)) = flipped {
+        wrong.insert(field.into(), json!(other));
     } else if wrong.contains_key("ok") {
         wrong.insert("error".into(), json!("unavailable"));
         wrong.remove("ok");

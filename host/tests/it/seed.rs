@@ -2,9 +2,10 @@
 //! and run through the component, on the memory store here and on every
 //! store by the conformance suite. With `--nocapture` they print the seed's lines.
 
-use crate::conformance::{BASE_MS, unique};
+use crate::conformance::BASE_MS;
 use idem::store::Store;
 use idem::{FaultRule, Faulty, Guard, ManualClock, Op, Outcome, Response, RunError};
+use idem_harness::unique;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
@@ -37,6 +38,25 @@ impl Ledger {
         self.reservations.insert(key.to_owned(), qty);
         self.charges.insert(key.to_owned(), cents);
         Ok(())
+    }
+
+    /// The scenario's one order left its trace once: 9 of 10 in stock, one
+    /// reservation, one charge.
+    fn applied_once(&self) -> bool {
+        self.stock == 9 && self.reservations.len() == 1 && self.charges.len() == 1
+    }
+}
+
+/// As the seed prints it.
+impl std::fmt::Display for Ledger {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "stock={} reservations={} charges={}",
+            self.stock,
+            self.reservations.len(),
+            self.charges.len()
+        )
     }
 }
 
@@ -103,17 +123,10 @@ pub async fn seed_concurrent_same_key(store: Arc<dyn Store>) {
     let executed = outcomes.iter().filter(|&&o| o == "EXECUTED").count();
     {
         let l = ledger.lock().unwrap();
+        let calls = calls.load(Ordering::SeqCst);
         assert!(
-            executed == 1
-                && calls.load(Ordering::SeqCst) == 1
-                && l.stock == 9
-                && l.reservations.len() == 1
-                && l.charges.len() == 1,
-            "executed={executed} calls={} stock={} reservations={} charges={} outcomes={outcomes:?}",
-            calls.load(Ordering::SeqCst),
-            l.stock,
-            l.reservations.len(),
-            l.charges.len()
+            executed == 1 && calls == 1 && l.applied_once(),
+            "executed={executed} calls={calls} {l} outcomes={outcomes:?}"
         );
     }
     let h = |_| handler(ledger.clone(), key.clone(), calls.clone(), Duration::ZERO);
@@ -162,17 +175,8 @@ pub async fn seed_lease_takeover_faults_and_window(store: Arc<dyn Store>) {
     );
     {
         let l = ledger.lock().unwrap();
-        assert!(
-            calls.load(Ordering::SeqCst) == 2
-                && l.stock == 9
-                && l.reservations.len() == 1
-                && l.charges.len() == 1,
-            "calls={} stock={} reservations={} charges={}",
-            calls.load(Ordering::SeqCst),
-            l.stock,
-            l.reservations.len(),
-            l.charges.len()
-        );
+        let calls = calls.load(Ordering::SeqCst);
+        assert!(calls == 2 && l.applied_once(), "calls={calls} {l}");
     }
     // After the retention window the key is new again.
     clock.advance(Duration::from_hours(2));
@@ -182,16 +186,11 @@ pub async fn seed_lease_takeover_faults_and_window(store: Arc<dyn Store>) {
         "after window: {window:?}"
     );
     assert_eq!(calls.load(Ordering::SeqCst), 3);
-    {
-        let l = ledger.lock().unwrap();
-        println!(
-            "calls={} stock={} reservations={} charges={}",
-            calls.load(Ordering::SeqCst),
-            l.stock,
-            l.reservations.len(),
-            l.charges.len()
-        );
-    }
+    println!(
+        "calls={} {}",
+        calls.load(Ordering::SeqCst),
+        ledger.lock().unwrap()
+    );
     // The store goes down: unavailable, and the handler is never called.
     faults
         .set_all(&FaultRule::error("connection refused"))

@@ -1,15 +1,22 @@
 //! What the SQLite store adds to the conformance suite: rows that do not decode, schema versions, bad paths, purging,
 //! and two stores (as two processes would) sharing one file.
 
-use crate::conformance::{BASE_MS, put, record, unique};
-use idem::store::{
-    ListQuery, OpenError, SqliteOptions, SqliteStore, Store, StoreError, Synchronous,
-};
-use idem::{Guard, ManualClock, Outcome, Response, State};
-use std::path::Path;
+use crate::conformance::{BASE_MS, claimed, counting, done, guard_at_base, put, under};
+use idem::store::{OpenError, SqliteOptions, SqliteStore, Store, StoreError, Synchronous};
+use idem::{ManualClock, Outcome};
+use idem_harness::unique;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
+
+/// A database file of its own, in a directory removed when the guard returned
+/// beside it drops.
+fn db_file() -> (tempfile::TempDir, PathBuf) {
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("idem.db");
+    (dir, db)
+}
 
 fn open(path: &Path) -> SqliteStore {
     SqliteStore::open(path, SqliteOptions::default()).expect("open the sqlite store")
@@ -30,8 +37,7 @@ fn rows(path: &Path) -> i64 {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn rows_that_do_not_decode_are_corrupt_naming_the_key() {
-    let dir = tempfile::tempdir().unwrap();
-    let db = dir.path().join("idem.db");
+    let (_dir, db) = db_file();
     let store = open(&db);
     let now = BASE_MS;
     let corruptions = [
@@ -69,10 +75,7 @@ async fn rows_that_do_not_decode_are_corrupt_naming_the_key() {
     let prefix = unique("corrupt");
     for (name, sql, _) in corruptions {
         let key = format!("{prefix}/{name}");
-        store
-            .insert(&key, record("fp", State::Done, 0, now + 10_000), now)
-            .await
-            .unwrap();
+        store.insert(&key, done(now + 10_000), now).await.unwrap();
         assert_eq!(raw(&db).execute(sql, [&key]).unwrap(), 1, "{name}");
     }
     for (name, _, reason) in corruptions {
@@ -92,41 +95,19 @@ async fn rows_that_do_not_decode_are_corrupt_naming_the_key() {
         // The claim's read of the live record fails too, rather than seeing it absent and writing over it.
         is_this_key(
             store
-                .insert(
-                    &key,
-                    record("fp", State::Processing, now + 1, now + 10_000),
-                    now,
-                )
+                .insert(&key, claimed(now + 1, now + 10_000), now)
                 .await
                 .unwrap_err(),
         );
-        let listed = store
-            .list(
-                &ListQuery {
-                    prefix: key.clone(),
-                    limit: 10,
-                    ..ListQuery::default()
-                },
-                now,
-            )
-            .await;
+        let listed = store.list(&under(&key, 10), now).await;
         is_this_key(listed.unwrap_err());
     }
 
     // Through the guard: fail closed, the handler never runs, the row is untouched.
-    let guard = Guard::builder(store.clone())
-        .clock(ManualClock::new(now))
-        .build()
-        .unwrap();
+    let guard = guard_at_base(store.clone());
     let calls = AtomicUsize::new(0);
     let key = format!("{prefix}/bad-state");
-    let outcome = guard
-        .run(&key, "fp", |_| async {
-            calls.fetch_add(1, Ordering::SeqCst);
-            Ok::<_, std::convert::Infallible>(Response::default())
-        })
-        .await
-        .unwrap();
+    let outcome = guard.run(&key, "fp", counting(&calls)).await.unwrap();
     assert!(
         matches!(&outcome, Outcome::Unavailable(why) if why.contains(&key)),
         "{outcome:?}"
@@ -222,13 +203,7 @@ async fn urls_choose_the_file_and_durability() {
         .unwrap();
     assert_eq!(store.name(), "sqlite");
     let key = unique("url");
-    put(
-        &store,
-        &key,
-        record("fp", State::Done, 0, BASE_MS + 10_000),
-        BASE_MS,
-    )
-    .await;
+    put(&store, &key, done(BASE_MS + 10_000), BASE_MS).await;
     drop(store);
     let reopened = SqliteStore::open(
         &db,
@@ -251,27 +226,14 @@ async fn urls_choose_the_file_and_durability() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn purge_is_bounded_and_frees_only_expired_records() {
-    let dir = tempfile::tempdir().unwrap();
-    let db = dir.path().join("idem.db");
+    let (_dir, db) = db_file();
     let store = open(&db);
     let now = BASE_MS;
     for i in 0..10 {
-        put(
-            &store,
-            &format!("old/{i}"),
-            record("fp", State::Done, 0, now + 100),
-            now,
-        )
-        .await;
+        put(&store, &format!("old/{i}"), done(now + 100), now).await;
     }
     for i in 0..2 {
-        put(
-            &store,
-            &format!("live/{i}"),
-            record("fp", State::Done, 0, now + 10_000),
-            now,
-        )
-        .await;
+        put(&store, &format!("live/{i}"), done(now + 10_000), now).await;
     }
     assert_eq!(
         store.purge_expired(now + 99, 100).await.unwrap(),
@@ -303,26 +265,13 @@ async fn purge_is_bounded_and_frees_only_expired_records() {
 // race the purge's own batch timeout past it.
 #[tokio::test]
 async fn the_purger_frees_every_expired_row_each_period_in_batches() {
-    let dir = tempfile::tempdir().unwrap();
-    let db = dir.path().join("idem.db");
+    let (_dir, db) = db_file();
     let store = open(&db);
     let clock = ManualClock::new(BASE_MS);
     for i in 0..7 {
-        put(
-            &store,
-            &format!("old/{i}"),
-            record("fp", State::Done, 0, BASE_MS + 100),
-            BASE_MS,
-        )
-        .await;
+        put(&store, &format!("old/{i}"), done(BASE_MS + 100), BASE_MS).await;
     }
-    put(
-        &store,
-        "live",
-        record("fp", State::Done, 0, BASE_MS + 10_000),
-        BASE_MS,
-    )
-    .await;
+    put(&store, "live", done(BASE_MS + 10_000), BASE_MS).await;
     clock.advance(Duration::from_millis(100));
     let shared: Arc<dyn idem::Store> = Arc::new(store.clone());
     let purger = idem::store::Purger::spawn(shared, Arc::new(clock), Duration::from_millis(200), 3);
@@ -346,14 +295,8 @@ async fn the_purger_frees_every_expired_row_each_period_in_batches() {
 /// every claim atomic across them.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn two_stores_on_one_file_let_one_claimer_proceed() {
-    let dir = tempfile::tempdir().unwrap();
-    let db = dir.path().join("idem.db");
-    let guards = [open(&db), open(&db)].map(|s| {
-        Guard::builder(s)
-            .clock(ManualClock::new(BASE_MS))
-            .build()
-            .unwrap()
-    });
+    let (_dir, db) = db_file();
+    let guards = [open(&db), open(&db)].map(guard_at_base);
     for round in 0..5 {
         let key = unique(&format!("shared-{round}"));
         let mut tasks = tokio::task::JoinSet::new();
@@ -376,8 +319,7 @@ async fn two_stores_on_one_file_let_one_claimer_proceed() {
 #[test]
 fn stores_opening_one_new_file_at_once_all_open() {
     for round in 0..20 {
-        let dir = tempfile::tempdir().unwrap();
-        let db = dir.path().join("idem.db");
+        let (_dir, db) = db_file();
         let start = Arc::new(std::sync::Barrier::new(8));
         let openers: Vec<_> = (0..8)
             .map(|_| {
@@ -400,25 +342,14 @@ fn stores_opening_one_new_file_at_once_all_open() {
 /// fails closed (the handler never runs), and works again once it lets go.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_file_locked_by_another_process_fails_closed_then_recovers() {
-    let dir = tempfile::tempdir().unwrap();
-    let db = dir.path().join("idem.db");
+    let (_dir, db) = db_file();
     let options = SqliteOptions {
         busy_timeout: Duration::from_millis(50),
         ..SqliteOptions::default()
     };
-    let guard = Guard::builder(SqliteStore::open(&db, options).unwrap())
-        .clock(ManualClock::new(BASE_MS))
-        .build()
-        .unwrap();
+    let guard = guard_at_base(SqliteStore::open(&db, options).unwrap());
     let calls = AtomicUsize::new(0);
-    let handler = |_| async {
-        calls.fetch_add(1, Ordering::SeqCst);
-        Ok::<_, std::convert::Infallible>(Response {
-            status: 200,
-            headers: vec![],
-            body: b"ok".to_vec(),
-        })
-    };
+    let handler = counting(&calls);
     let other_process = raw(&db);
     other_process.execute_batch("BEGIN IMMEDIATE").unwrap();
     let key = unique("locked");
@@ -442,9 +373,9 @@ async fn a_file_locked_by_another_process_fails_closed_then_recovers() {
 /// the store's before-commit hook.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_lone_write_commits_in_place_and_a_crowd_shares_the_writer_threads_commits() {
-    let live = || record("fp", State::Processing, BASE_MS + 30_000, BASE_MS + 60_000);
-    let dir = tempfile::tempdir().unwrap();
-    let store = open(&dir.path().join("idem.db"));
+    let live = || claimed(BASE_MS + 30_000, BASE_MS + 60_000);
+    let (_dir, db) = db_file();
+    let store = open(&db);
     let commits: Arc<std::sync::Mutex<Vec<(bool, usize)>>> = Arc::default();
     let seen = commits.clone();
     assert!(store.set_before_commit(move |primitives| {
@@ -497,5 +428,5 @@ async fn a_lone_write_commits_in_place_and_a_crowd_shares_the_writer_threads_com
     store.insert("after", live(), BASE_MS).await.unwrap();
     let after = std::mem::take(&mut *commits.lock().unwrap());
     assert_eq!(after, vec![(false, 1)], "back in place after the crowd");
-    assert_eq!(rows(&dir.path().join("idem.db")), 277);
+    assert_eq!(rows(&db), 277);
 }

@@ -294,17 +294,31 @@ impl Writes {
     }
 }
 
-/// Killed while every handler runs: the claims are stored, no response is.
-async fn killed_in_the_handler(store_url: &str) {
+/// `idem-testkit crash --crash-at CRASH_AT` on `store_url` with a body of
+/// `body_bytes`: once each of its keys has printed its `halted` line, it is
+/// killed with `kill -9` and its keys recovered. The keys with the number
+/// each printed, and what the recovery found.
+async fn crash_then_recover(
+    store_url: &str,
+    crash_at: &str,
+    halted_word: &str,
+    body_bytes: usize,
+) -> (BTreeMap<String, u64>, Recovery) {
     let dir = tempfile::tempdir().unwrap();
-    let (body_path, body) = body_file(dir.path(), 1000);
-    let mut child = Crashing::spawn(store_url, "handler", KEYS, &body_path, &[]);
-    let fences = halted(&child, "in-handler", KEYS);
+    let (body_path, body) = body_file(dir.path(), body_bytes);
+    let mut child = Crashing::spawn(store_url, crash_at, KEYS, &body_path, &[]);
+    let halted = halted(&child, halted_word, KEYS);
     child.kill_9();
 
-    let keys: Vec<String> = fences.keys().cloned().collect();
+    let keys: Vec<String> = halted.keys().cloned().collect();
     let store = idem::store::open(store_url).await.unwrap();
     let recovery = recover(store, &keys, &HashSet::new(), &body).await;
+    (halted, recovery)
+}
+
+/// Killed while every handler runs: the claims are stored, no response is.
+async fn killed_in_the_handler(store_url: &str) {
+    let (fences, recovery) = crash_then_recover(store_url, "handler", "in-handler", 1000).await;
     assert!(recovery.replayed.is_empty(), "{recovery:?}");
     for (key, crashed) in &fences {
         let fence = recovery.taken_over[key];
@@ -317,16 +331,8 @@ async fn killed_in_the_handler(store_url: &str) {
 
 /// Killed inside `complete`, before the store saw the write: taken over.
 async fn killed_before_the_write(store_url: &str) {
-    let dir = tempfile::tempdir().unwrap();
-    let (body_path, body) = body_file(dir.path(), 1000);
-    let mut child = Crashing::spawn(store_url, "complete-unwritten", KEYS, &body_path, &[]);
-    let keys: Vec<String> = halted(&child, "halted-before-write", KEYS)
-        .into_keys()
-        .collect();
-    child.kill_9();
-
-    let store = idem::store::open(store_url).await.unwrap();
-    let recovery = recover(store, &keys, &HashSet::new(), &body).await;
+    let (_, recovery) =
+        crash_then_recover(store_url, "complete-unwritten", "halted-before-write", 1000).await;
     assert!(recovery.replayed.is_empty(), "{recovery:?}");
     assert_eq!(recovery.taken_over.len(), KEYS, "{recovery:?}");
 }
@@ -334,16 +340,9 @@ async fn killed_before_the_write(store_url: &str) {
 /// Killed inside `complete`, after the store wrote the response and before
 /// the guard heard so: the write counts, the response replays.
 async fn killed_after_the_write(store_url: &str) {
-    let dir = tempfile::tempdir().unwrap();
-    let (body_path, body) = body_file(dir.path(), 100_000);
-    let mut child = Crashing::spawn(store_url, "complete-written", KEYS, &body_path, &[]);
-    let keys: Vec<String> = halted(&child, "halted-after-write", KEYS)
-        .into_keys()
-        .collect();
-    child.kill_9();
-
-    let store = idem::store::open(store_url).await.unwrap();
-    let recovery = recover(store, &keys, &HashSet::new(), &body).await;
+    let (halted, recovery) =
+        crash_then_recover(store_url, "complete-written", "halted-after-write", 100_000).await;
+    let keys: Vec<String> = halted.into_keys().collect();
     assert_eq!(recovery.replayed, keys, "{recovery:?}");
     assert!(recovery.taken_over.is_empty(), "{recovery:?}");
 }
@@ -542,6 +541,33 @@ async fn serve_killed_mid_request(store_url: &str) {
     assert_eq!(calls.load(Ordering::SeqCst), 2, "a replay calls nothing");
 }
 
+/// The crash scenarios every store goes through, as tests of the module that
+/// invokes it, each on a store of its own that the module's `with_store`
+/// gives it.
+macro_rules! crash_scenarios {
+    () => {
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn in_the_handler_then_takeover_after_the_lease() {
+            with_store(killed_in_the_handler).await;
+        }
+
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn in_complete_before_the_write_then_takeover() {
+            with_store(killed_before_the_write).await;
+        }
+
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn idem_serve_killed_mid_request_then_takeover_after_the_lease() {
+            with_store(serve_killed_mid_request).await;
+        }
+
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn in_complete_after_the_write_replays() {
+            with_store(killed_after_the_write).await;
+        }
+    };
+}
+
 mod sqlite {
     use super::*;
 
@@ -549,29 +575,13 @@ mod sqlite {
         format!("sqlite:{}", dir.join("idem.db").display())
     }
 
-    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn crash_sqlite_in_the_handler_then_takeover_after_the_lease() {
+    /// A database file of its own.
+    async fn with_store(scenario: impl AsyncFnOnce(&str)) {
         let dir = tempfile::tempdir().unwrap();
-        killed_in_the_handler(&url(dir.path())).await;
+        scenario(&url(dir.path())).await;
     }
 
-    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn crash_sqlite_in_complete_before_the_write_then_takeover() {
-        let dir = tempfile::tempdir().unwrap();
-        killed_before_the_write(&url(dir.path())).await;
-    }
-
-    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn crash_sqlite_idem_serve_killed_mid_request_then_takeover_after_the_lease() {
-        let dir = tempfile::tempdir().unwrap();
-        serve_killed_mid_request(&url(dir.path())).await;
-    }
-
-    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn crash_sqlite_in_complete_after_the_write_replays() {
-        let dir = tempfile::tempdir().unwrap();
-        killed_after_the_write(&url(dir.path())).await;
-    }
+    crash_scenarios!();
 
     /// Frames in the write-ahead log after its last commit frame: pages of a
     /// transaction that was being written and never committed. Walks the
@@ -704,33 +714,15 @@ mod postgres {
         }
     }
 
-    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn crash_postgres_in_the_handler_then_takeover_after_the_lease() {
+    /// A table of its own, dropped after the scenario; none when no server
+    /// is configured.
+    async fn with_store(scenario: impl AsyncFnOnce(&str)) {
         let Some(table) = Table::new() else { return };
-        killed_in_the_handler(&table.url("")).await;
+        scenario(&table.url("")).await;
         table.drop_table().await;
     }
 
-    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn crash_postgres_in_complete_before_the_write_then_takeover() {
-        let Some(table) = Table::new() else { return };
-        killed_before_the_write(&table.url("")).await;
-        table.drop_table().await;
-    }
-
-    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn crash_postgres_idem_serve_killed_mid_request_then_takeover_after_the_lease() {
-        let Some(table) = Table::new() else { return };
-        serve_killed_mid_request(&table.url("")).await;
-        table.drop_table().await;
-    }
-
-    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn crash_postgres_in_complete_after_the_write_replays() {
-        let Some(table) = Table::new() else { return };
-        killed_after_the_write(&table.url("")).await;
-        table.drop_table().await;
-    }
+    crash_scenarios!();
 
     /// How many server sessions of `application` match `condition`.
     async fn sessions(client: &tokio_postgres::Client, application: &str, condition: &str) -> i64 {

@@ -26,7 +26,7 @@ async fn pages_filters_and_sorts_through_the_query_string() {
     let fake = Fake::start().await;
     fake.seed("order", 250, KeyState::Done);
     fake.seed("pay", 3, KeyState::Processing);
-    let client = Client::new(&fake.url, None).unwrap();
+    let client = fake.client();
 
     let query = KeyQuery {
         prefix: "order".into(),
@@ -88,7 +88,7 @@ async fn pages_filters_and_sorts_through_the_query_string() {
 async fn keys_with_reserved_characters_reach_the_server_intact() {
     let fake = Fake::start().await;
     fake.seed("tenant/a b?c#d", 1, KeyState::Processing);
-    let client = Client::new(&fake.url, None).unwrap();
+    let client = fake.client();
     let key = "tenant/a b?c#d-00000";
     let detail = client.key(key).await.unwrap().expect("found");
     assert_eq!(detail.info.key, key);
@@ -112,7 +112,7 @@ async fn keys_with_reserved_characters_reach_the_server_intact() {
 async fn refusals_carry_the_servers_reason() {
     let fake = Fake::start().await;
     fake.seed("done", 1, KeyState::Done);
-    let client = Client::new(&fake.url, None).unwrap();
+    let client = fake.client();
     let err = client.release("done-00000").await.unwrap_err();
     assert_eq!(err.status(), Some(409));
     assert!(err.to_string().contains("is done, not processing"), "{err}");
@@ -133,7 +133,7 @@ async fn refusals_carry_the_servers_reason() {
 #[tokio::test]
 async fn setting_one_fault_sends_only_that_operation() {
     let fake = Fake::start().await;
-    let client = Client::new(&fake.url, None).unwrap();
+    let client = fake.client();
     let rule = FaultRule {
         kind: FaultKind::Timeout,
         latency_ms: 250,
@@ -175,7 +175,7 @@ async fn a_token_is_sent_as_a_bearer_and_a_wrong_one_is_named() {
 #[tokio::test]
 async fn a_refused_token_is_reported_as_such_not_as_a_lost_connection() {
     let fake = Fake::start_on("127.0.0.1:0", Some("s3cret")).await;
-    let mut session = Session::start(Client::new(&fake.url, None).unwrap(), KeyQuery::default());
+    let mut session = Session::start(fake.client(), KeyQuery::default());
     let update = next_matching(&mut session, |u| {
         matches!(u, Update::Unauthorized { .. } | Update::Disconnected(_))
     })
@@ -254,7 +254,7 @@ fn unknown_or_malformed_events_are_skipped() {
 #[tokio::test]
 async fn the_session_streams_decisions_and_fault_changes() {
     let fake = Fake::start().await;
-    let client = Client::new(&fake.url, None).unwrap();
+    let client = fake.client();
     let mut session = Session::start(client, KeyQuery::default());
     next_matching(&mut session, |u| matches!(u, Update::Connected)).await;
     // The stream may connect a little after the first poll: emit until seen.
@@ -290,7 +290,7 @@ async fn a_lost_server_is_reported_and_found_again_on_the_same_address() {
     let fake = Fake::start().await;
     fake.seed("k", 2, KeyState::Processing);
     let addr = fake.addr;
-    let client = Client::new(&fake.url, None).unwrap();
+    let client = fake.client();
     let mut session = Session::start(client, KeyQuery::default());
     next_matching(
         &mut session,

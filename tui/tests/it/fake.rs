@@ -6,8 +6,9 @@
 // A handler's early return is a whole response; the fake's counts are small.
 #![allow(clippy::result_large_err, clippy::cast_precision_loss)]
 
-use axum::extract::{Path, Query, State};
-use axum::http::{HeaderMap, StatusCode};
+use axum::extract::{Path, Query, Request, State};
+use axum::http::StatusCode;
+use axum::middleware::{Next, from_fn_with_state};
 use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
@@ -104,11 +105,11 @@ impl Fake {
         let app = Router::new()
             .route("/v1/keys", get(list))
             .route("/v1/keys/{key}", get(one).delete(remove))
-            .route("/v1/keys/{key}/release", post(release))
-            .route("/v1/keys/{key}/expire", post(expire))
+            .route("/v1/keys/{key}/{action}", post(act))
             .route("/v1/faults", get(faults).put(set_faults))
             .route("/v1/stats", get(stats))
             .route("/v1/events", get(event_stream))
+            .route_layer(from_fn_with_state(shared.clone(), authorize))
             .with_state(shared.clone());
         let (stop, stopped) = oneshot::channel::<()>();
         let task = tokio::spawn(async move {
@@ -126,6 +127,11 @@ impl Fake {
             stop: Some(stop),
             task: Some(task),
         }
+    }
+
+    /// A client of this fake, without a token.
+    pub fn client(&self) -> idem_tui::client::Client {
+        idem_tui::client::Client::new(&self.url, None).unwrap()
     }
 
     /// Adds keys `prefix-00000`…: processing ones with a lease of 30 s, done
@@ -185,21 +191,21 @@ fn problem(status: StatusCode, detail: impl Into<String>) -> Response {
         .into_response()
 }
 
-fn authorized(shared: &Shared, headers: &HeaderMap) -> Result<(), Response> {
+fn no_key(key: &str) -> Response {
+    problem(StatusCode::NOT_FOUND, format!("no key {key:?}"))
+}
+
+/// Every route wants the bearer token, when the fake has one.
+async fn authorize(State(shared): State<Arc<Shared>>, request: Request, next: Next) -> Response {
+    let given = request
+        .headers()
+        .get("authorization")
+        .and_then(|v| v.to_str().ok());
     match &shared.token {
-        None => Ok(()),
-        Some(token) => {
-            let expected = format!("Bearer {token}");
-            if headers.get("authorization").and_then(|v| v.to_str().ok()) == Some(expected.as_str())
-            {
-                Ok(())
-            } else {
-                Err(problem(
-                    StatusCode::UNAUTHORIZED,
-                    "a bearer token is required",
-                ))
-            }
+        Some(token) if given != Some(format!("Bearer {token}").as_str()) => {
+            problem(StatusCode::UNAUTHORIZED, "a bearer token is required")
         }
+        _ => next.run(request).await,
     }
 }
 
@@ -219,14 +225,7 @@ fn info(key: &str, s: &Stored, now: u64) -> KeyInfo {
     }
 }
 
-async fn list(
-    State(shared): State<Arc<Shared>>,
-    headers: HeaderMap,
-    Query(p): Query<KeyListParams>,
-) -> Response {
-    if let Err(r) = authorized(&shared, &headers) {
-        return r;
-    }
+async fn list(State(shared): State<Arc<Shared>>, Query(p): Query<KeyListParams>) -> Response {
     let now = now_ms();
     let mut inner = shared.lock();
     inner.keys_queries.push(format!(
@@ -289,14 +288,7 @@ async fn list(
     .into_response()
 }
 
-async fn one(
-    State(shared): State<Arc<Shared>>,
-    headers: HeaderMap,
-    Path(key): Path<String>,
-) -> Response {
-    if let Err(r) = authorized(&shared, &headers) {
-        return r;
-    }
+async fn one(State(shared): State<Arc<Shared>>, Path(key): Path<String>) -> Response {
     let inner = shared.lock();
     match inner.keys.get(&key) {
         Some(s) => Json(KeyDetail {
@@ -304,68 +296,43 @@ async fn one(
             response: s.response.clone(),
         })
         .into_response(),
-        None => problem(StatusCode::NOT_FOUND, format!("no key {key:?}")),
+        None => no_key(&key),
     }
 }
 
-async fn remove(
-    State(shared): State<Arc<Shared>>,
-    headers: HeaderMap,
-    Path(key): Path<String>,
-) -> Response {
-    if let Err(r) = authorized(&shared, &headers) {
-        return r;
-    }
+async fn remove(State(shared): State<Arc<Shared>>, Path(key): Path<String>) -> Response {
     let mut inner = shared.lock();
     inner.requests.push(format!("DELETE /v1/keys/{key}"));
     match inner.keys.remove(&key) {
         Some(_) => StatusCode::NO_CONTENT.into_response(),
-        None => problem(StatusCode::NOT_FOUND, format!("no key {key:?}")),
+        None => no_key(&key),
     }
 }
 
-async fn release(
+/// `POST /v1/keys/{key}/release` (of a processing key's lease) and
+/// `POST /v1/keys/{key}/expire`.
+async fn act(
     State(shared): State<Arc<Shared>>,
-    headers: HeaderMap,
-    Path(key): Path<String>,
+    Path((key, action)): Path<(String, String)>,
 ) -> Response {
-    if let Err(r) = authorized(&shared, &headers) {
-        return r;
-    }
     let now = now_ms();
     let mut inner = shared.lock();
-    inner.requests.push(format!("POST /v1/keys/{key}/release"));
-    match inner.keys.get_mut(&key) {
-        Some(s) if s.state == KeyState::Processing => {
-            s.lease_until_ms = now;
-            Json(info(&key, s, now)).into_response()
+    inner.requests.push(format!("POST /v1/keys/{key}/{action}"));
+    let Some(s) = inner.keys.get_mut(&key) else {
+        return no_key(&key);
+    };
+    match action.as_str() {
+        "release" if s.state != KeyState::Processing => {
+            return problem(
+                StatusCode::CONFLICT,
+                format!("{key:?} is done, not processing"),
+            );
         }
-        Some(_) => problem(
-            StatusCode::CONFLICT,
-            format!("{key:?} is done, not processing"),
-        ),
-        None => problem(StatusCode::NOT_FOUND, format!("no key {key:?}")),
+        "release" => s.lease_until_ms = now,
+        "expire" => s.expires_at_ms = now,
+        _ => return problem(StatusCode::NOT_FOUND, format!("no action {action:?}")),
     }
-}
-
-async fn expire(
-    State(shared): State<Arc<Shared>>,
-    headers: HeaderMap,
-    Path(key): Path<String>,
-) -> Response {
-    if let Err(r) = authorized(&shared, &headers) {
-        return r;
-    }
-    let now = now_ms();
-    let mut inner = shared.lock();
-    inner.requests.push(format!("POST /v1/keys/{key}/expire"));
-    match inner.keys.get_mut(&key) {
-        Some(s) => {
-            s.expires_at_ms = now;
-            Json(info(&key, s, now)).into_response()
-        }
-        None => problem(StatusCode::NOT_FOUND, format!("no key {key:?}")),
-    }
+    Json(info(&key, s, now)).into_response()
 }
 
 fn faults_body(inner: &Inner) -> Json<Faults> {
@@ -375,21 +342,11 @@ fn faults_body(inner: &Inner) -> Json<Faults> {
     })
 }
 
-async fn faults(State(shared): State<Arc<Shared>>, headers: HeaderMap) -> Response {
-    if let Err(r) = authorized(&shared, &headers) {
-        return r;
-    }
+async fn faults(State(shared): State<Arc<Shared>>) -> Response {
     faults_body(&shared.lock()).into_response()
 }
 
-async fn set_faults(
-    State(shared): State<Arc<Shared>>,
-    headers: HeaderMap,
-    body: String,
-) -> Response {
-    if let Err(r) = authorized(&shared, &headers) {
-        return r;
-    }
+async fn set_faults(State(shared): State<Arc<Shared>>, body: String) -> Response {
     let mut inner = shared.lock();
     inner.requests.push(format!("PUT /v1/faults {body}"));
     let put = match SetFaults::from_json(body.as_bytes()) {
@@ -411,10 +368,7 @@ async fn set_faults(
     faults_body(&inner).into_response()
 }
 
-async fn stats(State(shared): State<Arc<Shared>>, headers: HeaderMap) -> Response {
-    if let Err(r) = authorized(&shared, &headers) {
-        return r;
-    }
+async fn stats(State(shared): State<Arc<Shared>>) -> Response {
     let mut inner = shared.lock();
     inner.keys_queries.push("stats".into());
     let processing = inner
@@ -438,10 +392,7 @@ async fn stats(State(shared): State<Arc<Shared>>, headers: HeaderMap) -> Respons
     Json(stats).into_response()
 }
 
-async fn event_stream(State(shared): State<Arc<Shared>>, headers: HeaderMap) -> Response {
-    if let Err(r) = authorized(&shared, &headers) {
-        return r;
-    }
+async fn event_stream(State(shared): State<Arc<Shared>>) -> Response {
     let rx = shared.events.subscribe();
     let stream = tokio_stream::wrappers::BroadcastStream::new(rx)
         .filter_map(|e| async move { e.ok() })

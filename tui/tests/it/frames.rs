@@ -21,6 +21,21 @@ fn draw(app: &App, width: u16, height: u16) -> Terminal<TestBackend> {
     terminal
 }
 
+/// Draws `app` on a `width`×`height` screen and checks the frame against
+/// its snapshot `{name}_{width}x{height}`; the buffer, for the colours.
+fn snapshot(app: &App, name: &str, width: u16, height: u16) -> Buffer {
+    let terminal = draw(app, width, height);
+    insta::assert_snapshot!(format!("{name}_{width}x{height}"), terminal.backend());
+    terminal.backend().buffer().clone()
+}
+
+/// The screen's text, one string a row.
+fn rows(buf: &Buffer) -> Vec<String> {
+    (0..buf.area.height)
+        .map(|y| (0..buf.area.width).map(|x| buf[(x, y)].symbol()).collect())
+        .collect()
+}
+
 /// Where `text` starts on screen (first match, row by row).
 fn find(buf: &Buffer, text: &str) -> Option<(u16, u16)> {
     let area = buf.area;
@@ -47,6 +62,13 @@ fn find(buf: &Buffer, text: &str) -> Option<(u16, u16)> {
 fn fg_at(buf: &Buffer, text: &str) -> Color {
     let (x, y) = find(buf, text).unwrap_or_else(|| panic!("{text:?} not on screen"));
     buf[(x, y)].fg
+}
+
+/// Each text is on screen, its first cell in its colour.
+fn assert_colours(buf: &Buffer, colours: &[(&str, Color)]) {
+    for (text, colour) in colours {
+        assert_eq!(fg_at(buf, text), *colour, "the colour of {text:?}");
+    }
 }
 
 fn stats() -> Stats {
@@ -134,14 +156,16 @@ fn busy() -> App {
 
 #[test]
 fn keys_view() {
-    let app = busy();
-    let terminal = draw(&app, 120, 40);
-    insta::assert_snapshot!("keys_120x40", terminal.backend());
-    let buf = terminal.backend().buffer();
-    assert_eq!(fg_at(buf, "PROCESSING"), Color::Yellow);
-    assert_eq!(fg_at(buf, "DONE"), Color::Green);
-    assert_eq!(fg_at(buf, "LAPSED"), Color::Red);
-    assert_eq!(fg_at(buf, "EXPIRED"), Color::DarkGray);
+    let buf = &snapshot(&busy(), "keys", 120, 40);
+    assert_colours(
+        buf,
+        &[
+            ("PROCESSING", Color::Yellow),
+            ("DONE", Color::Green),
+            ("LAPSED", Color::Red),
+            ("EXPIRED", Color::DarkGray),
+        ],
+    );
     let (x, y) = find(buf, "order-000").unwrap();
     assert_eq!(
         buf[(x, y)].bg,
@@ -158,16 +182,13 @@ fn keys_view() {
 
 fn line_with(buf: &Buffer, text: &str) -> String {
     let (_, y) = find(buf, text).unwrap_or_else(|| panic!("{text:?} not on screen"));
-    (0..buf.area.width).map(|x| buf[(x, y)].symbol()).collect()
+    rows(buf).swap_remove(usize::from(y))
 }
 
 #[test]
 fn keys_view_at_the_smallest_size() {
-    let app = busy();
-    let terminal = draw(&app, 80, 24);
-    insta::assert_snapshot!("keys_80x24", terminal.backend());
+    let buf = &snapshot(&busy(), "keys", 80, 24);
     // The key keeps its room; fence and fingerprint wait in the detail pane.
-    let buf = terminal.backend().buffer();
     for column in ["KEY", "STATE", "LEASE", "EXPIRES", "STATUS", "REPLAYS"] {
         assert!(find(buf, column).is_some(), "{column} missing at 80×24");
     }
@@ -204,15 +225,7 @@ fn clients() -> App {
 
 #[test]
 fn every_key_is_told_apart_at_80_columns() {
-    let app = clients();
-    let terminal = draw(&app, 80, 24);
-    insta::assert_snapshot!("clients_80x24", terminal.backend());
-    let screen: Vec<String> = (0..24)
-        .map(|y| {
-            let buf = terminal.backend().buffer();
-            (0..80).map(|x| buf[(x, y)].symbol()).collect()
-        })
-        .collect();
+    let screen = rows(&snapshot(&clients(), "clients", 80, 24));
     let rows: Vec<&String> = screen.iter().filter(|l| l.contains("DONE")).collect();
     assert_eq!(rows.len(), 8);
     for (i, a) in rows.iter().enumerate() {
@@ -257,11 +270,7 @@ fn the_lease_bar_counts_down_with_the_clock() {
     });
     let after = draw(&app, 120, 40);
     // order-003 holds a 4 s lease: 4.0s, then 2.5s.
-    let line = |t: &Terminal<TestBackend>| {
-        let buf = t.backend().buffer();
-        let (_, y) = find(buf, "order-003").unwrap();
-        (0..120).map(|x| buf[(x, y)].symbol()).collect::<String>()
-    };
+    let line = |t: &Terminal<TestBackend>| line_with(t.backend().buffer(), "order-003");
     assert!(line(&before).contains("4.0s"), "{}", line(&before));
     assert!(line(&after).contains("2.5s"), "{}", line(&after));
 }
@@ -288,8 +297,7 @@ fn detail_pane() {
             body_base64: String::new(),
         }),
     }));
-    let terminal = draw(&app, 120, 40);
-    insta::assert_snapshot!("detail_120x40", terminal.backend());
+    snapshot(&app, "detail", 120, 40);
 }
 
 #[test]
@@ -327,13 +335,16 @@ fn faults_panel() {
         Some("store: insert failed"),
     ));
     app.update(Action::ShowView(idem_tui::views::View::Faults));
-    let terminal = draw(&app, 120, 40);
-    insta::assert_snapshot!("faults_120x40", terminal.backend());
-    let buf = terminal.backend().buffer();
-    assert_eq!(fg_at(buf, "● error"), Color::Red);
-    assert_eq!(fg_at(buf, "● delay"), Color::Yellow);
-    assert_eq!(fg_at(buf, "○ off"), Color::DarkGray);
-    assert_eq!(fg_at(buf, "UNAVAILABLE"), Color::Red);
+    let buf = &snapshot(&app, "faults", 120, 40);
+    assert_colours(
+        buf,
+        &[
+            ("● error", Color::Red),
+            ("● delay", Color::Yellow),
+            ("○ off", Color::DarkGray),
+            ("UNAVAILABLE", Color::Red),
+        ],
+    );
     assert_eq!(
         fg_at(buf, "faults: get delay, insert error, replace lost"),
         Color::Red,
@@ -354,29 +365,30 @@ fn activity_view() {
         app.apply(Update::Stats(s));
     }
     app.update(Action::ShowView(idem_tui::views::View::Activity));
-    let terminal = draw(&app, 120, 40);
-    insta::assert_snapshot!("activity_120x40", terminal.backend());
-    let buf = terminal.backend().buffer();
-    assert_eq!(fg_at(buf, "EXECUTED"), Color::Green);
-    assert_eq!(fg_at(buf, "REPLAYED"), Color::Cyan);
-    assert_eq!(fg_at(buf, "IN_FLIGHT"), Color::Yellow);
-    assert_eq!(fg_at(buf, "CONFLICT"), Color::Magenta);
+    let buf = &snapshot(&app, "activity", 120, 40);
+    assert_colours(
+        buf,
+        &[
+            ("EXECUTED", Color::Green),
+            ("REPLAYED", Color::Cyan),
+            ("IN_FLIGHT", Color::Yellow),
+            ("CONFLICT", Color::Magenta),
+        ],
+    );
 }
 
 #[test]
 fn help_overlay() {
     let mut app = busy();
     app.update(Action::ToggleHelp);
-    let terminal = draw(&app, 80, 24);
-    insta::assert_snapshot!("help_80x24", terminal.backend());
+    snapshot(&app, "help", 80, 24);
 }
 
 #[test]
 fn confirmation_dialog() {
     let mut app = busy();
     app.update(Action::Keys(KeysAction::AskRelease));
-    let terminal = draw(&app, 100, 30);
-    insta::assert_snapshot!("confirm_100x30", terminal.backend());
+    snapshot(&app, "confirm", 100, 30);
 }
 
 #[test]
@@ -391,9 +403,7 @@ fn disconnected() {
     app.apply(Update::Disconnected(
         "Connection refused (os error 111)".into(),
     ));
-    let terminal = draw(&app, 120, 40);
-    insta::assert_snapshot!("disconnected_120x40", terminal.backend());
-    let buf = terminal.backend().buffer();
+    let buf = &snapshot(&app, "disconnected", 120, 40);
     let (x, y) = find(buf, "connection lost").unwrap();
     assert_eq!(buf[(x, y)].bg, Color::Red);
     assert_eq!(fg_at(buf, "✗ disconnected"), Color::Red);
@@ -410,8 +420,7 @@ fn waiting_for_the_server_and_typing_a_prefix() {
     for c in "order-1".chars() {
         app.update(Action::InputChar(c));
     }
-    let terminal = draw(&app, 80, 24);
-    insta::assert_snapshot!("connecting_80x24", terminal.backend());
+    snapshot(&app, "connecting", 80, 24);
 }
 
 #[test]
@@ -432,15 +441,7 @@ fn fingerprints_are_shortened_past_their_algorithm() {
 }
 
 fn screen(terminal: &Terminal<TestBackend>) -> String {
-    let buf = terminal.backend().buffer();
-    (0..buf.area.height)
-        .map(|y| {
-            (0..buf.area.width)
-                .map(|x| buf[(x, y)].symbol())
-                .collect::<String>()
-                + "\n"
-        })
-        .collect()
+    rows(terminal.backend().buffer()).join("\n") + "\n"
 }
 
 #[test]

@@ -2,113 +2,21 @@
 //! as a person would, against the fake admin server.
 
 use crate::fake::Fake;
+use idem_harness::Tmux;
 use idem_tui::api::{KeyState, Outcome};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
 const BIN: &str = env!("CARGO_BIN_EXE_idem-tui");
 
-/// One tmux server per test (its own socket), killed on drop.
-struct Tmux {
-    socket: String,
-}
-
-impl Tmux {
-    /// Runs `idem-tui --admin URL` in a `width`×`height` pane, inside a shell
-    /// that reports, once the console exits, its exit code and the
-    /// terminal's line discipline (to see that raw mode was undone).
-    fn start(name: &str, width: u16, height: u16, url: &str) -> Tmux {
-        let version = Command::new("tmux").arg("-V").output();
-        assert!(
-            version.as_ref().is_ok_and(|o| o.status.success()),
-            "tmux is required for the terminal tests (apt-get install tmux): {version:?}"
-        );
-        let socket = format!("idem-tui-{name}-{}", std::process::id());
-        let script = format!(
-            "{BIN} --admin {url}; echo \"exit=$?\"; stty -a | tr ' ;' '\\n\\n' | grep -Ex -- '-?(icanon|echo)' | tr '\\n' ' '; echo; sleep 600"
-        );
-        let tmux = Tmux { socket };
-        let status = tmux
-            .cmd()
-            .args([
-                "new-session",
-                "-d",
-                "-x",
-                &width.to_string(),
-                "-y",
-                &height.to_string(),
-                "-s",
-                "t",
-            ])
-            .args(["sh", "-c", &script])
-            .env("TERM", "xterm-256color")
-            .status()
-            .unwrap();
-        assert!(status.success(), "tmux new-session failed");
-        tmux
-    }
-
-    fn cmd(&self) -> Command {
-        let mut c = Command::new("tmux");
-        c.args(["-L", &self.socket]);
-        c
-    }
-
-    fn screen(&self) -> String {
-        let out = self
-            .cmd()
-            .args(["capture-pane", "-p", "-t", "t"])
-            .output()
-            .unwrap();
-        String::from_utf8_lossy(&out.stdout).into_owned()
-    }
-
-    fn display(&self, format: &str) -> String {
-        let out = self
-            .cmd()
-            .args(["display-message", "-p", "-t", "t", format])
-            .output()
-            .unwrap();
-        String::from_utf8_lossy(&out.stdout).trim().to_owned()
-    }
-
-    fn keys(&self, keys: &[&str]) {
-        for key in keys {
-            assert!(
-                self.cmd()
-                    .args(["send-keys", "-t", "t", key])
-                    .status()
-                    .unwrap()
-                    .success()
-            );
-        }
-    }
-
-    /// Polls the screen until `pred` holds; fails with the last screen.
-    async fn wait_for(&self, what: &str, pred: impl Fn(&str) -> bool) -> String {
-        let deadline = Instant::now() + Duration::from_secs(15);
-        loop {
-            let screen = self.screen();
-            if pred(&screen) {
-                return screen;
-            }
-            assert!(
-                Instant::now() < deadline,
-                "timed out waiting for {what}; the screen:\n{screen}"
-            );
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-    }
-
-    async fn wait_for_text(&self, text: &str) -> String {
-        self.wait_for(text, |s| s.contains(text)).await
-    }
-}
-
-impl Drop for Tmux {
-    fn drop(&mut self) {
-        let _ = self.cmd().arg("kill-server").status();
-    }
+/// `idem-tui --admin URL` in a `width`×`height` pane.
+fn console(name: &str, width: u16, height: u16, url: &str) -> Tmux {
+    Tmux::start(
+        &format!("tui-{name}"),
+        width,
+        height,
+        &format!("{BIN} --admin {url}"),
+    )
 }
 
 async fn wait_for_request(fake: &Fake, what: &str, pred: impl Fn(&str) -> bool) -> String {
@@ -138,13 +46,11 @@ async fn keys_appear_a_fault_is_flipped_from_the_keyboard_and_q_restores_the_ter
     let fake = Fake::start().await;
     fake.seed("order", 200, KeyState::Processing);
     fake.seed("paid", 50, KeyState::Done);
-    let tmux = Tmux::start("main", 120, 40, &fake.url);
+    let tmux = console("main", 120, 40, &fake.url);
 
-    let screen = tmux
-        .wait_for("keys and a live connection", |s| {
-            s.contains("order-00000") && s.contains("● connected")
-        })
-        .await;
+    let screen = tmux.wait_for("keys and a live connection", |s| {
+        s.contains("order-00000") && s.contains("● connected")
+    });
     assert!(
         line_with(&screen, "order-00000").contains("PROCESSING"),
         "{screen}"
@@ -161,11 +67,9 @@ async fn keys_appear_a_fault_is_flipped_from_the_keyboard_and_q_restores_the_ter
 
     // The lease counts down on screen.
     let first = line_with(&screen, "order-00000").to_owned();
-    let later = tmux
-        .wait_for("the lease to count down", |s| {
-            line_with(s, "order-00000") != first
-        })
-        .await;
+    let later = tmux.wait_for("the lease to count down", |s| {
+        line_with(s, "order-00000") != first
+    });
     assert!(
         line_with(&later, "order-00000").contains("PROCESSING"),
         "{later}"
@@ -174,7 +78,7 @@ async fn keys_appear_a_fault_is_flipped_from_the_keyboard_and_q_restores_the_ter
     // Flip the insert fault on with its key: the PUT reaches the server and
     // the change comes back through the event stream.
     tmux.keys(&["2"]);
-    tmux.wait_for_text("Store faults").await;
+    tmux.wait_for_text("Store faults");
     tmux.keys(&["e"]);
     let put = wait_for_request(&fake, "PUT /v1/faults", |r| r.starts_with("PUT /v1/faults")).await;
     let body: serde_json::Value =
@@ -185,7 +89,7 @@ async fn keys_appear_a_fault_is_flipped_from_the_keyboard_and_q_restores_the_ter
         1,
         "only insert is sent: {put}"
     );
-    let screen = tmux.wait_for_text("insert → error").await;
+    let screen = tmux.wait_for_text("insert → error");
     assert!(
         line_with(&screen, "│insert").contains("● error"),
         "{screen}"
@@ -202,8 +106,7 @@ async fn keys_appear_a_fault_is_flipped_from_the_keyboard_and_q_restores_the_ter
     });
     tmux.wait_for("an unavailable decision", |s| {
         line_with(s, "UNAVAILABLE").contains("order-00042")
-    })
-    .await;
+    });
     emitter.abort();
 
     // And off again with Space.
@@ -214,14 +117,12 @@ async fn keys_appear_a_fault_is_flipped_from_the_keyboard_and_q_restores_the_ter
         body["faults"]["insert"]["kind"] == "off"
     })
     .await;
-    tmux.wait_for_text("insert → off").await;
+    tmux.wait_for_text("insert → off");
 
     tmux.keys(&["q"]);
-    let screen = tmux
-        .wait_for("the exit code and the terminal modes", |s| {
-            s.contains("exit=0") && s.contains("icanon")
-        })
-        .await;
+    let screen = tmux.wait_for("the exit code and the terminal modes", |s| {
+        s.contains("exit=0") && s.contains("icanon")
+    });
     assert_eq!(
         tmux.display("#{alternate_on}"),
         "0",
@@ -252,20 +153,18 @@ async fn a_key_is_found_by_search_inspected_and_deleted_after_confirmation() {
     let fake = Fake::start().await;
     fake.seed("order", 30, KeyState::Processing);
     fake.seed("paid", 5, KeyState::Done);
-    let tmux = Tmux::start("detail", 100, 30, &fake.url);
-    tmux.wait_for_text("order-00000").await;
+    let tmux = console("detail", 100, 30, &fake.url);
+    tmux.wait_for_text("order-00000");
 
     // Anywhere in the key, not only its start.
     tmux.keys(&["/", "a", "i", "d", "-", "Enter"]);
-    let screen = tmux
-        .wait_for("the search", |s| {
-            s.contains("paid-00000") && !s.contains("order-00000")
-        })
-        .await;
+    let screen = tmux.wait_for("the search", |s| {
+        s.contains("paid-00000") && !s.contains("order-00000")
+    });
     assert!(screen.contains(r#"search "aid-""#), "{screen}");
 
     tmux.keys(&["j", "Enter"]);
-    let screen = tmux.wait_for_text("content-type: application/json").await;
+    let screen = tmux.wait_for_text("content-type: application/json");
     assert!(
         screen.contains(r#"{"order":1}"#),
         "the body preview: {screen}"
@@ -273,19 +172,17 @@ async fn a_key_is_found_by_search_inspected_and_deleted_after_confirmation() {
     assert!(screen.contains("201 · 15 body bytes"), "{screen}");
 
     tmux.keys(&["d"]);
-    tmux.wait_for_text("Delete paid-00001?").await;
+    tmux.wait_for_text("Delete paid-00001?");
     tmux.keys(&["n"]);
-    tmux.wait_for("the dialog to close", |s| !s.contains("Delete paid-00001?"))
-        .await;
+    tmux.wait_for("the dialog to close", |s| !s.contains("Delete paid-00001?"));
     assert!(fake.shared.requests().is_empty(), "no is no");
     tmux.keys(&["d", "y"]);
     wait_for_request(&fake, "the delete", |r| r == "DELETE /v1/keys/paid-00001").await;
     tmux.wait_for("the key to disappear", |s| {
         s.contains("deleted paid-00001") && !s.contains("│paid-00001")
-    })
-    .await;
+    });
     tmux.keys(&["q"]);
-    tmux.wait_for_text("exit=0").await;
+    tmux.wait_for_text("exit=0");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -293,12 +190,12 @@ async fn a_lost_server_shows_and_the_console_reconnects_by_itself() {
     let fake = Fake::start().await;
     fake.seed("order", 10, KeyState::Done);
     let addr = fake.addr;
-    let tmux = Tmux::start("reconnect", 120, 40, &fake.url);
-    tmux.wait_for_text("order-00009").await;
+    let tmux = console("reconnect", 120, 40, &fake.url);
+    tmux.wait_for_text("order-00009");
     tmux.keys(&["j", "j"]);
 
     fake.stop().await;
-    let screen = tmux.wait_for_text("connection lost").await;
+    let screen = tmux.wait_for_text("connection lost");
     assert!(screen.contains("✗ disconnected"), "{screen}");
     assert!(
         screen.contains("order-00009"),
@@ -308,37 +205,27 @@ async fn a_lost_server_shows_and_the_console_reconnects_by_itself() {
     let back = Fake::start_on(&addr.to_string(), None).await;
     back.seed("order", 10, KeyState::Done);
     back.seed("new", 1, KeyState::Processing);
-    let screen = tmux
-        .wait_for("the reconnection", |s| {
-            s.contains("● connected") && s.contains("new-00000")
-        })
-        .await;
+    let screen = tmux.wait_for("the reconnection", |s| {
+        s.contains("● connected") && s.contains("new-00000")
+    });
     assert!(!screen.contains("connection lost"), "{screen}");
     tmux.keys(&["q"]);
-    tmux.wait_for_text("exit=0").await;
+    tmux.wait_for_text("exit=0");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_hundred_thousand_keys_are_paged_by_the_server() {
     let fake = Fake::start().await;
     fake.seed("k", 100_000, KeyState::Done);
-    let tmux = Tmux::start("scale", 120, 40, &fake.url);
-    tmux.wait_for_text("1–100 of 100,000").await;
+    let tmux = console("scale", 120, 40, &fake.url);
+    tmux.wait_for_text("1–100 of 100,000");
     // Shrinking to the smallest supported size re-lays the screen out.
-    assert!(
-        tmux.cmd()
-            .args(["resize-window", "-t", "t", "-x", "80", "-y", "24"])
-            .status()
-            .unwrap()
-            .success()
-    );
-    let screen = tmux
-        .wait_for("the 80×24 layout", |s| {
-            s.lines()
-                .nth(22)
-                .is_some_and(|l| l.starts_with('╰') && l.ends_with('╯'))
-        })
-        .await;
+    tmux.resize(80, 24);
+    let screen = tmux.wait_for("the 80×24 layout", |s| {
+        s.lines()
+            .nth(22)
+            .is_some_and(|l| l.starts_with('╰') && l.ends_with('╯'))
+    });
     assert!(screen.lines().all(|l| l.chars().count() <= 80), "{screen}");
     assert!(
         line_with(&screen, "KEY▲").contains("REPLAYS"),
@@ -346,18 +233,14 @@ async fn a_hundred_thousand_keys_are_paged_by_the_server() {
     );
     // Past the end of the page, the next one comes from the server.
     tmux.keys(&["G", "PageDown"]);
-    let screen = tmux
-        .wait_for("the next page", |s| {
-            s.contains("│k-00100") && !s.contains("loading")
-        })
-        .await;
+    let screen = tmux.wait_for("the next page", |s| {
+        s.contains("│k-00100") && !s.contains("loading")
+    });
     assert!(screen.contains("101–200 of 100,000"), "{screen}");
     tmux.keys(&["PageUp"]);
-    let screen = tmux
-        .wait_for("the page before", |s| {
-            s.contains("│k-00099") && !s.contains("loading")
-        })
-        .await;
+    let screen = tmux.wait_for("the page before", |s| {
+        s.contains("│k-00099") && !s.contains("loading")
+    });
     assert!(
         screen.contains("1–100 of 100,000"),
         "back on the row PgUp came from: {screen}"
@@ -373,7 +256,7 @@ async fn a_hundred_thousand_keys_are_paged_by_the_server() {
     );
     assert!(queries.iter().any(|q| q.contains(r#"after=Some("o100")"#)));
     tmux.keys(&["q"]);
-    tmux.wait_for_text("exit=0").await;
+    tmux.wait_for_text("exit=0");
 }
 
 #[test]
@@ -421,7 +304,7 @@ fn console_rss_kib(tmux: &Tmux) -> u64 {
 async fn memory_stays_flat_while_paging_through_a_hundred_thousand_keys() {
     let fake = Fake::start().await;
     fake.seed("k", 100_000, KeyState::Processing);
-    let tmux = Tmux::start("memory", 80, 24, &fake.url);
+    let tmux = console("memory", 80, 24, &fake.url);
     let emitter = {
         let shared = fake.shared.clone();
         tokio::spawn(async move {
@@ -431,13 +314,12 @@ async fn memory_stays_flat_while_paging_through_a_hundred_thousand_keys() {
             }
         })
     };
-    tmux.wait_for_text("1–100 of 100,000").await;
+    tmux.wait_for_text("1–100 of 100,000");
     let mut baseline = 0;
     for page in 1..=20u32 {
         tmux.keys(&["G", "PageDown"]);
         let first = format!("│k-{:05}", page * 100);
-        tmux.wait_for(&first, |s| s.contains(&first) && !s.contains("loading"))
-            .await;
+        tmux.wait_for(&first, |s| s.contains(&first) && !s.contains("loading"));
         if page == 3 {
             baseline = console_rss_kib(&tmux);
         }
@@ -450,5 +332,5 @@ async fn memory_stays_flat_while_paging_through_a_hundred_thousand_keys() {
         "RSS grew from {baseline} KiB to {after} KiB over 17 pages and thousands of decisions"
     );
     tmux.keys(&["q"]);
-    tmux.wait_for_text("exit=0").await;
+    tmux.wait_for_text("exit=0");
 }

@@ -98,6 +98,18 @@ fn ch(app: &mut App, c: char) -> Vec<Command> {
     press(app, KeyCode::Char(c))
 }
 
+/// The status line's text; empty when there is none.
+fn status(app: &App) -> &str {
+    app.status.as_ref().map_or("", |(text, _)| text.as_str())
+}
+
+/// The prompt being typed, and the value it replaces.
+fn prompt(app: &App) -> Option<(&str, &str)> {
+    app.input
+        .as_ref()
+        .map(|i| (i.text.as_str(), i.was.as_str()))
+}
+
 fn type_text(app: &mut App, text: &str) {
     for c in text.chars() {
         ch(app, c);
@@ -443,9 +455,7 @@ fn sort_order_and_filters_restart_from_the_first_page() {
 
     ch(&mut app, '/');
     assert_eq!(
-        app.input
-            .as_ref()
-            .map(|i| (i.text.as_str(), i.was.as_str())),
+        prompt(&app),
         Some(("", "der-0")),
         "a new search starts empty; the prompt shows the one it replaces"
     );
@@ -562,11 +572,11 @@ fn key_actions_wait_for_confirmation() {
     ch(&mut app, 'j');
     assert_eq!(ch(&mut app, 'r'), vec![]);
     assert!(app.confirm.is_none(), "a done key has no lease to release");
-    assert!(app.status.as_ref().unwrap().0.contains("holds no lease"));
+    assert!(status(&app).contains("holds no lease"));
     let mut empty = loaded(0, None);
     ch(&mut empty, 'd');
     assert!(empty.confirm.is_none());
-    assert!(empty.status.as_ref().unwrap().0.contains("no key selected"));
+    assert!(status(&empty).contains("no key selected"));
 }
 
 fn faults_app() -> App {
@@ -662,9 +672,7 @@ fn typed_fault_values_are_checked_before_sending() {
     ch(&mut app, 't');
     ch(&mut app, 'L');
     assert_eq!(
-        app.input
-            .as_ref()
-            .map(|i| (i.text.as_str(), i.was.as_str())),
+        prompt(&app),
         Some(("", "500")),
         "what is typed replaces the value; the prompt shows the old one"
     );
@@ -675,11 +683,7 @@ fn typed_fault_values_are_checked_before_sending() {
     ch(&mut app, 'L');
     type_text(&mut app, "150000");
     assert_eq!(press(&mut app, KeyCode::Enter), vec![]);
-    assert!(
-        app.status.as_ref().unwrap().0.contains("from 0 to 60000"),
-        "{:?}",
-        app.status
-    );
+    assert!(status(&app).contains("from 0 to 60000"), "{:?}", app.status);
     assert_eq!(app.faults.current.faults.insert.latency_ms, 1500);
 
     ch(&mut app, 'P');
@@ -688,13 +692,7 @@ fn typed_fault_values_are_checked_before_sending() {
     ch(&mut app, 'P');
     type_text(&mut app, "250");
     assert_eq!(press(&mut app, KeyCode::Enter), vec![], "250 % is refused");
-    assert!(
-        app.status
-            .as_ref()
-            .unwrap()
-            .0
-            .contains("percentage from 0 to 100")
-    );
+    assert!(status(&app).contains("percentage from 0 to 100"));
 
     ch(&mut app, 'C');
     type_text(&mut app, "3");
@@ -723,7 +721,7 @@ fn a_whole_rule_is_typed_and_shown_in_the_gateways_text_form() {
     let mut app = faults_app();
     ch(&mut app, 'R');
     assert_eq!(
-        app.input.as_ref().map(|i| i.was.as_str()),
+        prompt(&app).map(|(_, was)| was),
         Some("off"),
         "the prompt shows the rule as the table does"
     );
@@ -732,24 +730,17 @@ fn a_whole_rule_is_typed_and_shown_in_the_gateways_text_form() {
     assert_eq!(op, Op::Insert);
     assert_eq!(rule, "25%3*timeout(500)".parse().unwrap());
     assert!(
-        app.status
-            .as_ref()
-            .unwrap()
-            .0
-            .contains("insert: 25%3*timeout(500)"),
+        status(&app).contains("insert: 25%3*timeout(500)"),
         "{:?}",
         app.status
     );
 
     ch(&mut app, 'R');
-    assert_eq!(
-        app.input.as_ref().map(|i| i.was.as_str()),
-        Some("25%3*timeout(500)")
-    );
+    assert_eq!(prompt(&app).map(|(_, was)| was), Some("25%3*timeout(500)"));
     type_text(&mut app, "25% 3× timeout 500ms");
     assert_eq!(press(&mut app, KeyCode::Enter), vec![], "not the grammar");
     assert!(
-        app.status.as_ref().unwrap().0.contains("expected [P%][N*]"),
+        status(&app).contains("expected [P%][N*]"),
         "{:?}",
         app.status
     );
@@ -777,33 +768,19 @@ fn keys_that_do_nothing_to_the_fault_say_why() {
     for c in ['+', '-', 'L'] {
         assert_eq!(ch(&mut app, c), vec![], "{c}: nothing sent");
         assert!(
-            app.status
-                .as_ref()
-                .unwrap()
-                .0
-                .contains("latency is for timeout and delay"),
+            status(&app).contains("latency is for timeout and delay"),
             "{c}: {:?}",
             app.status
         );
     }
     ch(&mut app, 't');
     assert_eq!(ch(&mut app, 'M'), vec![]);
-    assert!(
-        app.status
-            .as_ref()
-            .unwrap()
-            .0
-            .contains("the message is for error faults")
-    );
+    assert!(status(&app).contains("the message is for error faults"));
     // A fault on an operation the guard never calls is sent, with a warning.
     ch(&mut app, 'g');
     sent(&ch(&mut app, 'e'));
     assert!(
-        app.status
-            .as_ref()
-            .unwrap()
-            .0
-            .contains("the guard never calls it"),
+        status(&app).contains("the guard never calls it"),
         "{:?}",
         app.status
     );
@@ -814,7 +791,7 @@ fn faults_are_not_edited_before_the_server_said_what_they_are() {
     let mut app = App::new("http://x", NOW);
     ch(&mut app, '2');
     assert_eq!(ch(&mut app, 'e'), vec![]);
-    assert!(app.status.as_ref().unwrap().0.contains("not loaded yet"));
+    assert!(status(&app).contains("not loaded yet"));
 }
 
 #[test]
@@ -887,7 +864,7 @@ fn the_connection_is_lost_counted_and_found_without_losing_the_view() {
     assert_eq!(app.keys.selected, 1);
     app.apply(Update::Connected);
     assert_eq!(app.connection, Connection::Connected);
-    assert_eq!(app.status.as_ref().unwrap().0, "reconnected");
+    assert_eq!(status(&app), "reconnected");
 }
 
 #[test]
@@ -940,7 +917,7 @@ fn the_page_is_measured_where_it_is_drawn() {
 fn server_reports_show_in_the_status_line() {
     let mut app = loaded(1, None);
     app.apply(Update::Done("deleted order-000".into()));
-    assert_eq!(app.status.as_ref().unwrap().0, "deleted order-000");
+    assert_eq!(status(&app), "deleted order-000");
     app.apply(Update::Failed("409: not processing".into()));
     assert_eq!(
         app.status.as_ref().unwrap(),
@@ -1029,17 +1006,11 @@ fn the_selected_key_is_copied_as_the_client_sent_it() {
         },
     });
     assert_eq!(ch(&mut app, 'c'), vec![Command::Copy("order-7".into())]);
-    assert!(
-        app.status
-            .as_ref()
-            .unwrap()
-            .0
-            .contains("copied \"order-7\"")
-    );
+    assert!(status(&app).contains("copied \"order-7\""));
     assert_eq!(ch(&mut app, 'y'), vec![Command::Copy("order-7".into())]);
     let mut empty = loaded(0, None);
     assert_eq!(ch(&mut empty, 'c'), vec![]);
-    assert!(empty.status.as_ref().unwrap().0.contains("no key selected"));
+    assert!(status(&empty).contains("no key selected"));
 }
 
 #[test]
@@ -1062,5 +1033,5 @@ fn a_server_still_starting_is_connected_not_reconnected() {
     let mut app = App::new("http://x", NOW);
     app.apply(Update::Disconnected("Connection refused".into()));
     app.apply(Update::Connected);
-    assert_eq!(app.status.as_ref().unwrap().0, "connected");
+    assert_eq!(status(&app), "connected");
 }

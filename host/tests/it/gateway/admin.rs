@@ -6,12 +6,7 @@ use super::*;
 async fn store_faults_set_through_the_admin_api_give_503_and_no_upstream_call() {
     let h = start(Config::default()).await;
     let put = h
-        .admin(
-            "PUT",
-            "/v1/faults",
-            &[],
-            r#"{"faults":{"insert":{"kind":"error","message":"connection refused"}}}"#,
-        )
+        .put_faults(r#"{"faults":{"insert":{"kind":"error","message":"connection refused"}}}"#)
         .await;
     assert_eq!(put.status, 200, "{put:?}");
     assert_eq!(put.json()["faults"]["insert"]["kind"], "error");
@@ -20,30 +15,20 @@ async fn store_faults_set_through_the_admin_api_give_503_and_no_upstream_call() 
     let down = h.post("/orders", "o-down", &order("o-down", 1)).await;
     assert_problem(&down, 503, "store-unavailable");
     assert_eq!(down.header("retry-after"), Some("1"));
-    assert!(
-        down.json()["detail"]
-            .as_str()
-            .unwrap()
-            .contains("connection refused")
-    );
+    assert!(down.detail().contains("connection refused"), "{down:?}");
     assert!(
         h.books().executions.is_empty(),
         "the upstream was never called"
     );
 
-    let faults = h.admin("GET", "/v1/faults", &[], "").await.json();
+    let faults = h.admin_get("/v1/faults").await.json();
     assert_eq!(faults["injected"], 1);
-    let stats = h.admin("GET", "/v1/stats", &[], "").await.json();
+    let stats = h.admin_get("/v1/stats").await.json();
     assert_eq!(stats["outcomes"]["unavailable"], 1);
     assert_eq!(stats["store"], "memory");
 
     let off = h
-        .admin(
-            "PUT",
-            "/v1/faults",
-            &[],
-            r#"{"faults":{"insert":{"kind":"off"}}}"#,
-        )
+        .put_faults(r#"{"faults":{"insert":{"kind":"off"}}}"#)
         .await;
     assert_eq!(off.json()["faults"]["insert"]["kind"], "off");
     assert_eq!(
@@ -59,60 +44,34 @@ async fn store_faults_set_through_the_admin_api_give_503_and_no_upstream_call() 
 #[tokio::test]
 async fn invalid_fault_rules_are_refused_naming_the_field_and_nothing_changes() {
     let h = start(Config::default()).await;
-    let bad = h.admin("PUT", "/v1/faults", &[], r#"{"faults":{"get":{"kind":"delay","latency_ms":5},"insert":{"kind":"error","probability":1.5}}}"#).await;
+    let bad = h.put_faults(r#"{"faults":{"get":{"kind":"delay","latency_ms":5},"insert":{"kind":"error","probability":1.5}}}"#).await;
     assert_problem(&bad, 400, "about:blank");
-    let detail = bad.json()["detail"].as_str().unwrap().to_owned();
+    let detail = bad.detail();
     assert!(
         detail.contains("faults.insert") && detail.contains("outside 0 to 1"),
         "{detail}"
     );
     assert_eq!(
-        h.admin("GET", "/v1/faults", &[], "").await.json()["faults"]["get"]["kind"],
+        h.admin_get("/v1/faults").await.json()["faults"]["get"]["kind"],
         "off",
         "all or nothing"
     );
     let unknown = h
-        .admin(
-            "PUT",
-            "/v1/faults",
-            &[],
-            r#"{"faults":{"purge":{"kind":"error"}}}"#,
-        )
+        .put_faults(r#"{"faults":{"purge":{"kind":"error"}}}"#)
         .await;
-    assert!(
-        unknown.json()["detail"]
-            .as_str()
-            .unwrap()
-            .contains("faults.purge")
-    );
+    assert!(unknown.detail().contains("faults.purge"), "{unknown:?}");
     let kind = h
-        .admin(
-            "PUT",
-            "/v1/faults",
-            &[],
-            r#"{"faults":{"get":{"kind":"explode"}}}"#,
-        )
+        .put_faults(r#"{"faults":{"get":{"kind":"explode"}}}"#)
         .await;
     assert_eq!(kind.status, 400);
-    assert_eq!(
-        h.admin("PUT", "/v1/faults", &[], "not json").await.status,
-        400
-    );
+    assert_eq!(h.put_faults("not json").await.status, 400);
     // A count of 0 would hit no call: refused, not fired once.
     let zero = h
-        .admin(
-            "PUT",
-            "/v1/faults",
-            &[],
-            r#"{"faults":{"insert":{"kind":"error","count":0}}}"#,
-        )
+        .put_faults(r#"{"faults":{"insert":{"kind":"error","count":0}}}"#)
         .await;
     assert_eq!(zero.status, 400, "{zero:?}");
     assert!(
-        zero.json()["detail"]
-            .as_str()
-            .unwrap()
-            .contains("count 0 would hit no call"),
+        zero.detail().contains("count 0 would hit no call"),
         "{zero:?}"
     );
     assert_eq!(
@@ -127,32 +86,19 @@ async fn invalid_fault_rules_are_refused_naming_the_field_and_nothing_changes() 
 #[tokio::test]
 async fn the_admin_token_is_enforced_and_required_off_loopback() {
     let h = start_with(Config::default(), Some("s3cret")).await;
-    let none = h.admin("GET", "/v1/stats", &[], "").await;
+    let none = h.admin_get("/v1/stats").await;
     assert_problem(&none, 401, "about:blank");
     assert_eq!(none.header("www-authenticate"), Some("Bearer"));
-    assert_eq!(
-        h.admin("GET", "/v1/stats", &[("authorization", "Bearer wrong")], "")
-            .await
-            .status,
-        401
-    );
-    assert_eq!(
-        h.admin("GET", "/metrics", &[("authorization", "Bearer s3cre")], "")
-            .await
-            .status,
-        401
-    );
-    assert_eq!(
-        h.admin(
-            "GET",
-            "/v1/stats",
-            &[("authorization", "Bearer s3cret")],
-            ""
-        )
-        .await
-        .status,
-        200
-    );
+    for (path, authorization, status) in [
+        ("/v1/stats", "Bearer wrong", 401),
+        ("/metrics", "Bearer s3cre", 401),
+        ("/v1/stats", "Bearer s3cret", 200),
+    ] {
+        let reply = h
+            .admin("GET", path, &[("authorization", authorization)], "")
+            .await;
+        assert_eq!(reply.status, status, "{path} with {authorization}");
+    }
     h.shutdown().await;
 
     let open = TcpListener::bind("0.0.0.0:0").await.unwrap();
@@ -174,7 +120,7 @@ async fn admin_keys_list_get_release_expire_delete() {
     h.arrivals.recv().await.unwrap();
     h.post("/echo", "k-done", "hello").await; // one replay
 
-    let list = h.admin("GET", "/v1/keys", &[], "").await.json();
+    let list = h.admin_get("/v1/keys").await.json();
     let keys: Vec<&str> = list["keys"]
         .as_array()
         .unwrap()
@@ -196,21 +142,18 @@ async fn admin_keys_list_get_release_expire_delete() {
     assert_eq!(list["keys"][1]["status"], 201);
 
     let processing = h
-        .admin("GET", "/v1/keys?state=processing&limit=1", &[], "")
+        .admin_get("/v1/keys?state=processing&limit=1")
         .await
         .json();
     assert_eq!(processing["keys"].as_array().unwrap().len(), 1);
-    let first_page = h.admin("GET", "/v1/keys?limit=1", &[], "").await.json();
+    let first_page = h.admin_get("/v1/keys?limit=1").await.json();
     assert_eq!(first_page["next"], "anon/k-busy");
     let second_page = h
-        .admin("GET", "/v1/keys?limit=1&after=anon%2Fk-busy", &[], "")
+        .admin_get("/v1/keys?limit=1&after=anon%2Fk-busy")
         .await
         .json();
     assert_eq!(second_page["keys"][0]["key"], "anon/k-done");
-    let by_replays = h
-        .admin("GET", "/v1/keys?sort=replays&order=desc", &[], "")
-        .await
-        .json();
+    let by_replays = h.admin_get("/v1/keys?sort=replays&order=desc").await.json();
     assert_eq!(
         (
             by_replays["keys"][0]["key"].as_str(),
@@ -218,19 +161,10 @@ async fn admin_keys_list_get_release_expire_delete() {
         ),
         (Some("anon/k-done"), Some(2))
     );
-    assert_eq!(
-        h.admin("GET", "/v1/keys?limit=5000", &[], "").await.status,
-        400
-    );
-    assert_eq!(
-        h.admin("GET", "/v1/keys?state=lost", &[], "").await.status,
-        400
-    );
+    assert_eq!(h.admin_get("/v1/keys?limit=5000").await.status, 400);
+    assert_eq!(h.admin_get("/v1/keys?state=lost").await.status, 400);
 
-    let one = h
-        .admin("GET", "/v1/keys/anon%2Fk-done", &[], "")
-        .await
-        .json();
+    let one = h.admin_get("/v1/keys/anon%2Fk-done").await.json();
     let response = &one["response"];
     assert_eq!(response["status"], 201);
     let stored = base64::engine::general_purpose::STANDARD
@@ -266,35 +200,20 @@ async fn admin_keys_list_get_release_expire_delete() {
     // request ran but was not recorded, never handed a second 2xx body.
     assert_problem(&slow.await.unwrap(), 503, "response-not-recorded");
 
-    assert_eq!(
-        h.admin("POST", "/v1/keys/anon%2Fk-done/expire", &[], "")
-            .await
-            .status,
-        200
-    );
-    assert_eq!(
-        h.admin("GET", "/v1/keys/anon%2Fk-done", &[], "")
-            .await
-            .status,
-        404
-    );
-    assert_eq!(
-        h.admin("DELETE", "/v1/keys/anon%2Fk-busy", &[], "")
-            .await
-            .status,
-        204
-    );
-    assert_problem(
-        &h.admin("DELETE", "/v1/keys/anon%2Fk-busy", &[], "").await,
-        404,
-        "about:blank",
-    );
-    assert_eq!(
-        h.admin("POST", "/v1/keys/nope/expire", &[], "")
-            .await
-            .status,
-        404
-    );
+    // Expired, a key is gone; deleted, too; a key never seen is not found.
+    for (method, path, status) in [
+        ("POST", "/v1/keys/anon%2Fk-done/expire", 200),
+        ("GET", "/v1/keys/anon%2Fk-done", 404),
+        ("DELETE", "/v1/keys/anon%2Fk-busy", 204),
+        ("DELETE", "/v1/keys/anon%2Fk-busy", 404),
+        ("POST", "/v1/keys/nope/expire", 404),
+    ] {
+        let reply = h.admin(method, path, &[], "").await;
+        assert_eq!(reply.status, status, "{method} {path}: {reply:?}");
+        if status == 404 {
+            assert_problem(&reply, 404, "about:blank");
+        }
+    }
     h.shutdown().await;
 }
 
@@ -310,13 +229,8 @@ async fn decisions_stream_as_server_sent_events_and_metrics() {
     // The subscription exists once the response head is back.
     h.post("/echo", "ev", "x").await;
     h.post("/echo", "ev", "x").await;
-    h.admin(
-        "PUT",
-        "/v1/faults",
-        &[],
-        r#"{"faults":{"delete":{"kind":"delay","latency_ms":3}}}"#,
-    )
-    .await;
+    h.put_faults(r#"{"faults":{"delete":{"kind":"delay","latency_ms":3}}}"#)
+        .await;
     let mut text = String::new();
     while !text.contains("event: fault") {
         let frame = body.frame().await.unwrap().unwrap();
@@ -362,7 +276,7 @@ async fn decisions_stream_as_server_sent_events_and_metrics() {
         (Some("delete"), Some("delay"), Some(3))
     );
 
-    let metrics = h.admin("GET", "/metrics", &[], "").await;
+    let metrics = h.admin_get("/metrics").await;
     let text = String::from_utf8_lossy(&metrics.body);
     assert!(
         text.contains("idem_outcomes_total{outcome=\"executed\"} 1"),
@@ -372,7 +286,7 @@ async fn decisions_stream_as_server_sent_events_and_metrics() {
         text.contains("idem_outcomes_total{outcome=\"replayed\"} 1"),
         "{text}"
     );
-    let stats = h.admin("GET", "/v1/stats", &[], "").await.json();
+    let stats = h.admin_get("/v1/stats").await.json();
     assert!(stats["store_latency_us"]["max"].as_u64().is_some());
     assert!(stats["pool"]["instantiated"].as_u64().unwrap() >= 1);
     assert!(stats["rates_per_s"]["executed"].as_f64().unwrap() > 0.0);

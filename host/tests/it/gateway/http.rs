@@ -28,19 +28,27 @@ async fn the_stripe_profile_speaks_stripe() {
     h.shutdown().await;
 }
 
+/// Writes the raw bytes `request` on a fresh connection to `addr` and reads
+/// the answer until the server closes it, as text.
+async fn exchange(addr: SocketAddr, request: &[u8]) -> String {
+    let mut tcp = tokio::net::TcpStream::connect(addr).await.unwrap();
+    tcp.write_all(request).await.unwrap();
+    let mut answer = Vec::new();
+    let _ = tcp.read_to_end(&mut answer).await;
+    String::from_utf8_lossy(&answer).into_owned()
+}
+
 /// `OPTIONS *` asks about the server, not a resource: the gateway answers it
 /// itself (400, naming why) and never appends `*` to the upstream's address,
 /// which used to send it to port 80 of another host.
 #[tokio::test]
 async fn options_asterisk_is_not_forwarded() {
     let h = start(Config::default()).await;
-    let mut tcp = tokio::net::TcpStream::connect(h.proxy).await.unwrap();
-    tcp.write_all(b"OPTIONS * HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
-        .await
-        .unwrap();
-    let mut answer = Vec::new();
-    let _ = tcp.read_to_end(&mut answer).await;
-    let answer = String::from_utf8_lossy(&answer);
+    let answer = exchange(
+        h.proxy,
+        b"OPTIONS * HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n",
+    )
+    .await;
     assert!(answer.starts_with("HTTP/1.1 400"), "{answer}");
     assert!(answer.contains("not a path"), "{answer}");
     assert_eq!(h.calls(), 0);
@@ -59,34 +67,20 @@ async fn malformed_http_gets_an_error_and_the_gateway_keeps_serving() {
         b"POST /echo HTTP/1.1\r\nHost: x\r\nContent-Length: nope\r\n\r\n",
         b"POST /echo HTTP/1.1\r\nBad Header\r\n\r\n",
     ] {
-        let mut tcp = tokio::net::TcpStream::connect(h.proxy).await.unwrap();
-        tcp.write_all(garbage).await.unwrap();
-        let mut answer = Vec::new();
-        let _ = tcp.read_to_end(&mut answer).await;
-        assert!(
-            answer.starts_with(b"HTTP/1.1 400"),
-            "{:?}",
-            String::from_utf8_lossy(&answer)
-        );
+        let answer = exchange(h.proxy, garbage).await;
+        assert!(answer.starts_with("HTTP/1.1 400"), "{answer:?}");
     }
     let many: Vec<(String, String)> = (0..30)
         .map(|i| (format!("x-h{i}"), "v".to_owned()))
         .collect();
     let many: Vec<(&str, &str)> = many.iter().map(|(n, v)| (n.as_str(), v.as_str())).collect();
-    let mut tcp = tokio::net::TcpStream::connect(h.proxy).await.unwrap();
     let mut head = String::from("POST /echo HTTP/1.1\r\nHost: x\r\n");
     for (n, v) in &many {
         let _ = write!(head, "{n}: {v}\r\n");
     }
     head.push_str("Content-Length: 0\r\n\r\n");
-    tcp.write_all(head.as_bytes()).await.unwrap();
-    let mut answer = Vec::new();
-    let _ = tcp.read_to_end(&mut answer).await;
-    assert!(
-        answer.starts_with(b"HTTP/1.1 431"),
-        "{:?}",
-        String::from_utf8_lossy(&answer)
-    );
+    let answer = exchange(h.proxy, head.as_bytes()).await;
+    assert!(answer.starts_with("HTTP/1.1 431"), "{answer:?}");
 
     // A body the upstream cannot parse is its 400, stored and replayed like any 4xx.
     let bad = h.post("/orders", "j", "{not json").await;

@@ -167,6 +167,31 @@ async fn serve(gateway: Gateway) -> SocketAddr {
     addr
 }
 
+/// A gateway on the memory store in front of `upstream`, [`serve`]d; and
+/// its port.
+async fn serve_memory(upstream: SocketAddr) -> (Gateway, SocketAddr) {
+    let store = idem::store::open("memory:").await.unwrap();
+    let gateway = Gateway::builder(Config::default(), store, &format!("http://{upstream}"))
+        .build()
+        .unwrap();
+    let addr = serve(gateway.clone()).await;
+    (gateway, addr)
+}
+
+/// `POST http://{addr}{path}` with the idempotency key `key` and no body.
+async fn post_empty(
+    client: &Client<HttpConnector, Body>,
+    addr: SocketAddr,
+    path: &str,
+    key: &str,
+) -> Reply {
+    let req = Request::post(format!("http://{addr}{path}"))
+        .header("idempotency-key", key)
+        .body(Body::empty())
+        .unwrap();
+    Reply::read(client.request(req).await.unwrap()).await
+}
+
 #[derive(Debug)]
 pub(crate) struct Reply {
     pub(crate) status: u16,
@@ -175,12 +200,27 @@ pub(crate) struct Reply {
 }
 
 impl Reply {
+    async fn read(response: axum::http::Response<hyper::body::Incoming>) -> Reply {
+        let (parts, body) = response.into_parts();
+        Reply {
+            status: parts.status.as_u16(),
+            headers: parts.headers,
+            body: body.collect().await.unwrap().to_bytes(),
+        }
+    }
     pub(crate) fn json(&self) -> Value {
         serde_json::from_slice(&self.body)
             .unwrap_or_else(|e| panic!("not JSON ({e}): {:?}", String::from_utf8_lossy(&self.body)))
     }
     pub(crate) fn header(&self, name: &str) -> Option<&str> {
         self.headers.get(name).map(|v| v.to_str().unwrap())
+    }
+    /// A problem's `detail`.
+    fn detail(&self) -> String {
+        self.json()["detail"]
+            .as_str()
+            .unwrap_or_default()
+            .to_owned()
     }
     /// Every header but the ones that differ per response on the wire.
     fn stable_headers(&self) -> Vec<(String, Vec<u8>)> {
@@ -226,30 +266,23 @@ impl Harness {
             .request(req.body(Body::from(body.to_owned())).unwrap())
             .await
             .unwrap();
-        let (parts, body) = response.into_parts();
-        Reply {
-            status: parts.status.as_u16(),
-            headers: parts.headers,
-            body: body.collect().await.unwrap().to_bytes(),
-        }
+        Reply::read(response).await
+    }
+
+    async fn admin_get(&self, path: &str) -> Reply {
+        self.admin("GET", path, &[], "").await
+    }
+
+    /// `PUT /v1/faults` with the JSON `body`.
+    async fn put_faults(&self, body: &str) -> Reply {
+        self.admin("PUT", "/v1/faults", &[], body).await
     }
 
     /// `POST /slow` with `key` on a task of its own: it arrives upstream and
     /// waits there for a permit on `upstream.go`.
     pub(crate) fn spawn_slow(&self, key: &str) -> tokio::task::JoinHandle<Reply> {
         let (client, proxy, key) = (self.client.clone(), self.proxy, key.to_owned());
-        tokio::spawn(async move {
-            let req = Request::post(format!("http://{proxy}/slow"))
-                .header("idempotency-key", key)
-                .body(Body::empty())
-                .unwrap();
-            let (parts, body) = client.request(req).await.unwrap().into_parts();
-            Reply {
-                status: parts.status.as_u16(),
-                headers: parts.headers,
-                body: body.collect().await.unwrap().to_bytes(),
-            }
-        })
+        tokio::spawn(async move { post_empty(&client, proxy, "/slow", &key).await })
     }
 
     pub(crate) async fn post(&self, path: &str, key: &str, body: &str) -> Reply {
@@ -281,6 +314,19 @@ impl Harness {
 
 fn order(id: &str, qty: i64) -> String {
     json!({"order": id, "sku": "A", "qty": qty, "cents": 1000}).to_string()
+}
+
+/// `reply` replays a response of `status` with exactly `body`, marked so.
+fn assert_replayed(reply: &Reply, status: u16, body: &[u8]) {
+    assert_eq!(
+        (
+            reply.status,
+            &reply.body[..],
+            reply.header("idempotent-replayed")
+        ),
+        (status, body, Some("true")),
+        "{reply:?}"
+    );
 }
 
 fn assert_problem(reply: &Reply, status: u16, slug: &str) {

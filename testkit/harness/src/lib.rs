@@ -1,0 +1,48 @@
+//! What the idem test crates share, and nothing they would have to build
+//! besides: the host's, the TUI's and the test rigs' integration tests all
+//! dev-depend on it. (`idem-testkit` itself cannot be that place: it depends
+//! on the host, which depends on the TUI.)
+//!
+//! - [`Tmux`]: a real terminal program in a tmux pane, driven by keys and
+//!   read from its screen, as a person uses it;
+//! - [`unique`]: keys no other test, process or run uses, for the stores a
+//!   test shares with others;
+//! - [`server_url`]: the URL of a test server, or why the test skips.
+//!
+//! ```
+//! let a = idem_harness::unique("order");
+//! assert!(a.starts_with("order-"));
+//! assert_ne!(a, idem_harness::unique("order"));
+//! ```
+
+mod tmux;
+
+pub use tmux::Tmux;
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+/// A key no other test, process or earlier run against a shared server uses.
+pub fn unique(name: &str) -> String {
+    static N: AtomicUsize = AtomicUsize::new(0);
+    format!(
+        "{name}-{}-{}-{}",
+        std::process::id(),
+        N.fetch_add(1, Ordering::Relaxed),
+        fastrand::u64(..)
+    )
+}
+
+/// The URL in the environment variable `var`, or `None` after saying why
+/// the test skips: a test that needs a server passes without one, as CI
+/// sets them all.
+pub fn server_url(var: &str) -> Option<String> {
+    match std::env::var(var) {
+        Ok(url) if !url.is_empty() => Some(url),
+        _ => {
+            eprintln!(
+                "skipped: {var} is not set (CI sets it; e.g. {var}=redis://127.0.0.1:6379 or postgres://postgres@127.0.0.1:5432/test)"
+            );
+            None
+        }
+    }
+}
