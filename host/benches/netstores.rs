@@ -222,6 +222,31 @@ async fn redis_pairs(url: &str, options: &str, run: &str) -> (Vec<Pair>, Arc<dyn
                 .unwrap();
         }
     });
+    // The floor of a replay: the one command idem's replay is — a claim
+    // that finds the key held and gets its value back — sent raw, with a
+    // value of the claimed record's size.
+    let (c, key, value) = (
+        pick.clone(),
+        format!("idem-bench-raw:{run}:replayed"),
+        vec![b'x'; 53],
+    );
+    let raw_claim_read = op(move |_| {
+        let (mut c, key, value) = (c(), key.clone(), value.clone());
+        async move {
+            let held: Option<Vec<u8>> = redis::cmd("SET")
+                .arg(&key)
+                .arg(&value)
+                .arg("NX")
+                .arg("GET")
+                .arg("PX")
+                .arg(600_000)
+                .query_async(&mut c)
+                .await
+                .unwrap();
+            assert!(held.is_some());
+        }
+    });
+    let (_, replay_again) = store_ops(&store, "g2").await;
     let pairs = vec![
         Pair {
             label: "claim+complete vs SET NX + SET",
@@ -232,6 +257,11 @@ async fn redis_pairs(url: &str, options: &str, run: &str) -> (Vec<Pair>, Arc<dyn
             label: "replay vs GET",
             store: replay,
             raw: raw_replay,
+        },
+        Pair {
+            label: "replay vs SET NX GET",
+            store: replay_again,
+            raw: raw_claim_read,
         },
     ];
     (pairs, store)
