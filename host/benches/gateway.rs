@@ -75,9 +75,9 @@ async fn run(args: Args) -> anyhow::Result<()> {
     let server_pid = args.server_pid.map(|pid| pid.to_string());
     let mut measure_both = async |name: &str, target: Target| -> anyhow::Result<()> {
         let single = measure(name, &target, 1, args.duration.min(Duration::from_secs(2))).await?;
-        let before = Cpu::now(server_pid.as_deref());
+        let before = Ticks::now(server_pid.as_deref());
         let many = measure(name, &target, args.connections, args.duration).await?;
-        let cpu = Cpu::now(server_pid.as_deref()).since(&before, many.requests);
+        let cpu = Ticks::now(server_pid.as_deref()).per_request_since(before, many.requests);
         eprintln!(
             "{name:<32} c=1 p50 {:>5} µs p99 {:>5} µs | c={} {:>8.0} req/s p50 {:>5} µs p99 {:>6} µs errors {} | CPU µs/req bench {:.0} user + {:.0} system, server {:.0}",
             single.percentile(0.5),
@@ -261,41 +261,44 @@ async fn start_gateway(
     Ok((addr, serving))
 }
 
-/// CPU time spent, per request answered, by this process (user and
-/// system apart) and by the `--server-pid` one (0 without it), from
+/// CPU time so far, in clock ticks: this process's user and system time
+/// and the `--server-pid` process's total (0 without it), from
 /// `/proc/PID/stat`.
+#[derive(Clone, Copy, Default)]
+struct Ticks {
+    user: u64,
+    system: u64,
+    server: u64,
+}
+
+/// CPU time per request answered, in µs, between two [`Ticks`].
 #[derive(Default)]
 struct Cpu {
-    ticks_user: u64,
-    ticks_system: u64,
-    ticks_server: u64,
     user_us: f64,
     system_us: f64,
     server_us: f64,
 }
 
-impl Cpu {
-    fn now(server: Option<&str>) -> Cpu {
+impl Ticks {
+    fn now(server: Option<&str>) -> Ticks {
         let (user, system) = cpu_ticks("self").unwrap_or_default();
         let (server_user, server_system) = server.and_then(cpu_ticks).unwrap_or_default();
-        Cpu {
-            ticks_user: user,
-            ticks_system: system,
-            ticks_server: server_user + server_system,
-            ..Cpu::default()
+        Ticks {
+            user,
+            system,
+            server: server_user + server_system,
         }
     }
 
-    fn since(self, before: &Cpu, requests: u64) -> Cpu {
+    fn per_request_since(self, before: Ticks, requests: u64) -> Cpu {
         // USER_HZ: 100 ticks a second on Linux.
-        let per_request = |now: u64, then: u64| {
+        let us = |now: u64, then: u64| {
             now.saturating_sub(then) as f64 * 10_000.0 / requests.max(1) as f64
         };
         Cpu {
-            user_us: per_request(self.ticks_user, before.ticks_user),
-            system_us: per_request(self.ticks_system, before.ticks_system),
-            server_us: per_request(self.ticks_server, before.ticks_server),
-            ..self
+            user_us: us(self.user, before.user),
+            system_us: us(self.system, before.system),
+            server_us: us(self.server, before.server),
         }
     }
 }
