@@ -289,7 +289,17 @@ export class Guest {
     const key = String(path);
     let guest = guests.get(key);
     if (!guest) {
-      guest = new Guest(readFileSync(path));
+      let bytes;
+      try {
+        bytes = readFileSync(path);
+      } catch (e) {
+        if (e?.code !== 'ENOENT') throw e;
+        throw new Error(
+          `no guard component at ${key}: write it with \`cargo run -p idem -- component --out ${key}\` ` +
+            '(or set IDEM_COMPONENT to the file)',
+        );
+      }
+      guest = new Guest(bytes);
       guests.set(key, guest);
     }
     return guest;

@@ -235,6 +235,11 @@ class Guard:
         self.replaced = 0
         self._lock = threading.Lock()
         path = Path(component or os.environ.get("IDEM_COMPONENT") or DEFAULT_COMPONENT)
+        if not path.is_file():
+            raise FileNotFoundError(
+                f"no guard component at {path}: write it with "
+                f"`cargo run -p idem -- component --out {path}` (or set IDEM_COMPONENT to the file)"
+            )
         self._guest = _binding(binding).load(path)
         self._instance: Any = None
         self._renewer = _Renewer(self)

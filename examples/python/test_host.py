@@ -179,3 +179,10 @@ def test_run_arms_one_renewal_thread_per_guard_not_one_per_call() -> None:
         assert guard.run(f"k{i}", "fp", lambda _: Response(200, [], b"ok")).kind == "executed"
     assert guard._renewer._thread is thread, "fast handlers share the guard's one renewal thread"
     assert not guard._renewer._held, "every claim was let go"
+
+
+def test_a_missing_component_file_is_named_with_the_command_that_writes_it(tmp_path: Path) -> None:
+    missing = tmp_path / "idem-guard.wasm"
+    with pytest.raises(FileNotFoundError, match="idem -- component --out") as err:
+        Guard.load(store=MemoryStore(), component=missing)
+    assert str(missing) in str(err.value)

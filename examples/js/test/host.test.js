@@ -126,3 +126,11 @@ test('a renewal the store fails is tried again before the lease runs out', async
   assert.equal(repeat.outcome, 'in-flight');
   assert.equal(outcome.outcome, 'executed');
 });
+
+test('a missing component file is named, with the command that writes it', () => {
+  const missing = '/nonexistent/idem-guard.wasm';
+  assert.throws(
+    () => Guard.load({ store: new MemoryStore(), component: missing }),
+    (e) => e.message.includes(missing) && e.message.includes('idem -- component --out'),
+  );
+});
