@@ -24,8 +24,11 @@ macro_rules! wit_conversions {
         $crate::wit_conversions!(@variant $crate::model::State = $types::State {
             Processing, Done
         });
+        $crate::wit_conversions!(@record $crate::model::Checkpoint = $types::Checkpoint {
+            phase, data
+        });
         $crate::wit_conversions!(@record $crate::model::Record = $types::Record {
-            fingerprint, state, lease_until_ms, expires_at_ms; optional response
+            fingerprint, state, holder, lease_until_ms, expires_at_ms; optional response, checkpoint
         });
         $crate::wit_conversions!(@record $crate::model::Entry = $types::Entry {
             record, version
@@ -40,7 +43,7 @@ macro_rules! wit_conversions {
             lease_ms, retention_ms, max_response_bytes
         });
         $crate::wit_conversions!(@record $crate::model::Claim = $guard::Claim {
-            key, fingerprint, fence, lease_until_ms, expires_at_ms
+            key, fingerprint, fence, holder, lease_until_ms, expires_at_ms; optional checkpoint
         });
         // WIT cases carry their value unnamed; the model names `retry_after_ms`.
         $crate::wit_conversions!(@variant $crate::model::Decision = $guard::Decision {

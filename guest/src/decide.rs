@@ -50,9 +50,11 @@ mod tests {
             record: Record {
                 fingerprint: fingerprint.into(),
                 state,
+                holder: 1,
                 lease_until_ms,
                 expires_at_ms,
                 response,
+                checkpoint: None,
             },
             version: 1,
         }

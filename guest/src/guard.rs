@@ -7,15 +7,18 @@ use alloc::borrow::ToOwned;
 use alloc::format;
 
 use crate::decide::{Verdict, decide};
-use crate::limits::{check_fingerprint, check_key, check_policy, check_response};
+use crate::limits::{check_checkpoint, check_fingerprint, check_key, check_policy, check_response};
 use crate::model::{
-    Claim, Decision, Entry, GuardError, InsertOutcome, Policy, Record, Response, State,
-    StoreFailure,
+    Checkpoint, Claim, Decision, Entry, GuardError, InsertOutcome, Policy, Record, Response,
+    State, StoreFailure,
 };
 
-/// The atomic store primitives of `wit/store.wit`.
+/// The atomic store primitives of `wit/store.wit`, with the clock and the
+/// randomness the guard imports beside them.
 pub trait Primitives {
     fn now_ms(&mut self) -> u64;
+    fn random_u64(&mut self) -> u64;
+    fn get(&mut self, key: &str, now_ms: u64) -> Result<Option<Entry>, StoreFailure>;
     fn insert(
         &mut self,
         key: &str,
@@ -32,8 +35,9 @@ pub trait Primitives {
 }
 
 /// How many times `begin` retries when a concurrent writer changed the
-/// record between its insert and its takeover. Each retry sees a newer
-/// record, so more than a couple means heavy churn on one key.
+/// record between its insert and its takeover, and how many writes a
+/// holder's call makes at most. Each retry sees a newer record, so more than
+/// a couple means heavy churn on one key.
 const MAX_ATTEMPTS: usize = 4;
 
 pub fn begin(
@@ -46,21 +50,25 @@ pub fn begin(
     check_fingerprint(fingerprint)?;
     check_policy(policy)?;
 
+    // 0 marks records written by 0.1 hosts, which had no holder.
+    let holder = store.random_u64().max(1);
     for _ in 0..MAX_ATTEMPTS {
         let now = store.now_ms();
-        let record = Record {
+        let mut record = Record {
             fingerprint: fingerprint.to_owned(),
             state: State::Processing,
+            holder,
             lease_until_ms: now.saturating_add(policy.lease_ms),
             expires_at_ms: now.saturating_add(policy.retention_ms),
             response: None,
+            checkpoint: None,
         };
         let entry = match store
             .insert(key, &record, now)
             .map_err(|e| unavailable("insert", key, e))?
         {
             InsertOutcome::Inserted(version) => {
-                return Ok(Decision::Proceed(claim(key, &record, version)));
+                return Ok(Decision::Proceed(claim(key, record, version)));
             }
             InsertOutcome::Existing(entry) => entry,
         };
@@ -73,11 +81,13 @@ pub fn begin(
             // The store called it live but it expired by our clock: insert again.
             Verdict::Claim => {}
             Verdict::TakeOver => {
+                // The recovery point survives the takeover.
+                record.checkpoint = entry.record.checkpoint;
                 let replaced = store
                     .replace(key, entry.version, &record, now)
                     .map_err(|e| unavailable("replace", key, e))?;
                 if let Some(version) = replaced {
-                    return Ok(Decision::Proceed(claim(key, &record, version)));
+                    return Ok(Decision::Proceed(claim(key, record, version)));
                 }
                 // Someone wrote first (completed, took over, released): look again.
             }
@@ -101,17 +111,13 @@ pub fn complete(
     let record = Record {
         fingerprint: claim.fingerprint.clone(),
         state: State::Done,
+        holder: claim.holder,
         lease_until_ms: 0,
         expires_at_ms: now.saturating_add(policy.retention_ms),
         response: Some(response),
+        checkpoint: None,
     };
-    match store
-        .replace(&claim.key, claim.fence, &record, now)
-        .map_err(|e| unavailable("replace", &claim.key, e))?
-    {
-        Some(_) => Ok(()),
-        None => Err(stale(claim)),
-    }
+    write_as_holder(store, claim, record, now, OnMoved::KeepOurs).map(|_| ())
 }
 
 pub fn release(store: &mut impl Primitives, claim: &Claim) -> Result<(), GuardError> {
@@ -123,17 +129,13 @@ pub fn release(store: &mut impl Primitives, claim: &Claim) -> Result<(), GuardEr
     let record = Record {
         fingerprint: claim.fingerprint.clone(),
         state: State::Processing,
+        holder: claim.holder,
         lease_until_ms: now,
         expires_at_ms: claim.expires_at_ms,
         response: None,
+        checkpoint: claim.checkpoint.clone(),
     };
-    match store
-        .replace(&claim.key, claim.fence, &record, now)
-        .map_err(|e| unavailable("replace", &claim.key, e))?
-    {
-        Some(_) => Ok(()),
-        None => Err(stale(claim)),
-    }
+    write_as_holder(store, claim, record, now, OnMoved::KeepStoredCheckpoint).map(|_| ())
 }
 
 pub fn renew(
@@ -142,33 +144,131 @@ pub fn renew(
     policy: &Policy,
 ) -> Result<Claim, GuardError> {
     check_policy(policy)?;
+    extend(store, claim, claim.checkpoint.clone(), policy, OnMoved::KeepStoredCheckpoint)
+}
+
+pub fn checkpoint(
+    store: &mut impl Primitives,
+    claim: &Claim,
+    checkpoint: Checkpoint,
+    policy: &Policy,
+) -> Result<Claim, GuardError> {
+    check_policy(policy)?;
+    check_checkpoint(&checkpoint, policy)?;
+    extend(store, claim, Some(checkpoint), policy, OnMoved::KeepOurs)
+}
+
+/// `begin` with the canonical fingerprint of the request's parts.
+pub fn begin_request(
+    store: &mut impl Primitives,
+    key: &str,
+    method: &str,
+    path: &str,
+    headers: &[(alloc::string::String, alloc::vec::Vec<u8>)],
+    body: &[u8],
+    policy: &Policy,
+) -> Result<Decision, GuardError> {
+    let fingerprint = crate::fingerprint::fingerprint(method, path, headers, body);
+    begin(store, key, &fingerprint, policy)
+}
+
+/// Renew and checkpoint: the lease from now, the record keeping `checkpoint`.
+fn extend(
+    store: &mut impl Primitives,
+    claim: &Claim,
+    checkpoint: Option<Checkpoint>,
+    policy: &Policy,
+    on_moved: OnMoved,
+) -> Result<Claim, GuardError> {
     let now = store.now_ms();
     check_not_expired(claim, now)?;
     let record = Record {
         fingerprint: claim.fingerprint.clone(),
         state: State::Processing,
+        holder: claim.holder,
         lease_until_ms: now.saturating_add(policy.lease_ms),
         expires_at_ms: now
             .saturating_add(policy.retention_ms)
             .max(claim.expires_at_ms),
         response: None,
+        checkpoint,
     };
-    match store
-        .replace(&claim.key, claim.fence, &record, now)
-        .map_err(|e| unavailable("replace", &claim.key, e))?
-    {
-        Some(version) => Ok(self::claim(&claim.key, &record, version)),
-        None => Err(stale(claim)),
-    }
+    let (version, record) = write_as_holder(store, claim, record, now, on_moved)?;
+    Ok(self::claim(&claim.key, record, version))
 }
 
-fn claim(key: &str, record: &Record, fence: u64) -> Claim {
+/// Which checkpoint a holder's write keeps when an earlier write of the
+/// same claim moved the record.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum OnMoved {
+    /// `complete` (no checkpoint once done) and `checkpoint` (the newest).
+    KeepOurs,
+    /// `renew`, `release`: the stored one, which may be newer than the
+    /// claim's (a checkpoint raced a renewal).
+    KeepStoredCheckpoint,
+}
+
+/// Writes `record` over the claim's record, and when the write fails or is
+/// refused, reads the record back and acts as `wit/guard.wit`'s interface
+/// docs say (holder identity). Returns the version and the record written.
+fn write_as_holder(
+    store: &mut impl Primitives,
+    claim: &Claim,
+    mut record: Record,
+    now: u64,
+    on_moved: OnMoved,
+) -> Result<(u64, Record), GuardError> {
+    let key = &claim.key;
+    let mut expected = claim.fence;
+    let mut failure = None;
+    for _ in 0..MAX_ATTEMPTS {
+        match store.replace(key, expected, &record, now) {
+            Ok(Some(version)) => return Ok((version, record)),
+            Ok(None) => failure = None,
+            Err(e) => failure = Some(unavailable("replace", key, e)),
+        }
+        let entry = match store.get(key, now) {
+            Ok(entry) => entry,
+            Err(e) => return Err(failure.unwrap_or_else(|| unavailable("get", key, e))),
+        };
+        let Some(entry) = entry.filter(|e| claim.holder != 0 && e.record.holder == claim.holder)
+        else {
+            return Err(stale(claim));
+        };
+        if entry.version == expected {
+            // Not applied: the store's failure stands.
+            return Err(failure.unwrap_or_else(|| stale(claim)));
+        }
+        if entry.record == record {
+            return Ok((entry.version, entry.record)); // applied; its reply was lost
+        }
+        if entry.record.state == State::Done {
+            return Err(GuardError::StaleClaim(format!(
+                "the claim on key {key:?} already completed"
+            )));
+        }
+        // An earlier write of this claim moved the version: write there.
+        expected = entry.version;
+        if on_moved == OnMoved::KeepStoredCheckpoint {
+            record.checkpoint = entry.record.checkpoint;
+        }
+    }
+    Err(failure.unwrap_or_else(|| {
+        GuardError::Unavailable(format!(
+            "the record for key {key:?} kept changing under its own holder ({MAX_ATTEMPTS} writes)"
+        ))
+    }))
+}
+
+fn claim(key: &str, record: Record, fence: u64) -> Claim {
     Claim {
         key: key.to_owned(),
-        fingerprint: record.fingerprint.clone(),
+        fingerprint: record.fingerprint,
         fence,
+        holder: record.holder,
         lease_until_ms: record.lease_until_ms,
         expires_at_ms: record.expires_at_ms,
+        checkpoint: record.checkpoint,
     }
 }
 
@@ -303,11 +403,120 @@ mod tests {
             begin(&mut s, "k", "fp", &policy()).unwrap(),
             Decision::InFlight { .. }
         ));
+        assert!(renewed.fence > c.fence);
+        assert_eq!(renewed.holder, c.holder);
+        // The claim before the renewal is the same holder's: its write lands
+        // (the version it knew was moved by its own renewal).
+        complete(&mut s, &c, ok("old copy"), &policy()).unwrap();
         assert!(matches!(
-            complete(&mut s, &c, ok("old"), &policy()),
+            complete(&mut s, &renewed, ok("new"), &policy()),
             Err(GuardError::StaleClaim(_))
         ));
-        complete(&mut s, &renewed, ok("new"), &policy()).unwrap();
+        assert_eq!(
+            begin(&mut s, "k", "fp", &policy()).unwrap(),
+            Decision::Replay(ok("old copy"))
+        );
+    }
+
+    #[test]
+    fn a_lost_renewal_reply_is_not_a_takeover() {
+        let mut s = Map::default();
+        let c = proceed(begin(&mut s, "k", "fp", &policy()).unwrap());
+        s.now += 500;
+        s.fail_next = Some(true); // applied, reply lost
+        let renewed = renew(&mut s, &c, &policy()).unwrap();
+        assert_eq!((renewed.fence, renewed.lease_until_ms), (2, 1_500));
+        s.fail_next = Some(false); // not applied
+        assert!(matches!(
+            renew(&mut s, &renewed, &policy()),
+            Err(GuardError::Unavailable(_))
+        ));
+        s.fail_next = Some(true);
+        complete(&mut s, &renewed, ok("paid"), &policy()).unwrap();
+        assert_eq!(s.writes, 3, "claim, renewal, completion: each once");
+        assert_eq!(
+            begin(&mut s, "k", "fp", &policy()).unwrap(),
+            Decision::Replay(ok("paid"))
+        );
+    }
+
+    #[test]
+    fn a_lost_write_then_the_next_write_of_the_same_claim_lands() {
+        let mut s = Map::default();
+        let c = proceed(begin(&mut s, "k", "fp", &policy()).unwrap());
+        s.fail_next = Some(true);
+        // The renewal was applied but the read-back failed too? Here only
+        // the reply is lost and the caller never learns the new fence: its
+        // next write, with the old claim, still lands.
+        let _ = renew(&mut s, &c, &policy()).unwrap();
+        complete(&mut s, &c, ok("paid"), &policy()).unwrap();
+        assert_eq!(
+            begin(&mut s, "k", "fp", &policy()).unwrap(),
+            Decision::Replay(ok("paid"))
+        );
+    }
+
+    #[test]
+    fn a_takeover_carries_the_last_checkpoint() {
+        let mut s = Map::default();
+        let first = proceed(begin(&mut s, "k", "fp", &policy()).unwrap());
+        assert_eq!(first.checkpoint, None);
+        let step = Checkpoint {
+            phase: "charged".into(),
+            data: b"ch_1".to_vec(),
+        };
+        let first = checkpoint(&mut s, &first, step.clone(), &policy()).unwrap();
+        assert_eq!(first.checkpoint.as_ref(), Some(&step));
+        // A renewal keeps it.
+        let first = renew(&mut s, &first, &policy()).unwrap();
+        s.now += 1_000; // the holder crashed; its lease ran out
+        let taker = proceed(begin(&mut s, "k", "fp", &policy()).unwrap());
+        assert_ne!(taker.holder, first.holder);
+        assert_eq!(taker.checkpoint, Some(step.clone()));
+        assert!(matches!(
+            checkpoint(&mut s, &first, step, &policy()),
+            Err(GuardError::StaleClaim(_))
+        ));
+        complete(&mut s, &taker, ok("shipped"), &policy()).unwrap();
+        assert_eq!(s.records["k"].record.checkpoint, None);
+    }
+
+    #[test]
+    fn a_renewal_racing_a_checkpoint_keeps_the_checkpoint() {
+        let mut s = Map::default();
+        let c = proceed(begin(&mut s, "k", "fp", &policy()).unwrap());
+        let step = Checkpoint {
+            phase: "reserved".into(),
+            data: vec![],
+        };
+        let _after = checkpoint(&mut s, &c, step.clone(), &policy()).unwrap();
+        // The renewal timer still holds the claim from before the checkpoint.
+        let renewed = renew(&mut s, &c, &policy()).unwrap();
+        assert_eq!(renewed.checkpoint, Some(step.clone()));
+        assert_eq!(s.records["k"].record.checkpoint, Some(step));
+    }
+
+    #[test]
+    fn checkpoint_limits() {
+        let mut s = Map::default();
+        let c = proceed(begin(&mut s, "k", "fp", &policy()).unwrap());
+        for (phase, data, limit) in [
+            ("", 0, "1 to 64"),
+            (&*"p".repeat(65), 0, "1 to 64"),
+            ("a\u{7f}", 0, "control"),
+            ("p", 65, "limit is 64"),
+        ] {
+            let step = Checkpoint {
+                phase: phase.into(),
+                data: vec![0; data],
+            };
+            let err = checkpoint(&mut s, &c, step, &policy()).unwrap_err();
+            assert!(
+                matches!(&err, GuardError::InvalidInput(m) if m.contains(limit)),
+                "{err}"
+            );
+        }
+        assert_eq!(s.writes, 1);
     }
 
     #[test]

@@ -107,7 +107,7 @@ mod bindings {
 #[allow(unsafe_code)] // `export!` expands to the component's exported symbols
 mod component {
     use crate::bindings::exports::idem::guard::guard as wit;
-    use crate::bindings::idem::guard::{clock, store, types};
+    use crate::bindings::idem::guard::{clock, random, store, types};
     use crate::model;
     use alloc::string::String;
 
@@ -119,6 +119,20 @@ mod component {
     impl crate::guard::Primitives for ImportedStore {
         fn now_ms(&mut self) -> u64 {
             clock::now_ms()
+        }
+
+        fn random_u64(&mut self) -> u64 {
+            random::random_u64()
+        }
+
+        fn get(
+            &mut self,
+            key: &str,
+            now_ms: u64,
+        ) -> Result<Option<model::Entry>, model::StoreFailure> {
+            store::get(key, now_ms)
+                .map(|entry| entry.map(Into::into))
+                .map_err(Into::into)
         }
 
         fn insert(
@@ -183,6 +197,39 @@ mod component {
             crate::guard::renew(&mut ImportedStore, &claim.into(), &policy.into())
                 .map(Into::into)
                 .map_err(Into::into)
+        }
+
+        fn save_checkpoint(
+            claim: wit::Claim,
+            checkpoint: types::Checkpoint,
+            policy: wit::Policy,
+        ) -> Result<wit::Claim, wit::GuardError> {
+            crate::guard::checkpoint(
+                &mut ImportedStore,
+                &claim.into(),
+                checkpoint.into(),
+                &policy.into(),
+            )
+            .map(Into::into)
+            .map_err(Into::into)
+        }
+
+        fn begin_request(
+            key: String,
+            request: wit::RequestParts,
+            policy: wit::Policy,
+        ) -> Result<wit::Decision, wit::GuardError> {
+            crate::guard::begin_request(
+                &mut ImportedStore,
+                &key,
+                &request.method,
+                &request.path,
+                &request.headers,
+                &request.body,
+                &policy.into(),
+            )
+            .map(Into::into)
+            .map_err(Into::into)
         }
 
         fn fingerprint(request: wit::RequestParts) -> String {

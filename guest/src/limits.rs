@@ -4,7 +4,7 @@
 use alloc::format;
 use alloc::string::String;
 
-use crate::model::{GuardError, Policy, Response};
+use crate::model::{Checkpoint, GuardError, Policy, Response};
 
 /// Keys are 1 to 255 bytes: long enough for a UUID with a client scope,
 /// short enough to index in every store.
@@ -58,6 +58,32 @@ pub fn check_policy(policy: &Policy) -> Result<(), GuardError> {
         return Err(invalid(format!(
             "lease ({} ms) must be shorter than retention ({} ms)",
             policy.lease_ms, policy.retention_ms
+        )));
+    }
+    Ok(())
+}
+
+/// A checkpoint's phase is 1 to 64 bytes: a step's name, not its data.
+pub const MAX_PHASE_BYTES: usize = 64;
+
+pub fn check_checkpoint(checkpoint: &Checkpoint, policy: &Policy) -> Result<(), GuardError> {
+    let phase = &checkpoint.phase;
+    if phase.is_empty() || phase.len() > MAX_PHASE_BYTES {
+        return Err(invalid(format!(
+            "checkpoint phase is {} bytes; phases are 1 to {MAX_PHASE_BYTES} bytes",
+            phase.len()
+        )));
+    }
+    if let Some(c) = phase.chars().find(|c| c.is_control()) {
+        return Err(invalid(format!(
+            "checkpoint phase contains the control character {c:?}; phases are UTF-8 without control characters"
+        )));
+    }
+    if checkpoint.data.len() > policy.max_response_bytes as usize {
+        return Err(invalid(format!(
+            "checkpoint data is {} bytes; the limit is {} bytes (max-response-bytes)",
+            checkpoint.data.len(),
+            policy.max_response_bytes
         )));
     }
     Ok(())

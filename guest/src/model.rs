@@ -48,14 +48,25 @@ impl State {
     }
 }
 
+/// A recovery point: the step a multi-step operation reached, and what it
+/// needs to continue.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Checkpoint {
+    pub phase: String,
+    pub data: Vec<u8>,
+}
+
 /// What a store keeps for one key.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Record {
     pub fingerprint: String,
     pub state: State,
+    /// The holder id of the claim that wrote it; 0 in records of 0.1 hosts.
+    pub holder: u64,
     pub lease_until_ms: u64,
     pub expires_at_ms: u64,
     pub response: Option<Response>,
+    pub checkpoint: Option<Checkpoint>,
 }
 
 impl Record {
@@ -111,8 +122,11 @@ pub struct Claim {
     pub key: String,
     pub fingerprint: String,
     pub fence: u64,
+    pub holder: u64,
     pub lease_until_ms: u64,
     pub expires_at_ms: u64,
+    /// The key's last recovery point (after a takeover or `checkpoint`).
+    pub checkpoint: Option<Checkpoint>,
 }
 
 /// What a caller of `begin` must do.

@@ -81,6 +81,8 @@ pub fn check_guard(data: &[u8]) {
                         assert_eq!(now_held.record.state, State::Processing);
                         assert_eq!(now_held.record.fingerprint, fingerprint);
                         assert_eq!(now_held.record.lease_until_ms, claim.lease_until_ms);
+                        assert_eq!(now_held.record.holder, claim.holder);
+                        assert_ne!(claim.holder, 0, "a claim without a holder");
                         if let Some(old) = stored {
                             assert!(
                                 old.record.state == State::Processing
@@ -134,6 +136,7 @@ pub fn check_guard(data: &[u8]) {
                 let policy = input.call_policy();
                 let current = is_current(&before, &claim, store.now);
                 let faulted = store.fail_next.is_some();
+                let lost = store.fail_next == Some(true);
                 if op == 6 && check_policy(&policy).is_ok() {
                     // A renew whose reply is lost still writes this lease.
                     longest_lease = longest_lease.max(policy.lease_ms);
@@ -160,21 +163,22 @@ pub fn check_guard(data: &[u8]) {
                     }
                     _ => match guard::renew(&mut store, &claim, &policy) {
                         Ok(renewed) => {
-                            assert_eq!(renewed.fence, claim.fence + 1);
+                            assert!(renewed.fence > claim.fence);
+                            assert_eq!(renewed.holder, claim.holder);
                             Ok(Some(renewed))
                         }
                         Err(e) => Err(e),
                     },
                 };
                 assert!(
-                    result.is_err() || current,
+                    current || store.writes == writes,
                     "a stale claim (fence {}) wrote over {:?}",
                     claim.fence,
                     before.get(&claim.key)
                 );
                 assert!(
-                    !(faulted && result.is_ok()),
-                    "a failed store call succeeded"
+                    !(faulted && !lost && result.is_ok()),
+                    "a store call that failed without applying succeeded"
                 );
                 if result.is_err() && store.writes != writes {
                     assert!(faulted && current, "a refused call wrote");
@@ -189,7 +193,7 @@ pub fn check_guard(data: &[u8]) {
                 };
                 let current = is_current(&before, &claim, store.now);
                 let result = guard::release(&mut store, &claim);
-                assert!(result.is_err() || current, "a stale claim released");
+                assert!(current || store.writes == writes, "a stale claim released");
                 if result.is_ok() {
                     assert!(store.records[&claim.key].record.lease_until_ms <= store.now);
                 }
@@ -207,11 +211,17 @@ fn pick(claims: &[Claim], input: &mut Input<'_>) -> Option<Claim> {
     (!claims.is_empty()).then(|| claims[usize::from(input.u8()) % claims.len()].clone())
 }
 
-/// Whether `claim` held its key in the store as it was before the operation.
+/// Whether `claim`'s holder held its key in the store as it was before the
+/// operation: a claim may write over a later write of its own holder (a
+/// lost reply), never over another holder's.
 fn is_current(before: &HashMap<String, Entry>, claim: &Claim, now: u64) -> bool {
-    before
-        .get(&claim.key)
-        .is_some_and(|e| e.version == claim.fence && e.record.is_live(now))
+    now < claim.expires_at_ms
+        && before.get(&claim.key).is_some_and(|e| {
+            e.record.is_live(now)
+                && e.record.state == State::Processing
+                && claim.holder != 0
+                && e.record.holder == claim.holder
+        })
 }
 
 fn check_store_invariants(store: &Map, before: &HashMap<String, Entry>, claims: &[Claim]) {

@@ -92,9 +92,11 @@ impl Input<'_> {
         Record {
             fingerprint: self.name(&["fp", "fp2"], 8),
             state,
+            holder: u64::from(self.u8() % 3),
             lease_until_ms: self.ms(),
             expires_at_ms: self.ms(),
             response: (state == State::Done).then(|| self.response()),
+            checkpoint: None,
         }
     }
 }

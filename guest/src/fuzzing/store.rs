@@ -16,6 +16,8 @@ pub(crate) struct Map {
     pub(crate) writes: usize,
     /// The next store call fails (and, if `lost`, is applied first).
     pub(crate) fail_next: Option<bool>,
+    /// Holder ids handed out so far: the next is one more.
+    pub(crate) holders: u64,
 }
 
 impl Map {
@@ -27,6 +29,22 @@ impl Map {
 impl Primitives for Map {
     fn now_ms(&mut self) -> u64 {
         self.now
+    }
+
+    fn random_u64(&mut self) -> u64 {
+        self.holders += 1;
+        self.holders
+    }
+
+    fn get(&mut self, key: &str, now: u64) -> Result<Option<Entry>, StoreFailure> {
+        if self.fault() == Some(false) {
+            return Err(StoreFailure::Unavailable("injected".into()));
+        }
+        Ok(self
+            .records
+            .get(key)
+            .filter(|e| e.record.is_live(now))
+            .cloned())
     }
 
     fn insert(
