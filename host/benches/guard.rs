@@ -9,7 +9,7 @@
 use criterion::{BenchmarkId, Criterion, criterion_group, criterion_main};
 use idem::component::MISBEHAVING_COMPONENT;
 use idem::store::{AsyncOnly, MemoryStore, SyncStore};
-use idem::{Clock, Decision, Guard, Limits, Policy, Record, Response, Runtime, SystemClock};
+use idem::{Clock, Decision, Entry, Guard, Limits, Policy, Record, Response, Runtime, SystemClock};
 use idem_guest::guard::{self as native, Primitives};
 use idem_guest::model::{InsertOutcome, StoreFailure};
 use std::hint::black_box;
@@ -23,6 +23,12 @@ struct Native<'a> {
 impl Primitives for Native<'_> {
     fn now_ms(&mut self) -> u64 {
         SystemClock.now_ms()
+    }
+    fn random_u64(&mut self) -> u64 {
+        fastrand::u64(..)
+    }
+    fn get(&mut self, key: &str, now_ms: u64) -> Result<Option<Entry>, StoreFailure> {
+        Ok(self.store.get_now(key, now_ms).unwrap())
     }
     fn insert(
         &mut self,

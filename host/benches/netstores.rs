@@ -47,9 +47,11 @@ fn record(state: State) -> Record {
     Record {
         fingerprint: "sha256:0123456789abcdef".into(),
         state,
+        holder: 1,
         lease_until_ms: NOW + 30_000,
         expires_at_ms: NOW + 600_000,
         response,
+        checkpoint: None,
     }
 }
 

@@ -41,6 +41,7 @@ fn record(expires_at_ms: u64) -> Record {
     Record {
         fingerprint: "sha256:0123456789abcdef0123456789abcdef".into(),
         state: State::Done,
+        holder: 1,
         lease_until_ms: 0,
         expires_at_ms,
         response: Some(Response {
@@ -48,6 +49,7 @@ fn record(expires_at_ms: u64) -> Record {
             headers: vec![("content-type".into(), b"application/json".to_vec())],
             body: br#"{"id":"ord_123","status":"paid"}"#.to_vec(),
         }),
+        checkpoint: None,
     }
 }
 

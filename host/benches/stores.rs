@@ -227,9 +227,11 @@ async fn claim_complete(store: &dyn Store, key: &str) {
     let claim = Record {
         fingerprint: "fp".into(),
         state: State::Processing,
+        holder: 1,
         lease_until_ms: now + 30_000,
         expires_at_ms: now + 86_400_000,
         response: None,
+        checkpoint: None,
     };
     let InsertOutcome::Inserted(version) = store.insert(key, claim, now).await.unwrap() else {
         panic!("{key} is new")
@@ -237,9 +239,11 @@ async fn claim_complete(store: &dyn Store, key: &str) {
     let done = Record {
         fingerprint: "fp".into(),
         state: State::Done,
+        holder: 1,
         lease_until_ms: 0,
         expires_at_ms: now + 86_400_000,
         response: Some(response()),
+        checkpoint: None,
     };
     store
         .replace(key, version, done, now)

@@ -165,6 +165,11 @@ impl<'a> Reader<'a> {
         Ok(headers)
     }
 
+    /// Whether everything has been read.
+    pub(super) fn is_empty(&self) -> bool {
+        self.rest.is_empty()
+    }
+
     /// Nothing may follow what was read.
     pub(super) fn end(&self) -> Result<(), String> {
         if self.rest.is_empty() {

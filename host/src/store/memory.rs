@@ -294,9 +294,11 @@ mod tests {
         Record {
             fingerprint: "fp".into(),
             state: State::Done,
+            holder: 1,
             lease_until_ms: 0,
             expires_at_ms,
             response: None,
+            checkpoint: None,
         }
     }
 

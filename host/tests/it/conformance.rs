@@ -7,7 +7,7 @@
 //! configured; CI configures every one.
 
 use idem::store::{InsertOutcome, ListQuery, Store};
-use idem::{Decision, Guard, ManualClock, Outcome, Record, Response, State};
+use idem::{Checkpoint, Decision, Guard, ManualClock, Outcome, Record, Response, State};
 use idem_harness::{server_url, unique};
 use std::convert::Infallible;
 use std::sync::Arc;
@@ -31,9 +31,11 @@ pub fn record(fingerprint: &str, state: State, lease_until_ms: u64, expires_at_m
     Record {
         fingerprint: fingerprint.into(),
         state,
+        holder: 7,
         lease_until_ms,
         expires_at_ms,
         response,
+        checkpoint: None,
     }
 }
 
@@ -461,6 +463,53 @@ pub async fn replays_the_stored_bytes(store: Arc<dyn Store>) {
     assert_eq!(calls.load(Ordering::SeqCst), 1);
 }
 
+/// Contract 0.2's fields — the holder id (all 64 bits) and the checkpoint
+/// (any bytes, empty too) — come back from every primitive as written.
+pub async fn holder_and_checkpoint_round_trip(store: Arc<dyn Store>) {
+    let key = unique("holder");
+    let mut record = claimed(BASE_MS + 1_000, BASE_MS + 60_000);
+    record.holder = u64::MAX - 2;
+    record.checkpoint = Some(Checkpoint {
+        phase: "reserved ü".into(),
+        data: vec![],
+    });
+    put(&*store, &key, record.clone(), BASE_MS).await;
+    let read = store.get(&key, BASE_MS).await.unwrap().expect("live");
+    assert_eq!(read.record, record);
+    match store
+        .insert(&key, claimed(BASE_MS, BASE_MS + 1), BASE_MS)
+        .await
+        .unwrap()
+    {
+        InsertOutcome::Existing(e) => assert_eq!(e.record, record),
+        other => panic!("{other:?}"),
+    }
+    let mut next = record.clone();
+    next.holder = 1 << 63;
+    next.checkpoint = Some(Checkpoint {
+        phase: "charged".into(),
+        data: (0..=255u8).collect(),
+    });
+    let version = store
+        .replace(&key, read.version, next.clone(), BASE_MS)
+        .await
+        .unwrap()
+        .expect("at its version");
+    let read = store.get(&key, BASE_MS).await.unwrap().expect("live");
+    assert_eq!((read.record, read.version), (next.clone(), version));
+    let mut listed = store.list(&under(&key, 10), BASE_MS).await.unwrap();
+    assert_eq!(listed.pop().map(|(_, e)| e.record), Some(next.clone()));
+    let mut finished = done(BASE_MS + 60_000);
+    finished.holder = next.holder;
+    store
+        .replace(&key, version, finished.clone(), BASE_MS)
+        .await
+        .unwrap()
+        .expect("at its version");
+    let read = store.get(&key, BASE_MS).await.unwrap().expect("live");
+    assert_eq!(read.record, finished, "a completion drops the checkpoint");
+}
+
 /// Runs the whole suite against the store `$open` yields, on a
 /// multi-thread runtime unless a flavor is given (`current_thread`).
 #[macro_export]
@@ -500,6 +549,7 @@ macro_rules! store_conformance {
             case!(one_of_64_concurrent_claims_of_an_expired_record_wins);
             case!(takeover_fencing_and_retention);
             case!(replays_the_stored_bytes);
+            case!(holder_and_checkpoint_round_trip);
             case!(seed_concurrent_same_key);
             case!(seed_lease_takeover_faults_and_window);
             case!(fails_closed_when_down_and_recovers);

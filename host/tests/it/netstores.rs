@@ -617,4 +617,70 @@ mod postgres {
         );
         drop_table(&client, &t).await;
     }
+
+    /// A table written by 0.1 hosts (schema version 1: no holder, no
+    /// checkpoint, claim functions of ten parameters) is migrated when a 0.2
+    /// store opens it, and its rows keep working: a completed one replays,
+    /// a claim whose holder crashed is taken over and completed.
+    #[tokio::test]
+    async fn postgres_migrates_a_table_of_schema_version_1() {
+        let Some(url) = url() else { return };
+        let t = table();
+        let client = raw(&url).await;
+        client
+            .batch_execute(&format!(
+                "CREATE TABLE IF NOT EXISTS idem_schema (table_name TEXT PRIMARY KEY, version INTEGER NOT NULL);
+                 INSERT INTO idem_schema VALUES ('{t}', 1);
+                 CREATE TABLE {t} (key TEXT COLLATE \"C\" PRIMARY KEY, version BIGINT NOT NULL,
+                   fingerprint TEXT NOT NULL, state TEXT NOT NULL, lease_until_ms BIGINT NOT NULL,
+                   expires_at_ms BIGINT NOT NULL, status INTEGER, header_names TEXT[],
+                   header_values BYTEA[], body BYTEA);
+                 CREATE FUNCTION {t}_claim(p_key TEXT, p_now BIGINT, p_fp TEXT, p_state TEXT, p_lease BIGINT,
+                   p_exp BIGINT, p_status INTEGER, p_names TEXT[], p_values BYTEA[], p_body BYTEA)
+                   RETURNS BIGINT LANGUAGE sql AS 'SELECT 1::BIGINT';
+                 INSERT INTO {t} VALUES ('paid', 2, 'fp', 'done', 0, {exp}, 201, ARRAY['x'],
+                   ARRAY['\\xff'::bytea], 'paid!');
+                 INSERT INTO {t} VALUES ('crashed', 1, 'fp', 'processing', {lease}, {exp},
+                   NULL, NULL, NULL, NULL);",
+                exp = BASE_MS + 60_000,
+                lease = BASE_MS - 1,
+            ))
+            .await
+            .unwrap();
+        let store = open_table(&url, &t).await;
+        let version: i32 = client
+            .query_one(
+                "SELECT version FROM idem_schema WHERE table_name = $1",
+                &[&t],
+            )
+            .await
+            .unwrap()
+            .get(0);
+        assert_eq!(version, PostgresStore::SCHEMA_VERSION);
+        let entry = store.get("paid", BASE_MS).await.unwrap().expect("kept");
+        assert_eq!((entry.record.holder, entry.record.checkpoint), (0, None));
+        let guard = guard_at_base(store);
+        let calls = AtomicUsize::new(0);
+        let replayed = guard.run("paid", "fp", counting(&calls)).await.unwrap();
+        let Outcome::Replayed(response) = replayed else {
+            panic!("{replayed:?}")
+        };
+        assert_eq!(
+            (response.status, response.headers, response.body),
+            (201, vec![("x".to_owned(), vec![0xff])], b"paid!".to_vec()),
+            "the bytes a 0.1 host stored replay"
+        );
+        let taken = guard.run("crashed", "fp", counting(&calls)).await.unwrap();
+        assert!(matches!(taken, Outcome::Executed(_)), "{taken:?}");
+        assert_eq!(calls.load(Ordering::SeqCst), 1);
+        let entry = guard
+            .store()
+            .get("crashed", BASE_MS)
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(entry.version, 3, "taken over at 2, completed at 3");
+        assert_ne!(entry.record.holder, 0, "written by a 0.2 holder");
+        drop_table(&client, &t).await;
+    }
 }

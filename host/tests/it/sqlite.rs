@@ -169,12 +169,12 @@ async fn opening_names_the_problem() {
         raw(&db)
             .query_row("PRAGMA user_version", [], |r| r.get::<_, i64>(0))
             .unwrap(),
-        1
+        2
     );
     raw(&db).execute_batch("PRAGMA user_version = 99").unwrap();
     let m = message(idem::store::open(&format!("sqlite:{}", db.display())).await);
     assert!(
-        m.contains("schema version is 99, newer than this idem understands (1)"),
+        m.contains("schema version is 99, newer than this idem understands (2)"),
         "{m}"
     );
 
@@ -429,4 +429,61 @@ async fn a_lone_write_commits_in_place_and_a_crowd_shares_the_writer_threads_com
     let after = std::mem::take(&mut *commits.lock().unwrap());
     assert_eq!(after, vec![(false, 1)], "back in place after the crowd");
     assert_eq!(rows(&db), 277);
+}
+
+/// A file written by a 0.1 host (schema version 1: no holder, no
+/// checkpoint) is migrated when opened, and its records keep working: a
+/// completed one replays its bytes, a claim whose holder crashed is taken
+/// over after its lease and completed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_file_of_schema_version_1_is_migrated_and_its_records_keep_working() {
+    let (_dir, db) = db_file();
+    raw(&db)
+        .execute_batch(&format!(
+            "CREATE TABLE records (
+                key TEXT PRIMARY KEY NOT NULL, version INTEGER NOT NULL,
+                fingerprint TEXT NOT NULL, state TEXT NOT NULL,
+                lease_until_ms INTEGER NOT NULL, expires_at_ms INTEGER NOT NULL,
+                status INTEGER, headers BLOB, body BLOB
+            ) STRICT;
+            CREATE INDEX records_expires_at ON records (expires_at_ms);
+            INSERT INTO records VALUES ('paid', 2, 'fp', 'done', 0, {exp}, 201,
+                x'00000001000000017800000001ff', x'7061696421');
+            INSERT INTO records VALUES ('crashed', 1, 'fp', 'processing', {lease}, {exp},
+                NULL, NULL, NULL);
+            PRAGMA user_version = 1; PRAGMA application_id = 1768187245;",
+            exp = BASE_MS + 60_000,
+            lease = BASE_MS - 1,
+        ))
+        .unwrap();
+    let store = open(&db);
+    let version: i64 = raw(&db)
+        .query_row("PRAGMA user_version", [], |r| r.get(0))
+        .unwrap();
+    assert_eq!(version, 2, "migrated to the current schema");
+    let entry = store.get("paid", BASE_MS).await.unwrap().expect("kept");
+    assert_eq!((entry.record.holder, entry.record.checkpoint), (0, None));
+
+    let guard = guard_at_base(store);
+    let calls = AtomicUsize::new(0);
+    let replayed = guard.run("paid", "fp", counting(&calls)).await.unwrap();
+    let Outcome::Replayed(response) = replayed else {
+        panic!("{replayed:?}")
+    };
+    assert_eq!(
+        (response.status, response.headers, response.body),
+        (201, vec![("x".to_owned(), vec![0xff])], b"paid!".to_vec()),
+        "the bytes a 0.1 host stored replay"
+    );
+    let taken = guard.run("crashed", "fp", counting(&calls)).await.unwrap();
+    assert!(matches!(taken, Outcome::Executed(_)), "{taken:?}");
+    assert_eq!(calls.load(Ordering::SeqCst), 1);
+    let entry = guard
+        .store()
+        .get("crashed", BASE_MS)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(entry.version, 3, "taken over at 2, completed at 3");
+    assert_ne!(entry.record.holder, 0, "written by a 0.2 holder");
 }

@@ -62,7 +62,7 @@ pub struct PostgresStore {
 }
 impl PostgresStore {
     /// The table layout this build reads and writes, kept in `idem_schema`.
-    pub const SCHEMA_VERSION: i32 = 1;
+    pub const SCHEMA_VERSION: i32 = 2;
 
     /// Connects, creates the schema if needed and checks its version. Fails
     /// when the server cannot be reached now; after that, broken connections
@@ -305,7 +305,7 @@ impl Store for PostgresStore {
             .ok_or_else(|| unavailable(NAME, "the claim returned no row"))?;
         // Columns: the row's `COLUMNS` (expires_at_ms is the fifth), then the claimed version.
         let claimed: Option<i64> = row
-            .try_get(9)
+            .try_get(12)
             .map_err(|e| unavailable(NAME, e.to_string()))?;
         if let Some(version) = claimed {
             return Ok(InsertOutcome::Inserted(version.cast_unsigned()));

@@ -4,11 +4,12 @@ use super::NAME;
 use crate::store::codec::{corrupt, int, unsigned};
 use crate::store::{Entry, Record, Result, State};
 use deadpool_postgres::tokio_postgres::{self, Row, types::ToSql};
-use idem_guest::model::Response;
+use idem_guest::model::{Checkpoint, Response};
 
 /// A record as the statements' parameters, in `COLUMNS` order after the
 /// version: fingerprint, state, lease, expiry, status, header names,
-/// header values, body.
+/// header values, body, holder (the i64 of the u64's 64 bits), phase,
+/// checkpoint data.
 pub(super) struct RecordParams<'r> {
     fingerprint: &'r str,
     state: &'static str,
@@ -18,6 +19,9 @@ pub(super) struct RecordParams<'r> {
     names: Option<Vec<String>>,
     values: Option<Vec<Vec<u8>>>,
     body: Option<&'r [u8]>,
+    holder: i64,
+    phase: Option<&'r str>,
+    checkpoint: Option<&'r [u8]>,
 }
 
 impl<'r> RecordParams<'r> {
@@ -32,6 +36,9 @@ impl<'r> RecordParams<'r> {
             names: response.map(|r| r.headers.iter().map(|(n, _)| n.clone()).collect()),
             values: response.map(|r| r.headers.iter().map(|(_, v)| v.clone()).collect()),
             body: response.map(|r| r.body.as_slice()),
+            holder: record.holder.cast_signed(),
+            phase: record.checkpoint.as_ref().map(|c| c.phase.as_str()),
+            checkpoint: record.checkpoint.as_ref().map(|c| c.data.as_slice()),
         }
     }
 
@@ -50,6 +57,9 @@ impl<'r> RecordParams<'r> {
             &self.names,
             &self.values,
             &self.body,
+            &self.holder,
+            &self.phase,
+            &self.checkpoint,
         ]);
         params
     }
@@ -73,6 +83,9 @@ pub(super) fn decode(key: &str, row: &Row, at: usize) -> Result<Entry> {
     let names: Option<Vec<String>> = row.try_get(at + 6).map_err(|e| col("header_names", e))?;
     let values: Option<Vec<Vec<u8>>> = row.try_get(at + 7).map_err(|e| col("header_values", e))?;
     let body: Option<Vec<u8>> = row.try_get(at + 8).map_err(|e| col("body", e))?;
+    let holder: i64 = row.try_get(at + 9).map_err(|e| col("holder", e))?;
+    let phase: Option<String> = row.try_get(at + 10).map_err(|e| col("phase", e))?;
+    let data: Option<Vec<u8>> = row.try_get(at + 11).map_err(|e| col("checkpoint", e))?;
     let unsigned = |name: &str, n: i64| unsigned(name, n).map_err(|e| corrupt(NAME, key, e));
     let state = State::parse(&state)
         .ok_or_else(|| corrupt(NAME, key, format!("unknown state {state:?}")))?;
@@ -94,14 +107,27 @@ pub(super) fn decode(key: &str, row: &Row, at: usize) -> Result<Entry> {
             ));
         }
     };
+    let checkpoint = match (phase, data) {
+        (None, None) => None,
+        (Some(phase), Some(data)) => Some(Checkpoint { phase, data }),
+        _ => {
+            return Err(corrupt(
+                NAME,
+                key,
+                "the checkpoint columns are inconsistent (phase, checkpoint)",
+            ));
+        }
+    };
     Ok(Entry {
         version: unsigned("version", version)?,
         record: Record {
             fingerprint,
             state,
+            holder: holder.cast_unsigned(),
             lease_until_ms: unsigned("lease_until_ms", lease)?,
             expires_at_ms: unsigned("expires_at_ms", exp)?,
             response,
+            checkpoint,
         },
     })
 }

@@ -2,18 +2,29 @@
 //! them, and the decoding of a row back into an entry.
 
 use super::STORE;
-use crate::Response;
-use crate::store::codec::{corrupt, decode_headers, encode_headers, unsigned};
+use crate::store::codec::{corrupt, decode_headers, encode_headers, int, unsigned};
 use crate::store::{Entry, Record, Result, State};
-use rusqlite::Row;
+use crate::{Checkpoint, Response};
+use rusqlite::{Row, ToSql};
 
-/// A record's columns, in the order [`decode`] reads them.
+/// A record's columns, in the order [`decode`] reads them and the write
+/// statements number their parameters (`?1` the key, `?2` the version,
+/// `?3` to `?12` the record as [`RecordColumns`] gives it).
 macro_rules! columns {
     () => {
-        "key, version, fingerprint, state, lease_until_ms, expires_at_ms, status, headers, body"
+        "key, version, fingerprint, state, lease_until_ms, expires_at_ms, status, headers, body, \
+         holder, phase, checkpoint"
     };
 }
 pub(super) const COLUMNS: &str = columns!();
+
+/// Sets the record's columns from `?3` to `?12`.
+macro_rules! set_record {
+    () => {
+        "fingerprint = ?3, state = ?4, lease_until_ms = ?5, expires_at_ms = ?6, status = ?7, \
+         headers = ?8, body = ?9, holder = ?10, phase = ?11, checkpoint = ?12"
+    };
+}
 
 /// The write statements. Each is prepared once per connection and found
 /// again in its statement cache.
@@ -21,33 +32,85 @@ pub(super) mod sql {
     pub const BEGIN: &str = "BEGIN IMMEDIATE";
     pub const COMMIT: &str = "COMMIT";
     pub const SELECT: &str = concat!("SELECT ", columns!(), " FROM records WHERE key = ?1");
-    pub const INSERT: &str = "INSERT INTO records (key, version, fingerprint, state, lease_until_ms, expires_at_ms, status, headers, body)
-         VALUES (?1, 1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)";
+    pub const INSERT: &str = concat!(
+        "INSERT INTO records (",
+        columns!(),
+        ") VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12)"
+    );
     /// Inside the write transaction, so nothing changes the row between the
     /// read that found it expired and this write.
-    pub const OVERWRITE: &str =
-        "UPDATE records SET version = ?2, fingerprint = ?3, state = ?4, lease_until_ms = ?5,
-         expires_at_ms = ?6, status = ?7, headers = ?8, body = ?9
-         WHERE key = ?1";
-    pub const REPLACE: &str =
-        "UPDATE records SET version = version + 1, fingerprint = ?3, state = ?4,
-         lease_until_ms = ?5, expires_at_ms = ?6, status = ?7, headers = ?8, body = ?9
-         WHERE key = ?1 AND version = ?2 AND expires_at_ms > ?10";
+    pub const OVERWRITE: &str = concat!(
+        "UPDATE records SET version = ?2, ",
+        set_record!(),
+        " WHERE key = ?1"
+    );
+    pub const REPLACE: &str = concat!(
+        "UPDATE records SET version = version + 1, ",
+        set_record!(),
+        " WHERE key = ?1 AND version = ?2 AND expires_at_ms > ?13"
+    );
     pub const DELETE: &str = "DELETE FROM records WHERE key = ?1 AND (?2 IS NULL OR version = ?2)";
     pub const PURGE: &str = "DELETE FROM records WHERE rowid IN
          (SELECT rowid FROM records WHERE expires_at_ms <= ?1 LIMIT ?2)";
 }
 
-pub(super) fn response_columns(
-    response: Option<&Response>,
-) -> (Option<u16>, Option<Vec<u8>>, Option<&[u8]>) {
-    match response {
-        Some(r) => (
-            Some(r.status),
-            Some(encode_headers(&r.headers)),
-            Some(r.body.as_slice()),
-        ),
-        None => (None, None, None),
+/// A record as the write statements' parameters `?3` to `?12`. The holder,
+/// a u64, is stored as the i64 of the same 64 bits.
+pub(super) struct RecordColumns<'r> {
+    fingerprint: &'r str,
+    state: &'static str,
+    lease_until_ms: i64,
+    expires_at_ms: i64,
+    status: Option<u16>,
+    headers: Option<Vec<u8>>,
+    body: Option<&'r [u8]>,
+    holder: i64,
+    phase: Option<&'r str>,
+    checkpoint: Option<&'r [u8]>,
+}
+
+impl<'r> RecordColumns<'r> {
+    pub(super) fn new(record: &'r Record) -> Self {
+        let response = record.response.as_ref();
+        let checkpoint = record.checkpoint.as_ref();
+        RecordColumns {
+            fingerprint: &record.fingerprint,
+            state: record.state.as_str(),
+            lease_until_ms: int(record.lease_until_ms),
+            expires_at_ms: int(record.expires_at_ms),
+            status: response.map(|r| r.status),
+            headers: response.map(|r| encode_headers(&r.headers)),
+            body: response.map(|r| r.body.as_slice()),
+            holder: record.holder.cast_signed(),
+            phase: checkpoint.map(|c| c.phase.as_str()),
+            checkpoint: checkpoint.map(|c| c.data.as_slice()),
+        }
+    }
+
+    /// The statement's parameters: `key` and `version` (`?1`, `?2`), the
+    /// record (`?3` to `?12`), then `trailing`.
+    pub(super) fn params<'a>(
+        &'a self,
+        key: &'a String,
+        version: &'a i64,
+        trailing: &[&'a dyn ToSql],
+    ) -> Vec<&'a dyn ToSql> {
+        let mut params: Vec<&dyn ToSql> = vec![
+            key,
+            version,
+            &self.fingerprint,
+            &self.state,
+            &self.lease_until_ms,
+            &self.expires_at_ms,
+            &self.status,
+            &self.headers,
+            &self.body,
+            &self.holder,
+            &self.phase,
+            &self.checkpoint,
+        ];
+        params.extend_from_slice(trailing);
+        params
     }
 }
 
@@ -83,13 +146,29 @@ pub(super) fn decode(key: &str, row: &Row<'_>) -> Result<Entry> {
             ));
         }
     };
+    let holder = row.get::<_, i64>(9).map_err(bad)?.cast_unsigned();
+    let phase: Option<String> = row.get(10).map_err(bad)?;
+    let data: Option<Vec<u8>> = row.get(11).map_err(bad)?;
+    let checkpoint = match (phase, data) {
+        (None, None) => None,
+        (Some(phase), Some(data)) => Some(Checkpoint { phase, data }),
+        _ => {
+            return Err(corrupt(
+                STORE,
+                key,
+                "the checkpoint's phase and data are only partly present",
+            ));
+        }
+    };
     Ok(Entry {
         record: Record {
             fingerprint,
             state,
+            holder,
             lease_until_ms,
             expires_at_ms,
             response,
+            checkpoint,
         },
         version,
     })

@@ -7,13 +7,14 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 /// The schema this build writes, kept in `PRAGMA user_version`.
-const SCHEMA_VERSION: i64 = 1;
+const SCHEMA_VERSION: i64 = 2;
 
 /// Marks the file as idem's (`PRAGMA application_id`, ASCII "idem").
 const APPLICATION_ID: i64 = 0x6964_656d;
 
 /// Migrations, in order: `MIGRATIONS[i]` takes the schema from version `i` to `i + 1`.
-const MIGRATIONS: &[&str] = &["
+const MIGRATIONS: &[&str] = &[
+    "
     CREATE TABLE records (
         key            TEXT PRIMARY KEY NOT NULL,
         version        INTEGER NOT NULL,
@@ -27,7 +28,16 @@ const MIGRATIONS: &[&str] = &["
         body           BLOB
     ) STRICT;
     CREATE INDEX records_expires_at ON records (expires_at_ms);
-"];
+",
+    "
+    -- Contract 0.2: the holder id of the claim that wrote the record (0 in
+    -- the records 0.1 hosts wrote, which keep working), and the last
+    -- checkpoint: both NULL when there is none.
+    ALTER TABLE records ADD COLUMN holder INTEGER NOT NULL DEFAULT 0;
+    ALTER TABLE records ADD COLUMN phase TEXT;
+    ALTER TABLE records ADD COLUMN checkpoint BLOB;
+",
+];
 
 pub(super) fn setup_writer(conn: &Connection, options: &SqliteOptions) -> Result<(), String> {
     conn.busy_timeout(options.busy_timeout)

@@ -2,7 +2,7 @@
 //! transaction per batch (group commit), or per lone write run in place.
 
 use super::STORE;
-use super::row::{decode, response_columns, sql};
+use super::row::{RecordColumns, decode, sql};
 use crate::store::codec::{corrupt, int, unavailable};
 use crate::store::{InsertOutcome, Record, Result};
 use rusqlite::{Connection, OptionalExtension, params};
@@ -181,17 +181,9 @@ fn apply(conn: &Connection, write: &Write) -> Result<Result<Written>, rusqlite::
                 .optional()?;
             match held {
                 None => {
-                    let (status, headers, body) = response_columns(record.response.as_ref());
-                    conn.prepare_cached(sql::INSERT)?.execute(params![
-                        key,
-                        record.fingerprint,
-                        record.state.as_str(),
-                        int(record.lease_until_ms),
-                        int(record.expires_at_ms),
-                        status,
-                        headers,
-                        body
-                    ])?;
+                    let columns = RecordColumns::new(record);
+                    conn.prepare_cached(sql::INSERT)?
+                        .execute(&*columns.params(key, &1, &[]))?;
                     Ok(Written::Insert(InsertOutcome::Inserted(1)))
                 }
                 Some((_, Some(live))) => live.map(|e| Written::Insert(InsertOutcome::Existing(e))),
@@ -199,18 +191,9 @@ fn apply(conn: &Connection, write: &Write) -> Result<Result<Written>, rusqlite::
                 Some((version, None)) => match u64::try_from(version) {
                     Ok(old) => {
                         let version = old.saturating_add(1);
-                        let (status, headers, body) = response_columns(record.response.as_ref());
-                        conn.prepare_cached(sql::OVERWRITE)?.execute(params![
-                            key,
-                            int(version),
-                            record.fingerprint,
-                            record.state.as_str(),
-                            int(record.lease_until_ms),
-                            int(record.expires_at_ms),
-                            status,
-                            headers,
-                            body
-                        ])?;
+                        let columns = RecordColumns::new(record);
+                        conn.prepare_cached(sql::OVERWRITE)?
+                            .execute(&*columns.params(key, &int(version), &[]))?;
                         Ok(Written::Insert(InsertOutcome::Inserted(version)))
                     }
                     Err(_) => Err(corrupt(
@@ -227,19 +210,10 @@ fn apply(conn: &Connection, write: &Write) -> Result<Result<Written>, rusqlite::
             record,
             now_ms,
         } => {
-            let (status, headers, body) = response_columns(record.response.as_ref());
-            let replaced = conn.prepare_cached(sql::REPLACE)?.execute(params![
-                key,
-                int(*expected_version),
-                record.fingerprint,
-                record.state.as_str(),
-                int(record.lease_until_ms),
-                int(record.expires_at_ms),
-                status,
-                headers,
-                body,
-                int(*now_ms)
-            ])?;
+            let columns = RecordColumns::new(record);
+            let replaced = conn
+                .prepare_cached(sql::REPLACE)?
+                .execute(&*columns.params(key, &int(*expected_version), &[&int(*now_ms)]))?;
             Ok(Written::Replace(
                 (replaced > 0).then(|| expected_version.saturating_add(1)),
             ))
