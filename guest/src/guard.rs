@@ -9,8 +9,8 @@ use alloc::format;
 use crate::decide::{Verdict, decide};
 use crate::limits::{check_checkpoint, check_fingerprint, check_key, check_policy, check_response};
 use crate::model::{
-    Checkpoint, Claim, Decision, Entry, GuardError, InsertOutcome, Policy, Record, Response,
-    State, StoreFailure,
+    Checkpoint, Claim, Decision, Entry, GuardError, InsertOutcome, Policy, Record, Response, State,
+    StoreFailure,
 };
 
 /// The atomic store primitives of `wit/store.wit`, with the clock and the
@@ -144,7 +144,13 @@ pub fn renew(
     policy: &Policy,
 ) -> Result<Claim, GuardError> {
     check_policy(policy)?;
-    extend(store, claim, claim.checkpoint.clone(), policy, OnMoved::KeepStoredCheckpoint)
+    extend(
+        store,
+        claim,
+        claim.checkpoint.clone(),
+        policy,
+        OnMoved::KeepStoredCheckpoint,
+    )
 }
 
 pub fn checkpoint(

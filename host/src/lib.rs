@@ -37,9 +37,12 @@ pub use clock::{Clock, ManualClock, SystemClock};
 pub use engine::{Limits, PoolStats, Runtime};
 #[cfg(feature = "engine")]
 pub use guard::{
-    Fence, Guard, GuardBuilder, OnHandlerError, Outcome, RequestParts, RunError, Settle, Settled,
+    Fence, Guard, GuardBuilder, OnHandlerError, Outcome, Progress, RequestParts, RunError, Settle,
+    Settled,
 };
-pub use idem_guest::model::{Claim, Decision, Entry, GuardError, Policy, Record, Response, State};
+pub use idem_guest::model::{
+    Checkpoint, Claim, Decision, Entry, GuardError, Policy, Record, Response, State,
+};
 #[cfg(feature = "engine")]
 pub use store::{FaultHandle, Faulty, MemoryStore, Store, StoreError, SyncStore};
 pub use store::{FaultKind, FaultRule, Op};

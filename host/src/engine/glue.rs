@@ -1,6 +1,6 @@
 //! The body both engine flavours share, written once and expanded into each
 //! flavour's module by `flavour!`: the `Instance` calls into the guard,
-//! the store and clock imports, the linking, and the conversions between
+//! the store, clock and random imports, the linking, and the conversions between
 //! the generated types and the model (`idem_guest::wit_conversions!`; the
 //! async and the sync bindings generate distinct, identical types).
 //!
@@ -133,6 +133,34 @@ macro_rules! flavour {
                 Ok(r.map(Into::into).map_err(Into::into))
             }
 
+            pub(super) $($async)? fn save_checkpoint(
+                &mut self,
+                claim: model::Claim,
+                checkpoint: model::Checkpoint,
+                policy: &model::Policy,
+            ) -> wasmtime::Result<Result<model::Claim, GuardError>> {
+                let Instance { store, guard } = self;
+                let r = guard
+                    .idem_guard_guard()
+                    .call_save_checkpoint(store, &claim.into(), &checkpoint.into(), (*policy).into())
+                    $($await)*?;
+                Ok(r.map(Into::into).map_err(Into::into))
+            }
+
+            pub(super) $($async)? fn begin_request(
+                &mut self,
+                key: &str,
+                parts: &crate::RequestParts,
+                policy: &model::Policy,
+            ) -> wasmtime::Result<Result<model::Decision, GuardError>> {
+                let Instance { store, guard } = self;
+                let r = guard
+                    .idem_guard_guard()
+                    .call_begin_request(store, key, &parts.into(), (*policy).into())
+                    $($await)*?;
+                Ok(r.map(Into::into).map_err(Into::into))
+            }
+
             pub(super) $($async)? fn fingerprint(
                 &mut self,
                 parts: &crate::RequestParts,
@@ -150,6 +178,15 @@ macro_rules! flavour {
         impl bindings::idem::guard::clock::Host for State {
             $($async)? fn now_ms(&mut self) -> u64 {
                 self.clock.now_ms()
+            }
+        }
+
+        impl bindings::idem::guard::random::Host for State {
+            /// Holder ids: a per-thread wyrand generator seeded from the
+            /// OS's randomness (`fastrand`). Unique, not secret: an id
+            /// only tells a holder's own writes from another's.
+            $($async)? fn random_u64(&mut self) -> u64 {
+                fastrand::u64(..)
             }
         }
 

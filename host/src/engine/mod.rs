@@ -348,6 +348,34 @@ impl Pool {
         i.finish(r)?
     }
 
+    pub(crate) async fn save_checkpoint(
+        &self,
+        claim: model::Claim,
+        checkpoint: model::Checkpoint,
+        policy: &model::Policy,
+    ) -> Result<model::Claim, GuardError> {
+        let mut i = self.enter().await?;
+        let r = match i.instance() {
+            Instance::Sync(s) => s.save_checkpoint(claim, checkpoint, policy),
+            Instance::Async(a) => a.save_checkpoint(claim, checkpoint, policy).await,
+        };
+        i.finish(r)?
+    }
+
+    pub(crate) async fn begin_request(
+        &self,
+        key: &str,
+        parts: &crate::RequestParts,
+        policy: &model::Policy,
+    ) -> Result<model::Decision, GuardError> {
+        let mut i = self.enter().await?;
+        let r = match i.instance() {
+            Instance::Sync(s) => s.begin_request(key, parts, policy),
+            Instance::Async(a) => a.begin_request(key, parts, policy).await,
+        };
+        i.finish(r)?
+    }
+
     pub(crate) async fn fingerprint(
         &self,
         parts: &crate::RequestParts,

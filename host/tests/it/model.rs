@@ -6,14 +6,17 @@
 //! guest's code). Any divergence shrinks to a minimal failing sequence.
 //!
 //! The model tracks what the *store* holds, not what callers believe: a
-//! write whose reply was lost is applied in the model too, and no caller
-//! holds the claim it wrote.
+//! write whose reply was lost is applied in the model too. Each record
+//! names its holder (contract 0.2): the caller whose `begin` claimed it,
+//! kept across renewals; a holder's write whose reply was lost, or whose
+//! fence fell behind its own earlier write, is read back and carries on
+//! (`wit/guard.wit`, "Holder identity").
 //!
 //! After every step the real store's record for each key must equal the
 //! model's, and these invariants are checked on the real system directly:
-//! - at most one claim held by a caller is current per key;
+//! - at most one holder's claims are current per key;
 //! - a completed response never changes within its retention window;
-//! - a stale fence never completes;
+//! - only the record's holder completes;
 //! - a `run` answered unavailable never ran its handler.
 //!
 //! `IDEM_MODEL_CASES` (default 64) and `IDEM_MODEL_STEPS` (default 40) size the run.
@@ -94,31 +97,36 @@ fn step() -> impl Strategy<Value = Step> {
         1 => (caller.clone(), 0..4usize).prop_map(|(caller, claim)| Step::Release { caller, claim }),
         1 => (caller, 0..4usize).prop_map(|(caller, claim)| Step::Renew { caller, claim }),
         3 => prop::sample::select(&ADVANCES_MS[..]).prop_map(|ms| Step::Advance { ms }),
-        2 => (prop::sample::select(&[Op::Insert, Op::Replace][..]), prop::sample::select(&[Fault::Error, Fault::Timeout, Fault::Lost][..]))
+        2 => (prop::sample::select(&[Op::Insert, Op::Replace, Op::Get][..]), prop::sample::select(&[Fault::Error, Fault::Timeout, Fault::Lost][..]))
             .prop_map(|(op, fault)| Step::Fault { op, fault }),
     ]
-}
-
-/// Who wrote the record a key holds, as far as claims go.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Writer {
-    /// The write of this claim (by model id): it is the current holder.
-    Claim(u64),
-    /// A write no held claim proves: a lost reply, a release, a completion.
-    Nobody,
 }
 
 #[derive(Clone, Debug)]
 struct ModelRecord {
     fingerprint: String,
     state: State,
+    /// The model's id of the holder that wrote it; ids of writes whose
+    /// reply was lost belong to no caller.
+    holder: u64,
     lease_until_ms: u64,
     expires_at_ms: u64,
     response: Option<Response>,
-    writer: Writer,
     /// The store version, when the model can know it (an insert whose reply
     /// was lost may start from 1 or from the expired record's version).
     version: Option<u64>,
+}
+
+impl ModelRecord {
+    /// The same record, version aside: what the guard compares on read-back.
+    fn same(&self, other: &ModelRecord) -> bool {
+        self.fingerprint == other.fingerprint
+            && self.state == other.state
+            && self.holder == other.holder
+            && self.lease_until_ms == other.lease_until_ms
+            && self.expires_at_ms == other.expires_at_ms
+            && self.response == other.response
+    }
 }
 
 /// The contract, as a caller-visible result.
@@ -149,7 +157,7 @@ struct Model {
     now_ms: u64,
     records: Vec<Option<ModelRecord>>,
     pending: HashMap<Op, Fault>,
-    next_claim_id: u64,
+    next_holder: u64,
 }
 
 /// What a write attempt does under a pending fault.
@@ -177,24 +185,25 @@ impl Model {
         }
     }
 
-    fn new_claim(&mut self) -> u64 {
-        self.next_claim_id += 1;
-        self.next_claim_id
+    /// A new holder id (as `begin` draws one).
+    fn new_holder(&mut self) -> u64 {
+        self.next_holder += 1;
+        self.next_holder
     }
 
-    fn processing(&self, fingerprint: &str, writer: Writer, version: Option<u64>) -> ModelRecord {
+    fn processing(&mut self, fingerprint: &str, version: Option<u64>) -> ModelRecord {
         ModelRecord {
             fingerprint: fingerprint.to_owned(),
             state: State::Processing,
+            holder: self.new_holder(),
             lease_until_ms: self.now_ms + LEASE_MS,
             expires_at_ms: self.now_ms + RETENTION_MS,
             response: None,
-            writer,
             version,
         }
     }
 
-    /// `begin`: returns what the caller sees and, on proceed, the new claim's id.
+    /// `begin`: returns what the caller sees and, on proceed, the new holder's id.
     ///
     /// The guard's first store call is the insert (which returns the live
     /// record when there is one, so a claim and the read explaining a refusal
@@ -205,13 +214,14 @@ impl Model {
             return match attempt {
                 Attempt::Failed => (Seen::Unavailable, None),
                 Attempt::Lost => {
-                    self.records[key] = Some(self.processing(fingerprint, Writer::Nobody, None));
+                    self.records[key] = Some(self.processing(fingerprint, None));
                     (Seen::Unavailable, None)
                 }
                 Attempt::Clean => {
-                    let id = self.new_claim();
-                    self.records[key] = Some(self.processing(fingerprint, Writer::Claim(id), None));
-                    (Seen::Proceed, Some(id))
+                    let record = self.processing(fingerprint, None);
+                    let holder = record.holder;
+                    self.records[key] = Some(record);
+                    (Seen::Proceed, Some(holder))
                 }
             };
         };
@@ -234,102 +244,150 @@ impl Model {
                 match self.attempt(Op::Replace) {
                     Attempt::Failed => (Seen::Unavailable, None),
                     Attempt::Lost => {
-                        self.records[key] =
-                            Some(self.processing(fingerprint, Writer::Nobody, version));
+                        self.records[key] = Some(self.processing(fingerprint, version));
                         (Seen::Unavailable, None)
                     }
                     Attempt::Clean => {
-                        let id = self.new_claim();
-                        self.records[key] =
-                            Some(self.processing(fingerprint, Writer::Claim(id), version));
-                        (Seen::Proceed, Some(id))
+                        let record = self.processing(fingerprint, version);
+                        let holder = record.holder;
+                        self.records[key] = Some(record);
+                        (Seen::Proceed, Some(holder))
                     }
                 }
             }
         }
     }
 
-    /// A replace at `claim`'s fence, as complete / release / renew make it.
-    /// Returns what the caller sees; `write` builds the new record.
-    fn replace_for(
+    /// A holder's write (complete / release / renew) as `wit/guard.wit`
+    /// says: a replace at the claim's fence; when it fails or is refused,
+    /// the record is read back: another holder's (or none) is stale, the
+    /// same version means the write did not apply, the very record meant
+    /// means its reply was lost, and the holder's own processing record at
+    /// another version is written again there (at most 4 writes).
+    /// `expected` is the claim's fence, or `None` for the version the
+    /// holder's `begin` just wrote. `intended` is the record to write.
+    fn write_as_holder(
         &mut self,
         key: usize,
         claim: &Held,
-        write: impl FnOnce(&Model, &ModelRecord) -> ModelRecord,
+        expected: Option<u64>,
+        intended: ModelRecord,
     ) -> Seen {
         // A claim whose record expired is refused before any store call.
         if self.now_ms >= claim.claim.expires_at_ms {
             return Seen::Stale;
         }
-        let attempt = self.attempt(Op::Replace);
-        if let Attempt::Failed = attempt {
-            return Seen::Unavailable;
+        let mut expected = expected;
+        let mut failed = false;
+        for _ in 0..4 {
+            let live = self.live(key).cloned();
+            let at_version = live.as_ref().is_some_and(|r| match expected {
+                Some(v) => r.version == Some(v),
+                None => r.holder == claim.holder,
+            });
+            let version_now = live.as_ref().and_then(|r| r.version);
+            let apply = |m: &mut Model| {
+                let mut record = intended.clone();
+                record.version = version_now.map(|v| v + 1);
+                m.records[key] = Some(record);
+            };
+            match self.attempt(Op::Replace) {
+                Attempt::Clean if at_version => {
+                    apply(self);
+                    return Seen::Ok;
+                }
+                Attempt::Clean => failed = false,
+                Attempt::Failed => failed = true,
+                Attempt::Lost => {
+                    if at_version {
+                        apply(self);
+                    }
+                    failed = true;
+                }
+            }
+            if !matches!(self.attempt(Op::Get), Attempt::Clean) {
+                return Seen::Unavailable;
+            }
+            let Some(read) = self.live(key).filter(|r| r.holder == claim.holder).cloned() else {
+                return Seen::Stale;
+            };
+            let unchanged = match expected {
+                Some(v) => read.version == Some(v),
+                None => !read.same(&intended) && read.state == State::Processing,
+            };
+            if unchanged {
+                return if failed {
+                    Seen::Unavailable
+                } else {
+                    Seen::Stale
+                };
+            }
+            if read.same(&intended) {
+                return Seen::Ok;
+            }
+            if read.state == State::Done {
+                return Seen::Stale;
+            }
+            expected = read.version;
         }
-        let current = self
-            .live(key)
-            .filter(|r| r.writer == Writer::Claim(claim.id))
-            .cloned();
-        if let Some(current) = &current {
-            let mut record = write(self, current);
-            record.version = Some(claim.claim.fence + 1);
-            self.records[key] = Some(record);
-        }
-        match (attempt, current) {
-            (Attempt::Lost, _) => Seen::Unavailable,
-            (_, Some(_)) => Seen::Ok,
-            (_, None) => Seen::Stale,
+        if failed {
+            Seen::Unavailable
+        } else {
+            Seen::Stale
         }
     }
 
-    fn complete(&mut self, key: usize, claim: &Held, response: &Response) -> Seen {
-        self.replace_for(key, claim, |m, current| ModelRecord {
+    fn complete(
+        &mut self,
+        key: usize,
+        claim: &Held,
+        expected: Option<u64>,
+        response: &Response,
+    ) -> Seen {
+        let intended = ModelRecord {
+            fingerprint: claim.claim.fingerprint.clone(),
             state: State::Done,
+            holder: claim.holder,
             lease_until_ms: 0,
-            expires_at_ms: m.now_ms + RETENTION_MS,
+            expires_at_ms: self.now_ms + RETENTION_MS,
             response: Some(response.clone()),
-            writer: Writer::Nobody,
-            ..current.clone()
-        })
+            version: None,
+        };
+        self.write_as_holder(key, claim, expected, intended)
     }
 
     fn release(&mut self, key: usize, claim: &Held) -> Seen {
-        self.replace_for(key, claim, |m, current| ModelRecord {
-            lease_until_ms: m.now_ms,
-            writer: Writer::Nobody,
-            ..current.clone()
-        })
+        let intended = ModelRecord {
+            fingerprint: claim.claim.fingerprint.clone(),
+            state: State::Processing,
+            holder: claim.holder,
+            lease_until_ms: self.now_ms,
+            expires_at_ms: claim.claim.expires_at_ms,
+            response: None,
+            version: None,
+        };
+        self.write_as_holder(key, claim, Some(claim.claim.fence), intended)
     }
 
-    /// Renew: on success, the new claim's id.
-    fn renew(&mut self, key: usize, claim: &Held) -> (Seen, Option<u64>) {
-        let id = self.next_claim_id + 1;
-        let seen = self.replace_for(key, claim, |m, current| ModelRecord {
-            lease_until_ms: m.now_ms + LEASE_MS,
-            expires_at_ms: (m.now_ms + RETENTION_MS).max(current.expires_at_ms),
-            writer: Writer::Claim(id),
-            ..current.clone()
-        });
-        let written = self.records[key]
-            .as_ref()
-            .is_some_and(|r| r.writer == Writer::Claim(id));
-        if written {
-            self.next_claim_id = id;
-            if seen == Seen::Unavailable {
-                // The reply was lost: nobody holds the renewed claim.
-                self.records[key].as_mut().unwrap().writer = Writer::Nobody;
-                return (seen, None);
-            }
-            return (seen, Some(id));
-        }
-        (seen, None)
+    fn renew(&mut self, key: usize, claim: &Held) -> Seen {
+        let intended = ModelRecord {
+            fingerprint: claim.claim.fingerprint.clone(),
+            state: State::Processing,
+            holder: claim.holder,
+            lease_until_ms: self.now_ms + LEASE_MS,
+            expires_at_ms: (self.now_ms + RETENTION_MS).max(claim.claim.expires_at_ms),
+            response: None,
+            version: None,
+        };
+        self.write_as_holder(key, claim, Some(claim.claim.fence), intended)
     }
 }
 
-/// A claim a caller holds: the real one and the model's id for it.
+/// A claim a caller holds: the real one and the model's id of its holder.
 #[derive(Clone, Debug)]
 struct Held {
     key: usize,
-    id: u64,
+    holder: u64,
     claim: Claim,
 }
 
@@ -360,7 +418,7 @@ async fn run_sequence(store: Arc<dyn Store>, steps: Vec<Step>) -> Result<(), Str
         now_ms: BASE_MS,
         records: vec![None; KEYS],
         pending: HashMap::new(),
-        next_claim_id: 0,
+        next_holder: 0,
     };
     let mut held: Vec<Vec<Held>> = vec![Vec::new(); CALLERS];
     // Responses the real system confirmed stored, until their window ends.
@@ -371,11 +429,11 @@ async fn run_sequence(store: Arc<dyn Store>, steps: Vec<Step>) -> Result<(), Str
         let at = |what: String| format!("step {i} {step:?}: {what}");
         let (want, got) = match *step {
             Step::Begin { caller, key, fp } => {
-                let (want, id) = model.begin(key, FINGERPRINTS[fp]);
+                let (want, holder) = model.begin(key, FINGERPRINTS[fp]);
                 let got = match guard.begin(&keys[key], FINGERPRINTS[fp]).await {
                     Ok(Decision::Proceed(claim)) => {
-                        if let Some(id) = id {
-                            held[caller].push(Held { key, id, claim });
+                        if let Some(holder) = holder {
+                            held[caller].push(Held { key, holder, claim });
                         }
                         Seen::Proceed
                     }
@@ -387,21 +445,25 @@ async fn run_sequence(store: Arc<dyn Store>, steps: Vec<Step>) -> Result<(), Str
                 (want, got)
             }
             Step::Run { key, fp, body } => {
-                let (mut want, id) = model.begin(key, FINGERPRINTS[fp]);
+                let (mut want, holder) = model.begin(key, FINGERPRINTS[fp]);
                 if want == Seen::Proceed {
+                    // The run completes the claim its begin just wrote: the
+                    // model knows its holder, not its version.
                     let claim_expiry = model.now_ms + RETENTION_MS;
                     let placeholder = Held {
                         key,
-                        id: id.expect("proceed has a claim"),
+                        holder: holder.expect("proceed has a holder"),
                         claim: Claim {
                             key: keys[key].clone(),
-                            fingerprint: String::new(),
+                            fingerprint: FINGERPRINTS[fp].to_owned(),
                             fence: 0,
+                            holder: 0,
                             lease_until_ms: 0,
                             expires_at_ms: claim_expiry,
+                            checkpoint: None,
                         },
                     };
-                    want = match model.complete(key, &placeholder, &response(body)) {
+                    want = match model.complete(key, &placeholder, None, &response(body)) {
                         Seen::Ok => Seen::Executed(response(body)),
                         _ => Seen::NotRecorded,
                     };
@@ -451,16 +513,16 @@ async fn run_sequence(store: Arc<dyn Store>, steps: Vec<Step>) -> Result<(), Str
                     .get(&keys[h.key], model.now_ms)
                     .await
                     .map_err(|e| at(e.to_string()))?;
-                let want = model.complete(h.key, &h, &response(body));
+                let want = model.complete(h.key, &h, Some(h.claim.fence), &response(body));
                 let (_, result) = guard.complete(h.claim.clone(), response(body)).await;
                 if result.is_ok()
-                    && before.as_ref().is_none_or(|e| {
-                        e.version != h.claim.fence || e.record.state != State::Processing
-                    })
+                    && before
+                        .as_ref()
+                        .is_none_or(|e| e.record.holder != h.claim.holder)
                 {
                     return Err(at(format!(
-                        "a stale fence {} completed over {before:?}",
-                        h.claim.fence
+                        "holder {} completed over another holder's record {before:?}",
+                        h.claim.holder
                     )));
                 }
                 (want, result.map_or_else(|e| seen_error(&e), |()| Seen::Ok))
@@ -480,7 +542,7 @@ async fn run_sequence(store: Arc<dyn Store>, steps: Vec<Step>) -> Result<(), Str
                 let Some(h) = pick(&held[caller], claim) else {
                     continue;
                 };
-                let (want, id) = model.renew(h.key, &h);
+                let want = model.renew(h.key, &h);
                 let got = match guard.renew(h.claim.clone()).await {
                     Ok(renewed) => {
                         if renewed.fence <= h.claim.fence {
@@ -489,13 +551,17 @@ async fn run_sequence(store: Arc<dyn Store>, steps: Vec<Step>) -> Result<(), Str
                                 renewed.fence, h.claim.fence
                             )));
                         }
-                        if let Some(id) = id {
-                            held[caller].push(Held {
-                                key: h.key,
-                                id,
-                                claim: renewed,
-                            });
+                        if renewed.holder != h.claim.holder {
+                            return Err(at(format!(
+                                "renew changed the holder from {} to {}",
+                                h.claim.holder, renewed.holder
+                            )));
                         }
+                        held[caller].push(Held {
+                            key: h.key,
+                            holder: h.holder,
+                            claim: renewed,
+                        });
                         Seen::Proceed
                     }
                     Err(e) => seen_error(&e),
@@ -532,8 +598,6 @@ async fn run_sequence(store: Arc<dyn Store>, steps: Vec<Step>) -> Result<(), Str
                 "the model says {want:?}, the component {got:?}"
             )));
         }
-        // The model learns versions from the store's answers.
-        learn_versions(&mut model, &held);
         check_store(&store, &keys, &mut model, &held, &mut committed)
             .await
             .map_err(at)?;
@@ -544,17 +608,6 @@ async fn run_sequence(store: Arc<dyn Store>, steps: Vec<Step>) -> Result<(), Str
 /// A caller's claim by index, newest first; `None` when it holds none.
 fn pick(claims: &[Held], index: usize) -> Option<Held> {
     (!claims.is_empty()).then(|| claims[claims.len() - 1 - index % claims.len()].clone())
-}
-
-/// A record written by a held claim has that claim's fence as its version.
-fn learn_versions(model: &mut Model, held: &[Vec<Held>]) {
-    for record in model.records.iter_mut().flatten() {
-        if let Writer::Claim(id) = record.writer
-            && let Some(h) = held.iter().flatten().find(|h| h.id == id)
-        {
-            record.version = Some(h.claim.fence);
-        }
-    }
 }
 
 /// The real store holds what the model says; the invariants hold.
@@ -595,8 +648,9 @@ async fn check_store(
             }
         }
 
-        // At most one claim a caller holds is current.
-        let current: Vec<u64> = held
+        // At most one holder is current: copies of one holder's claim
+        // (renewed, or read back after a lost reply) may share the fence.
+        let mut current: Vec<u64> = held
             .iter()
             .flatten()
             .filter(|h| h.key == k && now < h.claim.expires_at_ms)
@@ -605,11 +659,12 @@ async fn check_store(
                     e.version == h.claim.fence && e.record.state == State::Processing
                 })
             })
-            .map(|h| h.claim.fence)
+            .map(|h| h.claim.holder)
             .collect();
+        current.dedup();
         if current.len() > 1 {
             return Err(format!(
-                "key {k}: {} held claims are current at once: fences {current:?}",
+                "key {k}: claims of {} holders are current at once: {current:?}",
                 current.len()
             ));
         }

@@ -4,8 +4,8 @@
 //! hosts run the very same files; a host that disagrees with any step fails.
 
 use idem::{
-    Claim, Clock, Decision, FaultHandle, FaultRule, Faulty, Guard, GuardError, ManualClock,
-    MemoryStore, Op, Outcome, RequestParts, Response, RunError, State,
+    Checkpoint, Claim, Clock, Decision, FaultHandle, FaultRule, Faulty, Guard, GuardError,
+    ManualClock, MemoryStore, Op, Outcome, RequestParts, Response, RunError, State,
 };
 use serde_json::{Map, Value, json};
 use std::collections::BTreeMap;
@@ -182,7 +182,7 @@ async fn run_scenario(scenario: &Value) -> Result<usize, String> {
                 let expect = step
                     .get("expect")
                     .ok_or_else(|| format!("step {i} ({op}): no expect"))?;
-                matches(expect, &actual)
+                matches(expect, &actual, &host.claims)
                     .map_err(|e| format!("step {i} ({op}): {e}; got {actual}"))?;
                 checked += 1;
             }
@@ -268,6 +268,25 @@ impl Host {
                     Err(e) => error_json(&e),
                 }))
             }
+            "checkpoint" => {
+                let claim = self.claim(step)?;
+                let checkpoint = Checkpoint {
+                    phase: text(&step["phase"])?,
+                    data: bytes(&step["data"])?,
+                };
+                Ok(Some(
+                    match self.guard.save_checkpoint(claim, checkpoint).await {
+                        Ok(next) => {
+                            let actual = claim_json(&next, json!({"ok": true}));
+                            if let Some(name) = step["as"].as_str() {
+                                self.claims.insert(name.to_owned(), next);
+                            }
+                            actual
+                        }
+                        Err(e) => error_json(&e),
+                    },
+                ))
+            }
             "run" => self.run(step).await.map(Some),
             "effects" => {
                 let expect = step["expect"].as_object().ok_or("effects needs expect")?;
@@ -303,8 +322,10 @@ impl Host {
                             "state": match r.state { State::Processing => "processing", State::Done => "done" },
                             "version": entry.version,
                             "fingerprint": r.fingerprint,
+                            "holder": r.holder,
                             "lease_until_ms": r.lease_until_ms,
                             "expires_at_ms": r.expires_at_ms,
+                            "checkpoint": checkpoint_json(r.checkpoint.as_ref()),
                         });
                         if let Some(resp) = &r.response {
                             merge(&mut v, response_json(resp));
@@ -338,26 +359,49 @@ impl Host {
             .ok_or_else(|| format!("no claim named {name:?}"))
     }
 
-    /// `Guard::run` with a handler that counts its side effect.
+    /// `Guard::run_resumable` with a handler that counts its side effect
+    /// and saves the step's `checkpoints`.
     async fn run(&mut self, step: &Value) -> Result<Value, String> {
         let name = step["effect"].as_str().unwrap_or("effect").to_owned();
         let counter = self.effects.entry(name).or_default().clone();
         let response = response(&step["response"])?;
         let fails = step["fails"].as_bool().unwrap_or(false);
-        let handler = move |_fence| async move {
+        let checkpoints = match step.get("checkpoints") {
+            None => Vec::new(),
+            Some(list) => list
+                .as_array()
+                .ok_or("checkpoints takes a list")?
+                .iter()
+                .map(|c| Ok((text(&c["phase"])?, bytes(&c["data"])?)))
+                .collect::<Result<Vec<_>, String>>()?,
+        };
+        let resumed = Arc::new(std::sync::Mutex::new(None));
+        let handed = resumed.clone();
+        let handler = move |progress: idem::Progress| async move {
+            *handed.lock().unwrap() = Some(progress.resumed().cloned());
             counter.fetch_add(1, Ordering::SeqCst);
+            for (phase, data) in checkpoints {
+                progress
+                    .checkpoint(phase, data)
+                    .await
+                    .map_err(|e| e.to_string())?;
+            }
             if fails {
-                Err("handler failed")
+                Err("handler failed".to_owned())
             } else {
                 Ok(response)
             }
         };
         let result = self
             .guard
-            .run(&text(&step["key"])?, &text(&step["fingerprint"])?, handler)
+            .run_resumable(&text(&step["key"])?, &text(&step["fingerprint"])?, handler)
             .await;
+        let resumed = resumed.lock().unwrap().clone().flatten();
         Ok(match result {
-            Ok(Outcome::Executed(r)) => with(json!({"outcome": "executed"}), response_json(&r)),
+            Ok(Outcome::Executed(r)) => with(
+                json!({"outcome": "executed", "resumed": checkpoint_json(resumed.as_ref())}),
+                response_json(&r),
+            ),
             Ok(Outcome::Replayed(r)) => with(json!({"outcome": "replayed"}), response_json(&r)),
             Ok(Outcome::InFlight { retry_after }) => {
                 json!({"outcome": "in-flight", "retry_after_ms": retry_after.as_millis() as u64})
@@ -391,7 +435,21 @@ fn decision_json(decision: &Decision) -> Value {
 fn claim_json(claim: &Claim, base: Value) -> Value {
     with(
         base,
-        json!({"fence": claim.fence, "lease_until_ms": claim.lease_until_ms, "expires_at_ms": claim.expires_at_ms}),
+        json!({
+            "fence": claim.fence,
+            "holder": claim.holder,
+            "lease_until_ms": claim.lease_until_ms,
+            "expires_at_ms": claim.expires_at_ms,
+            "checkpoint": checkpoint_json(claim.checkpoint.as_ref()),
+        }),
+    )
+}
+
+/// `null`, or `{"phase", "data_hex"}` (matched against `{"phase", "data"}`).
+fn checkpoint_json(checkpoint: Option<&Checkpoint>) -> Value {
+    checkpoint.map_or(
+        Value::Null,
+        |c| json!({"phase": c.phase, "data_hex": hex(&c.data)}),
     )
 }
 
@@ -430,8 +488,9 @@ fn merge(a: &mut Value, b: Value) {
     }
 }
 
-/// Checks every field of `expect` against `actual`, as `conformance/README.md` says.
-fn matches(expect: &Value, actual: &Value) -> Result<(), String> {
+/// Checks every field of `expect` against `actual`, as `conformance/README.md`
+/// says; `claims` are the scenario's kept claims (for `holder_of`).
+fn matches(expect: &Value, actual: &Value, claims: &BTreeMap<String, Claim>) -> Result<(), String> {
     let expect = expect.as_object().ok_or("expect must be an object")?;
     for (name, want) in expect {
         match name.as_str() {
@@ -458,6 +517,31 @@ fn matches(expect: &Value, actual: &Value) -> Result<(), String> {
                 let want = hex(&bytes(want)?);
                 if actual["body_hex"] != json!(want) {
                     return Err(format!("body is {}, expected {want}", actual["body_hex"]));
+                }
+            }
+            "checkpoint" | "resumed" => {
+                let want = match want {
+                    Value::Null => Value::Null,
+                    w => json!({"phase": text(&w["phase"])?, "data_hex": hex(&bytes(&w["data"])?)}),
+                };
+                if actual.get(name) != Some(&want) {
+                    return Err(format!(
+                        "{name} is {}, expected {want}",
+                        actual.get(name).unwrap_or(&Value::Null)
+                    ));
+                }
+            }
+            "holder_of" | "holder_not_of" => {
+                let of = want.as_str().ok_or("holder_of takes a claim's name")?;
+                let theirs = claims
+                    .get(of)
+                    .ok_or_else(|| format!("no claim named {of:?}"))?
+                    .holder;
+                let holder = actual["holder"].as_u64().ok_or("no holder")?;
+                if (holder == theirs) != (name == "holder_of") {
+                    return Err(format!(
+                        "holder {holder} vs {of:?}'s {theirs}: {name} fails"
+                    ));
                 }
             }
             _ => {

@@ -1,10 +1,19 @@
 //! The guard as Rust callers use it: claim a key, run a handler once, store
 //! its response, replay it to every repeat — through the component.
+//!
+//! `mod.rs` holds the guard, its builder and the claim lifecycle
+//! ([`Guard::run`], [`Guard::execute`]); `progress.rs` what a handler holds
+//! while it runs: its claim, renewed in the background, and its
+//! checkpoints ([`Progress`]).
+
+mod progress;
+
+pub use progress::Progress;
 
 use crate::clock::{Clock, SystemClock};
 use crate::engine::{Pool, PoolStats, Runtime};
 use crate::store::{PurgeStats, Purger, Store};
-use idem_guest::model::{Claim, Decision, GuardError, Policy, Response};
+use idem_guest::model::{Checkpoint, Claim, Decision, GuardError, Policy, Response};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -327,6 +336,29 @@ impl Guard {
         self.pool.renew(claim, &self.policy).await
     }
 
+    /// Records a recovery point for `claim` (see [`Progress::checkpoint`],
+    /// which [`Guard::run_resumable`]'s handlers use); returns the claim with
+    /// its new fence and this checkpoint.
+    pub async fn save_checkpoint(
+        &self,
+        claim: Claim,
+        checkpoint: Checkpoint,
+    ) -> Result<Claim, GuardError> {
+        self.pool
+            .save_checkpoint(claim, checkpoint, &self.policy)
+            .await
+    }
+
+    /// `begin` with the canonical fingerprint of `parts`, in one call into
+    /// the component (the request crosses into it once).
+    pub async fn begin_request(
+        &self,
+        key: &str,
+        parts: &RequestParts,
+    ) -> Result<Decision, GuardError> {
+        self.pool.begin_request(key, parts, &self.policy).await
+    }
+
     /// The canonical fingerprint of a request, computed by the component.
     pub async fn fingerprint(&self, parts: &RequestParts) -> Result<String, GuardError> {
         self.pool.fingerprint(parts).await
@@ -362,6 +394,48 @@ impl Guard {
         F: FnOnce(Fence) -> Fut,
         Fut: Future<Output = Result<Response, E>>,
     {
+        self.run_resumable(key, fingerprint, |progress| handler(progress.fence()))
+            .await
+    }
+
+    /// [`Guard::run`] for an operation of several steps, each of which must
+    /// take effect once: the handler gets a [`Progress`], which says where
+    /// an earlier holder of the key got to ([`Progress::resumed`]: `None` on
+    /// a first run) and records how far this one gets
+    /// ([`Progress::checkpoint`]). A holder that crashes after a checkpoint
+    /// is taken over after its lease, and the new holder continues from that
+    /// checkpoint instead of from the first step.
+    ///
+    /// ```
+    /// use idem::{Guard, MemoryStore, Outcome, Response};
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() {
+    /// let guard = Guard::builder(MemoryStore::new()).build().unwrap();
+    /// let order = guard
+    ///     .run_resumable("order-7", "sku=A", |progress| async move {
+    ///         if progress.resumed().is_none() {
+    ///             // Step 1 (reserve stock) ran; record it before step 2.
+    ///             progress.checkpoint("reserved", b"r-1".to_vec()).await?;
+    ///         }
+    ///         // Step 2 (charge) ...
+    ///         Ok::<_, idem::GuardError>(Response { status: 200, headers: vec![], body: b"done".to_vec() })
+    ///     })
+    ///     .await
+    ///     .unwrap();
+    /// assert!(matches!(order, Outcome::Executed(_)));
+    /// # }
+    /// ```
+    pub async fn run_resumable<F, Fut, E>(
+        &self,
+        key: &str,
+        fingerprint: &str,
+        handler: F,
+    ) -> Result<Outcome, RunError<E>>
+    where
+        F: FnOnce(Progress) -> Fut,
+        Fut: Future<Output = Result<Response, E>>,
+    {
         let claim = match self.begin(key, fingerprint).await {
             Ok(Decision::Proceed(claim)) => claim,
             Ok(Decision::Replay(response)) => return Ok(Outcome::Replayed(response)),
@@ -376,8 +450,8 @@ impl Guard {
         };
         let on_error = self.on_handler_error;
         let settled = self
-            .execute(claim, Duration::ZERO, |fence| async move {
-                match handler(fence).await {
+            .execute_resumable(claim, Duration::ZERO, |progress| async move {
+                match handler(progress).await {
                     Ok(response) => Settle::Complete(response),
                     Err(e) if on_error == OnHandlerError::Release => Settle::Release(e),
                     Err(e) => Settle::Hold(e),
@@ -415,17 +489,35 @@ impl Guard {
         F: FnOnce(Fence) -> Fut,
         Fut: Future<Output = Settle<E>>,
     {
+        self.execute_resumable(claim, budget, |progress| handler(progress.fence()))
+            .await
+    }
+
+    /// [`Guard::execute`] with a handler that takes a [`Progress`] (see
+    /// [`Guard::run_resumable`]).
+    pub async fn execute_resumable<F, Fut, E>(
+        &self,
+        claim: Claim,
+        budget: Duration,
+        handler: F,
+    ) -> Settled<E>
+    where
+        F: FnOnce(Progress) -> Fut,
+        Fut: Future<Output = Settle<E>>,
+    {
         let claim = match self.secure(claim, budget).await {
             Ok(claim) => claim,
             Err(e) => return Settled::NotStarted(e),
         };
-        let work = handler(Fence(claim.fence));
         let bounded = !budget.is_zero() && self.covers(&claim, budget + self.store_timeout);
-        let (settle, claim) = if bounded {
-            (work.await, claim)
+        let progress = Progress::new(self.clone(), claim);
+        let work = handler(progress.clone());
+        let settle = if bounded {
+            work.await
         } else {
-            self.holding(claim, work).await
+            self.holding(&progress, work).await
         };
+        let claim = progress.claim().await;
         match settle {
             Settle::Complete(response) => match self.complete(claim, response).await {
                 (response, Ok(())) => Settled::Completed(response),
@@ -475,61 +567,6 @@ impl Guard {
             }
         };
         Ok(renewed)
-    }
-}
-
-impl Guard {
-    /// Runs `work` under `claim`, renewing its lease every third of the lease
-    /// while `work` is still running (unless the guard was built without
-    /// renewal). Returns `work`'s output and the claim as last renewed, which
-    /// is the one `complete` or `release` must present.
-    ///
-    /// A renewal the store cannot answer is tried again at the next tick (the
-    /// lease may still hold); one refused as stale (taken over or expired)
-    /// ends the renewing, and the completion will be refused the same way. A
-    /// renewal under way when `work` finishes is awaited, so the claim
-    /// returned always matches the store.
-    async fn holding<T>(&self, mut claim: Claim, work: impl Future<Output = T>) -> (T, Claim) {
-        let mut work = std::pin::pin!(work);
-        if !self.renew_lease {
-            return (work.await, claim);
-        }
-        // A handler that finishes at once arms no timer.
-        let once = std::future::poll_fn(|cx| std::task::Poll::Ready(work.as_mut().poll(cx)));
-        if let std::task::Poll::Ready(output) = once.await {
-            return (output, claim);
-        }
-        let every = Duration::from_millis((self.policy.lease_ms / 3).max(1));
-        let mut tick = tokio::time::interval_at(tokio::time::Instant::now() + every, every);
-        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        let mut renewal: Option<std::pin::Pin<Box<dyn Future<Output = _> + Send + '_>>> = None;
-        let mut renewing = true;
-        loop {
-            tokio::select! {
-                biased;
-                renewed = async { renewal.as_mut().expect("guarded by the condition").await },
-                    if renewal.is_some() =>
-                {
-                    renewal = None;
-                    match renewed {
-                        Ok(next) => claim = next,
-                        Err(GuardError::Unavailable(_)) => {}
-                        Err(_) => renewing = false,
-                    }
-                }
-                output = &mut work => {
-                    if let Some(pending) = renewal.take()
-                        && let Ok(next) = pending.await
-                    {
-                        claim = next;
-                    }
-                    return (output, claim);
-                }
-                _ = tick.tick(), if renewing && renewal.is_none() => {
-                    renewal = Some(Box::pin(self.renew(claim.clone())));
-                }
-            }
-        }
     }
 }
 
