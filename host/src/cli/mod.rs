@@ -46,6 +46,22 @@ enum Command {
         /// Simulated work per order, e.g. 20ms.
         #[arg(long, default_value = "0ms", value_parser = crate::server::parse_duration)]
         latency: std::time::Duration,
+        /// The store guarding `POST /fulfilments` (as `idem serve --store`):
+        /// `memory`, `sqlite:PATH`, `redis://…`, `postgres://…`.
+        #[arg(
+            long,
+            env = "IDEM_LEDGER_STORE",
+            default_value = "memory",
+            value_name = "URL"
+        )]
+        store: String,
+        /// The lease of a fulfilment's claim: how soon a killed holder's
+        /// order can be taken over.
+        #[arg(long, default_value = "30s", value_parser = crate::server::parse_duration)]
+        lease: std::time::Duration,
+        /// Keep the books in this file (JSON), across restarts; without it they live in memory.
+        #[arg(long, value_name = "FILE")]
+        books: Option<std::path::PathBuf>,
     },
     /// Runs the ledger behind the gateway with misbehaving clients, then checks every order ran exactly once.
     Demo(demo::Args),
@@ -104,21 +120,26 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
             listen,
             stock,
             latency,
+            store,
+            lease,
+            books,
         } => tokio::runtime::Runtime::new()?.block_on(async move {
+            let mut ledger = crate::ledger::Ledger::new(stock, latency);
+            if let Some(books) = books {
+                ledger = ledger.with_books_file(books)?;
+            }
+            let guard = crate::GuardBuilder::from_arc(crate::store::open(&store).await?)
+                .lease(lease)
+                .build()?;
+            let ledger = ledger.with_guard(guard);
             let listener = tokio::net::TcpListener::bind(&listen)
                 .await
                 .with_context(|| format!("listen on {listen}"))?;
+            let addr = listener.local_addr()?;
             eprintln!(
-                "idem ledger: http://{}/orders, http://{}/ledger",
-                listener.local_addr()?,
-                listener.local_addr()?
+                "idem ledger: http://{addr}/orders, http://{addr}/fulfilments (store {store}), http://{addr}/ledger"
             );
-            crate::ledger::run(
-                crate::ledger::Ledger::new(stock, latency),
-                listener,
-                options::shutdown_signal(),
-            )
-            .await?;
+            crate::ledger::run(ledger, listener, options::shutdown_signal()).await?;
             Ok(())
         }),
         Command::Demo(args) => {

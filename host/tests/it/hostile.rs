@@ -3,10 +3,10 @@
 //! that were never freed, and slow clients holding every slot. Each test is
 //! a reproduction an operator ran (`idem ledger` as the upstream).
 
-use crate::support::{Proc, free_ports, spawn_idem as spawn};
+use crate::support::{Proc, Reply, free_ports, http, read_reply, spawn_idem as spawn};
 use serde_json::{Value, json};
 use std::time::{Duration, Instant};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::AsyncWriteExt;
 use tokio::net::TcpStream;
 
 /// `idem ledger` and `idem serve` in front of it, on fresh ports.
@@ -87,76 +87,6 @@ impl Stack {
             )
             .await;
         assert_eq!(reply.status, 200, "{reply:?}");
-    }
-}
-
-#[derive(Debug)]
-struct Reply {
-    status: u16,
-    head: String,
-    body: Vec<u8>,
-}
-
-impl Reply {
-    fn json(&self) -> Value {
-        serde_json::from_slice(&self.body)
-            .unwrap_or_else(|e| panic!("not JSON ({e}): {:?}", String::from_utf8_lossy(&self.body)))
-    }
-
-    fn header(&self, name: &str) -> Option<&str> {
-        self.head.lines().find_map(|line| {
-            let (n, v) = line.split_once(':')?;
-            n.eq_ignore_ascii_case(name).then(|| v.trim())
-        })
-    }
-}
-
-/// One HTTP/1.1 request on a connection of its own.
-async fn http(port: u16, method: &str, path: &str, headers: &[(&str, &str)], body: &str) -> Reply {
-    let mut stream = TcpStream::connect(("127.0.0.1", port)).await.unwrap();
-    let mut request = format!(
-        "{method} {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\nContent-Length: {}\r\n",
-        body.len()
-    );
-    for (name, value) in headers {
-        request.push_str(&format!("{name}: {value}\r\n"));
-    }
-    request.push_str("\r\n");
-    request.push_str(body);
-    stream.write_all(request.as_bytes()).await.unwrap();
-    read_reply(&mut stream).await
-}
-
-async fn read_reply(stream: &mut TcpStream) -> Reply {
-    let mut raw = Vec::new();
-    stream.read_to_end(&mut raw).await.unwrap();
-    let split = raw
-        .windows(4)
-        .position(|w| w == b"\r\n\r\n")
-        .unwrap_or_else(|| panic!("no response head in {:?}", String::from_utf8_lossy(&raw)));
-    let head = String::from_utf8_lossy(&raw[..split]).into_owned();
-    let status = head.split(' ').nth(1).and_then(|s| s.parse().ok()).unwrap();
-    let mut body = raw[split + 4..].to_vec();
-    if head
-        .to_ascii_lowercase()
-        .contains("transfer-encoding: chunked")
-    {
-        body = dechunk(&body);
-    }
-    Reply { status, head, body }
-}
-
-fn dechunk(mut raw: &[u8]) -> Vec<u8> {
-    let mut body = Vec::new();
-    loop {
-        let line_end = raw.windows(2).position(|w| w == b"\r\n").unwrap();
-        let size = usize::from_str_radix(std::str::from_utf8(&raw[..line_end]).unwrap().trim(), 16)
-            .unwrap();
-        if size == 0 {
-            return body;
-        }
-        body.extend_from_slice(&raw[line_end + 2..line_end + 2 + size]);
-        raw = &raw[line_end + 4 + size..];
     }
 }
 

@@ -12,6 +12,7 @@ mod engine;
 mod gateway;
 mod guard;
 mod hostile;
+mod ledger;
 mod metrics;
 mod model;
 mod netstores;

@@ -10,6 +10,16 @@
 //! can tell a takeover (a new fence) from two runs under one claim, and when
 //! each run started and ended, so a check can tell whether two runs of one
 //! order overlapped in time.
+//!
+//! `POST /fulfilments` is a three-step order — reserve, charge, ship — that
+//! guards itself with the library and records a checkpoint after each step
+//! (`fulfil.rs`): killed between steps and retried, it continues from the
+//! last checkpoint, and each step is applied once. With a books file the
+//! books survive the kill too.
+
+mod fulfil;
+
+pub use fulfil::Fulfilment;
 
 use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode};
@@ -17,6 +27,7 @@ use axum::routing::{get, post};
 use axum::{Json, Router};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
+use std::path::PathBuf;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use tokio::net::TcpListener;
@@ -50,6 +61,13 @@ pub struct Books {
     /// Order id → every run, in the order they ended.
     #[serde(default)]
     pub runs: BTreeMap<String, Vec<Run>>,
+    /// Fulfilment order id → step (`reserve`, `charge`, `ship`) → how many
+    /// times that step was applied: exactly once each, if all went right.
+    #[serde(default)]
+    pub steps: BTreeMap<String, BTreeMap<String, u64>>,
+    /// Fulfilment order id → units shipped.
+    #[serde(default)]
+    pub shipped: BTreeMap<String, i64>,
 }
 
 /// One run of `POST /orders` for an order: from the request's arrival to
@@ -83,6 +101,10 @@ impl Books {
 #[derive(Clone)]
 pub struct Ledger {
     books: Arc<Mutex<Books>>,
+    /// Where the books are kept across restarts, if anywhere.
+    books_file: Option<Arc<PathBuf>>,
+    /// The guard of `POST /fulfilments`.
+    guard: Option<crate::Guard>,
     /// Simulated work per order, so concurrent repeats overlap.
     latency: Duration,
     /// The clock of [`Run`]'s times: the wall clock at the start, and a
@@ -97,6 +119,8 @@ impl Ledger {
                 stock,
                 ..Books::default()
             })),
+            books_file: None,
+            guard: None,
             latency,
             epoch: (
                 Instant::now(),
@@ -113,8 +137,58 @@ impl Ledger {
         self.epoch.1.saturating_add(since)
     }
 
+    /// Keeps the books in `path`: loaded from it now if it exists (then
+    /// `stock` is the file's), and written to it (atomically: a new file
+    /// renamed over the old one, synced) after every change.
+    pub fn with_books_file(mut self, path: impl Into<PathBuf>) -> std::io::Result<Ledger> {
+        let path = path.into();
+        match std::fs::read(&path) {
+            Ok(bytes) => {
+                let books: Books = serde_json::from_slice(&bytes).map_err(|e| {
+                    std::io::Error::other(format!(
+                        "{} is not a ledger's books file: {e}",
+                        path.display()
+                    ))
+                })?;
+                *self.lock() = books;
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => {
+                return Err(std::io::Error::new(
+                    e.kind(),
+                    format!("read {}: {e}", path.display()),
+                ));
+            }
+        }
+        self.books_file = Some(Arc::new(path));
+        Ok(self)
+    }
+
+    /// Guards `POST /fulfilments` with `guard` (without one it answers 503).
+    #[must_use]
+    pub fn with_guard(mut self, guard: crate::Guard) -> Ledger {
+        self.guard = Some(guard);
+        self
+    }
+
     pub fn books(&self) -> Books {
         self.lock().clone()
+    }
+
+    /// Writes the books to the books file, if there is one: a step's effect
+    /// is durable once this returns.
+    fn save(&self, books: &Books) -> std::io::Result<()> {
+        let Some(path) = &self.books_file else {
+            return Ok(());
+        };
+        let json = serde_json::to_vec_pretty(books).map_err(std::io::Error::other)?;
+        let tmp = path.with_extension("tmp");
+        {
+            let mut file = std::fs::File::create(&tmp)?;
+            std::io::Write::write_all(&mut file, &json)?;
+            file.sync_all()?;
+        }
+        std::fs::rename(&tmp, path.as_path())
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Books> {
@@ -125,6 +199,7 @@ impl Ledger {
         Router::new()
             .route("/orders", post(place))
             .route("/ledger", get(books))
+            .route("/fulfilments", post(fulfil::fulfil))
             .with_state(self.clone())
     }
 }
@@ -202,6 +277,12 @@ async fn place(
         "stock_left": books.stock,
         "execution": execution,
     });
+    if let Err(e) = ledger.save(&books) {
+        return (
+            StatusCode::INTERNAL_SERVER_ERROR,
+            Json(serde_json::json!({"error": "BOOKS_NOT_SAVED", "detail": e.to_string()})),
+        );
+    }
     (StatusCode::CREATED, Json(body))
 }
 
