@@ -73,6 +73,7 @@ test('random calls answer and store the same through both bindings', async () =>
   const text = 'aZ-/é Σ日\u00e9';
   const claims = [];
   let checkpointed = 0;
+  let storedCheckpoints = 0;
   for (let step = 0; step < 600; step++) {
     const op = pick(['begin', 'begin', 'request', 'complete', 'complete', 'release', 'renew', 'checkpoint', 'clock', 'fault', 'corrupt']);
     let answers;
@@ -119,18 +120,12 @@ test('random calls answer and store the same through both bindings', async () =>
     assert.deepEqual(answers[0], answers[1], `step ${step} (${op})`);
     if (op === 'checkpoint' && answers[0][0] === 'ok') checkpointed += 1;
     const now = sides[0].clock.nowMs();
-    assert.deepEqual(
-      keys.map((k) => sides[0].store.peek(k, now)),
-      keys.map((k) => sides[1].store.peek(k, now)),
-      `step ${step} (${op}): stored records`,
-    );
+    const stored = keys.map((k) => sides[0].store.peek(k, now));
+    assert.deepEqual(stored, keys.map((k) => sides[1].store.peek(k, now)), `step ${step} (${op}): stored records`);
+    storedCheckpoints += stored.filter((e) => e?.record.checkpoint).length;
   }
   assert.deepEqual(sides.map((s) => s.guard.replaced), [0, 0], 'no call trapped');
-  assert.ok(checkpointed >= 5, `only ${checkpointed} checkpoints saved`);
-  assert.ok(
-    keys.some((k) => sides[0].store.peek(k, sides[0].clock.nowMs())?.record.checkpoint),
-    'some stored record holds a checkpoint',
-  );
+  assert.ok(checkpointed >= 5 && storedCheckpoints > 0, `${checkpointed} checkpoints saved, ${storedCheckpoints} seen stored`);
 });
 
 test('fingerprints agree through both bindings', async () => {
