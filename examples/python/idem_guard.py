@@ -321,8 +321,8 @@ class Guard:
         """Runs `handler(fence)` at most once per key and fingerprint within the
         retention window and replays its response to every repeat.
 
-        A handler that takes a second positional parameter is called as
-        `handler(fence, attempt)`: `attempt.checkpoint` is the recovery point to
+        A handler that takes a second positional parameter (without a default)
+        is called as `handler(fence, attempt)`: `attempt.checkpoint` is the recovery point to
         continue from (None on a fresh claim; the last one saved when this run
         took over from an attempt that crashed or failed), and
         `attempt.save_checkpoint(phase, data)` records the next.
@@ -374,17 +374,20 @@ class Guard:
 
 
 def _takes_attempt(handler: Callable[..., Any]) -> bool:
-    """Whether `handler` takes the `Attempt` as a second positional argument
-    (a handler written for one argument, the fence, keeps working)."""
+    """Whether `handler` takes the `Attempt`: a second positional parameter
+    without a default (or `*args`). A handler written for one argument, the
+    fence, keeps working, and so does one whose second parameter is a default
+    capturing a value (`lambda fence, ledger=ledger: ...`)."""
     code = getattr(handler, "__code__", None)
     if code is not None and not isinstance(handler, types.MethodType):  # a plain function or lambda: cheap
-        return code.co_argcount >= 2 or bool(code.co_flags & inspect.CO_VARARGS)
+        required = code.co_argcount - len(getattr(handler, "__defaults__", None) or ())
+        return required >= 2 or bool(code.co_flags & inspect.CO_VARARGS)
     try:
         params = inspect.signature(handler).parameters.values()
     except (TypeError, ValueError):
         return False
-    positional = [p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
-    return len(positional) >= 2 or any(p.kind == p.VAR_POSITIONAL for p in params)
+    required = [p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD) and p.default is p.empty]
+    return len(required) >= 2 or any(p.kind == p.VAR_POSITIONAL for p in params)
 
 
 class Attempt:

@@ -257,6 +257,9 @@ def test_a_one_argument_handler_still_runs_and_a_failed_one_releases_with_its_ch
     assert guard.run("k", "fp", Handler().order).kind == "executed", "the release let the retry proceed at once"
     assert resumed == [Checkpoint("step-1", b"\x00\xff")]
     assert guard.run("k2", "fp", lambda fence: Response(200, [], str(fence).encode())).kind == "executed"
+    status = 202
+    outcome = guard.run("k3", "fp", lambda _fence, status=status: Response(status))  # a default captures, not the Attempt
+    assert outcome.kind == "executed" and outcome.response.status == 202
 
 
 def test_a_lost_renewal_reply_does_not_make_the_handler_run_twice() -> None:
