@@ -6,20 +6,26 @@
 #
 # Needs: cargo, Node.js >= 20 with npm, Python 3.11. Installs from lock files
 # only (npm ci; pip install -r requirements.txt, into a venv under target/).
-# Set IDEM_BIN to use an already built idem binary instead of `cargo run`.
+# Set IDEM_BIN to use an already built idem binary instead of `cargo run`, or
+# IDEM_COMPONENT to test a component file as it is (e.g. one built from guest/
+# with `cargo build --lib --target wasm32-wasip2 --profile guest`).
 set -euo pipefail
 
 root="$(cd "${1:-$(dirname "$0")/..}" && pwd)"
 target="${CARGO_TARGET_DIR:-$root/target}"
-component="$target/idem-guard.wasm"
-export IDEM_COMPONENT="$component"
+component="${IDEM_COMPONENT:-$target/idem-guard.wasm}"
 
-echo "== component: idem component --out $component"
-if [[ -n "${IDEM_BIN:-}" ]]; then
+if [[ -n "${IDEM_COMPONENT:-}" ]]; then
+  echo "== component: $component (IDEM_COMPONENT, as it is)"
+  [[ -f "$component" ]] || { echo "no component at $component" >&2; exit 1; }
+elif [[ -n "${IDEM_BIN:-}" ]]; then
+  echo "== component: idem component --out $component"
   "$IDEM_BIN" component --out "$component"
 else
+  echo "== component: idem component --out $component"
   (cd "$root" && cargo run --quiet -p idem -- component --out "$component")
 fi
+export IDEM_COMPONENT="$component"
 
 echo "== JavaScript host (Node.js $(node --version))"
 (

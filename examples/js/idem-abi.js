@@ -1,5 +1,5 @@
 // The guard component run through Node's WebAssembly API, with the canonical
-// ABI of `idem:guard@0.1.0` written once, here, for this WIT.
+// ABI of `idem:guard@0.2.0` written once, here, for this WIT.
 //
 // Why: jco 1.35's generated glue spends most of a guarded call on work a
 // synchronous call does not need — a debug-log check that reads
@@ -28,7 +28,7 @@
 
 import { readFileSync } from 'node:fs';
 
-const VERSION = '0.1.0';
+const VERSION = '0.2.0';
 const contract = (iface) => `idem:guard/${iface}@${VERSION}`;
 
 /** The guest broke the canonical ABI, or the component is not the shape this binding reads. */
@@ -108,18 +108,24 @@ const STRING = list(U8);
 const MAX_FLAT_PARAMS = 16;
 const MAX_FLAT_RESULTS = 1;
 
+/**
+ * The core parameters of a function: its flat values, or, past 16 of them,
+ * one pointer to the parameters stored as a tuple (`PARAMS[name]` below).
+ */
+function flatParams(params) {
+  const flat = params.flatMap((ty) => ty.flat);
+  return flat.length > MAX_FLAT_PARAMS ? ['i32'] : flat;
+}
+
 /** `flatten_functype` for a lifted export: results over one core value come back through a pointer. */
 function exportSignature(params, res) {
-  const flat = params.flatMap((ty) => ty.flat);
-  if (flat.length > MAX_FLAT_PARAMS) throw new Error('spilled parameters are not needed by this WIT');
   const results = res ? res.flat : [];
-  return { params: flat, results: results.length > MAX_FLAT_RESULTS ? ['i32'] : results };
+  return { params: flatParams(params), results: results.length > MAX_FLAT_RESULTS ? ['i32'] : results };
 }
 
 /** `flatten_functype` for a lowered import: results over one core value go to a pointer the guest passes last. */
 function importSignature(params, res) {
-  const flat = params.flatMap((ty) => ty.flat);
-  if (flat.length > MAX_FLAT_PARAMS) throw new Error('spilled parameters are not needed by this WIT');
+  const flat = flatParams(params);
   const results = res ? res.flat : [];
   return results.length > MAX_FLAT_RESULTS ? { params: [...flat, 'i32'], results: [] } : { params: flat, results };
 }
@@ -130,44 +136,72 @@ function importSignature(params, res) {
 const HEADER = tuple(STRING, list(U8)); // an element of `response.headers` and `request-parts.headers`
 export const RESPONSE = record(['status', U16], ['headers', list(HEADER)], ['body', list(U8)]);
 const STATE = enumOf('processing', 'done');
+export const CHECKPOINT = record(['phase', STRING], ['data', list(U8)]);
 const OPTION_RESPONSE = option(RESPONSE);
+const OPTION_CHECKPOINT = option(CHECKPOINT);
 export const RECORD = record(
   ['fingerprint', STRING],
   ['state', STATE],
+  ['holder', U64],
   ['leaseUntilMs', U64],
   ['expiresAtMs', U64],
   ['response', OPTION_RESPONSE],
+  ['checkpoint', OPTION_CHECKPOINT],
 );
 export const ENTRY = record(['record', RECORD], ['version', U64]);
 
 // wit/guard.wit
 const POLICY = record(['leaseMs', U64], ['retentionMs', U64], ['maxResponseBytes', U32]);
-export const CLAIM = record(['key', STRING], ['fingerprint', STRING], ['fence', U64], ['leaseUntilMs', U64], ['expiresAtMs', U64]);
+export const CLAIM = record(
+  ['key', STRING],
+  ['fingerprint', STRING],
+  ['fence', U64],
+  ['holder', U64],
+  ['leaseUntilMs', U64],
+  ['expiresAtMs', U64],
+  ['checkpoint', OPTION_CHECKPOINT],
+);
 export const DECISION = variant(['proceed', CLAIM], ['replay', RESPONSE], ['in-flight', U64], ['conflict']);
 const GUARD_ERROR = variant(['unavailable', STRING], ['invalid-input', STRING], ['stale-claim', STRING]);
 const REQUEST_PARTS = record(['method', STRING], ['path', STRING], ['headers', list(HEADER)], ['body', list(U8)]);
 export const BEGIN_RESULT = result(DECISION, GUARD_ERROR);
 const UNIT_RESULT = result(undefined, GUARD_ERROR);
-const RENEW_RESULT = result(CLAIM, GUARD_ERROR);
+const CLAIM_RESULT = result(CLAIM, GUARD_ERROR); // renew, save-checkpoint
 
-// wit/store.wit (the 0.1.0 guest imports only `insert` and `replace`; `Guest.load`
+// wit/store.wit (the 0.2.0 guest imports `get`, `insert` and `replace`; `Guest.load`
 // refuses a component that imports anything this binding does not lower)
 const STORE_ERROR = variant(['unavailable', STRING], ['corrupt', STRING]);
+const OPTION_ENTRY = option(ENTRY);
+export const GET_RESULT = result(OPTION_ENTRY, STORE_ERROR);
 const INSERT_OUTCOME = variant(['inserted', U64], ['existing', ENTRY]);
 export const INSERT_RESULT = result(INSERT_OUTCOME, STORE_ERROR);
 const OPTION_U64 = option(U64);
 const REPLACE_RESULT = result(OPTION_U64, STORE_ERROR);
 
-// wit/guard.wit's exports and the imports of wit/clock.wit and wit/store.wit: core signatures.
+// The functions whose flat parameters are over 16, as the tuples they are passed as.
+export const PARAMS = {
+  complete: tuple(CLAIM, RESPONSE, POLICY),
+  saveCheckpoint: tuple(CLAIM, CHECKPOINT, POLICY),
+  'store/insert': tuple(STRING, RECORD, U64),
+  'store/replace': tuple(STRING, U64, RECORD, U64),
+};
+
+// wit/guard.wit's exports and the imports of wit/clock.wit, wit/random.wit and wit/store.wit: core signatures.
 export const EXPORTS = {
   begin: exportSignature([STRING, STRING, POLICY], BEGIN_RESULT),
   complete: exportSignature([CLAIM, RESPONSE, POLICY], UNIT_RESULT),
   release: exportSignature([CLAIM], UNIT_RESULT),
-  renew: exportSignature([CLAIM, POLICY], RENEW_RESULT),
+  renew: exportSignature([CLAIM, POLICY], CLAIM_RESULT),
+  saveCheckpoint: exportSignature([CLAIM, CHECKPOINT, POLICY], CLAIM_RESULT),
   fingerprint: exportSignature([REQUEST_PARTS], STRING),
+  beginRequest: exportSignature([STRING, REQUEST_PARTS, POLICY], BEGIN_RESULT),
 };
+/** The WIT names of the exports (the core module's export names use them). */
+const WIT_NAME = { saveCheckpoint: 'save-checkpoint', beginRequest: 'begin-request' };
 export const IMPORTS = {
   'clock/now-ms': importSignature([], U64),
+  'random/random-u64': importSignature([], U64),
+  'store/get': importSignature([STRING, U64], GET_RESULT),
   'store/insert': importSignature([STRING, RECORD, U64], INSERT_RESULT),
   'store/replace': importSignature([STRING, U64, RECORD, U64], REPLACE_RESULT),
 };
@@ -175,7 +209,7 @@ export const IMPORTS = {
 // Where the payloads sit, from the layouts above.
 const BEGIN_CASE = BEGIN_RESULT.payload + DECISION.payload;
 const ENTRY_AT = INSERT_RESULT.payload + INSERT_OUTCOME.payload;
-const RESPONSE_IN_RECORD = RECORD.offset.response + OPTION_RESPONSE.payload;
+const GET_ENTRY_AT = GET_RESULT.payload + OPTION_ENTRY.payload;
 
 // --- the component file -----------------------------------------------------
 
@@ -327,8 +361,9 @@ export class Guest {
       }
     };
     for (const [name, signature] of Object.entries(EXPORTS)) {
-      same(name, exports.get(`${contract('guard')}#${name}`), signature);
-      same(`post-${name}`, exports.get(`cabi_post_${contract('guard')}#${name}`), { params: ['i32'], results: [] });
+      const wit = WIT_NAME[name] ?? name;
+      same(wit, exports.get(`${contract('guard')}#${wit}`), signature);
+      same(`post-${wit}`, exports.get(`cabi_post_${contract('guard')}#${wit}`), { params: ['i32'], results: [] });
     }
     same('cabi_realloc', exports.get('cabi_realloc'), { params: ['i32', 'i32', 'i32', 'i32'], results: ['i32'] });
     this.imports = [];
@@ -344,8 +379,8 @@ export class Guest {
     }
   }
 
-  instantiate(store, clock) {
-    return new Instance(this, store, clock);
+  instantiate(store, clock, random) {
+    return new Instance(this, store, clock, random);
   }
 }
 
@@ -375,7 +410,9 @@ function checkedU32(v) {
  * Written for the per-call cost: no intermediate arrays or closures on the
  * way in or out, strings written into and read from linear memory directly
  * (ASCII, the usual key and fingerprint, byte for byte; anything else through
- * Buffer's UTF-8 codec), every export called with its flat arguments.
+ * Buffer's UTF-8 codec), every export called with its flat arguments (or,
+ * where the WIT's parameters flatten to over 16 values, `complete` and
+ * `save-checkpoint`, one pointer to them written as a tuple).
  */
 class Instance {
   #buffer = null;
@@ -384,13 +421,15 @@ class Instance {
   #buf = null; // a Node Buffer over the same memory, for its UTF-8 codec
   #len = 0; // the byte length of the last `#putString`
 
-  constructor(guest, store, clock) {
+  constructor(guest, store, clock, random) {
     this.store = store;
     this.clock = clock;
     const handlers = {
       'clock/now-ms': () => clock.nowMs(), // a BigInt; wasm's i64 takes it modulo 2^64
-      'store/insert': (...flat) => this.#insert(...flat),
-      'store/replace': (...flat) => this.#replace(...flat),
+      'random/random-u64': () => random.randomU64(),
+      'store/get': (...flat) => this.#get(...flat),
+      'store/insert': (params, ret) => this.#insert(params, ret),
+      'store/replace': (params, ret) => this.#replace(params, ret),
     };
     const imports = {};
     for (const [iface, name] of guest.imports) (imports[contract(iface)] ??= {})[name] = handlers[`${iface}/${name}`];
@@ -399,8 +438,9 @@ class Instance {
     this.realloc = e.cabi_realloc;
     const g = contract('guard');
     for (const name of Object.keys(EXPORTS)) {
-      this[`${name}Export`] = e[`${g}#${name}`];
-      this[`${name}Post`] = e[`cabi_post_${g}#${name}`];
+      const wit = WIT_NAME[name] ?? name;
+      this[`${name}Export`] = e[`${g}#${wit}`];
+      this[`${name}Post`] = e[`cabi_post_${g}#${wit}`];
     }
   }
 
@@ -419,7 +459,8 @@ class Instance {
     return this.#dv;
   }
 
-  // Lowering: values into memory the guest then owns.
+  // Lowering: values into memory the guest then owns. Every `#alloc` may grow
+  // memory, so `this.#dv` is read afresh after each one, never kept across.
 
   /** `cabi_realloc(0, 0, align, size)`; the view is fresh afterwards. */
   #alloc(align, size) {
@@ -430,6 +471,7 @@ class Instance {
   }
 
   #putBytes(bytes) {
+    if (!(bytes instanceof Uint8Array)) throw new TypeError(`expected a Uint8Array, got ${typeof bytes}`);
     const length = bytes.length;
     const ptr = this.#alloc(1, length);
     if (length > 32) {
@@ -464,6 +506,20 @@ class Instance {
     return ptr;
   }
 
+  /** A string written as (pointer, length) at `at`. */
+  #putStringAt(at, s) {
+    const ptr = this.#putString(s);
+    this.#dv.setUint32(at, ptr, true);
+    this.#dv.setUint32(at + 4, this.#len, true);
+  }
+
+  /** A `list<u8>` written as (pointer, length) at `at`. */
+  #putBytesAt(at, bytes) {
+    const ptr = this.#putBytes(bytes);
+    this.#dv.setUint32(at, ptr, true);
+    this.#dv.setUint32(at + 4, bytes.length, true);
+  }
+
   /** `list<tuple<string, list<u8>>>`: the array, then each name and value. */
   #putHeaders(headers) {
     const array = this.#alloc(HEADER.align, HEADER.size * headers.length);
@@ -484,6 +540,75 @@ class Instance {
   static #status(status) {
     if (!(Number.isInteger(status) && status >= 0 && status <= 0xffff)) throw new RangeError(`status ${status} is not a u16`);
     return status;
+  }
+
+  /** `response` at `at` (RESPONSE's layout). */
+  #putResponseAt(at, response) {
+    const status = Instance.#status(response.status);
+    const hp = this.#putHeaders(response.headers);
+    this.#putBytesAt(at + RESPONSE.offset.body, response.body);
+    const dv = this.#dv;
+    dv.setUint16(at + RESPONSE.offset.status, status, true);
+    dv.setUint32(at + RESPONSE.offset.headers, hp, true);
+    dv.setUint32(at + RESPONSE.offset.headers + 4, response.headers.length, true);
+  }
+
+  /** `option<checkpoint>` at `at`: `undefined` or `null` is `none`. */
+  #putCheckpointAt(at, checkpoint) {
+    if (checkpoint === undefined || checkpoint === null) {
+      this.#dv.setUint8(at, OPTION_CHECKPOINT.index.none);
+      return;
+    }
+    const c = at + OPTION_CHECKPOINT.payload;
+    this.#putStringAt(c + CHECKPOINT.offset.phase, checkpoint.phase);
+    this.#putBytesAt(c + CHECKPOINT.offset.data, checkpoint.data);
+    this.#dv.setUint8(at, OPTION_CHECKPOINT.index.some);
+  }
+
+  /** `claim` at `at` (CLAIM's layout). */
+  #putClaimAt(at, claim) {
+    const o = CLAIM.offset;
+    this.#putStringAt(at + o.key, claim.key);
+    this.#putStringAt(at + o.fingerprint, claim.fingerprint);
+    this.#putCheckpointAt(at + o.checkpoint, claim.checkpoint);
+    const dv = this.#dv;
+    dv.setBigUint64(at + o.fence, checkedU64(claim.fence), true);
+    dv.setBigUint64(at + o.holder, checkedU64(claim.holder), true);
+    dv.setBigUint64(at + o.leaseUntilMs, checkedU64(claim.leaseUntilMs), true);
+    dv.setBigUint64(at + o.expiresAtMs, checkedU64(claim.expiresAtMs), true);
+  }
+
+  #putPolicyAt(at, policy) {
+    const dv = this.#dv;
+    dv.setBigUint64(at + POLICY.offset.leaseMs, checkedU64(policy.leaseMs), true);
+    dv.setBigUint64(at + POLICY.offset.retentionMs, checkedU64(policy.retentionMs), true);
+    dv.setUint32(at + POLICY.offset.maxResponseBytes, checkedU32(policy.maxResponseBytes), true);
+  }
+
+  /** A claim's 13 flat values (CLAIM.flat), for `release` and `renew`. */
+  #claimFlat(claim) {
+    const kp = this.#putString(claim.key);
+    const kl = this.#len;
+    const fp = this.#putString(claim.fingerprint);
+    const fl = this.#len;
+    let some = 0;
+    let phasePtr = 0;
+    let phaseLen = 0;
+    let dataPtr = 0;
+    let dataLen = 0;
+    const checkpoint = claim.checkpoint;
+    if (checkpoint !== undefined && checkpoint !== null) {
+      some = OPTION_CHECKPOINT.index.some;
+      phasePtr = this.#putString(checkpoint.phase);
+      phaseLen = this.#len;
+      dataPtr = this.#putBytes(checkpoint.data);
+      dataLen = checkpoint.data.length;
+    }
+    return [
+      kp, kl, fp, fl,
+      checkedU64(claim.fence), checkedU64(claim.holder), checkedU64(claim.leaseUntilMs), checkedU64(claim.expiresAtMs),
+      some, phasePtr, phaseLen, dataPtr, dataLen,
+    ];
   }
 
   // Lifting: the guest's memory into values (copied: the guest frees it in post-return).
@@ -517,16 +642,33 @@ class Instance {
     return this.#string(this.#dv.getUint32(at, true), this.#dv.getUint32(at + 4, true));
   }
 
+  #bytesAt(at) {
+    return this.#bytes(this.#dv.getUint32(at, true), this.#dv.getUint32(at + 4, true));
+  }
+
+  /** A struct the guest passed by pointer: aligned and within memory. */
+  #at(ptr, ty) {
+    if (ptr % ty.align) throw new AbiViolation(`${ptr} is not aligned to ${ty.align}`);
+    this.#bounds(ptr, ty.size);
+    return ptr;
+  }
+
   #headers(ptr, count) {
     if (ptr % HEADER.align) throw new AbiViolation(`header list at ${ptr} is not aligned to ${HEADER.align}`);
     this.#bounds(ptr, count * HEADER.size);
     const headers = new Array(count);
     for (let i = 0; i < count; i++) {
       const at = ptr + i * HEADER.size;
-      const value = at + HEADER.offset[1];
-      headers[i] = [this.#stringAt(at + HEADER.offset[0]), this.#bytes(this.#dv.getUint32(value, true), this.#dv.getUint32(value + 4, true))];
+      headers[i] = [this.#stringAt(at + HEADER.offset[0]), this.#bytesAt(at + HEADER.offset[1])];
     }
     return headers;
+  }
+
+  /** `option<checkpoint>` at `at`: `undefined` or `{ phase, data }`. */
+  #checkpoint(at) {
+    if (OPTION_CHECKPOINT.caseOf(this.#dv.getUint8(at)) === 'none') return undefined;
+    const c = at + OPTION_CHECKPOINT.payload;
+    return { phase: this.#stringAt(c + CHECKPOINT.offset.phase), data: this.#bytesAt(c + CHECKPOINT.offset.data) };
   }
 
   #claim(at) {
@@ -536,8 +678,10 @@ class Instance {
       key: this.#stringAt(at + o.key),
       fingerprint: this.#stringAt(at + o.fingerprint),
       fence: dv.getBigUint64(at + o.fence, true),
+      holder: dv.getBigUint64(at + o.holder, true),
       leaseUntilMs: dv.getBigUint64(at + o.leaseUntilMs, true),
       expiresAtMs: dv.getBigUint64(at + o.expiresAtMs, true),
+      checkpoint: this.#checkpoint(at + o.checkpoint),
     };
   }
 
@@ -547,7 +691,23 @@ class Instance {
     return {
       status: dv.getUint16(at + o.status, true),
       headers: this.#headers(dv.getUint32(at + o.headers, true), dv.getUint32(at + o.headers + 4, true)),
-      body: this.#bytes(dv.getUint32(at + o.body, true), dv.getUint32(at + o.body + 4, true)),
+      body: this.#bytesAt(at + o.body),
+    };
+  }
+
+  /** `record` at `at` (RECORD's layout). */
+  #record(at) {
+    const dv = this.#dv;
+    const o = RECORD.offset;
+    const r = at + o.response;
+    return {
+      fingerprint: this.#stringAt(at + o.fingerprint),
+      state: STATE.caseOf(dv.getUint8(at + o.state)),
+      holder: dv.getBigUint64(at + o.holder, true),
+      leaseUntilMs: dv.getBigUint64(at + o.leaseUntilMs, true),
+      expiresAtMs: dv.getBigUint64(at + o.expiresAtMs, true),
+      response: OPTION_RESPONSE.caseOf(dv.getUint8(r)) === 'some' ? this.#response(r + OPTION_RESPONSE.payload) : undefined,
+      checkpoint: this.#checkpoint(at + o.checkpoint),
     };
   }
 
@@ -560,8 +720,25 @@ class Instance {
     return UNIT_RESULT.caseOf(this.#dv.getUint8(ret)) === 'ok' ? undefined : this.#failure(ret + UNIT_RESULT.payload);
   }
 
-  // The exports of wit/guard.wit: arguments lowered, the export called, its
-  // result lifted, then `cabi_post_*` lets the guest free the result.
+  /** `result<claim, guard-error>` at `ret`. */
+  #claimResult(ret) {
+    return CLAIM_RESULT.caseOf(this.#dv.getUint8(ret)) === 'ok' ? this.#claim(ret + CLAIM_RESULT.payload) : this.#failure(ret + CLAIM_RESULT.payload);
+  }
+
+  /** `result<decision, guard-error>` at `ret`. */
+  #decision(ret) {
+    const dv = this.#dv;
+    if (BEGIN_RESULT.caseOf(dv.getUint8(ret)) === 'err') return this.#failure(ret + BEGIN_RESULT.payload);
+    const tag = DECISION.caseOf(dv.getUint8(ret + BEGIN_RESULT.payload));
+    if (tag === 'proceed') return { tag, val: this.#claim(ret + BEGIN_CASE) };
+    if (tag === 'replay') return { tag, val: this.#response(ret + BEGIN_CASE) };
+    if (tag === 'in-flight') return { tag, val: dv.getBigUint64(ret + BEGIN_CASE, true) };
+    return { tag };
+  }
+
+  // The exports of wit/guard.wit: arguments lowered (flat, or into a tuple
+  // the guest owns when there are over 16 flat values), the export called,
+  // its result lifted, then `cabi_post_*` lets the guest free the result.
 
   begin(key, fingerprint, policy) {
     const kp = this.#putString(key);
@@ -569,35 +746,39 @@ class Instance {
     const fp = this.#putString(fingerprint);
     const fl = this.#len;
     const ret = this.beginExport(kp, kl, fp, fl, checkedU64(policy.leaseMs), checkedU64(policy.retentionMs), checkedU32(policy.maxResponseBytes)) >>> 0;
-    const dv = this.#view();
-    let value;
-    if (BEGIN_RESULT.caseOf(dv.getUint8(ret)) === 'err') {
-      value = this.#failure(ret + BEGIN_RESULT.payload);
-    } else {
-      const tag = DECISION.caseOf(dv.getUint8(ret + BEGIN_RESULT.payload));
-      if (tag === 'proceed') value = { tag, val: this.#claim(ret + BEGIN_CASE) };
-      else if (tag === 'replay') value = { tag, val: this.#response(ret + BEGIN_CASE) };
-      else if (tag === 'in-flight') value = { tag, val: dv.getBigUint64(ret + BEGIN_CASE, true) };
-      else value = { tag };
-    }
+    this.#view();
+    const value = this.#decision(ret);
     this.beginPost(ret);
     return value;
   }
 
-  complete(claim, response, policy) {
-    const kp = this.#putString(claim.key);
+  beginRequest(key, { method, path, headers, body }, policy) {
+    const kp = this.#putString(key);
     const kl = this.#len;
-    const fp = this.#putString(claim.fingerprint);
-    const fl = this.#len;
-    const status = Instance.#status(response.status);
-    const hp = this.#putHeaders(response.headers);
-    const bp = this.#putBytes(response.body);
+    const mp = this.#putString(method);
+    const ml = this.#len;
+    const pp = this.#putString(path);
+    const pl = this.#len;
+    const hp = this.#putHeaders(headers);
+    const bp = this.#putBytes(body);
     const ret =
-      this.completeExport(
-        kp, kl, fp, fl, checkedU64(claim.fence), checkedU64(claim.leaseUntilMs), checkedU64(claim.expiresAtMs),
-        status, hp, response.headers.length, bp, response.body.length,
+      this.beginRequestExport(
+        kp, kl, mp, ml, pp, pl, hp, headers.length, bp, body.length,
         checkedU64(policy.leaseMs), checkedU64(policy.retentionMs), checkedU32(policy.maxResponseBytes),
       ) >>> 0;
+    this.#view();
+    const value = this.#decision(ret);
+    this.beginRequestPost(ret);
+    return value;
+  }
+
+  complete(claim, response, policy) {
+    const params = PARAMS.complete;
+    const at = this.#alloc(params.align, params.size);
+    this.#putClaimAt(at + params.offset[0], claim);
+    this.#putResponseAt(at + params.offset[1], response);
+    this.#putPolicyAt(at + params.offset[2], policy);
+    const ret = this.completeExport(at) >>> 0;
     this.#view();
     const value = this.#unit(ret);
     this.completePost(ret);
@@ -605,11 +786,7 @@ class Instance {
   }
 
   release(claim) {
-    const kp = this.#putString(claim.key);
-    const kl = this.#len;
-    const fp = this.#putString(claim.fingerprint);
-    const fl = this.#len;
-    const ret = this.releaseExport(kp, kl, fp, fl, checkedU64(claim.fence), checkedU64(claim.leaseUntilMs), checkedU64(claim.expiresAtMs)) >>> 0;
+    const ret = this.releaseExport(...this.#claimFlat(claim)) >>> 0;
     this.#view();
     const value = this.#unit(ret);
     this.releasePost(ret);
@@ -617,19 +794,26 @@ class Instance {
   }
 
   renew(claim, policy) {
-    const kp = this.#putString(claim.key);
-    const kl = this.#len;
-    const fp = this.#putString(claim.fingerprint);
-    const fl = this.#len;
-    const ret =
-      this.renewExport(
-        kp, kl, fp, fl, checkedU64(claim.fence), checkedU64(claim.leaseUntilMs), checkedU64(claim.expiresAtMs),
-        checkedU64(policy.leaseMs), checkedU64(policy.retentionMs), checkedU32(policy.maxResponseBytes),
-      ) >>> 0;
-    const dv = this.#view();
-    const value =
-      RENEW_RESULT.caseOf(dv.getUint8(ret)) === 'ok' ? this.#claim(ret + RENEW_RESULT.payload) : this.#failure(ret + RENEW_RESULT.payload);
+    const flat = this.#claimFlat(claim);
+    const ret = this.renewExport(...flat, checkedU64(policy.leaseMs), checkedU64(policy.retentionMs), checkedU32(policy.maxResponseBytes)) >>> 0;
+    this.#view();
+    const value = this.#claimResult(ret);
     this.renewPost(ret);
+    return value;
+  }
+
+  saveCheckpoint(claim, checkpoint, policy) {
+    if (checkpoint === undefined || checkpoint === null) throw new TypeError('expected a checkpoint { phase, data }');
+    const params = PARAMS.saveCheckpoint;
+    const at = this.#alloc(params.align, params.size);
+    this.#putClaimAt(at + params.offset[0], claim);
+    this.#putStringAt(at + params.offset[1] + CHECKPOINT.offset.phase, checkpoint.phase);
+    this.#putBytesAt(at + params.offset[1] + CHECKPOINT.offset.data, checkpoint.data);
+    this.#putPolicyAt(at + params.offset[2], policy);
+    const ret = this.saveCheckpointExport(at) >>> 0;
+    this.#view();
+    const value = this.#claimResult(ret);
+    this.saveCheckpointPost(ret);
     return value;
   }
 
@@ -647,24 +831,10 @@ class Instance {
     return value;
   }
 
-  // The imports of wit/clock.wit and wit/store.wit. A `StoreError` (an own
-  // `payload` property holding the `store-error` variant) is the import's
-  // `err`; anything else thrown unwinds the guest: a trap.
-
-  /** `record` from its 11 flat values (RECORD.flat). */
-  #record(fp, fl, state, leaseUntilMs, expiresAtMs, hasResponse, status, hp, hn, bp, bn) {
-    let response;
-    if (OPTION_RESPONSE.caseOf(hasResponse) === 'some') {
-      response = { status: status & 0xffff, headers: this.#headers(hp >>> 0, hn >>> 0), body: this.#bytes(bp >>> 0, bn >>> 0) };
-    }
-    return {
-      fingerprint: this.#string(fp >>> 0, fl >>> 0),
-      state: STATE.caseOf(state),
-      leaseUntilMs: unsigned(leaseUntilMs),
-      expiresAtMs: unsigned(expiresAtMs),
-      response,
-    };
-  }
+  // The imports of wit/clock.wit, wit/random.wit and wit/store.wit. A
+  // `StoreError` (an own `payload` property holding the `store-error`
+  // variant) is the import's `err`; anything else thrown unwinds the guest:
+  // a trap.
 
   #storeError(ret, result, e) {
     if (!(e && Object.hasOwn(e, 'payload') && e.payload?.tag in STORE_ERROR.index)) throw e;
@@ -676,14 +846,35 @@ class Instance {
     dv.setUint32(ret + result.payload + STORE_ERROR.payload + 4, this.#len, true);
   }
 
-  #insert(kp, kl, fp, fl, state, leaseUntilMs, expiresAtMs, hasResponse, status, hp, hn, bp, bn, nowMs, ret) {
+  #get(kp, kl, nowMs, ret) {
     ret >>>= 0;
     this.#view();
+    this.#at(ret, GET_RESULT);
     const key = this.#string(kp >>> 0, kl >>> 0);
-    const record = this.#record(fp, fl, state, leaseUntilMs, expiresAtMs, hasResponse, status, hp, hn, bp, bn);
+    let entry;
+    try {
+      entry = this.store.get(key, unsigned(nowMs));
+    } catch (e) {
+      return this.#storeError(ret, GET_RESULT, e);
+    }
+    if (entry) this.#entry(ret + GET_ENTRY_AT, entry);
+    const dv = this.#view();
+    dv.setUint8(ret, GET_RESULT.index.ok);
+    dv.setUint8(ret + GET_RESULT.payload, entry ? OPTION_ENTRY.index.some : OPTION_ENTRY.index.none);
+  }
+
+  #insert(params, ret) {
+    ret >>>= 0;
+    this.#view();
+    const at = this.#at(params >>> 0, PARAMS['store/insert']);
+    this.#at(ret, INSERT_RESULT);
+    const o = PARAMS['store/insert'].offset;
+    const key = this.#stringAt(at + o[0]);
+    const record = this.#record(at + o[1]);
+    const nowMs = this.#dv.getBigUint64(at + o[2], true);
     let outcome;
     try {
-      outcome = this.store.insert(key, record, unsigned(nowMs));
+      outcome = this.store.insert(key, record, nowMs);
     } catch (e) {
       return this.#storeError(ret, INSERT_RESULT, e);
     }
@@ -699,44 +890,34 @@ class Instance {
     this.#dv.setUint8(ret + INSERT_RESULT.payload, INSERT_OUTCOME.index[outcome.tag]);
   }
 
-  /** Writes `entry` at `at` (ENTRY's layout), its strings and lists allocated first. */
+  /** Writes `entry` at `at` (ENTRY's layout), its strings and lists allocated as they come. */
   #entry(at, { record: r, version }) {
-    const fp = this.#putString(r.fingerprint);
-    const fl = this.#len;
-    const response = r.response;
-    let status, hp, bp;
-    if (response) {
-      status = Instance.#status(response.status);
-      hp = this.#putHeaders(response.headers);
-      bp = this.#putBytes(response.body);
-    }
-    const dv = this.#view();
     const o = RECORD.offset;
-    dv.setUint32(at + o.fingerprint, fp, true);
-    dv.setUint32(at + o.fingerprint + 4, fl, true);
+    this.#putStringAt(at + o.fingerprint, r.fingerprint);
+    if (r.response) this.#putResponseAt(at + o.response + OPTION_RESPONSE.payload, r.response);
+    this.#putCheckpointAt(at + o.checkpoint, r.checkpoint);
+    const dv = this.#dv;
     dv.setUint8(at + o.state, STATE.index[r.state]);
+    dv.setBigUint64(at + o.holder, checkedU64(r.holder ?? 0n), true);
     dv.setBigUint64(at + o.leaseUntilMs, r.leaseUntilMs, true);
     dv.setBigUint64(at + o.expiresAtMs, r.expiresAtMs, true);
-    dv.setUint8(at + o.response, response ? OPTION_RESPONSE.index.some : OPTION_RESPONSE.index.none);
-    if (response) {
-      const ro = RESPONSE.offset;
-      dv.setUint16(at + RESPONSE_IN_RECORD + ro.status, status, true);
-      dv.setUint32(at + RESPONSE_IN_RECORD + ro.headers, hp, true);
-      dv.setUint32(at + RESPONSE_IN_RECORD + ro.headers + 4, response.headers.length, true);
-      dv.setUint32(at + RESPONSE_IN_RECORD + ro.body, bp, true);
-      dv.setUint32(at + RESPONSE_IN_RECORD + ro.body + 4, response.body.length, true);
-    }
+    dv.setUint8(at + o.response, r.response ? OPTION_RESPONSE.index.some : OPTION_RESPONSE.index.none);
     dv.setBigUint64(at + ENTRY.offset.version, version, true);
   }
 
-  #replace(kp, kl, expectedVersion, fp, fl, state, leaseUntilMs, expiresAtMs, hasResponse, status, hp, hn, bp, bn, nowMs, ret) {
+  #replace(params, ret) {
     ret >>>= 0;
     this.#view();
-    const key = this.#string(kp >>> 0, kl >>> 0);
-    const record = this.#record(fp, fl, state, leaseUntilMs, expiresAtMs, hasResponse, status, hp, hn, bp, bn);
+    const at = this.#at(params >>> 0, PARAMS['store/replace']);
+    this.#at(ret, REPLACE_RESULT);
+    const o = PARAMS['store/replace'].offset;
+    const key = this.#stringAt(at + o[0]);
+    const expectedVersion = this.#dv.getBigUint64(at + o[1], true);
+    const record = this.#record(at + o[2]);
+    const nowMs = this.#dv.getBigUint64(at + o[3], true);
     let version;
     try {
-      version = this.store.replace(key, unsigned(expectedVersion), record, unsigned(nowMs));
+      version = this.store.replace(key, expectedVersion, record, nowMs);
     } catch (e) {
       return this.#storeError(ret, REPLACE_RESULT, e);
     }

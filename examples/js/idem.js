@@ -1,12 +1,17 @@
 // The idem guard component hosted in Node.js.
 //
 // The component (the very bytes `idem component --out FILE` writes) makes
-// every decision; this file gives it a clock and a store, and wraps its four
-// calls in `Guard.run`, which runs a handler at most once per key and replays
-// its response to every repeat.
+// every decision; this file gives it a clock, randomness and a store, and
+// wraps its calls in `Guard.run`, which runs a handler at most once per key
+// and replays its response to every repeat. A handler of several steps saves
+// a checkpoint after each; a retry that takes over after a crash is handed
+// the last one and continues from there.
 //
 //   const guard = Guard.load({ store: new MemoryStore() });
-//   const outcome = await guard.run('order-1', 'sku=A&qty=1', async (fence) => charge());
+//   const outcome = await guard.run('order-1', 'sku=A&qty=1', async (fence, attempt) => {
+//     if (attempt.checkpoint?.phase !== 'charged') attempt.saveCheckpoint('charged', await charge());
+//     return ship();
+//   });
 //
 // The binding that runs the component is `idem-abi.js` (its core module with
 // the canonical ABI of this WIT written once, a few microseconds a call); the
@@ -18,6 +23,7 @@
 // property holding it (`StoreError`); anything else it throws is a host bug
 // and traps the instance.
 
+import { getRandomValues } from 'node:crypto';
 import { fileURLToPath } from 'node:url';
 import { Failure, Guest } from './idem-abi.js';
 
@@ -65,6 +71,23 @@ export class StoreError extends Error {
 
 /** Wall-clock milliseconds. */
 export const systemClock = { nowMs: () => BigInt(Date.now()) };
+
+/**
+ * 64 random bits per call from the system's CSPRNG (`crypto.getRandomValues`),
+ * the holder id of each claim. Drawn 64 at a time: one draw per call costs
+ * more than the rest of a `begin`.
+ */
+export const systemRandom = {
+  pool: new BigUint64Array(64),
+  next: 64,
+  randomU64() {
+    if (this.next === this.pool.length) {
+      getRandomValues(this.pool);
+      this.next = 0;
+    }
+    return this.pool[this.next++];
+  },
+};
 
 /** A clock that moves only when told to: tests expire leases without sleeping. */
 export class ManualClock {
@@ -183,17 +206,67 @@ export function toResponse({ status, headers = [], body }) {
   return { status, headers: headers.map(([name, value]) => [name, bytes(value)]), body: bytes(body) };
 }
 
+/**
+ * What `run` hands its handler beside the fence: the claim it holds as it
+ * stands, the recovery point to continue from, and the call that records the
+ * next one.
+ */
+export class Attempt {
+  #guard;
+  #held;
+
+  constructor(guard, held) {
+    this.#guard = guard;
+    this.#held = held;
+  }
+
+  /** The claim as it stands: renewals and checkpoints move its fence. */
+  get claim() {
+    return this.#held.claim;
+  }
+
+  get fence() {
+    return this.#held.claim.fence;
+  }
+
+  /**
+   * The key's last recovery point, `{ phase, data }` (data a Uint8Array), or
+   * null: on entry, how far an earlier attempt whose lease ran out (or that
+   * failed and released) got — null on a fresh claim; after `saveCheckpoint`,
+   * the one just saved.
+   */
+  get checkpoint() {
+    return this.#held.claim.checkpoint ?? null;
+  }
+
+  /**
+   * Records that the operation got as far as `phase` (1 to 64 bytes), with
+   * `data` (a string or bytes, default empty) to continue from. Call it after
+   * a step's effect is durable and before the next step starts, so a retry
+   * repeats at most the step that was running. It also extends the lease, and
+   * the renewals and the completion go on from the claim it returns. Throws a
+   * `GuardError` (`stale-claim`: taken over; `invalid-input`; `unavailable`).
+   */
+  saveCheckpoint(phase, data) {
+    const claim = this.#guard.saveCheckpoint(this.#held.claim, { phase, data });
+    this.#held.update(claim);
+    return claim;
+  }
+}
+
 export class Guard {
   #renewer = null;
   #guest;
   #store;
   #clock;
+  #random;
   #instance = null;
 
   /**
    * @param {object} options
    * @param {object} options.store   the store primitives (default: a new MemoryStore)
    * @param {object} options.clock   `{ nowMs(): bigint }` (default: the system clock)
+   * @param {object} options.random  `{ randomU64(): bigint }`, the claims' holder ids (default: crypto's CSPRNG)
    * @param {number} options.leaseMs how long a claim is held (default 30 s)
    * @param {number} options.retentionMs how long keys are remembered (default 24 h)
    * @param {number} options.maxResponseBytes the largest stored response (default 1 MiB)
@@ -208,6 +281,7 @@ export class Guard {
   constructor({
     store = new MemoryStore(),
     clock = systemClock,
+    random = systemRandom,
     leaseMs = 30_000,
     retentionMs = 24 * 60 * 60 * 1000,
     maxResponseBytes = 1 << 20,
@@ -223,11 +297,12 @@ export class Guard {
     this.#guest = guest;
     this.#store = store;
     this.#clock = { nowMs: () => BigInt(clock.nowMs()) };
+    this.#random = random;
     this.#guard(); // fail at load, not at the first request, if the component is missing
   }
 
   #guard() {
-    if (!this.#instance) this.#instance = this.#guest.instantiate(this.#store, this.#clock);
+    if (!this.#instance) this.#instance = this.#guest.instantiate(this.#store, this.#clock, this.#random);
     return this.#instance;
   }
 
@@ -264,6 +339,22 @@ export class Guard {
     return this.#call((g) => g.renew(claim, this.policy));
   }
 
+  /**
+   * Records a recovery point `{ phase, data }` (data a string or bytes) for
+   * the claim and extends its lease; returns the claim with its new fence
+   * and this checkpoint. A later takeover's claim carries it.
+   */
+  saveCheckpoint(claim, { phase, data }) {
+    return this.#call((g) => g.saveCheckpoint(claim, { phase, data: bytes(data) }, this.policy));
+  }
+
+  /** `begin` with the canonical fingerprint of `{ method, path, headers, body }`, in one call. */
+  beginRequest(key, { method, path, headers = [], body }) {
+    return this.#call((g) =>
+      g.beginRequest(key, { method, path, headers: headers.map(([n, v]) => [n, bytes(v)]), body: bytes(body) }, this.policy),
+    );
+  }
+
   /** The canonical fingerprint of `{ method, path, headers, body }`. */
   fingerprint({ method, path, headers = [], body }) {
     return this.#call((g) =>
@@ -272,16 +363,21 @@ export class Guard {
   }
 
   /**
-   * Runs `handler(fence)` at most once per key and fingerprint within the
-   * retention window and replays its response to every repeat.
+   * Runs `handler(fence, attempt)` at most once per key and fingerprint
+   * within the retention window and replays its response to every repeat.
+   * `attempt` (an `Attempt`) holds the checkpoint to resume from — null on
+   * a fresh claim, the last one saved when this run took over from an
+   * attempt that crashed or failed — and `attempt.saveCheckpoint(phase,
+   * data)` records the next. A handler that ignores it runs as before.
    *
    * While an async handler runs, its claim's lease is renewed every third of
    * the lease, so a handler slower than the lease is not taken over and run
    * a second time (`renewLease: false` turns this off). A renewal the store
    * cannot answer is tried again at the next tick; one refused as stale
    * (the claim was taken over) stops the renewing, and the completion is
-   * then refused the same way. A handler that blocks the event loop blocks
-   * the renewals too.
+   * then refused the same way. Renewals, checkpoints and the completion all
+   * use the latest claim (each write moves the fence). A handler that blocks
+   * the event loop blocks the renewals too.
    *
    * Resolves to `{ outcome: 'executed' | 'replayed', response }`,
    * `{ outcome: 'in-flight', retryAfterMs }`, `{ outcome: 'conflict' }` or
@@ -309,7 +405,7 @@ export class Guard {
     const held = this.#hold(decision.val);
     let response;
     try {
-      response = toResponse(await handler(held.claim.fence));
+      response = toResponse(await handler(held.claim.fence, new Attempt(this, held)));
     } catch (e) {
       held.stop();
       try {
@@ -328,9 +424,17 @@ export class Guard {
     return { outcome: 'executed', response };
   }
 
-  /** Keeps renewing `claim`'s lease until `stop()`; `claim` is always the latest. */
+  /** Keeps renewing `claim`'s lease until `stop()`; `held.claim` is always the latest. */
   #hold(claim) {
-    if (!this.renewLease) return { claim, stop() {} };
+    if (!this.renewLease) {
+      return {
+        claim,
+        stop() {},
+        update(latest) {
+          this.claim = latest;
+        },
+      };
+    }
     this.#renewer ??= new Renewer(this, Math.max(1, Math.floor(Number(this.policy.leaseMs) / 3)));
     return this.#renewer.hold(claim);
   }
@@ -356,7 +460,16 @@ class Renewer {
   }
 
   hold(claim) {
-    const held = { claim, due: Date.now() + this.#every, stop: () => this.#held.delete(held) };
+    const held = {
+      claim,
+      due: Date.now() + this.#every,
+      stop: () => this.#held.delete(held),
+      // A checkpoint extended the lease: the next renewal is a full interval away.
+      update: (latest) => {
+        held.claim = latest;
+        held.due = Date.now() + this.#every;
+      },
+    };
     this.#held.add(held);
     if (!this.#timer) this.#arm(this.#every);
     return held;

@@ -11,7 +11,7 @@
 // or throws a `ComponentError` whose own `payload` is E; a `result<T, E>`
 // import returns T, or throws a value with an own `payload` property holding
 // E (any other thrown `Error` is a host bug and traps the instance). jco
-// 1.35's generated code looks imports up without the `@0.1.0` version its
+// 1.35's generated code looks imports up without the `@0.2.0` version its
 // .d.ts shows; both spellings are given.
 
 import { readFileSync } from 'node:fs';
@@ -28,18 +28,21 @@ export async function jcoGuest(dir = new URL('./gen/', import.meta.url)) {
     return modules.get(path.href);
   };
   return {
-    instantiate(store, clock) {
+    instantiate(store, clock, random) {
       const storeImport = {
         get: (key, nowMs) => store.get(key, nowMs),
         insert: (key, record, nowMs) => store.insert(key, record, nowMs),
         replace: (key, expectedVersion, record, nowMs) => store.replace(key, expectedVersion, record, nowMs),
         delete: (key, expectedVersion) => store.delete(key, expectedVersion),
       };
+      const randomImport = { randomU64: () => random.randomU64() };
       const imports = {
         'idem:guard/clock': clock,
-        'idem:guard/clock@0.1.0': clock,
+        'idem:guard/clock@0.2.0': clock,
+        'idem:guard/random': randomImport,
+        'idem:guard/random@0.2.0': randomImport,
         'idem:guard/store': storeImport,
-        'idem:guard/store@0.1.0': storeImport,
+        'idem:guard/store@0.2.0': storeImport,
       };
       const guard = instantiate(coreModule, imports).guard;
       const result = (call) => {
@@ -55,7 +58,9 @@ export async function jcoGuest(dir = new URL('./gen/', import.meta.url)) {
         complete: (claim, response, policy) => result(() => guard.complete(claim, response, policy)),
         release: (claim) => result(() => guard.release(claim)),
         renew: (claim, policy) => result(() => guard.renew(claim, policy)),
+        saveCheckpoint: (claim, checkpoint, policy) => result(() => guard.saveCheckpoint(claim, checkpoint, policy)),
         fingerprint: (parts) => guard.fingerprint(parts),
+        beginRequest: (key, parts, policy) => result(() => guard.beginRequest(key, parts, policy)),
       };
     },
   };

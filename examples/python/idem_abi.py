@@ -1,5 +1,5 @@
 """The guard component run through wasmtime's core API, with the canonical ABI
-of `idem:guard@0.1.0` written once, here, for this WIT.
+of `idem:guard@0.2.0` written once, here, for this WIT.
 
 Why: wasmtime-py 50's dynamic component API lifts and lowers every value
 through generic type objects, with a ctypes call or more per value: about
@@ -49,13 +49,13 @@ from typing import Any, Callable, Optional, Sequence
 import wasmtime
 from wasmtime import _bindings as capi  # wasmtime-py's ctypes prototypes of wasmtime's C API
 
-from idem_types import Claim, Entry, Failure, Policy, Record, Response, StoreFault
+from idem_types import Checkpoint, Claim, Entry, Failure, Policy, Record, Response, StoreFault
 
-VERSION = "0.1.0"
+VERSION = "0.2.0"
 
 
 def contract(interface: str) -> str:
-    """The name an interface of the contract has in the component: `idem:guard/store@0.1.0`."""
+    """The name an interface of the contract has in the component: `idem:guard/store@0.2.0`."""
     return f"idem:guard/{interface}@{VERSION}"
 
 
@@ -159,18 +159,23 @@ STRING = Str()
 MAX_FLAT_PARAMS, MAX_FLAT_RESULTS = 16, 1
 
 
+def _flat_params(params: Sequence[Type]) -> list[str]:
+    """The core parameters: the flat values, or, past 16 of them, one pointer
+    to the parameters stored as a tuple (`PARAMS` below)."""
+    flat = [f for ty in params for f in ty.flat]
+    return ["i32"] if len(flat) > MAX_FLAT_PARAMS else flat
+
+
 def export_signature(params: Sequence[Type], result: Optional[Type]) -> tuple[list[str], list[str]]:
     """`flatten_functype` for a lifted export: results over one core value come back through a pointer."""
-    flat = [f for ty in params for f in ty.flat]
-    assert len(flat) <= MAX_FLAT_PARAMS, "spilled parameters are not needed by this WIT"
+    flat = _flat_params(params)
     results = list(result.flat) if result else []
     return flat, (["i32"] if len(results) > MAX_FLAT_RESULTS else results)
 
 
 def import_signature(params: Sequence[Type], result: Optional[Type]) -> tuple[list[str], list[str]]:
     """`flatten_functype` for a lowered import: results over one core value go to a pointer the guest passes last."""
-    flat = [f for ty in params for f in ty.flat]
-    assert len(flat) <= MAX_FLAT_PARAMS, "spilled parameters are not needed by this WIT"
+    flat = _flat_params(params)
     results = list(result.flat) if result else []
     if len(results) > MAX_FLAT_RESULTS:
         return flat + ["i32"], []
@@ -183,12 +188,16 @@ def import_signature(params: Sequence[Type], result: Optional[Type]) -> tuple[li
 HEADER = Tuple(STRING, Str(U8))  # an element of `response.headers` and `request-parts.headers`
 RESPONSE = Rec(("status", U16), ("headers", Str(HEADER)), ("body", Str(U8)))
 STATE = Enum("processing", "done")
+CHECKPOINT = Rec(("phase", STRING), ("data", Str(U8)))
+OPTION_CHECKPOINT = Option(CHECKPOINT)
 RECORD = Rec(
     ("fingerprint", STRING),
     ("state", STATE),
+    ("holder", U64),
     ("lease_until_ms", U64),
     ("expires_at_ms", U64),
     ("response", Option(RESPONSE)),
+    ("checkpoint", OPTION_CHECKPOINT),
 )
 ENTRY = Rec(("record", RECORD), ("version", U64))
 
@@ -198,33 +207,49 @@ CLAIM = Rec(
     ("key", STRING),
     ("fingerprint", STRING),
     ("fence", U64),
+    ("holder", U64),
     ("lease_until_ms", U64),
     ("expires_at_ms", U64),
+    ("checkpoint", OPTION_CHECKPOINT),
 )
 DECISION = Variant(("proceed", CLAIM), ("replay", RESPONSE), ("in-flight", U64), ("conflict", None))
 GUARD_ERROR = Variant(("unavailable", STRING), ("invalid-input", STRING), ("stale-claim", STRING))
 REQUEST_PARTS = Rec(("method", STRING), ("path", STRING), ("headers", Str(HEADER)), ("body", Str(U8)))
 BEGIN_RESULT = Result(DECISION, GUARD_ERROR)
 UNIT_RESULT = Result(None, GUARD_ERROR)
-RENEW_RESULT = Result(CLAIM, GUARD_ERROR)
+CLAIM_RESULT = Result(CLAIM, GUARD_ERROR)  # renew, save-checkpoint
 
-# wit/store.wit (the 0.1.0 guest imports only `insert` and `replace`; `Guest.load`
+# wit/store.wit (the 0.2.0 guest imports `get`, `insert` and `replace`; `Guest.load`
 # refuses a component that imports anything this binding does not lower)
 STORE_ERROR = Variant(("unavailable", STRING), ("corrupt", STRING))
+OPTION_ENTRY = Option(ENTRY)
+GET_RESULT = Result(OPTION_ENTRY, STORE_ERROR)
 INSERT_OUTCOME = Variant(("inserted", U64), ("existing", ENTRY))
 INSERT_RESULT = Result(INSERT_OUTCOME, STORE_ERROR)
 REPLACE_RESULT = Result(Option(U64), STORE_ERROR)
 
-# wit/guard.wit's exports and the imports of wit/clock.wit and wit/store.wit: core signatures.
+# The functions whose flat parameters are over 16, as the tuples they are passed as.
+PARAMS = {
+    "complete": Tuple(CLAIM, RESPONSE, POLICY),
+    "save-checkpoint": Tuple(CLAIM, CHECKPOINT, POLICY),
+    ("store", "insert"): Tuple(STRING, RECORD, U64),
+    ("store", "replace"): Tuple(STRING, U64, RECORD, U64),
+}
+
+# wit/guard.wit's exports and the imports of wit/clock.wit, wit/random.wit and wit/store.wit: core signatures.
 EXPORTS = {
     "begin": export_signature([STRING, STRING, POLICY], BEGIN_RESULT),
     "complete": export_signature([CLAIM, RESPONSE, POLICY], UNIT_RESULT),
     "release": export_signature([CLAIM], UNIT_RESULT),
-    "renew": export_signature([CLAIM, POLICY], RENEW_RESULT),
+    "renew": export_signature([CLAIM, POLICY], CLAIM_RESULT),
+    "save-checkpoint": export_signature([CLAIM, CHECKPOINT, POLICY], CLAIM_RESULT),
     "fingerprint": export_signature([REQUEST_PARTS], STRING),
+    "begin-request": export_signature([STRING, REQUEST_PARTS, POLICY], BEGIN_RESULT),
 }
 IMPORTS = {
     ("clock", "now-ms"): import_signature([], U64),
+    ("random", "random-u64"): import_signature([], U64),
+    ("store", "get"): import_signature([STRING, U64], GET_RESULT),
     ("store", "insert"): import_signature([STRING, RECORD, U64], INSERT_RESULT),
     ("store", "replace"): import_signature([STRING, U64, RECORD, U64], REPLACE_RESULT),
 }
@@ -254,10 +279,12 @@ def _flat(signature: list[str]) -> struct.Struct:
     return struct.Struct("<" + "".join("I12x" if t == "i32" else "Q8x" for t in signature))
 
 
-_CLAIM = _fields(CLAIM, "key", "fingerprint", "fence", "lease_until_ms", "expires_at_ms")
+_CLAIM = _fields(CLAIM, "key", "fingerprint", "fence", "holder", "lease_until_ms", "expires_at_ms", "checkpoint")
 _RESPONSE = _fields(RESPONSE, "status", "headers", "body")
 _HEADER = _fields(HEADER, "0", "1")
-_RECORD_HEAD = _fields(RECORD, "fingerprint", "state", "lease_until_ms", "expires_at_ms", "response")
+_CHECKPOINT = _fields(CHECKPOINT, "phase", "data")
+_POLICY = _fields(POLICY, "lease_ms", "retention_ms", "max_response_bytes")
+_RECORD_HEAD = _fields(RECORD, "fingerprint", "state", "holder", "lease_until_ms", "expires_at_ms", "response")
 _VERSION = struct.Struct("<Q")
 _DISC = struct.Struct("<B")
 _PTR_LEN = struct.Struct("<II")
@@ -269,8 +296,10 @@ _U64_AT_PAYLOAD = struct.Struct(f"<B{INSERT_OUTCOME.payload - 1}xQ")
 _BEGIN_OK = BEGIN_RESULT.payload  # the decision
 _BEGIN_CASE = _BEGIN_OK + DECISION.payload  # the decision's payload
 _UNIT_ERR = UNIT_RESULT.payload
-_RENEW_OK = RENEW_RESULT.payload
+_CLAIM_OK = CLAIM_RESULT.payload
 _ENTRY_AT = INSERT_RESULT.payload + INSERT_OUTCOME.payload
+_GET_ENTRY_AT = GET_RESULT.payload + OPTION_ENTRY.payload
+_CHECKPOINT_IN_OPTION = OPTION_CHECKPOINT.payload
 _OPTION_RESPONSE = RECORD.fields["response"]
 assert isinstance(_OPTION_RESPONSE, Variant)
 _RESPONSE_IN_RECORD = RECORD.offset["response"] + _OPTION_RESPONSE.payload
@@ -351,8 +380,8 @@ class Guest:
         if actual != (params, results):
             raise AbiViolation(f"{name}: core signature {actual}, the WIT mirror says {(params, results)}")
 
-    def instantiate(self, store: Any, clock: Any) -> "Instance":
-        return Instance(self, store, clock)
+    def instantiate(self, store: Any, clock: Any, random: Any) -> "Instance":
+        return Instance(self, store, clock, random)
 
 
 # --- host functions through wasmtime's unchecked C API ---------------------
@@ -423,8 +452,8 @@ class Instance:
     other than a returned `Failure` the instance must be dropped: the guest
     may be half-way through a call."""
 
-    def __init__(self, guest: Guest, store: Any, clock: Any):
-        self.store, self.clock = store, clock
+    def __init__(self, guest: Guest, store: Any, clock: Any, random: Any):
+        self.store, self.clock, self.random = store, clock, random
         self._wasmtime = wasmtime.Store(ENGINE)
         self._ctx = self._store_ctx = _address(self._wasmtime._context())
         self._pending: Optional[BaseException] = None
@@ -432,6 +461,8 @@ class Instance:
         self._trap_ref = ctypes.addressof(self._trap)
         handlers = {
             ("clock", "now-ms"): Instance._now_ms,
+            ("random", "random-u64"): Instance._random_u64,
+            ("store", "get"): Instance._get,
             ("store", "insert"): Instance._insert,
             ("store", "replace"): Instance._replace,
         }
@@ -522,8 +553,43 @@ class Instance:
                 raise AbiViolation(f"cabi_realloc returned {ptr}, beyond memory ({self._size} bytes)")
             mem[ptr : ptr + len(data)] = data
 
+    def _checkpoint_params(self, writes: list, c: Optional[Checkpoint]) -> tuple[int, ...]:
+        """`option<checkpoint>`'s five flat values."""
+        if c is None:
+            return (0, 0, 0, 0, 0)
+        return (1, *self._put(writes, c.phase.encode()), *self._put(writes, bytes(c.data)))
+
     def _claim_params(self, writes: list, c: Claim) -> tuple[int, ...]:
-        return (*self._put(writes, c.key.encode()), *self._put(writes, c.fingerprint.encode()), c.fence, c.lease_until_ms, c.expires_at_ms)
+        """A claim's 13 flat values (CLAIM.flat)."""
+        return (
+            *self._put(writes, c.key.encode()),
+            *self._put(writes, c.fingerprint.encode()),
+            c.fence,
+            c.holder,
+            c.lease_until_ms,
+            c.expires_at_ms,
+            *self._checkpoint_params(writes, c.checkpoint),
+        )
+
+    def _put_checkpoint(self, writes: list, out: bytearray, at: int, c: Optional[Checkpoint]) -> None:
+        """`option<checkpoint>` into `out` at `at`."""
+        out[at] = c is not None
+        if c is not None:
+            _CHECKPOINT.pack_into(out, at + _CHECKPOINT_IN_OPTION, *self._checkpoint_params(writes, c)[1:])
+
+    def _put_claim(self, writes: list, out: bytearray, at: int, c: Claim) -> None:
+        """A claim into `out` at `at` (CLAIM's layout)."""
+        flat = self._claim_params(writes, c)
+        _CLAIM.pack_into(out, at, *flat[:9])
+        if c.checkpoint is not None:
+            _CHECKPOINT.pack_into(out, at + CLAIM.offset["checkpoint"] + _CHECKPOINT_IN_OPTION, *flat[9:])
+
+    def _put_params(self, writes: list, name: str, fill: Callable[[bytearray, tuple[int, ...]], None]) -> int:
+        """A function's parameters stored as their tuple (over 16 flat values): the pointer to pass."""
+        ty = PARAMS[name]
+        out = bytearray(ty.size)
+        fill(out, tuple(ty.offset[str(i)] for i in range(len(ty.fields))))
+        return self._put(writes, bytes(out), ty.align)[0]
 
     def _response_params(self, writes: list, r: Response) -> tuple[int, ...]:
         if not 0 <= r.status <= 0xFFFF:  # a u16 travels in an i32: the guest would truncate it
@@ -554,9 +620,17 @@ class Instance:
             headers.append((self._string(mem, np, nl), self._bytes(mem, vp, vl)))
         return headers
 
+    def _checkpoint(self, mem: memoryview, at: int) -> Optional[Checkpoint]:
+        """`option<checkpoint>` at `at`."""
+        if OPTION_CHECKPOINT.case(mem[at]) == "none":
+            return None
+        pp, pl, dp, dl = _CHECKPOINT.unpack_from(mem, at + _CHECKPOINT_IN_OPTION)
+        return Checkpoint(self._string(mem, pp, pl), self._bytes(mem, dp, dl))
+
     def _claim(self, mem: memoryview, at: int) -> Claim:
-        kp, kl, fp, fl, fence, lease_until_ms, expires_at_ms = _CLAIM.unpack_from(mem, at)
-        return Claim(self._string(mem, kp, kl), self._string(mem, fp, fl), fence, lease_until_ms, expires_at_ms)
+        kp, kl, fp, fl, fence, holder, lease_until_ms, expires_at_ms, _ = _CLAIM.unpack_from(mem, at)
+        checkpoint = self._checkpoint(mem, at + CLAIM.offset["checkpoint"])
+        return Claim(self._string(mem, kp, kl), self._string(mem, fp, fl), fence, holder, lease_until_ms, expires_at_ms, checkpoint)
 
     def _response(self, mem: memoryview, at: int) -> Response:
         status, hp, hn, bp, bn = _RESPONSE.unpack_from(mem, at)
@@ -568,11 +642,9 @@ class Instance:
 
     # The exports of wit/guard.wit.
 
-    def begin(self, key: str, fingerprint: str, policy: Policy) -> tuple[str, Any] | Failure:
-        writes: list = []
-        params = (*self._put(writes, key.encode()), *self._put(writes, fingerprint.encode()), *policy)
-        self._flush(writes)
-        ret = self._call("begin", *params)
+    def _decision(self, name: str, params: tuple[int, ...]) -> tuple[str, Any] | Failure:
+        """Calls `begin` or `begin-request`: `result<decision, guard-error>`."""
+        ret = self._call(name, *params)
         mem = self._view()
         (ok,) = _DISC.unpack_from(mem, ret)
         if BEGIN_RESULT.case(ok) == "err":
@@ -587,8 +659,29 @@ class Instance:
                 value = (tag, _VERSION.unpack_from(mem, ret + _BEGIN_CASE)[0])
             else:
                 value = (tag, None)
-        self._post("begin", ret)
+        self._post(name, ret)
         return value
+
+    def begin(self, key: str, fingerprint: str, policy: Policy) -> tuple[str, Any] | Failure:
+        writes: list = []
+        params = (*self._put(writes, key.encode()), *self._put(writes, fingerprint.encode()), *policy)
+        self._flush(writes)
+        return self._decision("begin", params)
+
+    def begin_request(
+        self, key: str, method: str, path: str, headers: Sequence[tuple[str, bytes]], body: bytes, policy: Policy
+    ) -> tuple[str, Any] | Failure:
+        writes: list = []
+        params = (
+            *self._put(writes, key.encode()),
+            *self._put(writes, method.encode()),
+            *self._put(writes, path.encode()),
+            *self._put_headers(writes, headers),
+            *self._put(writes, bytes(body)),
+            *policy,
+        )
+        self._flush(writes)
+        return self._decision("begin-request", params)
 
     def _unit(self, name: str, params: tuple[int, ...]) -> Optional[Failure]:
         ret = self._call(name, *params)
@@ -599,9 +692,15 @@ class Instance:
 
     def complete(self, claim: Claim, response: Response, policy: Policy) -> Optional[Failure]:
         writes: list = []
-        params = (*self._claim_params(writes, claim), *self._response_params(writes, response), *policy)
+
+        def fill(out: bytearray, at: tuple[int, ...]) -> None:
+            self._put_claim(writes, out, at[0], claim)
+            _RESPONSE.pack_into(out, at[1], *self._response_params(writes, response))
+            _POLICY.pack_into(out, at[2], *policy)
+
+        params = self._put_params(writes, "complete", fill)
         self._flush(writes)
-        return self._unit("complete", params)
+        return self._unit("complete", (params,))
 
     def release(self, claim: Claim) -> Optional[Failure]:
         writes: list = []
@@ -609,16 +708,32 @@ class Instance:
         self._flush(writes)
         return self._unit("release", params)
 
+    def _claim_result(self, name: str, params: tuple[int, ...]) -> Claim | Failure:
+        """Calls `renew` or `save-checkpoint`: `result<claim, guard-error>`."""
+        ret = self._call(name, *params)
+        mem = self._view()
+        ok = CLAIM_RESULT.case(mem[ret]) == "ok"
+        value = self._claim(mem, ret + _CLAIM_OK) if ok else self._failure(mem, ret + CLAIM_RESULT.payload)
+        self._post(name, ret)
+        return value
+
     def renew(self, claim: Claim, policy: Policy) -> Claim | Failure:
         writes: list = []
         params = (*self._claim_params(writes, claim), *policy)
         self._flush(writes)
-        ret = self._call("renew", *params)
-        mem = self._view()
-        ok = RENEW_RESULT.case(mem[ret]) == "ok"
-        value = self._claim(mem, ret + _RENEW_OK) if ok else self._failure(mem, ret + RENEW_RESULT.payload)
-        self._post("renew", ret)
-        return value
+        return self._claim_result("renew", params)
+
+    def save_checkpoint(self, claim: Claim, checkpoint: Checkpoint, policy: Policy) -> Claim | Failure:
+        writes: list = []
+
+        def fill(out: bytearray, at: tuple[int, ...]) -> None:
+            self._put_claim(writes, out, at[0], claim)
+            _CHECKPOINT.pack_into(out, at[1], *self._checkpoint_params(writes, checkpoint)[1:])
+            _POLICY.pack_into(out, at[2], *policy)
+
+        params = self._put_params(writes, "save-checkpoint", fill)
+        self._flush(writes)
+        return self._claim_result("save-checkpoint", (params,))
 
     def fingerprint(self, method: str, path: str, headers: Sequence[tuple[str, bytes]], body: bytes) -> str:
         writes: list = []
@@ -635,7 +750,7 @@ class Instance:
         self._post("fingerprint", ret)
         return value
 
-    # The imports of wit/clock.wit and wit/store.wit.
+    # The imports of wit/clock.wit, wit/random.wit and wit/store.wit.
 
     def _host_call(self: Optional["Instance"], caller: Any, values: Any, handler: Callable[..., None], params: struct.Struct) -> int:
         """Runs an import: its flat parameters unpacked; a host exception becomes a trap
@@ -655,13 +770,23 @@ class Instance:
     def _now_ms(self, values: int, _params: tuple) -> None:
         ctypes.c_uint64.from_address(values).value = self.clock.now_ms()
 
-    def _record(self, mem: memoryview, flat: tuple) -> Record:
-        """`record` from its 11 flat values (RECORD.flat)."""
-        fp, fl, state, lease_until_ms, expires_at_ms, has_response, status, hp, hn, bp, bn = flat
+    def _random_u64(self, values: int, _params: tuple) -> None:
+        ctypes.c_uint64.from_address(values).value = self.random.random_u64()
+
+    def _at(self, ptr: int, ty: Type) -> int:
+        """A struct the guest passed by pointer: aligned and within memory."""
+        if ptr % ty.align or ptr + ty.size > self._size:
+            raise AbiViolation(f"{ty.size} bytes at {ptr} are misaligned (to {ty.align}) or beyond memory ({self._size} bytes)")
+        return ptr
+
+    def _record(self, mem: memoryview, at: int) -> Record:
+        """`record` at `at` (RECORD's layout)."""
+        fp, fl, state, holder, lease_until_ms, expires_at_ms, has_response = _RECORD_HEAD.unpack_from(mem, at)
         response = None
         if _OPTION_RESPONSE.case(has_response) == "some":
-            response = Response(status & 0xFFFF, self._headers(mem, hp, hn), self._bytes(mem, bp, bn))
-        return Record(self._string(mem, fp, fl), STATE.case(state), lease_until_ms, expires_at_ms, response)
+            response = self._response(mem, at + _RESPONSE_IN_RECORD)
+        checkpoint = self._checkpoint(mem, at + RECORD.offset["checkpoint"])
+        return Record(self._string(mem, fp, fl), STATE.case(state), holder, lease_until_ms, expires_at_ms, response, checkpoint)
 
     def _store_error(self, writes: list, ret: int, result: Variant, fault: StoreFault) -> None:
         case = STORE_ERROR.cases.index(fault.kind)
@@ -670,12 +795,34 @@ class Instance:
         writes.append((ret + result.payload, struct.pack("<B", case)))
         writes.append((ret + result.payload + STORE_ERROR.payload, _PTR_LEN.pack(*message)))
 
-    def _insert(self, _values: Any, params: tuple) -> None:
-        kp, kl, *record, now_ms, ret = params
+    def _get(self, _values: Any, params: tuple) -> None:
+        kp, kl, now_ms, ret = params
         mem = self._view()
+        self._at(ret, GET_RESULT)
         writes: list = []
         try:
-            outcome = self.store.insert(self._string(mem, kp, kl), self._record(mem, tuple(record)), now_ms)
+            entry = self.store.get(self._string(mem, kp, kl), now_ms)
+        except StoreFault as fault:
+            self._store_error(writes, ret, GET_RESULT, fault)
+        else:
+            writes.append((ret, b"\0"))  # ok
+            writes.append((ret + GET_RESULT.payload, struct.pack("<B", entry is not None)))
+            if entry is not None:
+                writes.append((ret + _GET_ENTRY_AT, self._lower_entry(writes, entry)))
+        self._flush(writes)
+
+    def _insert(self, _values: Any, params: tuple) -> None:
+        ptr, ret = params
+        mem = self._view()
+        at = self._at(ptr, PARAMS[("store", "insert")])
+        self._at(ret, INSERT_RESULT)
+        o = PARAMS[("store", "insert")].offset
+        key = self._string(mem, *_PTR_LEN.unpack_from(mem, at + o["0"]))
+        record = self._record(mem, at + o["1"])
+        (now_ms,) = _VERSION.unpack_from(mem, at + o["2"])
+        writes: list = []
+        try:
+            outcome = self.store.insert(key, record, now_ms)
         except StoreFault as fault:
             self._store_error(writes, ret, INSERT_RESULT, fault)
         else:
@@ -692,20 +839,27 @@ class Instance:
         r = entry.record
         out = bytearray(ENTRY.size)
         has = r.response is not None
-        _RECORD_HEAD.pack_into(
-            out, 0, *self._put(writes, r.fingerprint.encode()), STATE.cases.index(r.state), r.lease_until_ms, r.expires_at_ms, has
-        )
+        fingerprint = self._put(writes, r.fingerprint.encode())
+        _RECORD_HEAD.pack_into(out, 0, *fingerprint, STATE.cases.index(r.state), r.holder, r.lease_until_ms, r.expires_at_ms, has)
         if has:
             _RESPONSE.pack_into(out, _RESPONSE_IN_RECORD, *self._response_params(writes, r.response))
+        self._put_checkpoint(writes, out, RECORD.offset["checkpoint"], r.checkpoint)
         _VERSION.pack_into(out, ENTRY.offset["version"], entry.version)
         return bytes(out)
 
     def _replace(self, _values: Any, params: tuple) -> None:
-        kp, kl, expected_version, *record, now_ms, ret = params
+        ptr, ret = params
         mem = self._view()
+        at = self._at(ptr, PARAMS[("store", "replace")])
+        self._at(ret, REPLACE_RESULT)
+        o = PARAMS[("store", "replace")].offset
+        key = self._string(mem, *_PTR_LEN.unpack_from(mem, at + o["0"]))
+        (expected_version,) = _VERSION.unpack_from(mem, at + o["1"])
+        record = self._record(mem, at + o["2"])
+        (now_ms,) = _VERSION.unpack_from(mem, at + o["3"])
         writes: list = []
         try:
-            version = self.store.replace(self._string(mem, kp, kl), expected_version, self._record(mem, tuple(record)), now_ms)
+            version = self.store.replace(key, expected_version, record, now_ms)
         except StoreFault as fault:
             self._store_error(writes, ret, REPLACE_RESULT, fault)
         else:

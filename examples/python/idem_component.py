@@ -29,7 +29,7 @@ from wasmtime.component import Variant
 from wasmtime.component._types import OptionType
 
 from idem_abi import ENGINE
-from idem_types import Claim, Entry, Failure, Policy, Record, Response, StoreFault
+from idem_types import Checkpoint, Claim, Entry, Failure, Policy, Record, Response, StoreFault
 
 
 def _untagged_option_classes(self: OptionType, s: set) -> None:
@@ -50,6 +50,7 @@ def _untagged_option_classes(self: OptionType, s: set) -> None:
 OptionType.add_classes = _untagged_option_classes  # type: ignore[method-assign]
 
 GUARD_ERRORS = ("unavailable", "invalid-input", "stale-claim")
+VERSION = "0.2.0"
 
 
 def _wit(**fields: Any) -> WitRecord:
@@ -67,8 +68,18 @@ def _response(r: WitRecord) -> Response:
     return Response(r.status, [(n, bytes(v)) for n, v in r.headers], bytes(r.body))
 
 
+def _checkpoint(r: Any) -> Any:
+    return None if r is None else Checkpoint(r.phase, bytes(r.data))
+
+
+def _to_checkpoint(c: Any) -> Any:
+    return None if c is None else _wit(phase=c.phase, data=bytes(c.data))
+
+
 def _claim(r: WitRecord) -> Claim:
-    return Claim(r.key, r.fingerprint, r.fence, _get(r, "lease_until_ms"), _get(r, "expires_at_ms"))
+    return Claim(
+        r.key, r.fingerprint, r.fence, r.holder, _get(r, "lease_until_ms"), _get(r, "expires_at_ms"), _checkpoint(r.checkpoint)
+    )
 
 
 def _to_response(r: Response) -> WitRecord:
@@ -80,7 +91,15 @@ def _to_response(r: Response) -> WitRecord:
 
 
 def _to_claim(c: Claim) -> WitRecord:
-    return _wit(key=c.key, fingerprint=c.fingerprint, fence=c.fence, lease_until_ms=c.lease_until_ms, expires_at_ms=c.expires_at_ms)
+    return _wit(
+        key=c.key,
+        fingerprint=c.fingerprint,
+        fence=c.fence,
+        holder=c.holder,
+        lease_until_ms=c.lease_until_ms,
+        expires_at_ms=c.expires_at_ms,
+        checkpoint=_to_checkpoint(c.checkpoint),
+    )
 
 
 def _to_policy(p: Policy) -> WitRecord:
@@ -89,13 +108,23 @@ def _to_policy(p: Policy) -> WitRecord:
 
 def _record(r: WitRecord) -> Record:
     response = None if r.response is None else _response(r.response)
-    return Record(r.fingerprint, r.state, _get(r, "lease_until_ms"), _get(r, "expires_at_ms"), response)
+    return Record(
+        r.fingerprint, r.state, r.holder, _get(r, "lease_until_ms"), _get(r, "expires_at_ms"), response, _checkpoint(r.checkpoint)
+    )
 
 
 def _to_entry(e: Entry) -> WitRecord:
     r = e.record
     response = None if r.response is None else _to_response(r.response)
-    record = _wit(fingerprint=r.fingerprint, state=r.state, lease_until_ms=r.lease_until_ms, expires_at_ms=r.expires_at_ms, response=response)
+    record = _wit(
+        fingerprint=r.fingerprint,
+        state=r.state,
+        holder=r.holder,
+        lease_until_ms=r.lease_until_ms,
+        expires_at_ms=r.expires_at_ms,
+        response=response,
+        checkpoint=_to_checkpoint(r.checkpoint),
+    )
     return _wit(record=record, version=e.version)
 
 
@@ -126,20 +155,20 @@ class Guest:
     def __init__(self, component: wc.Component):
         self.component = component
 
-    def instantiate(self, store: Any, clock: Any) -> "Instance":
-        return Instance(self, store, clock)
+    def instantiate(self, store: Any, clock: Any, random: Any) -> "Instance":
+        return Instance(self, store, clock, random)
 
 
 class Instance:
     """One instance in a wasmtime Store of its own. After any exception it must be dropped."""
 
-    def __init__(self, guest: Guest, store: Any, clock: Any):
-        self.store, self.clock = store, clock
+    def __init__(self, guest: Guest, store: Any, clock: Any, random: Any):
+        self.store, self.clock, self.random = store, clock, random
         self._wasmtime = wasmtime.Store(ENGINE)
         instance = self._link().instantiate(self._wasmtime, guest.component)
-        iface = instance.get_export_index(self._wasmtime, "idem:guard/guard@0.1.0")
+        iface = instance.get_export_index(self._wasmtime, f"idem:guard/guard@{VERSION}")
         self._funcs = {}
-        for name in ("begin", "complete", "release", "renew", "fingerprint"):
+        for name in ("begin", "complete", "release", "renew", "save-checkpoint", "fingerprint", "begin-request"):
             func = instance.get_func(self._wasmtime, instance.get_export_index(self._wasmtime, name, iface))
             assert func is not None, f"the component does not export guard.{name}"
             self._funcs[name] = func
@@ -171,9 +200,11 @@ class Instance:
             return None if entry is None else _to_entry(entry)
 
         with linker.root() as root:
-            with root.add_instance("idem:guard/clock@0.1.0") as clock:
+            with root.add_instance(f"idem:guard/clock@{VERSION}") as clock:
                 clock.add_func("now-ms", lambda _ctx: self.clock.now_ms())
-            with root.add_instance("idem:guard/store@0.1.0") as imports:
+            with root.add_instance(f"idem:guard/random@{VERSION}") as random:
+                random.add_func("random-u64", lambda _ctx: self.random.random_u64())
+            with root.add_instance(f"idem:guard/store@{VERSION}") as imports:
                 imports.add_func("get", fallible(get))
                 imports.add_func("insert", fallible(insert))
                 imports.add_func("replace", fallible(replace))
@@ -184,7 +215,16 @@ class Instance:
         return _result(self._funcs[name](self._wasmtime, *args))
 
     def begin(self, key: str, fingerprint: str, policy: Policy) -> Any:
-        decision = self._call("begin", key, fingerprint, _to_policy(policy))
+        return self._decision(self._call("begin", key, fingerprint, _to_policy(policy)))
+
+    def begin_request(
+        self, key: str, method: str, path: str, headers: Sequence[tuple[str, bytes]], body: bytes, policy: Policy
+    ) -> Any:
+        parts = _wit(method=method, path=path, headers=[(n, bytes(v)) for n, v in headers], body=bytes(body))
+        return self._decision(self._call("begin-request", key, parts, _to_policy(policy)))
+
+    @staticmethod
+    def _decision(decision: Any) -> Any:
         if isinstance(decision, Failure):
             return decision
         if decision.tag == "proceed":
@@ -201,6 +241,10 @@ class Instance:
 
     def renew(self, claim: Claim, policy: Policy) -> Any:
         value = self._call("renew", _to_claim(claim), _to_policy(policy))
+        return value if isinstance(value, Failure) else _claim(value)
+
+    def save_checkpoint(self, claim: Claim, checkpoint: Checkpoint, policy: Policy) -> Any:
+        value = self._call("save-checkpoint", _to_claim(claim), _to_checkpoint(checkpoint), _to_policy(policy))
         return value if isinstance(value, Failure) else _claim(value)
 
     def fingerprint(self, method: str, path: str, headers: Sequence[tuple[str, bytes]], body: bytes) -> str:

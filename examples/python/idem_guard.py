@@ -1,12 +1,21 @@
 """The idem guard component hosted in Python with the `wasmtime` package.
 
 The component (the very bytes `idem component --out FILE` writes) makes every
-decision; this module gives it a clock and a store and wraps its calls in
-`Guard.run`, which runs a handler at most once per key and replays its
-response to every repeat::
+decision; this module gives it a clock, randomness and a store and wraps its
+calls in `Guard.run`, which runs a handler at most once per key and replays
+its response to every repeat::
 
     guard = Guard.load(store=MemoryStore())
     outcome = guard.run("order-1", "sku=A&qty=1", lambda fence: Response(200, [], b"paid"))
+
+A handler of several steps takes the `Attempt` as a second argument, saves a
+checkpoint after each step, and a retry that takes over after a crash is
+handed the last one::
+
+    def order(fence: int, attempt: Attempt) -> Response:
+        if attempt.checkpoint is None:
+            attempt.save_checkpoint("charged", charge())
+        return ship(attempt.checkpoint.data)
 
 Two bindings run the component: `idem_abi` (the default, `binding="static"`)
 runs its core module through wasmtime's core API with the canonical ABI of this
@@ -18,16 +27,21 @@ Stores and callers see the same values either way (`idem_types`).
 
 from __future__ import annotations
 
+import inspect
 import os
+import secrets
 import threading
 import time
+import types
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Optional
 
-from idem_types import Claim, Entry, Failure, Policy, Record, Response, StoreFault
+from idem_types import Checkpoint, Claim, Entry, Failure, Policy, Record, Response, StoreFault
 
 __all__ = [
+    "Attempt",
+    "Checkpoint",
     "Claim",
     "Entry",
     "Guard",
@@ -40,6 +54,7 @@ __all__ = [
     "Response",
     "StoreFault",
     "SystemClock",
+    "SystemRandom",
 ]
 
 DEFAULT_COMPONENT = Path(__file__).resolve().parents[2] / "target" / "idem-guard.wasm"
@@ -76,6 +91,13 @@ class NotRecorded(Exception):
 class SystemClock:
     def now_ms(self) -> int:
         return time.time_ns() // 1_000_000
+
+
+class SystemRandom:
+    """The claims' holder ids: 64 bits from the operating system's CSPRNG (`secrets`)."""
+
+    def random_u64(self) -> int:
+        return secrets.randbits(64)
 
 
 class ManualClock:
@@ -227,9 +249,11 @@ class Guard:
         renew_lease: bool = True,
         component: Optional[os.PathLike | str] = None,
         binding: str = "static",
+        random: Any = None,
     ):
         self.store = store if store is not None else MemoryStore()
         self.clock = clock if clock is not None else SystemClock()
+        self.random = random if random is not None else SystemRandom()
         self.policy = Policy(lease_ms, retention_ms, max_response_bytes)
         self.renew_lease = renew_lease
         self.replaced = 0
@@ -248,7 +272,7 @@ class Guard:
     def _instantiate(self) -> Any:
         if self._instance is None:
             # Each instance has a wasmtime Store of its own; a trapped one is dropped whole.
-            self._instance = self._guest.instantiate(self.store, self.clock)
+            self._instance = self._guest.instantiate(self.store, self.clock, self.random)
         return self._instance
 
     def _call(self, name: str, *args: Any) -> Any:
@@ -278,19 +302,39 @@ class Guard:
         """Extends the claim's lease; returns it with its new fence."""
         return self._call("renew", claim, self.policy)
 
+    def save_checkpoint(self, claim: Claim, checkpoint: Checkpoint) -> Claim:
+        """Records a recovery point for the claim and extends its lease; returns
+        the claim with its new fence and this checkpoint. A later takeover's
+        claim carries it."""
+        return self._call("save_checkpoint", claim, Checkpoint(checkpoint.phase, _bytes(checkpoint.data)), self.policy)
+
+    def begin_request(
+        self, key: str, method: str, path: str, headers: list[tuple[str, bytes]] = (), body: bytes = b""
+    ) -> tuple[str, Any]:
+        """`begin` with the canonical fingerprint of the request, in one call."""
+        return self._call("begin_request", key, method, path, [(n, _bytes(v)) for n, v in headers], _bytes(body), self.policy)
+
     def fingerprint(self, method: str, path: str, headers: list[tuple[str, bytes]] = (), body: bytes = b"") -> str:
         return self._call("fingerprint", method, path, [(n, bytes(v)) for n, v in headers], bytes(body))
 
-    def run(self, key: str, fingerprint: str, handler: Callable[[int], Response]) -> Outcome:
+    def run(self, key: str, fingerprint: str, handler: Callable[..., Response]) -> Outcome:
         """Runs `handler(fence)` at most once per key and fingerprint within the
         retention window and replays its response to every repeat.
+
+        A handler that takes a second positional parameter (without a default)
+        is called as `handler(fence, attempt)`: `attempt.checkpoint` is the recovery point to
+        continue from (None on a fresh claim; the last one saved when this run
+        took over from an attempt that crashed or failed), and
+        `attempt.save_checkpoint(phase, data)` records the next.
 
         While the handler runs, the guard's renewal thread renews its claim's
         lease every third of the lease, so a handler slower than the lease is
         not taken over and run a second time (`renew_lease=False` turns this
         off). A renewal the store cannot answer is tried again at the next
         tick; one refused as stale (the claim was taken over) stops the
-        renewing, and the completion is then refused the same way.
+        renewing, and the completion is then refused the same way. Renewals,
+        checkpoints and the completion all use the latest claim (each write
+        moves the fence).
 
         Raises `GuardError("invalid-input")` for a bad key or fingerprint,
         `NotRecorded` if the response could not be stored, or the handler's own
@@ -310,7 +354,10 @@ class Guard:
             return Outcome("conflict")
         held = self._renewer.hold(value) if self.renew_lease else _Held(value)
         try:
-            response = _normalized(handler(value.fence))
+            if _takes_attempt(handler):
+                response = _normalized(handler(value.fence, Attempt(self, held)))
+            else:
+                response = _normalized(handler(value.fence))
         except BaseException:
             claim = held.stop()
             try:
@@ -324,6 +371,57 @@ class Guard:
         except GuardError as e:
             raise NotRecorded(response, e) from e
         return Outcome("executed", response=response)
+
+
+def _takes_attempt(handler: Callable[..., Any]) -> bool:
+    """Whether `handler` takes the `Attempt`: a second positional parameter
+    without a default (or `*args`). A handler written for one argument, the
+    fence, keeps working, and so does one whose second parameter is a default
+    capturing a value (`lambda fence, ledger=ledger: ...`)."""
+    code = getattr(handler, "__code__", None)
+    if code is not None and not isinstance(handler, types.MethodType):  # a plain function or lambda: cheap
+        required = code.co_argcount - len(getattr(handler, "__defaults__", None) or ())
+        return required >= 2 or bool(code.co_flags & inspect.CO_VARARGS)
+    try:
+        params = inspect.signature(handler).parameters.values()
+    except (TypeError, ValueError):
+        return False
+    required = [p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD) and p.default is p.empty]
+    return len(required) >= 2 or any(p.kind == p.VAR_POSITIONAL for p in params)
+
+
+class Attempt:
+    """What `Guard.run` hands a handler that takes it: the claim as it stands,
+    the recovery point to continue from, and the call that records the next."""
+
+    def __init__(self, guard: Guard, held: "_Held"):
+        self._guard = guard
+        self._held = held
+
+    @property
+    def claim(self) -> Claim:
+        """The claim as it stands: renewals and checkpoints move its fence."""
+        return self._held.claim
+
+    @property
+    def fence(self) -> int:
+        return self._held.claim.fence
+
+    @property
+    def checkpoint(self) -> Optional[Checkpoint]:
+        """The key's last recovery point, or None: on entry, how far an earlier
+        attempt whose lease ran out (or that failed and released) got — None on
+        a fresh claim; after `save_checkpoint`, the one just saved."""
+        return self._held.claim.checkpoint
+
+    def save_checkpoint(self, phase: str, data: bytes | str = b"") -> Claim:
+        """Records that the operation got as far as `phase` (1 to 64 bytes), with
+        `data` to continue from. Call it after a step's effect is durable and
+        before the next step starts, so a retry repeats at most the step that was
+        running. It also extends the lease; renewals and the completion go on
+        from the claim it returns. Raises `GuardError` (`stale-claim`: taken
+        over; `invalid-input`; `unavailable`)."""
+        return self._held.save_checkpoint(self._guard, Checkpoint(phase, _bytes(data)))
 
 
 class _Held:
@@ -343,6 +441,15 @@ class _Held:
             self.stopped = True
             return self.claim
 
+    def save_checkpoint(self, guard: Guard, checkpoint: Checkpoint) -> Claim:
+        # Under the lock a renewal holds too: the two never write from the same
+        # claim at once, and the renewal after this one goes from the new claim.
+        with self.lock:
+            self.claim = guard.save_checkpoint(self.claim, checkpoint)
+            if self._renewer is not None:
+                self.due = time.monotonic() + self._renewer.every  # the checkpoint extended the lease
+            return self.claim
+
 
 class _Renewer:
     """One thread per guard renews every held claim each third of the lease.
@@ -356,13 +463,13 @@ class _Renewer:
 
     def __init__(self, guard: Guard):
         self._guard = guard
-        self._every = max(1, guard.policy.lease_ms // 3) / 1000
+        self.every = max(1, guard.policy.lease_ms // 3) / 1000
         self._cond = threading.Condition()
         self._held: dict[int, _Held] = {}
         self._thread: Optional[threading.Thread] = None
 
     def hold(self, claim: Claim) -> _Held:
-        held = _Held(claim, self, time.monotonic() + self._every)
+        held = _Held(claim, self, time.monotonic() + self.every)
         with self._cond:
             self._held[id(held)] = held
             if self._thread is None:
@@ -379,7 +486,7 @@ class _Renewer:
             with self._cond:
                 now = time.monotonic()
                 if not self._held:
-                    self._cond.wait(self._every)
+                    self._cond.wait(self.every)
                     if not self._held:
                         self._thread = None
                         return
@@ -395,7 +502,7 @@ class _Renewer:
         with held.lock:
             if held.stopped:
                 return
-            held.due = time.monotonic() + self._every
+            held.due = time.monotonic() + self.every
             try:
                 held.claim = self._guard.renew(held.claim)
             except GuardError as e:

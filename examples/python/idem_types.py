@@ -1,4 +1,4 @@
-"""The values of `idem:guard@0.1.0` as Python sees them, one class per WIT type.
+"""The values of `idem:guard@0.2.0` as Python sees them, one class per WIT type.
 
 Field names are the WIT's, snake_case. Both bindings (`idem_abi`, the static
 canonical ABI over the core module, and `idem_component`, wasmtime-py's dynamic
@@ -21,15 +21,30 @@ class Response:
     body: bytes = b""
 
 
+class Checkpoint(NamedTuple):
+    """`types.checkpoint`: how far a multi-step operation got (`phase`, 1 to 64
+    bytes of UTF-8) and what it needs to continue from there (`data`)."""
+
+    phase: str
+    data: bytes = b""
+
+
 @dataclass(frozen=True)
 class Claim:
-    """`guard.claim`: the right to run the operation for a key, proven by its fence."""
+    """`guard.claim`: the right to run the operation for a key, proven by its fence.
+
+    `holder` is the claim's random holder id, kept across renewals and
+    checkpoints; `checkpoint` the key's last recovery point (None on a fresh
+    claim). Pass a claim back as received: `renew` and `release` keep its
+    checkpoint in the record."""
 
     key: str
     fingerprint: str
     fence: int
+    holder: int
     lease_until_ms: int
     expires_at_ms: int
+    checkpoint: Optional[Checkpoint] = None
 
 
 class Policy(NamedTuple):
@@ -41,13 +56,16 @@ class Policy(NamedTuple):
 
 
 class Record(NamedTuple):
-    """`types.record`: what the store keeps for one key. `state` is `"processing"` or `"done"`."""
+    """`types.record`: what the store keeps for one key. `state` is `"processing"` or `"done"`;
+    `holder` is 0 in records a 0.1 host wrote."""
 
     fingerprint: str
     state: str
+    holder: int
     lease_until_ms: int
     expires_at_ms: int
     response: Optional[Response]
+    checkpoint: Optional[Checkpoint] = None
 
 
 class Entry(NamedTuple):

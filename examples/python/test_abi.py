@@ -14,21 +14,31 @@ from typing import Any
 import pytest
 
 import idem_abi
-from idem_guard import DEFAULT_COMPONENT, Guard, GuardError, ManualClock, MemoryStore, Response, StoreFault
+from idem_guard import DEFAULT_COMPONENT, Checkpoint, Guard, GuardError, ManualClock, MemoryStore, Response, StoreFault
 
 COMPONENT = Path(os.environ.get("IDEM_COMPONENT") or DEFAULT_COMPONENT)
 
 
 class Corrupting(MemoryStore):
-    """A MemoryStore whose next `insert` or `replace` may answer `corrupt`."""
+    """A MemoryStore whose next `get`, `insert` or `replace` may answer `corrupt`."""
 
     corrupt_next = False
 
     def _apply(self, primitive: str, operation: Any) -> Any:
-        if self.corrupt_next and primitive in ("insert", "replace"):
+        if self.corrupt_next and primitive in ("get", "insert", "replace"):
             self.corrupt_next = False
             raise StoreFault("corrupt", f"bytes for {primitive} do not decode (injected)")
         return super()._apply(primitive, operation)
+
+
+class SeededRandom:
+    """Holder ids from a seeded generator: both bindings draw the same ones."""
+
+    def __init__(self, seed: int):
+        self._rng = random.Random(seed)
+
+    def random_u64(self) -> int:
+        return self._rng.getrandbits(64)
 
 
 def outcome(call: Any) -> Any:
@@ -43,19 +53,23 @@ def test_random_calls_answer_and_store_the_same_through_both_bindings() -> None:
     sides = []
     for binding in ("static", "dynamic"):
         store, clock = Corrupting(), ManualClock(1_000)
-        sides.append((Guard.load(store=store, clock=clock, lease_ms=50, retention_ms=400, max_response_bytes=64, binding=binding), store, clock))
+        guard = Guard.load(
+            store=store, clock=clock, random=SeededRandom(17), lease_ms=50, retention_ms=400, max_response_bytes=64, binding=binding
+        )
+        sides.append((guard, store, clock))
     keys = ["a", "b", "ключ", "k\u200b", "x" * 255]
     text = "aZ-/é Σ日\u00e9"
     claims = []
-    for step in range(300):
-        op = rng.choice(["begin", "begin", "complete", "complete", "release", "renew", "clock", "fault", "corrupt"])
+    checkpointed = stored_checkpoints = 0
+    for step in range(400):
+        op = rng.choice(["begin", "begin", "request", "complete", "complete", "release", "renew", "checkpoint", "clock", "fault", "corrupt"])
         if op == "clock":
             ms = rng.choice([1, 10, 49, 50, 51, 400])
             for _, _, clock in sides:
                 clock.advance(ms)
             continue
         if op == "fault":
-            primitive, kind = rng.choice(["insert", "replace"]), rng.choice(["error", "lost"])
+            primitive, kind = rng.choice(["get", "insert", "replace"]), rng.choice(["error", "lost"])
             for _, store, _ in sides:
                 store.fault(primitive, kind, "down", count=1)
             continue
@@ -68,6 +82,12 @@ def test_random_calls_answer_and_store_the_same_through_both_bindings() -> None:
             answers = [outcome(lambda g=g: g.begin(key, fp)) for g, _, _ in sides]
             if answers[0][0] == "ok" and answers[0][1][0] == "proceed":
                 claims.append(answers[0][1][1])
+        elif op == "request":
+            key = rng.choice(keys)
+            request = (rng.choice(["POST", "get"]), rng.choice(["/a", "/ü"]), [(rng.choice(["x", "Y"]), rng.randbytes(3))], rng.randbytes(20))
+            answers = [outcome(lambda g=g: g.begin_request(key, *request)) for g, _, _ in sides]
+            if answers[0][0] == "ok" and answers[0][1][0] == "proceed":
+                claims.append(answers[0][1][1])
         elif not claims:
             continue
         elif op == "complete":
@@ -78,6 +98,13 @@ def test_random_calls_answer_and_store_the_same_through_both_bindings() -> None:
         elif op == "release":
             claim = rng.choice(claims)
             answers = [outcome(lambda g=g: g.release(claim)) for g, _, _ in sides]
+        elif op == "checkpoint":
+            claim = claims[-1] if rng.random() < 0.5 else rng.choice(claims)  # the latest is the likeliest current one
+            checkpoint = Checkpoint(rng.choice(["charged", "é", "", "x" * 65]), rng.randbytes(rng.randint(0, 70)))
+            answers = [outcome(lambda g=g: g.save_checkpoint(claim, checkpoint)) for g, _, _ in sides]
+            if answers[0][0] == "ok":
+                claims.append(answers[0][1])
+                checkpointed += 1
         else:
             claim = rng.choice(claims)
             answers = [outcome(lambda g=g: g.renew(claim)) for g, _, _ in sides]
@@ -85,8 +112,11 @@ def test_random_calls_answer_and_store_the_same_through_both_bindings() -> None:
                 claims.append(answers[0][1])
         assert answers[0] == answers[1], (step, op, answers)
         now = sides[0][2].now_ms()
-        assert [sides[0][1].peek(k, now) for k in keys] == [sides[1][1].peek(k, now) for k in keys], (step, op)
+        stored = [sides[0][1].peek(k, now) for k in keys]
+        assert stored == [sides[1][1].peek(k, now) for k in keys], (step, op)
+        stored_checkpoints += sum(e is not None and e.record.checkpoint is not None for e in stored)
     assert all(g.replaced == 0 for g, _, _ in sides), "no call trapped"
+    assert checkpointed >= 5 and stored_checkpoints > 0, (checkpointed, stored_checkpoints)
 
 
 def test_fingerprints_agree_through_both_bindings() -> None:
@@ -99,21 +129,35 @@ def test_fingerprints_agree_through_both_bindings() -> None:
 
 
 def test_a_component_whose_core_signatures_moved_is_refused_at_load(monkeypatch: pytest.MonkeyPatch) -> None:
-    # As if `record` had gained a field: the WIT mirror's insert no longer matches the guest's.
-    params, results = idem_abi.IMPORTS[("store", "insert")]
-    monkeypatch.setitem(idem_abi.IMPORTS, ("store", "insert"), (params[:-1] + ["i32", "i32"], results))
-    with pytest.raises(idem_abi.AbiViolation, match="insert: core signature"):
+    # As if `get` had gained a parameter: the WIT mirror's no longer matches the guest's.
+    params, results = idem_abi.IMPORTS[("store", "get")]
+    monkeypatch.setitem(idem_abi.IMPORTS, ("store", "get"), (params[:-1] + ["i32", "i32"], results))
+    with pytest.raises(idem_abi.AbiViolation, match="get: core signature"):
         idem_abi.Guest(COMPONENT.read_bytes())
     with pytest.raises(idem_abi.AbiViolation, match="not a component"):
         idem_abi.Guest(b"\0asm\x01\x00\x00\x00")
 
 
 def test_the_layouts_are_the_canonical_abis() -> None:
-    # Offsets jco 1.35 generates for the same WIT (gen/idem.js reads a claim from begin's result at +16..+48).
+    # Offsets jco 1.35 generates for the same WIT (gen/idem.js reads a claim from begin's result at
+    # +16..+88, and writes complete's parameters into 120 bytes: the claim at 0, the response at 72,
+    # the policy at 96).
     assert idem_abi.BEGIN_RESULT.payload + idem_abi.DECISION.payload == 16
-    assert idem_abi.CLAIM.offset == {"key": 0, "fingerprint": 8, "fence": 16, "lease_until_ms": 24, "expires_at_ms": 32}
-    assert (idem_abi.RECORD.size, idem_abi.ENTRY.size, idem_abi.INSERT_RESULT.size) == (56, 64, 80)
-    assert idem_abi.RECORD.flat == ("i32", "i32", "i32", "i64", "i64", "i32", "i32", "i32", "i32", "i32", "i32")
+    assert idem_abi.CLAIM.offset == {
+        "key": 0,
+        "fingerprint": 8,
+        "fence": 16,
+        "holder": 24,
+        "lease_until_ms": 32,
+        "expires_at_ms": 40,
+        "checkpoint": 48,
+    }
+    sizes = (idem_abi.RECORD.size, idem_abi.ENTRY.size, idem_abi.INSERT_RESULT.size, idem_abi.GET_RESULT.size)
+    assert sizes == (88, 96, 112, 112)
+    assert (idem_abi.PARAMS["complete"].size, idem_abi.PARAMS["complete"].offset) == (120, {"0": 0, "1": 72, "2": 96})
+    assert len(idem_abi.RECORD.flat) == 17, "over 16: insert and replace take their parameters by pointer"
+    assert idem_abi.IMPORTS[("store", "insert")] == (["i32", "i32"], [])
+    assert idem_abi.EXPORTS["complete"][0] == ["i32"] and len(idem_abi.EXPORTS["renew"][0]) == 16
 
 
 def test_dropped_instances_free_their_host_functions() -> None:

@@ -11,7 +11,7 @@ from typing import Any, Optional
 
 import pytest
 
-from idem_guard import Claim, Guard, GuardError, ManualClock, MemoryStore, NotRecorded, Response
+from idem_guard import Attempt, Checkpoint, Claim, Guard, GuardError, ManualClock, MemoryStore, NotRecorded, Response
 
 CONFORMANCE = Path(__file__).resolve().parents[2] / "conformance"
 FILES = sorted(p.name for p in CONFORMANCE.glob("*.json"))
@@ -51,18 +51,51 @@ def response_json(r: Response) -> dict:
     }
 
 
+def checkpoint_json(c: Optional[Checkpoint]) -> Optional[dict]:
+    """A checkpoint in a result: None, or `{"phase", "data_hex"}`."""
+    return None if c is None else {"phase": c.phase, "data_hex": c.data.hex()}
+
+
 def claim_json(c: Claim) -> dict:
-    return {"fence": c.fence, "lease_until_ms": c.lease_until_ms, "expires_at_ms": c.expires_at_ms}
+    return {
+        "fence": c.fence,
+        "holder": c.holder,
+        "lease_until_ms": c.lease_until_ms,
+        "expires_at_ms": c.expires_at_ms,
+        "checkpoint": checkpoint_json(c.checkpoint),
+    }
 
 
 def error_json(e: GuardError) -> dict:
     return {"error": e.kind, "message": e.detail}
 
 
-def check(expect: dict, actual: dict) -> Optional[str]:
-    """Checks every field of `expect` against `actual`, as conformance/README.md says."""
+def check_checkpoint(name: str, want: Optional[dict], actual: Any) -> Optional[str]:
+    """A checkpoint expectation (null or `{"phase", "data"?}`, data compared as bytes) against `checkpoint_json`'s form."""
+    expected = None if want is None else {"phase": text(want["phase"]), "data_hex": data(want.get("data")).hex()}
+    if actual != expected:
+        return f"{name} is {json.dumps(actual)}, expected {json.dumps(expected)}"
+    return None
+
+
+def check(expect: dict, actual: dict, claims: dict[str, Claim]) -> Optional[str]:
+    """Checks every field of `expect` against `actual`, as conformance/README.md says; `claims` are the kept claims."""
     for name, want in expect.items():
-        if name == "contains":
+        if name in ("holder_of", "holder_not_of"):
+            claim = claims.get(want)
+            if claim is None:
+                return f"{name} names no kept claim {want!r}"
+            if not isinstance(actual.get("holder"), int):
+                return "the result has no holder"
+            if (actual["holder"] == claim.holder) != (name == "holder_of"):
+                return f"holder {actual['holder']} is {'not ' if name == 'holder_of' else ''}the holder of {want} ({claim.holder})"
+        elif name in ("checkpoint", "resumed"):
+            if name not in actual:
+                return f"the result has no {name}"
+            why = check_checkpoint(name, want, actual[name])
+            if why:
+                return why
+        elif name == "contains":
             for w in want if isinstance(want, list) else [want]:
                 if not isinstance(actual.get("message"), str) or w not in actual["message"]:
                     return f"message does not contain {w!r}"
@@ -131,6 +164,12 @@ class Host:
                 if "as" in step:
                     self.claims[step["as"]] = renewed
                 return {"ok": True, **claim_json(renewed)}
+            if op == "checkpoint":
+                checkpoint = Checkpoint(text(step["phase"]), data(step.get("data")))
+                saved = g.save_checkpoint(self.claims[step["claim"]], checkpoint)
+                if "as" in step:
+                    self.claims[step["as"]] = saved
+                return {"ok": True, **claim_json(saved)}
             if op == "run":
                 return self.run(step)
             if op == "effects":
@@ -145,8 +184,10 @@ class Host:
                     "state": r.state,
                     "version": version,
                     "fingerprint": r.fingerprint,
+                    "holder": r.holder,
                     "lease_until_ms": r.lease_until_ms,
                     "expires_at_ms": r.expires_at_ms,
+                    "checkpoint": checkpoint_json(r.checkpoint),
                 }
                 if r.response is not None:
                     out.update(response_json(r.response))
@@ -160,11 +201,15 @@ class Host:
         raise ValueError(f"unknown op {op!r}")
 
     def run(self, step: dict) -> dict:
-        """`guard.run` with a handler that counts its side effect."""
+        """`guard.run` with a handler that counts its side effect and saves the step's checkpoints."""
         name = step.get("effect", "effect")
+        resumed = []
 
-        def handler(_fence: int) -> Response:
+        def handler(_fence: int, attempt: Attempt) -> Response:
+            resumed.append(checkpoint_json(attempt.checkpoint))
             self.effects[name] = self.effects.get(name, 0) + 1
+            for c in step.get("checkpoints", []):
+                attempt.save_checkpoint(text(c["phase"]), data(c.get("data")))
             if step.get("fails"):
                 raise RuntimeError("handler failed")
             return response(step["response"])
@@ -179,7 +224,9 @@ class Host:
             if str(e) != "handler failed":
                 raise
             return {"outcome": "handler-failed"}
-        if out.kind in ("executed", "replayed"):
+        if out.kind == "executed":
+            return {"outcome": out.kind, **response_json(out.response), "resumed": resumed[0]}
+        if out.kind == "replayed":
             return {"outcome": out.kind, **response_json(out.response)}
         if out.kind == "in-flight":
             return {"outcome": "in-flight", "retry_after_ms": out.retry_after_ms}
@@ -203,7 +250,7 @@ def run_scenario(scenario: dict, binding: str = "static") -> int:
                 continue
             if "expect" not in step:
                 raise Mismatch(f"step {i} ({step['op']}): no expect")
-            why = check(step["expect"], actual)
+            why = check(step["expect"], actual, host.claims)
             if why:
                 raise Mismatch(f"step {i} ({step['op']}): {why}; got {json.dumps(actual)}")
             checked += 1

@@ -1,20 +1,22 @@
 """What the Python host does beyond the shared scenarios: store errors reach
 the guest as `err` (not a trap) and a trapped instance is replaced, with
 either binding; the
-README's snippet is the code tested here, and `run` renews a slow handler's
-lease."""
+README's snippet is the code tested here, `run` renews a slow handler's
+lease, a retry resumes a crashed handler from its checkpoint, and a lost
+renewal reply does not make the handler run twice."""
 
 from __future__ import annotations
 
 import importlib.util
 import random
+import threading
 import time
 from pathlib import Path
 from typing import Any, Callable
 
 import pytest
 
-from idem_guard import Guard, GuardError, ManualClock, MemoryStore, NotRecorded, Response
+from idem_guard import Attempt, Checkpoint, Guard, GuardError, ManualClock, MemoryStore, NotRecorded, Response
 from pay import pay
 
 
@@ -186,3 +188,102 @@ def test_a_missing_component_file_is_named_with_the_command_that_writes_it(tmp_p
     with pytest.raises(FileNotFoundError, match="idem -- component --out") as err:
         Guard.load(store=MemoryStore(), component=missing)
     assert str(missing) in str(err.value)
+
+
+# Checkpoints: two processes over one store and clock; the first dies in the
+# middle of its handler (its thread is frozen, and a dead process renews nothing).
+def test_a_handler_that_checkpoints_and_crashes_is_resumed_from_the_checkpoint_by_the_retry() -> None:
+    store, clock = MemoryStore(), ManualClock(1_000_000)
+    crashing, retrying = (
+        Guard.load(store=store, clock=clock, lease_ms=1_000, retention_ms=60_000, renew_lease=False) for _ in range(2)
+    )
+    effects: list[str] = []
+    checkpointed, unfreeze = threading.Event(), threading.Event()
+    zombie: list[Any] = []
+
+    def crashes(_fence: int, attempt: Attempt) -> Response:
+        assert attempt.checkpoint is None, "a fresh claim has no checkpoint"
+        effects.append("charge")
+        attempt.save_checkpoint("charged", "receipt-7")
+        checkpointed.set()
+        unfreeze.wait(10)  # the process dies here
+        return Response(200, [], b"zombie")
+
+    def first() -> None:
+        try:
+            zombie.append(crashing.run("order-1", "fp", crashes))
+        except NotRecorded as e:
+            zombie.append(e)
+
+    thread = threading.Thread(target=first)
+    thread.start()
+    assert checkpointed.wait(10)
+
+    def order(_fence: int, attempt: Attempt) -> Response:
+        if attempt.checkpoint is None or attempt.checkpoint.phase != "charged":
+            effects.append("charge")
+        effects.append(f"ship {attempt.checkpoint.data.decode() if attempt.checkpoint else ''}")
+        return Response(201, [], b"shipped")
+
+    assert retrying.run("order-1", "fp", order).kind == "in-flight", "within the lease"
+    clock.advance(1_000)
+    assert retrying.run("order-1", "fp", order).kind == "executed"
+    assert effects == ["charge", "ship receipt-7"], "charged once, shipped from the checkpoint"
+    assert store.peek("order-1", clock.now_ms()).record.checkpoint is None, "complete drops the checkpoint"
+
+    unfreeze.set()  # the zombie wakes: its claim was taken over
+    thread.join(10)
+    assert isinstance(zombie[0], NotRecorded) and zombie[0].error.kind == "stale-claim", zombie
+    again = retrying.run("order-1", "fp", order)
+    assert again.kind == "replayed" and again.response.body == b"shipped"
+
+
+def test_a_one_argument_handler_still_runs_and_a_failed_one_releases_with_its_checkpoint_kept() -> None:
+    guard = Guard.load(store=MemoryStore(), clock=ManualClock(1_000_000), lease_ms=1_000, retention_ms=60_000, renew_lease=False)
+
+    def fails(_fence: int, attempt: Attempt) -> Response:
+        attempt.save_checkpoint("step-1", b"\x00\xff")
+        raise RuntimeError("step 2 failed")
+
+    with pytest.raises(RuntimeError, match="step 2 failed"):
+        guard.run("k", "fp", fails)
+    resumed = []
+
+    class Handler:
+        def order(self, _fence: int, attempt: Attempt) -> Response:  # a bound method: its self is not the fence
+            resumed.append(attempt.checkpoint)
+            return Response(200)
+
+    assert guard.run("k", "fp", Handler().order).kind == "executed", "the release let the retry proceed at once"
+    assert resumed == [Checkpoint("step-1", b"\x00\xff")]
+    assert guard.run("k2", "fp", lambda fence: Response(200, [], str(fence).encode())).kind == "executed"
+    status = 202
+    outcome = guard.run("k3", "fp", lambda _fence, status=status: Response(status))  # a default captures, not the Attempt
+    assert outcome.kind == "executed" and outcome.response.status == 202
+
+
+def test_a_lost_renewal_reply_does_not_make_the_handler_run_twice() -> None:
+    store, clock = MemoryStore(), ManualClock(1_000_000)
+    first, second = (Guard.load(store=store, clock=clock, lease_ms=300, retention_ms=60_000) for _ in range(2))  # renewed every 100 ms
+    executions: list[str] = []
+    repeat = []
+
+    def handler(_fence: int, attempt: Attempt) -> Response:
+        executions.append("first")
+        store.fault("replace", "lost", count=1)  # the next renewal is applied, its reply lost
+        clock.advance(200)
+        deadline = time.monotonic() + 5
+        while attempt.fence == 1:
+            assert time.monotonic() < deadline, "no renewal within 5 s"
+            time.sleep(0.01)
+        # Read back and found applied: fence 2. (Taken as failed, the next tick would have written fence 3.)
+        assert attempt.fence == 2
+        clock.advance(200)  # past the first lease; within the renewed one
+        repeat.append(second.run("k", "fp", lambda _: (executions.append("repeat"), Response(200, [], b"repeat"))[1]))
+        return Response(200, [], b"first")
+
+    outcome = first.run("k", "fp", handler)
+    assert repeat[0].kind == "in-flight", "the renewal was read back as applied"
+    assert outcome.kind == "executed", "and the completion went on from the renewed claim"
+    assert executions == ["first"]
+    assert second.run("k", "fp", lambda _: Response(500)).kind == "replayed"

@@ -8,14 +8,17 @@ import assert from 'node:assert/strict';
 import { readFileSync } from 'node:fs';
 import { fileURLToPath } from 'node:url';
 import { Guard, GuardError, ManualClock, MemoryStore, StoreError } from '../idem.js';
-import { AbiViolation, BEGIN_RESULT, CLAIM, DECISION, ENTRY, EXPORTS, Guest, IMPORTS, INSERT_RESULT, RECORD } from '../idem-abi.js';
+import { AbiViolation, BEGIN_RESULT, CLAIM, DECISION, ENTRY, EXPORTS, GET_RESULT, Guest, IMPORTS, INSERT_RESULT, PARAMS, RECORD } from '../idem-abi.js';
 import { jcoGuest } from '../jco-guest.js';
 
 const component = process.env.IDEM_COMPONENT || fileURLToPath(new URL('../../../target/idem-guard.wasm', import.meta.url));
 
-/** A MemoryStore whose next `insert` or `replace` may answer `corrupt`. */
+/** A MemoryStore whose next `get`, `insert` or `replace` may answer `corrupt`. */
 class Corrupting extends MemoryStore {
   corruptNext = false;
+  get(...args) {
+    return this.#corrupt('get') ?? super.get(...args);
+  }
   insert(...args) {
     return this.#corrupt('insert') ?? super.insert(...args);
   }
@@ -39,6 +42,12 @@ function random(seed) {
   };
 }
 
+/** Holder ids from a seeded generator: both bindings draw the same ones. */
+function seededRandom(seed) {
+  let x = BigInt(seed);
+  return { randomU64: () => (x = (x * 6364136223846793005n + 1442695040888963407n) & (2n ** 64n - 1n)) };
+}
+
 function outcome(call) {
   try {
     return ['ok', call()];
@@ -57,20 +66,23 @@ test('random calls answer and store the same through both bindings', async () =>
   const sides = [undefined, jco].map((guest) => {
     const store = new Corrupting();
     const clock = new ManualClock(1_000);
-    return { store, clock, guard: Guard.load({ store, clock, leaseMs: 50, retentionMs: 400, maxResponseBytes: 64, guest }) };
+    const random = seededRandom(17);
+    return { store, clock, guard: Guard.load({ store, clock, random, leaseMs: 50, retentionMs: 400, maxResponseBytes: 64, guest }) };
   });
   const keys = ['a', 'b', 'ключ', 'k\u200b', 'x'.repeat(255)];
   const text = 'aZ-/é Σ日\u00e9';
   const claims = [];
-  for (let step = 0; step < 400; step++) {
-    const op = pick(['begin', 'begin', 'complete', 'complete', 'release', 'renew', 'clock', 'fault', 'corrupt']);
+  let checkpointed = 0;
+  let storedCheckpoints = 0;
+  for (let step = 0; step < 600; step++) {
+    const op = pick(['begin', 'begin', 'request', 'complete', 'complete', 'release', 'renew', 'checkpoint', 'clock', 'fault', 'corrupt']);
     let answers;
     if (op === 'clock') {
       const ms = pick([1, 10, 49, 50, 51, 400]);
       for (const s of sides) s.clock.advance(ms);
       continue;
     } else if (op === 'fault') {
-      const [primitive, kind] = [pick(['insert', 'replace']), pick(['error', 'lost'])];
+      const [primitive, kind] = [pick(['get', 'insert', 'replace']), pick(['error', 'lost'])];
       for (const s of sides) s.store.fault(primitive, { kind, message: 'down', count: 1 });
       continue;
     } else if (op === 'corrupt') {
@@ -79,6 +91,11 @@ test('random calls answer and store the same through both bindings', async () =>
     } else if (op === 'begin') {
       const [key, fp] = [pick(keys), pick(['fp-1', 'fp-2'])];
       answers = sides.map((s) => outcome(() => s.guard.begin(key, fp)));
+      if (answers[0][0] === 'ok' && answers[0][1].tag === 'proceed') claims.push(answers[0][1].val);
+    } else if (op === 'request') {
+      const key = pick(keys);
+      const request = { method: pick(['POST', 'get']), path: pick(['/a', '/ü']), headers: [[pick(['x', 'Y']), bytes(3)]], body: bytes(20) };
+      answers = sides.map((s) => outcome(() => s.guard.beginRequest(key, request)));
       if (answers[0][0] === 'ok' && answers[0][1].tag === 'proceed') claims.push(answers[0][1].val);
     } else if (claims.length === 0) {
       continue;
@@ -90,20 +107,25 @@ test('random calls answer and store the same through both bindings', async () =>
     } else if (op === 'release') {
       const claim = pick(claims);
       answers = sides.map((s) => outcome(() => s.guard.release(claim)));
+    } else if (op === 'checkpoint') {
+      const claim = rng() < 0.5 ? claims.at(-1) : pick(claims); // the latest claim is the likeliest current one
+      const checkpoint = { phase: pick(['charged', 'é', '', 'x'.repeat(65)]), data: bytes(70) };
+      answers = sides.map((s) => outcome(() => s.guard.saveCheckpoint(claim, checkpoint)));
+      if (answers[0][0] === 'ok') claims.push(answers[0][1]);
     } else {
       const claim = pick(claims);
       answers = sides.map((s) => outcome(() => s.guard.renew(claim)));
       if (answers[0][0] === 'ok') claims.push(answers[0][1]);
     }
     assert.deepEqual(answers[0], answers[1], `step ${step} (${op})`);
+    if (op === 'checkpoint' && answers[0][0] === 'ok') checkpointed += 1;
     const now = sides[0].clock.nowMs();
-    assert.deepEqual(
-      keys.map((k) => sides[0].store.peek(k, now)),
-      keys.map((k) => sides[1].store.peek(k, now)),
-      `step ${step} (${op}): stored records`,
-    );
+    const stored = keys.map((k) => sides[0].store.peek(k, now));
+    assert.deepEqual(stored, keys.map((k) => sides[1].store.peek(k, now)), `step ${step} (${op}): stored records`);
+    storedCheckpoints += stored.filter((e) => e?.record.checkpoint).length;
   }
   assert.deepEqual(sides.map((s) => s.guard.replaced), [0, 0], 'no call trapped');
+  assert.ok(checkpointed >= 5 && storedCheckpoints > 0, `${checkpointed} checkpoints saved, ${storedCheckpoints} seen stored`);
 });
 
 test('fingerprints agree through both bindings', async () => {
@@ -119,25 +141,29 @@ test('fingerprints agree through both bindings', async () => {
 
 test('a component whose core signatures moved is refused at load', () => {
   const bytes = readFileSync(component);
-  const insert = IMPORTS['store/insert'];
-  // As if `record` had gained a field: the WIT mirror's insert no longer matches the guest's.
-  IMPORTS['store/insert'] = { params: [...insert.params.slice(0, -1), 'i32', 'i32'], results: insert.results };
+  const get = IMPORTS['store/get'];
+  // As if `get` had gained a parameter: the WIT mirror's no longer matches the guest's.
+  IMPORTS['store/get'] = { params: [...get.params.slice(0, -1), 'i32', 'i32'], results: get.results };
   try {
-    assert.throws(() => new Guest(bytes), (e) => e instanceof AbiViolation && e.message.startsWith('store/insert: core signature'));
+    assert.throws(() => new Guest(bytes), (e) => e instanceof AbiViolation && e.message.startsWith('store/get: core signature'));
   } finally {
-    IMPORTS['store/insert'] = insert;
+    IMPORTS['store/get'] = get;
   }
   assert.throws(() => new Guest(Uint8Array.of(0, 0x61, 0x73, 0x6d, 1, 0, 0, 0)), /not a component/);
   assert.ok(new Guest(bytes).module, 'the real component loads');
-  assert.equal(Object.keys(EXPORTS).length, 5);
+  assert.equal(Object.keys(EXPORTS).length, 7);
 });
 
 test('the layouts are the canonical ABI’s', () => {
-  // Offsets jco 1.35 generates for the same WIT (gen/idem.js reads a claim from begin's result at +16..+48).
+  // Offsets jco 1.35 generates for the same WIT (gen/idem.js reads a claim from begin's result at
+  // +16..+88, and writes complete's parameters into 120 bytes: the claim at 0, the response at 72,
+  // the policy at 96).
   assert.equal(BEGIN_RESULT.payload + DECISION.payload, 16);
-  assert.deepEqual(CLAIM.offset, { key: 0, fingerprint: 8, fence: 16, leaseUntilMs: 24, expiresAtMs: 32 });
-  assert.deepEqual([RECORD.size, ENTRY.size, INSERT_RESULT.size], [56, 64, 80]);
-  assert.deepEqual(RECORD.flat, ['i32', 'i32', 'i32', 'i64', 'i64', 'i32', 'i32', 'i32', 'i32', 'i32', 'i32']);
+  assert.deepEqual(CLAIM.offset, { key: 0, fingerprint: 8, fence: 16, holder: 24, leaseUntilMs: 32, expiresAtMs: 40, checkpoint: 48 });
+  assert.deepEqual([RECORD.size, ENTRY.size, INSERT_RESULT.size, GET_RESULT.size], [88, 96, 112, 112]);
+  assert.deepEqual([PARAMS.complete.size, PARAMS.complete.offset], [120, { 0: 0, 1: 72, 2: 96 }]);
+  assert.equal(RECORD.flat.length, 17, 'over 16: insert and replace take their parameters by pointer');
+  assert.deepEqual([IMPORTS['store/insert'].params, EXPORTS.complete.params, EXPORTS.renew.params.length], [['i32', 'i32'], ['i32'], 16]);
 });
 
 test('a response larger than the guest’s memory grows it and replays byte for byte', () => {

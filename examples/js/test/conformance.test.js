@@ -44,7 +44,20 @@ function responseJson(r) {
   };
 }
 
-const claimJson = (c) => ({ fence: Number(c.fence), lease_until_ms: Number(c.leaseUntilMs), expires_at_ms: Number(c.expiresAtMs) });
+/** A checkpoint in a result: `null`, or `{ phase, data_hex }`. */
+const checkpointJson = (c) => (c ? { phase: c.phase, data_hex: hex(c.data) } : null);
+
+// `holder` stays a BigInt (holder ids are random u64s); `holder_of` compares it with a kept claim's.
+const claimJson = (c) => ({
+  fence: Number(c.fence),
+  holder: c.holder,
+  lease_until_ms: Number(c.leaseUntilMs),
+  expires_at_ms: Number(c.expiresAtMs),
+  checkpoint: checkpointJson(c.checkpoint),
+});
+
+/** JSON for a failure message: BigInts (holder ids) as decimal strings. */
+const show = (v) => JSON.stringify(v, (_, x) => (typeof x === 'bigint' ? String(x) : x));
 
 function errorJson(e) {
   if (e instanceof GuardError) return { error: e.kind, message: e.detail };
@@ -73,9 +86,35 @@ function attempt(call, ok) {
   }
 }
 
-/** Checks every field of `expect` against `actual`, as conformance/README.md says. */
-function check(expect, actual) {
+/** A checkpoint expectation (`null` or `{ phase, data? }`, data compared as bytes) against `checkpointJson`'s form. */
+function checkCheckpoint(name, want, actual) {
+  if (want === null) return actual === null ? null : `${name} is ${show(actual)}, expected null`;
+  const expected = { phase: text(want.phase), data_hex: hex(bytes(want.data)) };
+  return isDeepStrictEqual(actual, expected) ? null : `${name} is ${show(actual)}, expected ${show(expected)}`;
+}
+
+/** Checks every field of `expect` against `actual`, as conformance/README.md says; `claims` names the kept claims. */
+function check(expect, actual, claims) {
   for (const [name, want] of Object.entries(expect)) {
+    if (name === 'holder_of' || name === 'holder_not_of') {
+      const claim = claims.get(want);
+      if (!claim) return `${name} names no kept claim ${JSON.stringify(want)}`;
+      if (typeof actual.holder !== 'bigint') return `the result has no holder`;
+      if ((actual.holder === claim.holder) !== (name === 'holder_of')) {
+        return `holder ${actual.holder} is ${name === 'holder_of' ? 'not ' : ''}the holder of ${want} (${claim.holder})`;
+      }
+      continue;
+    }
+    if (name === 'checkpoint' || name === 'resumed') {
+      if (!(name in actual)) return `the result has no ${name}`;
+      const why = checkCheckpoint(name, want, actual[name]);
+      if (why) return why;
+      continue;
+    }
+    if (name === 'holder') {
+      if (actual.holder !== BigInt(want)) return `holder is ${actual.holder}, expected ${want}`;
+      continue;
+    }
     if (name === 'contains') {
       for (const w of [want].flat()) {
         if (typeof actual.message !== 'string' || !actual.message.includes(w)) return `message does not contain ${JSON.stringify(w)}`;
@@ -85,7 +124,7 @@ function check(expect, actual) {
     } else if (name === 'body') {
       if (actual.body_hex !== hex(bytes(want))) return `body is ${actual.body_hex}, expected ${hex(bytes(want))}`;
     } else if (!isDeepStrictEqual(actual[name], want)) {
-      return `${name} is ${JSON.stringify(actual[name])}, expected ${JSON.stringify(want)}`;
+      return `${name} is ${show(actual[name])}, expected ${JSON.stringify(want)}`;
     }
   }
   return null;
@@ -151,6 +190,14 @@ class Host {
             return { ok: true, ...claimJson(c) };
           },
         );
+      case 'checkpoint':
+        return attempt(
+          () => g.saveCheckpoint(this.claim(step), { phase: text(step.phase), data: bytes(step.data) }),
+          (c) => {
+            if (step.as) this.claims.set(step.as, c);
+            return { ok: true, ...claimJson(c) };
+          },
+        );
       case 'run':
         return this.run(step);
       case 'effects':
@@ -164,8 +211,10 @@ class Host {
           state: r.state,
           version: Number(entry.version),
           fingerprint: r.fingerprint,
+          holder: r.holder,
           lease_until_ms: Number(r.leaseUntilMs),
           expires_at_ms: Number(r.expiresAtMs),
+          checkpoint: checkpointJson(r.checkpoint),
           ...(r.response ? responseJson(r.response) : {}),
         };
       }
@@ -180,11 +229,14 @@ class Host {
     throw new Error(`unknown op ${step.op}`);
   }
 
-  /** `guard.run` with a handler that counts its side effect. */
+  /** `guard.run` with a handler that counts its side effect and saves the step's checkpoints. */
   async run(step) {
     const name = step.effect ?? 'effect';
-    const handler = async () => {
+    let resumed;
+    const handler = async (_fence, attempt) => {
+      resumed = checkpointJson(attempt.checkpoint);
       this.effects.set(name, (this.effects.get(name) ?? 0) + 1);
+      for (const c of step.checkpoints ?? []) attempt.saveCheckpoint(text(c.phase), bytes(c.data));
       if (step.fails) throw new Error('handler failed');
       return response(step.response);
     };
@@ -192,6 +244,7 @@ class Host {
       const r = await this.guard.run(text(step.key), text(step.fingerprint), handler);
       switch (r.outcome) {
         case 'executed':
+          return { outcome: r.outcome, ...responseJson(r.response), resumed };
         case 'replayed':
           return { outcome: r.outcome, ...responseJson(r.response) };
         case 'in-flight':
@@ -219,8 +272,8 @@ async function runScenario(scenario, guest = guests.abi) {
       const actual = await host.step(step);
       if (actual === null) continue;
       if (!step.expect) throw new Error(`step ${i} (${step.op}): no expect`);
-      const why = check(step.expect, actual);
-      if (why) throw new Error(`step ${i} (${step.op}): ${why}; got ${JSON.stringify(actual)}`);
+      const why = check(step.expect, actual, host.claims);
+      if (why) throw new Error(`step ${i} (${step.op}): ${why}; got ${show(actual)}`);
       checked += 1;
     }
   }
@@ -261,8 +314,9 @@ for (const file of files) {
   }
 }
 
-test('a wrong expectation fails the scenario at that step', async () => {
-  for (const file of files) {
+// One test per file, as the Python runner does: a scenario that fails outright does not hide the others' checks.
+for (const file of files) {
+  test(`a wrong expectation fails the scenario at that step: ${file}`, async () => {
     const scenario = load(file);
     let broken = 0;
     for (const [i, step] of scenario.steps.entries()) {
@@ -274,5 +328,5 @@ test('a wrong expectation fails the scenario at that step', async () => {
       broken += 1;
     }
     assert.ok(broken > 0, `${file}: no step could be broken`);
-  }
-});
+  });
+}

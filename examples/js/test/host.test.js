@@ -1,7 +1,8 @@
 // What the Node.js host does beyond the shared scenarios: a trapped instance
 // is replaced, the README's snippet is the code tested here, the HTTP
-// example charges once per Idempotency-Key, and `run` renews a slow
-// handler's lease.
+// example charges once per Idempotency-Key, `run` renews a slow handler's
+// lease, a retry resumes a crashed handler from its checkpoint, and a lost
+// renewal reply does not make the handler run twice.
 
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
@@ -133,4 +134,84 @@ test('a missing component file is named, with the command that writes it', () =>
     () => Guard.load({ store: new MemoryStore(), component: missing }),
     (e) => e.message.includes(missing) && e.message.includes('idem -- component --out'),
   );
+});
+
+// Checkpoints: two processes over one store and clock; the first dies in
+// the middle of its handler (its promise never settles, and a dead process
+// renews nothing).
+test('a handler that checkpoints and crashes: the retry after its lease resumes from the checkpoint', async () => {
+  const store = new MemoryStore();
+  const clock = new ManualClock(1_000_000);
+  const [crashing, retrying] = [0, 1].map(() => Guard.load({ store, clock, leaseMs: 1_000, retentionMs: 60_000, renewLease: false }));
+  const effects = [];
+  let unfreeze;
+  const zombie = crashing.run('order-1', 'fp', async (_fence, attempt) => {
+    assert.equal(attempt.checkpoint, null, 'a fresh claim has no checkpoint');
+    effects.push('charge');
+    attempt.saveCheckpoint('charged', 'receipt-7');
+    await new Promise((resolve) => (unfreeze = resolve)); // the process dies here
+    return { status: 200, body: 'zombie' };
+  });
+  const order = async (_fence, attempt) => {
+    if (attempt.checkpoint?.phase !== 'charged') effects.push('charge');
+    effects.push(`ship ${new TextDecoder().decode(attempt.checkpoint?.data ?? new Uint8Array())}`);
+    return { status: 201, body: 'shipped' };
+  };
+
+  assert.equal((await retrying.run('order-1', 'fp', order)).outcome, 'in-flight', 'within the lease');
+  clock.advance(1_000);
+  const retry = await retrying.run('order-1', 'fp', order);
+  assert.equal(retry.outcome, 'executed');
+  assert.deepEqual(effects, ['charge', 'ship receipt-7'], 'charged once, shipped from the checkpoint');
+  assert.equal(store.peek('order-1', clock.nowMs()).record.checkpoint, undefined, 'complete drops the checkpoint');
+
+  unfreeze(); // the zombie wakes: its claim was taken over
+  const late = await zombie.catch((e) => e);
+  assert.ok(late instanceof NotRecordedError && late.error.kind === 'stale-claim', `${late}`);
+  const again = await retrying.run('order-1', 'fp', order);
+  assert.equal(again.outcome, 'replayed');
+  assert.equal(new TextDecoder().decode(again.response.body), 'shipped');
+});
+
+test('a handler written for one argument still runs, and a failed one releases with its checkpoint kept', async () => {
+  const store = new MemoryStore();
+  const clock = new ManualClock(1_000_000);
+  const guard = Guard.load({ store, clock, leaseMs: 1_000, retentionMs: 60_000, renewLease: false });
+  const failed = guard.run('k', 'fp', async (_fence, attempt) => {
+    attempt.saveCheckpoint('step-1', Uint8Array.of(0, 255));
+    throw new Error('step 2 failed');
+  });
+  await assert.rejects(failed, /step 2 failed/);
+  let resumed;
+  const retry = await guard.run('k', 'fp', async (_fence, attempt) => ((resumed = attempt.checkpoint), { status: 200 }));
+  assert.equal(retry.outcome, 'executed', 'the release let the retry proceed at once');
+  assert.deepEqual(resumed, { phase: 'step-1', data: Uint8Array.of(0, 255) });
+  assert.equal((await guard.run('k2', 'fp', async (fence) => ({ status: 200, body: String(fence) }))).outcome, 'executed');
+});
+
+test('a lost renewal reply does not make the handler run twice', async () => {
+  const store = new MemoryStore();
+  const clock = new ManualClock(1_000_000);
+  const leaseMs = 300; // renewed every 100 ms of real time
+  const [first, second] = [0, 1].map(() => Guard.load({ store, clock, leaseMs, retentionMs: 60_000 }));
+  const executions = [];
+  let repeat;
+  const outcome = await first.run('k', 'fp', async (_fence, attempt) => {
+    executions.push('first');
+    store.fault('replace', { kind: 'lost', count: 1 }); // the next renewal is applied, its reply lost
+    clock.advance(200);
+    for (let waited = 0; attempt.fence === 1n; waited += 10) {
+      assert.ok(waited < 5_000, 'no renewal within 5 s');
+      await sleep(10);
+    }
+    // Read back and found applied: fence 2. (Taken as failed, the next tick would have written fence 3.)
+    assert.equal(attempt.fence, 2n);
+    clock.advance(200); // past the first lease; within the renewed one
+    repeat = await second.run('k', 'fp', async () => (executions.push('repeat'), { status: 200, body: 'repeat' }));
+    return { status: 200, body: 'first' };
+  });
+  assert.equal(repeat.outcome, 'in-flight', 'the renewal was read back as applied');
+  assert.equal(outcome.outcome, 'executed', 'and the completion went on from the renewed claim');
+  assert.deepEqual(executions, ['first']);
+  assert.equal((await second.run('k', 'fp', async () => ({ status: 500 }))).outcome, 'replayed');
 });
