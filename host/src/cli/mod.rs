@@ -47,11 +47,11 @@ enum Command {
         #[arg(long, default_value = "0ms", value_parser = crate::server::parse_duration)]
         latency: std::time::Duration,
         /// The store guarding `POST /fulfilments` (as `idem serve --store`):
-        /// `memory`, `sqlite:PATH`, `redis://…`, `postgres://…`.
+        /// `memory:`, `sqlite:PATH`, `redis://…`, `postgres://…`.
         #[arg(
             long,
             env = "IDEM_LEDGER_STORE",
-            default_value = "memory",
+            default_value = "memory:",
             value_name = "URL"
         )]
         store: String,

@@ -145,14 +145,11 @@ impl Gate {
             };
             return self.refuse(&scoped, Verdict::Unavailable, problem, started);
         };
-        let fingerprint = match self
-            .guard
-            .fingerprint(&request_parts(&parts, &body, &self.config))
-            .await
-        {
-            Ok(fp) => fp,
-            Err(e) => return self.refuse_guard_error(&scoped, e, started),
-        };
+        let request_parts = request_parts(&parts, &body, &self.config);
+        // The first claim fingerprints the request inside the component
+        // (`begin-request`: the body crosses once); a request that waits for
+        // a holder in flight asks again with the fingerprint alone.
+        let mut fingerprint: Option<String> = None;
 
         let deadline = match self.config.in_flight {
             InFlight::Reject => None,
@@ -165,7 +162,11 @@ impl Gate {
             if let Some(n) = notified.as_mut() {
                 n.as_mut().enable();
             }
-            let decision = match self.guard.begin(&scoped, &fingerprint).await {
+            let decision = match &fingerprint {
+                None => self.guard.begin_request(&scoped, &request_parts).await,
+                Some(fingerprint) => self.guard.begin(&scoped, fingerprint).await,
+            };
+            let decision = match decision {
                 Ok(decision) => decision,
                 Err(e) => return self.refuse_guard_error(&scoped, e, started),
             };
@@ -215,6 +216,12 @@ impl Gate {
                     let now = Instant::now();
                     match (deadline, notified) {
                         (Some(deadline), Some(notified)) if now < deadline => {
+                            if fingerprint.is_none() {
+                                match self.guard.fingerprint(&request_parts).await {
+                                    Ok(fp) => fingerprint = Some(fp),
+                                    Err(e) => return self.refuse_guard_error(&scoped, e, started),
+                                }
+                            }
                             // Woken by a completion in this process; a holder
                             // in another process is polled for.
                             let nap = retry_after
