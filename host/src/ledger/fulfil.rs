@@ -68,8 +68,10 @@ pub(super) async fn fulfil(State(ledger): State<Ledger>, body: Bytes) -> axum::r
             "qty must be at least 1, cents at least 0, order non-empty, step_ms at most 60000",
         );
     }
-    let Some(guard) = ledger.guard.clone() else {
-        return problem(StatusCode::SERVICE_UNAVAILABLE, "this ledger has no guard");
+    let guard = match ledger.guard().await {
+        Some(Ok(guard)) => guard,
+        Some(Err(why)) => return problem(StatusCode::SERVICE_UNAVAILABLE, &why),
+        None => return problem(StatusCode::SERVICE_UNAVAILABLE, "this ledger has no guard"),
     };
     let parts = RequestParts {
         method: "POST".into(),

@@ -21,9 +21,10 @@ use ratatui::text::{Line, Span};
 use ratatui::widgets::{Cell, Paragraph, Row, Table, Widget};
 
 /// The operations the guard component calls: `insert` to claim a key,
-/// `replace` to complete, release or renew it. `get` and `delete` serve the
-/// admin API only, so a fault on them changes no traffic.
-pub const GUARD_OPS: [Op; 2] = [Op::Insert, Op::Replace];
+/// `replace` to complete, release, renew or checkpoint it, `get` to read
+/// a record back after a holder's write failed (contract 0.2). `delete`
+/// serves the admin API only, so a fault on it changes no traffic.
+pub const GUARD_OPS: [Op; 3] = [Op::Get, Op::Insert, Op::Replace];
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum FaultsAction {
@@ -446,7 +447,7 @@ impl Widget for &FaultsView {
             choice.push(tail);
         }
         let note = Line::from(Span::styled(
-            " The guard calls only insert and replace; *get, delete: admin API only.",
+            " The guard calls get, insert and replace; *delete: admin API only.",
             DIM,
         ));
         Paragraph::new(vec![Line::default(), Line::from(choice), note]).render(keys_area, buf);
