@@ -251,9 +251,10 @@ mod component {
     }
     use bindings_export;
 
-    /// The test build's keys: three that break the guard on purpose, and
-    /// two that answer `conflict` without the store, so that the benchmark
-    /// can measure what one call across the component boundary costs.
+    /// The test build's keys: three that break the guard on purpose, two
+    /// that answer `conflict` without the store, so that the benchmark can
+    /// measure what one call across the component boundary costs, and one
+    /// (`!replay`) that crosses what a replay crosses and decides nothing.
     #[cfg(feature = "misbehave")]
     fn misbehave(key: &str) -> Option<wit::Decision> {
         match key {
@@ -261,6 +262,32 @@ mod component {
             "!clock" => {
                 core::hint::black_box(clock::now_ms());
                 return Some(wit::Decision::Conflict);
+            }
+            // A replay's floor: the clock, then one `insert` that hands
+            // back the stored record, whose response is returned as is —
+            // the imports and values a replay must cross, no decision.
+            "!replay" => {
+                let now = clock::now_ms();
+                let claim = types::Record {
+                    fingerprint: String::from("fp"),
+                    state: types::State::Processing,
+                    holder: 1,
+                    lease_until_ms: now,
+                    expires_at_ms: now + 1,
+                    response: None,
+                    checkpoint: None,
+                };
+                return Some(match store::insert(key, &claim, now) {
+                    Ok(store::InsertOutcome::Existing(types::Entry {
+                        record:
+                            types::Record {
+                                response: Some(response),
+                                ..
+                            },
+                        ..
+                    })) => wit::Decision::Replay(response),
+                    _ => wit::Decision::Conflict,
+                });
             }
             "!trap" => core::arch::wasm32::unreachable(),
             "!spin" => loop {

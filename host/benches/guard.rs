@@ -188,29 +188,59 @@ fn bench(c: &mut Criterion) {
             });
         });
     }
-    // The floor under any guard call: `begin` through the component doing no
-    // work (the test build's `!noop` key answers at once), and with the one
-    // import every real call makes first (`!clock`: `now-ms`). Key and
-    // fingerprint cross the boundary as in a real call.
+    // The floor under any guard call, in both flavours: `begin` through the
+    // test build of the component doing no work (`!noop` answers at once),
+    // with the one import every real call makes first (`!clock`: `now-ms`),
+    // and with what a replay must cross and no decision (`!replay`: the
+    // clock, one `insert` handing back the stored record, its response
+    // returned as is). Key and fingerprint cross as in a real call.
     let runtime = Runtime::from_component(MISBEHAVING_COMPONENT, Limits::default()).unwrap();
-    for (key, name) in [("!noop", "begin-no-import"), ("!clock", "begin-one-import")] {
-        let guard = Guard::builder(MemoryStore::new())
-            .runtime(runtime.clone())
-            .build()
-            .unwrap();
-        group.bench_function(BenchmarkId::new("boundary", name), |b| {
-            b.iter_custom(|iters| {
-                rt.block_on(async {
-                    let start = Instant::now();
-                    for _ in 0..iters {
-                        let Ok(Decision::Conflict) = guard.begin(key, "fp").await else {
-                            panic!()
-                        };
-                    }
-                    start.elapsed()
+    let floors = [
+        ("!noop", "begin-no-import"),
+        ("!clock", "begin-one-import"),
+        ("!replay", "replay-crossings"),
+    ];
+    for flavour in FLAVOURS {
+        for (key, name) in floors {
+            let store = MemoryStore::new();
+            let done = Record {
+                fingerprint: "fp".into(),
+                state: idem::State::Done,
+                holder: 1,
+                lease_until_ms: 0,
+                expires_at_ms: u64::MAX,
+                response: Some(paid()),
+                checkpoint: None,
+            };
+            store.insert_now("!replay", done, 0).unwrap();
+            let builder = match flavour {
+                "component" => Guard::builder(store),
+                _ => Guard::builder(AsyncOnly::new(store)),
+            };
+            let guard = builder.runtime(runtime.clone()).build().unwrap();
+            let row = if flavour == "component" {
+                name.to_owned()
+            } else {
+                format!("{name}-async")
+            };
+            group.bench_function(BenchmarkId::new("boundary", row), |b| {
+                b.iter_custom(|iters| {
+                    rt.block_on(async {
+                        let start = Instant::now();
+                        for _ in 0..iters {
+                            match guard.begin(key, "fp").await {
+                                Ok(Decision::Replay(r)) if key == "!replay" => {
+                                    black_box(r);
+                                }
+                                Ok(Decision::Conflict) if key != "!replay" => {}
+                                other => panic!("{key}: {other:?}"),
+                            }
+                        }
+                        start.elapsed()
+                    })
                 })
             });
-        });
+        }
     }
     group.finish();
 }

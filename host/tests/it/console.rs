@@ -168,11 +168,11 @@ fn console_at_80x24_tells_two_clients_apart_searches_and_flips_the_insert_fault(
     // insert fault, flipped with its key, makes the gateway fail closed.
     tmux.keys(&["2"]);
     let screen = tmux.wait_for("the faults view", |s| {
-        s.contains("Store faults") && s.contains("The guard calls only")
+        s.contains("Store faults") && s.contains("The guard calls get, insert and replace")
     });
     assert!(screen.contains(" insert: [o] off"), "{screen}");
     assert!(
-        screen.contains("The guard calls only insert and replace"),
+        screen.contains("The guard calls get, insert and replace; *delete"),
         "{screen}"
     );
     tmux.keys(&["e"]);
