@@ -107,10 +107,11 @@ pub(super) async fn fulfil(State(ledger): State<Ledger>, body: Bytes) -> axum::r
             StatusCode::UNPROCESSABLE_ENTITY,
             "this order id was used with another body",
         ),
-        Ok(Outcome::Unavailable(why)) => problem(StatusCode::SERVICE_UNAVAILABLE, &why),
+        Ok(Outcome::Unavailable(why)) | Err(RunError::Handler(why)) => {
+            problem(StatusCode::SERVICE_UNAVAILABLE, &why)
+        }
         Err(RunError::InvalidInput(why)) => problem(StatusCode::BAD_REQUEST, &why),
         Err(RunError::NotRecorded { response, .. }) => reply(response, false),
-        Err(RunError::Handler(why)) => problem(StatusCode::SERVICE_UNAVAILABLE, &why),
     }
 }
 

@@ -14,9 +14,11 @@
 //! let record = Record {
 //!     fingerprint: "fp".into(),
 //!     state: State::Processing,
+//!     holder: 42,
 //!     lease_until_ms: 2_000,
 //!     expires_at_ms: 10_000,
 //!     response: None,
+//!     checkpoint: None,
 //! };
 //! let first = store.insert("order-1", record.clone(), 1_000).await.unwrap();
 //! assert_eq!(first, InsertOutcome::Inserted(1));

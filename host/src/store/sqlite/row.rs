@@ -91,7 +91,7 @@ impl<'r> RecordColumns<'r> {
     /// record (`?3` to `?12`), then `trailing`.
     pub(super) fn params<'a>(
         &'a self,
-        key: &'a String,
+        key: &'a dyn ToSql,
         version: &'a i64,
         trailing: &[&'a dyn ToSql],
     ) -> Vec<&'a dyn ToSql> {
