@@ -1,12 +1,16 @@
 //! The conformance scenarios (`conformance/*.json`, format in
 //! `conformance/README.md`) run against the component through `idem::Guard`,
-//! over a `Faulty<MemoryStore>` and a `ManualClock`. The JavaScript and Python
+//! over a `Faulty` store and a `ManualClock`: the memory store, and every
+//! other store too (SQLite, Redis, PostgreSQL), each scenario in a namespace
+//! of its own (a new file, key prefix or table). The JavaScript and Python
 //! hosts run the very same files; a host that disagrees with any step fails.
 
+use idem::store::Store;
 use idem::{
     Checkpoint, Claim, Clock, Decision, FaultHandle, FaultRule, Faulty, Guard, GuardError,
     ManualClock, MemoryStore, Op, Outcome, RequestParts, Response, RunError, State,
 };
+use idem_harness::{server_url, unique};
 use serde_json::{Map, Value, json};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -30,8 +34,12 @@ fn load(path: &Path) -> Value {
     serde_json::from_str(&text).unwrap_or_else(|e| panic!("{} is not JSON: {e}", path.display()))
 }
 
-#[tokio::test]
-async fn every_conformance_scenario_passes_in_the_rust_host() {
+/// Runs every scenario, each on a fresh store from `open`.
+async fn every_scenario_passes_on<F, Fut>(open: F)
+where
+    F: Fn() -> Fut,
+    Fut: Future<Output = Arc<dyn Store>>,
+{
     let files = scenario_files();
     assert!(
         files.len() >= 15,
@@ -42,7 +50,7 @@ async fn every_conformance_scenario_passes_in_the_rust_host() {
     let mut steps = 0;
     for path in &files {
         let scenario = load(path);
-        match run_scenario(&scenario).await {
+        match run_scenario(&scenario, open().await).await {
             Ok(n) => steps += n,
             Err(why) => failures.push(format!(
                 "{}: {why}",
@@ -60,6 +68,75 @@ async fn every_conformance_scenario_passes_in_the_rust_host() {
     assert!(steps > 100, "only {steps} checked steps");
 }
 
+#[tokio::test]
+async fn every_conformance_scenario_passes_in_the_rust_host() {
+    every_scenario_passes_on(|| async { Arc::new(MemoryStore::new()) as Arc<dyn Store> }).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_conformance_scenario_passes_on_sqlite() {
+    let dir = tempfile::tempdir().unwrap();
+    every_scenario_passes_on(|| {
+        let path = dir.path().join(format!("{}.db", unique("scenario")));
+        async move {
+            let store = idem::store::SqliteStore::open(path, Default::default()).unwrap();
+            Arc::new(store) as Arc<dyn Store>
+        }
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_conformance_scenario_passes_on_redis() {
+    let Some(url) = server_url("IDEM_TEST_REDIS_URL") else {
+        return;
+    };
+    every_scenario_passes_on(|| {
+        let url = format!("{url}?prefix={}:", unique("scenario"));
+        async move { idem::store::open(&url).await.unwrap() }
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_conformance_scenario_passes_on_postgres() {
+    let Some(url) = server_url("IDEM_TEST_POSTGRES_URL") else {
+        return;
+    };
+    let table = format!("scenarios_{}_{}", std::process::id(), fastrand::u32(..));
+    let store_url = format!(
+        "{url}{}table={table}",
+        if url.contains('?') { '&' } else { '?' }
+    );
+    // One table for the run; each scenario's keys are its own (the table is
+    // emptied in between by `open`).
+    use deadpool_postgres::tokio_postgres;
+    let (client, connection) = tokio_postgres::connect(&url, tokio_postgres::NoTls)
+        .await
+        .unwrap();
+    tokio::spawn(connection);
+    let client = Arc::new(client);
+    every_scenario_passes_on(|| {
+        let (store_url, client, table) = (store_url.clone(), client.clone(), table.clone());
+        async move {
+            let store = idem::store::open(&store_url).await.unwrap();
+            client
+                .batch_execute(&format!("DELETE FROM {table}"))
+                .await
+                .unwrap();
+            store
+        }
+    })
+    .await;
+    client
+        .batch_execute(&format!(
+            "DROP TABLE {table}; DROP FUNCTION {table}_claim; DROP FUNCTION {table}_try_claim; \
+             DELETE FROM idem_schema WHERE table_name = '{table}'"
+        ))
+        .await
+        .unwrap();
+}
+
 /// The runner must be able to fail: for every scenario, breaking one
 /// expectation (a decision, an outcome, an error kind or an effect count)
 /// makes it fail at that step.
@@ -75,7 +152,7 @@ async fn a_wrong_expectation_fails_the_scenario() {
             };
             let mut mutant = scenario.clone();
             mutant["steps"][i]["expect"] = wrong;
-            let err = run_scenario(&mutant)
+            let err = run_scenario(&mutant, Arc::new(MemoryStore::new()))
                 .await
                 .expect_err(&format!("{}: step {i} mutated but passed", path.display()));
             assert!(
@@ -134,16 +211,16 @@ struct Host {
     effects: BTreeMap<String, Arc<AtomicU64>>,
 }
 
-/// Runs one scenario; returns how many steps were checked, or the first
-/// disagreement as `step N (op): ...`.
-async fn run_scenario(scenario: &Value) -> Result<usize, String> {
+/// Runs one scenario on `store`; returns how many steps were checked, or the
+/// first disagreement as `step N (op): ...`.
+async fn run_scenario(scenario: &Value, store: Arc<dyn Store>) -> Result<usize, String> {
     let policy = &scenario["policy"];
     let clock = ManualClock::new(
         scenario["clock_ms"]
             .as_u64()
             .ok_or("scenario needs clock_ms")?,
     );
-    let (store, faults) = Faulty::new(MemoryStore::new());
+    let (store, faults) = Faulty::new(store);
     let guard = Guard::builder(store)
         .clock(clock.clone())
         .lease(std::time::Duration::from_millis(
