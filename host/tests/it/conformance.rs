@@ -510,6 +510,38 @@ pub async fn holder_and_checkpoint_round_trip(store: Arc<dyn Store>) {
     assert_eq!(read.record, finished, "a completion drops the checkpoint");
 }
 
+/// A store just migrated from contract 0.1 holds, as a 0.1 host wrote them,
+/// `paid` (done at version 2: status 201, header `x: ff`, body `paid!`) and
+/// `crashed` (a claim at version 1 whose lease ran out at `BASE_MS - 1`):
+/// both read as holder 0 with no checkpoint, `paid` replays those bytes,
+/// and `crashed` is taken over and completed by a 0.2 holder.
+pub async fn records_of_0_1_hosts_keep_working(store: impl Store) {
+    let entry = store.get("paid", BASE_MS).await.unwrap().expect("kept");
+    assert_eq!((entry.record.holder, entry.record.checkpoint), (0, None));
+    let guard = guard_at_base(store);
+    let calls = AtomicUsize::new(0);
+    let replayed = guard.run("paid", "fp", counting(&calls)).await.unwrap();
+    let Outcome::Replayed(response) = replayed else {
+        panic!("{replayed:?}")
+    };
+    assert_eq!(
+        (response.status, response.headers, response.body),
+        (201, vec![("x".to_owned(), vec![0xff])], b"paid!".to_vec()),
+        "the bytes a 0.1 host stored replay"
+    );
+    let taken = guard.run("crashed", "fp", counting(&calls)).await.unwrap();
+    assert!(matches!(taken, Outcome::Executed(_)), "{taken:?}");
+    assert_eq!(calls.load(Ordering::SeqCst), 1);
+    let entry = guard
+        .store()
+        .get("crashed", BASE_MS)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(entry.version, 3, "taken over at 2, completed at 3");
+    assert_ne!(entry.record.holder, 0, "written by a 0.2 holder");
+}
+
 /// Runs the whole suite against the store `$open` yields, on a
 /// multi-thread runtime unless a flavor is given (`current_thread`).
 #[macro_export]

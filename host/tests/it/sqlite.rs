@@ -461,29 +461,5 @@ async fn a_file_of_schema_version_1_is_migrated_and_its_records_keep_working() {
         .query_row("PRAGMA user_version", [], |r| r.get(0))
         .unwrap();
     assert_eq!(version, 2, "migrated to the current schema");
-    let entry = store.get("paid", BASE_MS).await.unwrap().expect("kept");
-    assert_eq!((entry.record.holder, entry.record.checkpoint), (0, None));
-
-    let guard = guard_at_base(store);
-    let calls = AtomicUsize::new(0);
-    let replayed = guard.run("paid", "fp", counting(&calls)).await.unwrap();
-    let Outcome::Replayed(response) = replayed else {
-        panic!("{replayed:?}")
-    };
-    assert_eq!(
-        (response.status, response.headers, response.body),
-        (201, vec![("x".to_owned(), vec![0xff])], b"paid!".to_vec()),
-        "the bytes a 0.1 host stored replay"
-    );
-    let taken = guard.run("crashed", "fp", counting(&calls)).await.unwrap();
-    assert!(matches!(taken, Outcome::Executed(_)), "{taken:?}");
-    assert_eq!(calls.load(Ordering::SeqCst), 1);
-    let entry = guard
-        .store()
-        .get("crashed", BASE_MS)
-        .await
-        .unwrap()
-        .unwrap();
-    assert_eq!(entry.version, 3, "taken over at 2, completed at 3");
-    assert_ne!(entry.record.holder, 0, "written by a 0.2 holder");
+    crate::conformance::records_of_0_1_hosts_keep_working(store).await;
 }
