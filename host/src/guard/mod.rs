@@ -131,6 +131,17 @@ pub struct RequestParts {
     pub body: Vec<u8>,
 }
 
+impl RequestParts {
+    /// The canonical fingerprint of `wit/guard.wit`, computed natively: the
+    /// component's own fingerprint code, compiled for the host, so the
+    /// request never crosses into the component to be hashed. Equal to
+    /// [`Guard::fingerprint`] for every request (tested on the conformance
+    /// vectors and on random requests).
+    pub fn fingerprint(&self) -> String {
+        idem_guest::fingerprint::fingerprint(&self.method, &self.path, &self.headers, &self.body)
+    }
+}
+
 /// An idempotency guard over one store. Cheap to clone; clones share instances.
 #[derive(Clone)]
 pub struct Guard {

@@ -137,6 +137,44 @@ async fn every_conformance_scenario_passes_on_postgres() {
         .unwrap();
 }
 
+/// The gateway hashes requests natively (`RequestParts::fingerprint`, the
+/// component's code compiled for the host): on 500 random requests — any
+/// bytes, names in mixed case, duplicate headers — it agrees with the
+/// component byte for byte.
+#[tokio::test]
+async fn the_native_fingerprint_is_the_components_on_random_requests() {
+    let guard = Guard::builder(MemoryStore::new()).build().unwrap();
+    let mut rng = fastrand::Rng::with_seed(19);
+    let text = |rng: &mut fastrand::Rng, n: usize| -> String {
+        (0..rng.usize(..n))
+            .map(|_| {
+                rng.choice(['a', 'B', '-', '/', '?', '=', 'ü', ' ', '\u{1F600}'])
+                    .unwrap()
+            })
+            .collect()
+    };
+    for _ in 0..500 {
+        let headers = (0..rng.usize(..5))
+            .map(|_| {
+                let name = text(&mut rng, 8);
+                let value = (0..rng.usize(..12)).map(|_| rng.u8(..)).collect();
+                (name, value)
+            })
+            .collect::<Vec<_>>();
+        let parts = RequestParts {
+            method: text(&mut rng, 8),
+            path: text(&mut rng, 30),
+            headers: [headers.clone(), headers[..headers.len() / 2].to_vec()].concat(),
+            body: (0..rng.usize(..300)).map(|_| rng.u8(..)).collect(),
+        };
+        assert_eq!(
+            guard.fingerprint(&parts).await.unwrap(),
+            parts.fingerprint(),
+            "{parts:?}"
+        );
+    }
+}
+
 /// The runner must be able to fail: for every scenario, breaking one
 /// expectation (a decision, an outcome, an error kind or an effect count)
 /// makes it fail at that step.
@@ -420,6 +458,13 @@ impl Host {
                     body: bytes(&req["body"])?,
                 };
                 Ok(Some(match self.guard.fingerprint(&parts).await {
+                    // The host's native fingerprint (the gateway's) must agree.
+                    Ok(fp) if fp != parts.fingerprint() => {
+                        return Err(format!(
+                            "the component says {fp}, the native code {}",
+                            parts.fingerprint()
+                        ));
+                    }
                     Ok(fp) => json!({"fingerprint": fp}),
                     Err(e) => error_json(&e),
                 }))

@@ -7,7 +7,7 @@ mod run_to_completion;
 mod waiter;
 
 pub use parts::{client_key, scoped_key};
-use parts::{request_parts, to_http};
+use parts::{fingerprint, to_http};
 use run_to_completion::RunToCompletion;
 use waiter::Waiter;
 
@@ -18,7 +18,7 @@ use super::parse::{HOP_BY_HOP, fingerprinted_headers, idempotency_key};
 pub use super::parse::{MAX_KEY_BYTES, strip_hop_by_hop};
 use super::problem::Problem;
 use crate::clock::Clock;
-use crate::guard::{Guard, RequestParts, Settle, Settled};
+use crate::guard::{Guard, Settle, Settled};
 use crate::store::{self, FaultHandle, Store};
 use axum::body::Body;
 use axum::body::HttpBody as _;
@@ -145,11 +145,10 @@ impl Gate {
             };
             return self.refuse(&scoped, Verdict::Unavailable, problem, started);
         };
-        let request_parts = request_parts(&parts, &body, &self.config);
-        // The first claim fingerprints the request inside the component
-        // (`begin-request`: the body crosses once); a request that waits for
-        // a holder in flight asks again with the fingerprint alone.
-        let mut fingerprint: Option<String> = None;
+        // The canonical fingerprint, computed natively (the component's own
+        // code, compiled for the host): the body never crosses into the
+        // component. BENCHMARKS.md, "Contract 0.2", measures the choice.
+        let fingerprint = fingerprint(&parts, &body, &self.config);
 
         let deadline = match self.config.in_flight {
             InFlight::Reject => None,
@@ -162,11 +161,7 @@ impl Gate {
             if let Some(n) = notified.as_mut() {
                 n.as_mut().enable();
             }
-            let decision = match &fingerprint {
-                None => self.guard.begin_request(&scoped, &request_parts).await,
-                Some(fingerprint) => self.guard.begin(&scoped, fingerprint).await,
-            };
-            let decision = match decision {
+            let decision = match self.guard.begin(&scoped, &fingerprint).await {
                 Ok(decision) => decision,
                 Err(e) => return self.refuse_guard_error(&scoped, e, started),
             };
@@ -216,12 +211,6 @@ impl Gate {
                     let now = Instant::now();
                     match (deadline, notified) {
                         (Some(deadline), Some(notified)) if now < deadline => {
-                            if fingerprint.is_none() {
-                                match self.guard.fingerprint(&request_parts).await {
-                                    Ok(fp) => fingerprint = Some(fp),
-                                    Err(e) => return self.refuse_guard_error(&scoped, e, started),
-                                }
-                            }
                             // Woken by a completion in this process; a holder
                             // in another process is polled for.
                             let nap = retry_after

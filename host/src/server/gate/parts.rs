@@ -31,20 +31,20 @@ pub fn scoped_key(headers: &HeaderMap, config: &Config, key: &str) -> String {
     crate::server::parse::scoped_key(client, key)
 }
 
-pub(super) fn request_parts(
+/// The request's canonical fingerprint (`wit/guard.wit`), computed natively
+/// with the component's own code (see `RequestParts::fingerprint`): the
+/// method, the path with its query, the configured headers and the body.
+pub(super) fn fingerprint(
     parts: &axum::http::request::Parts,
     body: &Bytes,
     config: &Config,
-) -> RequestParts {
-    RequestParts {
-        method: parts.method.as_str().to_owned(),
-        path: parts
-            .uri
-            .path_and_query()
-            .map_or_else(|| parts.uri.path().to_owned(), |pq| pq.as_str().to_owned()),
-        headers: fingerprinted_headers(&parts.headers, &config.fingerprint_headers),
-        body: body.to_vec(),
-    }
+) -> String {
+    let path = parts
+        .uri
+        .path_and_query()
+        .map_or_else(|| parts.uri.path(), |pq| pq.as_str());
+    let headers = fingerprinted_headers(&parts.headers, &config.fingerprint_headers);
+    idem_guest::fingerprint::fingerprint(parts.method.as_str(), path, &headers, body)
 }
 
 /// The stored response as HTTP, headers in their stored order.
