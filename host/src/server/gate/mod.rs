@@ -1,6 +1,6 @@
 //! The HTTP semantics of the guard, shared by the reverse proxy and the
-//! tower layer: read the key, scope it by client, fingerprint the request in
-//! the component, then forward once, replay, or refuse.
+//! tower layer: read the key, scope it by client, fingerprint the request (natively,
+//! with the component's code), then forward once, replay, or refuse.
 
 mod parts;
 mod run_to_completion;
