@@ -218,6 +218,8 @@ fn json_response(status: u16, body: &serde_json::Value) -> Response {
 fn reply(response: Response, replayed: bool) -> axum::response::Response {
     let status = StatusCode::from_u16(response.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
     let mut out = (status, response.body).into_response();
+    // The stored headers say what the body is.
+    out.headers_mut().remove(header::CONTENT_TYPE);
     for (name, value) in response.headers {
         if let (Ok(name), Ok(value)) = (
             header::HeaderName::from_bytes(name.as_bytes()),

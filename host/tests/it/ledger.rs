@@ -138,6 +138,16 @@ async fn a_holder_killed_between_steps_is_resumed_and_each_step_applies_once() {
         "{:?}",
         String::from_utf8_lossy(&done.body)
     );
+    assert_eq!(
+        done.head
+            .to_ascii_lowercase()
+            .matches("content-type:")
+            .count(),
+        1,
+        "{}",
+        done.head
+    );
+    assert_eq!(done.header("content-type"), Some("application/json"));
     let body = done.json();
     assert_eq!(body["resumed_from"], "charged");
     assert_eq!(body["status"], "shipped");
