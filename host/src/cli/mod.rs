@@ -128,8 +128,13 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
             if let Some(books) = books {
                 ledger = ledger.with_books_file(books)?;
             }
-            // A bad or unreachable store is an error now; the guard (which
-            // compiles the component) is made while the ledger listens.
+            // A bad lease or a bad or unreachable store is an error now; the
+            // guard (which compiles the component) is made while the ledger listens.
+            let policy = crate::Policy {
+                lease_ms: u64::try_from(lease.as_millis()).unwrap_or(u64::MAX),
+                ..crate::Policy::default()
+            };
+            idem_guest::limits::check_policy(&policy).context("--lease")?;
             let opened = crate::store::open(&store).await?;
             let ledger = ledger.with_guard_from(move || {
                 let opened = opened.clone();
