@@ -40,6 +40,7 @@ fi
 
 # Built from a copy, so setuptools' build/ and egg-info never land in the source tree.
 mkdir -p "$target" "$out"
+out="$(cd "$out" && pwd)"
 stage="$(mktemp -d "$target/python-build.XXXXXX")"
 trap 'rm -rf "$stage"' EXIT
 cp -r "$package/pyproject.toml" "$package/src" "$stage/"
