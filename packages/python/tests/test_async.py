@@ -115,9 +115,9 @@ def test_a_repeat_while_the_handler_runs_is_in_flight_and_then_replayed() -> Non
 
 # The lease runs on a ManualClock; renewals run on the loop's own time, every
 # third of the lease (100 ms). The handler moves the clock past its first lease.
-def slow_handler_and_repeat(renew_lease: bool) -> tuple[Any, Any, list[str]]:
+def slow_handler_and_repeat(renew_lease: bool, store_blocks: bool = False) -> tuple[Any, Any, list[str]]:
     store, clock = MemoryStore(), ManualClock(1_000_000)
-    first, second = guards(2, store, clock, lease_ms=300, renew_lease=renew_lease)
+    first, second = guards(2, store, clock, lease_ms=300, renew_lease=renew_lease, store_blocks=store_blocks)
     executions: list[str] = []
 
     async def main() -> tuple[Any, Any]:
@@ -146,8 +146,9 @@ def slow_handler_and_repeat(renew_lease: bool) -> tuple[Any, Any, list[str]]:
     return outcome, repeat, executions
 
 
-def test_run_renews_the_lease_from_an_asyncio_task_so_a_slow_handler_runs_once() -> None:
-    outcome, repeat, executions = slow_handler_and_repeat(renew_lease=True)
+@pytest.mark.parametrize("store_blocks", [False, True], ids=["on-the-loop", "on-threads"])
+def test_run_renews_the_lease_from_an_asyncio_task_so_a_slow_handler_runs_once(store_blocks: bool) -> None:
+    outcome, repeat, executions = slow_handler_and_repeat(renew_lease=True, store_blocks=store_blocks)
     assert executions == ["first"]
     assert repeat.kind == "in-flight"
     assert outcome.kind == "executed"
