@@ -41,7 +41,9 @@ fi
 venv="$target/polyglot-venv"
 if [[ " $hosts " == *" python "* ]]; then
   [[ -x "$venv/bin/python" ]] || python3.11 -m venv "$venv"
-  "$venv/bin/pip" install --quiet --disable-pip-version-check -r "$root/examples/python/requirements.txt"
+  "$venv/bin/pip" install --quiet --disable-pip-version-check -r "$root/packages/python/requirements-dev.txt"
+  "$venv/bin/pip" install --quiet --disable-pip-version-check --no-deps --force-reinstall \
+    "$("$root/packages/python/build.sh" "" "$target/wheels")"  # the idem-guard wheel, with $component
 fi
 
 echo "load average: $(cut -d' ' -f1-3 /proc/loadavg)"

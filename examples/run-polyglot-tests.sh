@@ -5,7 +5,9 @@
 #   examples/run-polyglot-tests.sh [REPO_ROOT]
 #
 # Needs: cargo, Node.js >= 20 with npm, Python 3.11. Installs from lock files
-# only (npm ci; pip install -r requirements.txt, into a venv under target/).
+# only (npm ci; pip install -r packages/python/requirements-dev.txt, into a venv
+# under target/), and builds the idem-guard wheel (packages/python/build.sh)
+# with the same component, which the Python tests use installed.
 # Set IDEM_BIN to use an already built idem binary instead of `cargo run`, or
 # IDEM_COMPONENT to test a component file as it is (e.g. one built from guest/
 # with `cargo build --lib --target wasm32-wasip2 --profile guest`).
@@ -36,13 +38,22 @@ echo "== JavaScript host (Node.js $(node --version))"
   node --test test/
 )
 
-echo "== Python host ($(python3.11 --version))"
+echo "== Python package and host ($(python3.11 --version))"
 (
-  cd "$root/examples/python"
   venv="$target/polyglot-venv"
+  wheels="$target/wheels"
   [[ -x "$venv/bin/python" ]] || python3.11 -m venv "$venv"
-  "$venv/bin/pip" install --quiet --disable-pip-version-check -r requirements.txt
-  "$venv/bin/python" -m pytest -q -p no:cacheprovider
+  # The test dependencies go through a wheelhouse, from which the wheel test
+  # installs wasmtime into its fresh venv offline.
+  dev="$root/packages/python/requirements-dev.txt"
+  "$venv/bin/pip" download --quiet --disable-pip-version-check --no-deps --dest "$wheels" -r "$dev"
+  "$venv/bin/pip" install --quiet --disable-pip-version-check --no-index --find-links "$wheels" -r "$dev"
+  # The idem-guard wheel, with $component inside; the tests import it installed.
+  "$root/packages/python/build.sh" "" "$wheels"
+  "$venv/bin/pip" install --quiet --disable-pip-version-check --no-deps --force-reinstall \
+    "$wheels/idem_guard-0.2.0-py3-none-any.whl"
+  (cd "$root/packages/python" && IDEM_WHEELHOUSE="$wheels" "$venv/bin/python" -m pytest -q -p no:cacheprovider tests)
+  (cd "$root/examples/python" && "$venv/bin/python" -m pytest -q -p no:cacheprovider)
 )
 
 echo "== every host agrees with every scenario"

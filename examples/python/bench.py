@@ -1,6 +1,6 @@
 """The cost of one guarded call in Python, through the component, over the dict
 store, with each binding: `dynamic` (wasmtime-py's component API, the binding
-before issue 17) and `static` (idem_abi, the guard's). Rounds alternate the
+before issue 17) and `static` (idem_guard.abi, the guard's). Rounds alternate the
 bindings so a busy machine slows both alike; the median round is printed
 (wall-clock and this process's CPU time per call: on a shared machine the two
 part when the process waits for a core), then the ratio. For

@@ -29,9 +29,9 @@ refused at load, not mis-read at run time. Moving to the next contract: edit
 the mirror, `VERSION` and the few hand-written lift/lower functions that
 name fields.
 
-What it takes from wasmtime-py beyond its public API, all pinned by
-requirements.txt (wasmtime==50.0.1) and exercised by every test: the library
-handle and C types of `wasmtime._bindings`, `Func._from_raw`, `Func._func`,
+What it takes from wasmtime-py beyond its public API, all pinned by the
+package's dependency (pyproject.toml: wasmtime==50.0.1) and exercised by
+every test: the library handle and C types of `wasmtime._bindings`, `Func._from_raw`, `Func._func`,
 `Memory._memory`, `Store._context()`, `FuncType.ptr()`, `Trap._from_ptr`,
 `WasmtimeError._from_ptr` and `Trap._consume`.
 """
@@ -49,7 +49,7 @@ from typing import Any, Callable, Optional, Sequence
 import wasmtime
 from wasmtime import _bindings as capi  # wasmtime-py's ctypes prototypes of wasmtime's C API
 
-from idem_types import Checkpoint, Claim, Entry, Failure, Policy, Record, Response, StoreFault
+from .types import Checkpoint, Claim, Entry, Failure, Policy, Record, Response, StoreFault
 
 VERSION = "0.2.0"
 

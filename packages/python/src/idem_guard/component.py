@@ -1,7 +1,7 @@
 """The guard component through wasmtime-py's dynamic component API
 (`wasmtime.component`): the reference binding.
 
-`idem_abi` is the binding the guard uses; this one lifts and lowers through
+`idem_guard.abi` is the binding the guard uses; this one lifts and lowers through
 wasmtime's own implementation of the component model, so the tests run the
 conformance scenarios through both and catch a mistake in the hand-written
 canonical ABI, and `bench.py` measures what the static binding saves. It is
@@ -28,8 +28,8 @@ from wasmtime.component import Record as WitRecord
 from wasmtime.component import Variant
 from wasmtime.component._types import OptionType
 
-from idem_abi import ENGINE
-from idem_types import Checkpoint, Claim, Entry, Failure, Policy, Record, Response, StoreFault
+from .abi import ENGINE
+from .types import Checkpoint, Claim, Entry, Failure, Policy, Record, Response, StoreFault
 
 
 def _untagged_option_classes(self: OptionType, s: set) -> None:

@@ -1,7 +1,7 @@
 """The values of `idem:guard@0.2.0` as Python sees them, one class per WIT type.
 
-Field names are the WIT's, snake_case. Both bindings (`idem_abi`, the static
-canonical ABI over the core module, and `idem_component`, wasmtime-py's dynamic
+Field names are the WIT's, snake_case. Both bindings (`idem_guard.abi`, the static
+canonical ABI over the core module, and `idem_guard.component`, wasmtime-py's dynamic
 component API) produce and take exactly these, so a store or a test never sees
 which one runs.
 """

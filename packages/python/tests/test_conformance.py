@@ -13,7 +13,7 @@ import pytest
 
 from idem_guard import Attempt, Checkpoint, Claim, Guard, GuardError, ManualClock, MemoryStore, NotRecorded, Response
 
-CONFORMANCE = Path(__file__).resolve().parents[2] / "conformance"
+CONFORMANCE = Path(__file__).resolve().parents[3] / "conformance"
 FILES = sorted(p.name for p in CONFORMANCE.glob("*.json"))
 
 

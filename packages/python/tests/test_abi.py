@@ -1,4 +1,4 @@
-"""The static binding (`idem_abi`) against the reference (`idem_component`,
+"""The static binding (`idem_guard.abi`) against the reference (`idem_guard.component`,
 wasmtime's own canonical ABI): the same random calls, stores and faults give the
 same answers and the same stored records. And what it refuses: a component whose
 core signatures are not the WIT mirror's."""
@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-import idem_abi
+from idem_guard import abi as idem_abi
 from idem_guard import DEFAULT_COMPONENT, Checkpoint, Guard, GuardError, ManualClock, MemoryStore, Response, StoreFault
 
 COMPONENT = Path(os.environ.get("IDEM_COMPONENT") or DEFAULT_COMPONENT)

@@ -17,12 +17,12 @@ handed the last one::
             attempt.save_checkpoint("charged", charge())
         return ship(attempt.checkpoint.data)
 
-Two bindings run the component: `idem_abi` (the default, `binding="static"`)
+Two bindings run the component: `idem_guard.abi` (the default, `binding="static"`)
 runs its core module through wasmtime's core API with the canonical ABI of this
-WIT written once in Python, tens of microseconds a call; `idem_component`
+WIT written once in Python, tens of microseconds a call; `idem_guard.component`
 (`binding="dynamic"`) goes through wasmtime-py's component API, milliseconds a
 call, and serves as the reference the tests check the static one against.
-Stores and callers see the same values either way (`idem_types`).
+Stores and callers see the same values either way (`idem_guard.types`).
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Optional
 
-from idem_types import Checkpoint, Claim, Entry, Failure, Policy, Record, Response, StoreFault
+from .types import Checkpoint, Claim, Entry, Failure, Policy, Record, Response, StoreFault
 
 __all__ = [
     "Attempt",
@@ -57,7 +57,9 @@ __all__ = [
     "SystemRandom",
 ]
 
-DEFAULT_COMPONENT = Path(__file__).resolve().parents[2] / "target" / "idem-guard.wasm"
+# The component's bytes ship inside the package (packages/python/build.sh writes them
+# there from `idem component --out`); IDEM_COMPONENT or `component=` override them.
+DEFAULT_COMPONENT = Path(__file__).resolve().parent / "idem-guard.wasm"
 
 
 @dataclass(frozen=True)
@@ -219,13 +221,13 @@ def _normalized(r: Response) -> Response:
 
 def _binding(name: str) -> Any:
     if name == "static":
-        import idem_abi
+        from . import abi
 
-        return idem_abi.Guest
+        return abi.Guest
     if name == "dynamic":
-        import idem_component
+        from . import component
 
-        return idem_component.Guest
+        return component.Guest
     raise ValueError(f"unknown binding {name!r}; expected static or dynamic")
 
 
@@ -261,8 +263,9 @@ class Guard:
         path = Path(component or os.environ.get("IDEM_COMPONENT") or DEFAULT_COMPONENT)
         if not path.is_file():
             raise FileNotFoundError(
-                f"no guard component at {path}: write it with "
-                f"`cargo run -p idem -- component --out {path}` (or set IDEM_COMPONENT to the file)"
+                f"no guard component at {path}: write it with `idem component --out {path}` "
+                f"(`cargo run -p idem -- component --out {path}` in the repository; "
+                f"packages/python/build.sh puts it in the package), or set IDEM_COMPONENT to the file"
             )
         self._guest = _binding(binding).load(path)
         self._instance: Any = None

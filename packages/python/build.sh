@@ -1,0 +1,57 @@
+#!/usr/bin/env bash
+# Builds the idem-guard wheel: writes the guard component into the package
+# (src/idem_guard/idem-guard.wasm, the bytes `idem component --out` writes)
+# and packs it with the Python sources. Prints the wheel's path.
+#
+#   packages/python/build.sh [IDEM_BIN] [OUT_DIR]
+#
+# The component comes from $IDEM_COMPONENT if set (copied as it is), else from
+# `IDEM_BIN component --out`, else from `cargo run -p idem -- component --out`
+# in the repository. OUT_DIR defaults to $CARGO_TARGET_DIR/wheels (target/wheels).
+# The wheel is built offline (pip wheel --no-index --no-build-isolation) with the
+# setuptools pinned in build-requirements.txt, installed once into a venv of its
+# own under the target directory (that one step needs the package index).
+# Needs Python 3.11 (python3.11, or $PYTHON).
+set -euo pipefail
+
+package="$(cd "$(dirname "$0")" && pwd)"
+root="$(cd "$package/../.." && pwd)"
+target="${CARGO_TARGET_DIR:-$root/target}"
+idem_bin="${1:-}"
+out="${2:-$target/wheels}"
+wasm="$package/src/idem_guard/idem-guard.wasm"
+
+if [[ -n "${IDEM_COMPONENT:-}" ]]; then
+  [[ -f "$IDEM_COMPONENT" ]] || { echo "build.sh: no component at $IDEM_COMPONENT (IDEM_COMPONENT)" >&2; exit 1; }
+  [[ "$(realpath "$IDEM_COMPONENT")" == "$(realpath -m "$wasm")" ]] || cp "$IDEM_COMPONENT" "$wasm"
+elif [[ -n "$idem_bin" ]]; then
+  "$idem_bin" component --out "$wasm"
+else
+  (cd "$root" && cargo run -p idem -- component --out "$wasm")
+fi
+
+venv="$target/python-build-venv"
+if ! cmp -s "$package/build-requirements.txt" "$venv/build-requirements.txt" 2>/dev/null; then
+  rm -rf "$venv"
+  "${PYTHON:-python3.11}" -m venv "$venv"
+  "$venv/bin/pip" install --quiet --disable-pip-version-check -r "$package/build-requirements.txt"
+  cp "$package/build-requirements.txt" "$venv/build-requirements.txt"
+fi
+
+# Built from a copy, so setuptools' build/ and egg-info never land in the source tree.
+mkdir -p "$target" "$out"
+out="$(cd "$out" && pwd)"
+stage="$(mktemp -d "$target/python-build.XXXXXX")"
+trap 'rm -rf "$stage"' EXIT
+cp -r "$package/pyproject.toml" "$package/src" "$stage/"
+find "$stage" -name __pycache__ -prune -exec rm -rf {} +
+"$venv/bin/python" -m pip wheel --quiet --disable-pip-version-check --no-deps --no-index --no-build-isolation \
+  --wheel-dir "$out" "$stage"
+
+wheel="$out/idem_guard-0.2.0-py3-none-any.whl"
+"$venv/bin/python" - "$wheel" <<'PY'
+import sys, zipfile
+names = zipfile.ZipFile(sys.argv[1]).namelist()
+assert "idem_guard/idem-guard.wasm" in names, f"{sys.argv[1]} lacks the component: {names}"
+PY
+echo "$wheel"

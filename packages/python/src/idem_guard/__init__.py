@@ -1,0 +1,53 @@
+"""idem-guard: an idempotency guard for Python, the `idem:guard@0.2.0`
+WebAssembly component hosted with wasmtime. The component's bytes ship in the
+package, so a guard needs no file of its own::
+
+    from idem_guard import Guard, Response
+
+    guard = Guard()  # a MemoryStore; pass store=, clock=, lease_ms=, ...
+    outcome = guard.run("order-1", "cents=1000", lambda fence: Response(200, [], b"paid"))
+    assert guard.run("order-1", "cents=1000", lambda fence: Response(500)).response.body == b"paid"
+
+`Guard` is the synchronous API (its renewals run on a thread), `AsyncGuard`
+the asyncio one (`await guard.run(...)`, renewals as asyncio tasks). The
+component is read from the `component=` argument, else the file named by
+`$IDEM_COMPONENT`, else the one in the package.
+"""
+
+from .aio import AsyncAttempt, AsyncGuard
+from .guard import (
+    DEFAULT_COMPONENT,
+    Attempt,
+    Guard,
+    GuardError,
+    ManualClock,
+    MemoryStore,
+    NotRecorded,
+    Outcome,
+    SystemClock,
+    SystemRandom,
+)
+from .types import Checkpoint, Claim, Entry, Record, Response, StoreFault
+
+__version__ = "0.2.0"
+
+__all__ = [
+    "DEFAULT_COMPONENT",
+    "AsyncAttempt",
+    "AsyncGuard",
+    "Attempt",
+    "Checkpoint",
+    "Claim",
+    "Entry",
+    "Guard",
+    "GuardError",
+    "ManualClock",
+    "MemoryStore",
+    "NotRecorded",
+    "Outcome",
+    "Record",
+    "Response",
+    "StoreFault",
+    "SystemClock",
+    "SystemRandom",
+]

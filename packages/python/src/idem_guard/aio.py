@@ -1,0 +1,214 @@
+"""The guard for `asyncio` code: `AsyncGuard.run` awaits an async handler (a
+plain one works too) and renews its claim's lease from an asyncio task::
+
+    guard = AsyncGuard(store=MemoryStore())
+
+    async def charge(fence: int) -> Response:
+        receipt = await payments.charge("order-1", 1000, fence)
+        return Response(200, [], receipt)
+
+    outcome = await guard.run("order-1", "cents=1000", charge)
+
+It wraps a `Guard` (same options, same component, same decisions). The
+component's calls are synchronous and run a store's primitives inline, so
+where they run depends on the store: a `MemoryStore` answers from a dict in
+microseconds and its calls run on the event loop; any other store may wait on
+a disk or a server, so its calls go to a worker thread (`asyncio.to_thread`)
+and the loop keeps serving. `store_blocks=` says which, when the default
+guesses wrong.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+from typing import Any, Awaitable, Callable, Optional
+
+from .guard import (
+    Guard,
+    GuardError,
+    MemoryStore,
+    NotRecorded,
+    Outcome,
+    _bytes,
+    _normalized,
+    _takes_attempt,
+)
+from .types import Checkpoint, Claim, Response
+
+__all__ = ["AsyncAttempt", "AsyncGuard"]
+
+
+class AsyncGuard:
+    """An idempotency guard for asyncio: `await guard.run(key, fingerprint, handler)`.
+
+    Takes `Guard`'s options, plus `store_blocks`: whether the store's calls can
+    block (default: every store but `MemoryStore`). Lease renewal, on by
+    default (`renew_lease=False`), runs as one asyncio task per running handler,
+    so it needs the loop to be free: a handler that blocks the loop for longer
+    than the lease loses its key as if it had crashed.
+    """
+
+    @classmethod
+    def load(cls, **options: Any) -> "AsyncGuard":
+        return cls(**options)
+
+    def __init__(self, *, store_blocks: Optional[bool] = None, renew_lease: bool = True, **options: Any):
+        # The wrapped guard's own renewal thread stays off: the tasks below renew.
+        self.guard = Guard(renew_lease=False, **options)
+        self.renew_lease = renew_lease
+        self.store_blocks = not isinstance(self.guard.store, MemoryStore) if store_blocks is None else store_blocks
+        self._every_s = max(1, self.guard.policy.lease_ms // 3) / 1000
+
+    @property
+    def store(self) -> Any:
+        return self.guard.store
+
+    async def _call(self, method: Callable[..., Any], *args: Any) -> Any:
+        if self.store_blocks:
+            return await asyncio.to_thread(method, *args)
+        return method(*args)
+
+    async def begin(self, key: str, fingerprint: str) -> tuple[str, Any]:
+        """`("proceed", Claim)`, `("replay", Response)`, `("in-flight", ms)` or `("conflict", None)`."""
+        return await self._call(self.guard.begin, key, fingerprint)
+
+    async def complete(self, claim: Claim, response: Response) -> None:
+        await self._call(self.guard.complete, claim, response)
+
+    async def release(self, claim: Claim) -> None:
+        await self._call(self.guard.release, claim)
+
+    async def renew(self, claim: Claim) -> Claim:
+        return await self._call(self.guard.renew, claim)
+
+    async def save_checkpoint(self, claim: Claim, checkpoint: Checkpoint) -> Claim:
+        return await self._call(self.guard.save_checkpoint, claim, checkpoint)
+
+    async def begin_request(
+        self, key: str, method: str, path: str, headers: list[tuple[str, bytes]] = (), body: bytes = b""
+    ) -> tuple[str, Any]:
+        return await self._call(self.guard.begin_request, key, method, path, headers, body)
+
+    async def fingerprint(self, method: str, path: str, headers: list[tuple[str, bytes]] = (), body: bytes = b"") -> str:
+        return await self._call(self.guard.fingerprint, method, path, headers, body)
+
+    async def run(self, key: str, fingerprint: str, handler: Callable[..., Awaitable[Response] | Response]) -> Outcome:
+        """`Guard.run` for asyncio: runs `handler(fence)` (or `handler(fence,
+        attempt)`, with an `AsyncAttempt`) at most once per key and fingerprint,
+        awaiting it if it returns an awaitable, and replays its response to
+        every repeat. Outcomes and exceptions are `Guard.run`'s; a cancelled
+        handler releases its claim like a failed one."""
+        try:
+            kind, value = await self.begin(key, fingerprint)
+        except GuardError as e:
+            if e.kind == "invalid-input":
+                raise
+            return Outcome("unavailable", message=e.detail)
+        if kind == "replay":
+            return Outcome("replayed", response=value)
+        if kind == "in-flight":
+            return Outcome("in-flight", retry_after_ms=value)
+        if kind == "conflict":
+            return Outcome("conflict")
+        held = _AsyncHeld(self, value)
+        try:
+            if _takes_attempt(handler):
+                result = handler(value.fence, AsyncAttempt(held))
+            else:
+                result = handler(value.fence)
+            if inspect.isawaitable(result):
+                result = await result
+            response = _normalized(result)
+        except BaseException:
+            claim = await held.stop()
+            try:
+                await self.release(claim)
+            except GuardError:
+                pass  # the lease runs out as after a crash
+            raise
+        claim = await held.stop()
+        try:
+            await self.complete(claim, response)
+        except GuardError as e:
+            raise NotRecorded(response, e) from e
+        return Outcome("executed", response=response)
+
+
+class AsyncAttempt:
+    """`Attempt` for async handlers: the same properties; `save_checkpoint` is awaited."""
+
+    def __init__(self, held: "_AsyncHeld"):
+        self._held = held
+
+    @property
+    def claim(self) -> Claim:
+        """The claim as it stands: renewals and checkpoints move its fence."""
+        return self._held.claim
+
+    @property
+    def fence(self) -> int:
+        return self._held.claim.fence
+
+    @property
+    def checkpoint(self) -> Optional[Checkpoint]:
+        """The key's last recovery point, or None (see `Attempt.checkpoint`)."""
+        return self._held.claim.checkpoint
+
+    async def save_checkpoint(self, phase: str, data: bytes | str = b"") -> Claim:
+        """Records that the operation got as far as `phase`, with `data` to
+        continue from, and extends the lease (see `Attempt.save_checkpoint`).
+        Raises `GuardError` (`stale-claim`: taken over; `invalid-input`; `unavailable`)."""
+        return await self._held.save_checkpoint(Checkpoint(phase, _bytes(data)))
+
+
+class _AsyncHeld:
+    """A claim and the task renewing it each third of the lease; `stop()` ends
+    the task and returns the latest claim.
+
+    Renewals, checkpoints and `stop` take turns on one `asyncio.Lock`: a
+    renewal under way (perhaps on a worker thread) finishes before `stop`
+    reads the claim, and the next renewal goes on from a checkpoint's claim.
+    """
+
+    def __init__(self, guard: AsyncGuard, claim: Claim):
+        self.claim = claim
+        self._guard = guard
+        self._lock = asyncio.Lock()
+        self._stopped = False
+        loop = asyncio.get_running_loop()
+        self._due = loop.time() + guard._every_s
+        self._task = loop.create_task(self._renew(), name="idem-renew") if guard.renew_lease else None
+
+    async def _renew(self) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            await asyncio.sleep(max(0.0, self._due - loop.time()))
+            async with self._lock:
+                if self._stopped:
+                    return
+                if loop.time() < self._due:
+                    continue  # a checkpoint extended the lease meanwhile
+                self._due = loop.time() + self._guard._every_s
+                try:
+                    self.claim = await self._guard.renew(self.claim)
+                except GuardError as e:
+                    if e.kind != "unavailable":
+                        self._stopped = True  # taken over: the completion will be refused too
+                        return
+                    # unavailable: the lease may still hold, try at the next tick
+
+    async def save_checkpoint(self, checkpoint: Checkpoint) -> Claim:
+        async with self._lock:
+            self.claim = await self._guard.save_checkpoint(self.claim, checkpoint)
+            self._due = asyncio.get_running_loop().time() + self._guard._every_s  # it extended the lease
+            return self.claim
+
+    async def stop(self) -> Claim:
+        async with self._lock:
+            self._stopped = True
+            claim = self.claim
+        if self._task is not None:
+            self._task.cancel()  # it is asleep: the lock is free, so no renewal is under way
+            await asyncio.wait([self._task])  # tracked to its end; a cancellation of ours still propagates
+        return claim
