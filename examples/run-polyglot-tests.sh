@@ -22,6 +22,7 @@ if [[ -n "${IDEM_COMPONENT:-}" ]]; then
   [[ -f "$component" ]] || { echo "no component at $component" >&2; exit 1; }
 elif [[ -n "${IDEM_BIN:-}" ]]; then
   echo "== component: idem component --out $component"
+  mkdir -p "$(dirname "$component")" # a fresh clone has no target/ yet
   "$IDEM_BIN" component --out "$component"
 else
   echo "== component: idem component --out $component"
