@@ -45,7 +45,7 @@ test('the package is ESM with exports, types and no runtime dependencies', () =>
   assert.deepEqual(manifest.exports['.'], { types: './index.d.ts', default: './index.js' });
   assert.equal(manifest.dependencies, undefined);
   const installed = join(app, 'node_modules', '@idem', 'guard');
-  assert.deepEqual(readdirSync(installed).sort(), ['idem-abi.js', 'idem-guard.wasm', 'index.d.ts', 'index.js', 'package.json']);
+  assert.deepEqual(readdirSync(installed).sort(), ['README.md', 'idem-abi.js', 'idem-guard.wasm', 'index.d.ts', 'index.js', 'package.json']);
   assert.deepEqual(readFileSync(join(installed, 'idem-guard.wasm')), readFileSync(join(pkg, 'idem-guard.wasm')));
   assert.deepEqual(readdirSync(join(app, 'node_modules')), ['.package-lock.json', '@idem']);
 });
