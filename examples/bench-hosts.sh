@@ -32,10 +32,13 @@ else
 fi
 if [[ " $hosts " == *" js "* ]]; then
   (
-    cd "$root/examples/js"
+    # bench.js uses the package (linked) and jco's glue, transpiled in the package.
+    cd "$root/packages/js"
     [[ -d node_modules ]] || npm ci --no-audit --no-fund --loglevel=error
     rm -rf gen
     npx --no-install jco transpile "$component" -o gen --name idem --instantiation sync --no-wasi-shim -q
+    cd "$root/examples/js"
+    [[ -d node_modules ]] || npm ci --no-audit --no-fund --loglevel=error
   )
 fi
 venv="$target/polyglot-venv"

@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # Runs the conformance scenarios in the JavaScript and Python hosts against the
-# exact component bytes the Rust host embeds. Exits non-zero on any failure.
+# exact component bytes the Rust host embeds, builds the npm package
+# @idem/guard with those bytes (packages/js/build.sh, tarball in the target
+# directory) and tests it installed. Exits non-zero on any failure.
 #
 #   examples/run-polyglot-tests.sh [REPO_ROOT]
 #
@@ -22,6 +24,7 @@ if [[ -n "${IDEM_COMPONENT:-}" ]]; then
   [[ -f "$component" ]] || { echo "no component at $component" >&2; exit 1; }
 elif [[ -n "${IDEM_BIN:-}" ]]; then
   echo "== component: idem component --out $component"
+  mkdir -p "$(dirname "$component")" # a fresh clone has no target/ yet
   "$IDEM_BIN" component --out "$component"
 else
   echo "== component: idem component --out $component"
@@ -29,12 +32,24 @@ else
 fi
 export IDEM_COMPONENT="$component"
 
-echo "== JavaScript host (Node.js $(node --version))"
+echo "== JavaScript package @idem/guard (Node.js $(node --version))"
+tarball="$(IDEM_COMPONENT="$component" bash "$root/packages/js/build.sh" "$target")"
+echo "packed $tarball"
 (
-  cd "$root/examples/js"
+  # Its tests: the conformance scenarios through the lean binding and jco's
+  # glue (the devDependency), the guard's own, and an install of the tarball
+  # into an empty project, as a user does.
+  cd "$root/packages/js"
   npm ci --no-audit --no-fund --loglevel=error
   rm -rf gen
   npx --no-install jco transpile "$component" -o gen --name idem --instantiation sync --no-wasi-shim -q
+  node --test test/
+)
+
+echo "== JavaScript examples (@idem/guard linked from packages/js)"
+(
+  cd "$root/examples/js"
+  npm ci --no-audit --no-fund --loglevel=error
   node --test test/
 )
 

@@ -13,8 +13,10 @@
 
 import { execFileSync } from 'node:child_process';
 import { fileURLToPath } from 'node:url';
-import { Guard, MemoryStore } from './idem.js';
-import { jcoGuest } from './jco-guest.js';
+import { Guard, MemoryStore } from '@idem/guard';
+// The reference binding lives beside the package, not in it (it needs jco and
+// the transpiled glue: `npm ci && npm run transpile` in packages/js).
+import { jcoGuest } from '../../packages/js/jco-guest.js';
 
 const child = process.argv[2] === '--child';
 const ops = Number(process.argv[2] ?? 20_000);

@@ -9,7 +9,7 @@
 
 import { createServer } from 'node:http';
 import { fileURLToPath } from 'node:url';
-import { Guard, MemoryStore } from './idem.js';
+import { Guard, MemoryStore } from '@idem/guard';
 
 async function readBody(req) {
   const chunks = [];

@@ -1,4 +1,4 @@
-import { Guard, MemoryStore } from './idem.js';
+import { Guard, MemoryStore } from '@idem/guard';
 
 const guard = Guard.load({ store: new MemoryStore(), leaseMs: 30_000 });
 

@@ -7,11 +7,11 @@ import { test } from 'node:test';
 import assert from 'node:assert/strict';
 import { readFileSync } from 'node:fs';
 import { fileURLToPath } from 'node:url';
-import { Guard, GuardError, ManualClock, MemoryStore, StoreError } from '../idem.js';
+import { Guard, GuardError, ManualClock, MemoryStore, StoreError } from '../index.js';
 import { AbiViolation, BEGIN_RESULT, CLAIM, DECISION, ENTRY, EXPORTS, GET_RESULT, Guest, IMPORTS, INSERT_RESULT, PARAMS, RECORD } from '../idem-abi.js';
 import { jcoGuest } from '../jco-guest.js';
 
-const component = process.env.IDEM_COMPONENT || fileURLToPath(new URL('../../../target/idem-guard.wasm', import.meta.url));
+const component = process.env.IDEM_COMPONENT || fileURLToPath(new URL('../idem-guard.wasm', import.meta.url));
 
 /** A MemoryStore whose next `get`, `insert` or `replace` may answer `corrupt`. */
 class Corrupting extends MemoryStore {

@@ -2,8 +2,9 @@
 // `npm run transpile`): the reference binding. `idem-abi.js` is the binding
 // the guard uses; this one lifts and lowers through jco's own implementation
 // of the canonical ABI, so the tests run the conformance scenarios through
-// both and catch a mistake in the hand-written one, and `bench.js` measures
-// what the lean binding saves.
+// both and catch a mistake in the hand-written one, and
+// examples/js/bench.js measures what the lean binding saves. It is not in the
+// published package (`files` in package.json): it needs jco, a devDependency.
 //
 //   const guard = Guard.load({ guest: await jcoGuest() });
 //

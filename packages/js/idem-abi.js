@@ -329,8 +329,8 @@ export class Guest {
       } catch (e) {
         if (e?.code !== 'ENOENT') throw e;
         throw new Error(
-          `no guard component at ${key}: write it with \`cargo run -p idem -- component --out ${key}\` ` +
-            '(or set IDEM_COMPONENT to the file)',
+          `no guard component at ${key}: write it with \`idem component --out ${key}\` ` +
+            '(packages/js/build.sh writes it into the package), or set IDEM_COMPONENT to the file',
         );
       }
       guest = new Guest(bytes);

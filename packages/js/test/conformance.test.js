@@ -8,7 +8,7 @@ import { test } from 'node:test';
 import assert from 'node:assert/strict';
 import { readdirSync, readFileSync } from 'node:fs';
 import { isDeepStrictEqual } from 'node:util';
-import { Guard, GuardError, ManualClock, MemoryStore, NotRecordedError } from '../idem.js';
+import { Guard, GuardError, ManualClock, MemoryStore, NotRecordedError } from '../index.js';
 import { jcoGuest } from '../jco-guest.js';
 
 const dir = new URL('../../../conformance/', import.meta.url);

@@ -7,7 +7,7 @@ import { test } from 'node:test';
 import assert from 'node:assert/strict';
 import { createHash } from 'node:crypto';
 import { readFileSync } from 'node:fs';
-import { Guard, ManualClock, MemoryStore } from '../idem.js';
+import { Guard, ManualClock, MemoryStore } from '../index.js';
 
 const encoder = new TextEncoder();
 

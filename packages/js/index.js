@@ -1,4 +1,4 @@
-// The idem guard component hosted in Node.js.
+// @idem/guard: the idem guard component hosted in Node.js.
 //
 // The component (the very bytes `idem component --out FILE` writes) makes
 // every decision; this file gives it a clock, randomness and a store, and
@@ -6,6 +6,8 @@
 // and replays its response to every repeat. A handler of several steps saves
 // a checkpoint after each; a retry that takes over after a crash is handed
 // the last one and continues from there.
+//
+//   import { Guard, MemoryStore } from '@idem/guard';
 //
 //   const guard = Guard.load({ store: new MemoryStore() });
 //   const outcome = await guard.run('order-1', 'sku=A&qty=1', async (fence, attempt) => {
@@ -15,19 +17,22 @@
 //
 // The binding that runs the component is `idem-abi.js` (its core module with
 // the canonical ABI of this WIT written once, a few microseconds a call); the
-// jco-transpiled glue (`jco-guest.js`, pass `guest: await jcoGuest()`) is the
-// reference the tests check it against. Values either way: u64 is a BigInt;
-// `option<T>` is `undefined` or T; a variant is `{ tag, val }`; records have
-// camelCase fields; `list<u8>` is a Uint8Array. A store signals a failure the
-// guard should see (`store-error`) by throwing a value with an own `payload`
-// property holding it (`StoreError`); anything else it throws is a host bug
-// and traps the instance.
+// jco-transpiled glue (`jco-guest.js`, in the repository but not in the
+// package: pass `guest: await jcoGuest()`) is the reference the tests check it
+// against. Values either way: u64 is a BigInt; `option<T>` is `undefined` or
+// T; a variant is `{ tag, val }`; records have camelCase fields; `list<u8>` is
+// a Uint8Array. A store signals a failure the guard should see (`store-error`)
+// by throwing a value with an own `payload` property holding it
+// (`StoreError`); anything else it throws is a host bug and traps the
+// instance.
 
 import { getRandomValues } from 'node:crypto';
 import { fileURLToPath } from 'node:url';
 import { Failure, Guest } from './idem-abi.js';
 
-const DEFAULT_COMPONENT = fileURLToPath(new URL('../../target/idem-guard.wasm', import.meta.url));
+// The component ships inside the package (build.sh writes it there before
+// `npm pack`), so an installed package needs no path and no env var.
+const DEFAULT_COMPONENT = fileURLToPath(new URL('./idem-guard.wasm', import.meta.url));
 
 const encoder = new TextEncoder();
 
@@ -271,7 +276,7 @@ export class Guard {
    * @param {number} options.retentionMs how long keys are remembered (default 24 h)
    * @param {number} options.maxResponseBytes the largest stored response (default 1 MiB)
    * @param {boolean} options.renewLease whether `run` renews the claim's lease while its handler runs (default true)
-   * @param {string} options.component the component file (default `$IDEM_COMPONENT`, else target/idem-guard.wasm)
+   * @param {string} options.component the component file (default `$IDEM_COMPONENT`, else the package's own idem-guard.wasm)
    * @param {object} options.guest the binding that runs it (default `Guest.load(component)` from idem-abi.js)
    */
   static load(options = {}) {

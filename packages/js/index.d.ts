@@ -1,0 +1,244 @@
+// Types of @idem/guard (index.js). Values follow jco's conventions for the
+// WIT `idem:guard@0.2.0`: u64 is a bigint, `option<T>` is `undefined` or T,
+// a variant is `{ tag, val }`, records have camelCase fields, `list<u8>` is a
+// Uint8Array. test/install.test.js type-checks a user's program against this
+// file and checks that it names every export of index.js.
+
+/** Bytes: a string is encoded as UTF-8; absent is empty. */
+export type BytesInit = string | Uint8Array;
+
+/** A response as the guard stores and replays it: status, headers in order, body bytes. */
+export interface Response {
+  status: number;
+  headers: [name: string, value: Uint8Array][];
+  body: Uint8Array;
+}
+
+/** A response as a handler returns it. */
+export interface ResponseInit {
+  status: number;
+  headers?: [name: string, value: BytesInit][];
+  body?: BytesInit | null;
+}
+
+/** A recovery point: how far an attempt got (`phase`, 1 to 64 bytes) and what to continue from. */
+export interface Checkpoint {
+  phase: string;
+  data: Uint8Array;
+}
+
+/** The right to run the handler for one key; each renewal and checkpoint moves its fence. */
+export interface Claim {
+  key: string;
+  fingerprint: string;
+  fence: bigint;
+  holder: bigint;
+  leaseUntilMs: bigint;
+  expiresAtMs: bigint;
+  checkpoint?: Checkpoint;
+}
+
+/** What `begin` decides. `in-flight` carries the milliseconds until the holder's lease runs out. */
+export type Decision =
+  | { tag: 'proceed'; val: Claim }
+  | { tag: 'replay'; val: Response }
+  | { tag: 'in-flight'; val: bigint }
+  | { tag: 'conflict'; val?: undefined };
+
+/** What `run` resolves to. */
+export type RunResult =
+  | { outcome: 'executed'; response: Response }
+  | { outcome: 'replayed'; response: Response }
+  | { outcome: 'in-flight'; retryAfterMs: number }
+  | { outcome: 'conflict' }
+  | { outcome: 'unavailable'; message: string };
+
+export type Outcome = RunResult['outcome'];
+
+/** A request, for its canonical fingerprint (wit/guard.wit). */
+export interface RequestParts {
+  method: string;
+  path: string;
+  headers?: [name: string, value: BytesInit][];
+  body?: BytesInit | null;
+}
+
+/** The guard's policy, as `Guard.load` sets it from its options. */
+export interface Policy {
+  leaseMs: bigint;
+  retentionMs: bigint;
+  maxResponseBytes: number;
+}
+
+export type GuardErrorKind = 'unavailable' | 'invalid-input' | 'stale-claim';
+export type StoreErrorKind = 'unavailable' | 'corrupt';
+
+/** A stored record (wit/types.wit). */
+export interface StoredRecord {
+  fingerprint: string;
+  state: 'processing' | 'done';
+  holder: bigint;
+  leaseUntilMs: bigint;
+  expiresAtMs: bigint;
+  response?: Response;
+  checkpoint?: Checkpoint;
+}
+
+export interface Entry {
+  record: StoredRecord;
+  version: bigint;
+}
+
+export type InsertOutcome = { tag: 'inserted'; val: bigint } | { tag: 'existing'; val: Entry };
+
+/**
+ * The store primitives of wit/store.wit. A failure the guard should see is
+ * thrown as a value with an own `payload` (`StoreError`); anything else
+ * thrown is a host bug and traps the instance (the call fails closed).
+ */
+export interface Store {
+  /** The live record for `key`, or undefined when absent or expired at `nowMs`. */
+  get(key: string, nowMs: bigint): Entry | undefined;
+  /** Inserts unless a live record exists (then returns it). */
+  insert(key: string, record: StoredRecord, nowMs: bigint): InsertOutcome;
+  /** Replaces the live record if its version is `expectedVersion`; the new version, or undefined. */
+  replace(key: string, expectedVersion: bigint, record: StoredRecord, nowMs: bigint): bigint | undefined;
+  delete?(key: string, expectedVersion?: bigint): boolean;
+}
+
+export interface Clock {
+  nowMs(): bigint | number;
+}
+
+export interface Random {
+  randomU64(): bigint;
+}
+
+/** A binding that runs the component (default: the package's own, over its core module). */
+export interface GuestBinding {
+  instantiate(store: Store, clock: { nowMs(): bigint }, random: Random): unknown;
+}
+
+export interface GuardOptions {
+  /** The store primitives (default: a new MemoryStore). */
+  store?: Store;
+  /** Default: the system clock. */
+  clock?: Clock;
+  /** The claims' holder ids (default: the system's CSPRNG). */
+  random?: Random;
+  /** How long a claim is held (default 30 000). */
+  leaseMs?: number | bigint;
+  /** How long keys are remembered (default 24 h). */
+  retentionMs?: number | bigint;
+  /** The largest stored response, and checkpoint data (default 1 MiB). */
+  maxResponseBytes?: number;
+  /** Whether `run` renews the claim's lease while its handler runs (default true). */
+  renewLease?: boolean;
+  /** The component file (default `$IDEM_COMPONENT`, else the package's own idem-guard.wasm). */
+  component?: string;
+  /** The binding that runs it (default: the package's lean canonical-ABI binding). */
+  guest?: GuestBinding;
+}
+
+/** What `run` hands its handler beside the fence. */
+export declare class Attempt {
+  private constructor();
+  /** The claim as it stands: renewals and checkpoints move its fence. */
+  get claim(): Claim;
+  get fence(): bigint;
+  /** The key's last recovery point, or null on a fresh claim. */
+  get checkpoint(): Checkpoint | null;
+  /** Records a recovery point and extends the lease; returns the new claim. Throws `GuardError`. */
+  saveCheckpoint(phase: string, data?: BytesInit): Claim;
+}
+
+export type Handler = (fence: bigint, attempt: Attempt) => ResponseInit | Promise<ResponseInit>;
+
+export declare class Guard {
+  static load(options?: GuardOptions): Guard;
+  constructor(options?: GuardOptions);
+  readonly store: Store;
+  readonly clock: Clock;
+  readonly policy: Policy;
+  renewLease: boolean;
+  /** How many trapped instances were replaced. */
+  readonly replaced: number;
+
+  /** Claims `key` for `fingerprint`, or says why not. Throws `GuardError`. */
+  begin(key: string, fingerprint: string): Decision;
+  /** Stores the response for the claim's key: every repeat replays it. Throws `GuardError`. */
+  complete(claim: Claim, response: ResponseInit): void;
+  /** Gives the key up (the checkpoint is kept): the next `begin` takes it over. Throws `GuardError`. */
+  release(claim: Claim): void;
+  /** Extends the claim's lease; returns the claim with its new fence. Throws `GuardError`. */
+  renew(claim: Claim): Claim;
+  /** Records a recovery point and extends the lease; returns the new claim. Throws `GuardError`. */
+  saveCheckpoint(claim: Claim, checkpoint: { phase: string; data?: BytesInit }): Claim;
+  /** `begin` with the request's canonical fingerprint, in one call. */
+  beginRequest(key: string, parts: RequestParts): Decision;
+  /** The canonical fingerprint of a request. */
+  fingerprint(parts: RequestParts): string;
+  /**
+   * Runs `handler` at most once per key and fingerprint within the retention
+   * window and replays its response to every repeat. Rejects with a
+   * `GuardError` (`invalid-input`), a `NotRecordedError`, or the handler's
+   * own error (after releasing the claim).
+   */
+  run(key: string, fingerprint: string, handler: Handler): Promise<RunResult>;
+}
+
+/** An error the guard returned. */
+export declare class GuardError extends Error {
+  constructor(kind: GuardErrorKind, message: string);
+  readonly name: 'GuardError';
+  readonly kind: GuardErrorKind;
+  readonly detail: string;
+}
+
+/** The handler ran but its response could not be stored; a retry after the lease runs it again. */
+export declare class NotRecordedError extends Error {
+  constructor(response: Response, error: Error);
+  readonly name: 'NotRecordedError';
+  readonly response: Response;
+  readonly error: Error;
+}
+
+/** A store failure as the guard sees it: thrown from a store function, the guard fails closed. */
+export declare class StoreError extends Error {
+  constructor(kind: StoreErrorKind, message: string);
+  readonly name: 'StoreError';
+  readonly payload: { tag: StoreErrorKind; val: string };
+}
+
+export type FaultRule = { kind: 'error' | 'lost' | 'trap'; message?: string; count?: number };
+
+/** The store primitives over a Map, with fault injection for tests. */
+export declare class MemoryStore implements Store {
+  get(key: string, nowMs: bigint): Entry | undefined;
+  insert(key: string, record: StoredRecord, nowMs: bigint): InsertOutcome;
+  replace(key: string, expectedVersion: bigint, record: StoredRecord, nowMs: bigint): bigint | undefined;
+  delete(key: string, expectedVersion?: bigint): boolean;
+  /** `error` fails before applying, `lost` applies then fails, `trap` throws a plain Error. */
+  fault(primitive: 'get' | 'insert' | 'replace' | 'delete', rule: FaultRule): void;
+  clearFaults(): void;
+  /** The live record for `key`, bypassing faults. */
+  peek(key: string, nowMs: number | bigint): Entry | undefined;
+}
+
+/** A clock that moves only when told to. */
+export declare class ManualClock implements Clock {
+  constructor(ms: number | bigint);
+  ms: bigint;
+  nowMs(): bigint;
+  set(ms: number | bigint): void;
+  advance(ms: number | bigint): void;
+}
+
+/** Wall-clock milliseconds. */
+export declare const systemClock: { nowMs(): bigint };
+
+/** 64 random bits per call from the system's CSPRNG. */
+export declare const systemRandom: Random;
+
+/** A response as the component stores it. */
+export declare function toResponse(response: ResponseInit): Response;
