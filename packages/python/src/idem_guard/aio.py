@@ -25,6 +25,7 @@ import inspect
 from typing import Any, Awaitable, Callable, Optional
 
 from .guard import (
+    ClaimView,
     Guard,
     GuardError,
     MemoryStore,
@@ -135,25 +136,8 @@ class AsyncGuard:
         return Outcome("executed", response=response)
 
 
-class AsyncAttempt:
+class AsyncAttempt(ClaimView):
     """`Attempt` for async handlers: the same properties; `save_checkpoint` is awaited."""
-
-    def __init__(self, held: "_AsyncHeld"):
-        self._held = held
-
-    @property
-    def claim(self) -> Claim:
-        """The claim as it stands: renewals and checkpoints move its fence."""
-        return self._held.claim
-
-    @property
-    def fence(self) -> int:
-        return self._held.claim.fence
-
-    @property
-    def checkpoint(self) -> Optional[Checkpoint]:
-        """The key's last recovery point, or None (see `Attempt.checkpoint`)."""
-        return self._held.claim.checkpoint
 
     async def save_checkpoint(self, phase: str, data: bytes | str = b"") -> Claim:
         """Records that the operation got as far as `phase`, with `data` to

@@ -39,24 +39,6 @@ from typing import Any, Callable, Optional
 
 from .types import Checkpoint, Claim, Entry, Failure, Policy, Record, Response, StoreFault
 
-__all__ = [
-    "Attempt",
-    "Checkpoint",
-    "Claim",
-    "Entry",
-    "Guard",
-    "GuardError",
-    "ManualClock",
-    "MemoryStore",
-    "NotRecorded",
-    "Outcome",
-    "Record",
-    "Response",
-    "StoreFault",
-    "SystemClock",
-    "SystemRandom",
-]
-
 # The component's bytes ship inside the package (packages/python/build.sh writes them
 # there from `idem component --out`); IDEM_COMPONENT or `component=` override them.
 DEFAULT_COMPONENT = Path(__file__).resolve().parent / "idem-guard.wasm"
@@ -393,12 +375,12 @@ def _takes_attempt(handler: Callable[..., Any]) -> bool:
     return len(required) >= 2 or any(p.kind == p.VAR_POSITIONAL for p in params)
 
 
-class Attempt:
-    """What `Guard.run` hands a handler that takes it: the claim as it stands,
-    the recovery point to continue from, and the call that records the next."""
+class ClaimView:
+    """The claim a running handler holds, as it stands: `Attempt` and
+    `AsyncAttempt` share it. `held` is anything with a `claim` attribute that
+    renewals and checkpoints keep current."""
 
-    def __init__(self, guard: Guard, held: "_Held"):
-        self._guard = guard
+    def __init__(self, held):
         self._held = held
 
     @property
@@ -416,6 +398,15 @@ class Attempt:
         attempt whose lease ran out (or that failed and released) got — None on
         a fresh claim; after `save_checkpoint`, the one just saved."""
         return self._held.claim.checkpoint
+
+
+class Attempt(ClaimView):
+    """What `Guard.run` hands a handler that takes it: the claim as it stands,
+    the recovery point to continue from, and the call that records the next."""
+
+    def __init__(self, guard: Guard, held: "_Held"):
+        super().__init__(held)
+        self._guard = guard
 
     def save_checkpoint(self, phase: str, data: bytes | str = b"") -> Claim:
         """Records that the operation got as far as `phase` (1 to 64 bytes), with
