@@ -9,7 +9,7 @@
 
 import { createServer } from 'node:http';
 import { fileURLToPath } from 'node:url';
-import { Guard, MemoryStore } from '@idem/guard';
+import { fingerprint, Guard, MemoryStore } from '@idem/guard';
 
 async function readBody(req) {
   const chunks = [];
@@ -24,9 +24,10 @@ export function ordersHandler(guard, charge) {
     if (req.method !== 'POST' || req.url !== '/orders') return send(res, { status: 404, body: 'not found\n' });
     if (!key) return send(res, { status: 400, body: 'the Idempotency-Key header is required\n' });
     const body = await readBody(req);
-    const fingerprint = guard.fingerprint({ method: req.method, path: req.url, body });
+    // Hashed natively: the body does not cross into the component.
+    const fp = fingerprint({ method: req.method, path: req.url, body });
     try {
-      const result = await guard.run(key, fingerprint, async (fence) => {
+      const result = await guard.run(key, fp, async (fence) => {
         const receipt = await charge(JSON.parse(body.toString('utf8')), fence);
         return { status: 201, headers: [['content-type', 'application/json']], body: JSON.stringify(receipt) };
       });

@@ -242,3 +242,10 @@ export declare const systemRandom: Random;
 
 /** A response as the component stores it. */
 export declare function toResponse(response: ResponseInit): Response;
+
+/**
+ * The canonical fingerprint of `wit/guard.wit` (`sha256:` and 64 hex
+ * digits), computed natively: equal to `guard.fingerprint(request)`
+ * without passing the request into the component.
+ */
+export declare function fingerprint(request: RequestParts): string;

@@ -30,6 +30,8 @@ import { getRandomValues } from 'node:crypto';
 import { fileURLToPath } from 'node:url';
 import { Failure, Guest } from './idem-abi.js';
 
+export { fingerprint } from './fingerprint.js';
+
 // The component ships inside the package (build.sh writes it there before
 // `npm pack`), so an installed package needs no path and no env var.
 const DEFAULT_COMPONENT = fileURLToPath(new URL('./idem-guard.wasm', import.meta.url));

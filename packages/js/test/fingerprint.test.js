@@ -1,51 +1,15 @@
-// The fingerprint as `wit/guard.wit` specifies it, written natively with
-// node:crypto from the WIT's text alone: it reproduces every vector in
-// conformance/fingerprint-vectors.json and agrees with the component on
-// random requests (non-ASCII methods and header names included).
+// The package's native fingerprint (fingerprint.js: `wit/guard.wit`'s
+// specification written with node:crypto from the WIT's text alone)
+// reproduces every vector in conformance/fingerprint-vectors.json and agrees
+// with the component on random requests (non-ASCII methods and header names
+// included).
 
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
-import { createHash } from 'node:crypto';
 import { readFileSync } from 'node:fs';
-import { Guard, ManualClock, MemoryStore } from '../index.js';
+import { fingerprint as nativeFingerprint, Guard, ManualClock, MemoryStore } from '../index.js';
 
 const encoder = new TextEncoder();
-
-function u64be(n) {
-  const b = Buffer.alloc(8);
-  b.writeBigUInt64BE(BigInt(n));
-  return b;
-}
-
-/** ASCII-only case mapping of UTF-8 bytes: `from`..`from+25` shifted by `by`. */
-function asciiShift(bytes, from, by) {
-  return Uint8Array.from(bytes, (b) => (b >= from && b < from + 26 ? b + by : b));
-}
-
-function compareBytes(a, b) {
-  return Buffer.compare(Buffer.from(a), Buffer.from(b));
-}
-
-export function nativeFingerprint({ method, path, headers = [], body = new Uint8Array() }) {
-  const hash = createHash('sha256');
-  const part = (bytes) => {
-    hash.update(u64be(bytes.length));
-    hash.update(bytes);
-  };
-  const pairs = headers
-    .map(([name, value]) => [asciiShift(encoder.encode(name), 0x41, 0x20), Uint8Array.from(value)])
-    .sort((x, y) => compareBytes(x[0], y[0]) || compareBytes(x[1], y[1]));
-  part(encoder.encode('idem-fingerprint-v1'));
-  part(asciiShift(encoder.encode(method), 0x61, -0x20));
-  part(encoder.encode(path));
-  part(u64be(pairs.length));
-  for (const [name, value] of pairs) {
-    part(name);
-    part(value);
-  }
-  part(body);
-  return `sha256:${hash.digest('hex')}`;
-}
 
 /** A scenario's bytes: a UTF-8 string or `{ hex }`. */
 function bytes(v) {

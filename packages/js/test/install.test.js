@@ -45,7 +45,7 @@ test('the package is ESM with exports, types and no runtime dependencies', () =>
   assert.deepEqual(manifest.exports['.'], { types: './index.d.ts', default: './index.js' });
   assert.equal(manifest.dependencies, undefined);
   const installed = join(app, 'node_modules', '@idem', 'guard');
-  assert.deepEqual(readdirSync(installed).sort(), ['README.md', 'idem-abi.js', 'idem-guard.wasm', 'index.d.ts', 'index.js', 'package.json']);
+  assert.deepEqual(readdirSync(installed).sort(), ['README.md', 'fingerprint.js', 'idem-abi.js', 'idem-guard.wasm', 'index.d.ts', 'index.js', 'package.json']);
   assert.deepEqual(readFileSync(join(installed, 'idem-guard.wasm')), readFileSync(join(pkg, 'idem-guard.wasm')));
   assert.deepEqual(readdirSync(join(app, 'node_modules')), ['.package-lock.json', '@idem']);
 });
@@ -53,7 +53,7 @@ test('the package is ESM with exports, types and no runtime dependencies', () =>
 test('an installed package guards a function: the side effect runs once, the repeat replays the same bytes', () => {
   writeFileSync(
     join(app, 'main.js'),
-    `import { Guard, MemoryStore } from '@idem/guard';
+    `import { fingerprint, Guard, MemoryStore } from '@idem/guard';
 
 const guard = Guard.load({ store: new MemoryStore() });
 let charges = 0;
@@ -61,8 +61,10 @@ const charge = async (fence) => {
   charges += 1;
   return { status: 201, headers: [['content-type', 'application/json']], body: JSON.stringify({ charge: charges, fence: String(fence) }) };
 };
-const first = await guard.run('order-1', 'cents=1000', charge);
-const again = await guard.run('order-1', 'cents=1000', charge);
+const request = { method: 'POST', path: '/orders', body: 'cents=1000' };
+if (fingerprint(request) !== guard.fingerprint(request)) throw new Error('native and component fingerprints differ');
+const first = await guard.run('order-1', fingerprint(request), charge);
+const again = await guard.run('order-1', fingerprint(request), charge);
 const hex = (r) => Buffer.from(r.response.body).toString('hex');
 console.log(JSON.stringify({ charges, outcomes: [first.outcome, again.outcome], bodies: [hex(first), hex(again)], status: again.response.status }));
 `,
