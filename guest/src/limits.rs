@@ -13,18 +13,26 @@ pub const MAX_KEY_BYTES: usize = 255;
 pub const MAX_FINGERPRINT_BYTES: usize = 128;
 
 pub fn check_key(key: &str) -> Result<(), GuardError> {
-    if key.is_empty() {
-        return Err(invalid("key is empty; keys are 1 to 255 bytes"));
-    }
-    if key.len() > MAX_KEY_BYTES {
+    check_name("key", "keys", key, MAX_KEY_BYTES)
+}
+
+/// A name-like text (a key, a checkpoint's phase): 1 to `max` bytes of UTF-8
+/// without control characters. `what` and `plural` name it in the error.
+fn check_name(what: &str, plural: &str, text: &str, max: usize) -> Result<(), GuardError> {
+    if text.is_empty() {
         return Err(invalid(format!(
-            "key is {} bytes; the limit is {MAX_KEY_BYTES}",
-            key.len()
+            "{what} is empty; {plural} are 1 to {max} bytes"
         )));
     }
-    if let Some(c) = key.chars().find(|c| c.is_control()) {
+    if text.len() > max {
         return Err(invalid(format!(
-            "key contains the control character {c:?}; keys are UTF-8 without control characters"
+            "{what} is {} bytes; {plural} are 1 to {max} bytes",
+            text.len()
+        )));
+    }
+    if let Some(c) = text.chars().find(|c| c.is_control()) {
+        return Err(invalid(format!(
+            "{what} contains the control character {c:?}; {plural} are UTF-8 without control characters"
         )));
     }
     Ok(())
@@ -67,18 +75,12 @@ pub fn check_policy(policy: &Policy) -> Result<(), GuardError> {
 pub const MAX_PHASE_BYTES: usize = 64;
 
 pub fn check_checkpoint(checkpoint: &Checkpoint, policy: &Policy) -> Result<(), GuardError> {
-    let phase = &checkpoint.phase;
-    if phase.is_empty() || phase.len() > MAX_PHASE_BYTES {
-        return Err(invalid(format!(
-            "checkpoint phase is {} bytes; phases are 1 to {MAX_PHASE_BYTES} bytes",
-            phase.len()
-        )));
-    }
-    if let Some(c) = phase.chars().find(|c| c.is_control()) {
-        return Err(invalid(format!(
-            "checkpoint phase contains the control character {c:?}; phases are UTF-8 without control characters"
-        )));
-    }
+    check_name(
+        "checkpoint phase",
+        "phases",
+        &checkpoint.phase,
+        MAX_PHASE_BYTES,
+    )?;
     if checkpoint.data.len() > policy.max_response_bytes as usize {
         return Err(invalid(format!(
             "checkpoint data is {} bytes; the limit is {} bytes (max-response-bytes)",
