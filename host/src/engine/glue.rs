@@ -147,20 +147,6 @@ macro_rules! flavour {
                 Ok(r.map(Into::into).map_err(Into::into))
             }
 
-            pub(super) $($async)? fn begin_request(
-                &mut self,
-                key: &str,
-                parts: &crate::RequestParts,
-                policy: &model::Policy,
-            ) -> wasmtime::Result<Result<model::Decision, GuardError>> {
-                let Instance { store, guard } = self;
-                let r = guard
-                    .idem_guard_guard()
-                    .call_begin_request(store, key, &parts.into(), (*policy).into())
-                    $($await)*?;
-                Ok(r.map(Into::into).map_err(Into::into))
-            }
-
             pub(super) $($async)? fn fingerprint(
                 &mut self,
                 parts: &crate::RequestParts,

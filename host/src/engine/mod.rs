@@ -362,20 +362,6 @@ impl Pool {
         i.finish(r)?
     }
 
-    pub(crate) async fn begin_request(
-        &self,
-        key: &str,
-        parts: &crate::RequestParts,
-        policy: &model::Policy,
-    ) -> Result<model::Decision, GuardError> {
-        let mut i = self.enter().await?;
-        let r = match i.instance() {
-            Instance::Sync(s) => s.begin_request(key, parts, policy),
-            Instance::Async(a) => a.begin_request(key, parts, policy).await,
-        };
-        i.finish(r)?
-    }
-
     pub(crate) async fn fingerprint(
         &self,
         parts: &crate::RequestParts,

@@ -360,17 +360,8 @@ impl Guard {
             .await
     }
 
-    /// `begin` with the canonical fingerprint of `parts`, in one call into
-    /// the component (the request crosses into it once).
-    pub async fn begin_request(
-        &self,
-        key: &str,
-        parts: &RequestParts,
-    ) -> Result<Decision, GuardError> {
-        self.pool.begin_request(key, parts, &self.policy).await
-    }
-
-    /// The canonical fingerprint of a request, computed by the component.
+    /// The canonical fingerprint of a request, computed by the component
+    /// ([`RequestParts::fingerprint`] computes the same natively).
     pub async fn fingerprint(&self, parts: &RequestParts) -> Result<String, GuardError> {
         self.pool.fingerprint(parts).await
     }
