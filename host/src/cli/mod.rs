@@ -128,37 +128,20 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
             if let Some(books) = books {
                 ledger = ledger.with_books_file(books)?;
             }
-            // A bad lease or a bad or unreachable store is an error now; the
-            // guard (which compiles the component) is made while the ledger listens.
-            let policy = crate::Policy {
-                lease_ms: u64::try_from(lease.as_millis()).unwrap_or(u64::MAX),
-                ..crate::Policy::default()
-            };
-            idem_guest::limits::check_policy(&policy).context("--lease")?;
-            let opened = crate::store::open(&store).await?;
-            let ledger = ledger.with_guard_from(move || {
-                let opened = opened.clone();
-                let build = move || crate::GuardBuilder::from_arc(opened).lease(lease).build();
-                async move {
-                    match tokio::task::spawn_blocking(build).await {
-                        Ok(guard) => guard.map_err(|e| e.to_string()),
-                        Err(e) => Err(format!("making the guard failed: {e}")),
-                    }
-                }
-            });
+            // Listening first: connections wait in the backlog, not refused,
+            // while the guard compiles the component.
             let listener = tokio::net::TcpListener::bind(&listen)
                 .await
                 .with_context(|| format!("listen on {listen}"))?;
+            let guard = crate::GuardBuilder::from_arc(crate::store::open(&store).await?)
+                .lease(lease)
+                .build()
+                .context("the guard of /fulfilments (--store, --lease)")?;
+            let ledger = ledger.with_guard(guard);
             let addr = listener.local_addr()?;
             eprintln!(
                 "idem ledger: http://{addr}/orders, http://{addr}/fulfilments (store {store}), http://{addr}/ledger"
             );
-            let warming = ledger.clone();
-            tokio::spawn(async move {
-                if let Err(e) = warming.warm_up().await {
-                    eprintln!("idem ledger: /fulfilments answers 503: {e}");
-                }
-            });
             crate::ledger::run(ledger, listener, options::shutdown_signal()).await?;
             Ok(())
         }),

@@ -13,21 +13,23 @@
 //! Request: `{"order": str, "sku": str, "qty": int, "cents": int,
 //! "step_ms": int?}` (`step_ms`, at most 60000, is a pause before each step
 //! after the first: time to kill the holder in). The idempotency key is
-//! `fulfil/{order}`; the fingerprint is the component's canonical one of the
-//! request (`POST /fulfilments` and the body). Answers: 201 with the
+//! `fulfil/{order}`; the fingerprint is the canonical one of `wit/guard.wit`
+//! over `POST /fulfilments` and the body. Answers: 201 with the
 //! fulfilment (`resumed_from` names the checkpoint a takeover continued
 //! from, or is null), the same bytes again for a repeat
 //! (`idempotent-replayed: true`), 409 while another request for the order
 //! runs (`Retry-After`), 422 for the order id with another body, 409
 //! `OUT_OF_STOCK` (stored: a repeat gets it too), 400 for a bad order, 503
-//! when the store fails (nothing ran) or the ledger has no guard.
+//! when the store fails (nothing ran) or the ledger has no guard; the
+//! refusals are the gateway's `application/problem+json` ([`Problem`]).
 
 use super::{Books, Ledger};
+use crate::server::gate::to_http;
+use crate::server::{Problem, Profile};
 use crate::{Outcome, Progress, RequestParts, Response, RunError};
 use axum::body::Bytes;
 use axum::extract::State;
-use axum::http::{HeaderValue, StatusCode, header};
-use axum::response::IntoResponse;
+use axum::http::HeaderValue;
 use serde::Deserialize;
 use std::time::Duration;
 
@@ -51,68 +53,57 @@ const STEPS: [(&str, &str); 3] = [
 ];
 
 pub(super) async fn fulfil(State(ledger): State<Ledger>, body: Bytes) -> axum::response::Response {
+    let bad = |why: String| Problem::BadRequest(why).into_response(Profile::Ietf);
     let order: Fulfilment = match serde_json::from_slice(&body) {
         Ok(order) => order,
         Err(e) => {
-            return problem(
-                StatusCode::BAD_REQUEST,
-                &format!(
-                    "expected JSON {{\"order\":str,\"sku\":str,\"qty\":int,\"cents\":int,\"step_ms\":int?}}: {e}"
-                ),
-            );
+            return bad(format!(
+                "expected JSON {{\"order\":str,\"sku\":str,\"qty\":int,\"cents\":int,\"step_ms\":int?}}: {e}"
+            ));
         }
     };
     if order.qty < 1 || order.cents < 0 || order.order.is_empty() || order.step_ms > 60_000 {
-        return problem(
-            StatusCode::BAD_REQUEST,
-            "qty must be at least 1, cents at least 0, order non-empty, step_ms at most 60000",
+        return bad(
+            "qty must be at least 1, cents at least 0, order non-empty, step_ms at most 60000"
+                .into(),
         );
     }
-    let guard = match ledger.guard().await {
-        Some(Ok(guard)) => guard,
-        Some(Err(why)) => return problem(StatusCode::SERVICE_UNAVAILABLE, &why),
-        None => return problem(StatusCode::SERVICE_UNAVAILABLE, "this ledger has no guard"),
+    let Some(guard) = ledger.guard.clone() else {
+        return Problem::StoreUnavailable("this ledger has no guard".into())
+            .into_response(Profile::Ietf);
     };
-    let parts = RequestParts {
+    let fingerprint = RequestParts {
         method: "POST".into(),
         path: "/fulfilments".into(),
         headers: vec![],
         body: body.to_vec(),
-    };
-    let fingerprint = match guard.fingerprint(&parts).await {
-        Ok(fingerprint) => fingerprint,
-        Err(e) => return problem(StatusCode::SERVICE_UNAVAILABLE, &e.to_string()),
-    };
+    }
+    .fingerprint();
     let key = format!("fulfil/{}", order.order);
     let outcome = guard
         .run_resumable(&key, &fingerprint, |progress| {
             steps(&ledger, &order, progress)
         })
         .await;
-    match outcome {
-        Ok(Outcome::Executed(r)) => reply(r, false),
-        Ok(Outcome::Replayed(r)) => reply(r, true),
-        Ok(Outcome::InFlight { retry_after }) => {
-            let mut response = problem(
-                StatusCode::CONFLICT,
-                "a request for this order is in progress; retry after the Retry-After seconds",
-            );
-            let seconds = retry_after.as_millis().div_ceil(1000).max(1);
-            if let Ok(value) = HeaderValue::from_str(&seconds.to_string()) {
-                response.headers_mut().insert(header::RETRY_AFTER, value);
-            }
+    let problem = match outcome {
+        Ok(Outcome::Executed(r)) | Err(RunError::NotRecorded { response: r, .. }) => {
+            return to_http(&r);
+        }
+        Ok(Outcome::Replayed(r)) => {
+            let mut response = to_http(&r);
             response
+                .headers_mut()
+                .insert("idempotent-replayed", HeaderValue::from_static("true"));
+            return response;
         }
-        Ok(Outcome::Conflict) => problem(
-            StatusCode::UNPROCESSABLE_ENTITY,
-            "this order id was used with another body",
-        ),
+        Ok(Outcome::InFlight { retry_after }) => Problem::InFlight { retry_after },
+        Ok(Outcome::Conflict) => Problem::KeyMismatch,
         Ok(Outcome::Unavailable(why)) | Err(RunError::Handler(why)) => {
-            problem(StatusCode::SERVICE_UNAVAILABLE, &why)
+            Problem::StoreUnavailable(why)
         }
-        Err(RunError::InvalidInput(why)) => problem(StatusCode::BAD_REQUEST, &why),
-        Err(RunError::NotRecorded { response, .. }) => reply(response, false),
-    }
+        Err(RunError::InvalidInput(why)) => Problem::BadRequest(why),
+    };
+    problem.into_response(Profile::Ietf)
 }
 
 /// The three steps, from the one after `progress`'s checkpoint.
@@ -213,39 +204,4 @@ fn json_response(status: u16, body: &serde_json::Value) -> Response {
         headers: vec![("content-type".into(), b"application/json".to_vec())],
         body: body.to_string().into_bytes(),
     }
-}
-
-fn reply(response: Response, replayed: bool) -> axum::response::Response {
-    let status = StatusCode::from_u16(response.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
-    let mut out = (status, response.body).into_response();
-    // The stored headers say what the body is.
-    out.headers_mut().remove(header::CONTENT_TYPE);
-    for (name, value) in response.headers {
-        if let (Ok(name), Ok(value)) = (
-            header::HeaderName::from_bytes(name.as_bytes()),
-            HeaderValue::from_bytes(&value),
-        ) {
-            out.headers_mut().append(name, value);
-        }
-    }
-    if replayed {
-        out.headers_mut()
-            .insert("idempotent-replayed", HeaderValue::from_static("true"));
-    }
-    out
-}
-
-fn problem(status: StatusCode, detail: &str) -> axum::response::Response {
-    let body = serde_json::json!({
-        "type": "about:blank",
-        "title": status.canonical_reason().unwrap_or("error"),
-        "status": status.as_u16(),
-        "detail": detail,
-    });
-    let mut out = (status, body.to_string()).into_response();
-    out.headers_mut().insert(
-        header::CONTENT_TYPE,
-        HeaderValue::from_static("application/problem+json"),
-    );
-    out
 }

@@ -97,23 +97,14 @@ impl Books {
     }
 }
 
-/// A guard made once, by whichever caller needs it first.
-struct LazyGuard {
-    cell: tokio::sync::OnceCell<Result<crate::Guard, String>>,
-    make: Box<dyn Fn() -> MakeGuard + Send + Sync>,
-}
-
-type MakeGuard = std::pin::Pin<Box<dyn Future<Output = Result<crate::Guard, String>> + Send>>;
-
 /// The ledger service.
 #[derive(Clone)]
 pub struct Ledger {
     books: Arc<Mutex<Books>>,
     /// Where the books are kept across restarts, if anywhere.
     books_file: Option<Arc<PathBuf>>,
-    /// The guard of `POST /fulfilments`, made when first needed (making
-    /// it compiles the component: the ledger listens meanwhile).
-    guard: Option<Arc<LazyGuard>>,
+    /// The guard of `POST /fulfilments`.
+    guard: Option<crate::Guard>,
     /// Simulated work per order, so concurrent repeats overlap.
     latency: Duration,
     /// The clock of [`Run`]'s times: the wall clock at the start, and a
@@ -176,40 +167,8 @@ impl Ledger {
     /// Guards `POST /fulfilments` with `guard` (without one it answers 503).
     #[must_use]
     pub fn with_guard(mut self, guard: crate::Guard) -> Ledger {
-        let cell = tokio::sync::OnceCell::new_with(Some(Ok(guard)));
-        self.guard = Some(Arc::new(LazyGuard {
-            cell,
-            make: Box::new(|| Box::pin(async { Err("no guard".into()) })),
-        }));
+        self.guard = Some(guard);
         self
-    }
-
-    /// Guards `POST /fulfilments` with the guard `make` returns, made on
-    /// first use or by [`Ledger::warm_up`]; an error is answered 503.
-    #[must_use]
-    pub fn with_guard_from<F>(mut self, make: impl Fn() -> F + Send + Sync + 'static) -> Ledger
-    where
-        F: Future<Output = Result<crate::Guard, String>> + Send + 'static,
-    {
-        self.guard = Some(Arc::new(LazyGuard {
-            cell: tokio::sync::OnceCell::new(),
-            make: Box::new(move || Box::pin(make())),
-        }));
-        self
-    }
-
-    /// Makes the guard now, if it is made lazily.
-    pub async fn warm_up(&self) -> Result<(), String> {
-        match self.guard().await {
-            Some(Err(e)) => Err(e),
-            _ => Ok(()),
-        }
-    }
-
-    /// The guard, made if it was not yet; `None` when the ledger has none.
-    async fn guard(&self) -> Option<Result<crate::Guard, String>> {
-        let lazy = self.guard.as_ref()?;
-        Some(lazy.cell.get_or_init(|| (lazy.make)()).await.clone())
     }
 
     pub fn books(&self) -> Books {

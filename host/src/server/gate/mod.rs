@@ -6,8 +6,9 @@ mod parts;
 mod run_to_completion;
 mod waiter;
 
+use parts::fingerprint;
+pub(crate) use parts::to_http;
 pub use parts::{client_key, scoped_key};
-use parts::{fingerprint, to_http};
 use run_to_completion::RunToCompletion;
 use waiter::Waiter;
 

@@ -48,7 +48,7 @@ pub(super) fn fingerprint(
 }
 
 /// The stored response as HTTP, headers in their stored order.
-pub(super) fn to_http(stored: &Stored) -> HttpResponse {
+pub(crate) fn to_http(stored: &Stored) -> HttpResponse {
     let mut response = HttpResponse::new(Body::from(stored.body.clone()));
     *response.status_mut() =
         StatusCode::from_u16(stored.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
