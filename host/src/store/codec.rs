@@ -8,6 +8,7 @@
 //! ```
 
 use super::StoreError;
+use idem_guest::model::Checkpoint;
 
 /// `store` could not be reached, or did not answer as it should.
 pub(super) fn unavailable(store: &'static str, reason: impl Into<String>) -> StoreError {
@@ -35,6 +36,19 @@ pub(super) fn int(v: u64) -> i64 {
 /// An integer column read back: negative only if something else wrote it.
 pub(super) fn unsigned(column: &str, v: i64) -> Result<u64, String> {
     u64::try_from(v).map_err(|_| format!("{column} {v} is negative"))
+}
+
+/// A checkpoint's two SQL columns (phase, data) read back: both NULL for
+/// none; one without the other is corrupt.
+pub(super) fn checkpoint_columns(
+    phase: Option<String>,
+    data: Option<Vec<u8>>,
+) -> Result<Option<Checkpoint>, String> {
+    match (phase, data) {
+        (None, None) => Ok(None),
+        (Some(phase), Some(data)) => Ok(Some(Checkpoint { phase, data })),
+        _ => Err("the checkpoint's phase and data are only partly present".into()),
+    }
 }
 
 /// How many bytes [`put_headers`] writes for `headers`.

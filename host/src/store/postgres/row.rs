@@ -1,10 +1,10 @@
 //! A record as the statements' parameters, and a row back as an entry.
 
 use super::NAME;
-use crate::store::codec::{corrupt, int, unsigned};
+use crate::store::codec::{checkpoint_columns, corrupt, int, unsigned};
 use crate::store::{Entry, Record, Result, State};
 use deadpool_postgres::tokio_postgres::{self, Row, types::ToSql};
-use idem_guest::model::{Checkpoint, Response};
+use idem_guest::model::Response;
 
 /// A record as the statements' parameters, in `COLUMNS` order after the
 /// version: fingerprint, state, lease, expiry, status, header names,
@@ -107,17 +107,7 @@ pub(super) fn decode(key: &str, row: &Row, at: usize) -> Result<Entry> {
             ));
         }
     };
-    let checkpoint = match (phase, data) {
-        (None, None) => None,
-        (Some(phase), Some(data)) => Some(Checkpoint { phase, data }),
-        _ => {
-            return Err(corrupt(
-                NAME,
-                key,
-                "the checkpoint columns are inconsistent (phase, checkpoint)",
-            ));
-        }
-    };
+    let checkpoint = checkpoint_columns(phase, data).map_err(|e| corrupt(NAME, key, e))?;
     Ok(Entry {
         version: unsigned("version", version)?,
         record: Record {

@@ -2,9 +2,11 @@
 //! them, and the decoding of a row back into an entry.
 
 use super::STORE;
-use crate::store::codec::{corrupt, decode_headers, encode_headers, int, unsigned};
+use crate::Response;
+use crate::store::codec::{
+    checkpoint_columns, corrupt, decode_headers, encode_headers, int, unsigned,
+};
 use crate::store::{Entry, Record, Result, State};
-use crate::{Checkpoint, Response};
 use rusqlite::{Row, ToSql};
 
 /// A record's columns, in the order [`decode`] reads them and the write
@@ -149,17 +151,7 @@ pub(super) fn decode(key: &str, row: &Row<'_>) -> Result<Entry> {
     let holder = row.get::<_, i64>(9).map_err(bad)?.cast_unsigned();
     let phase: Option<String> = row.get(10).map_err(bad)?;
     let data: Option<Vec<u8>> = row.get(11).map_err(bad)?;
-    let checkpoint = match (phase, data) {
-        (None, None) => None,
-        (Some(phase), Some(data)) => Some(Checkpoint { phase, data }),
-        _ => {
-            return Err(corrupt(
-                STORE,
-                key,
-                "the checkpoint's phase and data are only partly present",
-            ));
-        }
-    };
+    let checkpoint = checkpoint_columns(phase, data).map_err(|e| corrupt(STORE, key, e))?;
     Ok(Entry {
         record: Record {
             fingerprint,
