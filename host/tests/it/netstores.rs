@@ -393,7 +393,7 @@ mod redis {
     }
 }
 
-mod postgres {
+pub(crate) mod postgres {
     use super::*;
     use deadpool_postgres::tokio_postgres::{self, NoTls};
     use idem::store::PostgresStore;
@@ -403,23 +403,36 @@ mod postgres {
     }
 
     /// A raw connection for the test's own statements.
-    async fn raw(url: &str) -> tokio_postgres::Client {
+    pub(crate) async fn raw(url: &str) -> tokio_postgres::Client {
         let (client, connection) = tokio_postgres::connect(url, NoTls).await.unwrap();
         tokio::spawn(connection);
         client
     }
 
+    /// The schema version `idem_schema` holds for `table`.
+    async fn schema_version(client: &tokio_postgres::Client, table: &str) -> i32 {
+        client
+            .query_one(
+                "SELECT version FROM idem_schema WHERE table_name = $1",
+                &[&table],
+            )
+            .await
+            .unwrap()
+            .get(0)
+    }
+
     /// A table name no other test run uses.
-    fn table() -> String {
+    pub(crate) fn table() -> String {
         format!("t_{}_{}", std::process::id(), fastrand::u32(..))
     }
 
     /// Drops `table` and what the store made beside it.
-    async fn drop_table(client: &tokio_postgres::Client, table: &str) {
+    pub(crate) async fn drop_table(client: &tokio_postgres::Client, table: &str) {
         let t = table;
         client
             .batch_execute(&format!(
-                "DROP TABLE {t}; DROP FUNCTION {t}_claim; DELETE FROM idem_schema WHERE table_name = '{t}'"
+                "DROP TABLE {t}; DROP FUNCTION {t}_claim; DROP FUNCTION {t}_try_claim; \
+                 DELETE FROM idem_schema WHERE table_name = '{t}'"
             ))
             .await
             .unwrap();
@@ -432,7 +445,7 @@ mod postgres {
             .unwrap()
     }
 
-    fn with(url: &str, param: &str) -> String {
+    pub(crate) fn with(url: &str, param: &str) -> String {
         format!("{url}{}{param}", if url.contains('?') { '&' } else { '?' })
     }
 
@@ -554,14 +567,7 @@ mod postgres {
             store.unwrap();
         }
         let client = raw(&url).await;
-        let version: i32 = client
-            .query_one(
-                "SELECT version FROM idem_schema WHERE table_name = $1",
-                &[&t],
-            )
-            .await
-            .unwrap()
-            .get(0);
+        let version = schema_version(&client, &t).await;
         assert_eq!(version, idem::store::PostgresStore::SCHEMA_VERSION);
         drop_table(&client, &t).await;
     }
@@ -648,14 +654,7 @@ mod postgres {
             .await
             .unwrap();
         let store = open_table(&url, &t).await;
-        let version: i32 = client
-            .query_one(
-                "SELECT version FROM idem_schema WHERE table_name = $1",
-                &[&t],
-            )
-            .await
-            .unwrap()
-            .get(0);
+        let version = schema_version(&client, &t).await;
         assert_eq!(version, PostgresStore::SCHEMA_VERSION);
         crate::conformance::records_of_0_1_hosts_keep_working(store).await;
         drop_table(&client, &t).await;

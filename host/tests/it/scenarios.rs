@@ -103,19 +103,12 @@ async fn every_conformance_scenario_passes_on_postgres() {
     let Some(url) = server_url("IDEM_TEST_POSTGRES_URL") else {
         return;
     };
-    let table = format!("scenarios_{}_{}", std::process::id(), fastrand::u32(..));
-    let store_url = format!(
-        "{url}{}table={table}",
-        if url.contains('?') { '&' } else { '?' }
-    );
+    use crate::netstores::postgres::{drop_table, raw, table, with};
+    let table = table();
+    let store_url = with(&url, &format!("table={table}"));
     // One table for the run; each scenario's keys are its own (the table is
     // emptied in between by `open`).
-    use deadpool_postgres::tokio_postgres;
-    let (client, connection) = tokio_postgres::connect(&url, tokio_postgres::NoTls)
-        .await
-        .unwrap();
-    tokio::spawn(connection);
-    let client = Arc::new(client);
+    let client = Arc::new(raw(&url).await);
     every_scenario_passes_on(|| {
         let (store_url, client, table) = (store_url.clone(), client.clone(), table.clone());
         async move {
@@ -128,13 +121,7 @@ async fn every_conformance_scenario_passes_on_postgres() {
         }
     })
     .await;
-    client
-        .batch_execute(&format!(
-            "DROP TABLE {table}; DROP FUNCTION {table}_claim; DROP FUNCTION {table}_try_claim; \
-             DELETE FROM idem_schema WHERE table_name = '{table}'"
-        ))
-        .await
-        .unwrap();
+    drop_table(&client, &table).await;
 }
 
 /// The gateway hashes requests natively (`RequestParts::fingerprint`, the

@@ -33,6 +33,8 @@ from .guard import (
     Outcome,
     _bytes,
     _normalized,
+    _not_run,
+    _refused,
     _takes_attempt,
 )
 from .types import Checkpoint, Claim, Response
@@ -103,15 +105,9 @@ class AsyncGuard:
         try:
             kind, value = await self.begin(key, fingerprint)
         except GuardError as e:
-            if e.kind == "invalid-input":
-                raise
-            return Outcome("unavailable", message=e.detail)
-        if kind == "replay":
-            return Outcome("replayed", response=value)
-        if kind == "in-flight":
-            return Outcome("in-flight", retry_after_ms=value)
-        if kind == "conflict":
-            return Outcome("conflict")
+            return _refused(e)
+        if (outcome := _not_run(kind, value)) is not None:
+            return outcome
         held = _AsyncHeld(self, value)
         try:
             if _takes_attempt(handler):

@@ -328,15 +328,9 @@ class Guard:
         try:
             kind, value = self.begin(key, fingerprint)
         except GuardError as e:
-            if e.kind == "invalid-input":
-                raise
-            return Outcome("unavailable", message=e.detail)
-        if kind == "replay":
-            return Outcome("replayed", response=value)
-        if kind == "in-flight":
-            return Outcome("in-flight", retry_after_ms=value)
-        if kind == "conflict":
-            return Outcome("conflict")
+            return _refused(e)
+        if (outcome := _not_run(kind, value)) is not None:
+            return outcome
         held = self._renewer.hold(value) if self.renew_lease else _Held(value)
         try:
             if _takes_attempt(handler):
@@ -373,6 +367,25 @@ def _takes_attempt(handler: Callable[..., Any]) -> bool:
         return False
     required = [p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD) and p.default is p.empty]
     return len(required) >= 2 or any(p.kind == p.VAR_POSITIONAL for p in params)
+
+
+def _refused(e: GuardError) -> Outcome:
+    """`run`'s outcome when `begin` failed: an invalid key or fingerprint is
+    raised; anything else is `unavailable` (nothing ran)."""
+    if e.kind == "invalid-input":
+        raise e
+    return Outcome("unavailable", message=e.detail)
+
+
+def _not_run(kind: str, value: Any) -> Optional[Outcome]:
+    """`run`'s outcome for a decision that runs nothing; None for `proceed`."""
+    if kind == "replay":
+        return Outcome("replayed", response=value)
+    if kind == "in-flight":
+        return Outcome("in-flight", retry_after_ms=value)
+    if kind == "conflict":
+        return Outcome("conflict")
+    return None
 
 
 class ClaimView:
