@@ -121,25 +121,10 @@ mod component {
             clock::now_ms()
         }
 
-        /// Holder ids: the `random` import seeds a splitmix64 sequence once
-        /// per instance, so `begin` makes no import call for its holder id.
-        /// Distinct states give distinct ids (the finalizer is a bijection,
-        /// the state steps by an odd constant), so one instance never
-        /// repeats an id, and two instances share one only if their random
-        /// seeds put them within 2^64 / draws of each other.
+        /// One import call per claim: the guest keeps no state between
+        /// calls (see "Replaying a call" in `wit/guard.wit`).
         fn random_u64(&mut self) -> u64 {
-            use core::sync::atomic::{AtomicU64, Ordering::Relaxed};
-            static STATE: AtomicU64 = AtomicU64::new(0);
-            let mut state = STATE.load(Relaxed);
-            if state == 0 {
-                state = random::random_u64();
-            }
-            state = state.wrapping_add(0x9e37_79b9_7f4a_7c15);
-            STATE.store(state, Relaxed);
-            let mut z = state;
-            z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-            z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-            z ^ (z >> 31)
+            random::random_u64()
         }
 
         fn get(
