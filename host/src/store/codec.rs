@@ -245,3 +245,51 @@ mod tests {
         );
     }
 }
+
+/// The records of `wit/store-layout/vectors.json`, for the backends' tests.
+#[cfg(test)]
+pub(super) mod vectors {
+    use crate::store::{Record, State};
+    use idem_guest::model::{Checkpoint, Response};
+    use serde_json::Value as Json;
+
+    pub(in crate::store) fn file() -> Json {
+        serde_json::from_str(include_str!("../../../wit/store-layout/vectors.json")).unwrap()
+    }
+
+    pub(in crate::store) fn hex(s: &Json) -> Vec<u8> {
+        let s = s.as_str().unwrap();
+        (0..s.len())
+            .step_by(2)
+            .map(|i| u8::from_str_radix(&s[i..i + 2], 16).unwrap())
+            .collect()
+    }
+
+    pub(in crate::store) fn u64_of(s: &Json) -> u64 {
+        s.as_str().unwrap().parse().unwrap()
+    }
+
+    pub(in crate::store) fn record(r: &Json) -> Record {
+        Record {
+            fingerprint: r["fingerprint"].as_str().unwrap().into(),
+            state: State::parse(r["state"].as_str().unwrap()).unwrap(),
+            holder: u64_of(&r["holder"]),
+            lease_until_ms: u64_of(&r["lease_until_ms"]),
+            expires_at_ms: u64_of(&r["expires_at_ms"]),
+            response: (!r["response"].is_null()).then(|| Response {
+                status: u16::try_from(r["response"]["status"].as_u64().unwrap()).unwrap(),
+                headers: r["response"]["headers"]
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .map(|h| (h[0].as_str().unwrap().into(), hex(&h[1])))
+                    .collect(),
+                body: hex(&r["response"]["body"]),
+            }),
+            checkpoint: (!r["checkpoint"].is_null()).then(|| Checkpoint {
+                phase: r["checkpoint"]["phase"].as_str().unwrap().into(),
+                data: hex(&r["checkpoint"]["data"]),
+            }),
+        }
+    }
+}

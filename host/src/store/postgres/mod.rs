@@ -303,7 +303,7 @@ impl Store for PostgresStore {
         let row = rows
             .first()
             .ok_or_else(|| unavailable(NAME, "the claim returned no row"))?;
-        // Columns: the row's `COLUMNS` (expires_at_ms is the fifth), then the claimed version.
+        // Columns: the layout's columns (expires_at_ms is the fifth), then the claimed version.
         let claimed: Option<i64> = row
             .try_get(12)
             .map_err(|e| unavailable(NAME, e.to_string()))?;

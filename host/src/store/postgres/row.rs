@@ -6,7 +6,7 @@ use crate::store::{Entry, Record, Result, State};
 use deadpool_postgres::tokio_postgres::{self, Row, types::ToSql};
 use idem_guest::model::Response;
 
-/// A record as the statements' parameters, in `COLUMNS` order after the
+/// A record as the statements' parameters, in the layout's column order (`wit/store-layout/`) after the
 /// version: fingerprint, state, lease, expiry, status, header names,
 /// header values, body, holder (the i64 of the u64's 64 bits), phase,
 /// checkpoint data.
@@ -65,7 +65,7 @@ impl<'r> RecordParams<'r> {
     }
 }
 
-/// Decodes the `COLUMNS` starting at column `at`.
+/// Decodes the layout's columns starting at column `at`.
 pub(super) fn decode(key: &str, row: &Row, at: usize) -> Result<Entry> {
     let col = |name: &str, e: tokio_postgres::Error| {
         corrupt(
@@ -120,4 +120,58 @@ pub(super) fn decode(key: &str, row: &Row, at: usize) -> Result<Entry> {
             checkpoint,
         },
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::codec::vectors::{file, hex, record};
+    use serde_json::Value as Json;
+
+    fn int_of(s: &Json) -> i64 {
+        s.as_str().unwrap().parse().unwrap()
+    }
+
+    /// `wit/store-layout/vectors.json`: the columns every PostgreSQL store
+    /// writes for these records (the Redis tests build the records).
+    #[test]
+    fn records_become_the_layouts_columns() {
+        for v in file()["records"].as_array().unwrap() {
+            let record = record(&v["record"]);
+            let p = RecordParams::new(&record);
+            let row = &v["postgres"];
+            let name = &v["name"];
+            assert_eq!(
+                p.fingerprint,
+                row["fingerprint"].as_str().unwrap(),
+                "{name}"
+            );
+            assert_eq!(p.state, row["state"].as_str().unwrap(), "{name}");
+            assert_eq!(p.lease_until_ms, int_of(&row["lease_until_ms"]), "{name}");
+            assert_eq!(p.expires_at_ms, int_of(&row["expires_at_ms"]), "{name}");
+            assert_eq!(p.holder, int_of(&row["holder"]), "{name}");
+            assert_eq!(p.status.map(i64::from), row["status"].as_i64(), "{name}");
+            let names = row["header_names"].as_array().map(|a| {
+                a.iter()
+                    .map(|n| n.as_str().unwrap().to_owned())
+                    .collect::<Vec<_>>()
+            });
+            assert_eq!(p.names, names, "{name}");
+            let values = row["header_values"]
+                .as_array()
+                .map(|a| a.iter().map(hex).collect::<Vec<_>>());
+            assert_eq!(p.values, values, "{name}");
+            assert_eq!(
+                p.body.map(<[u8]>::to_vec),
+                (!row["body"].is_null()).then(|| hex(&row["body"])),
+                "{name}"
+            );
+            assert_eq!(p.phase, row["phase"].as_str(), "{name}");
+            assert_eq!(
+                p.checkpoint.map(<[u8]>::to_vec),
+                (!row["checkpoint"].is_null()).then(|| hex(&row["checkpoint"])),
+                "{name}"
+            );
+        }
+    }
 }

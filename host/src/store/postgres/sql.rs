@@ -1,7 +1,5 @@
 //! The statements, the table and the claim functions, for one table name.
 
-use super::PostgresStore;
-
 /// The statements, with the table name filled in once.
 pub(super) struct Sql {
     pub(super) claim: String,
@@ -12,8 +10,6 @@ pub(super) struct Sql {
     pub(super) list: String,
     pub(super) purge: String,
 }
-
-const COLUMNS: &str = "version, fingerprint, state, lease_until_ms, expires_at_ms, status, header_names, header_values, body, holder, phase, checkpoint";
 
 impl Sql {
     pub(super) fn all(&self) -> [&str; 7] {
@@ -29,168 +25,73 @@ impl Sql {
     }
 
     pub(super) fn new(t: &str) -> Sql {
+        let statement = |name: &str| statement(STATEMENTS, name).replace("{t}", t);
         Sql {
-            // The row's `COLUMNS` (all NULL when absent), then the version
-            // `{t}_try_claim` wrote, if it was called and won.
-            claim: format!(
-                "SELECT r.*, CASE WHEN r.expires_at_ms > $2 THEN NULL \
-                 ELSE {t}_try_claim($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13) END \
-                 FROM (SELECT 1) AS one LEFT JOIN (SELECT {COLUMNS} FROM {t} WHERE key = $1) r ON true"
-            ),
-            settle: format!(
-                "SELECT * FROM {t}_claim($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13)"
-            ),
-            get: format!("SELECT {COLUMNS} FROM {t} WHERE key = $1 AND expires_at_ms > $2"),
-            replace: format!(
-                "UPDATE {t} SET version = version + 1, fingerprint = $4, state = $5, lease_until_ms = $6, \
-                 expires_at_ms = $7, status = $8, header_names = $9, header_values = $10, body = $11, \
-                 holder = $12, phase = $13, checkpoint = $14 \
-                 WHERE key = $1 AND version = $2 AND expires_at_ms > $3"
-            ),
-            delete: format!(
-                "DELETE FROM {t} WHERE key = $1 AND ($2::BIGINT IS NULL OR version = $2)"
-            ),
-            list: format!(
-                "SELECT key, {COLUMNS} FROM {t} WHERE key LIKE $1 AND expires_at_ms > $2 \
-                 AND ($3::TEXT IS NULL OR state = $3) AND ($4::TEXT IS NULL OR key > $4 COLLATE \"C\") \
-                 ORDER BY key LIMIT $5"
-            ),
-            purge: format!(
-                "DELETE FROM {t} WHERE expires_at_ms <= $1 AND key IN \
-                 (SELECT key FROM {t} WHERE expires_at_ms <= $1 ORDER BY expires_at_ms LIMIT $2 FOR UPDATE SKIP LOCKED)"
-            ),
+            claim: statement("claim"),
+            settle: statement("settle"),
+            get: statement("get"),
+            replace: statement("replace"),
+            delete: statement("delete"),
+            list: statement("list"),
+            purge: statement("purge"),
         }
     }
+}
+
+/// The statements of the on-store layout, each after a `-- name: NAME` line.
+const STATEMENTS: &str = include_str!("../../../../wit/store-layout/postgres/statements.sql");
+
+/// The statement `name` of `file`: its text up to the next name, without the
+/// final `;`. Panics if there is none (the file is part of the build).
+fn statement(file: &str, name: &str) -> String {
+    let marker = format!("-- name: {name}\n");
+    let start = file
+        .find(&marker)
+        .expect("statements.sql names every statement")
+        + marker.len();
+    let text = &file[start..];
+    let text = &text[..text.find("-- name: ").unwrap_or(text.len())];
+    text.trim_end().trim_end_matches(';').to_owned()
 }
 
 /// Creates the table, its index, the claim functions and the schema
 /// version, or brings a version 1 table (contract 0.1) up to version 2,
 /// under an advisory lock so that guards starting together do not race on
-/// `CREATE`.
+/// `CREATE`: the layout's `schema.sql` for table `t`.
 pub(super) fn schema(t: &str) -> String {
-    format!(
-        r#"
-SELECT pg_advisory_xact_lock(hashtext('idem schema {t}'));
-CREATE TABLE IF NOT EXISTS idem_schema (table_name TEXT PRIMARY KEY, version INTEGER NOT NULL);
-INSERT INTO idem_schema VALUES ('{t}', {version}) ON CONFLICT (table_name) DO NOTHING;
-CREATE TABLE IF NOT EXISTS {t} (
-  key TEXT COLLATE "C" PRIMARY KEY,
-  version BIGINT NOT NULL,
-  fingerprint TEXT NOT NULL,
-  state TEXT NOT NULL CHECK (state IN ('processing', 'done')),
-  lease_until_ms BIGINT NOT NULL,
-  expires_at_ms BIGINT NOT NULL,
-  status INTEGER,
-  header_names TEXT[],
-  header_values BYTEA[],
-  body BYTEA,
-  holder BIGINT NOT NULL DEFAULT 0,
-  phase TEXT,
-  checkpoint BYTEA
-);
-CREATE INDEX IF NOT EXISTS {t}_expires ON {t} (expires_at_ms);
--- Version 1 to 2 (contract 0.2): the holder id of the claim that wrote the row
--- (0 in rows 0.1 hosts wrote, which keep working) and the last checkpoint.
-DO $migrate$ BEGIN
-  IF (SELECT version FROM idem_schema WHERE table_name = '{t}') = 1 THEN
-    ALTER TABLE {t} ADD COLUMN IF NOT EXISTS holder BIGINT NOT NULL DEFAULT 0,
-      ADD COLUMN IF NOT EXISTS phase TEXT, ADD COLUMN IF NOT EXISTS checkpoint BYTEA;
-    UPDATE idem_schema SET version = 2 WHERE table_name = '{t}';
-  END IF;
-END $migrate$;
-"#,
-        version = PostgresStore::SCHEMA_VERSION
-    ) + &claim_functions(t)
+    SCHEMA.replace("{t}", t)
 }
 
-/// The claim's two PL/pgSQL functions (see the module docs).
-fn claim_functions(t: &str) -> String {
-    format!(
-        r"
--- The functions of schema version 1, whose parameters had no holder and checkpoint.
-DROP FUNCTION IF EXISTS {t}_try_claim(text, bigint, text, text, bigint, bigint, integer, text[], bytea[], bytea);
-DROP FUNCTION IF EXISTS {t}_claim(text, bigint, text, text, bigint, bigint, integer, text[], bytea[], bytea);
--- Claims an absent or expired key: its new version, or NULL when a live row
--- (a concurrent claimer's, committed since the caller read) holds it.
-CREATE OR REPLACE FUNCTION {t}_try_claim(
-  p_key TEXT, p_now BIGINT, p_fp TEXT, p_state TEXT, p_lease BIGINT, p_exp BIGINT,
-  p_status INTEGER, p_names TEXT[], p_values BYTEA[], p_body BYTEA,
-  p_holder BIGINT, p_phase TEXT, p_checkpoint BYTEA)
-RETURNS BIGINT
-LANGUAGE plpgsql AS $fn$
-DECLARE
-  v BIGINT;
-BEGIN
-  -- The unique key lets exactly one concurrent claimer insert; the others
-  -- wait for it to commit and insert nothing.
-  INSERT INTO {t} (key, version, fingerprint, state, lease_until_ms, expires_at_ms, status, header_names,
-    header_values, body, holder, phase, checkpoint)
-  VALUES (p_key, 1, p_fp, p_state, p_lease, p_exp, p_status, p_names, p_values, p_body, p_holder, p_phase,
-    p_checkpoint)
-  ON CONFLICT (key) DO NOTHING
-  RETURNING version INTO v;
-  IF FOUND THEN
-    RETURN v;
-  END IF;
-  -- Present: overwritten at its version + 1 if still expired when we hold its
-  -- lock (a concurrent claimer that overwrote it first made it live again).
-  UPDATE {t} r SET version = r.version + 1, fingerprint = p_fp, state = p_state, lease_until_ms = p_lease,
-    expires_at_ms = p_exp, status = p_status, header_names = p_names, header_values = p_values, body = p_body,
-    holder = p_holder, phase = p_phase, checkpoint = p_checkpoint
-  WHERE r.key = p_key AND r.expires_at_ms <= p_now
-  RETURNING r.version INTO v;
-  RETURN v;
-END
-$fn$;
--- The whole claim in a loop, returning the row it found or the version it
--- wrote: for a claimer that lost a race to `{t}_try_claim`.
-CREATE OR REPLACE FUNCTION {t}_claim(
-  p_key TEXT, p_now BIGINT, p_fp TEXT, p_state TEXT, p_lease BIGINT, p_exp BIGINT,
-  p_status INTEGER, p_names TEXT[], p_values BYTEA[], p_body BYTEA,
-  p_holder BIGINT, p_phase TEXT, p_checkpoint BYTEA,
-  OUT o_inserted BOOLEAN, OUT o_version BIGINT, OUT o_fingerprint TEXT, OUT o_state TEXT, OUT o_lease BIGINT,
-  OUT o_exp BIGINT, OUT o_status INTEGER, OUT o_names TEXT[], OUT o_values BYTEA[], OUT o_body BYTEA,
-  OUT o_holder BIGINT, OUT o_phase TEXT, OUT o_checkpoint BYTEA)
-LANGUAGE plpgsql AS $fn$
-BEGIN
-  FOR attempt IN 1..10 LOOP
-    -- Read first: a live record (a replay, a request in flight) is answered
-    -- with no write and no lock. Each statement here takes a new snapshot, so
-    -- this sees a row a concurrent claimer committed while we waited below.
-    SELECT false, r.version, r.fingerprint, r.state, r.lease_until_ms, r.expires_at_ms, r.status,
-      r.header_names, r.header_values, r.body, r.holder, r.phase, r.checkpoint
-    INTO o_inserted, o_version, o_fingerprint, o_state, o_lease, o_exp, o_status, o_names, o_values, o_body,
-      o_holder, o_phase, o_checkpoint
-    FROM {t} r WHERE r.key = p_key;
-    IF NOT FOUND THEN
-      -- Absent: the unique key lets exactly one concurrent claimer insert; the
-      -- others wait for it to commit, insert nothing and read its row.
-      INSERT INTO {t} (key, version, fingerprint, state, lease_until_ms, expires_at_ms, status, header_names,
-        header_values, body, holder, phase, checkpoint)
-      VALUES (p_key, 1, p_fp, p_state, p_lease, p_exp, p_status, p_names, p_values, p_body, p_holder, p_phase,
-        p_checkpoint)
-      ON CONFLICT (key) DO NOTHING
-      RETURNING version INTO o_version;
-    ELSIF o_exp > p_now THEN
-      RETURN;
-    ELSE
-      -- Expired: overwritten at its version + 1, unless a concurrent claimer
-      -- did so first (its row is live again when we get the lock) or it was purged.
-      UPDATE {t} r SET version = r.version + 1, fingerprint = p_fp, state = p_state, lease_until_ms = p_lease,
-        expires_at_ms = p_exp, status = p_status, header_names = p_names, header_values = p_values, body = p_body,
-        holder = p_holder, phase = p_phase, checkpoint = p_checkpoint
-      WHERE r.key = p_key AND r.expires_at_ms <= p_now
-      RETURNING r.version INTO o_version;
-    END IF;
-    IF FOUND THEN
-      -- Only the version is read when inserted (the other columns may hold the expired row).
-      o_inserted := true;
-      RETURN;
-    END IF;
-  END LOOP;
-  RAISE EXCEPTION 'idem: claim of % did not settle after 10 attempts', p_key;
-END
-$fn$;
-"
-    )
+const SCHEMA: &str = include_str!("../../../../wit/store-layout/postgres/schema.sql");
+
+#[cfg(test)]
+mod tests {
+    use super::super::PostgresStore;
+    use super::*;
+
+    #[test]
+    fn the_schema_file_is_the_version_this_build_reads() {
+        let line = format!(
+            "INSERT INTO idem_schema VALUES ('{{t}}', {}) ",
+            PostgresStore::SCHEMA_VERSION
+        );
+        assert!(
+            SCHEMA.contains(&line),
+            "schema.sql does not write version {}",
+            PostgresStore::SCHEMA_VERSION
+        );
+    }
+
+    #[test]
+    fn every_statement_is_one_statement_with_the_table_filled_in() {
+        let sql = Sql::new("idem_t");
+        for text in sql.all() {
+            assert!(
+                !text.contains("{t}") && !text.contains("-- name:"),
+                "{text}"
+            );
+            assert!(!text.trim_end().ends_with(';'), "{text}");
+            assert!(text.contains("idem_t"), "{text}");
+        }
+    }
 }

@@ -150,6 +150,48 @@ mod tests {
     use super::*;
     use crate::store::StoreError;
 
+    /// `wit/store-layout/vectors.json`: what every store in every language
+    /// writes for these records, byte for byte.
+    mod vectors {
+        use super::*;
+        use crate::store::codec::vectors::{file, hex, record, u64_of};
+
+        #[test]
+        fn records_encode_and_decode_as_the_layout_says() {
+            let file = file();
+            let records = file["records"].as_array().unwrap();
+            assert!(records.len() >= 5);
+            for v in records {
+                let (name, version) = (&v["name"], u64_of(&v["version"]));
+                let expected = record(&v["record"]);
+                assert_eq!(encode(version, &expected), hex(&v["redis"]), "{name}");
+                let entry = decode("k", &hex(&v["redis"])).unwrap();
+                assert_eq!((entry.version, entry.record), (version, expected), "{name}");
+            }
+        }
+
+        #[test]
+        fn values_of_0_1_hosts_read_as_holder_0_without_a_checkpoint() {
+            for v in file()["legacy_redis"].as_array().unwrap() {
+                let entry = decode("k", &hex(&v["redis"])).unwrap();
+                assert_eq!(entry.version, u64_of(&v["version"]), "{}", v["name"]);
+                assert_eq!(entry.record, record(&v["record"]), "{}", v["name"]);
+            }
+        }
+
+        #[test]
+        fn corrupt_values_are_refused() {
+            for v in file()["corrupt_redis"].as_array().unwrap() {
+                let err = decode("k", &hex(&v["redis"])).unwrap_err();
+                assert!(
+                    matches!(err, StoreError::Corrupt { .. }),
+                    "{}: {err:?}",
+                    v["name"]
+                );
+            }
+        }
+    }
+
     fn sample(response: bool) -> Record {
         Record {
             fingerprint: "sha256:ü".into(),

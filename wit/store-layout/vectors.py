@@ -1,0 +1,161 @@
+#!/usr/bin/env python3
+"""Writes vectors.json: records with their Redis value and PostgreSQL row,
+encoded from the layout in README.md by this independent encoder (it shares
+no code with any store). Run it from anywhere after changing the layout;
+every store's tests check their own encoder and decoder against the file."""
+
+import json
+import os
+import struct
+
+U64_MAX = 2**64 - 1
+
+
+def put(data: bytes) -> bytes:
+    return struct.pack(">I", len(data)) + data
+
+
+def redis_value(version, r, legacy=False):
+    out = f"{version} {r['expires_at_ms']}\n".encode()
+    out += struct.pack(">Q", r["lease_until_ms"])
+    out += bytes([0 if r["state"] == "processing" else 1])
+    out += put(r["fingerprint"].encode())
+    resp = r["response"]
+    if resp is None:
+        out += b"\0"
+    else:
+        out += b"\1" + struct.pack(">H", resp["status"])
+        out += struct.pack(">I", len(resp["headers"]))
+        for name, value in resp["headers"]:
+            out += put(name.encode()) + put(bytes.fromhex(value))
+        out += put(bytes.fromhex(resp["body"]))
+    if legacy:
+        return out
+    out += struct.pack(">Q", r["holder"])
+    cp = r["checkpoint"]
+    if cp is None:
+        out += b"\0"
+    else:
+        out += b"\1" + put(cp["phase"].encode()) + put(bytes.fromhex(cp["data"]))
+    return out
+
+
+def i64(v):
+    return v - 2**64 if v >= 2**63 else v
+
+
+def sql_time(v):
+    return min(v, 2**63 - 1)
+
+
+def postgres_row(version, r):
+    resp, cp = r["response"], r["checkpoint"]
+    return {
+        "version": version,
+        "fingerprint": r["fingerprint"],
+        "state": r["state"],
+        "lease_until_ms": sql_time(r["lease_until_ms"]),
+        "expires_at_ms": sql_time(r["expires_at_ms"]),
+        "status": None if resp is None else resp["status"],
+        "header_names": None if resp is None else [n for n, _ in resp["headers"]],
+        "header_values": None if resp is None else [v for _, v in resp["headers"]],
+        "body": None if resp is None else resp["body"],
+        "holder": i64(r["holder"]),
+        "phase": None if cp is None else cp["phase"],
+        "checkpoint": None if cp is None else cp["data"],
+    }
+
+
+FP = "v1:" + "0123456789abcdef" * 4
+RECORDS = [
+    ("processing, no response", 1, {
+        "fingerprint": FP, "state": "processing", "holder": 0x0123456789ABCDEF,
+        "lease_until_ms": 1_700_000_030_000, "expires_at_ms": 1_700_086_400_000,
+        "response": None, "checkpoint": None}),
+    ("done with headers and a binary body", 2, {
+        "fingerprint": FP, "state": "done", "holder": 7,
+        "lease_until_ms": 1_700_000_000_500, "expires_at_ms": 1_700_086_400_000,
+        "response": {"status": 201, "headers": [["content-type", "application/json".encode().hex()],
+                                                ["x-empty", ""], ["set-cookie", "00ff0a"]],
+                     "body": "7b226964223a317d00ff"},
+        "checkpoint": None}),
+    ("processing after a checkpoint, holder above 2^63", 5, {
+        "fingerprint": "custom-fp", "state": "processing", "holder": U64_MAX - 1,
+        "lease_until_ms": 1_700_000_060_000, "expires_at_ms": 1_700_086_400_000,
+        "response": None, "checkpoint": {"phase": "charged", "data": "636861726765642031"}}),
+    ("done, empty response, a checkpoint kept from the claim", 3, {
+        "fingerprint": "x", "state": "done", "holder": 1,
+        "lease_until_ms": 0, "expires_at_ms": 1,
+        "response": {"status": 204, "headers": [], "body": ""},
+        "checkpoint": {"phase": "r\u00e9serv\u00e9", "data": ""}}),
+    ("times at the top of u64", 18446744073709551614, {
+        "fingerprint": FP, "state": "processing", "holder": 2**63,
+        "lease_until_ms": U64_MAX, "expires_at_ms": U64_MAX,
+        "response": None, "checkpoint": None}),
+]
+
+# Values written by 0.1 hosts: no holder, no checkpoint; read as holder 0.
+LEGACY = [
+    ("0.1 processing", 1, {
+        "fingerprint": FP, "state": "processing", "holder": 0,
+        "lease_until_ms": 1_700_000_030_000, "expires_at_ms": 1_700_086_400_000,
+        "response": None, "checkpoint": None}),
+    ("0.1 done", 4, {
+        "fingerprint": FP, "state": "done", "holder": 0,
+        "lease_until_ms": 1_700_000_000_500, "expires_at_ms": 1_700_086_400_000,
+        "response": {"status": 200, "headers": [["etag", "2231323322"]], "body": "6f6b"},
+        "checkpoint": None}),
+]
+
+# Redis values no store may accept: each read is corrupt.
+CORRUPT = [
+    ("no header", b"\x00\x01"),
+    ("a sign in the header", b"+1 5\n" + bytes(8) + b"\0" + put(b"x") + b"\0" + bytes(8) + b"\0"),
+    ("state 2", b"1 5\n" + bytes(8) + b"\2" + put(b"x") + b"\0" + bytes(8) + b"\0"),
+    ("fingerprint length past the end", b"1 5\n" + bytes(8) + b"\0" + struct.pack(">I", 9) + b"x"),
+    ("a byte after the checkpoint", b"1 5\n" + bytes(8) + b"\0" + put(b"x") + b"\0" + bytes(8) + b"\0" + b"\0"),
+    ("half a holder", b"1 5\n" + bytes(8) + b"\0" + put(b"x") + b"\0" + bytes(4)),
+]
+
+
+def record_json(r):
+    # u64s as decimal strings: JSON numbers lose them past 2^53.
+    out = dict(r)
+    for k in ("holder", "lease_until_ms", "expires_at_ms"):
+        out[k] = str(r[k])
+    return out
+
+
+def row_json(row):
+    out = dict(row)
+    for k in ("version", "holder", "lease_until_ms", "expires_at_ms"):
+        out[k] = str(row[k])
+    return out
+
+
+def main():
+    doc = {
+        "about": "Generated by vectors.py from the layout in README.md. u64 and i64 values are decimal "
+                 "strings; bytes are lowercase hex. Each record: `redis` is the whole value stored at "
+                 "{prefix}{key} for it at `version`, and `postgres` its row's columns after `key`. "
+                 "`legacy_redis` values were written by 0.1 hosts and read as these records (holder 0, "
+                 "no checkpoint). `corrupt_redis` values must read as corrupt.",
+        "records": [
+            {"name": n, "version": str(v), "record": record_json(r),
+             "redis": redis_value(v, r).hex(), "postgres": row_json(postgres_row(v, r))}
+            for n, v, r in RECORDS
+        ],
+        "legacy_redis": [
+            {"name": n, "version": str(v), "record": record_json(r), "redis": redis_value(v, r, legacy=True).hex()}
+            for n, v, r in LEGACY
+        ],
+        "corrupt_redis": [{"name": n, "redis": b.hex()} for n, b in CORRUPT],
+    }
+    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "vectors.json")
+    with open(path, "w") as f:
+        json.dump(doc, f, indent=1, ensure_ascii=False)
+        f.write("\n")
+
+
+if __name__ == "__main__":
+    main()
