@@ -32,7 +32,7 @@ export declare class RedisStore implements AsyncStore {
 }
 
 /** A record at `version` as the bytes stored for it. */
-export declare function encodeValue(version: bigint, record: StoredRecord): Buffer;
+export declare function encodeValue(version: bigint, record: StoredRecord): Uint8Array;
 
 /** The entry stored as `value`; throws a `StoreError` (`corrupt`, naming `key`) when it does not decode. */
 export declare function decodeValue(key: string, value: Uint8Array): Entry;
