@@ -26,10 +26,13 @@
 /** The answer a run gets for a store call the journal cannot give yet. */
 const NOT_YET = { tag: 'unavailable', val: 'asynchronous store call pending (replay)' };
 
-/** Thrown into the guest as `store-error` (an own `payload`, as idem-abi.js and jco look for). */
-class Unanswered extends Error {
+/**
+ * Thrown into the guest as `store-error` (an own `payload`, as idem-abi.js
+ * and jco look for). Not an Error: capturing a stack through the guest's
+ * frames cost more than the rest of a replayed call.
+ */
+class Unanswered {
   constructor(payload) {
-    super(payload.val);
     this.payload = payload;
   }
 }
