@@ -265,3 +265,46 @@ for (const [name, env, open] of [
     }
   });
 }
+
+test('run over an asynchronous store renews the lease while the handler runs, one write of the claim at a time', async () => {
+  const memory = new MemoryStore();
+  const writes = [];
+  let inFlight = 0;
+  let overlapped = false;
+  let renewed;
+  const twoRenewals = new Promise((resolve) => (renewed = resolve));
+  const store = {
+    async: true,
+    get: async (...args) => memory.get(...args),
+    insert: async (...args) => memory.insert(...args),
+    async replace(key, expected, record, now) {
+      overlapped ||= inFlight > 0;
+      inFlight += 1;
+      await new Promise((resolve) => setImmediate(resolve));
+      inFlight -= 1;
+      writes.push(record.state);
+      if (writes.length === 2) renewed();
+      return memory.replace(key, expected, record, now);
+    },
+  };
+  // A 60 ms lease: renewed every 20 ms while the handler waits for two renewals.
+  const guard = Guard.load({ store, leaseMs: 60 });
+  // The renewal timer is unref'd (it never keeps a process alive): a server's sockets would; here this does.
+  const alive = setInterval(() => {}, 1_000);
+  const result = await guard
+    .run('slow', 'fp', async (fence, attempt) => {
+      await twoRenewals;
+      const claim = await attempt.saveCheckpoint('charged', 'ch-1');
+      assert.ok(claim.fence > fence);
+      return { status: 200, body: 'done' };
+    })
+    .finally(() => clearInterval(alive));
+  assert.equal(result.outcome, 'executed');
+  assert.equal(overlapped, false, 'two writes of one claim overlapped');
+  // Two renewals (or more), the checkpoint, then the completion from the latest claim.
+  assert.ok(writes.length >= 4, writes.join(' '));
+  assert.equal(writes.at(-1), 'done');
+  const entry = memory.peek('slow', Date.now());
+  assert.equal(entry.record.state, 'done');
+  assert.equal(entry.version, BigInt(writes.length + 1));
+});
