@@ -131,9 +131,16 @@ class Host:
     default; any store with MemoryStore's `fault`, `clear_faults` and `peek`,
     such as tests/stores.py's `Faulty`), or, with `asynchronous`, on an
     `AsyncGuard` over an asynchronous store (`AsyncFaulty`), each step run to
-    its end on a loop of its own."""
+    its end on a loop of its own (or on `loop`, where the store was opened)."""
 
-    def __init__(self, scenario: dict, binding: str = "static", store: Any = None, asynchronous: bool = False):
+    def __init__(
+        self,
+        scenario: dict,
+        binding: str = "static",
+        store: Any = None,
+        asynchronous: bool = False,
+        loop: Optional[asyncio.AbstractEventLoop] = None,
+    ):
         self.clock = ManualClock(scenario["clock_ms"])
         self.store = store if store is not None else MemoryStore()
         p = scenario["policy"]
@@ -145,9 +152,11 @@ class Host:
             max_response_bytes=p["max_response_bytes"],
             binding=binding,
         )
-        self.loop: Optional[asyncio.AbstractEventLoop] = None
-        if asynchronous:
+        self.loop: Optional[asyncio.AbstractEventLoop] = loop
+        self._own_loop = loop is None and asynchronous
+        if self._own_loop:
             self.loop = asyncio.new_event_loop()
+        if self.loop is not None:
             self.guard: Any = _Awaited(AsyncGuard(**options), self.loop)
         else:
             self.guard = Guard.load(**options)
@@ -155,7 +164,7 @@ class Host:
         self.effects: dict[str, int] = {}
 
     def close(self) -> None:
-        if self.loop is not None:
+        if self._own_loop:
             self.loop.close()
 
     def peek(self, key: str) -> Any:
@@ -300,7 +309,7 @@ class Mismatch(AssertionError):
 
 def run_scenario(scenario: dict, binding: str = "static", **host: Any) -> int:
     """Runs a scenario; returns the number of checked steps, or raises `Mismatch("step N (op): ...")`.
-    `host` goes to `Host` (`store=`, `asynchronous=`)."""
+    `host` goes to `Host` (`store=`, `asynchronous=`, `loop=`)."""
     host = Host(scenario, binding, **host)
     checked = 0
     try:
