@@ -32,6 +32,12 @@ def unique(what: str) -> str:
     return f"{RUN}{what}{next(_names)}"
 
 
+EXAMPLES = {
+    "IDEM_TEST_REDIS_URL": "redis://127.0.0.1:6379",
+    "IDEM_TEST_POSTGRES_URL": "postgres://postgres@127.0.0.1:5432/test",
+}
+
+
 def server_url(var: str) -> str:
     url = os.environ.get(var, "")
     if url:
@@ -39,9 +45,8 @@ def server_url(var: str) -> str:
     if os.environ.get("IDEM_TEST_SKIP_NETSTORES") == "1":
         pytest.skip(f"{var} is not set and IDEM_TEST_SKIP_NETSTORES=1")
     pytest.fail(
-        f"{var} is not set: these tests need the server (e.g. {var}=redis://127.0.0.1:6379 or "
-        f"postgres://postgres@127.0.0.1:5432/test; scripts/test-all.sh sets both). "
-        f"Set IDEM_TEST_SKIP_NETSTORES=1 to skip them on purpose.",
+        f"{var} is not set: these tests need the server (e.g. {var}={EXAMPLES.get(var, '...')}; "
+        f"scripts/test-all.sh sets it). Set IDEM_TEST_SKIP_NETSTORES=1 to skip them on purpose.",
         pytrace=False,
     )
 

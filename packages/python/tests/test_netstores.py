@@ -13,6 +13,7 @@ it did not make)."""
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import threading
 import time
 from typing import Any, Iterator
@@ -139,3 +140,210 @@ def test_conformance_on_async_postgres_by_journal_replay(tables: Tables, scenari
             loop.run_until_complete(store.close())
     finally:
         loop.close()
+
+
+# --- Redis ------------------------------------------------------------------
+
+NOW = 1_700_000_000_000
+
+
+def record(expires_at_ms: int = NOW + 10_000, holder: int = 7, state: str = "processing") -> Record:
+    response = Response(200, [("etag", b"\x00\xff")], b"paid") if state == "done" else None
+    return Record("sha256:fp", state, holder, NOW + 1_000, expires_at_ms, response)
+
+
+def test_redis_stores_the_layouts_value_with_px_from_the_guards_clock(redis_url: str, raw_redis: Any) -> None:
+    prefix = unique("px") + ":"
+    with RedisStore(redis_url, prefix=prefix, grace_ms=5_000) as store:
+        assert store.insert("k", record(), NOW) == 1
+        assert raw_redis.get(prefix + "k") == encode(1, record())
+        assert 15_000 - 2_000 < raw_redis.pttl(prefix + "k") <= 15_000, "PX = expires - now + grace"
+        # Expired by the guard's clock but still held by Redis: claimed again at version + 1 (the script).
+        assert store.insert("k", record(NOW + 20_000), NOW + 10_000) == 2
+        assert raw_redis.get(prefix + "k") == encode(2, record(NOW + 20_000))
+        assert store.replace("k", 2, record(NOW + 30_000, state="done"), NOW + 10_001) == 3
+        assert store.replace("k", 2, record(NOW + 30_000), NOW + 10_001) is None, "a stale version is refused"
+        assert store.get("k", NOW + 30_000) is None, "not live at its expiry"
+        assert store.delete("k", 2) is False and store.delete("k", 3) is True
+        assert raw_redis.exists(prefix + "k") == 0
+
+
+def test_what_the_sync_redis_store_writes_the_async_one_reads(redis_url: str) -> None:
+    prefix = unique("shared") + ":"
+    holder = (1 << 64) - 2
+    with RedisStore(redis_url, prefix=prefix) as store:
+        assert store.insert("k", record(holder=holder, state="done"), NOW) == 1
+
+    async def read() -> Any:
+        async with AsyncRedisStore(redis_url, prefix=prefix) as store:
+            return await store.get("k", NOW)
+
+    entry = asyncio.run(read())
+    assert entry is not None and entry.version == 1 and entry.record == record(holder=holder, state="done")
+
+
+def test_a_redis_value_that_does_not_decode_is_corrupt_naming_the_key_and_the_guard_fails_closed(
+    redis_url: str, raw_redis: Any
+) -> None:
+    prefix = unique("corrupt") + ":"
+    raw_redis.set(prefix + "garbage", b"\x00\x01 not a record")
+    raw_redis.hset(prefix + "hash", "field", "value")
+    ran: list[int] = []
+    with RedisStore(redis_url, prefix=prefix) as store:
+        for key in ("garbage", "hash"):
+            for call in (lambda: store.get(key, NOW), lambda: store.insert(key, record(), NOW)):
+                with pytest.raises(StoreFault) as fault:
+                    call()
+                assert fault.value.kind == "corrupt" and repr(key) in str(fault.value), str(fault.value)
+        with pytest.raises(StoreFault) as fault:
+            store.replace("hash", 1, record(), NOW)  # inside the script
+        assert fault.value.kind == "corrupt", str(fault.value)
+        outcome = Guard(store=store).run("garbage", "fp", lambda fence: ran.append(fence) or Response(200))
+    assert outcome.kind == "unavailable" and "garbage" in outcome.message and ran == []
+
+
+def test_a_script_the_server_has_not_seen_is_loaded_on_noscript(redis_url: str, raw_redis: Any) -> None:
+    with RedisStore(redis_url, prefix=unique("noscript") + ":") as store:
+        # The same script with a comment no server has seen: EVALSHA answers NOSCRIPT first.
+        text = store._scripts["replace"] + f"\n-- {store.prefix}\n"
+        store._scripts["replace"] = text
+        store._shas["replace"] = hashlib.sha1(text.encode()).hexdigest()
+        assert raw_redis.script_exists(store._shas["replace"]) == [False]
+        assert store.insert("k", record(), NOW) == 1
+        assert store.replace("k", 1, record(), NOW) == 2
+        assert raw_redis.script_exists(store._shas["replace"]) == [True]
+
+
+def test_a_redis_server_that_cannot_be_reached_fails_closed_sync_and_async() -> None:
+    ran: list[int] = []
+    handler = lambda fence: ran.append(fence) or Response(200)  # noqa: E731
+    with RedisStore("redis://127.0.0.1:1", timeout_ms=500) as store:
+        with pytest.raises(StoreFault) as fault:
+            store.get("k", NOW)
+        assert fault.value.kind == "unavailable" and "redis" in str(fault.value)
+        outcome = Guard(store=store).run("k", "fp", handler)
+        assert outcome.kind == "unavailable"
+
+    async def main() -> Any:
+        async with AsyncRedisStore("redis://127.0.0.1:1", timeout_ms=500) as store:
+            return await AsyncGuard(store=store).run("k", "fp", handler)
+
+    assert asyncio.run(main()).kind == "unavailable"
+    assert ran == []
+
+
+def run_in_threads(guards: list[Guard], key: str) -> tuple[list[int], list[str]]:
+    """Each guard runs `key` on a thread of its own, all released at once; the handler takes 50 ms."""
+    ran: list[int] = []
+    kinds: list[str] = []
+    start = threading.Barrier(len(guards))
+
+    def handler(fence: int) -> Response:
+        ran.append(fence)
+        time.sleep(0.05)
+        return Response(200, [], b"once")
+
+    def worker(guard: Guard) -> None:
+        start.wait()
+        kinds.append(guard.run(key, "fp", handler).kind)
+
+    threads = [threading.Thread(target=worker, args=(g,)) for g in guards]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return ran, kinds
+
+
+async def run_concurrently(guard: AsyncGuard, key: str, n: int) -> tuple[list[int], list[str]]:
+    ran: list[int] = []
+
+    async def handler(fence: int) -> Response:
+        ran.append(fence)
+        await asyncio.sleep(0.05)
+        return Response(200, [], b"once")
+
+    outcomes = await asyncio.gather(*(guard.run(key, "fp", handler) for _ in range(n)))
+    return ran, [o.kind for o in outcomes]
+
+
+def test_eight_threads_of_guard_run_on_one_redis_key_run_the_handler_once(redis_url: str) -> None:
+    with RedisStore(redis_url, prefix=unique("threads") + ":") as store:
+        ran, kinds = run_in_threads([Guard(store=store) for _ in range(8)], "k")
+    assert ran == [1] and kinds.count("executed") == 1 and set(kinds) <= {"executed", "in-flight", "replayed"}, kinds
+
+
+def test_twenty_concurrent_async_runs_on_one_redis_key_run_the_handler_once(redis_url: str) -> None:
+    async def main() -> tuple[list[int], list[str]]:
+        async with AsyncRedisStore(redis_url, prefix=unique("tasks") + ":") as store:
+            return await run_concurrently(AsyncGuard(store=store), "k", 20)
+
+    ran, kinds = asyncio.run(main())
+    assert ran == [1] and sorted(kinds) == ["executed"] + ["in-flight"] * 19, kinds
+
+
+# --- PostgreSQL ---------------------------------------------------------------
+
+
+def test_postgres_rows_hold_the_layouts_columns(tables: Tables) -> None:
+    table = tables.new()
+    holder = (1 << 64) - 2
+    with PostgresStore(tables.url, table=table) as store:
+        assert store.insert("k", record(holder=holder), NOW) == 1
+        assert store.insert("k", record(), NOW) == store.get("k", NOW)
+        assert store.replace("k", 1, record(U64_TOP, holder=holder, state="done"), NOW) == 2
+        (row,) = tables.sql(f"SELECT version, holder, expires_at_ms, status, header_names, header_values, body FROM {table}")
+        assert row == (2, -2, (1 << 63) - 1, 200, ["etag"], [b"\x00\xff"], b"paid"), "holder as i64, time saturated"
+        entry = store.get("k", NOW)
+        assert entry.record.holder == holder and entry.record.expires_at_ms == (1 << 63) - 1
+        assert store.delete("k", 1) is False and store.delete("k", None) is True
+
+
+U64_TOP = (1 << 64) - 1
+
+
+def test_a_postgres_row_that_does_not_decode_is_corrupt_naming_the_key(tables: Tables) -> None:
+    table = tables.new()
+    with PostgresStore(tables.url, table=table) as store:
+        store.insert("order-17", record(), NOW)
+        tables.sql(f"UPDATE {table} SET lease_until_ms = -1")
+        with pytest.raises(StoreFault) as fault:
+            store.get("order-17", NOW)
+        assert fault.value.kind == "corrupt" and "'order-17'" in str(fault.value) and "lease_until_ms" in str(fault.value)
+
+
+def test_a_table_of_another_schema_version_is_refused(tables: Tables) -> None:
+    table = tables.new()
+    PostgresStore(tables.url, table=table).close()
+    tables.sql("UPDATE idem_schema SET version = 3 WHERE table_name = %s", [table])
+    with pytest.raises(StoreFault, match="schema version 3; this build reads version 2"):
+        PostgresStore(tables.url, table=table)
+
+
+def test_a_postgres_server_that_cannot_be_reached_fails_closed(tables: Tables) -> None:
+    with pytest.raises(StoreFault) as fault:
+        PostgresStore("postgres://postgres@127.0.0.1:1/test", timeout_ms=500)
+    assert fault.value.kind == "unavailable"
+    # A store whose pool is gone answers unavailable, and the guard runs nothing.
+    store = PostgresStore(tables.url, table=tables.new())
+    store.close()
+    ran: list[int] = []
+    outcome = Guard(store=store).run("k", "fp", lambda fence: ran.append(fence) or Response(200))
+    assert outcome.kind == "unavailable" and ran == []
+
+
+def test_eight_threads_of_guard_run_on_one_postgres_key_run_the_handler_once(tables: Tables) -> None:
+    with PostgresStore(tables.url, table=tables.new(), pool=8) as store:
+        ran, kinds = run_in_threads([Guard(store=store) for _ in range(8)], "k")
+    assert ran == [1] and kinds.count("executed") == 1 and set(kinds) <= {"executed", "in-flight", "replayed"}, kinds
+
+
+def test_twenty_concurrent_async_runs_on_one_postgres_key_run_the_handler_once(tables: Tables) -> None:
+    table = tables.new()
+
+    async def main() -> tuple[list[int], list[str]]:
+        async with await AsyncPostgresStore.open(tables.url, table=table, pool=8) as store:
+            return await run_concurrently(AsyncGuard(store=store), "k", 20)
+
+    ran, kinds = asyncio.run(main())
+    assert ran == [1] and sorted(kinds) == ["executed"] + ["in-flight"] * 19, kinds
