@@ -44,7 +44,7 @@ mkdir -p "$target" "$out"
 out="$(cd "$out" && pwd)"
 stage="$(mktemp -d "$target/python-build.XXXXXX")"
 trap 'rm -rf "$stage"' EXIT
-cp -r "$package/pyproject.toml" "$package/src" "$stage/"
+cp -r "$package/pyproject.toml" "$package/README.md" "$package/src" "$stage/"
 find "$stage" -name __pycache__ -prune -exec rm -rf {} +
 # The on-store layout's scripts and SQL, shared by every host and kept once in
 # wit/store-layout/: copied into the wheel, never into the source tree (from a
