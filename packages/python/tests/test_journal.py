@@ -158,6 +158,23 @@ def test_a_replay_that_diverges_from_its_journal_fails_closed() -> None:
     assert [c[:2] for c in store.calls] == [("insert", ("first", store.calls[0][1][1], 1_000_000))]
 
 
+def test_a_replay_that_stops_short_of_its_journal_fails_closed() -> None:
+    guard = _async_guard(AsyncMemory())
+    calls = iter(["begin", "fingerprint"])
+
+    # The second run makes no import at all: the journal's answers go unused.
+    def flaky() -> Any:
+        if next(calls) == "begin":
+            return guard.guard.begin("k", "fp")
+        return guard.guard.fingerprint("GET", "/")
+
+    async def main() -> None:
+        with pytest.raises(GuardError, match="ended after 0 of the 3 imports recorded"):
+            await guard._replay.call(flaky)
+
+    asyncio.run(main())
+
+
 def test_the_journal_answers_what_it_recorded_and_refuses_anything_else() -> None:
     record = Record("fp", "processing", 1, 2, 3, None)
     journal = Journal()

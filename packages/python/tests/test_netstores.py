@@ -22,7 +22,7 @@ import pytest
 from stores import RUN, AsyncFaulty, Faulty, server_url, unique
 from test_conformance import FILES, load, run_scenario
 
-from idem_guard import AsyncGuard, Guard, GuardError, ManualClock, Response
+from idem_guard import AsyncGuard, Guard, GuardError, Response
 from idem_guard.types import Record, StoreFault
 
 redis = pytest.importorskip("redis")
@@ -191,7 +191,7 @@ def test_a_redis_value_that_does_not_decode_is_corrupt_naming_the_key_and_the_gu
     ran: list[int] = []
     with RedisStore(redis_url, prefix=prefix) as store:
         for key in ("garbage", "hash"):
-            for call in (lambda: store.get(key, NOW), lambda: store.insert(key, record(), NOW)):
+            for call in (lambda k=key: store.get(k, NOW), lambda k=key: store.insert(k, record(), NOW)):
                 with pytest.raises(StoreFault) as fault:
                     call()
                 assert fault.value.kind == "corrupt" and repr(key) in str(fault.value), str(fault.value)
@@ -200,6 +200,25 @@ def test_a_redis_value_that_does_not_decode_is_corrupt_naming_the_key_and_the_gu
         assert fault.value.kind == "corrupt", str(fault.value)
         outcome = Guard(store=store).run("garbage", "fp", lambda fence: ran.append(fence) or Response(200))
     assert outcome.kind == "unavailable" and "garbage" in outcome.message and ran == []
+
+
+@pytest.mark.parametrize("binding", BINDINGS)
+def test_a_store_error_from_redis_replace_reaches_the_guest_as_err_not_a_trap(
+    redis_url: str, raw_redis: Any, binding: str
+) -> None:
+    # `replace` is `result<option<u64>, store-error>`, the shape wasmtime-py 50.0.1
+    # cannot lower an `err` for without idem_guard.component's fix (the dynamic
+    # binding): here the error is the store's own (a key that turned into a hash).
+    prefix = unique("replace-err") + ":"
+    with RedisStore(redis_url, prefix=prefix) as store:
+        guard = Guard(store=store, binding=binding, renew_lease=False)
+        _, claim = guard.begin("k", "fp")
+        raw_redis.delete(prefix + "k")
+        raw_redis.hset(prefix + "k", "field", "value")
+        with pytest.raises(GuardError) as err:
+            guard.complete(claim, Response(200, [], b"x"))
+        assert err.value.kind == "unavailable" and guard.replaced == 0, (err.value, guard.replaced)
+        assert "replace" in err.value.detail and "corrupt" in err.value.detail and "not a string" in err.value.detail
 
 
 def test_a_script_the_server_has_not_seen_is_loaded_on_noscript(redis_url: str, raw_redis: Any) -> None:

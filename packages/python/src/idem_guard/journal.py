@@ -199,6 +199,12 @@ class Replay:
             if journal.diverged is not None:
                 raise GuardError("unavailable", f"the guard's replay diverged from its journal: {journal.diverged}")
             if journal.pending is None:
+                if journal.position != len(journal.entries):
+                    raise GuardError(
+                        "unavailable",
+                        f"the guard's replay diverged from its journal: run {journal.runs} ended after "
+                        f"{journal.position} of the {len(journal.entries)} imports recorded",
+                    )
                 if error is not None:
                     raise error
                 return value
