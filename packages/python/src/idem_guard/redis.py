@@ -40,8 +40,10 @@ from typing import Any, Generator, Optional
 try:
     import redis as _redis
     import redis.asyncio as _aredis
+    from redis.asyncio.retry import Retry as _AsyncRetry
     from redis.backoff import NoBackoff
     from redis.exceptions import NoScriptError, RedisError, ResponseError
+    from redis.retry import Retry
 except ImportError as e:  # pragma: no cover - depends on the environment
     raise ImportError("idem_guard.redis needs redis-py: pip install 'idem-guard[redis]'") from e
 
@@ -322,8 +324,6 @@ class RedisStore(_Layout):
     ):
         super().__init__(prefix, grace_ms, timeout_ms)
         if client is None:
-            from redis.retry import Retry
-
             client = _redis.Redis.from_url(
                 url, max_connections=max_connections, retry=Retry(NoBackoff(), 0), **_client_options(timeout_ms)
             )
@@ -400,10 +400,8 @@ class AsyncRedisStore(_Layout):
     ):
         super().__init__(prefix, grace_ms, timeout_ms)
         if client is None:
-            from redis.asyncio.retry import Retry
-
             client = _aredis.Redis.from_url(
-                url, max_connections=max_connections, retry=Retry(NoBackoff(), 0), **_client_options(timeout_ms)
+                url, max_connections=max_connections, retry=_AsyncRetry(NoBackoff(), 0), **_client_options(timeout_ms)
             )
             self._owned = True
         else:
