@@ -170,6 +170,11 @@ async function gatewayTarget(config) {
   };
 }
 
+// examples/run-polyglot-tests.sh sets IDEM_GATEWAY_REQUIRED: there a missing binary is a failure, not a skip.
+test('an idem binary for the gateway scenarios, where one is required', { skip: !process.env.IDEM_GATEWAY_REQUIRED }, () => {
+  assert.ok(idemBin, `no idem binary at $IDEM_BIN (${process.env.IDEM_BIN}) or in ${targetDir}`);
+});
+
 describe('idem serve gateway', { skip: !idemBin && 'no idem binary (set IDEM_BIN, or build target/release/idem)' }, () => {
   for (const scenario of scenarios) {
     test(`${scenario.file}: ${scenario.name}`, async () => {
