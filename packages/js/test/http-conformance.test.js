@@ -17,7 +17,7 @@ import { join } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import express from 'express';
 import { Guard, MemoryStore } from '../index.js';
-import { idempotency } from '../express.js';
+import { idempotency, scopedKey } from '../express.js';
 import { HandlerState, loadScenarios, play } from './http-scenarios.js';
 
 const scenarios = loadScenarios();
@@ -159,6 +159,7 @@ async function gatewayTarget(config) {
   };
   return {
     url: `http://127.0.0.1:${port}`,
+    admin,
     state,
     storeDown: () => faults({ kind: 'error', message: 'store down' }),
     storeUp: () => faults({ kind: 'off' }),
@@ -185,5 +186,21 @@ describe('idem serve gateway', { skip: !idemBin && 'no idem binary (set IDEM_BIN
         await target.stop();
       }
     });
+  }
+});
+
+// The middleware stores keys as the gateway does, so the two can share a store
+// and an operator finds a key under the same name in both.
+test('the gateway stores a key under the scope the middleware computes', { skip: !idemBin && 'no idem binary' }, async () => {
+  const target = await gatewayTarget({});
+  try {
+    const sent = await fetch(`${target.url}/orders`, { method: 'POST', headers: { authorization: 'Bearer alice', 'idempotency-key': 'k' }, body: 'x' });
+    assert.equal(sent.status, 201);
+    const key = scopedKey('Bearer alice', 'k');
+    assert.equal(key, '9d7cce461e4b2f09/k');
+    const record = await fetch(`${target.admin}/v1/keys/${encodeURIComponent(key)}`);
+    assert.equal(record.status, 200, await record.text());
+  } finally {
+    await target.stop();
   }
 });
