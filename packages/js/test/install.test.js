@@ -45,7 +45,7 @@ test('the package is ESM with exports, types and no runtime dependencies', () =>
   assert.deepEqual(manifest.exports['.'], { types: './index.d.ts', default: './index.js' });
   assert.equal(manifest.dependencies, undefined);
   const installed = join(app, 'node_modules', '@idem', 'guard');
-  assert.deepEqual(readdirSync(installed).sort(), ['README.md', 'fingerprint.js', 'idem-abi.js', 'idem-guard.wasm', 'index.d.ts', 'index.js', 'package.json']);
+  assert.deepEqual(readdirSync(installed).sort(), ['README.md', 'express.d.ts', 'express.js', 'fingerprint.js', 'idem-abi.js', 'idem-guard.wasm', 'index.d.ts', 'index.js', 'package.json']);
   assert.deepEqual(readFileSync(join(installed, 'idem-guard.wasm')), readFileSync(join(pkg, 'idem-guard.wasm')));
   assert.deepEqual(readdirSync(join(app, 'node_modules')), ['.package-lock.json', '@idem']);
 });
@@ -77,6 +77,44 @@ console.log(JSON.stringify({ charges, outcomes: [first.outcome, again.outcome], 
   assert.equal(got.status, 201);
 });
 
+test('the installed Express middleware runs on plain node:http, without express installed', () => {
+  writeFileSync(
+    join(app, 'express-main.js'),
+    `import { createServer } from 'node:http';
+import { Guard } from '@idem/guard';
+import { idempotency } from '@idem/guard/express';
+
+const guard = Guard.load();
+const guarded = idempotency({ guard, requireKey: true });
+let runs = 0;
+const server = createServer((req, res) =>
+  guarded(req, res, (err) => {
+    if (err) throw err;
+    runs += 1;
+    res.setHeader('content-type', 'text/plain');
+    res.end('run ' + runs);
+  }),
+);
+server.listen(0, '127.0.0.1', async () => {
+  const url = 'http://127.0.0.1:' + server.address().port + '/orders';
+  const post = (headers) => fetch(url, { method: 'POST', headers, body: 'x' });
+  const first = await post({ 'idempotency-key': 'k' });
+  const again = await post({ 'idempotency-key': 'k' });
+  const keyless = await post({});
+  console.log(JSON.stringify({
+    runs,
+    bodies: [await first.text(), await again.text()],
+    replayed: again.headers.get('idempotent-replayed'),
+    keyless: [keyless.status, keyless.headers.get('content-type')],
+  }));
+  server.close();
+});
+`,
+  );
+  const got = JSON.parse(sh('node', ['express-main.js'], app));
+  assert.deepEqual(got, { runs: 1, bodies: ['run 1', 'run 1'], replayed: 'true', keyless: [400, 'application/problem+json'] });
+});
+
 test('index.d.ts names every export of index.js, and nothing else', async () => {
   const runtime = Object.keys(await import('../index.js')).sort();
   const declared = [...readFileSync(join(pkg, 'index.d.ts'), 'utf8').matchAll(/^export declare (?:class|const|function) (\w+)/gm)]
@@ -87,6 +125,14 @@ test('index.d.ts names every export of index.js, and nothing else', async () => 
 
 const tsc = [join(pkg, 'node_modules', '.bin', 'tsc'), fileURLToPath(new URL('../../../examples/js/node_modules/.bin/tsc', import.meta.url))].find(existsSync);
 
+test('express.d.ts names every export of express.js, and nothing else', async () => {
+  const runtime = Object.keys(await import('../express.js')).sort();
+  const declared = [...readFileSync(join(pkg, 'express.d.ts'), 'utf8').matchAll(/^export declare (?:class|const|function) (\w+)/gm)]
+    .map((m) => m[1])
+    .sort();
+  assert.deepEqual(declared, runtime);
+});
+
 test('a TypeScript program type-checks against the installed types', { skip: !tsc && 'no tsc installed (npm ci in packages/js)' }, () => {
   writeFileSync(
     join(app, 'tsconfig.json'),
@@ -96,6 +142,8 @@ test('a TypeScript program type-checks against the installed types', { skip: !ts
     join(app, 'check.ts'),
     `import { Guard, GuardError, MemoryStore, NotRecordedError, StoreError, ManualClock, toResponse } from '@idem/guard';
 import type { Attempt, Claim, Decision, Response, RunResult, Store } from '@idem/guard';
+import { idempotency, keepRawBody, scopedKey } from '@idem/guard/express';
+import type { Middleware, RequestLike } from '@idem/guard/express';
 
 const store: Store = new MemoryStore();
 const guard: Guard = Guard.load({ store, clock: new ManualClock(0), leaseMs: 30_000, renewLease: true, component: '/srv/idem-guard.wasm' });
@@ -166,6 +214,16 @@ async function main(): Promise<void> {
   await guard.run('k', 'fp', async () => 'not a response');
   // @ts-expect-error no such outcome
   if (result.outcome === 'done') void 0;
+
+  const guarded: Middleware = idempotency({ guard, requireKey: true, fingerprintHeaders: ['content-type'], clientHeader: null });
+  const req: RequestLike = { method: 'POST', url: '/orders', headers: { 'idempotency-key': 'k' } };
+  await guarded(req, {}, (err?: unknown) => void err);
+  void req.idempotency?.fence;
+  void keepRawBody;
+  const scoped: string = scopedKey(undefined, 'k');
+  void scoped;
+  // @ts-expect-error a guard is required
+  idempotency({ requireKey: true });
 }
 void main;
 `,
