@@ -4,7 +4,8 @@ every conformance scenario through `Guard` (both bindings) and through
 `AsyncGuard`'s journal replay, faults injected beside the store; corrupt
 values named by key; a store that cannot be reached fails closed; the
 handler runs once under concurrent callers of one key; what one store
-writes, the other reads.
+writes, the other reads; and the HTTP scenarios (conformance/http) through
+the ASGI middleware over the asynchronous stores.
 
 Each test's keys are under a prefix, and its tables named, `idempy_{pid}_…`;
 the module removes them afterwards (it never flushes Redis or drops a table
@@ -95,8 +96,10 @@ def tables(postgres_url: str) -> Iterator[Tables]:
 
 @pytest.fixture(scope="module")
 def scenario_table(tables: Tables) -> str:
-    """One table for the scenarios; each empties it first (as the Rust run does)."""
-    return tables.new()
+    """One table for the scenarios, made at once; each empties it first (as the Rust run does)."""
+    table = tables.new()
+    PostgresStore(tables.url, table=table).close()
+    return table
 
 
 # --- every conformance scenario ---------------------------------------------
@@ -366,3 +369,68 @@ def test_twenty_concurrent_async_runs_on_one_postgres_key_run_the_handler_once(t
 
     ran, kinds = asyncio.run(main())
     assert ran == [1] and sorted(kinds) == ["executed"] + ["in-flight"] * 19, kinds
+
+
+# --- the HTTP scenarios through the ASGI middleware, on the servers -----------
+
+
+class StoreTarget:
+    """test_http_conformance's Target with the middleware's AsyncGuard over an
+    asynchronous network store (faults injected beside it for "store down")."""
+
+    def __init__(self, config: dict, store: Any) -> None:
+        from starlette.applications import Starlette
+        from starlette.middleware import Middleware
+        from starlette.routing import Route
+        from test_http_conformance import Handler
+
+        from idem_guard.asgi import IdempotencyMiddleware
+
+        self.store = AsyncFaulty(store)
+        self.handler = Handler()
+        route = Route("/{path:path}", self.handler.__call__, methods=["GET", "POST", "PATCH", "PUT", "DELETE"])
+        options = {"guard": AsyncGuard(store=self.store), "require_key": config.get("require_key", False)}
+        self.app = Starlette(routes=[route], middleware=[Middleware(IdempotencyMiddleware, **options)])
+
+    def store_down(self) -> None:
+        self.store.fault("get", kind="error", message="store down")
+        self.store.fault("insert", kind="error", message="store down")
+
+    def store_up(self) -> None:
+        self.store.clear_faults()
+
+
+def http_scenarios() -> list[str]:
+    pytest.importorskip("starlette")
+    from test_http_conformance import FILES as HTTP_FILES
+
+    return HTTP_FILES
+
+
+@pytest.mark.parametrize("name", http_scenarios())
+def test_the_asgi_middleware_plays_the_http_scenario_on_async_redis(redis_url: str, name: str) -> None:
+    from test_http_conformance import load as load_http
+    from test_http_conformance import play
+
+    scenario = load_http(name)
+
+    async def main() -> int:
+        async with AsyncRedisStore(redis_url, prefix=unique("http") + ":") as store:
+            return await play(scenario, StoreTarget(scenario.get("config") or {}, store))
+
+    assert asyncio.run(main()) > 0
+
+
+@pytest.mark.parametrize("name", http_scenarios())
+def test_the_asgi_middleware_plays_the_http_scenario_on_async_postgres(tables: Tables, scenario_table: str, name: str) -> None:
+    from test_http_conformance import load as load_http
+    from test_http_conformance import play
+
+    scenario = load_http(name)
+    tables.sql(f"DELETE FROM {scenario_table}")
+
+    async def main() -> int:
+        async with await AsyncPostgresStore.open(tables.url, table=scenario_table, pool=4) as store:
+            return await play(scenario, StoreTarget(scenario.get("config") or {}, store))
+
+    assert asyncio.run(main()) > 0
