@@ -216,7 +216,7 @@ class PostgresStore(_Layout):
 
     def __init__(
         self,
-        url: str = "postgres://postgres@127.0.0.1:5432/postgres",
+        url: str,
         *,
         table: str = DEFAULT_TABLE,
         pool: int = 4,
