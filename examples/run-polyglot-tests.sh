@@ -6,10 +6,13 @@
 #
 #   examples/run-polyglot-tests.sh [REPO_ROOT]
 #
-# Needs: cargo, Node.js >= 20 with npm, Python 3.11. Installs from lock files
+# Needs: cargo, Node.js >= 20 with npm, Python 3.11, and for the Python
+# package's store tests a Redis and a PostgreSQL server named by
+# IDEM_TEST_REDIS_URL and IDEM_TEST_POSTGRES_URL (scripts/test-all.sh sets
+# them; IDEM_TEST_SKIP_NETSTORES=1 skips those tests). Installs from lock files
 # only (npm ci, with express for the middleware's tests; pip install -r
-# packages/python/requirements-dev.txt, with starlette, into a venv under
-# target/), and builds the idem-guard wheel (packages/python/build.sh)
+# packages/python/requirements-dev.txt, with starlette, redis and psycopg, into
+# a venv under target/), and builds the idem-guard wheel (packages/python/build.sh)
 # with the same component, which the Python tests use installed.
 # Set IDEM_BIN to use an already built idem binary instead of `cargo run`, or
 # IDEM_COMPONENT to test a component file as it is (e.g. one built from guest/
@@ -79,7 +82,12 @@ echo "== Python package and host ($(python3.11 --version))"
   "$root/packages/python/build.sh" "" "$wheels"
   "$venv/bin/pip" install --quiet --disable-pip-version-check --no-deps --force-reinstall \
     "$wheels/idem_guard-0.2.0-py3-none-any.whl"
-  (cd "$root/packages/python" && IDEM_WHEELHOUSE="$wheels" "$venv/bin/python" -m pytest -q -p no:cacheprovider tests)
+  # The Redis and PostgreSQL tests need the servers scripts/test-all.sh names; without
+  # IDEM_TEST_REDIS_URL and IDEM_TEST_POSTGRES_URL they fail, unless IDEM_TEST_SKIP_NETSTORES=1.
+  (cd "$root/packages/python" && IDEM_WHEELHOUSE="$wheels" \
+    IDEM_TEST_REDIS_URL="${IDEM_TEST_REDIS_URL:-}" IDEM_TEST_POSTGRES_URL="${IDEM_TEST_POSTGRES_URL:-}" \
+    IDEM_TEST_SKIP_NETSTORES="${IDEM_TEST_SKIP_NETSTORES:-}" \
+    "$venv/bin/python" -m pytest -q -p no:cacheprovider tests)
   (cd "$root/examples/python" && "$venv/bin/python" -m pytest -q -p no:cacheprovider)
 )
 

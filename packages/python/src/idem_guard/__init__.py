@@ -15,6 +15,13 @@ the asyncio one (`await guard.run(...)`, renewals as asyncio tasks).
 the `idem serve` gateway's HTTP semantics. The
 component is read from the `component=` argument, else the file named by
 `$IDEM_COMPONENT`, else the one in the package.
+
+Stores: `MemoryStore` here; Redis in `idem_guard.redis` (`RedisStore`,
+`AsyncRedisStore`: the `redis` extra) and PostgreSQL in `idem_guard.postgres`
+(`PostgresStore`, `AsyncPostgresStore`: the `postgres` extra), in the
+on-store layout every idem host shares (wit/store-layout/). `AsyncGuard`
+over an asynchronous store replays each call from a journal of the store's
+answers (`idem_guard.journal`).
 """
 
 from .aio import AsyncAttempt, AsyncGuard
