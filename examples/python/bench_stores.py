@@ -12,6 +12,10 @@ IDEM_TEST_POSTGRES_URL; keys go under `idembench_{pid}_`, removed afterwards.
   in between).
 - raw: redis-py's `SET key v NX PX` then `SET key v PX` (sync and asyncio): the
   two round trips any claim-then-complete needs, with nothing decided.
+- powertools: AWS Lambda Powertools' `@idempotent_function` over its
+  `RedisCachePersistenceLayer` on the same Redis (local cache off), when
+  `aws-lambda-powertools` (and `boto3`, which it imports) is installed:
+  `pip install aws-lambda-powertools==3.37.0 boto3`.
 - PostgreSQL: `Guard` over `PostgresStore` next to a raw prepared
   `INSERT … ON CONFLICT DO NOTHING` then `UPDATE` on a table of its own.
 """
@@ -105,6 +109,32 @@ def main() -> None:
         "redis AsyncGuard begin+complete": aguarded,
     }
     asynchronous = {"redis raw SET NX + SET (asyncio)", "redis AsyncGuard begin+complete"}
+
+    try:
+        from aws_lambda_powertools.utilities.idempotency import IdempotencyConfig, idempotent_function
+        from aws_lambda_powertools.utilities.idempotency.persistence.redis import RedisCachePersistenceLayer
+    except ImportError:
+        print("(aws-lambda-powertools not installed: no Powertools row)")
+    else:
+        import warnings
+
+        # Outside Lambda it warns on every call that it has no Lambda context.
+        warnings.filterwarnings("ignore", message="Couldn't determine the remaining time")
+        layer = RedisCachePersistenceLayer(client=redis.Redis.from_url(redis_url))
+        # Its records expire on their own a minute after the run.
+        config = IdempotencyConfig(use_local_cache=False, expires_after_seconds=60)
+
+        @idempotent_function(data_keyword_argument="order", persistence_store=layer, config=config)
+        def pay(order: dict) -> dict:
+            return {"status": 200, "body": "paid"}
+
+        def powertools(tag: str) -> Callable[[int], None]:
+            def call(i: int) -> None:
+                pay(order={"id": f"{prefix}{tag}{i}", "sku": "A", "qty": 1})
+
+            return call
+
+        rows["redis Powertools @idempotent_function"] = powertools
 
     pg: Any = None
     if postgres_url:
