@@ -6,11 +6,14 @@
 #
 #   examples/run-polyglot-tests.sh [REPO_ROOT]
 #
-# Needs: cargo, Node.js >= 20 with npm, Python 3.11, and Redis and PostgreSQL
-# at IDEM_TEST_REDIS_URL and IDEM_TEST_POSTGRES_URL (default: on 127.0.0.1,
-# as scripts/services.sh starts them). Installs from lock files
-# only (npm ci; pip install -r packages/python/requirements-dev.txt, into a venv
-# under target/), and builds the idem-guard wheel (packages/python/build.sh)
+# Needs: cargo, Node.js >= 20 with npm, Python 3.11, and for the JS and Python
+# packages' store tests a Redis and a PostgreSQL server named by
+# IDEM_TEST_REDIS_URL and IDEM_TEST_POSTGRES_URL (scripts/test-all.sh sets
+# them; the JS tests default to the local servers scripts/services.sh starts;
+# IDEM_TEST_SKIP_NETSTORES=1 skips those tests). Installs from lock files
+# only (npm ci, with express, ioredis and pg for the package's tests; pip install -r
+# packages/python/requirements-dev.txt, with starlette, redis and psycopg, into
+# a venv under target/), and builds the idem-guard wheel (packages/python/build.sh)
 # with the same component, which the Python tests use installed.
 # Set IDEM_BIN to use an already built idem binary instead of `cargo run`, or
 # IDEM_COMPONENT to test a component file as it is (e.g. one built from guest/
@@ -22,6 +25,7 @@ target="${CARGO_TARGET_DIR:-$root/target}"
 component="${IDEM_COMPONENT:-$target/idem-guard.wasm}"
 
 if [[ -n "${IDEM_COMPONENT:-}" ]]; then
+  component_as_is=1
   echo "== component: $component (IDEM_COMPONENT, as it is)"
   [[ -f "$component" ]] || { echo "no component at $component" >&2; exit 1; }
 elif [[ -n "${IDEM_BIN:-}" ]]; then
@@ -33,6 +37,15 @@ else
   (cd "$root" && cargo run --quiet -p idem -- component --out "$component")
 fi
 export IDEM_COMPONENT="$component"
+# The HTTP scenarios (conformance/http) also run against `idem serve`: the
+# JavaScript test starts the idem binary that wrote the component (IDEM_BIN,
+# or the one `cargo run` built) and fails without it. A component taken as it
+# is comes with no binary: those scenarios then run if target/ has one.
+if [[ -n "${IDEM_BIN:-}" ]]; then
+  export IDEM_GATEWAY_REQUIRED=1
+elif [[ -z "${component_as_is:-}" ]]; then
+  export IDEM_BIN="$target/debug/idem" IDEM_GATEWAY_REQUIRED=1
+fi
 
 echo "== JavaScript package @idem/guard (Node.js $(node --version))"
 tarball="$(IDEM_COMPONENT="$component" bash "$root/packages/js/build.sh" "$target")"
@@ -40,9 +53,10 @@ echo "packed $tarball"
 (
   # Its tests: the conformance scenarios through the lean binding and jco's
   # glue (the devDependency) and on RedisStore and PostgresStore, the guard's
-  # own, and an install of the tarball into an empty project, as a user does.
-  # The Redis and PostgreSQL tests fail without their servers' URLs (as
-  # scripts/test-all.sh sets them; IDEM_TEST_SKIP_NETSTORES=1 skips them).
+  # own, the HTTP scenarios against the Express middleware (express is a
+  # devDependency) and `idem serve`, and an install of the tarball into an
+  # empty project, as a user does. The Redis and PostgreSQL tests fail without
+  # their servers' URLs (IDEM_TEST_SKIP_NETSTORES=1 skips them).
   cd "$root/packages/js"
   npm ci --no-audit --no-fund --loglevel=error
   rm -rf gen
@@ -73,7 +87,12 @@ echo "== Python package and host ($(python3.11 --version))"
   "$root/packages/python/build.sh" "" "$wheels"
   "$venv/bin/pip" install --quiet --disable-pip-version-check --no-deps --force-reinstall \
     "$wheels/idem_guard-0.2.0-py3-none-any.whl"
-  (cd "$root/packages/python" && IDEM_WHEELHOUSE="$wheels" "$venv/bin/python" -m pytest -q -p no:cacheprovider tests)
+  # The Redis and PostgreSQL tests need the servers scripts/test-all.sh names; without
+  # IDEM_TEST_REDIS_URL and IDEM_TEST_POSTGRES_URL they fail, unless IDEM_TEST_SKIP_NETSTORES=1.
+  (cd "$root/packages/python" && IDEM_WHEELHOUSE="$wheels" \
+    IDEM_TEST_REDIS_URL="${IDEM_TEST_REDIS_URL:-}" IDEM_TEST_POSTGRES_URL="${IDEM_TEST_POSTGRES_URL:-}" \
+    IDEM_TEST_SKIP_NETSTORES="${IDEM_TEST_SKIP_NETSTORES:-}" \
+    "$venv/bin/python" -m pytest -q -p no:cacheprovider tests)
   (cd "$root/examples/python" && "$venv/bin/python" -m pytest -q -p no:cacheprovider)
 )
 

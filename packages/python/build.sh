@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Builds the idem-guard wheel: writes the guard component into the package
 # (src/idem_guard/idem-guard.wasm, the bytes `idem component --out` writes)
-# and packs it with the Python sources. Prints the wheel's path.
+# and packs it with the Python sources and the on-store layout's scripts and
+# SQL (wit/store-layout/, as idem_guard/store_layout/). Prints the wheel's path.
 #
 #   packages/python/build.sh [IDEM_BIN] [OUT_DIR]
 #
@@ -43,8 +44,15 @@ mkdir -p "$target" "$out"
 out="$(cd "$out" && pwd)"
 stage="$(mktemp -d "$target/python-build.XXXXXX")"
 trap 'rm -rf "$stage"' EXIT
-cp -r "$package/pyproject.toml" "$package/src" "$stage/"
+cp -r "$package/pyproject.toml" "$package/README.md" "$package/src" "$stage/"
 find "$stage" -name __pycache__ -prune -exec rm -rf {} +
+# The on-store layout's scripts and SQL, shared by every host and kept once in
+# wit/store-layout/: copied into the wheel, never into the source tree (from a
+# checkout, idem_guard.layout reads wit/store-layout/ itself).
+layout="$stage/src/idem_guard/store_layout"
+rm -rf "$layout"
+mkdir -p "$layout"
+cp -r "$root/wit/store-layout/README.md" "$root/wit/store-layout/redis" "$root/wit/store-layout/postgres" "$layout/"
 "$venv/bin/python" -m pip wheel --quiet --disable-pip-version-check --no-deps --no-index --no-build-isolation \
   --wheel-dir "$out" "$stage"
 
@@ -53,5 +61,7 @@ wheel="$out/idem_guard-0.2.0-py3-none-any.whl"
 import sys, zipfile
 names = zipfile.ZipFile(sys.argv[1]).namelist()
 assert "idem_guard/idem-guard.wasm" in names, f"{sys.argv[1]} lacks the component: {names}"
+for shared in ("redis/replace.lua", "redis/claim_expired.lua", "redis/delete_at.lua", "postgres/schema.sql", "postgres/statements.sql"):
+    assert f"idem_guard/store_layout/{shared}" in names, f"{sys.argv[1]} lacks the layout's {shared}: {names}"
 PY
 echo "$wheel"

@@ -55,11 +55,11 @@ test('the package is ESM with exports, types and no runtime dependencies', () =>
   assert.deepEqual(manifest.exports['./redis'], { types: './redis.d.ts', default: './redis.js' });
   assert.deepEqual(manifest.exports['./postgres'], { types: './postgres.d.ts', default: './postgres.js' });
   assert.equal(manifest.dependencies, undefined);
-  assert.deepEqual(manifest.peerDependenciesMeta, { ioredis: { optional: true }, pg: { optional: true } });
+  assert.deepEqual(manifest.peerDependenciesMeta, { express: { optional: true }, ioredis: { optional: true }, pg: { optional: true } });
   const installed = join(app, 'node_modules', '@idem', 'guard');
   assert.deepEqual(readdirSync(installed).sort(), [
-    'README.md', 'fingerprint.js', 'idem-abi.js', 'idem-guard.wasm', 'index.d.ts', 'index.js', 'journal.js', 'layout.js',
-    'package.json', 'postgres.d.ts', 'postgres.js', 'redis.d.ts', 'redis.js', 'store-layout',
+    'README.md', 'express.d.ts', 'express.js', 'fingerprint.js', 'idem-abi.js', 'idem-guard.wasm', 'index.d.ts', 'index.js',
+    'journal.js', 'layout.js', 'package.json', 'postgres.d.ts', 'postgres.js', 'redis.d.ts', 'redis.js', 'store-layout',
   ]);
   assert.deepEqual(readFileSync(join(installed, 'idem-guard.wasm')), readFileSync(join(pkg, 'idem-guard.wasm')));
   // The layout's files as they are in wit/store-layout/.
@@ -95,6 +95,44 @@ console.log(JSON.stringify({ charges, outcomes: [first.outcome, again.outcome], 
   assert.equal(got.bodies[1], got.bodies[0]);
   assert.deepEqual(JSON.parse(Buffer.from(got.bodies[1], 'hex').toString()), { charge: 1, fence: JSON.parse(Buffer.from(got.bodies[0], 'hex').toString()).fence });
   assert.equal(got.status, 201);
+});
+
+test('the installed Express middleware runs on plain node:http, without express installed', () => {
+  writeFileSync(
+    join(app, 'express-main.js'),
+    `import { createServer } from 'node:http';
+import { Guard } from '@idem/guard';
+import { idempotency } from '@idem/guard/express';
+
+const guard = Guard.load();
+const guarded = idempotency({ guard, requireKey: true });
+let runs = 0;
+const server = createServer((req, res) =>
+  guarded(req, res, (err) => {
+    if (err) throw err;
+    runs += 1;
+    res.setHeader('content-type', 'text/plain');
+    res.end('run ' + runs);
+  }),
+);
+server.listen(0, '127.0.0.1', async () => {
+  const url = 'http://127.0.0.1:' + server.address().port + '/orders';
+  const post = (headers) => fetch(url, { method: 'POST', headers, body: 'x' });
+  const first = await post({ 'idempotency-key': 'k' });
+  const again = await post({ 'idempotency-key': 'k' });
+  const keyless = await post({});
+  console.log(JSON.stringify({
+    runs,
+    bodies: [await first.text(), await again.text()],
+    replayed: again.headers.get('idempotent-replayed'),
+    keyless: [keyless.status, keyless.headers.get('content-type')],
+  }));
+  server.close();
+});
+`,
+  );
+  const got = JSON.parse(sh('node', ['express-main.js'], app));
+  assert.deepEqual(got, { runs: 1, bodies: ['run 1', 'run 1'], replayed: 'true', keyless: [400, 'application/problem+json'] });
 });
 
 /**
@@ -190,6 +228,14 @@ test('each declaration file names every export of its module, and nothing else',
 
 const tsc = [join(pkg, 'node_modules', '.bin', 'tsc'), fileURLToPath(new URL('../../../examples/js/node_modules/.bin/tsc', import.meta.url))].find(existsSync);
 
+test('express.d.ts names every export of express.js, and nothing else', async () => {
+  const runtime = Object.keys(await import('../express.js')).sort();
+  const declared = [...readFileSync(join(pkg, 'express.d.ts'), 'utf8').matchAll(/^export declare (?:class|const|function) (\w+)/gm)]
+    .map((m) => m[1])
+    .sort();
+  assert.deepEqual(declared, runtime);
+});
+
 test('a TypeScript program type-checks against the installed types', { skip: !tsc && 'no tsc installed (npm ci in packages/js)' }, () => {
   writeFileSync(
     join(app, 'tsconfig.json'),
@@ -199,6 +245,8 @@ test('a TypeScript program type-checks against the installed types', { skip: !ts
     join(app, 'check.ts'),
     `import { Guard, GuardError, MemoryStore, NotRecordedError, StoreError, ManualClock, toResponse } from '@idem/guard';
 import type { AsyncAttempt, AsyncGuard, Attempt, Claim, Decision, Response, RunResult, Store } from '@idem/guard';
+import { idempotency, keepRawBody, scopedKey } from '@idem/guard/express';
+import type { Middleware, RequestLike } from '@idem/guard/express';
 import { RedisStore } from '@idem/guard/redis';
 import { PostgresStore } from '@idem/guard/postgres';
 
@@ -271,6 +319,16 @@ async function main(): Promise<void> {
   await guard.run('k', 'fp', async () => 'not a response');
   // @ts-expect-error no such outcome
   if (result.outcome === 'done') void 0;
+
+  const guarded: Middleware = idempotency({ guard, requireKey: true, fingerprintHeaders: ['content-type'], clientHeader: null });
+  const req: RequestLike = { method: 'POST', url: '/orders', headers: { 'idempotency-key': 'k' } };
+  await guarded(req, {}, (err?: unknown) => void err);
+  void req.idempotency?.fence;
+  void keepRawBody;
+  const scoped: string = scopedKey(undefined, 'k');
+  void scoped;
+  // @ts-expect-error a guard is required
+  idempotency({ requireKey: true });
 }
 void main;
 

@@ -1,17 +1,33 @@
 """Every conformance scenario (conformance/*.json, format in conformance/README.md)
 against the component hosted in Python, with the Python MemoryStore and a
-ManualClock. The Rust and JavaScript hosts run the same files."""
+ManualClock; also over an asynchronous MemoryStore through `AsyncGuard`'s
+journal replay. The Rust and JavaScript hosts run the same files;
+tests/test_netstores.py runs them on Redis and PostgreSQL with `Host` below."""
 
 from __future__ import annotations
 
+import asyncio
 import copy
 import json
 from pathlib import Path
 from typing import Any, Optional
 
 import pytest
+from stores import AsyncFaulty, AsyncMemory
 
-from idem_guard import Attempt, Checkpoint, Claim, Guard, GuardError, ManualClock, MemoryStore, NotRecorded, Response
+from idem_guard import (
+    AsyncAttempt,
+    AsyncGuard,
+    Attempt,
+    Checkpoint,
+    Claim,
+    Guard,
+    GuardError,
+    ManualClock,
+    MemoryStore,
+    NotRecorded,
+    Response,
+)
 
 CONFORMANCE = Path(__file__).resolve().parents[3] / "conformance"
 FILES = sorted(p.name for p in CONFORMANCE.glob("*.json"))
@@ -111,11 +127,24 @@ def check(expect: dict, actual: dict, claims: dict[str, Claim]) -> Optional[str]
 
 
 class Host:
-    def __init__(self, scenario: dict, binding: str = "static"):
+    """Runs a scenario's steps on a `Guard` over `store` (a `MemoryStore` by
+    default; any store with MemoryStore's `fault`, `clear_faults` and `peek`,
+    such as tests/stores.py's `Faulty`), or, with `asynchronous`, on an
+    `AsyncGuard` over an asynchronous store (`AsyncFaulty`), each step run to
+    its end on a loop of its own (or on `loop`, where the store was opened)."""
+
+    def __init__(
+        self,
+        scenario: dict,
+        binding: str = "static",
+        store: Any = None,
+        asynchronous: bool = False,
+        loop: Optional[asyncio.AbstractEventLoop] = None,
+    ):
         self.clock = ManualClock(scenario["clock_ms"])
-        self.store = MemoryStore()
+        self.store = store if store is not None else MemoryStore()
         p = scenario["policy"]
-        self.guard = Guard.load(
+        options = dict(
             store=self.store,
             clock=self.clock,
             lease_ms=p["lease_ms"],
@@ -123,8 +152,24 @@ class Host:
             max_response_bytes=p["max_response_bytes"],
             binding=binding,
         )
+        self.loop: Optional[asyncio.AbstractEventLoop] = loop
+        self._own_loop = loop is None and asynchronous
+        if self._own_loop:
+            self.loop = asyncio.new_event_loop()
+        if self.loop is not None:
+            self.guard: Any = _Awaited(AsyncGuard(**options), self.loop)
+        else:
+            self.guard = Guard.load(**options)
         self.claims: dict[str, Claim] = {}
         self.effects: dict[str, int] = {}
+
+    def close(self) -> None:
+        if self._own_loop:
+            self.loop.close()
+
+    def peek(self, key: str) -> Any:
+        entry = self.store.peek(key, self.clock.now_ms())
+        return self.loop.run_until_complete(entry) if self.loop is not None else entry
 
     def step(self, step: dict) -> Optional[dict]:
         g, op = self.guard, step["op"]
@@ -175,7 +220,7 @@ class Host:
             if op == "effects":
                 return {name: self.effects.get(name, 0) for name in step["expect"]}
             if op == "peek":
-                entry = self.store.peek(text(step["key"]), self.clock.now_ms())
+                entry = self.peek(text(step["key"]))
                 if entry is None:
                     return {"absent": True}
                 r, version = entry
@@ -214,6 +259,18 @@ class Host:
                 raise RuntimeError("handler failed")
             return response(step["response"])
 
+        async def async_handler(_fence: int, attempt: AsyncAttempt) -> Response:
+            resumed.append(checkpoint_json(attempt.checkpoint))
+            self.effects[name] = self.effects.get(name, 0) + 1
+            for c in step.get("checkpoints", []):
+                await attempt.save_checkpoint(text(c["phase"]), data(c.get("data")))
+            if step.get("fails"):
+                raise RuntimeError("handler failed")
+            return response(step["response"])
+
+        if self.loop is not None:
+            handler = async_handler  # type: ignore[assignment]
+
         try:
             out = self.guard.run(text(step["key"]), text(step["fingerprint"]), handler)
         except NotRecorded as e:
@@ -235,25 +292,40 @@ class Host:
         return {"outcome": out.kind}
 
 
+class _Awaited:
+    """An `AsyncGuard` with `Guard`'s synchronous methods: each call runs on `loop` to its end."""
+
+    def __init__(self, guard: AsyncGuard, loop: asyncio.AbstractEventLoop):
+        self.guard, self.loop = guard, loop
+
+    def __getattr__(self, name: str) -> Any:
+        method = getattr(self.guard, name)
+        return lambda *args: self.loop.run_until_complete(method(*args))
+
+
 class Mismatch(AssertionError):
     pass
 
 
-def run_scenario(scenario: dict, binding: str = "static") -> int:
-    """Runs a scenario; returns the number of checked steps, or raises `Mismatch("step N (op): ...")`."""
-    host = Host(scenario, binding)
+def run_scenario(scenario: dict, binding: str = "static", **host: Any) -> int:
+    """Runs a scenario; returns the number of checked steps, or raises `Mismatch("step N (op): ...")`.
+    `host` goes to `Host` (`store=`, `asynchronous=`, `loop=`)."""
+    host = Host(scenario, binding, **host)
     checked = 0
-    for i, step in enumerate(scenario["steps"]):
-        for _ in range(step.get("times", 1)):
-            actual = host.step(step)
-            if actual is None:
-                continue
-            if "expect" not in step:
-                raise Mismatch(f"step {i} ({step['op']}): no expect")
-            why = check(step["expect"], actual, host.claims)
-            if why:
-                raise Mismatch(f"step {i} ({step['op']}): {why}; got {json.dumps(actual)}")
-            checked += 1
+    try:
+        for i, step in enumerate(scenario["steps"]):
+            for _ in range(step.get("times", 1)):
+                actual = host.step(step)
+                if actual is None:
+                    continue
+                if "expect" not in step:
+                    raise Mismatch(f"step {i} ({step['op']}): no expect")
+                why = check(step["expect"], actual, host.claims)
+                if why:
+                    raise Mismatch(f"step {i} ({step['op']}): {why}; got {json.dumps(actual)}")
+                checked += 1
+    finally:
+        host.close()
     return checked
 
 
@@ -311,3 +383,10 @@ def test_a_wrong_expectation_fails_the_scenario_at_that_step(name: str) -> None:
             run_scenario(mutant)
         broken += 1
     assert broken > 0
+
+
+# AsyncGuard over an asynchronous store: every call replayed from a journal of
+# the store's answers (idem_guard.journal), faults injected beside the store.
+@pytest.mark.parametrize("name", FILES)
+def test_conformance_over_an_asynchronous_store_by_journal_replay(name: str) -> None:
+    assert run_scenario(load(name), store=AsyncFaulty(AsyncMemory()), asynchronous=True) > 0

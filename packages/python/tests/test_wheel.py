@@ -1,9 +1,12 @@
 """The package as a user gets it: build.sh builds the wheel, a fresh venv
-installs it offline (`pip install --no-index --find-links`) with wasmtime as
-its one dependency, and a script there guards a function twice with one key,
-with `Guard` and with `AsyncGuard`, using the component the wheel ships (no
-IDEM_COMPONENT). The wasmtime wheel comes from $IDEM_WHEELHOUSE
-(run-polyglot-tests.sh fills it from requirements-dev.txt), else `pip download`."""
+installs it offline (`pip install --no-index --find-links`) with its extras
+(`idem-guard[redis,postgres]`: wasmtime, redis, psycopg with its bundled
+libpq, psycopg_pool), and scripts there guard a function twice with one key
+— with `Guard` and `AsyncGuard` on the built-in memory store, and on Redis
+and PostgreSQL with the sync and the async stores — using the component and
+the on-store layout files the wheel ships (no IDEM_COMPONENT, no checkout).
+The dependencies' wheels come from $IDEM_WHEELHOUSE (run-polyglot-tests.sh
+fills it from requirements-dev.txt), else `pip download` them."""
 
 from __future__ import annotations
 
@@ -11,6 +14,9 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+
+import pytest
+from stores import server_url, unique
 
 import idem_guard
 
@@ -53,13 +59,63 @@ print("guarded", idem_guard.__file__)
 """
 
 
+NETSTORES = r"""
+import asyncio, os, sys
+import idem_guard
+from idem_guard import AsyncGuard, Guard, Response
+from idem_guard.postgres import AsyncPostgresStore, PostgresStore
+from idem_guard.redis import AsyncRedisStore, RedisStore
+
+redis_url, postgres_url, prefix, table = sys.argv[1:5]
+effects = []
+
+def charge(fence):
+    effects.append(fence)
+    return Response(200, [], b"charged %d" % len(effects))
+
+def twice(guard, key):
+    first = guard.run(key, "cents=1000", charge)
+    again = guard.run(key, "cents=1000", charge)
+    assert (first.kind, again.kind) == ("executed", "replayed"), (first, again)
+    assert again.response == first.response, (first, again)
+
+with RedisStore(redis_url, prefix=prefix) as store:
+    twice(Guard(store=store), "pay:o-1")
+with PostgresStore(postgres_url, table=table) as store:
+    twice(Guard(store=store), "pay:o-1")
+
+async def main():
+    async def charge_async(fence):
+        await asyncio.sleep(0)
+        return charge(fence)
+
+    async def twice_async(guard, key):
+        assert guard.replays
+        first = await guard.run(key, "cents=1000", charge_async)
+        again = await guard.run(key, "cents=1000", charge_async)
+        assert (first.kind, again.kind) == ("executed", "replayed"), (first, again)
+
+    async with AsyncRedisStore(redis_url, prefix=prefix) as store:
+        await twice_async(AsyncGuard(store=store), "pay:o-2")
+    async with await AsyncPostgresStore.open(postgres_url, table=table) as store:
+        await twice_async(AsyncGuard(store=store), "pay:o-2")
+
+asyncio.run(main())
+assert effects == [1, 1, 1, 1], effects
+print("guarded", idem_guard.__file__)
+"""
+
+
 def run(*args: object, **kwargs: object) -> str:
     done = subprocess.run([str(a) for a in args], capture_output=True, text=True, **kwargs)
     assert done.returncode == 0, f"{args} failed ({done.returncode}):\n{done.stdout}\n{done.stderr}"
     return done.stdout
 
 
-def test_the_built_wheel_installs_offline_in_a_fresh_venv_and_guards_once_sync_and_async(tmp_path: Path) -> None:
+@pytest.fixture(scope="module")
+def venv(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A fresh venv with the built wheel and its extras installed offline."""
+    tmp_path = tmp_path_factory.mktemp("wheel")
     # The component this run tests (the installed package's, or IDEM_COMPONENT's) goes into the wheel.
     component = os.environ.get("IDEM_COMPONENT") or str(idem_guard.DEFAULT_COMPONENT)
     wheels = tmp_path / "wheels"
@@ -69,14 +125,46 @@ def test_the_built_wheel_installs_offline_in_a_fresh_venv_and_guards_once_sync_a
     wheelhouse = os.environ.get("IDEM_WHEELHOUSE")
     if not wheelhouse:
         wheelhouse = tmp_path / "wheelhouse"
-        run(sys.executable, "-m", "pip", "download", "--quiet", "--no-deps", "--dest", wheelhouse, "wasmtime==50.0.1")
+        run(
+            sys.executable, "-m", "pip", "download", "--quiet", "--disable-pip-version-check", "--no-deps",
+            "--dest", wheelhouse, "-r", PACKAGE / "requirements-dev.txt",
+        )
 
     venv = tmp_path / "venv"
     run(sys.executable, "-m", "venv", venv)
     run(
         venv / "bin" / "pip", "install", "--quiet", "--disable-pip-version-check",
-        "--no-index", "--find-links", wheels, "--find-links", wheelhouse, "idem-guard",
+        "--no-index", "--find-links", wheels, "--find-links", wheelhouse, "idem-guard[redis,postgres]",
     )
-    env = {k: v for k, v in os.environ.items() if k not in ("IDEM_COMPONENT", "PYTHONPATH")}
-    out = run(venv / "bin" / "python", "-c", SCRIPT, env=env, cwd=tmp_path)
+    return venv
+
+
+def user_env() -> dict:
+    return {k: v for k, v in os.environ.items() if k not in ("IDEM_COMPONENT", "PYTHONPATH")}
+
+
+def test_the_built_wheel_installs_offline_in_a_fresh_venv_and_guards_once_sync_and_async(venv: Path, tmp_path: Path) -> None:
+    out = run(venv / "bin" / "python", "-c", SCRIPT, env=user_env(), cwd=tmp_path)
     assert out.startswith("guarded ") and str(venv) in out, out
+
+
+def test_the_installed_wheel_guards_once_on_redis_and_postgres_sync_and_async(venv: Path, tmp_path: Path) -> None:
+    redis_url, postgres_url = server_url("IDEM_TEST_REDIS_URL"), server_url("IDEM_TEST_POSTGRES_URL")
+    import psycopg
+    import redis
+
+    prefix, table = unique("wheel") + ":", unique("wheel")
+    try:
+        out = run(venv / "bin" / "python", "-c", NETSTORES, redis_url, postgres_url, prefix, table, env=user_env(), cwd=tmp_path)
+        assert out.startswith("guarded ") and str(venv) in out, out
+    finally:
+        client = redis.Redis.from_url(redis_url)
+        keys = list(client.scan_iter(match=f"{prefix}*"))
+        if keys:
+            client.delete(*keys)
+        client.close()
+        with psycopg.connect(postgres_url, autocommit=True) as conn:
+            conn.execute(
+                f"DROP TABLE IF EXISTS {table}; DROP FUNCTION IF EXISTS {table}_claim; "
+                f"DROP FUNCTION IF EXISTS {table}_try_claim; DELETE FROM idem_schema WHERE table_name = '{table}'"
+            )

@@ -9,12 +9,31 @@ package, so a guard needs no file of its own::
     assert guard.run("order-1", "cents=1000", lambda fence: Response(500)).response.body == b"paid"
 
 `Guard` is the synchronous API (its renewals run on a thread), `AsyncGuard`
-the asyncio one (`await guard.run(...)`, renewals as asyncio tasks). The
+the asyncio one (`await guard.run(...)`, renewals as asyncio tasks).
+`idempotent_function` (and `idempotent`) decorate a function, Powertools-style;
+`idem_guard.asgi.IdempotencyMiddleware` gives an ASGI app (Starlette, FastAPI)
+the `idem serve` gateway's HTTP semantics. The
 component is read from the `component=` argument, else the file named by
 `$IDEM_COMPONENT`, else the one in the package.
+
+Stores: `MemoryStore` here; Redis in `idem_guard.redis` (`RedisStore`,
+`AsyncRedisStore`: the `redis` extra) and PostgreSQL in `idem_guard.postgres`
+(`PostgresStore`, `AsyncPostgresStore`: the `postgres` extra), in the
+on-store layout every idem host shares (wit/store-layout/). `AsyncGuard`
+over an asynchronous store replays each call from a journal of the store's
+answers (`idem_guard.journal`).
 """
 
 from .aio import AsyncAttempt, AsyncGuard
+from .functions import (
+    AlreadyInProgress,
+    IdempotencyError,
+    IdempotencyKeyMissing,
+    PayloadMismatch,
+    StoreUnavailable,
+    idempotent,
+    idempotent_function,
+)
 from .guard import (
     DEFAULT_COMPONENT,
     Attempt,
@@ -33,6 +52,7 @@ __version__ = "0.2.0"
 
 __all__ = [
     "DEFAULT_COMPONENT",
+    "AlreadyInProgress",
     "AsyncAttempt",
     "AsyncGuard",
     "Attempt",
@@ -41,13 +61,19 @@ __all__ = [
     "Entry",
     "Guard",
     "GuardError",
+    "IdempotencyError",
+    "IdempotencyKeyMissing",
     "ManualClock",
     "MemoryStore",
     "NotRecorded",
     "Outcome",
+    "PayloadMismatch",
     "Record",
     "Response",
     "StoreFault",
+    "StoreUnavailable",
     "SystemClock",
     "SystemRandom",
+    "idempotent",
+    "idempotent_function",
 ]

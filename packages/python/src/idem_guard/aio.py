@@ -11,11 +11,19 @@ plain one works too) and renews its claim's lease from an asyncio task::
 
 It wraps a `Guard` (same options, same component, same decisions). The
 component's calls are synchronous and run a store's primitives inline, so
-where they run depends on the store: a `MemoryStore` answers from a dict in
-microseconds and its calls run on the event loop; any other store may wait on
-a disk or a server, so its calls go to a worker thread (`asyncio.to_thread`)
-and the loop keeps serving. `store_blocks=` says which, when the default
-guesses wrong.
+where they run depends on the store:
+
+- an asynchronous store (its primitives are coroutine functions:
+  `idem_guard.redis.AsyncRedisStore`, `idem_guard.postgres.AsyncPostgresStore`,
+  or your own): each call is replayed from a journal of the store's answers
+  (`idem_guard.journal`, the "Replaying a call" of wit/guard.wit), awaiting
+  one primitive between runs, all on the loop;
+- a `MemoryStore` answers from a dict in microseconds: its calls run on the
+  event loop;
+- any other (synchronous) store may wait on a disk or a server: its calls go
+  to a worker thread (`asyncio.to_thread`) and the loop keeps serving.
+  `store_blocks=` says whether a synchronous store blocks, when the default
+  guesses wrong.
 """
 
 from __future__ import annotations
@@ -31,12 +39,15 @@ from .guard import (
     MemoryStore,
     NotRecorded,
     Outcome,
+    SystemClock,
+    SystemRandom,
     _bytes,
     _normalized,
     _not_run,
     _refused,
     _takes_attempt,
 )
+from .journal import Replay
 from .types import Checkpoint, Claim, Response
 
 __all__ = ["AsyncAttempt", "AsyncGuard"]
@@ -45,8 +56,11 @@ __all__ = ["AsyncAttempt", "AsyncGuard"]
 class AsyncGuard:
     """An idempotency guard for asyncio: `await guard.run(key, fingerprint, handler)`.
 
-    Takes `Guard`'s options, plus `store_blocks`: whether the store's calls can
-    block (default: every store but `MemoryStore`). Lease renewal, on by
+    Takes `Guard`'s options, plus `store_blocks`: whether a synchronous
+    store's calls can block (default: every store but `MemoryStore`). An
+    asynchronous store (`AsyncRedisStore`, `AsyncPostgresStore`: primitives
+    that are coroutine functions) is awaited between the replays of each
+    call (`idem_guard.journal`) and never blocks the loop. Lease renewal, on by
     default (`renew_lease=False`), runs as one asyncio task per running handler,
     so it needs the loop to be free: a handler that blocks the loop for longer
     than the lease loses its key as if it had crashed.
@@ -57,17 +71,35 @@ class AsyncGuard:
         return cls(**options)
 
     def __init__(self, *, store_blocks: Optional[bool] = None, renew_lease: bool = True, **options: Any):
+        store = options.get("store")
+        self._replay: Optional[Replay] = None
+        if store is not None and is_async_store(store):
+            # The component is given the journal's store, clock and random; the real ones answer between runs.
+            clock = options.get("clock") or SystemClock()
+            random = options.get("random") or SystemRandom()
+            self._replay = Replay(store, clock, random)
+            options.update(store=self._replay.store, clock=self._replay.clock, random=self._replay.random)
         # The wrapped guard's own renewal thread stays off: the tasks below renew.
         self.guard = Guard(renew_lease=False, **options)
         self.renew_lease = renew_lease
-        self.store_blocks = not isinstance(self.guard.store, MemoryStore) if store_blocks is None else store_blocks
+        if self._replay is not None:
+            self.store_blocks = False
+        else:
+            self.store_blocks = not isinstance(self.guard.store, MemoryStore) if store_blocks is None else store_blocks
         self._every_s = max(1, self.guard.policy.lease_ms // 3) / 1000
 
     @property
     def store(self) -> Any:
-        return self.guard.store
+        return self._replay.target if self._replay is not None else self.guard.store
+
+    @property
+    def replays(self) -> bool:
+        """Whether calls are replayed from a journal (the store is asynchronous)."""
+        return self._replay is not None
 
     async def _call(self, method: Callable[..., Any], *args: Any) -> Any:
+        if self._replay is not None:
+            return await self._replay.call(method, *args)
         if self.store_blocks:
             return await asyncio.to_thread(method, *args)
         return method(*args)
@@ -130,6 +162,11 @@ class AsyncGuard:
         except GuardError as e:
             raise NotRecorded(response, e) from e
         return Outcome("executed", response=response)
+
+
+def is_async_store(store: Any) -> bool:
+    """Whether `store`'s primitives are coroutine functions (awaited, and replayed from a journal)."""
+    return inspect.iscoroutinefunction(getattr(store, "insert", None))
 
 
 class AsyncAttempt(ClaimView):

@@ -1,0 +1,283 @@
+"""Three hosts, one store: `idem serve` (Rust), a Node.js service
+(`@idem/guard`, driven through peer.mjs) and a Python worker (`idem-guard`,
+in this process) share one Redis and one PostgreSQL, and agree on every key:
+
+- a key one of them claimed is in flight for the other two;
+- a response one of them stored is replayed byte for byte by the others;
+- a claim whose lease ran out is taken over across languages at a higher
+  fence, and the stale holder's completion is refused.
+
+Needs IDEM_BIN (an `idem` binary), IDEM_TEST_REDIS_URL and
+IDEM_TEST_POSTGRES_URL; fails, naming what is missing, without them.
+Run by examples/run-polyglot-tests.sh in the polyglot venv.
+"""
+
+from __future__ import annotations
+
+import http.server
+import json
+import os
+import socket
+import subprocess
+import threading
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from idem_guard import Guard, GuardError, Response
+
+HERE = Path(__file__).resolve().parent
+LEASE_MS = 30_000
+
+
+def need(var: str) -> str:
+    value = os.environ.get(var)
+    if not value:
+        pytest.fail(f"{var} is not set: the interop test needs it (see examples/interop/test_interop.py)")
+    return value
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Upstream:
+    """The service behind the gateway: counts calls per idempotency key and
+    answers after `delay` seconds with a body naming the key and the count."""
+
+    def __init__(self) -> None:
+        self.calls: dict[str, int] = {}
+        self.delay = 0.0
+        upstream = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_POST(self) -> None:  # noqa: N802 (http.server's name)
+                length = int(self.headers.get("content-length", 0))
+                self.rfile.read(length)
+                key = self.headers.get("idempotency-key", "")
+                upstream.calls[key] = upstream.calls.get(key, 0) + 1
+                time.sleep(upstream.delay)
+                body = json.dumps({"key": key, "run": upstream.calls[key], "by": "gateway"}).encode()
+                self.send_response(201)
+                self.send_header("content-type", "application/json")
+                self.send_header("x-served-by", "upstream")
+                self.send_header("content-length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, *args) -> None:
+                pass
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.port = self.server.server_address[1]
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self) -> None:
+        self.server.shutdown()
+
+
+class Gateway:
+    def __init__(self, store_url: str, upstream: Upstream) -> None:
+        self.port = free_port()
+        self.proc = subprocess.Popen(
+            [
+                need("IDEM_BIN"), "serve",
+                "--listen", f"127.0.0.1:{self.port}",
+                "--upstream", f"http://127.0.0.1:{upstream.port}",
+                "--store", store_url,
+                "--admin-listen", "off",
+                "--client-header", "",
+                "--lease", f"{LEASE_MS}ms",
+                "--upstream-timeout", "10s",
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+        )
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"idem serve exited: {self.proc.stderr.read().decode()}")
+            try:
+                socket.create_connection(("127.0.0.1", self.port), timeout=0.2).close()
+                return
+            except OSError:
+                time.sleep(0.05)
+        raise RuntimeError("idem serve did not listen within 30 s")
+
+    def post(self, key: str, body: bytes) -> tuple[int, dict[str, str], bytes]:
+        req = urllib.request.Request(
+            f"http://127.0.0.1:{self.port}/orders",
+            data=body,
+            method="POST",
+            headers={"content-type": "application/json", "idempotency-key": key},
+        )
+        try:
+            with urllib.request.urlopen(req, timeout=30) as r:
+                return r.status, {k.lower(): v for k, v in r.headers.items()}, r.read()
+        except urllib.error.HTTPError as e:
+            return e.code, {k.lower(): v for k, v in e.headers.items()}, e.read()
+
+    def close(self) -> None:
+        self.proc.terminate()
+        self.proc.wait(timeout=30)
+
+
+class Node:
+    """The Node.js service: peer.mjs over a pipe."""
+
+    def __init__(self) -> None:
+        self.proc = subprocess.Popen(
+            ["node", str(HERE / "peer.mjs")],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+
+    def __call__(self, **cmd):
+        self.proc.stdin.write(json.dumps(cmd) + "\n")
+        self.proc.stdin.flush()
+        line = self.proc.stdout.readline()
+        if not line:
+            raise RuntimeError("peer.mjs exited")
+        answer = json.loads(line)
+        if answer.get("error") == "exception":
+            raise RuntimeError(answer["detail"])
+        return answer
+
+    def close(self) -> None:
+        try:
+            self(op="close")
+        finally:
+            self.proc.wait(timeout=10)
+
+
+def wire(r: Response) -> dict:
+    return {"status": r.status, "headers": [[n, bytes(v).hex()] for n, v in r.headers], "body": bytes(r.body).hex()}
+
+
+@pytest.fixture(params=["redis", "postgres"])
+def hosts(request):
+    """The three hosts on one store, under a prefix or table of this run's own."""
+    kind = request.param
+    run = f"interop_{os.getpid()}_{int(time.time() * 1000) % 10**8}"
+    if kind == "redis":
+        url = need("IDEM_TEST_REDIS_URL")
+        prefix = f"{run}:"
+        from idem_guard.redis import RedisStore
+
+        py_store = RedisStore(url, prefix=prefix)
+        gateway_url = f"{url.rstrip('/')}/?prefix={prefix}" if "?" not in url else f"{url}&prefix={prefix}"
+        node_open = {"store": "redis", "url": url, "prefix": prefix}
+    else:
+        url = need("IDEM_TEST_POSTGRES_URL")
+        from idem_guard.postgres import PostgresStore
+
+        py_store = PostgresStore(url, table=run)
+        gateway_url = f"{url}{'&' if '?' in url else '?'}table={run}"
+        node_open = {"store": "postgres", "url": url, "table": run}
+    upstream = Upstream()
+    gateway = Gateway(gateway_url, upstream)
+    node = Node()
+    assert node(op="open", leaseMs=LEASE_MS, **node_open) == {"ok": True}
+    python = Guard(store=py_store, lease_ms=LEASE_MS, renew_lease=False)
+    yield kind, gateway, node, python, upstream, py_store
+    node.close()
+    gateway.close()
+    upstream.close()
+    if kind == "postgres":
+        py_store.drop_table() if hasattr(py_store, "drop_table") else _drop(url, run)
+    py_store.close()
+
+
+def _drop(url: str, table: str) -> None:
+    import psycopg
+
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute(f"DROP TABLE IF EXISTS {table}")
+        conn.execute(f"DROP FUNCTION IF EXISTS {table}_try_claim")
+        conn.execute(f"DROP FUNCTION IF EXISTS {table}_claim")
+        conn.execute("DELETE FROM idem_schema WHERE table_name = %s", (table,))
+
+
+def fingerprint_of(python: Guard, body: bytes) -> str:
+    """The fingerprint the gateway computes for POST /orders with this body."""
+    return python.fingerprint("POST", "/orders", [("content-type", b"application/json")], body)
+
+
+def test_a_node_claim_is_in_flight_everywhere_then_replayed_byte_for_byte(hosts):
+    kind, gateway, node, python, upstream, _ = hosts
+    body = b'{"order":"n-1","cents":1000}'
+    fp = fingerprint_of(python, body)
+
+    claim = node(op="begin", key="anon/n-1", fingerprint=fp)
+    assert claim["tag"] == "proceed"
+    tag, _ = python.begin("anon/n-1", fp)
+    assert tag == "in-flight"
+    status, headers, _ = gateway.post("n-1", body)
+    assert status == 409 and "retry-after" in headers
+    assert upstream.calls.get("n-1") is None  # the gateway never forwarded it
+
+    stored = Response(201, [("content-type", b"application/json"), ("x-served-by", b"node")], b'{"by":"node"}\x00\xff')
+    assert node(op="complete", claim=claim["claim"], response=wire(stored)) == {"ok": True}
+
+    tag, replayed = python.begin("anon/n-1", fp)
+    assert tag == "replay" and wire(replayed) == wire(stored)
+    status, headers, got = gateway.post("n-1", body)
+    assert (status, got) == (201, stored.body)
+    assert headers["x-served-by"] == "node" and headers["idempotent-replayed"] == "true"
+    assert upstream.calls.get("n-1") is None
+
+
+def test_a_gateway_response_is_replayed_by_node_and_python(hosts):
+    kind, gateway, node, python, upstream, _ = hosts
+    body = b'{"order":"g-1","cents":500}'
+    fp = fingerprint_of(python, body)
+    upstream.delay = 1.0
+    first = {}
+    t = threading.Thread(target=lambda: first.update(answer=gateway.post("g-1", body)))
+    t.start()
+    deadline = time.monotonic() + 10
+    while upstream.calls.get("g-1") is None and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert node(op="begin", key="anon/g-1", fingerprint=fp)["tag"] == "in-flight"
+    assert python.begin("anon/g-1", fp)[0] == "in-flight"
+    t.join()
+    status, _, sent = first["answer"]
+    assert status == 201
+
+    by_node = node(op="begin", key="anon/g-1", fingerprint=fp)
+    assert by_node["tag"] == "replay"
+    assert bytes.fromhex(by_node["response"]["body"]) == sent and by_node["response"]["status"] == 201
+    tag, by_python = python.begin("anon/g-1", fp)
+    assert tag == "replay" and bytes(by_python.body) == sent
+    assert wire(by_python) == by_node["response"]
+    assert upstream.calls["g-1"] == 1
+
+
+def test_a_takeover_across_languages_raises_the_fence_and_refuses_the_stale_holder(hosts):
+    kind, gateway, node, python, upstream, py_store = hosts
+    body = b'{"order":"t-1"}'
+    fp = fingerprint_of(python, body)
+    short = Guard(store=py_store, lease_ms=200, renew_lease=False)
+    tag, stale = short.begin("anon/t-1", fp)
+    assert tag == "proceed"
+    # The Python worker "crashes": it never completes. After its lease:
+    time.sleep(0.3)
+    taken = node(op="begin", key="anon/t-1", fingerprint=fp)
+    assert taken["tag"] == "proceed"
+    assert int(taken["fence"]) > stale.fence
+
+    with pytest.raises(GuardError) as refused:
+        short.complete(stale, Response(200, [], b"from the stale holder"))
+    assert refused.value.kind == "stale-claim"
+
+    done = Response(201, [("content-type", b"application/json")], b'{"by":"node, after the takeover"}')
+    assert node(op="complete", claim=taken["claim"], response=wire(done)) == {"ok": True}
+    status, _, got = gateway.post("t-1", body)
+    assert (status, got) == (201, done.body)
+    assert upstream.calls.get("t-1") is None

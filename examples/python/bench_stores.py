@@ -1,0 +1,212 @@
+"""The cost of one guarded call on Redis (and PostgreSQL, when its URL is set)
+from Python, next to the raw commands of the same claim and completion in
+the same run. Rounds interleave the rows, so a busy machine slows them alike;
+the median round is printed. `python bench_stores.py [OPS] [ROUNDS]`, with
+IDEM_TEST_REDIS_URL (default redis://127.0.0.1:6379) and, optionally,
+IDEM_TEST_POSTGRES_URL; keys go under `idembench_{pid}_`, removed afterwards.
+
+- guard: `Guard.begin` + `Guard.complete` on a new key over `RedisStore` (the
+  component's imports call it inline: one `SET NX GET`, one `EVALSHA replace`).
+- async guard: the same through `AsyncGuard` over `AsyncRedisStore` (each call
+  replayed from a journal: two runs of the export per call, the store awaited
+  in between).
+- raw: redis-py's `SET key v NX PX` then `SET key v PX` (sync and asyncio): the
+  two round trips any claim-then-complete needs, with nothing decided.
+- powertools: AWS Lambda Powertools' `@idempotent_function` over its
+  `RedisCachePersistenceLayer` on the same Redis (local cache off), when
+  `aws-lambda-powertools` (and `boto3`, which it imports) is installed:
+  `pip install aws-lambda-powertools==3.37.0 boto3`.
+- PostgreSQL: `Guard` over `PostgresStore` next to a raw prepared
+  `INSERT … ON CONFLICT DO NOTHING` then `UPDATE` on a table of its own.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import statistics
+import sys
+import time
+from typing import Any, Callable
+
+import redis
+import redis.asyncio as aredis
+
+from idem_guard import AsyncGuard, Guard, Response
+from idem_guard.redis import AsyncRedisStore, RedisStore
+
+ops = int(sys.argv[1]) if len(sys.argv) > 1 else 2_000
+rounds = int(sys.argv[2]) if len(sys.argv) > 2 else 5
+redis_url = os.environ.get("IDEM_TEST_REDIS_URL") or "redis://127.0.0.1:6379"
+postgres_url = os.environ.get("IDEM_TEST_POSTGRES_URL")
+prefix = f"idembench_{os.getpid()}_"
+response = Response(200, [("content-type", b"text/plain")], b"paid")
+value = b"x" * 120  # about a record's size
+
+
+def timed(n: int, call: Callable[[int], Any]) -> float:
+    start = time.perf_counter_ns()
+    for i in range(n):
+        call(i)
+    return (time.perf_counter_ns() - start) / n
+
+
+def timed_async(loop: asyncio.AbstractEventLoop, n: int, call: Callable[[int], Any]) -> float:
+    async def body() -> float:
+        start = time.perf_counter_ns()
+        for i in range(n):
+            await call(i)
+        return (time.perf_counter_ns() - start) / n
+
+    return loop.run_until_complete(body())
+
+
+def main() -> None:
+    loop = asyncio.new_event_loop()
+    raw = redis.Redis.from_url(redis_url)
+    araw = aredis.Redis.from_url(redis_url)
+    store = RedisStore(redis_url, prefix=prefix + "g:")
+    astore = AsyncRedisStore(redis_url, prefix=prefix + "a:")
+    guard = Guard(store=store)
+    aguard = AsyncGuard(store=astore)
+
+    def guarded(tag: str) -> Callable[[int], None]:
+        def call(i: int) -> None:
+            kind, claim = guard.begin(f"{tag}{i}", "sku=A&qty=1")
+            assert kind == "proceed", kind
+            guard.complete(claim, response)
+
+        return call
+
+    def aguarded(tag: str) -> Callable[[int], Any]:
+        async def call(i: int) -> None:
+            kind, claim = await aguard.begin(f"{tag}{i}", "sku=A&qty=1")
+            assert kind == "proceed", kind
+            await aguard.complete(claim, response)
+
+        return call
+
+    def raw_pair(tag: str) -> Callable[[int], None]:
+        def call(i: int) -> None:
+            key = f"{prefix}r:{tag}{i}"
+            assert raw.set(key, value, nx=True, px=86_400_000)
+            raw.set(key, value, px=86_400_000)
+
+        return call
+
+    def araw_pair(tag: str) -> Callable[[int], Any]:
+        async def call(i: int) -> None:
+            key = f"{prefix}ra:{tag}{i}"
+            assert await araw.set(key, value, nx=True, px=86_400_000)
+            await araw.set(key, value, px=86_400_000)
+
+        return call
+
+    rows: dict[str, Callable[[str], Callable[[int], Any]]] = {
+        "redis raw SET NX + SET (redis-py)": raw_pair,
+        "redis Guard begin+complete": guarded,
+        "redis raw SET NX + SET (asyncio)": araw_pair,
+        "redis AsyncGuard begin+complete": aguarded,
+    }
+    asynchronous = {"redis raw SET NX + SET (asyncio)", "redis AsyncGuard begin+complete"}
+
+    try:
+        from aws_lambda_powertools.utilities.idempotency import IdempotencyConfig, idempotent_function
+        from aws_lambda_powertools.utilities.idempotency.persistence.redis import RedisCachePersistenceLayer
+    except ImportError:
+        print("(aws-lambda-powertools not installed: no Powertools row)")
+    else:
+        import warnings
+
+        # Outside Lambda it warns on every call that it has no Lambda context.
+        warnings.filterwarnings("ignore", message="Couldn't determine the remaining time")
+        layer = RedisCachePersistenceLayer(client=redis.Redis.from_url(redis_url))
+        # Its records expire on their own a minute after the run.
+        config = IdempotencyConfig(use_local_cache=False, expires_after_seconds=60)
+
+        @idempotent_function(data_keyword_argument="order", persistence_store=layer, config=config)
+        def pay(order: dict) -> dict:
+            return {"status": 200, "body": "paid"}
+
+        def powertools(tag: str) -> Callable[[int], None]:
+            def call(i: int) -> None:
+                pay(order={"id": f"{prefix}{tag}{i}", "sku": "A", "qty": 1})
+
+            return call
+
+        rows["redis Powertools @idempotent_function"] = powertools
+
+    pg: Any = None
+    if postgres_url:
+        import psycopg
+
+        from idem_guard.postgres import PostgresStore
+
+        table = f"idembench_{os.getpid()}"
+        pg = PostgresStore(postgres_url, table=table, pool=1)
+        pguard = Guard(store=pg)
+        conn = psycopg.connect(postgres_url, autocommit=True, prepare_threshold=0)
+        conn.execute(f"CREATE TABLE {table}_raw (key TEXT PRIMARY KEY, v BYTEA, version BIGINT)")
+
+        def pg_guarded(tag: str) -> Callable[[int], None]:
+            def call(i: int) -> None:
+                kind, claim = pguard.begin(f"{tag}{i}", "sku=A&qty=1")
+                assert kind == "proceed", kind
+                pguard.complete(claim, response)
+
+            return call
+
+        def pg_raw(tag: str) -> Callable[[int], None]:
+            def call(i: int) -> None:
+                key = f"{tag}{i}"
+                conn.execute(f"INSERT INTO {table}_raw VALUES (%s, %s, 1) ON CONFLICT (key) DO NOTHING", (key, value))
+                conn.execute(f"UPDATE {table}_raw SET v = %s, version = 2 WHERE key = %s AND version = 1", (value, key))
+
+            return call
+
+        rows["postgres raw INSERT + UPDATE"] = pg_raw
+        rows["postgres Guard begin+complete"] = pg_guarded
+
+    results: dict[str, list[float]] = {name: [] for name in rows}
+    try:
+        for r in range(rounds):
+            order = list(rows) if r % 2 == 0 else list(reversed(rows))
+            for name in order:
+                tag = f"{r}-{len(results[name])}-"
+                call = rows[name](tag)
+                warm = rows[name]("warm" + tag)
+                if name in asynchronous:
+                    timed_async(loop, max(1, ops // 10), warm)
+                    results[name].append(timed_async(loop, ops, call))
+                else:
+                    timed(max(1, ops // 10), warm)
+                    results[name].append(timed(ops, call))
+    finally:
+        keys = list(raw.scan_iter(match=f"{prefix}*", count=1000))
+        for i in range(0, len(keys), 1000):
+            raw.delete(*keys[i : i + 1000])
+        raw.close()
+        store.close()
+        loop.run_until_complete(astore.close())
+        loop.run_until_complete(araw.aclose())
+        loop.close()
+        if pg is not None:
+            pg.close()
+            t = pg.table
+            for statement in (
+                f"DROP TABLE {t}_raw",
+                f"DROP TABLE {t}",
+                f"DROP FUNCTION {t}_claim",
+                f"DROP FUNCTION {t}_try_claim",
+                f"DELETE FROM idem_schema WHERE table_name = '{t}'",
+            ):
+                conn.execute(statement, prepare=False)
+            conn.close()
+
+    print(f"load average: {' '.join(open('/proc/loadavg').read().split()[:3])}")
+    for name, times in results.items():
+        print(f"python  {name:<36} {ops:>6} ops  {statistics.median(times) / 1000:>8.1f} µs/op  (median of {rounds})")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,85 @@
+// Types of @idem/guard/express (express.js). The middleware works on Node's
+// own request and response; the types ask only for what it reads, so they
+// need neither @types/express nor @types/node, and an Express app's
+// req/res fit them.
+
+import type { Guard } from './index.js';
+
+/** What the middleware reads from a request (an Express or Node request has all of it). */
+export interface RequestLike {
+  method?: string;
+  url?: string;
+  originalUrl?: string;
+  headers: Record<string, string | string[] | undefined>;
+  /** Set on a guarded request for the route: the client's key, the store key, the claim's fence. */
+  idempotency?: IdempotencyInfo;
+  /** The raw request body, as the middleware read and fingerprinted it. */
+  rawBody?: Uint8Array;
+  body?: unknown;
+}
+
+export interface IdempotencyOptions {
+  /** The guard: its store, lease, retention and `maxResponseBytes` (the stored-response cap, body plus headers). */
+  guard: Guard;
+  /** Answer 400 to a guarded request without a key (default false: it passes through unguarded). */
+  requireKey?: boolean;
+  /** The guarded methods (default POST, PATCH); others pass through. */
+  methods?: string[];
+  /** Default `idempotency-key`. */
+  keyHeader?: string;
+  /** Added to replayed responses with the value `true` (default `idempotent-replayed`). */
+  replayHeader?: string;
+  /** Headers in the fingerprint besides method, path with query, and body (default `['content-type']`). */
+  fingerprintHeaders?: string[];
+  /** Keys are scoped by a hash of this header's value (default `authorization`; null: one scope). */
+  clientHeader?: string | null;
+  /** A larger request body is 413 and nothing is claimed (default 1 MiB). */
+  maxRequestBytes?: number;
+  /** Store the route's 5xx responses too, instead of releasing the key (default false). */
+  storeServerErrors?: boolean;
+  /** A route that has not ended its response by then gets a 504 and the key is released (default 20 000). */
+  timeoutMs?: number;
+  /** What `req.body` becomes when the middleware read the body itself (default `jsonOrRaw`); throwing makes the answer a 400. */
+  parseBody?: (raw: Uint8Array, req: RequestLike) => unknown;
+}
+
+/** What a guarded request carries for the route: the client's key, the store key, the claim's fence. */
+export interface IdempotencyInfo {
+  key: string;
+  storeKey: string;
+  fence: bigint;
+}
+
+/** A response as the middleware stores, replays or refuses with. */
+export interface HttpAnswer {
+  status: number;
+  headers: [name: string, value: string | Uint8Array][];
+  body: Uint8Array;
+}
+
+/** A connect-style middleware; `res` is Node's `ServerResponse` (or Express's, which extends it). */
+export type Middleware = (req: RequestLike, res: object, next: (err?: unknown) => void) => Promise<void>;
+
+/** The middleware, with the `idem serve` gateway's semantics. Mount it before body parsers. */
+export declare function idempotency(options: IdempotencyOptions): Middleware;
+
+/** A body parser's `verify` hook that keeps the raw bytes for the middleware: `express.json({ verify: keepRawBody })`. */
+export declare function keepRawBody(req: RequestLike, res: object, buf: Uint8Array): void;
+
+/** `req.body` as express.json() makes it for `application/json` and `+json` (undefined when empty), else the raw bytes. */
+export declare function jsonOrRaw(raw: Uint8Array, req: RequestLike): unknown;
+
+/** The key in one `Idempotency-Key` value (`{ key }`), or why it is not one (`{ error }`). */
+export declare function idempotencyKey(raw: string): { key: string; error?: undefined } | { key?: undefined; error: string };
+
+/** The store key, as the gateway builds it: a 16-hex-digit hash of the client header (or `anon`), `/`, the key. */
+export declare function scopedKey(client: string | undefined, key: string): string;
+
+/** A problem+json answer as the gateway renders it. */
+export declare function problem(slug: string, detail: string, retryAfterSecs?: number): HttpAnswer;
+
+/** The longest key a client may send (200 bytes). */
+export declare const MAX_KEY_BYTES: number;
+
+/** Headers never stored or replayed. */
+export declare const HOP_BY_HOP: readonly string[];

@@ -1,0 +1,425 @@
+// Express (or any connect-style) middleware with the HTTP semantics of the
+// `idem serve` gateway (draft-ietf-httpapi-idempotency-key-header): the
+// route runs once per key, its response is stored and replayed byte for
+// byte with `Idempotent-Replayed: true`, a repeat in flight is 409, another
+// request under a used key is 422, a bad or (when required) missing key is
+// 400, a store that is down is 503 and the route never runs, and a 5xx or a
+// thrown error releases the key for a retry. Errors are
+// application/problem+json with the gateway's types and titles.
+//
+//   import express from 'express';
+//   import { Guard } from '@idem/guard';
+//   import { idempotency } from '@idem/guard/express';
+//
+//   const app = express();
+//   app.use(idempotency({ guard: Guard.load(), requireKey: true })); // reads and parses the body
+//   app.post('/orders', (req, res) => res.status(201).json(charge(req.body)));
+//
+// It fingerprints the raw body, so it reads it itself (req.rawBody; req.body
+// is parsed JSON for JSON content types, else the Buffer), or takes the
+// bytes a body parser mounted before it kept: express.json({ verify: keepRawBody }).
+//
+// It only uses Node's req/res, so it never imports express.
+
+import { createHash } from 'node:crypto';
+import { fingerprint, GuardError, NotRecordedError } from './index.js';
+
+/** The longest key a client may send: the store key adds a 16-character client scope and a `/`. */
+export const MAX_KEY_BYTES = 200;
+
+/** Headers that belong to one connection: never stored or replayed. */
+export const HOP_BY_HOP = Object.freeze([
+  'connection',
+  'keep-alive',
+  'proxy-connection',
+  'proxy-authenticate',
+  'te',
+  'trailer',
+  'transfer-encoding',
+  'upgrade',
+]);
+
+const TITLES = {
+  'idempotency-key-missing': 'Idempotency-Key is missing',
+  'idempotency-key-malformed': 'Idempotency-Key is malformed',
+  'idempotency-key-mismatch': 'Idempotency-Key is already used for another request',
+  'idempotency-key-in-flight': 'A request with this Idempotency-Key is being processed',
+  'store-unavailable': 'The idempotency store is unavailable',
+  'body-too-large': 'Request body too large',
+  'bad-request': 'Bad request',
+  'response-not-recorded': 'The request ran but its response could not be recorded',
+  'response-too-large': 'The request ran; its response was too large to keep',
+  'upstream-timeout': 'The upstream timed out',
+};
+
+const STATUS = {
+  'idempotency-key-missing': 400,
+  'idempotency-key-malformed': 400,
+  'bad-request': 400,
+  'idempotency-key-mismatch': 422,
+  'idempotency-key-in-flight': 409,
+  'store-unavailable': 503,
+  'response-not-recorded': 503,
+  'body-too-large': 413,
+  'response-too-large': 502,
+  'upstream-timeout': 504,
+};
+
+/**
+ * A problem (RFC 9457) as the gateway renders it: `{ status, headers, body }`
+ * with `content-type: application/problem+json` and, where a retry may work,
+ * `retry-after` in whole seconds.
+ */
+export function problem(slug, detail, retryAfterSecs) {
+  const status = STATUS[slug];
+  const body = JSON.stringify({ type: `https://idem.dev/problems/${slug}`, title: TITLES[slug], status, detail });
+  const headers = [['content-type', 'application/problem+json']];
+  if (retryAfterSecs !== undefined) headers.push(['retry-after', String(retryAfterSecs)]);
+  return { status, headers, body: Buffer.from(body) };
+}
+
+/**
+ * The key in one `Idempotency-Key` value: a structured-field string (`"…"`,
+ * escaping only `"` and `\`) or a bare token of visible ASCII; 1 to 200
+ * bytes once unquoted. Returns `{ key }` or `{ error }` (why, for a 400).
+ * `raw` is the header as Node decodes it (latin1: one char per byte).
+ */
+export function idempotencyKey(raw) {
+  let key = '';
+  if (raw.startsWith('"')) {
+    if (raw.length < 2 || !raw.endsWith('"')) return { error: 'the quoted key has no closing \'"\'' };
+    const inner = raw.slice(1, -1);
+    for (let i = 0; i < inner.length; i++) {
+      const c = inner.charCodeAt(i);
+      if (c === 0x5c) {
+        const next = inner[++i];
+        if (next !== '"' && next !== '\\') return { error: 'a quoted key may only escape \'"\' and \'\\\'' };
+        key += next;
+      } else if (c === 0x22) {
+        return { error: 'a quoted key contains an unescaped \'"\'' };
+      } else if (c >= 0x20 && c <= 0x7e) {
+        key += inner[i];
+      } else {
+        return { error: `the key contains byte 0x${hex2(c)}; keys are printable ASCII` };
+      }
+    }
+  } else {
+    for (let i = 0; i < raw.length; i++) {
+      const c = raw.charCodeAt(i);
+      if (c <= 0x20 || c >= 0x7f) {
+        return {
+          error: `the key contains byte 0x${hex2(c)}; an unquoted key is visible ASCII without spaces (quote it as a structured-field string otherwise)`,
+        };
+      }
+    }
+    key = raw;
+  }
+  if (key.length === 0) return { error: `the key is empty; keys are 1 to ${MAX_KEY_BYTES} bytes` };
+  if (key.length > MAX_KEY_BYTES) return { error: `the key is ${key.length} bytes; the limit is ${MAX_KEY_BYTES}` };
+  return { key };
+}
+
+const hex2 = (c) => (c & 0xff).toString(16).padStart(2, '0');
+
+/**
+ * The store key, as the gateway builds it: the first 16 hex digits of the
+ * SHA-256 of the client header's value (`anon` without one), `/`, the key.
+ * One client never sees another's response, and no secret is stored.
+ */
+export function scopedKey(client, key) {
+  const scope = client === undefined ? 'anon' : createHash('sha256').update(Buffer.from(client, 'latin1')).digest('hex').slice(0, 16);
+  return `${scope}/${key}`;
+}
+
+/** Every value of a request header, in order (Node joins most duplicates into one string). */
+function values(req, name) {
+  const distinct = req.headersDistinct?.[name];
+  if (distinct) return distinct;
+  const v = req.headers[name];
+  if (v === undefined) return [];
+  return Array.isArray(v) ? v : [v];
+}
+
+/** Thrown from the route's run to release the key with this response (a 5xx not stored). */
+class Unstored extends Error {
+  constructor(response) {
+    super(`the handler answered ${response.status}; not stored`);
+    this.response = response;
+  }
+}
+
+/** Thrown when the route did not answer within the timeout: the key is released. */
+class TimedOut extends Error {}
+
+/**
+ * The middleware. Options (defaults are the gateway's):
+ *
+ * - `guard` (required): a `Guard`.
+ * - `requireKey` (false): answer 400 to a guarded request without a key; otherwise it passes through unguarded.
+ * - `methods` (`['POST', 'PATCH']`): the guarded methods; others pass through.
+ * - `keyHeader` (`idempotency-key`), `replayHeader` (`idempotent-replayed`).
+ * - `fingerprintHeaders` (`['content-type']`): headers that are part of the fingerprint besides method, path with query, and body.
+ * - `clientHeader` (`authorization`, or null for one scope): keys are scoped by a hash of its value.
+ * - `maxRequestBytes` (1 MiB): a larger body is 413, nothing claimed.
+ * - `storeServerErrors` (false): store a route's 5xx too, instead of releasing the key.
+ * - `timeoutMs` (20 000): a route that has not ended its response by then gets a 504; the key is released.
+ * - `parseBody` (default: JSON for `application/json` and `+json`, else the Buffer): what `req.body` becomes
+ *   when the middleware read the body itself (a parser that throws makes the answer a 400, nothing claimed).
+ */
+export function idempotency({
+  guard,
+  requireKey = false,
+  methods = ['POST', 'PATCH'],
+  keyHeader = 'idempotency-key',
+  replayHeader = 'idempotent-replayed',
+  fingerprintHeaders = ['content-type'],
+  clientHeader = 'authorization',
+  maxRequestBytes = 1 << 20,
+  storeServerErrors = false,
+  timeoutMs = 20_000,
+  parseBody = jsonOrRaw,
+} = {}) {
+  if (!guard) throw new TypeError('idempotency({ guard }): a Guard is required');
+  const guarded = new Set(methods.map((m) => m.toUpperCase()));
+  const keyName = keyHeader.toLowerCase();
+  const printed = fingerprintHeaders.map((h) => h.toLowerCase());
+  const clientName = clientHeader?.toLowerCase();
+  const leaseSecs = Math.max(1, Math.ceil(Number(guard.policy.leaseMs) / 1000));
+
+  return async function idempotencyMiddleware(req, res, next) {
+    if (!guarded.has(req.method)) return next();
+    const sent = values(req, keyName);
+    if (sent.length === 0) {
+      if (!requireKey) return next();
+      return send(res, problem('idempotency-key-missing', `this endpoint requires an ${keyName} header`));
+    }
+    if (sent.length > 1) {
+      return send(res, problem('idempotency-key-malformed', `more than one ${keyName} header; send exactly one`));
+    }
+    const parsed = idempotencyKey(sent[0]);
+    if (parsed.error) return send(res, problem('idempotency-key-malformed', parsed.error));
+    const client = clientName ? values(req, clientName)[0] : undefined;
+    const key = scopedKey(client, parsed.key);
+
+    const readHere = !Buffer.isBuffer(req.rawBody) && !Buffer.isBuffer(req.body);
+    let body;
+    try {
+      body = await rawBody(req, maxRequestBytes);
+    } catch (e) {
+      if (e instanceof TooLarge) return send(res, problem('body-too-large', `the request body is over the limit of ${maxRequestBytes} bytes`));
+      return next(e);
+    }
+    if (readHere) {
+      try {
+        req.body = parseBody(body, req);
+      } catch (e) {
+        return send(res, problem('bad-request', `the request body could not be parsed: ${e.message}`));
+      }
+    }
+
+    const fp = fingerprint({
+      method: req.method,
+      path: req.originalUrl ?? req.url,
+      headers: printed.flatMap((name) => values(req, name).map((v) => [name, Buffer.from(v, 'latin1')])),
+      body,
+    });
+
+    let result;
+    try {
+      result = await guard.run(key, fp, (fence) => {
+        req.idempotency = { key: parsed.key, storeKey: key, fence };
+        return runRoute(req, res, next, timeoutMs, (response) => {
+          if (response.status >= 500 && !storeServerErrors) throw new Unstored(response);
+          if (size(response) > guard.policy.maxResponseBytes) {
+            // The route ran; its answer is too large to keep, so this problem is
+            // stored in its place and every repeat gets it: it never runs again.
+            return problem(
+              'response-too-large',
+              `the handler ran the request, but its response was over the limit of ${guard.policy.maxResponseBytes} bytes (body plus headers) and was not kept; the key is done and this answer is what every repeat gets, so the request is never run again`,
+            );
+          }
+          return response;
+        });
+      });
+    } catch (e) {
+      if (e instanceof Unstored) return send(res, e.response);
+      if (e instanceof TimedOut) return send(res, problem('upstream-timeout', `the handler did not answer within ${timeoutMs} ms`));
+      if (e instanceof NotRecordedError) {
+        return send(
+          res,
+          problem(
+            'response-not-recorded',
+            `the handler ran the request, but its response could not be recorded (${e.error.message}), so it is not given out: a replay could contradict it. Retry after ${leaseSecs * 1000} ms: the retry gets the recorded outcome, or, once the key's lease has run out, runs the request again`,
+            leaseSecs,
+          ),
+        );
+      }
+      if (e instanceof GuardError && e.kind === 'invalid-input') return send(res, problem('idempotency-key-malformed', e.detail));
+      return next(e);
+    }
+    switch (result.outcome) {
+      case 'executed':
+        return send(res, result.response);
+      case 'replayed':
+        return send(res, result.response, [[replayHeader, 'true']]);
+      case 'in-flight': {
+        const secs = Math.max(1, Math.ceil(result.retryAfterMs / 1000));
+        return send(
+          res,
+          problem('idempotency-key-in-flight', `retry after ${result.retryAfterMs} ms, when the first request has finished or its lease has run out`, secs),
+        );
+      }
+      case 'conflict':
+        return send(
+          res,
+          problem(
+            'idempotency-key-mismatch',
+            'the key was first used with another method, path, body or fingerprinted header; use a new key for a new request',
+          ),
+        );
+      default:
+        return send(res, problem('store-unavailable', `the request was not forwarded: ${result.message}`, 1));
+    }
+  };
+}
+
+class TooLarge extends Error {}
+
+/** `req.body` as express.json() would make it for JSON content types (undefined when empty), else the raw Buffer. */
+export function jsonOrRaw(raw, req) {
+  const type = String(req.headers['content-type'] ?? '').split(';')[0].trim().toLowerCase();
+  if (type === 'application/json' || type.endsWith('+json')) return raw.length ? JSON.parse(raw.toString('utf8')) : undefined;
+  return raw;
+}
+
+/**
+ * The request's raw body: from a body parser that ran before (`req.rawBody`
+ * from a `verify` hook, or a Buffer `req.body` from `express.raw()`), else
+ * read from the stream, at most `limit` bytes. Reading it marks the request
+ * as parsed (`req._body`), so body parsers mounted after the middleware skip
+ * it instead of failing on a consumed stream.
+ */
+async function rawBody(req, limit) {
+  if (Buffer.isBuffer(req.rawBody)) return req.rawBody;
+  if (Buffer.isBuffer(req.body)) return req.body;
+  if (req._body || req.readableEnded) {
+    throw new Error(
+      'idempotency: the request body was read before the middleware: mount it before body parsers, or keep the raw bytes with express.json({ verify: keepRawBody })',
+    );
+  }
+  const chunks = [];
+  let length = 0;
+  for await (const chunk of req) {
+    length += chunk.length;
+    if (length > limit) throw new TooLarge();
+    chunks.push(chunk);
+  }
+  req.rawBody = Buffer.concat(chunks);
+  req._body = true;
+  return req.rawBody;
+}
+
+/** A body parser's `verify` hook that keeps the raw bytes where the middleware looks for them. */
+export function keepRawBody(req, _res, buf) {
+  req.rawBody = Buffer.from(buf);
+}
+
+const CAPTURED = ['writeHead', 'write', 'end', 'flushHeaders'];
+
+/**
+ * Calls the rest of the chain with `res` capturing what the route writes:
+ * nothing reaches the client until the claim is settled. Resolves to
+ * `settle(response)` once the route has ended its response.
+ */
+function runRoute(req, res, next, timeoutMs, settle) {
+  return new Promise((resolve, reject) => {
+    const saved = CAPTURED.map((name) => [name, Object.hasOwn(res, name), res[name]]);
+    const restore = () => {
+      for (const [name, own, fn] of saved) {
+        if (own) res[name] = fn;
+        else delete res[name];
+      }
+    };
+    const chunks = [];
+    let done = false;
+    const finish = (outcome) => {
+      if (done) return;
+      done = true;
+      clearTimeout(timer);
+      restore();
+      outcome();
+    };
+    const timer = setTimeout(() => finish(() => reject(new TimedOut())), timeoutMs);
+    timer.unref?.();
+    const chunk = (data, encoding) => {
+      if (data === undefined || data === null || typeof data === 'function') return;
+      chunks.push(Buffer.isBuffer(data) ? data : typeof data === 'string' ? Buffer.from(data, encoding || 'utf8') : Buffer.from(data));
+    };
+    res.writeHead = function writeHead(status, message, headers) {
+      if (typeof message !== 'string') headers = message;
+      else res.statusMessage = message;
+      res.statusCode = status;
+      if (Array.isArray(headers)) {
+        // [[name, value], …] or the raw flat [name, value, name, value, …]
+        const pairs = Array.isArray(headers[0]) ? headers : headers.flatMap((v, i) => (i % 2 ? [] : [[v, headers[i + 1]]]));
+        for (const [name, value] of pairs) res.appendHeader(name, value);
+      } else if (headers) {
+        for (const [name, value] of Object.entries(headers)) res.setHeader(name, value);
+      }
+      return res;
+    };
+    res.flushHeaders = () => {};
+    res.write = function write(data, encoding, cb) {
+      if (done) return false;
+      chunk(data, typeof encoding === 'string' ? encoding : undefined);
+      const callback = typeof encoding === 'function' ? encoding : cb;
+      if (callback) process.nextTick(callback);
+      return true;
+    };
+    res.end = function end(data, encoding, cb) {
+      if (done) return res;
+      chunk(data, typeof encoding === 'string' ? encoding : undefined);
+      const callback = [data, encoding, cb].find((a) => typeof a === 'function');
+      const response = captured(res, Buffer.concat(chunks));
+      finish(() => {
+        try {
+          resolve(settle(response));
+        } catch (e) {
+          reject(e);
+        }
+      });
+      if (callback) process.nextTick(callback);
+      return res;
+    };
+    try {
+      next();
+    } catch (e) {
+      finish(() => reject(e));
+    }
+  });
+}
+
+/** What the route wrote: status, its headers less the hop-by-hop ones (names lower case), the body. */
+function captured(res, body) {
+  const headers = [];
+  for (const name of res.getHeaderNames()) {
+    if (HOP_BY_HOP.includes(name)) continue;
+    const value = res.getHeader(name);
+    for (const v of Array.isArray(value) ? value : [value]) headers.push([name, Buffer.from(String(v), 'latin1')]);
+  }
+  return { status: res.statusCode, headers, body };
+}
+
+/** The bytes counted against the guard's `maxResponseBytes`: the body, and each header's name and value. */
+function size({ headers, body }) {
+  return headers.reduce((n, [name, value]) => n + name.length + value.length, body.length);
+}
+
+/** Writes a response (stored or a problem) on the real `res`, replacing any headers the route set. */
+function send(res, { status, headers = [], body }, extra = []) {
+  if (res.headersSent) return res.end();
+  for (const name of res.getHeaderNames()) res.removeHeader(name);
+  res.statusCode = status;
+  for (const [name, value] of [...headers, ...extra]) res.appendHeader(name, typeof value === 'string' ? value : Buffer.from(value).toString('latin1'));
+  return res.end(Buffer.from(body ?? ''));
+}

@@ -1,0 +1,265 @@
+"""ASGI middleware with the HTTP semantics of the `idem serve` gateway
+(draft-ietf-httpapi-idempotency-key-header), for Starlette, FastAPI or any
+ASGI app, over an `AsyncGuard`. Pure ASGI: it imports no framework::
+
+    from starlette.applications import Starlette
+    from idem_guard import AsyncGuard
+    from idem_guard.asgi import IdempotencyMiddleware
+
+    app = Starlette(routes=[...])
+    app.add_middleware(IdempotencyMiddleware, guard=AsyncGuard(), require_key=True)
+
+A guarded request (POST and PATCH by default) with an `Idempotency-Key`
+runs the app once; its status, headers and body are stored and every repeat
+gets them back byte for byte with `Idempotent-Replayed: true`. A repeat
+while the first runs is 409 with `Retry-After`; the key with another
+request (method, path with query, body, fingerprinted headers) is 422; a
+malformed key, or a missing one with `require_key=True`, is 400; a store
+that is down is 503 with `Retry-After: 1` and the app never runs; a 5xx
+from the app, or an exception, releases the key for a retry. Errors are
+`application/problem+json` with the gateway's types and titles
+(`idem_guard.http.problem`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any, Awaitable, Callable, Iterable, Optional
+from urllib.parse import quote
+
+from .aio import AsyncGuard
+from .guard import GuardError, NotRecorded
+from .http import HOP_BY_HOP, MalformedKey, idempotency_key, problem, response_size, scoped_key
+from .types import Response
+
+__all__ = ["IdempotencyMiddleware"]
+
+Scope = dict[str, Any]
+Receive = Callable[[], Awaitable[dict[str, Any]]]
+Send = Callable[[dict[str, Any]], Awaitable[None]]
+
+
+class _Unstored(Exception):
+    """Raised in the guarded run to release the key with this response (a 5xx not stored)."""
+
+    def __init__(self, response: Response):
+        super().__init__(f"the app answered {response.status}; not stored")
+        self.response = response
+
+
+class _TimedOut(Exception):
+    pass
+
+
+class _TooLarge(Exception):
+    pass
+
+
+class _Disconnected(Exception):
+    pass
+
+
+class IdempotencyMiddleware:
+    """Wraps an ASGI app. Options (defaults are the gateway's):
+
+    - `guard`: an `AsyncGuard` (its store, lease, retention, `max_response_bytes`).
+    - `require_key` (False): answer 400 to a guarded request without a key;
+      otherwise it passes through unguarded.
+    - `methods` (POST, PATCH): the guarded methods; others pass through.
+    - `key_header`, `replay_header`: `idempotency-key`, `idempotent-replayed`.
+    - `fingerprint_headers` (`content-type`): headers in the fingerprint besides
+      method, path with query, and body.
+    - `client_header` (`authorization`; None: one scope): keys are scoped by
+      a hash of its value, so one client never gets another's response.
+    - `max_request_bytes` (1 MiB): a larger body is 413, nothing claimed.
+    - `store_server_errors` (False): store the app's 5xx too, instead of releasing the key.
+    - `timeout_s` (20): an app that has not answered by then gets a 504 and
+      the key is released (the app's task is cancelled).
+    """
+
+    def __init__(
+        self,
+        app: Callable[[Scope, Receive, Send], Awaitable[None]],
+        guard: AsyncGuard,
+        *,
+        require_key: bool = False,
+        methods: Iterable[str] = ("POST", "PATCH"),
+        key_header: str = "idempotency-key",
+        replay_header: str = "idempotent-replayed",
+        fingerprint_headers: Iterable[str] = ("content-type",),
+        client_header: Optional[str] = "authorization",
+        max_request_bytes: int = 1 << 20,
+        store_server_errors: bool = False,
+        timeout_s: float = 20.0,
+    ):
+        if not isinstance(guard, AsyncGuard):
+            raise TypeError("IdempotencyMiddleware needs an AsyncGuard (idem_guard.AsyncGuard)")
+        self.app = app
+        self.guard = guard
+        self.require_key = require_key
+        self.methods = frozenset(m.upper() for m in methods)
+        self.key_header = key_header.lower().encode("latin-1")
+        self.replay_header = replay_header.lower()
+        self.fingerprint_headers = [h.lower() for h in fingerprint_headers]
+        self.client_header = client_header.lower().encode("latin-1") if client_header else None
+        self.max_request_bytes = max_request_bytes
+        self.store_server_errors = store_server_errors
+        self.timeout_s = timeout_s
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or scope["method"].upper() not in self.methods:
+            await self.app(scope, receive, send)
+            return
+        headers: list[tuple[bytes, bytes]] = [(bytes(n).lower(), bytes(v)) for n, v in scope["headers"]]
+        sent = [v for n, v in headers if n == self.key_header]
+        if not sent:
+            if not self.require_key:
+                await self.app(scope, receive, send)
+                return
+            header = self.key_header.decode("latin-1")
+            await _send(send, problem("idempotency-key-missing", f"this endpoint requires an {header} header"))
+            return
+        if len(sent) > 1:
+            header = self.key_header.decode("latin-1")
+            await _send(send, problem("idempotency-key-malformed", f"more than one {header} header; send exactly one"))
+            return
+        try:
+            key = idempotency_key(sent[0])
+        except MalformedKey as e:
+            await _send(send, problem("idempotency-key-malformed", str(e)))
+            return
+        client = next((v for n, v in headers if n == self.client_header), None) if self.client_header else None
+        scoped = scoped_key(client, key)
+        try:
+            body = await _read_body(receive, self.max_request_bytes)
+        except _TooLarge:
+            limit = self.max_request_bytes
+            await _send(send, problem("body-too-large", f"the request body is over the limit of {limit} bytes"))
+            return
+        except _Disconnected:
+            return  # the client left before its request arrived: nothing was claimed
+        printed = [(name, v) for name in self.fingerprint_headers for n, v in headers if n == name.encode("latin-1")]
+        fingerprint = await self.guard.fingerprint(scope["method"].upper(), _target(scope), printed, body)
+
+        async def run_app(fence: int) -> Response:
+            inner = {**scope, "extensions": {**(scope.get("extensions") or {}), "idempotency": {"key": key, "store_key": scoped, "fence": fence}}}
+            try:
+                response = await asyncio.wait_for(self._captured(inner, body, receive), self.timeout_s)
+            except asyncio.TimeoutError as e:
+                raise _TimedOut() from e
+            if response.status >= 500 and not self.store_server_errors:
+                raise _Unstored(response)
+            limit = self.guard.guard.policy.max_response_bytes
+            if response_size(response) > limit:
+                # The app ran; its answer is too large to keep, so this problem is
+                # stored in its place and every repeat gets it: it never runs again.
+                return problem(
+                    "response-too-large",
+                    f"the handler ran the request, but its response was over the limit of {limit} bytes "
+                    "(body plus headers) and was not kept; the key is done and this answer is what every "
+                    "repeat gets, so the request is never run again",
+                )
+            return response
+
+        try:
+            outcome = await self.guard.run(scoped, fingerprint, run_app)
+        except _Unstored as e:
+            await _send(send, e.response)
+            return
+        except _TimedOut:
+            await _send(send, problem("upstream-timeout", f"the handler did not answer within {int(self.timeout_s * 1000)} ms"))
+            return
+        except NotRecorded as e:
+            lease_s = max(1, -(-self.guard.guard.policy.lease_ms // 1000))
+            detail = (
+                f"the handler ran the request, but its response could not be recorded ({e.error.detail}), so it is not "
+                f"given out: a replay could contradict it. Retry after {lease_s * 1000} ms: the retry gets the recorded "
+                "outcome, or, once the key's lease has run out, runs the request again"
+            )
+            await _send(send, problem("response-not-recorded", detail, lease_s))
+            return
+        except GuardError as e:
+            if e.kind != "invalid-input":
+                raise
+            await _send(send, problem("idempotency-key-malformed", e.detail))
+            return
+        if outcome.kind == "executed":
+            await _send(send, outcome.response)
+        elif outcome.kind == "replayed":
+            await _send(send, outcome.response, [(self.replay_header, b"true")])
+        elif outcome.kind == "in-flight":
+            ms = outcome.retry_after_ms
+            detail = f"retry after {ms} ms, when the first request has finished or its lease has run out"
+            await _send(send, problem("idempotency-key-in-flight", detail, max(1, -(-ms // 1000))))
+        elif outcome.kind == "conflict":
+            detail = (
+                "the key was first used with another method, path, body or fingerprinted header; "
+                "use a new key for a new request"
+            )
+            await _send(send, problem("idempotency-key-mismatch", detail))
+        else:
+            await _send(send, problem("store-unavailable", f"the request was not forwarded: {outcome.message}", 1))
+
+    async def _captured(self, scope: Scope, body: bytes, receive: Receive) -> Response:
+        """Runs the app on the buffered body and captures its response: nothing
+        reaches the client until the claim is settled."""
+        delivered = False
+
+        async def replay() -> dict[str, Any]:
+            nonlocal delivered
+            if not delivered:
+                delivered = True
+                return {"type": "http.request", "body": body, "more_body": False}
+            return await receive()  # the client's disconnect, when it comes
+
+        start: Optional[dict[str, Any]] = None
+        chunks: list[bytes] = []
+
+        async def capture(message: dict[str, Any]) -> None:
+            nonlocal start
+            if message["type"] == "http.response.start":
+                start = message
+            elif message["type"] == "http.response.body":
+                chunks.append(bytes(message.get("body", b"")))
+
+        await self.app(scope, replay, capture)
+        if start is None:
+            raise RuntimeError("the ASGI app returned without sending a response")
+        headers = [
+            (name, bytes(value))
+            for name, value in ((bytes(n).decode("latin-1").lower(), v) for n, v in start.get("headers", []))
+            if name not in HOP_BY_HOP
+        ]
+        return Response(start["status"], headers, b"".join(chunks))
+
+
+def _target(scope: Scope) -> str:
+    """The request target as the gateway fingerprints it: the path as sent, and `?query` if any."""
+    raw = scope.get("raw_path")
+    path = bytes(raw).decode("latin-1") if raw else quote(scope.get("root_path", "") + scope["path"])
+    query = bytes(scope.get("query_string", b"")).decode("latin-1")
+    return f"{path}?{query}" if query else path
+
+
+async def _read_body(receive: Receive, limit: int) -> bytes:
+    chunks: list[bytes] = []
+    size = 0
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            raise _Disconnected()
+        chunk = bytes(message.get("body", b""))
+        size += len(chunk)
+        if size > limit:
+            raise _TooLarge()
+        chunks.append(chunk)
+        if not message.get("more_body", False):
+            return b"".join(chunks)
+
+
+async def _send(send: Send, response: Response, extra: Iterable[tuple[str, bytes]] = ()) -> None:
+    headers = [(n.encode("latin-1"), bytes(v)) for n, v in [*response.headers, *extra]]
+    if not any(n == b"content-length" for n, _ in headers):
+        headers.append((b"content-length", str(len(response.body)).encode()))
+    await send({"type": "http.response.start", "status": response.status, "headers": headers})
+    await send({"type": "http.response.body", "body": response.body})

@@ -1,0 +1,219 @@
+"""Running a guard call over an asynchronous store: the replay of
+"Replaying a call" in `wit/guard.wit`.
+
+The component's imports are synchronous: a host function must answer before
+the guest goes on, and an `asyncio` store answers only after an `await`. The
+guard keeps no state between calls, and what an export does depends only on
+its arguments and on what its imports answered, so the host runs the export
+with every import answered from a `Journal`:
+
+- an import the journal holds (the same primitive, with the same
+  arguments, at the same position) gets the answer recorded there — a value,
+  or the store's error;
+- the first store call it does not hold is answered `unavailable` without
+  touching the store, and noted as the journal's `pending` call; every later
+  import of that run likewise (the run's result is thrown away);
+- after the export returns, the host awaits the pending call on the real
+  store, appends its answer (a value or a `StoreFault`) and runs the export
+  again from the start, until a run leaves nothing pending; that run's
+  result is the call's.
+
+`clock.now-ms` and `random.random-u64` are journaled too, so every run sees
+the first run's time and holder id. So the store sees each primitive
+exactly once, in the order a synchronous host would have called it. A run
+that asks for something else at a position the journal holds (another
+primitive, or other arguments) means the guest is not the deterministic
+function the contract says: the call fails closed (`GuardError
+("unavailable")`).
+
+`AsyncGuard` uses this whenever its store's primitives are coroutine
+functions (`AsyncRedisStore`, `AsyncPostgresStore`, or a store of your own)::
+
+    replay = Replay(async_store, SystemClock(), SystemRandom())
+    guard = Guard(store=replay.store, clock=replay.clock, random=replay.random)
+    kind, value = await replay.call(guard.begin, "order-1", "cents=1000")
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any, Callable, Optional
+
+from .guard import GuardError
+from .types import StoreFault
+
+__all__ = ["Diverged", "Journal", "Replay"]
+
+STORE_PRIMITIVES = ("get", "insert", "replace", "delete")
+
+
+class Diverged(Exception):
+    """A replay asked for another import than the journal recorded at that position."""
+
+
+class Journal:
+    """The imports of one guard call, in the order the guest made them:
+    `(name, args, fault, value)`, where `fault` is the `StoreFault` the store
+    answered (then `value` is None)."""
+
+    def __init__(self) -> None:
+        self.entries: list[tuple[str, tuple, Optional[StoreFault], Any]] = []
+        self.runs = 0
+        # Per run:
+        self.position = 0
+        self.pending: Optional[tuple[str, tuple]] = None
+        self.diverged: Optional[str] = None
+
+    def start(self) -> None:
+        self.runs += 1
+        self.position = 0
+        self.pending = None
+
+    def _next(self, name: str, args: tuple) -> Optional[tuple]:
+        """The recorded entry at this position (checked against `name` and `args`), or None past the end."""
+        if self.position >= len(self.entries):
+            return None
+        entry = self.entries[self.position]
+        if entry[0] != name or entry[1] != args:
+            self.diverged = (
+                f"run {self.runs} called {name}{_shown(args)} where run 1 called {entry[0]}{_shown(entry[1])} "
+                f"(import {self.position + 1})"
+            )
+            raise Diverged(self.diverged)
+        self.position += 1
+        return entry
+
+    def fresh(self, name: str, produce: Callable[[], Any]) -> Any:
+        """`clock.now-ms` or `random.random-u64`: the recorded value, else a new one, recorded."""
+        if self.pending is not None:
+            return produce()  # this run's result is thrown away; nothing is recorded after the gap
+        entry = self._next(name, ())
+        if entry is not None:
+            return entry[3]
+        value = produce()
+        self.entries.append((name, (), None, value))
+        self.position += 1
+        return value
+
+    def store(self, name: str, args: tuple) -> Any:
+        """A store primitive: the recorded answer, else `unavailable` (the first unknown one becomes `pending`)."""
+        if self.pending is not None:
+            raise StoreFault("unavailable", f"not asked yet: waits for {self.pending[0]} (journal replay)")
+        entry = self._next(name, args)
+        if entry is None:
+            self.pending = (name, args)
+            raise StoreFault("unavailable", f"{name} is asked of the store before the call is run again (journal replay)")
+        if entry[2] is not None:
+            raise entry[2]
+        return entry[3]
+
+    def answer(self, name: str, args: tuple, fault: Optional[StoreFault], value: Any) -> None:
+        """Appends the store's answer to the pending call."""
+        self.entries.append((name, args, fault, value))
+
+
+def _shown(args: tuple) -> str:
+    text = repr(args)
+    return text if len(text) <= 120 else text[:117] + "...)"
+
+
+class _Current(threading.local):
+    journal: Optional[Journal] = None
+
+
+class _Store:
+    """The store the component sees: answers from the current journal."""
+
+    def __init__(self, current: _Current):
+        self._current = current
+
+    def _journal(self) -> Journal:
+        journal = self._current.journal
+        if journal is None:
+            raise RuntimeError("a guard over an asynchronous store was called outside Replay.call")
+        return journal
+
+    def get(self, *args: Any) -> Any:
+        return self._journal().store("get", args)
+
+    def insert(self, *args: Any) -> Any:
+        return self._journal().store("insert", args)
+
+    def replace(self, *args: Any) -> Any:
+        return self._journal().store("replace", args)
+
+    def delete(self, *args: Any) -> Any:
+        return self._journal().store("delete", args)
+
+
+class _Clock:
+    def __init__(self, current: _Current, clock: Any):
+        self._current, self._clock = current, clock
+
+    def now_ms(self) -> int:
+        journal = self._current.journal
+        return self._clock.now_ms() if journal is None else journal.fresh("now-ms", self._clock.now_ms)
+
+
+class _Random:
+    def __init__(self, current: _Current, random: Any):
+        self._current, self._random = current, random
+
+    def random_u64(self) -> int:
+        journal = self._current.journal
+        return self._random.random_u64() if journal is None else journal.fresh("random-u64", self._random.random_u64)
+
+
+class Replay:
+    """Runs guard calls over an asynchronous store by journal replay.
+
+    `store`, `clock` and `random` are what the component is given (pass them
+    to the `Guard`); `call(method, *args)` runs one of that guard's methods
+    to its end, awaiting the real store between runs. The journal is per
+    call and per thread, so calls of several tasks may interleave between runs.
+    """
+
+    def __init__(self, store: Any, clock: Any, random: Any):
+        self.target = store
+        self._current = _Current()
+        self.store = _Store(self._current)
+        self.clock = _Clock(self._current, clock)
+        self.random = _Random(self._current, random)
+
+    def _run(self, journal: Journal, method: Callable[..., Any], args: tuple) -> tuple[Any, Optional[GuardError]]:
+        journal.start()
+        self._current.journal = journal
+        try:
+            return method(*args), None
+        except GuardError as e:
+            return None, e
+        finally:
+            self._current.journal = None
+
+    async def call(self, method: Callable[..., Any], *args: Any) -> Any:
+        """`method(*args)` (a `Guard` method: it returns or raises `GuardError`), replayed until the
+        journal answers every import it makes."""
+        journal = Journal()
+        while True:
+            value, error = self._run(journal, method, args)
+            if journal.diverged is not None:
+                raise GuardError("unavailable", f"the guard's replay diverged from its journal: {journal.diverged}")
+            if journal.pending is None:
+                if journal.position != len(journal.entries):
+                    raise GuardError(
+                        "unavailable",
+                        f"the guard's replay diverged from its journal: run {journal.runs} ended after "
+                        f"{journal.position} of the {len(journal.entries)} imports recorded",
+                    )
+                if error is not None:
+                    raise error
+                return value
+            name, pending_args = journal.pending
+            try:
+                answer = await getattr(self.target, name)(*pending_args)
+            except StoreFault as fault:
+                journal.answer(name, pending_args, fault, None)
+            except Exception as bug:  # not a store error: a bug, which a sync host would trap on
+                raise GuardError("unavailable", f"the store's {name} raised {type(bug).__name__}: {bug}") from bug
+            else:
+                journal.answer(name, pending_args, None, answer)

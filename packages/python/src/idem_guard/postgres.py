@@ -1,0 +1,383 @@
+"""Records in PostgreSQL, in the on-store layout of `wit/store-layout/` (its
+README is the spec): guards in Rust (`idem serve`), Node.js and Python
+pointed at the same database and table share their keys. Needs the
+`postgres` extra (`pip install 'idem-guard[postgres]'`: psycopg 3 with its
+bundled libpq, and psycopg_pool)::
+
+    from idem_guard import Guard
+    from idem_guard.postgres import PostgresStore
+
+    with PostgresStore("postgres://postgres@127.0.0.1:5432/test") as store:
+        guard = Guard(store=store)
+        outcome = guard.run("order-1", "cents=1000", charge)
+
+`PostgresStore` (a `psycopg_pool.ConnectionPool`) is for `Guard`: the
+component's imports call it inline. `AsyncPostgresStore` (an
+`AsyncConnectionPool`, opened with `await AsyncPostgresStore.open(url)`) is
+for `AsyncGuard`, which replays each call from a journal of the store's
+answers (`idem_guard.journal`).
+
+Opening runs the layout's `schema.sql` for the table (default
+`idem_records`) as one multi-statement simple query — it creates the table,
+its index and claim functions, or brings a version 1 table up to date — and
+refuses a table whose `idem_schema` version is not 2. Each primitive is then
+one of the layout's named statements (`statements.sql`), prepared on each
+connection at its first use: one round trip (a claim that lost a race to a
+concurrent claimer takes a second, `settle`).
+
+Failures: a refused connection, a timeout (`timeout_ms`, default 2000: the
+pool's wait, the connect, and the server's `statement_timeout`) or any error
+from the server is `StoreFault("unavailable")`, and the guard fails closed. A
+row that does not decode (a negative time, a state other than `processing`
+or `done`, response or checkpoint columns only partly set) is
+`StoreFault("corrupt")` naming the key. A connection that broke while idle in
+the pool fails the operation that drew it, once; the pool replaces it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+from typing import Any, Generator, Optional, Sequence
+
+try:
+    import psycopg
+    import psycopg_pool
+except ImportError as e:  # pragma: no cover - depends on the environment
+    raise ImportError("idem_guard.postgres needs psycopg 3 and psycopg_pool: pip install 'idem-guard[postgres]'") from e
+
+from . import layout
+from .types import Checkpoint, Entry, Record, Response, StoreFault
+
+__all__ = ["AsyncPostgresStore", "PostgresStore", "SCHEMA_VERSION", "decode_row", "record_params"]
+
+NAME = "postgres"
+SCHEMA_VERSION = 2
+DEFAULT_TABLE = "idem_records"
+DEFAULT_TIMEOUT_MS = 2_000
+I64_MAX = (1 << 63) - 1
+U64_MAX = (1 << 64) - 1
+STATEMENTS = ("claim", "settle", "get", "replace", "delete", "list", "purge")
+
+
+def sql_int(v: int) -> int:
+    """A u64 time or version as a BIGINT: past 2^63 - 1 (the year 292 million) it saturates."""
+    return min(v, I64_MAX)
+
+
+def sql_holder(holder: int) -> int:
+    """A holder id as a BIGINT: the u64's 64 bits as a two's-complement i64."""
+    return holder - (1 << 64) if holder > I64_MAX else holder
+
+
+def record_params(record: Record) -> list[Any]:
+    """The record as the statements' parameters, in the layout's column order after the version:
+    fingerprint, state, lease_until_ms, expires_at_ms, status, header_names, header_values, body,
+    holder, phase, checkpoint."""
+    r, c = record.response, record.checkpoint
+    return [
+        record.fingerprint,
+        record.state,
+        sql_int(record.lease_until_ms),
+        sql_int(record.expires_at_ms),
+        None if r is None else r.status,
+        None if r is None else [n for n, _ in r.headers],
+        None if r is None else [bytes(v) for _, v in r.headers],
+        None if r is None else bytes(r.body),
+        sql_holder(record.holder),
+        None if c is None else c.phase,
+        None if c is None else bytes(c.data),
+    ]
+
+
+def _corrupt(key: str, why: str) -> StoreFault:
+    return StoreFault("corrupt", f"{NAME}: the row of key {key!r} {why}")
+
+
+def decode_row(key: str, row: Sequence[Any], at: int = 0) -> Entry:
+    """The entry in the layout's columns from `row[at]` (version, fingerprint, …, checkpoint);
+    `StoreFault("corrupt")` naming `key` when they do not decode."""
+    version, fingerprint, state, lease, expires, status, names, values, body, holder, phase, data = row[at : at + 12]
+    for column, n in (("version", version), ("lease_until_ms", lease), ("expires_at_ms", expires)):
+        if not isinstance(n, int) or n < 0:
+            raise _corrupt(key, f"has {column} {n!r}: not a non-negative integer")
+    if state not in ("processing", "done"):
+        raise _corrupt(key, f"has an unknown state {state!r}")
+    if not isinstance(fingerprint, str) or not isinstance(holder, int):
+        raise _corrupt(key, "has a NULL fingerprint or holder")
+    if status is None and names is None and values is None and body is None:
+        response = None
+    elif None not in (status, names, values, body) and len(names) == len(values) and None not in names and None not in values:
+        if not 0 <= status <= 0xFFFF:
+            raise _corrupt(key, f"has status {status}: out of range")
+        response = Response(status, [(n, bytes(v)) for n, v in zip(names, values)], bytes(body))
+    else:
+        raise _corrupt(key, "has response columns that are inconsistent (status, header names/values, body)")
+    if phase is None and data is None:
+        checkpoint = None
+    elif phase is not None and data is not None:
+        checkpoint = Checkpoint(phase, bytes(data))
+    else:
+        raise _corrupt(key, "has the checkpoint's phase and data only partly present")
+    record = Record(fingerprint, state, holder & U64_MAX, lease, expires, response, checkpoint)
+    return Entry(record, version)
+
+
+# --- the primitives, once: each a generator of statements --------------------
+#
+# A primitive yields `(statement name, parameters)` and receives `(rows,
+# rowcount)`; the sync and the async store only run the statements.
+
+_Steps = Generator[tuple[str, list], tuple[list, int], Any]
+
+
+class _Layout:
+    def __init__(self, table: str, timeout_ms: int):
+        if timeout_ms < 1:
+            raise ValueError("timeout_ms must be at least 1")
+        self.table = layout.check_table(table)
+        self.timeout_ms = timeout_ms
+        self._sql = {name: layout.postgres_statement(name, table) for name in STATEMENTS}
+        self._schema = layout.postgres_schema(table)
+
+    def _connect_options(self) -> dict:
+        # libpq's connect_timeout is in whole seconds, at least 2.
+        return {"connect_timeout": max(2, math.ceil(self.timeout_ms / 1000))}
+
+    def _pool_options(self) -> dict:
+        # Autocommit: each statement is its own transaction, as the layout
+        # assumes. prepare_threshold=0: every statement is prepared on a
+        # connection at its first use. RawCursor: the layout's `$1` placeholders.
+        return {
+            "autocommit": True,
+            "prepare_threshold": 0,
+            "cursor_factory": psycopg.RawCursor,
+        }
+
+    def _checked_version(self, found: Optional[tuple]) -> None:
+        if found is None or found[0] != SCHEMA_VERSION:
+            version = None if found is None else found[0]
+            raise StoreFault(
+                "unavailable",
+                f"{NAME}: the table {self.table!r} has schema version {version}; this build reads version {SCHEMA_VERSION}",
+            )
+
+    @staticmethod
+    def _get(key: str, now_ms: int) -> _Steps:
+        rows, _ = yield "get", [key, sql_int(now_ms)]
+        return decode_row(key, rows[0]) if rows else None
+
+    @staticmethod
+    def _insert(key: str, record: Record, now_ms: int) -> _Steps:
+        now = sql_int(now_ms)
+        params = [key, now, *record_params(record)]
+        rows, _ = yield "claim", params
+        if not rows:
+            raise StoreFault("unavailable", f"{NAME}: the claim returned no row")
+        row = rows[0]
+        # The layout's columns (expires_at_ms is the fifth), then the version the claim wrote.
+        if row[12] is not None:
+            return row[12]
+        if row[4] is not None and row[4] > now:
+            return decode_row(key, row)
+        # A concurrent claimer committed the key after this claim read it: settle.
+        rows, _ = yield "settle", params
+        if not rows:
+            raise StoreFault("unavailable", f"{NAME}: the claim returned no row")
+        row = rows[0]
+        if row[0]:
+            return row[1]
+        return decode_row(key, row, 1)
+
+    @staticmethod
+    def _replace(key: str, expected_version: int, record: Record, now_ms: int) -> _Steps:
+        _, count = yield "replace", [key, sql_int(expected_version), sql_int(now_ms), *record_params(record)]
+        return min(expected_version + 1, U64_MAX) if count > 0 else None
+
+    @staticmethod
+    def _delete(key: str, expected_version: Optional[int]) -> _Steps:
+        _, count = yield "delete", [key, None if expected_version is None else sql_int(expected_version)]
+        return count > 0
+
+    @staticmethod
+    def _fault(error: Exception) -> StoreFault:
+        return StoreFault("unavailable", f"{NAME}: {type(error).__name__}: {error}".strip())
+
+
+class PostgresStore(_Layout):
+    """The store primitives of `wit/store.wit` on a PostgreSQL table, for `Guard`.
+
+    `url`: a libpq connection string or URI (`postgres://USER@HOST:PORT/DB`).
+    `table`: 1 to 48 of a-z, 0-9 and _, not starting with a digit. `pool`:
+    the most connections (a `Guard` uses one at a time; guards sharing the
+    store, more). Opening connects, runs the schema and opens the pool, so a
+    server that cannot be reached fails here (`StoreFault("unavailable")`).
+    """
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        table: str = DEFAULT_TABLE,
+        pool: int = 4,
+        timeout_ms: int = DEFAULT_TIMEOUT_MS,
+    ):
+        super().__init__(table, timeout_ms)
+        timeout_s = timeout_ms / 1000
+        try:
+            with psycopg.connect(url, autocommit=True, **self._connect_options()) as conn:
+                conn.execute(self._schema)  # no parameters: one simple query, one implicit transaction
+                found = conn.execute("SELECT version FROM idem_schema WHERE table_name = %s", [table]).fetchone()
+        except psycopg.Error as e:
+            raise self._fault(e) from e
+        self._checked_version(found)
+        self.pool = psycopg_pool.ConnectionPool(
+            url,
+            min_size=1,
+            max_size=max(1, pool),
+            kwargs={**self._pool_options(), **self._connect_options()},
+            configure=self._configure,
+            timeout=timeout_s,
+            open=False,
+            name=f"idem-{table}",
+        )
+        try:
+            self.pool.open(wait=True, timeout=max(timeout_s, 2.0))
+        except psycopg_pool.PoolTimeout as e:
+            self.pool.close()
+            raise self._fault(e) from e
+
+    def _configure(self, conn: "psycopg.Connection") -> None:
+        conn.execute(f"SET statement_timeout = {self.timeout_ms}")
+
+    def _run(self, steps: _Steps) -> Any:
+        try:
+            name, params = next(steps)
+            while True:
+                try:
+                    with self.pool.connection() as conn:
+                        cur = conn.execute(self._sql[name], params, prepare=True)
+                        rows = cur.fetchall() if cur.description is not None else []
+                        answer = rows, cur.rowcount
+                except (psycopg.Error, psycopg_pool.PoolTimeout) as e:
+                    raise self._fault(e) from e
+                name, params = steps.send(answer)
+        except StopIteration as done:
+            return done.value
+
+    def get(self, key: str, now_ms: int) -> Optional[Entry]:
+        return self._run(self._get(key, now_ms))
+
+    def insert(self, key: str, record: Record, now_ms: int) -> int | Entry:
+        return self._run(self._insert(key, record, now_ms))
+
+    def replace(self, key: str, expected_version: int, record: Record, now_ms: int) -> Optional[int]:
+        return self._run(self._replace(key, expected_version, record, now_ms))
+
+    def delete(self, key: str, expected_version: Optional[int]) -> bool:
+        return self._run(self._delete(key, expected_version))
+
+    def close(self) -> None:
+        self.pool.close()
+
+    def __enter__(self) -> "PostgresStore":
+        return self
+
+    def __exit__(self, *_exc: Any) -> None:
+        self.close()
+
+
+class AsyncPostgresStore(_Layout):
+    """The store primitives on a PostgreSQL table through psycopg's asyncio API,
+    for `AsyncGuard`. Open it with `await AsyncPostgresStore.open(url, ...)`
+    (options as `PostgresStore`'s) or `async with`; close with `await store.close()`."""
+
+    def __init__(self, url: str, *, table: str = DEFAULT_TABLE, pool: int = 4, timeout_ms: int = DEFAULT_TIMEOUT_MS):
+        super().__init__(table, timeout_ms)
+        self.url = url
+        self._max_size = max(1, pool)
+        self.pool: Optional[psycopg_pool.AsyncConnectionPool] = None
+
+    @classmethod
+    async def open(cls, url: str, **options: Any) -> "AsyncPostgresStore":
+        store = cls(url, **options)
+        await store._open()
+        return store
+
+    async def _open(self) -> None:
+        timeout_s = self.timeout_ms / 1000
+        try:
+            async with await psycopg.AsyncConnection.connect(self.url, autocommit=True, **self._connect_options()) as conn:
+                await conn.execute(self._schema)
+                cur = await conn.execute("SELECT version FROM idem_schema WHERE table_name = %s", [self.table])
+                found = await cur.fetchone()
+        except psycopg.Error as e:
+            raise self._fault(e) from e
+        self._checked_version(found)
+        options = self._pool_options()
+        options["cursor_factory"] = psycopg.AsyncRawCursor
+        self.pool = psycopg_pool.AsyncConnectionPool(
+            self.url,
+            min_size=1,
+            max_size=self._max_size,
+            kwargs={**options, **self._connect_options()},
+            configure=self._configure,
+            timeout=timeout_s,
+            open=False,
+            name=f"idem-{self.table}",
+        )
+        try:
+            await self.pool.open(wait=True, timeout=max(timeout_s, 2.0))
+        except psycopg_pool.PoolTimeout as e:
+            await self.pool.close()
+            raise self._fault(e) from e
+
+    async def _configure(self, conn: "psycopg.AsyncConnection") -> None:
+        await conn.execute(f"SET statement_timeout = {self.timeout_ms}")
+
+    async def _run(self, steps: _Steps) -> Any:
+        if self.pool is None:
+            raise StoreFault("unavailable", f"{NAME}: the store is not open (await AsyncPostgresStore.open(url))")
+        try:
+            name, params = next(steps)
+            while True:
+                try:
+                    # The client's own deadline too: statement_timeout does not cover a server that went silent.
+                    async with asyncio.timeout(self.timeout_ms / 1000 * 2):
+                        async with self.pool.connection() as conn:
+                            cur = await conn.execute(self._sql[name], params, prepare=True)
+                            rows = await cur.fetchall() if cur.description is not None else []
+                            answer = rows, cur.rowcount
+                except (psycopg.Error, psycopg_pool.PoolTimeout) as e:
+                    raise self._fault(e) from e
+                except TimeoutError as e:
+                    raise StoreFault("unavailable", f"{NAME}: no answer within {self.timeout_ms * 2} ms") from e
+                name, params = steps.send(answer)
+        except StopIteration as done:
+            return done.value
+
+    async def get(self, key: str, now_ms: int) -> Optional[Entry]:
+        return await self._run(self._get(key, now_ms))
+
+    async def insert(self, key: str, record: Record, now_ms: int) -> int | Entry:
+        return await self._run(self._insert(key, record, now_ms))
+
+    async def replace(self, key: str, expected_version: int, record: Record, now_ms: int) -> Optional[int]:
+        return await self._run(self._replace(key, expected_version, record, now_ms))
+
+    async def delete(self, key: str, expected_version: Optional[int]) -> bool:
+        return await self._run(self._delete(key, expected_version))
+
+    async def close(self) -> None:
+        if self.pool is not None:
+            await self.pool.close()
+
+    aclose = close
+
+    async def __aenter__(self) -> "AsyncPostgresStore":
+        if self.pool is None:
+            await self._open()
+        return self
+
+    async def __aexit__(self, *_exc: Any) -> None:
+        await self.close()

@@ -1,0 +1,461 @@
+"""Records in Redis (or Valkey), in the on-store layout of `wit/store-layout/`
+(its README is the spec): guards in Rust (`idem serve`), Node.js and Python
+pointed at the same server and prefix share their keys. Needs the `redis`
+extra (`pip install 'idem-guard[redis]'`)::
+
+    from idem_guard import Guard
+    from idem_guard.redis import RedisStore
+
+    with RedisStore("redis://127.0.0.1:6379/0", prefix="shop:") as store:
+        guard = Guard(store=store)
+        outcome = guard.run("order-1", "cents=1000", charge)
+
+`RedisStore` (redis-py) is for `Guard`: the component's imports call it
+inline. `AsyncRedisStore` (`redis.asyncio`) is for `AsyncGuard`, which
+replays each call from a journal of the store's answers
+(`idem_guard.journal`) so that the loop never waits on a socket.
+
+Each primitive is one native command, or a script of the layout's
+(`EVALSHA`, with `SCRIPT LOAD` on `NOSCRIPT`): a claim is
+`SET {prefix}{key} value NX GET PX ttl`, one round trip; a completion is the
+`replace` script. Expiry is compared with the guard's `now_ms`, never the
+server's clock; every write sets `PX` to the record's remaining life by the
+guard's clock plus `grace_ms` (default 60 000), so Redis frees the space by
+itself.
+
+Failures: a refused connection, a timeout (`timeout_ms`, default 2000) or any
+error reply is `StoreFault("unavailable")`, and the guard fails closed;
+commands are not retried by the client (a write whose reply was lost may
+have been applied: the guard's read-back sorts that out). A value that does
+not decode, or a key holding another Redis type, is `StoreFault("corrupt")`
+naming the key.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import struct
+from typing import Any, Generator, Optional
+
+try:
+    import redis as _redis
+    import redis.asyncio as _aredis
+    from redis.asyncio.retry import Retry as _AsyncRetry
+    from redis.backoff import NoBackoff
+    from redis.exceptions import NoScriptError, RedisError, ResponseError
+    from redis.retry import Retry
+except ImportError as e:  # pragma: no cover - depends on the environment
+    raise ImportError("idem_guard.redis needs redis-py: pip install 'idem-guard[redis]'") from e
+
+from . import layout
+from .types import Checkpoint, Entry, Record, Response, StoreFault
+
+__all__ = ["AsyncRedisStore", "RedisStore", "decode", "encode"]
+
+NAME = "redis"
+U64_MAX = (1 << 64) - 1
+# "{version} {expires_at_ms}\n" fits in this many bytes; the scripts read bytes 0..=41.
+HEADER_MAX = 42
+DEFAULT_GRACE_MS = 60_000
+DEFAULT_TIMEOUT_MS = 2_000
+
+_U16, _U32, _U64 = struct.Struct(">H"), struct.Struct(">I"), struct.Struct(">Q")
+_STATES = ("processing", "done")
+
+
+# --- the value: a record as the string stored for it, and back -------------
+
+
+def _put(out: bytearray, data: bytes) -> None:
+    out += _U32.pack(len(data))
+    out += data
+
+
+def encode(version: int, record: Record) -> bytes:
+    """The value stored for `record` at `version` (the layout's `value`)."""
+    out = bytearray(b"%d %d\n" % (version, record.expires_at_ms))
+    out += _U64.pack(record.lease_until_ms)
+    out.append(_STATES.index(record.state))
+    _put(out, record.fingerprint.encode())
+    r = record.response
+    if r is None:
+        out.append(0)
+    else:
+        out.append(1)
+        out += _U16.pack(r.status)
+        out += _U32.pack(len(r.headers))
+        for name, value in r.headers:
+            _put(out, name.encode())
+            _put(out, bytes(value))
+        _put(out, bytes(r.body))
+    out += _U64.pack(record.holder)
+    c = record.checkpoint
+    if c is None:
+        out.append(0)
+    else:
+        out.append(1)
+        _put(out, c.phase.encode())
+        _put(out, bytes(c.data))
+    return bytes(out)
+
+
+def header(value: bytes) -> Optional[tuple[int, int, int]]:
+    """The header's length with its newline, the version and the expiry; None if it does not decode."""
+    end = value.find(b"\n", 0, HEADER_MAX)
+    if end < 0:
+        return None
+    version, space, expires = value[:end].partition(b" ")
+    if not space or not version.isdigit() or not expires.isdigit():  # ASCII digits only: bytes.isdigit
+        return None
+    version_n, expires_n = int(version), int(expires)
+    if version_n > U64_MAX or expires_n > U64_MAX:
+        return None
+    return end + 1, version_n, expires_n
+
+
+class _Corrupt(Exception):
+    pass
+
+
+class _Reader:
+    def __init__(self, data: bytes, at: int):
+        self.data, self.at = data, at
+
+    def take(self, n: int, what: str) -> bytes:
+        if self.at + n > len(self.data):
+            raise _Corrupt(f"ends inside {what}")
+        part = self.data[self.at : self.at + n]
+        self.at += n
+        return part
+
+    def u8(self, what: str) -> int:
+        return self.take(1, what)[0]
+
+    def u16(self, what: str) -> int:
+        return _U16.unpack(self.take(2, what))[0]
+
+    def u64(self, what: str) -> int:
+        return _U64.unpack(self.take(8, what))[0]
+
+    def blob(self, what: str) -> bytes:
+        (n,) = _U32.unpack(self.take(4, f"the length of {what}"))
+        return self.take(n, what)
+
+    def text(self, what: str) -> str:
+        try:
+            return self.blob(what).decode("utf-8")
+        except UnicodeDecodeError as e:
+            raise _Corrupt(f"has {what} that is not UTF-8") from e
+
+    def done(self) -> bool:
+        return self.at == len(self.data)
+
+
+def _corrupt(key: str, why: str) -> StoreFault:
+    return StoreFault("corrupt", f"{NAME}: the record of key {key!r} {why}")
+
+
+def decode(key: str, value: bytes) -> Entry:
+    """The entry `value` holds; `StoreFault("corrupt")` naming `key` when it does not decode."""
+    head = header(value)
+    if head is None:
+        raise _corrupt(key, 'has no "{version} {expires_at_ms}" header')
+    start, version, expires_at_ms = head
+    try:
+        r = _Reader(value, start)
+        lease_until_ms = r.u64("the lease")
+        state = r.u8("the state")
+        if state > 1:
+            raise _Corrupt(f"has an unknown state {state}")
+        fingerprint = r.text("the fingerprint")
+        flag = r.u8("the response flag")
+        response = None
+        if flag == 1:
+            status = r.u16("the status")
+            (count,) = _U32.unpack(r.take(4, "the header count"))
+            headers = [(r.text("a header name"), r.blob("a header value")) for _ in range(count)]
+            response = Response(status, headers, r.blob("the body"))
+        elif flag != 0:
+            raise _Corrupt(f"has an unknown response flag {flag}")
+        holder, checkpoint = 0, None  # a 0.1 host's value ends after the response
+        if not r.done():
+            holder = r.u64("the holder")
+            flag = r.u8("the checkpoint flag")
+            if flag == 1:
+                checkpoint = Checkpoint(r.text("the checkpoint's phase"), r.blob("the checkpoint's data"))
+            elif flag != 0:
+                raise _Corrupt(f"has an unknown checkpoint flag {flag}")
+            if not r.done():
+                raise _Corrupt(f"has {len(value) - r.at} bytes after the checkpoint")
+    except _Corrupt as e:
+        raise _corrupt(key, str(e)) from None
+    record = Record(fingerprint, _STATES[state], holder, lease_until_ms, expires_at_ms, response, checkpoint)
+    return Entry(record, version)
+
+
+# --- the primitives, once: each a generator of commands ----------------------
+#
+# A primitive yields the commands it sends (a tuple of arguments, or a
+# `_Script`) and receives each reply; the sync and the async store only carry
+# the commands out. So the layout's logic is written once for both.
+
+
+class _Script:
+    """`EVALSHA` of one of the layout's scripts on one key."""
+
+    __slots__ = ("name", "key", "args")
+
+    def __init__(self, name: str, key: str, *args: Any):
+        self.name, self.key, self.args = name, key, args
+
+
+class _Set:
+    """`SET key value NX GET PX ttl`: the claim."""
+
+    __slots__ = ("key", "value", "ttl")
+
+    def __init__(self, key: str, value: bytes, ttl: int):
+        self.key, self.value, self.ttl = key, value, ttl
+
+
+_Steps = Generator[Any, Any, Any]
+_HEADLESS = 'has no "{version} {expires_at_ms}" header'
+
+
+class _Layout:
+    """What both stores share: options, scripts, and the primitives as command sequences."""
+
+    def __init__(self, prefix: str, grace_ms: int, timeout_ms: int):
+        if grace_ms < 0 or timeout_ms < 1:
+            raise ValueError("grace_ms must be at least 0 and timeout_ms at least 1")
+        self.prefix = prefix
+        self.grace_ms = grace_ms
+        self.timeout_ms = timeout_ms
+        self._scripts = {name: layout.redis_script(name) for name in ("claim_expired", "replace", "delete_at", "purge")}
+        self._shas = {name: hashlib.sha1(text.encode()).hexdigest() for name, text in self._scripts.items()}
+
+    def _ttl(self, record: Record, now_ms: int) -> int:
+        """PX: the record's remaining life by the guard's clock, plus the grace (u64 arithmetic, as in Rust)."""
+        return min(U64_MAX, max(1, max(0, record.expires_at_ms - now_ms) + self.grace_ms))
+
+    def _get(self, key: str, now_ms: int) -> _Steps:
+        value = yield ("GET", self.prefix + key)
+        if value is None:
+            return None
+        entry = decode(key, value)
+        return entry if now_ms < entry.record.expires_at_ms else None
+
+    def _insert(self, key: str, record: Record, now_ms: int) -> _Steps:
+        full = self.prefix + key
+        ttl = self._ttl(record, now_ms)
+        value = encode(1, record)
+        held = yield _Set(full, value, ttl)
+        if held is None:
+            return 1
+        entry = decode(key, held)
+        if now_ms < entry.record.expires_at_ms:
+            return entry
+        # Expired by the guard's clock, still held by Redis (the grace period).
+        start = value.index(b"\n") + 1
+        reply = yield _Script("claim_expired", full, now_ms, ttl, record.expires_at_ms, value[start:])
+        if isinstance(reply, list) and reply and reply[0] == 0 and len(reply) == 2 and isinstance(reply[1], int):
+            return reply[1]
+        if isinstance(reply, list) and len(reply) == 2 and reply[0] == 1 and isinstance(reply[1], bytes):
+            live = decode(key, reply[1])
+            return live
+        if reply == [2]:
+            raise _corrupt(key, _HEADLESS)
+        raise StoreFault("unavailable", f"{NAME}: unexpected reply to the claim_expired script: {reply!r}")
+
+    def _replace(self, key: str, expected_version: int, record: Record, now_ms: int) -> _Steps:
+        version = expected_version + 1
+        if version > U64_MAX:
+            return None  # a refused replace, not an error
+        reply = yield _Script("replace", self.prefix + key, expected_version, now_ms, self._ttl(record, now_ms), encode(version, record))
+        if reply == 1:
+            return version
+        if reply == 0:
+            return None
+        if reply == -1:
+            raise _corrupt(key, _HEADLESS)
+        raise StoreFault("unavailable", f"{NAME}: unexpected reply to the replace script: {reply!r}")
+
+    def _delete(self, key: str, expected_version: Optional[int]) -> _Steps:
+        if expected_version is None:
+            removed = yield ("DEL", self.prefix + key)
+        else:
+            removed = yield _Script("delete_at", self.prefix + key, expected_version)
+        return isinstance(removed, int) and removed > 0
+
+    def _fault(self, error: Exception, key: str) -> StoreFault:
+        if isinstance(error, ResponseError) and "WRONGTYPE" in str(error):
+            return _corrupt(key, "is a Redis value that is not a string: not an idem record")
+        return StoreFault("unavailable", f"{NAME}: {type(error).__name__}: {error}")
+
+
+def _client_options(timeout_ms: int) -> dict:
+    # No retries inside the client: a retried write whose first reply was lost
+    # would be applied twice; the guard fails closed and its read-back decides.
+    return {
+        "socket_timeout": timeout_ms / 1000,
+        "socket_connect_timeout": timeout_ms / 1000,
+        "retry_on_timeout": False,
+    }
+
+
+class RedisStore(_Layout):
+    """The store primitives of `wit/store.wit` on a Redis server, for `Guard`.
+
+    `url`: `redis://[:PASSWORD@]HOST[:PORT][/DB]` (redis-py's `from_url`),
+    or `client=` an existing `redis.Redis` (it must not decode responses).
+    `prefix` goes before every key (stores sharing keys must use the same).
+    Safe to share between threads: redis-py pools its connections.
+    """
+
+    def __init__(
+        self,
+        url: str = "redis://127.0.0.1:6379",
+        *,
+        prefix: str = "",
+        grace_ms: int = DEFAULT_GRACE_MS,
+        timeout_ms: int = DEFAULT_TIMEOUT_MS,
+        client: Optional["_redis.Redis"] = None,
+        max_connections: Optional[int] = None,
+    ):
+        super().__init__(prefix, grace_ms, timeout_ms)
+        if client is None:
+            client = _redis.Redis.from_url(
+                url, max_connections=max_connections, retry=Retry(NoBackoff(), 0), **_client_options(timeout_ms)
+            )
+            self._owned = True
+        else:
+            self._owned = False
+        if client.get_connection_kwargs().get("decode_responses"):
+            raise ValueError("the redis client must not decode responses (decode_responses=False): values are bytes")
+        self.client = client
+
+    def _send(self, command: Any) -> Any:
+        c = self.client
+        if isinstance(command, _Set):
+            return c.set(command.key, command.value, nx=True, get=True, px=command.ttl)
+        if isinstance(command, _Script):
+            sha = self._shas[command.name]
+            try:
+                return c.execute_command("EVALSHA", sha, 1, command.key, *command.args)
+            except NoScriptError:
+                c.execute_command("SCRIPT", "LOAD", self._scripts[command.name])
+                return c.execute_command("EVALSHA", sha, 1, command.key, *command.args)
+        return c.execute_command(*command)
+
+    def _run(self, key: str, steps: _Steps) -> Any:
+        try:
+            command = next(steps)
+            while True:
+                try:
+                    reply = self._send(command)
+                except RedisError as e:
+                    raise self._fault(e, key) from e
+                command = steps.send(reply)
+        except StopIteration as done:
+            return done.value
+
+    def get(self, key: str, now_ms: int) -> Optional[Entry]:
+        return self._run(key, self._get(key, now_ms))
+
+    def insert(self, key: str, record: Record, now_ms: int) -> int | Entry:
+        return self._run(key, self._insert(key, record, now_ms))
+
+    def replace(self, key: str, expected_version: int, record: Record, now_ms: int) -> Optional[int]:
+        return self._run(key, self._replace(key, expected_version, record, now_ms))
+
+    def delete(self, key: str, expected_version: Optional[int]) -> bool:
+        return self._run(key, self._delete(key, expected_version))
+
+    def close(self) -> None:
+        """Closes the connections (only those the store opened itself)."""
+        if self._owned:
+            self.client.close()
+
+    def __enter__(self) -> "RedisStore":
+        return self
+
+    def __exit__(self, *_exc: Any) -> None:
+        self.close()
+
+
+class AsyncRedisStore(_Layout):
+    """The store primitives on a Redis server through `redis.asyncio`, for
+    `AsyncGuard`: `await store.get(...)` and so on. Options as `RedisStore`'s
+    (`client=` an existing `redis.asyncio.Redis`). Use it from one event loop."""
+
+    def __init__(
+        self,
+        url: str = "redis://127.0.0.1:6379",
+        *,
+        prefix: str = "",
+        grace_ms: int = DEFAULT_GRACE_MS,
+        timeout_ms: int = DEFAULT_TIMEOUT_MS,
+        client: Optional["_aredis.Redis"] = None,
+        max_connections: Optional[int] = None,
+    ):
+        super().__init__(prefix, grace_ms, timeout_ms)
+        if client is None:
+            client = _aredis.Redis.from_url(
+                url, max_connections=max_connections, retry=_AsyncRetry(NoBackoff(), 0), **_client_options(timeout_ms)
+            )
+            self._owned = True
+        else:
+            self._owned = False
+        if client.get_connection_kwargs().get("decode_responses"):
+            raise ValueError("the redis client must not decode responses (decode_responses=False): values are bytes")
+        self.client = client
+
+    async def _send(self, command: Any) -> Any:
+        c = self.client
+        if isinstance(command, _Set):
+            return await c.set(command.key, command.value, nx=True, get=True, px=command.ttl)
+        if isinstance(command, _Script):
+            sha = self._shas[command.name]
+            try:
+                return await c.execute_command("EVALSHA", sha, 1, command.key, *command.args)
+            except NoScriptError:
+                await c.execute_command("SCRIPT", "LOAD", self._scripts[command.name])
+                return await c.execute_command("EVALSHA", sha, 1, command.key, *command.args)
+        return await c.execute_command(*command)
+
+    async def _run(self, key: str, steps: _Steps) -> Any:
+        try:
+            command = next(steps)
+            while True:
+                try:
+                    reply = await self._send(command)
+                except RedisError as e:
+                    raise self._fault(e, key) from e
+                command = steps.send(reply)
+        except StopIteration as done:
+            return done.value
+
+    async def get(self, key: str, now_ms: int) -> Optional[Entry]:
+        return await self._run(key, self._get(key, now_ms))
+
+    async def insert(self, key: str, record: Record, now_ms: int) -> int | Entry:
+        return await self._run(key, self._insert(key, record, now_ms))
+
+    async def replace(self, key: str, expected_version: int, record: Record, now_ms: int) -> Optional[int]:
+        return await self._run(key, self._replace(key, expected_version, record, now_ms))
+
+    async def delete(self, key: str, expected_version: Optional[int]) -> bool:
+        return await self._run(key, self._delete(key, expected_version))
+
+    async def close(self) -> None:
+        """Closes the connections (only those the store opened itself)."""
+        if self._owned:
+            await self.client.aclose()
+
+    aclose = close
+
+    async def __aenter__(self) -> "AsyncRedisStore":
+        return self
+
+    async def __aexit__(self, *_exc: Any) -> None:
+        await self.close()

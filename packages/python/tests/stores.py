@@ -1,0 +1,208 @@
+"""What the tests put around stores: fault injection as a decorator beside
+them (`Faulty`, `AsyncFaulty`, with MemoryStore's `fault` grammar), an
+asynchronous MemoryStore, a recording one, and the servers the network-store
+tests run on.
+
+Servers: `IDEM_TEST_REDIS_URL` (e.g. redis://127.0.0.1:6379) and
+`IDEM_TEST_POSTGRES_URL` (e.g. postgres://postgres@127.0.0.1:5432/test), as
+scripts/test-all.sh sets them. A test that needs one fails when it is not set
+— a run that silently tested nothing looks like a pass — unless
+`IDEM_TEST_SKIP_NETSTORES=1` says to skip them on purpose.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+from typing import Any, Callable, Optional
+
+import pytest
+
+from idem_guard import MemoryStore
+from idem_guard.types import StoreFault
+
+PRIMITIVES = ("get", "insert", "replace", "delete")
+# Every key prefix and table name a run makes starts so: unique to the run, removed after it.
+RUN = f"idempy_{os.getpid()}_"
+_names = itertools.count(1)
+
+
+def unique(what: str) -> str:
+    """A name no other test (or run) uses: `idempy_{pid}_{what}{n}`."""
+    return f"{RUN}{what}{next(_names)}"
+
+
+EXAMPLES = {
+    "IDEM_TEST_REDIS_URL": "redis://127.0.0.1:6379",
+    "IDEM_TEST_POSTGRES_URL": "postgres://postgres@127.0.0.1:5432/test",
+}
+
+
+def server_url(var: str) -> str:
+    url = os.environ.get(var, "")
+    if url:
+        return url
+    if os.environ.get("IDEM_TEST_SKIP_NETSTORES") == "1":
+        pytest.skip(f"{var} is not set and IDEM_TEST_SKIP_NETSTORES=1")
+    pytest.fail(
+        f"{var} is not set: these tests need the server (e.g. {var}={EXAMPLES.get(var, '...')}; "
+        f"scripts/test-all.sh sets it). Set IDEM_TEST_SKIP_NETSTORES=1 to skip them on purpose.",
+        pytrace=False,
+    )
+
+
+class _Rules:
+    """MemoryStore's fault rules: `error` fails before the primitive, `lost`
+    after it (applied, reply lost), `trap` raises a plain exception."""
+
+    def __init__(self) -> None:
+        self._faults: dict[str, dict] = {}
+
+    def fault(self, primitive: str, kind: str, message: str = "injected fault", count: Optional[int] = None) -> None:
+        if primitive not in PRIMITIVES:
+            raise ValueError(f"unknown store primitive {primitive!r}")
+        if kind not in ("error", "lost", "trap"):
+            raise ValueError(f"unknown fault kind {kind!r}")
+        self._faults[primitive] = {"kind": kind, "message": message, "count": count}
+
+    def clear_faults(self) -> None:
+        self._faults.clear()
+
+    def _take(self, primitive: str) -> Optional[dict]:
+        rule = self._faults.get(primitive)
+        if rule is not None and rule["count"] is not None:
+            rule["count"] -= 1
+            if rule["count"] <= 0:
+                del self._faults[primitive]
+        return rule
+
+    @staticmethod
+    def _before(primitive: str, rule: dict) -> None:
+        if rule["kind"] == "error":
+            raise StoreFault("unavailable", f"{rule['message']} (injected on {primitive})")
+        if rule["kind"] == "trap":
+            raise RuntimeError(f"host bug injected on {primitive}")
+
+    @staticmethod
+    def _lost(primitive: str) -> StoreFault:
+        return StoreFault("unavailable", f"reply to {primitive} lost (injected; the operation was applied)")
+
+
+class Faulty(_Rules):
+    """A synchronous store with faults injected around its primitives; `peek` bypasses them."""
+
+    def __init__(self, inner: Any):
+        super().__init__()
+        self.inner = inner
+
+    def _apply(self, primitive: str, *args: Any) -> Any:
+        rule = self._take(primitive)
+        if rule is not None:
+            self._before(primitive, rule)
+        value = getattr(self.inner, primitive)(*args)
+        if rule is not None:
+            raise self._lost(primitive)
+        return value
+
+    def get(self, *args: Any) -> Any:
+        return self._apply("get", *args)
+
+    def insert(self, *args: Any) -> Any:
+        return self._apply("insert", *args)
+
+    def replace(self, *args: Any) -> Any:
+        return self._apply("replace", *args)
+
+    def delete(self, *args: Any) -> Any:
+        return self._apply("delete", *args)
+
+    def peek(self, key: str, now_ms: int) -> Any:
+        return self.inner.get(key, now_ms)
+
+
+class AsyncFaulty(_Rules):
+    """An asynchronous store with faults injected around its primitives; `await peek(...)` bypasses them."""
+
+    def __init__(self, inner: Any):
+        super().__init__()
+        self.inner = inner
+
+    async def _apply(self, primitive: str, *args: Any) -> Any:
+        rule = self._take(primitive)
+        if rule is not None:
+            self._before(primitive, rule)
+        value = await getattr(self.inner, primitive)(*args)
+        if rule is not None:
+            raise self._lost(primitive)
+        return value
+
+    async def get(self, *args: Any) -> Any:
+        return await self._apply("get", *args)
+
+    async def insert(self, *args: Any) -> Any:
+        return await self._apply("insert", *args)
+
+    async def replace(self, *args: Any) -> Any:
+        return await self._apply("replace", *args)
+
+    async def delete(self, *args: Any) -> Any:
+        return await self._apply("delete", *args)
+
+    async def peek(self, key: str, now_ms: int) -> Any:
+        return await self.inner.get(key, now_ms)
+
+
+class AsyncMemory:
+    """A MemoryStore behind coroutine functions: an asynchronous store that answers at once."""
+
+    def __init__(self, inner: Optional[MemoryStore] = None):
+        self.inner = inner if inner is not None else MemoryStore()
+
+    async def get(self, *args: Any) -> Any:
+        return self.inner.get(*args)
+
+    async def insert(self, *args: Any) -> Any:
+        return self.inner.insert(*args)
+
+    async def replace(self, *args: Any) -> Any:
+        return self.inner.replace(*args)
+
+    async def delete(self, *args: Any) -> Any:
+        return self.inner.delete(*args)
+
+
+class Recording:
+    """A store (sync, or async with `asynchronous=True`) that notes each primitive call and its answer."""
+
+    def __init__(self, inner: Any, asynchronous: bool = False):
+        self.inner = inner
+        self.calls: list[tuple] = []
+        for name in PRIMITIVES:
+            setattr(self, name, self._async(name) if asynchronous else self._sync(name))
+
+    def _note(self, name: str, args: tuple, call: Callable[[], Any]) -> Any:
+        try:
+            value = call()
+        except StoreFault as fault:
+            self.calls.append((name, args, "fault", str(fault)))
+            raise
+        self.calls.append((name, args, "ok", value))
+        return value
+
+    def _sync(self, name: str) -> Callable[..., Any]:
+        def call(*args: Any) -> Any:
+            return self._note(name, args, lambda: getattr(self.inner, name)(*args))
+
+        return call
+
+    def _async(self, name: str) -> Callable[..., Any]:
+        async def call(*args: Any) -> Any:
+            try:
+                value = await getattr(self.inner, name)(*args)
+            except StoreFault as fault:
+                self.calls.append((name, args, "fault", str(fault)))
+                raise
+            self.calls.append((name, args, "ok", value))
+            return value
+
+        return call
