@@ -299,3 +299,30 @@ test('PostgreSQL: a server that does not answer in time fails the call as unavai
     await dropTable(serverUrl(POSTGRES), table);
   }
 });
+
+test('Redis: the Express middleware over RedisStore runs the route once and replays it', { skip: skipWithout(REDIS) }, async () => {
+  const { default: express } = await import('express');
+  const { createServer } = await import('node:http');
+  const { idempotency } = await import('../express.js');
+  const store = await redisStore();
+  const server = createServer(
+    express()
+      .use(idempotency({ guard: Guard.load({ store }) }))
+      .post('/orders', (req, res) => res.status(201).type('text/plain').send(`run ${(runs += 1)}`)),
+  );
+  let runs = 0;
+  await new Promise((resolve) => server.listen(0, '127.0.0.1', resolve));
+  try {
+    const url = `http://127.0.0.1:${server.address().port}/orders`;
+    const post = () => fetch(url, { method: 'POST', headers: { 'idempotency-key': 'order-1' }, body: 'x' });
+    const first = await post();
+    const again = await post();
+    assert.deepEqual([first.status, await first.text()], [201, 'run 1']);
+    assert.deepEqual([again.status, await again.text(), again.headers.get('idempotent-replayed')], [201, 'run 1', 'true']);
+    assert.equal(runs, 1);
+  } finally {
+    server.closeAllConnections();
+    await new Promise((resolve) => server.close(resolve));
+    await store.cleanUp();
+  }
+});
