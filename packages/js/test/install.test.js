@@ -353,6 +353,8 @@ async function netstores(): Promise<void> {
   const onPostgres = new Guard({ store: postgres });
   const later: Promise<Decision> = onPostgres.beginRequest('k', { method: 'POST', path: '/' });
   void later;
+  const shared: Middleware = idempotency({ guard: onRedis });
+  void shared;
   // @ts-expect-error an AsyncGuard's begin is a Promise, not a Decision
   const wrong: Decision = onRedis.begin('k', 'fp');
   void wrong;
