@@ -6,11 +6,12 @@
 #
 #   examples/run-polyglot-tests.sh [REPO_ROOT]
 #
-# Needs: cargo, Node.js >= 20 with npm, Python 3.11, and for the Python
-# package's store tests a Redis and a PostgreSQL server named by
+# Needs: cargo, Node.js >= 20 with npm, Python 3.11, and for the JS and Python
+# packages' store tests a Redis and a PostgreSQL server named by
 # IDEM_TEST_REDIS_URL and IDEM_TEST_POSTGRES_URL (scripts/test-all.sh sets
-# them; IDEM_TEST_SKIP_NETSTORES=1 skips those tests). Installs from lock files
-# only (npm ci, with express for the middleware's tests; pip install -r
+# them; the JS tests default to the local servers scripts/services.sh starts;
+# IDEM_TEST_SKIP_NETSTORES=1 skips those tests). Installs from lock files
+# only (npm ci, with express, ioredis and pg for the package's tests; pip install -r
 # packages/python/requirements-dev.txt, with starlette, redis and psycopg, into
 # a venv under target/), and builds the idem-guard wheel (packages/python/build.sh)
 # with the same component, which the Python tests use installed.
@@ -51,14 +52,18 @@ tarball="$(IDEM_COMPONENT="$component" bash "$root/packages/js/build.sh" "$targe
 echo "packed $tarball"
 (
   # Its tests: the conformance scenarios through the lean binding and jco's
-  # glue (the devDependency), the guard's own, the HTTP scenarios against the
-  # Express middleware (express is a devDependency) and `idem serve`, and an
-  # install of the tarball into an empty project, as a user does.
+  # glue (the devDependency) and on RedisStore and PostgresStore, the guard's
+  # own, the HTTP scenarios against the Express middleware (express is a
+  # devDependency) and `idem serve`, and an install of the tarball into an
+  # empty project, as a user does. The Redis and PostgreSQL tests fail without
+  # their servers' URLs (IDEM_TEST_SKIP_NETSTORES=1 skips them).
   cd "$root/packages/js"
   npm ci --no-audit --no-fund --loglevel=error
   rm -rf gen
   npx --no-install jco transpile "$component" -o gen --name idem --instantiation sync --no-wasi-shim -q
-  node --test test/
+  IDEM_TEST_REDIS_URL="${IDEM_TEST_REDIS_URL:-redis://127.0.0.1:6379}" \
+    IDEM_TEST_POSTGRES_URL="${IDEM_TEST_POSTGRES_URL:-postgres://postgres@127.0.0.1:5432/test}" \
+    node --test test/
 )
 
 echo "== JavaScript examples (@idem/guard linked from packages/js)"

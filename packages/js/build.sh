@@ -1,8 +1,11 @@
 #!/usr/bin/env bash
 # Builds the npm package @idem/guard: writes the guard component into the
 # package (idem-guard.wasm, next to index.js, where `Guard.load()` looks by
-# default) and packs it into OUT_DIR (default: the repository's target/).
-# Prints the tarball's path.
+# default), copies the on-store layout (wit/store-layout/: the Redis scripts
+# and PostgreSQL SQL that RedisStore and PostgresStore load) into
+# store-layout/, and packs it into OUT_DIR (default: the repository's
+# target/). Prints the tarball's path. Both copies are gitignored: the files
+# live once, in wit/.
 #
 #   packages/js/build.sh [OUT_DIR]
 #
@@ -10,7 +13,7 @@
 # that file as it is; else with IDEM_BIN set, that idem binary; else
 # `cargo run -p idem` from the repository root (the component's bytes do not
 # depend on the idem build's profile). Needs npm; installs nothing: the
-# package has no dependencies.
+# package has no dependencies (ioredis and pg are optional peers).
 set -euo pipefail
 
 pkg="$(cd "$(dirname "$0")" && pwd)"
@@ -27,6 +30,11 @@ else
   # Exactly `cargo run -p idem -- …`: the README test's cargo stand-in knows this form.
   (cd "$root" && cargo run -p idem -- component --out "$wasm" >&2)
 fi
+
+# The layout as it is in wit/ (a stale copy would pack old scripts).
+rm -rf "$pkg/store-layout"
+mkdir -p "$pkg/store-layout"
+cp -R "$root/wit/store-layout/README.md" "$root/wit/store-layout/redis" "$root/wit/store-layout/postgres" "$pkg/store-layout/"
 
 tarball="$(cd "$pkg" && npm pack --silent --pack-destination "$out")"
 echo "$out/$tarball"

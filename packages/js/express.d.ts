@@ -3,7 +3,7 @@
 // need neither @types/express nor @types/node, and an Express app's
 // req/res fit them.
 
-import type { Guard } from './index.js';
+import type { AsyncGuard, Guard } from './index.js';
 
 /** What the middleware reads from a request (an Express or Node request has all of it). */
 export interface RequestLike {
@@ -19,8 +19,8 @@ export interface RequestLike {
 }
 
 export interface IdempotencyOptions {
-  /** The guard: its store, lease, retention and `maxResponseBytes` (the stored-response cap, body plus headers). */
-  guard: Guard;
+  /** The guard, over any store (an `AsyncGuard` over RedisStore or PostgresStore too): its store, lease, retention and `maxResponseBytes` (the stored-response cap, body plus headers). */
+  guard: Guard | AsyncGuard;
   /** Answer 400 to a guarded request without a key (default false: it passes through unguarded). */
   requireKey?: boolean;
   /** The guarded methods (default POST, PATCH); others pass through. */

@@ -1,7 +1,10 @@
 // Types of @idem/guard (index.js). Values follow jco's conventions for the
 // WIT `idem:guard@0.2.0`: u64 is a bigint, `option<T>` is `undefined` or T,
 // a variant is `{ tag, val }`, records have camelCase fields, `list<u8>` is a
-// Uint8Array. test/install.test.js type-checks a user's program against this
+// Uint8Array. Over a synchronous store (`Store`, e.g. MemoryStore) the guard's
+// calls answer at once; over an asynchronous one (`AsyncStore`, e.g.
+// RedisStore from '@idem/guard/redis') `Guard.load` returns an `AsyncGuard`,
+// whose calls return Promises. test/install.test.js type-checks a user's program against this
 // file and checks that it names every export of index.js.
 
 /** Bytes: a string is encoded as UTF-8; absent is empty. */
@@ -106,6 +109,21 @@ export interface Store {
   delete?(key: string, expectedVersion?: bigint): boolean;
 }
 
+/**
+ * The store primitives of wit/store.wit answered in a later turn of the
+ * event loop (a network client): `async: true` tells the guard, which then
+ * replays each call from a journal of the answers (journal.js) and
+ * returns Promises. Failures as for `Store`: a rejected `StoreError` reaches
+ * the guard as `store-error`, anything else traps the instance.
+ */
+export interface AsyncStore {
+  readonly async: true;
+  get(key: string, nowMs: bigint): Promise<Entry | undefined>;
+  insert(key: string, record: StoredRecord, nowMs: bigint): Promise<InsertOutcome>;
+  replace(key: string, expectedVersion: bigint, record: StoredRecord, nowMs: bigint): Promise<bigint | undefined>;
+  delete?(key: string, expectedVersion?: bigint): Promise<boolean>;
+}
+
 export interface Clock {
   nowMs(): bigint | number;
 }
@@ -140,6 +158,9 @@ export interface GuardOptions {
   guest?: GuestBinding;
 }
 
+/** `GuardOptions` with an asynchronous store: `Guard.load` returns an `AsyncGuard`. */
+export type AsyncGuardOptions = Omit<GuardOptions, 'store'> & { store: AsyncStore };
+
 /** What `run` hands its handler beside the fence. */
 export declare class Attempt {
   private constructor();
@@ -154,9 +175,21 @@ export declare class Attempt {
 
 export type Handler = (fence: bigint, attempt: Attempt) => ResponseInit | Promise<ResponseInit>;
 
-export declare class Guard {
-  static load(options?: GuardOptions): Guard;
-  constructor(options?: GuardOptions);
+/** What an `AsyncGuard`'s `run` hands its handler: `saveCheckpoint` returns a Promise. */
+export interface AsyncAttempt {
+  readonly claim: Claim;
+  readonly fence: bigint;
+  /** The key's last recovery point, or null on a fresh claim. */
+  readonly checkpoint: Checkpoint | null;
+  /** Records a recovery point and extends the lease; resolves to the new claim. Rejects with `GuardError`. */
+  saveCheckpoint(phase: string, data?: BytesInit): Promise<Claim>;
+}
+
+export type AsyncHandler = (fence: bigint, attempt: AsyncAttempt) => ResponseInit | Promise<ResponseInit>;
+
+/** The guard over a synchronous store: every call answers at once. */
+export interface Guard {
+  readonly async: false;
   readonly store: Store;
   readonly clock: Clock;
   readonly policy: Policy;
@@ -186,6 +219,43 @@ export declare class Guard {
    */
   run(key: string, fingerprint: string, handler: Handler): Promise<RunResult>;
 }
+
+/**
+ * The guard over an asynchronous store (`AsyncStore`): the same calls as
+ * `Guard`, each resolving to what `Guard`'s returns, or rejecting with what
+ * it throws. Each call runs the component again for every store answer it
+ * needs (journal.js); the store sees each primitive once, in the order a
+ * synchronous store would. `fingerprint` calls no store and stays synchronous.
+ */
+export interface AsyncGuard {
+  readonly async: true;
+  readonly store: AsyncStore;
+  readonly clock: Clock;
+  readonly policy: Policy;
+  renewLease: boolean;
+  readonly replaced: number;
+
+  begin(key: string, fingerprint: string): Promise<Decision>;
+  complete(claim: Claim, response: ResponseInit): Promise<void>;
+  release(claim: Claim): Promise<void>;
+  renew(claim: Claim): Promise<Claim>;
+  saveCheckpoint(claim: Claim, checkpoint: { phase: string; data?: BytesInit }): Promise<Claim>;
+  beginRequest(key: string, parts: RequestParts): Promise<Decision>;
+  fingerprint(parts: RequestParts): string;
+  /** As `Guard.run`; the handler's `attempt.saveCheckpoint` returns a Promise. */
+  run(key: string, fingerprint: string, handler: AsyncHandler): Promise<RunResult>;
+}
+
+/** `Guard.load(options)` and `new Guard(options)`: an `AsyncGuard` when the store is an `AsyncStore`. */
+export interface GuardConstructor {
+  new (options: AsyncGuardOptions): AsyncGuard;
+  new (options?: GuardOptions): Guard;
+  load(options: AsyncGuardOptions): AsyncGuard;
+  load(options?: GuardOptions): Guard;
+  readonly prototype: Guard | AsyncGuard;
+}
+
+export declare const Guard: GuardConstructor;
 
 /** An error the guard returned. */
 export declare class GuardError extends Error {

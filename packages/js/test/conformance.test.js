@@ -1,15 +1,21 @@
 // Every conformance scenario (conformance/*.json, format in
-// conformance/README.md) against the component hosted in Node.js, with the
-// JavaScript MemoryStore and a ManualClock, through both bindings: idem-abi.js
-// (the guard's) and jco's glue (the reference it is checked against). The
-// Rust and Python hosts run the same files.
+// conformance/README.md) against the component hosted in Node.js, with a
+// ManualClock: on the JavaScript MemoryStore through both bindings
+// (idem-abi.js, the guard's, and jco's glue, the reference it is checked
+// against), and on RedisStore and PostgresStore (each scenario under a key
+// prefix of its own, or on an emptied table of this run's own), where the
+// guard replays each call from a journal. The Rust and Python hosts run the
+// same files. The Redis and PostgreSQL runs need IDEM_TEST_REDIS_URL and
+// IDEM_TEST_POSTGRES_URL, and fail without them unless
+// IDEM_TEST_SKIP_NETSTORES=1 (testing/netstores.js).
 
-import { test } from 'node:test';
+import { after, test } from 'node:test';
 import assert from 'node:assert/strict';
 import { readdirSync, readFileSync } from 'node:fs';
 import { isDeepStrictEqual } from 'node:util';
 import { Guard, GuardError, ManualClock, MemoryStore, NotRecordedError } from '../index.js';
 import { jcoGuest } from '../jco-guest.js';
+import { FaultyStore, postgresStore, redisStore, skipWithout } from '../testing/netstores.js';
 
 const dir = new URL('../../../conformance/', import.meta.url);
 const files = readdirSync(dir).filter((f) => f.endsWith('.json')).sort();
@@ -78,9 +84,10 @@ function decisionJson(d) {
   throw new Error(`unknown decision ${d.tag}`);
 }
 
-function attempt(call, ok) {
+/** `ok` of what `call` returns (or resolves to: an asynchronous guard's calls return Promises), else the error as JSON. */
+async function attempt(call, ok) {
   try {
-    return ok(call());
+    return ok(await call());
   } catch (e) {
     return errorJson(e);
   }
@@ -133,9 +140,10 @@ function check(expect, actual, claims) {
 const guests = { abi: undefined, jco: await jcoGuest() };
 
 class Host {
-  constructor(scenario, guest) {
+  /** `store`: a MemoryStore (the default), or a FaultyStore in front of a network store. */
+  constructor(scenario, guest, store = new MemoryStore()) {
     this.clock = new ManualClock(scenario.clock_ms);
-    this.store = new MemoryStore();
+    this.store = store;
     const p = scenario.policy;
     this.guard = Guard.load({
       store: this.store,
@@ -203,7 +211,8 @@ class Host {
       case 'effects':
         return Object.fromEntries(Object.keys(step.expect).map((name) => [name, this.effects.get(name) ?? 0]));
       case 'peek': {
-        const entry = this.store.peek(text(step.key), this.clock.nowMs());
+        const key = text(step.key);
+        const entry = this.store instanceof FaultyStore ? await this.store.inner.get(key, this.clock.nowMs()) : this.store.peek(key, this.clock.nowMs());
         if (!entry) return { absent: true };
         const r = entry.record;
         return {
@@ -236,7 +245,7 @@ class Host {
     const handler = async (_fence, attempt) => {
       resumed = checkpointJson(attempt.checkpoint);
       this.effects.set(name, (this.effects.get(name) ?? 0) + 1);
-      for (const c of step.checkpoints ?? []) attempt.saveCheckpoint(text(c.phase), bytes(c.data));
+      for (const c of step.checkpoints ?? []) await attempt.saveCheckpoint(text(c.phase), bytes(c.data));
       if (step.fails) throw new Error('handler failed');
       return response(step.response);
     };
@@ -264,8 +273,8 @@ class Host {
 }
 
 /** Runs a scenario; returns the number of checked steps, or throws `step N (op): ...`. */
-async function runScenario(scenario, guest = guests.abi) {
-  const host = new Host(scenario, guest);
+async function runScenario(scenario, guest = guests.abi, store = undefined) {
+  const host = new Host(scenario, guest, store);
   let checked = 0;
   for (const [i, step] of scenario.steps.entries()) {
     for (let n = 0; n < (step.times ?? 1); n++) {
@@ -310,6 +319,48 @@ for (const file of files) {
     test(`conformance (${binding}): ${file}`, async () => {
       const checked = await runScenario(load(file), guest);
       assert.ok(checked > 0);
+    });
+  }
+}
+
+// The network stores, the guard asynchronous: on Redis each scenario under a
+// key prefix of its own; on PostgreSQL one table for the run, emptied before
+// each scenario (a scenario's keys are fixed and its bad-input cases go up
+// to the key limit, so keys cannot be prefixed there).
+let postgres = null;
+after(async () => {
+  // A store that did not open failed its tests already.
+  if (postgres) await postgres.then((store) => store.cleanUp(), () => {});
+});
+
+const netstores = {
+  redis: {
+    env: 'IDEM_TEST_REDIS_URL',
+    open: () => redisStore(),
+    done: (store) => store.cleanUp(),
+  },
+  postgres: {
+    env: 'IDEM_TEST_POSTGRES_URL',
+    async open() {
+      postgres ??= postgresStore();
+      const store = await postgres;
+      await store.sql(`DELETE FROM ${store.table}`);
+      return store;
+    },
+    done: async () => {},
+  },
+};
+
+for (const [name, { env, open, done }] of Object.entries(netstores)) {
+  for (const file of files) {
+    test(`conformance (${name}): ${file}`, { skip: skipWithout(env) }, async () => {
+      const store = await open();
+      try {
+        const checked = await runScenario(load(file), guests.abi, new FaultyStore(store));
+        assert.ok(checked > 0);
+      } finally {
+        await done(store);
+      }
     });
   }
 }

@@ -1,10 +1,17 @@
 // The package as a user gets it: `npm pack`, an empty project, `npm install
-// --offline` of the tarball alone (the package has no dependencies, so
-// nothing else is fetched), then a program that imports `@idem/guard` with
-// no IDEM_COMPONENT set. And its types: a TypeScript program type-checked
-// against the installed index.d.ts (with tsc from this package's
-// devDependencies, when installed), and index.d.ts names every export of
-// index.js. Needs the component in the package: build.sh writes it.
+// --offline` of the tarball alone (the package has no dependencies, and its
+// peers ioredis and pg are optional, so nothing else is fetched), then a
+// program that imports `@idem/guard` with no IDEM_COMPONENT set. Then the
+// project installs ioredis and pg, offline from npm's cache (`npm ci` here put
+// their tarballs there, not their registry metadata: so the project's lock
+// gets them pinned as this package's lock pins them, then `npm ci --offline`
+// fetches nothing), and guards a call on Redis and on PostgreSQL through
+// `@idem/guard/redis` and `@idem/guard/postgres` (IDEM_TEST_REDIS_URL and
+// IDEM_TEST_POSTGRES_URL, as in testing/netstores.js). And its types: a
+// TypeScript program type-checked against the installed declarations (with
+// tsc from this package's devDependencies, when installed), and each
+// declaration file names every export of its module. Needs the component and
+// the layout's files in the package: build.sh copies both.
 
 import { before, test } from 'node:test';
 import assert from 'node:assert/strict';
@@ -13,6 +20,7 @@ import { existsSync, mkdirSync, mkdtempSync, readdirSync, readFileSync, rmSync, 
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { fileURLToPath } from 'node:url';
+import { dropTable, serverUrl, skipWithout, unique } from '../testing/netstores.js';
 
 const pkg = fileURLToPath(new URL('..', import.meta.url));
 const manifest = JSON.parse(readFileSync(join(pkg, 'package.json'), 'utf8'));
@@ -29,6 +37,7 @@ let app;
 
 before(() => {
   assert.ok(existsSync(join(pkg, 'idem-guard.wasm')), 'no idem-guard.wasm in the package: run packages/js/build.sh first');
+  assert.ok(existsSync(join(pkg, 'store-layout', 'redis', 'replace.lua')), 'no store-layout/ in the package: run packages/js/build.sh first');
   dir = mkdtempSync(join(tmpdir(), 'idem-guard-install-'));
   process.on('exit', () => rmSync(dir, { recursive: true, force: true }));
   const tarball = join(dir, sh('npm', ['pack', '--silent', '--pack-destination', dir], pkg).trim());
@@ -43,10 +52,21 @@ test('the package is ESM with exports, types and no runtime dependencies', () =>
   assert.equal(manifest.version, '0.2.0');
   assert.equal(manifest.type, 'module');
   assert.deepEqual(manifest.exports['.'], { types: './index.d.ts', default: './index.js' });
+  assert.deepEqual(manifest.exports['./redis'], { types: './redis.d.ts', default: './redis.js' });
+  assert.deepEqual(manifest.exports['./postgres'], { types: './postgres.d.ts', default: './postgres.js' });
   assert.equal(manifest.dependencies, undefined);
+  assert.deepEqual(manifest.peerDependenciesMeta, { express: { optional: true }, ioredis: { optional: true }, pg: { optional: true } });
   const installed = join(app, 'node_modules', '@idem', 'guard');
-  assert.deepEqual(readdirSync(installed).sort(), ['README.md', 'express.d.ts', 'express.js', 'fingerprint.js', 'idem-abi.js', 'idem-guard.wasm', 'index.d.ts', 'index.js', 'package.json']);
+  assert.deepEqual(readdirSync(installed).sort(), [
+    'README.md', 'express.d.ts', 'express.js', 'fingerprint.js', 'idem-abi.js', 'idem-guard.wasm', 'index.d.ts', 'index.js',
+    'journal.js', 'layout.js', 'package.json', 'postgres.d.ts', 'postgres.js', 'redis.d.ts', 'redis.js', 'store-layout',
+  ]);
   assert.deepEqual(readFileSync(join(installed, 'idem-guard.wasm')), readFileSync(join(pkg, 'idem-guard.wasm')));
+  // The layout's files as they are in wit/store-layout/.
+  for (const file of ['redis/claim_expired.lua', 'redis/replace.lua', 'redis/delete_at.lua', 'postgres/schema.sql', 'postgres/statements.sql']) {
+    assert.equal(readFileSync(join(installed, 'store-layout', file), 'utf8'), readFileSync(join(pkg, '..', '..', 'wit', 'store-layout', file), 'utf8'), file);
+  }
+  // The optional peers are not installed with it.
   assert.deepEqual(readdirSync(join(app, 'node_modules')), ['.package-lock.json', '@idem']);
 });
 
@@ -115,12 +135,95 @@ server.listen(0, '127.0.0.1', async () => {
   assert.deepEqual(got, { runs: 1, bodies: ['run 1', 'run 1'], replayed: 'true', keyless: [400, 'application/problem+json'] });
 });
 
-test('index.d.ts names every export of index.js, and nothing else', async () => {
-  const runtime = Object.keys(await import('../index.js')).sort();
-  const declared = [...readFileSync(join(pkg, 'index.d.ts'), 'utf8').matchAll(/^export declare (?:class|const|function) (\w+)/gm)]
-    .map((m) => m[1])
-    .sort();
-  assert.deepEqual(declared, runtime);
+/**
+ * Adds `names` to the project's package.json and package-lock.json with
+ * everything they need, at the versions and integrity this package's own
+ * lock has: what `npm ci` here installed, so its tarballs are in the cache.
+ */
+function pinPeers(project, names) {
+  const source = JSON.parse(readFileSync(join(pkg, 'package-lock.json'), 'utf8')).packages;
+  const lock = JSON.parse(readFileSync(join(project, 'package-lock.json'), 'utf8'));
+  const app = JSON.parse(readFileSync(join(project, 'package.json'), 'utf8'));
+  // Node's resolution: the nearest node_modules/NAME from `from` up to the root.
+  const resolve = (from, name) => {
+    for (let dir = from; ; dir = dir.slice(0, Math.max(0, dir.lastIndexOf('/node_modules/')))) {
+      const path = `${dir ? `${dir}/` : ''}node_modules/${name}`;
+      if (source[path]) return path;
+      if (!dir) return null;
+    }
+  };
+  const todo = names.map((name) => resolve('', name));
+  for (const name of names) app.dependencies[name] = source[`node_modules/${name}`].version;
+  while (todo.length) {
+    const path = todo.pop();
+    if (lock.packages[path]) continue;
+    const { dev, devOptional, ...entry } = source[path];
+    lock.packages[path] = entry;
+    for (const name of Object.keys(entry.dependencies ?? {})) todo.push(resolve(path, name));
+    // Optional ones the lock has (pg-cloudflare); a platform's missing one is skipped, as npm does.
+    for (const name of Object.keys(entry.optionalDependencies ?? {})) if (resolve(path, name)) todo.push(resolve(path, name));
+  }
+  lock.packages[''].dependencies = app.dependencies;
+  writeFileSync(join(project, 'package.json'), JSON.stringify(app));
+  writeFileSync(join(project, 'package-lock.json'), JSON.stringify(lock, null, 2));
+}
+
+test('with ioredis and pg installed from the cache, an installed package guards a call on Redis and on PostgreSQL', { skip: skipWithout('IDEM_TEST_REDIS_URL') || skipWithout('IDEM_TEST_POSTGRES_URL') }, async () => {
+  const redisUrl = serverUrl('IDEM_TEST_REDIS_URL');
+  const postgresUrl = serverUrl('IDEM_TEST_POSTGRES_URL');
+  pinPeers(app, ['ioredis', 'pg']);
+  sh('npm', ['ci', '--offline', '--no-audit', '--no-fund', '--loglevel=error'], app);
+  writeFileSync(
+    join(app, 'netstores.js'),
+    `import { Guard } from '@idem/guard';
+import { RedisStore } from '@idem/guard/redis';
+import { PostgresStore } from '@idem/guard/postgres';
+
+const stores = {
+  redis: await RedisStore.open({ url: process.env.REDIS_URL, prefix: process.env.NAME + ':' }),
+  postgres: await PostgresStore.open({ url: process.env.POSTGRES_URL, table: process.env.NAME }),
+};
+const out = {};
+for (const [name, store] of Object.entries(stores)) {
+  const guard = Guard.load({ store });
+  let charges = 0;
+  const charge = async (fence, attempt) => {
+    charges += 1;
+    await attempt.saveCheckpoint('charged', 'ch-1');
+    return { status: 201, body: name + ' fence ' + fence };
+  };
+  const first = await guard.run('order-1', 'fp', charge);
+  const again = await guard.run('order-1', 'fp', charge);
+  const body = (r) => Buffer.from(r.response.body).toString();
+  out[name] = { async: guard.async, charges, outcomes: [first.outcome, again.outcome], bodies: [body(first), body(again)] };
+  await store.close();
+}
+console.log(JSON.stringify(out));
+`,
+  );
+  const name = unique();
+  try {
+    const got = JSON.parse(execFileSync('node', ['netstores.js'], { cwd: app, env: { ...env, REDIS_URL: redisUrl, POSTGRES_URL: postgresUrl, NAME: name }, encoding: 'utf8' }));
+    for (const store of ['redis', 'postgres']) {
+      assert.deepEqual(got[store], { async: true, charges: 1, outcomes: ['executed', 'replayed'], bodies: [`${store} fence 1`, `${store} fence 1`] }, store);
+    }
+  } finally {
+    await dropTable(postgresUrl, name);
+    const { Redis } = await import('ioredis');
+    const raw = new Redis(redisUrl);
+    await raw.del(`${name}:order-1`);
+    raw.disconnect();
+  }
+});
+
+test('each declaration file names every export of its module, and nothing else', async () => {
+  for (const [module, types] of [['../index.js', 'index.d.ts'], ['../redis.js', 'redis.d.ts'], ['../postgres.js', 'postgres.d.ts']]) {
+    const runtime = Object.keys(await import(module)).sort();
+    const declared = [...readFileSync(join(pkg, types), 'utf8').matchAll(/^export declare (?:class|const|function) (\w+)/gm)]
+      .map((m) => m[1])
+      .sort();
+    assert.deepEqual(declared, runtime, types);
+  }
 });
 
 const tsc = [join(pkg, 'node_modules', '.bin', 'tsc'), fileURLToPath(new URL('../../../examples/js/node_modules/.bin/tsc', import.meta.url))].find(existsSync);
@@ -141,9 +244,11 @@ test('a TypeScript program type-checks against the installed types', { skip: !ts
   writeFileSync(
     join(app, 'check.ts'),
     `import { Guard, GuardError, MemoryStore, NotRecordedError, StoreError, ManualClock, toResponse } from '@idem/guard';
-import type { Attempt, Claim, Decision, Response, RunResult, Store } from '@idem/guard';
+import type { AsyncAttempt, AsyncGuard, Attempt, Claim, Decision, Response, RunResult, Store } from '@idem/guard';
 import { idempotency, keepRawBody, scopedKey } from '@idem/guard/express';
 import type { Middleware, RequestLike } from '@idem/guard/express';
+import { RedisStore } from '@idem/guard/redis';
+import { PostgresStore } from '@idem/guard/postgres';
 
 const store: Store = new MemoryStore();
 const guard: Guard = Guard.load({ store, clock: new ManualClock(0), leaseMs: 30_000, renewLease: true, component: '/srv/idem-guard.wasm' });
@@ -226,6 +331,39 @@ async function main(): Promise<void> {
   idempotency({ requireKey: true });
 }
 void main;
+
+// Over an asynchronous store the guard is an AsyncGuard: its calls return Promises.
+async function netstores(): Promise<void> {
+  const redis = await RedisStore.open({ url: 'redis://127.0.0.1:6379', prefix: 'shop:', graceMs: 60_000, timeoutMs: 2_000 });
+  const onRedis: AsyncGuard = Guard.load({ store: redis, leaseMs: 30_000 });
+  const decision: Decision = await onRedis.begin('k', 'fp');
+  if (decision.tag === 'proceed') {
+    let claim: Claim = await onRedis.renew(decision.val);
+    claim = await onRedis.saveCheckpoint(claim, { phase: 'p' });
+    await onRedis.complete(claim, { status: 200, body: 'ok' });
+  }
+  const fp: string = onRedis.fingerprint({ method: 'GET', path: '/' });
+  void fp;
+  await onRedis.run('k', 'fp', async (fence: bigint, attempt: AsyncAttempt) => {
+    const claim: Claim = await attempt.saveCheckpoint('charged', 'ch-1');
+    void claim;
+    return { status: 201, body: \`fence \${fence}\` };
+  });
+  const postgres = await PostgresStore.open({ url: 'postgres://postgres@127.0.0.1:5432/test', table: 'idem_records', poolSize: 4 });
+  const onPostgres = new Guard({ store: postgres });
+  const later: Promise<Decision> = onPostgres.beginRequest('k', { method: 'POST', path: '/' });
+  void later;
+  const shared: Middleware = idempotency({ guard: onRedis });
+  void shared;
+  // @ts-expect-error an AsyncGuard's begin is a Promise, not a Decision
+  const wrong: Decision = onRedis.begin('k', 'fp');
+  void wrong;
+  // @ts-expect-error the Attempt of an AsyncGuard's handler saves checkpoints asynchronously
+  await onRedis.run('k', 'fp', (_fence, attempt: Attempt) => ({ status: 200 }));
+  await redis.close();
+  await postgres.close();
+}
+void netstores;
 `,
   );
   try {

@@ -1,0 +1,182 @@
+// Running the guard over an asynchronous store by replaying each call from a
+// journal of import answers ("Replaying a call" in wit/guard.wit).
+//
+// The component's imports are synchronous: a store import must answer before
+// the guest goes on. A Redis or PostgreSQL client in Node.js answers in a
+// later turn of the event loop. The guest keeps no state between calls, and
+// what an export does depends only on its arguments and its imports'
+// answers, so the guard runs the export with every import answered from a
+// journal; the first store call the journal cannot answer is answered
+// `store-error::unavailable` at once (so is every later import of that run)
+// and only remembered. Once the export has returned, that one call goes to
+// the store; its answer (a value, or the `StoreError` it threw) is appended
+// and the export runs again from the start, until a run needs nothing new.
+// `clock.now-ms` and `random.random-u64` are journaled as the first run
+// called them. So the store sees each primitive once, in the order a
+// synchronous host would have called them, and no store call is ever started
+// that the guest would not have made: a call is started only after the run
+// that asked for it has ended, and a run that ended on a pending call is
+// discarded whole.
+//
+// A run that asks for something else than the journal holds at the same
+// place (another primitive, or another key) has diverged: the guest broke
+// its side of the contract, or a store answered differently on a replay.
+// The call then fails closed (`GuardError` `unavailable`), naming both.
+
+/** The answer a run gets for a store call the journal cannot give yet. */
+const NOT_YET = { tag: 'unavailable', val: 'asynchronous store call pending (replay)' };
+
+/**
+ * Thrown into the guest as `store-error` (an own `payload`, as idem-abi.js
+ * and jco look for). Not an Error: capturing a stack through the guest's
+ * frames cost more than the rest of a replayed call.
+ */
+class Unanswered {
+  constructor(payload) {
+    this.payload = payload;
+  }
+}
+
+/** At most this many runs of one export: each run but the last adds one store answer. */
+const MAX_RUNS = 32;
+
+/**
+ * The import answers of one export call, in the order the guest asked for
+ * them: `{ op, key, value }`, `{ op, key, error }` (a thrown value), or, for
+ * the clock and the randomness, `{ op, value }`.
+ */
+export class Journal {
+  entries = [];
+  /** Where the current run reads next. */
+  at = 0;
+  /** The store call the current run asked for beyond the journal: `{ op, key, args }`. */
+  pending = null;
+  /** Why the current run disagreed with the journal, or null. */
+  diverged = null;
+
+  rewind() {
+    this.at = 0;
+    this.pending = null;
+    this.diverged = null;
+  }
+
+  /** A clock or random answer: the journal's, else `fresh()` recorded (not once the run is lost). */
+  local(op, fresh) {
+    if (this.pending || this.diverged) return fresh();
+    if (this.at < this.entries.length) {
+      const entry = this.entries[this.at++];
+      if (entry.op === op) return entry.value;
+      this.diverged = `the guest asked for ${op} where the journal holds ${describe(entry)}`;
+      return fresh();
+    }
+    const value = fresh();
+    this.entries.push({ op, value });
+    this.at += 1;
+    return value;
+  }
+
+  /** A store answer: the journal's (returned, or thrown), else remembered as pending and answered unavailable. */
+  store(op, key, args) {
+    if (this.pending || this.diverged) throw new Unanswered(NOT_YET);
+    if (this.at < this.entries.length) {
+      const entry = this.entries[this.at++];
+      if (entry.op !== op || entry.key !== key) {
+        this.diverged = `the guest asked for ${op}(${JSON.stringify(key)}) where the journal holds ${describe(entry)}`;
+        throw new Unanswered({ tag: 'unavailable', val: this.diverged });
+      }
+      if ('error' in entry) throw entry.error;
+      return entry.value;
+    }
+    this.pending = { op, key, args };
+    throw new Unanswered(NOT_YET);
+  }
+
+  /** Performs the pending call on `store` and appends its answer. */
+  async settle(store) {
+    const { op, key, args } = this.pending;
+    this.pending = null;
+    try {
+      this.entries.push({ op, key, value: await store[op](...args) });
+    } catch (error) {
+      // A `StoreError` reaches the guest as `store-error`; anything else
+      // thrown is a host bug and traps the instance on the next run.
+      this.entries.push({ op, key, error });
+    }
+  }
+}
+
+function describe(entry) {
+  return entry.key === undefined ? entry.op : `${entry.op}(${JSON.stringify(entry.key)})`;
+}
+
+/**
+ * The store, clock and random the guest instance of an asynchronous guard
+ * is given: each answers from the journal of the export call running now
+ * (runs are synchronous, so there is at most one).
+ */
+export class JournalPort {
+  /** The journal of the run in progress (null between runs). */
+  journal = null;
+  #clock;
+  #random;
+
+  constructor(clock, random) {
+    this.#clock = clock;
+    this.#random = random;
+  }
+
+  #current() {
+    if (!this.journal) throw new Error('a guest import was called outside a journaled run');
+    return this.journal;
+  }
+
+  nowMs() {
+    return this.#current().local('now-ms', () => this.#clock.nowMs());
+  }
+
+  randomU64() {
+    return this.#current().local('random-u64', () => this.#random.randomU64());
+  }
+
+  get(key, nowMs) {
+    return this.#current().store('get', key, [key, nowMs]);
+  }
+
+  insert(key, record, nowMs) {
+    return this.#current().store('insert', key, [key, record, nowMs]);
+  }
+
+  replace(key, expectedVersion, record, nowMs) {
+    return this.#current().store('replace', key, [key, expectedVersion, record, nowMs]);
+  }
+
+  delete(key, expectedVersion) {
+    return this.#current().store('delete', key, [key, expectedVersion]);
+  }
+}
+
+/**
+ * Runs `call()` (one synchronous run of an export over `port`) until a run
+ * needs no new store answer, performing each pending call on `store` in
+ * between. Resolves to the last run's result. `call` reports a trap by
+ * throwing; a run that traps is not replayed (the trap is rethrown, nothing
+ * more is sent to the store). `onDiverged(message)` makes the error for a
+ * run that disagreed with the journal.
+ */
+export async function replay(port, store, call, onDiverged) {
+  const journal = new Journal();
+  for (let run = 1; ; run++) {
+    journal.rewind();
+    port.journal = journal;
+    let value;
+    try {
+      value = call();
+    } finally {
+      port.journal = null;
+    }
+    if (journal.diverged) throw onDiverged(journal.diverged);
+    if (!journal.pending) return value;
+    if (run === MAX_RUNS) throw onDiverged(`still asking the store for more after ${MAX_RUNS} runs`);
+    await journal.settle(store);
+  }
+}

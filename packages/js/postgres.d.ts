@@ -1,0 +1,41 @@
+// Types of @idem/guard/postgres (postgres.js): the store primitives on
+// PostgreSQL in the shared on-store layout (wit/store-layout/README.md).
+// Needs the optional peer dependency `pg`.
+
+import type { AsyncStore, Entry, InsertOutcome, StoredRecord } from './index.js';
+
+export interface PostgresStoreOptions {
+  /** `postgres://user[:password]@host[:port]/db`. */
+  url: string;
+  /** The table (default `idem_records`): 1 to 48 characters of a-z, 0-9 and _, not starting with a digit. */
+  table?: string;
+  /** Connections at most (default 10). */
+  poolSize?: number;
+  /** How long a connection or a statement may take before it fails as unavailable (default 2 000 ms). */
+  timeoutMs?: number;
+}
+
+/** The table layout this package reads and writes (2). */
+export declare const SCHEMA_VERSION: number;
+
+/** The store primitives on PostgreSQL; a `Guard` over it is an `AsyncGuard`. */
+export declare class PostgresStore implements AsyncStore {
+  /** Creates the table if needed, checks its schema version, opens the pool; rejects if the server does not answer. */
+  static open(options: PostgresStoreOptions): Promise<PostgresStore>;
+  private constructor();
+  readonly async: true;
+  /** The table the records are in. */
+  readonly table: string;
+  get(key: string, nowMs: bigint): Promise<Entry | undefined>;
+  insert(key: string, record: StoredRecord, nowMs: bigint): Promise<InsertOutcome>;
+  replace(key: string, expectedVersion: bigint, record: StoredRecord, nowMs: bigint): Promise<bigint | undefined>;
+  delete(key: string, expectedVersion?: bigint): Promise<boolean>;
+  /** Closes every connection of the pool. */
+  close(): Promise<void>;
+}
+
+/** The record as the statements' parameters after the key, in the layout's column order. */
+export declare function recordParams(record: StoredRecord): unknown[];
+
+/** The entry in the layout's twelve columns of an array row from column `at`; throws a corrupt `StoreError` naming `key`. */
+export declare function decodeRow(key: string, row: unknown[], at?: number): Entry;

@@ -1,0 +1,38 @@
+// Types of @idem/guard/redis (redis.js): the store primitives on Redis in the
+// shared on-store layout (wit/store-layout/README.md). Needs the optional
+// peer dependency `ioredis`.
+
+import type { AsyncStore, Entry, InsertOutcome, StoredRecord } from './index.js';
+
+export interface RedisStoreOptions {
+  /** `redis://[[user]:password@]host[:port][/db]` (default redis://127.0.0.1:6379). */
+  url?: string;
+  /** Put before every key (default ''); hosts sharing keys use the same. */
+  prefix?: string;
+  /** How much longer than a record's life (by the guard's clock) Redis keeps it (default 60 000 ms). */
+  graceMs?: number;
+  /** How long a connection or a command may take before it fails as unavailable (default 2 000 ms). */
+  timeoutMs?: number;
+}
+
+/** The store primitives on Redis; a `Guard` over it is an `AsyncGuard`. */
+export declare class RedisStore implements AsyncStore {
+  /** Connects and loads the layout's scripts; rejects if the server does not answer. */
+  static open(options?: RedisStoreOptions): Promise<RedisStore>;
+  private constructor();
+  readonly async: true;
+  /** The prefix every key is stored under. */
+  readonly prefix: string;
+  get(key: string, nowMs: bigint): Promise<Entry | undefined>;
+  insert(key: string, record: StoredRecord, nowMs: bigint): Promise<InsertOutcome>;
+  replace(key: string, expectedVersion: bigint, record: StoredRecord, nowMs: bigint): Promise<bigint | undefined>;
+  delete(key: string, expectedVersion?: bigint): Promise<boolean>;
+  /** Closes the connection after the commands sent so far are answered. */
+  close(): Promise<void>;
+}
+
+/** A record at `version` as the bytes stored for it. */
+export declare function encodeValue(version: bigint, record: StoredRecord): Uint8Array;
+
+/** The entry stored as `value`; throws a `StoreError` (`corrupt`, naming `key`) when it does not decode. */
+export declare function decodeValue(key: string, value: Uint8Array): Entry;

@@ -1,0 +1,364 @@
+// @idem/guard/redis: the store primitives of wit/store.wit on Redis (or
+// Valkey), in the on-store layout every idem host shares
+// (wit/store-layout/README.md): a key claimed here is in flight for
+// `idem serve` and the Python package pointed at the same server and prefix,
+// and replayed by them byte for byte.
+//
+//   import { Guard } from '@idem/guard';
+//   import { RedisStore } from '@idem/guard/redis';
+//
+//   const store = await RedisStore.open({ url: 'redis://127.0.0.1:6379', prefix: 'shop:' });
+//   const guard = Guard.load({ store });          // asynchronous: begin/complete/... return Promises
+//   const outcome = await guard.run('order-1', 'sku=A&qty=1', async () => ({ status: 201, body: 'ok' }));
+//   await store.close();
+//
+// Each record is one string at `{prefix}{key}`: the header
+// "{version} {expires_at_ms}\n" then the record, big-endian. A claim is
+// `SET NX GET PX`; a claim of a record expired by the guard's clock that
+// Redis still holds (its grace period), a replace and a delete at a version
+// are the layout's Lua scripts (EVALSHA, loaded again on NOSCRIPT). Expiry
+// compares the guard's `nowMs`, never the server's clock; PX is the record's
+// remaining life by the guard's clock plus `graceMs`.
+//
+// The client is ioredis: its `*Buffer` commands return replies as bytes (a
+// record is binary), it has a per-command timeout, and with its offline
+// queue off a command sent while the server is unreachable fails at once
+// instead of waiting for a reconnect, so the guard fails closed without
+// delay while ioredis reconnects in the background.
+
+import { createHash } from 'node:crypto';
+import { Redis, ReplyError } from 'ioredis';
+import { StoreError } from './index.js';
+import { layoutFile } from './layout.js';
+
+const NAME = 'redis';
+const MAX_U64 = 2n ** 64n - 1n;
+/** The header "{version} {expires_at_ms}\n" fits in this many bytes (two u64s); the scripts read bytes 0..=41. */
+const HEADER_MAX = 42;
+
+function corrupt(key, reason) {
+  return new StoreError('corrupt', `${NAME} store: the record for key ${JSON.stringify(key)} does not decode: ${reason}`);
+}
+
+function unavailable(reason) {
+  return new StoreError('unavailable', `${NAME} store: ${reason}`);
+}
+
+// --- the value: wit/store-layout/README.md, "Value" -------------------------
+
+/** A record at `version` as the bytes stored for it (a Buffer). */
+export function encodeValue(version, record) {
+  const header = `${version} ${record.expiresAtMs}\n`;
+  const fingerprint = Buffer.from(record.fingerprint, 'utf8');
+  const response = record.response;
+  const headers = response ? response.headers.map(([name, value]) => [Buffer.from(name, 'utf8'), value]) : [];
+  const checkpoint = record.checkpoint;
+  const phase = checkpoint ? Buffer.from(checkpoint.phase, 'utf8') : null;
+  let size = header.length + 8 + 1 + 4 + fingerprint.length + 1 + 8 + 1;
+  if (response) {
+    size += 2 + 4 + 4 + response.body.length;
+    for (const [name, value] of headers) size += 8 + name.length + value.length;
+  }
+  if (checkpoint) size += 8 + phase.length + checkpoint.data.length;
+  const out = Buffer.allocUnsafe(size);
+  let at = out.write(header, 0, 'latin1');
+  const bytes = (b) => {
+    out.writeUInt32BE(b.length, at);
+    out.set(b, at + 4);
+    at += 4 + b.length;
+  };
+  at = out.writeBigUInt64BE(record.leaseUntilMs, at);
+  at = out.writeUInt8(record.state === 'done' ? 1 : 0, at);
+  bytes(fingerprint);
+  if (response) {
+    at = out.writeUInt8(1, at);
+    at = out.writeUInt16BE(response.status, at);
+    at = out.writeUInt32BE(headers.length, at);
+    for (const [name, value] of headers) {
+      bytes(name);
+      bytes(value);
+    }
+    bytes(response.body);
+  } else {
+    at = out.writeUInt8(0, at);
+  }
+  at = out.writeBigUInt64BE(record.holder ?? 0n, at);
+  if (checkpoint) {
+    at = out.writeUInt8(1, at);
+    bytes(phase);
+    bytes(checkpoint.data);
+  } else {
+    at = out.writeUInt8(0, at);
+  }
+  return out;
+}
+
+const DIGITS = /^[0-9]+$/;
+
+/** The header's length, version and expiry, or null when it does not decode. */
+function header(value) {
+  const end = value.subarray(0, HEADER_MAX).indexOf(0x0a);
+  if (end < 0) return null;
+  const text = value.latin1Slice(0, end);
+  const space = text.indexOf(' ');
+  if (space < 0) return null;
+  const version = text.slice(0, space);
+  const expires = text.slice(space + 1);
+  if (!DIGITS.test(version) || !DIGITS.test(expires)) return null;
+  const v = BigInt(version);
+  const e = BigInt(expires);
+  if (v > MAX_U64 || e > MAX_U64) return null;
+  return { start: end + 1, version: v, expiresAtMs: e };
+}
+
+/** Reads the layout's fields in order; each failure names what it was reading. */
+class Reader {
+  constructor(buf, at) {
+    this.buf = buf;
+    this.at = at;
+  }
+  #need(n, what) {
+    if (this.at + n > this.buf.length) throw new Error(`ends inside ${what}`);
+    const at = this.at;
+    this.at += n;
+    return at;
+  }
+  empty() {
+    return this.at === this.buf.length;
+  }
+  u8(what) {
+    return this.buf.readUInt8(this.#need(1, what));
+  }
+  u16(what) {
+    return this.buf.readUInt16BE(this.#need(2, what));
+  }
+  u32(what) {
+    return this.buf.readUInt32BE(this.#need(4, what));
+  }
+  u64(what) {
+    return this.buf.readBigUInt64BE(this.#need(8, what));
+  }
+  bytes(what) {
+    const n = this.u32(`the length of ${what}`);
+    const at = this.#need(n, what);
+    return new Uint8Array(this.buf.subarray(at, at + n)); // a copy: the reply buffer is not kept
+  }
+  text(what) {
+    const n = this.u32(`the length of ${what}`);
+    const at = this.#need(n, what);
+    try {
+      return new TextDecoder('utf-8', { fatal: true }).decode(this.buf.subarray(at, at + n));
+    } catch {
+      throw new Error(`has ${what} that is not UTF-8`);
+    }
+  }
+}
+
+/** The entry `{ record, version }` stored as `value`; a corrupt StoreError naming `key` when it does not decode. */
+export function decodeValue(key, value) {
+  const head = header(value);
+  if (!head) throw corrupt(key, 'the stored record has no "{version} {expires_at_ms}" header');
+  const r = new Reader(value, head.start);
+  try {
+    const leaseUntilMs = r.u64('the lease');
+    const stateByte = r.u8('the state');
+    if (stateByte > 1) throw new Error(`has an unknown state ${stateByte}`);
+    const fingerprint = r.text('the fingerprint');
+    let response;
+    const flag = r.u8('the response flag');
+    if (flag === 1) {
+      const status = r.u16('the status');
+      const count = r.u32('the header count');
+      const headers = [];
+      for (let i = 0; i < count; i++) headers.push([r.text('a header name'), r.bytes('a header value')]);
+      response = { status, headers, body: r.bytes('the body') };
+    } else if (flag !== 0) {
+      throw new Error(`has an unknown response flag ${flag}`);
+    }
+    // A 0.1 host's value ends here: holder 0, no checkpoint.
+    let holder = 0n;
+    let checkpoint;
+    if (!r.empty()) {
+      holder = r.u64('the holder');
+      const cflag = r.u8('the checkpoint flag');
+      if (cflag === 1) checkpoint = { phase: r.text("the checkpoint's phase"), data: r.bytes("the checkpoint's data") };
+      else if (cflag !== 0) throw new Error(`has an unknown checkpoint flag ${cflag}`);
+    }
+    if (!r.empty()) throw new Error(`has ${value.length - r.at} bytes after its end`);
+    const record = { fingerprint, state: stateByte === 1 ? 'done' : 'processing', holder, leaseUntilMs, expiresAtMs: head.expiresAtMs };
+    if (response) record.response = response;
+    if (checkpoint) record.checkpoint = checkpoint;
+    return { record, version: head.version };
+  } catch (e) {
+    if (e instanceof StoreError) throw e;
+    throw corrupt(key, `the stored record ${e.message}`);
+  }
+}
+
+// --- the store ---------------------------------------------------------------
+
+/** A Lua script of the layout, run by its SHA1 and loaded again when the server lost it. */
+class Script {
+  constructor(file) {
+    this.text = layoutFile(`redis/${file}`);
+    this.sha = createHash('sha1').update(this.text).digest('hex');
+  }
+}
+
+const SCRIPTS = {};
+const script = (name) => (SCRIPTS[name] ??= new Script(`${name}.lua`));
+
+/**
+ * The store primitives on a Redis server, asynchronous (`async: true`): a
+ * `Guard` over it replays each call from a journal and returns Promises.
+ */
+export class RedisStore {
+  /** Tells `Guard` that the primitives return Promises. */
+  async = true;
+  #client;
+  #prefix;
+  #graceMs;
+  #timeoutMs;
+
+  /**
+   * Connects (failing if the server does not answer within the timeout) and
+   * loads the layout's scripts.
+   *
+   * @param {object} options
+   * @param {string} options.url       `redis://[[user]:password@]host[:port][/db]` (default redis://127.0.0.1:6379)
+   * @param {string} options.prefix    put before every key (default ''); hosts sharing keys use the same
+   * @param {number} options.graceMs   how much longer than a record's life Redis keeps it (default 60 000)
+   * @param {number} options.timeoutMs how long a command may take before it fails as unavailable (default 2 000)
+   */
+  static async open({ url = 'redis://127.0.0.1:6379', prefix = '', graceMs = 60_000, timeoutMs = 2_000 } = {}) {
+    if (typeof prefix !== 'string') throw new TypeError('prefix must be a string');
+    if (!(Number.isInteger(graceMs) && graceMs >= 0)) throw new RangeError(`graceMs ${graceMs} must be a whole number of milliseconds`);
+    if (!(Number.isInteger(timeoutMs) && timeoutMs > 0)) throw new RangeError(`timeoutMs ${timeoutMs} must be a positive whole number of milliseconds`);
+    const client = new Redis(url, {
+      lazyConnect: true,
+      enableOfflineQueue: false,
+      commandTimeout: timeoutMs,
+      connectTimeout: timeoutMs,
+      maxRetriesPerRequest: 0,
+      // Reconnect in the background, at most a second apart: meanwhile every call fails as unavailable.
+      retryStrategy: (times) => Math.min(times * 100, 1_000),
+    });
+    // Without a listener an unreachable server's errors would be unhandled events.
+    client.on('error', () => {});
+    try {
+      await client.connect();
+      for (const name of ['claim_expired', 'replace', 'delete_at']) await client.script('LOAD', script(name).text);
+    } catch (e) {
+      client.disconnect();
+      throw new Error(`${NAME} store: cannot open ${shown(url)}: ${e?.message ?? e}`);
+    }
+    return new RedisStore(client, prefix, graceMs, timeoutMs);
+  }
+
+  constructor(client, prefix, graceMs, timeoutMs) {
+    this.#client = client;
+    this.#prefix = prefix;
+    this.#graceMs = BigInt(graceMs);
+    this.#timeoutMs = timeoutMs;
+  }
+
+  /** The prefix every key is stored under. */
+  get prefix() {
+    return this.#prefix;
+  }
+
+  /** Closes the connection (after the commands sent so far are answered). */
+  async close() {
+    try {
+      await this.#client.quit();
+    } catch {
+      this.#client.disconnect();
+    }
+  }
+
+  #full(key) {
+    return this.#prefix + key;
+  }
+
+  /** PX: the record's remaining life by the guard's clock, plus the grace; at least 1. */
+  #ttl(record, nowMs) {
+    const rest = record.expiresAtMs > nowMs ? record.expiresAtMs - nowMs : 0n;
+    const ttl = rest + this.#graceMs;
+    return String(ttl < 1n ? 1n : ttl);
+  }
+
+  /** One command; a server that cannot be reached or does not answer in time is unavailable. */
+  async #send(key, run) {
+    try {
+      return await run(this.#client);
+    } catch (e) {
+      if (e instanceof ReplyError && /^WRONGTYPE/.test(e.message)) {
+        throw corrupt(key, 'the key holds a Redis value that is not a string: not an idem record');
+      }
+      throw unavailable(e?.message === 'Command timed out' ? `no answer within ${this.#timeoutMs} ms` : (e?.message ?? String(e)));
+    }
+  }
+
+  /** EVALSHA of a layout script on one key; SCRIPT LOAD and again when the server has lost it. */
+  #eval(key, name, args) {
+    const s = script(name);
+    return this.#send(key, async (client) => {
+      try {
+        return await client.evalshaBuffer(s.sha, 1, this.#full(key), ...args);
+      } catch (e) {
+        if (!(e instanceof ReplyError && /^NOSCRIPT/.test(e.message))) throw e;
+        await client.script('LOAD', s.text);
+        return await client.evalshaBuffer(s.sha, 1, this.#full(key), ...args);
+      }
+    });
+  }
+
+  async get(key, nowMs) {
+    const value = await this.#send(key, (client) => client.getBuffer(this.#full(key)));
+    if (value === null) return undefined;
+    const entry = decodeValue(key, value);
+    return nowMs < entry.record.expiresAtMs ? entry : undefined;
+  }
+
+  async insert(key, record, nowMs) {
+    const ttl = this.#ttl(record, nowMs);
+    const value = encodeValue(1n, record);
+    const held = await this.#send(key, (client) => client.callBuffer('SET', this.#full(key), value, 'NX', 'GET', 'PX', ttl));
+    if (held === null) return { tag: 'inserted', val: 1n };
+    const entry = decodeValue(key, held);
+    if (nowMs < entry.record.expiresAtMs) return { tag: 'existing', val: entry };
+    // Expired by the guard's clock, still held by Redis (the grace period).
+    const rest = value.subarray(value.indexOf(0x0a) + 1);
+    const reply = await this.#eval(key, 'claim_expired', [String(nowMs), ttl, String(record.expiresAtMs), rest]);
+    if (Array.isArray(reply)) {
+      if (reply[0] === 0 && reply.length === 2) return { tag: 'inserted', val: BigInt(reply[1]) };
+      if (reply[0] === 1 && reply.length === 2 && Buffer.isBuffer(reply[1])) return { tag: 'existing', val: decodeValue(key, reply[1]) };
+      if (reply[0] === 2) throw corrupt(key, 'the stored record has no "{version} {expires_at_ms}" header');
+    }
+    throw unavailable('unexpected reply from claim_expired');
+  }
+
+  async replace(key, expectedVersion, record, nowMs) {
+    if (expectedVersion >= MAX_U64) return undefined; // expected + 1 overflows: refused, not an error
+    const version = expectedVersion + 1n;
+    const value = encodeValue(version, record);
+    const reply = await this.#eval(key, 'replace', [String(expectedVersion), String(nowMs), this.#ttl(record, nowMs), value]);
+    if (reply === 1) return version;
+    if (reply === 0) return undefined;
+    if (reply === -1) throw corrupt(key, 'the stored record has no "{version} {expires_at_ms}" header');
+    throw unavailable('unexpected reply from replace');
+  }
+
+  async delete(key, expectedVersion) {
+    const removed =
+      expectedVersion === undefined
+        ? await this.#send(key, (client) => client.del(this.#full(key)))
+        : await this.#eval(key, 'delete_at', [String(expectedVersion)]);
+    return removed === 1;
+  }
+}
+
+/** The URL without its password, for messages. */
+function shown(url) {
+  return url.replace(/\/\/([^@/]*):[^@/]*@/, '//$1:***@');
+}
