@@ -2,7 +2,9 @@
 # Runs the conformance scenarios in the JavaScript and Python hosts against the
 # exact component bytes the Rust host embeds, builds the npm package
 # @idem/guard with those bytes (packages/js/build.sh, tarball in the target
-# directory) and tests it installed. Exits non-zero on any failure.
+# directory) and tests it installed, then runs examples/interop (idem serve, a
+# Node.js service and a Python worker sharing one Redis and one PostgreSQL).
+# Exits non-zero on any failure.
 #
 #   examples/run-polyglot-tests.sh [REPO_ROOT]
 #
@@ -94,6 +96,12 @@ echo "== Python package and host ($(python3.11 --version))"
     IDEM_TEST_SKIP_NETSTORES="${IDEM_TEST_SKIP_NETSTORES:-}" \
     "$venv/bin/python" -m pytest -q -p no:cacheprovider tests)
   (cd "$root/examples/python" && "$venv/bin/python" -m pytest -q -p no:cacheprovider)
+)
+
+echo "== interop: idem serve, a Node.js service and a Python worker on one Redis and one PostgreSQL"
+(
+  # The gateway is the idem binary the component came from (IDEM_BIN, above).
+  cd "$root/examples/interop" && "$target/polyglot-venv/bin/python" -m pytest -q -p no:cacheprovider
 )
 
 echo "== every host agrees with every scenario"

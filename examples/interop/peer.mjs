@@ -70,5 +70,5 @@ for await (const line of lines) {
     answer = e instanceof GuardError ? { error: e.kind, detail: e.detail } : { error: 'exception', detail: String(e?.stack ?? e) };
   }
   process.stdout.write(`${JSON.stringify(answer)}\n`);
-  if (JSON.parse(line).op === 'close') break;
+  if (JSON.parse(line).op === 'close') process.exit(0);
 }

@@ -171,7 +171,7 @@ def hosts(request):
         from idem_guard.redis import RedisStore
 
         py_store = RedisStore(url, prefix=prefix)
-        gateway_url = f"{url.rstrip('/')}/?prefix={prefix}" if "?" not in url else f"{url}&prefix={prefix}"
+        gateway_url = f"{url}{'&' if '?' in url else '?'}prefix={prefix}"
         node_open = {"store": "redis", "url": url, "prefix": prefix}
     else:
         url = need("IDEM_TEST_POSTGRES_URL")
@@ -189,9 +189,16 @@ def hosts(request):
     node.close()
     gateway.close()
     upstream.close()
-    if kind == "postgres":
-        py_store.drop_table() if hasattr(py_store, "drop_table") else _drop(url, run)
     py_store.close()
+    if kind == "postgres":
+        _drop(url, run)
+    else:
+        import redis
+
+        with redis.Redis.from_url(url) as r:
+            keys = list(r.scan_iter(match=f"{prefix}*"))
+            if keys:
+                r.delete(*keys)
 
 
 def _drop(url: str, table: str) -> None:
