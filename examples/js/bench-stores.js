@@ -1,0 +1,104 @@
+// The cost of one guarded call on Redis from Node.js, next to the raw
+// commands of the same claim and completion and to @node-idempotency/core on
+// the same server, in one run. Rounds alternate the order of the rows, so a
+// busy machine slows them alike; the median round is printed.
+// `node bench-stores.js [OPS] [ROUNDS]`, with IDEM_TEST_REDIS_URL (default
+// redis://127.0.0.1:6379); keys go under `idembench_js_{pid}:`, removed
+// afterwards.
+//
+// - guarded begin+complete: `AsyncGuard.begin` + `complete` on a new key over
+//   `RedisStore` (ioredis): one `SET NX GET`, one `EVALSHA replace`, each call
+//   replayed from its journal (two runs of the export per call).
+// - guard.run: the same through `run`, lease renewal armed.
+// - raw SET NX + SET: ioredis's two round trips any claim-then-complete needs,
+//   with nothing decided.
+// - node-idempotency: `Idempotency.onRequest` + `onResponse` of
+//   @node-idempotency/core 1.0.11 over its Redis adapter (node-redis 4).
+
+import { Guard } from '@idem/guard';
+import { RedisStore } from '@idem/guard/redis';
+import { Idempotency } from '@node-idempotency/core';
+import { RedisStorageAdapter } from '@node-idempotency/storage-adapter-redis';
+import { Redis } from 'ioredis';
+
+const ops = Number(process.argv[2] ?? 2_000);
+const rounds = Number(process.argv[3] ?? 5);
+const url = process.env.IDEM_TEST_REDIS_URL || 'redis://127.0.0.1:6379';
+const prefix = `idembench_js_${process.pid}:`;
+const response = { status: 200, headers: [['content-type', 'text/plain']], body: 'paid' };
+const value = Buffer.alloc(120, 1); // about a record's size
+
+const store = await RedisStore.open({ url, prefix });
+const guard = Guard.load({ store });
+const raw = new Redis(url);
+const adapter = new RedisStorageAdapter({ url });
+await adapter.connect();
+const idempotency = new Idempotency(adapter, { keyHeader: 'idempotency-key' });
+
+const rows = {
+  'raw SET NX + SET (ioredis)': (tag) => async (i) => {
+    const key = `${prefix}r:${tag}${i}`;
+    if ((await raw.set(key, value, 'PX', 86_400_000, 'NX')) !== 'OK') throw new Error('a new key must be set');
+    await raw.set(key, value, 'PX', 86_400_000);
+  },
+  'guarded begin+complete': (tag) => async (i) => {
+    const decision = await guard.begin(`g:${tag}${i}`, 'sku=A&qty=1');
+    if (decision.tag !== 'proceed') throw new Error(`a new key must proceed, got ${decision.tag}`);
+    await guard.complete(decision.val, response);
+  },
+  'guard.run': (tag) => async (i) => {
+    const result = await guard.run(`u:${tag}${i}`, 'sku=A&qty=1', async () => response);
+    if (result.outcome !== 'executed') throw new Error(`a new key must execute, got ${result.outcome}`);
+  },
+  'node-idempotency onRequest+onResponse': (tag) => async (i) => {
+    const req = {
+      method: 'POST',
+      path: '/pay',
+      headers: { 'idempotency-key': `${prefix}n:${tag}${i}` },
+      body: { sku: 'A', qty: 1 },
+    };
+    if ((await idempotency.onRequest(req)) !== undefined) throw new Error('a new key must proceed');
+    await idempotency.onResponse(req, { body: 'paid', additional: { status: 200 } });
+  },
+};
+
+async function timed(n, call) {
+  const start = process.hrtime.bigint();
+  for (let i = 0; i < n; i++) await call(i);
+  return Number(process.hrtime.bigint() - start) / n / 1000;
+}
+
+const results = Object.fromEntries(Object.keys(rows).map((name) => [name, []]));
+try {
+  for (let r = 0; r < rounds; r++) {
+    const order = r % 2 === 0 ? Object.keys(rows) : Object.keys(rows).reverse();
+    for (const name of order) {
+      await timed(Math.max(1, Math.floor(ops / 10)), rows[name](`w${r}-`));
+      results[name].push(await timed(ops, rows[name](`${r}-`)));
+    }
+  }
+} finally {
+  // node-idempotency writes its own keys (under its own prefix, holding ours).
+  for (const pattern of [`${prefix}*`, `*${prefix}*`]) {
+    let cursor = '0';
+    do {
+      const [next, keys] = await raw.scan(cursor, 'MATCH', pattern, 'COUNT', 5000);
+      if (keys.length) await raw.del(...keys);
+      cursor = next;
+    } while (cursor !== '0');
+  }
+  raw.disconnect();
+  await adapter.disconnect();
+  await store.close();
+}
+
+const load = (await import('node:fs')).readFileSync('/proc/loadavg', 'utf8').split(' ').slice(0, 3).join(' ');
+console.log(`load average: ${load}`);
+const median = (xs) => [...xs].sort((a, b) => a - b)[Math.floor(xs.length / 2)];
+const base = median(results['raw SET NX + SET (ioredis)']);
+for (const [name, times] of Object.entries(results)) {
+  const m = median(times);
+  console.log(
+    `node    ${name.padEnd(40)} ${String(ops).padStart(6)} ops  ${m.toFixed(1).padStart(8)} µs/op  ${(m / base).toFixed(2)}× raw  (median of ${rounds})`,
+  );
+}
