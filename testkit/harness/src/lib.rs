@@ -7,7 +7,7 @@
 //!   read from its screen, as a person uses it;
 //! - [`unique`]: keys no other test, process or run uses, for the stores a
 //!   test shares with others;
-//! - [`server_url`]: the URL of a test server, or why the test skips.
+//! - [`server_url`]: the URL of a test server; a test without one fails unless skipping is asked for.
 //!
 //! ```
 //! let a = idem_harness::unique("order");
@@ -32,17 +32,20 @@ pub fn unique(name: &str) -> String {
     )
 }
 
-/// The URL in the environment variable `var`, or `None` after saying why
-/// the test skips: a test that needs a server passes without one, as CI
-/// sets them all.
+/// The URL in the environment variable `var`. Without it the test fails,
+/// naming the variable, unless `IDEM_TEST_SKIP_NETSTORES=1` says to skip
+/// (then `None`, after saying so): a run never passes by skipping silently.
 pub fn server_url(var: &str) -> Option<String> {
     match std::env::var(var) {
         Ok(url) if !url.is_empty() => Some(url),
-        _ => {
-            eprintln!(
-                "skipped: {var} is not set (CI sets it; e.g. {var}=redis://127.0.0.1:6379 or postgres://postgres@127.0.0.1:5432/test)"
-            );
+        _ if std::env::var("IDEM_TEST_SKIP_NETSTORES").as_deref() == Ok("1") => {
+            eprintln!("skipped: {var} is not set and IDEM_TEST_SKIP_NETSTORES=1");
             None
         }
+        _ => panic!(
+            "{var} is not set: this test needs its server (scripts/test-all.sh starts them and sets it, \
+             e.g. {var}=redis://127.0.0.1:6379 or postgres://postgres@127.0.0.1:5432/test). \
+             Set IDEM_TEST_SKIP_NETSTORES=1 to skip the tests that need a server on purpose."
+        ),
     }
 }
