@@ -19,7 +19,8 @@
 // discarded whole.
 //
 // A run that asks for something else than the journal holds at the same
-// place (another primitive, or another key) has diverged: the guest broke
+// place (another primitive, or another key), or returns before it has read
+// every answer the journal holds, has diverged: the guest broke
 // its side of the contract, or a store answered differently on a replay.
 // The call then fails closed (`GuardError` `unavailable`), naming both.
 
@@ -175,7 +176,13 @@ export async function replay(port, store, call, onDiverged) {
       port.journal = null;
     }
     if (journal.diverged) throw onDiverged(journal.diverged);
-    if (!journal.pending) return value;
+    if (!journal.pending) {
+      // A run that ends without the answers an earlier run asked for decided on less than they say.
+      if (journal.at < journal.entries.length) {
+        throw onDiverged(`the guest returned after ${journal.at} of the journal's ${journal.entries.length} answers`);
+      }
+      return value;
+    }
     if (run === MAX_RUNS) throw onDiverged(`still asking the store for more after ${MAX_RUNS} runs`);
     await journal.settle(store);
   }

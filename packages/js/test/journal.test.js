@@ -208,6 +208,46 @@ test('a guest that asks for something else on a replay fails closed, and the sto
   assert.deepEqual(calls, ['key-1']);
 });
 
+test('a guest that returns on a replay before reading every recorded answer fails closed', async () => {
+  // A stand-in binding whose "begin" reads the store on its first run only.
+  let run = 0;
+  const guest = {
+    instantiate(store) {
+      return {
+        begin() {
+          run += 1;
+          if (run === 1) {
+            try {
+              store.get('key', 0n);
+            } catch {
+              // pending: answered after this run
+            }
+          }
+          return { tag: 'conflict' };
+        },
+      };
+    },
+  };
+  const calls = [];
+  const store = {
+    async: true,
+    async get(key) {
+      calls.push(key);
+      return undefined;
+    },
+    insert: async () => assert.fail('no insert'),
+    replace: async () => assert.fail('no replace'),
+  };
+  const guard = Guard.load({ store, guest, renewLease: false });
+  await assert.rejects(guard.begin('k', 'fp'), (e) => {
+    assert.ok(e instanceof GuardError, String(e));
+    assert.equal(e.kind, 'unavailable');
+    assert.match(e.detail, /replay diverged: the guest returned after 0 of the journal's 1 answers/);
+    return true;
+  });
+  assert.deepEqual(calls, ['key']);
+});
+
 test('a StoreError an asynchronous store rejects with reaches the guard as store-error', async () => {
   const store = {
     async: true,
