@@ -15,8 +15,10 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import socket
 import threading
 import time
+import urllib.parse
 from typing import Any, Iterator
 
 import pytest
@@ -352,6 +354,65 @@ def test_a_postgres_server_that_cannot_be_reached_fails_closed(tables: Tables) -
     ran: list[int] = []
     outcome = Guard(store=store).run("k", "fp", lambda fence: ran.append(fence) or Response(200))
     assert outcome.kind == "unavailable" and ran == []
+
+
+class SilentProxy:
+    """A TCP proxy to `port` on 127.0.0.1 that, once `silence()` is called,
+    keeps every connection open and forwards nothing more: a server that
+    went silent (a partition, a frozen process)."""
+
+    def __init__(self, port: int):
+        self.silent = threading.Event()
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.port = self.listener.getsockname()[1]
+        self.target = port
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                client, _ = self.listener.accept()
+            except OSError:
+                return
+            server = socket.create_connection(("127.0.0.1", self.target))
+            for a, b in ((client, server), (server, client)):
+                threading.Thread(target=self._pipe, args=(a, b), daemon=True).start()
+
+    def _pipe(self, src: socket.socket, dst: socket.socket) -> None:
+        try:
+            while data := src.recv(65536):
+                if not self.silent.is_set():
+                    dst.sendall(data)
+        except OSError:
+            pass
+
+    def silence(self) -> None:
+        self.silent.set()
+
+    def close(self) -> None:
+        self.listener.close()
+
+
+def test_a_postgres_server_that_goes_silent_fails_the_sync_store_closed_within_its_deadline(tables: Tables) -> None:
+    # The server's statement_timeout cannot help here: nothing reaches it, and nothing comes back.
+    url = urllib.parse.urlsplit(tables.url)
+    proxy = SilentProxy(url.port or 5432)
+    proxied = url._replace(netloc=f"{url.username}@127.0.0.1:{proxy.port}").geturl()
+    table = tables.new()
+    try:
+        with PostgresStore(proxied, table=table, timeout_ms=300) as store:
+            guard = Guard(store=store)
+            assert guard.run("before", "fp", lambda fence: Response(200)).kind == "executed"
+            proxy.silence()
+            ran: list[int] = []
+            started = time.monotonic()
+            outcome = guard.run("after", "fp", lambda fence: ran.append(fence) or Response(200))
+            took = time.monotonic() - started
+            assert outcome.kind == "unavailable" and ran == [], outcome
+            # The deadline is twice timeout_ms (0.6 s); a hung call would wait for TCP, minutes.
+            assert took < 10, f"the store answered after {took:.1f} s"
+    finally:
+        proxy.close()
 
 
 def test_eight_threads_of_guard_run_on_one_postgres_key_run_the_handler_once(tables: Tables) -> None:

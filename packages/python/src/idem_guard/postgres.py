@@ -26,7 +26,9 @@ connection at its first use: one round trip (a claim that lost a race to a
 concurrent claimer takes a second, `settle`).
 
 Failures: a refused connection, a timeout (`timeout_ms`, default 2000: the
-pool's wait, the connect, and the server's `statement_timeout`) or any error
+pool's wait, the connect, and the server's `statement_timeout`; and twice
+`timeout_ms` as the client's own deadline on every answer, for a server that
+went silent — sync and async stores alike) or any error
 from the server is `StoreFault("unavailable")`, and the guard fails closed. A
 row that does not decode (a negative time, a state other than `processing`
 or `done`, response or checkpoint columns only partly set) is
@@ -45,6 +47,11 @@ try:
     import psycopg_pool
 except ImportError as e:  # pragma: no cover - depends on the environment
     raise ImportError("idem_guard.postgres needs psycopg 3 and psycopg_pool: pip install 'idem-guard[postgres]'") from e
+
+try:  # the interval at which psycopg's waits wake to see a Ctrl-C
+    from psycopg.connection import _WAIT_INTERVAL
+except ImportError:  # pragma: no cover - another psycopg's layout
+    _WAIT_INTERVAL = 0.1
 
 from . import layout
 from .types import Checkpoint, Entry, Record, Response, StoreFault
@@ -204,6 +211,20 @@ class _Layout:
         return StoreFault("unavailable", f"{NAME}: {type(error).__name__}: {error}".strip())
 
 
+class _DeadlineConnection(psycopg.Connection):
+    """A connection whose every wait for the server ends after `deadline_s`:
+    the server's `statement_timeout` does not cover a server that went
+    silent (a partition, a frozen process), and a sync call must not hang
+    until TCP gives up. Past it the call raises (an `OperationalError`),
+    the store answers unavailable, and the pool drops the connection, whose
+    state is unknown. Each store makes a subclass with its own deadline."""
+
+    deadline_s = 4.0
+
+    def wait(self, gen: Any, interval: float = _WAIT_INTERVAL, timeout: Optional[float] = None) -> Any:
+        return super().wait(gen, interval, self.deadline_s if timeout is None else timeout)
+
+
 class PostgresStore(_Layout):
     """The store primitives of `wit/store.wit` on a PostgreSQL table, for `Guard`.
 
@@ -236,6 +257,8 @@ class PostgresStore(_Layout):
             min_size=1,
             max_size=max(1, pool),
             kwargs={**self._pool_options(), **self._connect_options()},
+            # The client's own deadline, as the async store's: twice the server's statement_timeout.
+            connection_class=type("_Deadline", (_DeadlineConnection,), {"deadline_s": timeout_s * 2}),
             configure=self._configure,
             timeout=timeout_s,
             open=False,
