@@ -170,6 +170,19 @@ test('a store failure or a lost reply part-way through a call fails closed', asy
   assert.equal(buggy.replaced, 1);
 });
 
+/** An asynchronous store that answers every `get` with nothing, notes its key in `calls`, and allows no write. */
+function readOnlyStore(calls) {
+  return {
+    async: true,
+    async get(key) {
+      calls.push(key);
+      return undefined;
+    },
+    insert: async () => assert.fail('no insert'),
+    replace: async () => assert.fail('no replace'),
+  };
+}
+
 test('a guest that asks for something else on a replay fails closed, and the store sees nothing more', async () => {
   // A stand-in binding whose "begin" reads another key on every run: what a guest keeping state between calls would do.
   let run = 0;
@@ -189,15 +202,7 @@ test('a guest that asks for something else on a replay fails closed, and the sto
     },
   };
   const calls = [];
-  const store = {
-    async: true,
-    async get(key) {
-      calls.push(key);
-      return undefined;
-    },
-    insert: async () => assert.fail('no insert'),
-    replace: async () => assert.fail('no replace'),
-  };
+  const store = readOnlyStore(calls);
   const guard = Guard.load({ store, guest, renewLease: false });
   await assert.rejects(guard.begin('k', 'fp'), (e) => {
     assert.ok(e instanceof GuardError, String(e));
@@ -229,15 +234,7 @@ test('a guest that returns on a replay before reading every recorded answer fail
     },
   };
   const calls = [];
-  const store = {
-    async: true,
-    async get(key) {
-      calls.push(key);
-      return undefined;
-    },
-    insert: async () => assert.fail('no insert'),
-    replace: async () => assert.fail('no replace'),
-  };
+  const store = readOnlyStore(calls);
   const guard = Guard.load({ store, guest, renewLease: false });
   await assert.rejects(guard.begin('k', 'fp'), (e) => {
     assert.ok(e instanceof GuardError, String(e));

@@ -495,3 +495,10 @@ def test_the_asgi_middleware_plays_the_http_scenario_on_async_postgres(tables: T
             return await play(scenario, StoreTarget(scenario.get("config") or {}, store))
 
     assert asyncio.run(main()) > 0
+
+
+def test_a_redis_client_given_to_the_store_must_return_bytes(redis_url: str) -> None:
+    import redis
+
+    with pytest.raises(ValueError, match="must not decode responses"):
+        RedisStore(client=redis.Redis.from_url(redis_url, decode_responses=True))

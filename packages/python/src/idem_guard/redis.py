@@ -35,7 +35,7 @@ from __future__ import annotations
 
 import hashlib
 import struct
-from typing import Any, Generator, Optional
+from typing import Any, Callable, Generator, Optional
 
 try:
     import redis as _redis
@@ -234,6 +234,15 @@ class _Layout:
         self._scripts = {name: layout.redis_script(name) for name in ("claim_expired", "replace", "delete_at", "purge")}
         self._shas = {name: hashlib.sha1(text.encode()).hexdigest() for name, text in self._scripts.items()}
 
+    def _adopt(self, client: Any, make: Callable[[], Any]) -> None:
+        """`client` as given (its owner closes it), else `make()` (this store closes it)."""
+        self._owned = client is None
+        if client is None:
+            client = make()
+        if client.get_connection_kwargs().get("decode_responses"):
+            raise ValueError("the redis client must not decode responses (decode_responses=False): values are bytes")
+        self.client = client
+
     def _ttl(self, record: Record, now_ms: int) -> int:
         """PX: the record's remaining life by the guard's clock, plus the grace (u64 arithmetic, as in Rust)."""
         return min(U64_MAX, max(1, max(0, record.expires_at_ms - now_ms) + self.grace_ms))
@@ -323,16 +332,11 @@ class RedisStore(_Layout):
         max_connections: Optional[int] = None,
     ):
         super().__init__(prefix, grace_ms, timeout_ms)
-        if client is None:
-            client = _redis.Redis.from_url(
-                url, max_connections=max_connections, retry=Retry(NoBackoff(), 0), **_client_options(timeout_ms)
-            )
-            self._owned = True
-        else:
-            self._owned = False
-        if client.get_connection_kwargs().get("decode_responses"):
-            raise ValueError("the redis client must not decode responses (decode_responses=False): values are bytes")
-        self.client = client
+        options = _client_options(timeout_ms)
+        self._adopt(
+            client,
+            lambda: _redis.Redis.from_url(url, max_connections=max_connections, retry=Retry(NoBackoff(), 0), **options),
+        )
 
     def _send(self, command: Any) -> Any:
         c = self.client
@@ -399,16 +403,11 @@ class AsyncRedisStore(_Layout):
         max_connections: Optional[int] = None,
     ):
         super().__init__(prefix, grace_ms, timeout_ms)
-        if client is None:
-            client = _aredis.Redis.from_url(
-                url, max_connections=max_connections, retry=_AsyncRetry(NoBackoff(), 0), **_client_options(timeout_ms)
-            )
-            self._owned = True
-        else:
-            self._owned = False
-        if client.get_connection_kwargs().get("decode_responses"):
-            raise ValueError("the redis client must not decode responses (decode_responses=False): values are bytes")
-        self.client = client
+        options = _client_options(timeout_ms)
+        self._adopt(
+            client,
+            lambda: _aredis.Redis.from_url(url, max_connections=max_connections, retry=_AsyncRetry(NoBackoff(), 0), **options),
+        )
 
     async def _send(self, command: Any) -> Any:
         c = self.client
