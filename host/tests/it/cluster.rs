@@ -71,7 +71,21 @@ struct Cluster {
 }
 
 impl Cluster {
+    /// Started on ports nothing listens on; tried again on other ports (at
+    /// most 3 times) when a node could not bind, as when another process
+    /// took a port between the check and the start.
     fn start(server: &str) -> Cluster {
+        let mut failures = Vec::new();
+        for _ in 0..3 {
+            match Self::try_start(server) {
+                Ok(cluster) => return cluster,
+                Err(why) => failures.push(why),
+            }
+        }
+        panic!("the loopback cluster did not start: {failures:#?}");
+    }
+
+    fn try_start(server: &str) -> Result<Cluster, String> {
         let dir = tempfile::tempdir().unwrap();
         let ports = free_ports(6);
         let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../scripts/redis-cluster.sh");
@@ -84,13 +98,13 @@ impl Cluster {
             .env("REDIS_ARGS", "--cluster-replica-validity-factor 0")
             .output()
             .expect("run scripts/redis-cluster.sh");
+        // Dropped on failure too: the nodes that did start are killed.
         let cluster = Cluster { dir, ports };
-        assert!(
-            out.status.success(),
-            "the loopback cluster did not start: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        cluster
+        if out.status.success() {
+            Ok(cluster)
+        } else {
+            Err(String::from_utf8_lossy(&out.stderr).into_owned())
+        }
     }
 
     fn pid(&self, port: u16) -> String {
@@ -152,21 +166,25 @@ impl Cluster {
 impl Drop for Cluster {
     fn drop(&mut self) {
         for &port in &self.ports {
-            let _ = Command::new("kill")
-                .args(["-CONT", &self.pid(port)])
-                .status();
-            let _ = Command::new("kill")
-                .args(["-KILL", &self.pid(port)])
-                .status();
+            // A node that never started has no pid file: nothing to kill (and
+            // no panic here, which would abort a test that is failing already).
+            let file = self.dir.path().join(port.to_string()).join("pid");
+            let Ok(pid) = std::fs::read_to_string(file) else {
+                continue;
+            };
+            for signal in ["-CONT", "-KILL"] {
+                let _ = Command::new("kill").args([signal, pid.trim()]).status();
+            }
         }
     }
 }
 
 /// `n` ports on 127.0.0.1, each with its cluster bus port (+10000), that
-/// nothing listens on now.
+/// nothing listens on now. All below 32768, where Linux's ephemeral range
+/// starts, so no outgoing connection of a concurrent test takes one.
 fn free_ports(n: u16) -> Vec<u16> {
     loop {
-        let base = 20_000 + fastrand::u16(..20_000);
+        let base = 10_000 + fastrand::u16(..12_000);
         let ports: Vec<u16> = (base..base + n).collect();
         let free = ports.iter().all(|&p| {
             std::net::TcpListener::bind(("127.0.0.1", p)).is_ok()
