@@ -339,17 +339,37 @@ class RedisStore(_Layout):
         )
 
     def _send(self, command: Any) -> Any:
-        c = self.client
         if isinstance(command, _Set):
-            return c.set(command.key, command.value, nx=True, get=True, px=command.ttl)
-        if isinstance(command, _Script):
-            sha = self._shas[command.name]
-            try:
-                return c.execute_command("EVALSHA", sha, 1, command.key, *command.args)
-            except NoScriptError:
-                c.execute_command("SCRIPT", "LOAD", self._scripts[command.name])
-                return c.execute_command("EVALSHA", sha, 1, command.key, *command.args)
-        return c.execute_command(*command)
+            args: tuple = ("SET", command.key, command.value, "NX", "GET", "PX", command.ttl)
+        elif isinstance(command, _Script):
+            args = ("EVALSHA", self._shas[command.name], 1, command.key, *command.args)
+        else:
+            args = tuple(command)
+        try:
+            return self._command(args)
+        except NoScriptError:
+            self._command(("SCRIPT", "LOAD", self._scripts[command.name]))
+            return self._command(args)
+
+    def _command(self, args: tuple) -> Any:
+        """One command on a pooled connection, its reply as the server sent
+        it: what `execute_command` does without its retry, response
+        callbacks and instrumentation, which cost about as much again as
+        the round trip's own client-side work (`examples/python/bench_stores.py`).
+        A connection that failed or timed out mid-reply is dropped, so no
+        later command reads its stale reply."""
+        pool = getattr(self.client, "connection_pool", None)
+        if pool is None:  # a client without one pool (a cluster client): its own path
+            return self.client.execute_command(*args)
+        conn = pool.get_connection()
+        try:
+            conn.send_command(*args)
+            return conn.read_response()
+        except (ConnectionError, TimeoutError, _redis.exceptions.ConnectionError, _redis.exceptions.TimeoutError):
+            conn.disconnect()
+            raise
+        finally:
+            pool.release(conn)
 
     def _run(self, key: str, steps: _Steps) -> Any:
         try:
