@@ -356,8 +356,8 @@ class RedisStore(_Layout):
         it: what `execute_command` does without its retry, response
         callbacks and instrumentation, which cost about as much again as
         the round trip's own client-side work (`examples/python/bench_stores.py`).
-        A connection that failed or timed out mid-reply is dropped, so no
-        later command reads its stale reply."""
+        A connection that failed, timed out or was interrupted mid-reply is
+        dropped, so no later command reads its stale reply."""
         pool = getattr(self.client, "connection_pool", None)
         if pool is None:  # a client without one pool (a cluster client): its own path
             return self.client.execute_command(*args)
@@ -365,8 +365,10 @@ class RedisStore(_Layout):
         try:
             conn.send_command(*args)
             return conn.read_response()
-        except (ConnectionError, TimeoutError, _redis.exceptions.ConnectionError, _redis.exceptions.TimeoutError):
-            conn.disconnect()
+        except ResponseError:
+            raise  # the server answered with an error: the connection is in step
+        except BaseException:
+            conn.disconnect()  # anything else (a timeout, a Ctrl-C) may leave a reply unread
             raise
         finally:
             pool.release(conn)
