@@ -502,3 +502,21 @@ def test_a_redis_client_given_to_the_store_must_return_bytes(redis_url: str) -> 
 
     with pytest.raises(ValueError, match="must not decode responses"):
         RedisStore(client=redis.Redis.from_url(redis_url, decode_responses=True))
+
+
+def test_a_redis_server_that_goes_silent_fails_the_sync_store_closed_within_its_timeout(redis_url: str) -> None:
+    url = urllib.parse.urlsplit(redis_url)
+    proxy = SilentProxy(url.port or 6379)
+    try:
+        with RedisStore(f"redis://127.0.0.1:{proxy.port}", prefix=unique("silent") + ":", timeout_ms=300) as store:
+            guard = Guard(store=store)
+            assert guard.run("before", "fp", lambda fence: Response(200)).kind == "executed"
+            proxy.silence()
+            ran: list[int] = []
+            started = time.monotonic()
+            outcome = guard.run("after", "fp", lambda fence: ran.append(fence) or Response(200))
+            took = time.monotonic() - started
+            assert outcome.kind == "unavailable" and ran == [], outcome
+            assert took < 10, f"the store answered after {took:.1f} s"
+    finally:
+        proxy.close()
