@@ -383,18 +383,12 @@ export class Guard {
    */
   #call(call) {
     if (this.#port !== null) return this.#replayed(call);
-    const guard = this.#guard();
-    let value;
-    try {
-      value = call(guard);
-    } catch (e) {
-      throw this.#trapped(e);
-    }
+    const value = this.#run(call);
     if (value instanceof Failure) throw new GuardError(value.kind, value.detail);
     return value;
   }
 
-  /** One run of an export for the journal: its value or `Failure`; a trap is thrown as GuardError. */
+  /** One run of an export: its value or `Failure`; a trap drops the instance and is thrown as GuardError. */
   #run(call) {
     const guard = this.#guard();
     try {

@@ -170,9 +170,15 @@ test('a store failure or a lost reply part-way through a call fails closed', asy
   assert.equal(buggy.replaced, 1);
 });
 
-/** An asynchronous store that answers every `get` with nothing, notes its key in `calls`, and allows no write. */
-function readOnlyStore(calls) {
-  return {
+/**
+ * `begin` through `guest` over an asynchronous store that answers every
+ * `get` with nothing and allows no write: it must fail closed as a diverged
+ * replay whose detail matches `detail`. Resolves to the keys the store was
+ * asked for.
+ */
+async function beginDiverges(guest, detail) {
+  const calls = [];
+  const store = {
     async: true,
     async get(key) {
       calls.push(key);
@@ -181,6 +187,14 @@ function readOnlyStore(calls) {
     insert: async () => assert.fail('no insert'),
     replace: async () => assert.fail('no replace'),
   };
+  const guard = Guard.load({ store, guest, renewLease: false });
+  await assert.rejects(guard.begin('k', 'fp'), (e) => {
+    assert.ok(e instanceof GuardError, String(e));
+    assert.equal(e.kind, 'unavailable');
+    assert.match(e.detail, detail);
+    return true;
+  });
+  return calls;
 }
 
 test('a guest that asks for something else on a replay fails closed, and the store sees nothing more', async () => {
@@ -201,15 +215,7 @@ test('a guest that asks for something else on a replay fails closed, and the sto
       };
     },
   };
-  const calls = [];
-  const store = readOnlyStore(calls);
-  const guard = Guard.load({ store, guest, renewLease: false });
-  await assert.rejects(guard.begin('k', 'fp'), (e) => {
-    assert.ok(e instanceof GuardError, String(e));
-    assert.equal(e.kind, 'unavailable');
-    assert.match(e.detail, /replay diverged: the guest asked for get\("key-2"\) where the journal holds get\("key-1"\)/);
-    return true;
-  });
+  const calls = await beginDiverges(guest, /replay diverged: the guest asked for get\("key-2"\) where the journal holds get\("key-1"\)/);
   assert.deepEqual(calls, ['key-1']);
 });
 
@@ -233,15 +239,7 @@ test('a guest that returns on a replay before reading every recorded answer fail
       };
     },
   };
-  const calls = [];
-  const store = readOnlyStore(calls);
-  const guard = Guard.load({ store, guest, renewLease: false });
-  await assert.rejects(guard.begin('k', 'fp'), (e) => {
-    assert.ok(e instanceof GuardError, String(e));
-    assert.equal(e.kind, 'unavailable');
-    assert.match(e.detail, /replay diverged: the guest returned after 0 of the journal's 1 answers/);
-    return true;
-  });
+  const calls = await beginDiverges(guest, /replay diverged: the guest returned after 0 of the journal's 1 answers/);
   assert.deepEqual(calls, ['key']);
 });
 

@@ -188,6 +188,17 @@ async function proxy(port) {
 
 const portOf = (url) => Number(new URL(url).port || 0);
 
+/** Once proxy `p` holds every reply, `run` over `store` answers unavailable (`message` says why) and runs nothing. */
+async function runsNothingOnceHeld(store, p, message) {
+  const guard = Guard.load({ store });
+  p.hold();
+  let runs = 0;
+  const r = await guard.run('k', 'fp', () => (runs += 1, { status: 200 }));
+  assert.equal(r.outcome, 'unavailable');
+  assert.match(r.message, message);
+  assert.equal(runs, 0);
+}
+
 test('Redis: a server that does not answer in time fails the call as unavailable, and the guard runs nothing', { skip: skipWithout(REDIS) }, async () => {
   const url = new URL(serverUrl(REDIS));
   const p = await proxy(portOf(url.href) || 6379);
@@ -195,13 +206,7 @@ test('Redis: a server that does not answer in time fails the call as unavailable
   const prefix = `${unique()}:`;
   const store = await RedisStore.open({ url: url.href, prefix, timeoutMs: 200 });
   try {
-    const guard = Guard.load({ store });
-    p.hold();
-    let runs = 0;
-    const r = await guard.run('k', 'fp', () => (runs += 1, { status: 200 }));
-    assert.equal(r.outcome, 'unavailable');
-    assert.match(r.message, /redis store: no answer within 200 ms/);
-    assert.equal(runs, 0);
+    await runsNothingOnceHeld(store, p, /redis store: no answer within 200 ms/);
   } finally {
     store.close().catch(() => {});
     p.close();
@@ -286,13 +291,7 @@ test('PostgreSQL: a server that does not answer in time fails the call as unavai
   const table = unique();
   const store = await PostgresStore.open({ url: url.href, table, timeoutMs: 300, poolSize: 1 });
   try {
-    const guard = Guard.load({ store });
-    p.hold();
-    let runs = 0;
-    const r = await guard.run('k', 'fp', () => (runs += 1, { status: 200 }));
-    assert.equal(r.outcome, 'unavailable');
-    assert.match(r.message, /postgres store: /);
-    assert.equal(runs, 0);
+    await runsNothingOnceHeld(store, p, /postgres store: /);
   } finally {
     p.close();
     await store.close().catch(() => {});

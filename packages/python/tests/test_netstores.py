@@ -393,6 +393,20 @@ class SilentProxy:
         self.listener.close()
 
 
+def fails_closed_once_silent(store: Any, proxy: SilentProxy) -> None:
+    """A guard over `store` runs a handler, then, once `proxy` goes silent,
+    answers unavailable well within 10 s and runs nothing."""
+    guard = Guard(store=store)
+    assert guard.run("before", "fp", lambda fence: Response(200)).kind == "executed"
+    proxy.silence()
+    ran: list[int] = []
+    started = time.monotonic()
+    outcome = guard.run("after", "fp", lambda fence: ran.append(fence) or Response(200))
+    took = time.monotonic() - started
+    assert outcome.kind == "unavailable" and ran == [], outcome
+    assert took < 10, f"the store answered after {took:.1f} s"
+
+
 def test_a_postgres_server_that_goes_silent_fails_the_sync_store_closed_within_its_deadline(tables: Tables) -> None:
     # The server's statement_timeout cannot help here: nothing reaches it, and nothing comes back.
     url = urllib.parse.urlsplit(tables.url)
@@ -401,16 +415,8 @@ def test_a_postgres_server_that_goes_silent_fails_the_sync_store_closed_within_i
     table = tables.new()
     try:
         with PostgresStore(proxied, table=table, timeout_ms=300) as store:
-            guard = Guard(store=store)
-            assert guard.run("before", "fp", lambda fence: Response(200)).kind == "executed"
-            proxy.silence()
-            ran: list[int] = []
-            started = time.monotonic()
-            outcome = guard.run("after", "fp", lambda fence: ran.append(fence) or Response(200))
-            took = time.monotonic() - started
-            assert outcome.kind == "unavailable" and ran == [], outcome
             # The deadline is twice timeout_ms (0.6 s); a hung call would wait for TCP, minutes.
-            assert took < 10, f"the store answered after {took:.1f} s"
+            fails_closed_once_silent(store, proxy)
     finally:
         proxy.close()
 
@@ -509,14 +515,6 @@ def test_a_redis_server_that_goes_silent_fails_the_sync_store_closed_within_its_
     proxy = SilentProxy(url.port or 6379)
     try:
         with RedisStore(f"redis://127.0.0.1:{proxy.port}", prefix=unique("silent") + ":", timeout_ms=300) as store:
-            guard = Guard(store=store)
-            assert guard.run("before", "fp", lambda fence: Response(200)).kind == "executed"
-            proxy.silence()
-            ran: list[int] = []
-            started = time.monotonic()
-            outcome = guard.run("after", "fp", lambda fence: ran.append(fence) or Response(200))
-            took = time.monotonic() - started
-            assert outcome.kind == "unavailable" and ran == [], outcome
-            assert took < 10, f"the store answered after {took:.1f} s"
+            fails_closed_once_silent(store, proxy)
     finally:
         proxy.close()
