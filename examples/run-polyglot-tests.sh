@@ -8,11 +8,11 @@
 #
 #   examples/run-polyglot-tests.sh [REPO_ROOT]
 #
-# Needs: cargo, Node.js >= 20 with npm, Python 3.11, and for the JS and Python
-# packages' store tests a Redis and a PostgreSQL server named by
-# IDEM_TEST_REDIS_URL and IDEM_TEST_POSTGRES_URL (scripts/test-all.sh sets
-# them; the JS tests default to the local servers scripts/services.sh starts;
-# IDEM_TEST_SKIP_NETSTORES=1 skips those tests). Installs from lock files
+# Needs: cargo, Node.js >= 20 with npm, Python 3.11, and for the packages'
+# store tests and the interop test Redis and PostgreSQL: it runs
+# scripts/services.sh, which starts the local ones, and names them in
+# IDEM_TEST_REDIS_URL and IDEM_TEST_POSTGRES_URL unless those are set
+# (IDEM_TEST_SKIP_NETSTORES=1 skips those tests instead). Installs from lock files
 # only (npm ci, with express, ioredis and pg for the package's tests; pip install -r
 # packages/python/requirements-dev.txt, with starlette, redis and psycopg, into
 # a venv under target/), and builds the idem-guard wheel (packages/python/build.sh)
@@ -39,6 +39,17 @@ else
   (cd "$root" && cargo run --quiet -p idem -- component --out "$component")
 fi
 export IDEM_COMPONENT="$component"
+
+# The packages' store tests and the interop test need Redis and PostgreSQL:
+# started if they are installed and stopped (scripts/services.sh), and named
+# to every step below (values already set, as by scripts/test-all.sh, win).
+# Without a server the tests that need it fail; IDEM_TEST_SKIP_NETSTORES=1
+# skips them on purpose.
+if [[ "${IDEM_TEST_SKIP_NETSTORES:-}" != 1 ]]; then
+  bash "$root/scripts/services.sh"
+  export IDEM_TEST_REDIS_URL="${IDEM_TEST_REDIS_URL:-redis://127.0.0.1:6379}"
+  export IDEM_TEST_POSTGRES_URL="${IDEM_TEST_POSTGRES_URL:-postgres://postgres@127.0.0.1:5432/test}"
+fi
 # The HTTP scenarios (conformance/http) also run against `idem serve`: the
 # JavaScript test starts the idem binary that wrote the component (IDEM_BIN,
 # or the one `cargo run` built) and fails without it. A component taken as it
@@ -63,9 +74,7 @@ echo "packed $tarball"
   npm ci --no-audit --no-fund --loglevel=error
   rm -rf gen
   npx --no-install jco transpile "$component" -o gen --name idem --instantiation sync --no-wasi-shim -q
-  IDEM_TEST_REDIS_URL="${IDEM_TEST_REDIS_URL:-redis://127.0.0.1:6379}" \
-    IDEM_TEST_POSTGRES_URL="${IDEM_TEST_POSTGRES_URL:-postgres://postgres@127.0.0.1:5432/test}" \
-    node --test test/
+  node --test test/
 )
 
 echo "== JavaScript examples (@idem/guard linked from packages/js)"
@@ -89,11 +98,7 @@ echo "== Python package and host ($(python3.11 --version))"
   "$root/packages/python/build.sh" "" "$wheels"
   "$venv/bin/pip" install --quiet --disable-pip-version-check --no-deps --force-reinstall \
     "$wheels/idem_guard-0.2.0-py3-none-any.whl"
-  # The Redis and PostgreSQL tests need the servers scripts/test-all.sh names; without
-  # IDEM_TEST_REDIS_URL and IDEM_TEST_POSTGRES_URL they fail, unless IDEM_TEST_SKIP_NETSTORES=1.
   (cd "$root/packages/python" && IDEM_WHEELHOUSE="$wheels" \
-    IDEM_TEST_REDIS_URL="${IDEM_TEST_REDIS_URL:-}" IDEM_TEST_POSTGRES_URL="${IDEM_TEST_POSTGRES_URL:-}" \
-    IDEM_TEST_SKIP_NETSTORES="${IDEM_TEST_SKIP_NETSTORES:-}" \
     "$venv/bin/python" -m pytest -q -p no:cacheprovider tests)
   (cd "$root/examples/python" && "$venv/bin/python" -m pytest -q -p no:cacheprovider)
 )
