@@ -339,6 +339,15 @@ mod tests {
         }
     }
 
+    /// `begin` on key `k` with fingerprint `fp`, the tests' usual request.
+    fn begin_k(s: &mut Map) -> Decision {
+        begin(s, "k", "fp", &policy()).unwrap()
+    }
+
+    fn claim_k(s: &mut Map) -> Claim {
+        proceed(begin_k(s))
+    }
+
     fn proceed(d: Decision) -> Claim {
         match d {
             Decision::Proceed(c) => c,
@@ -349,19 +358,16 @@ mod tests {
     #[test]
     fn claim_complete_replay_conflict() {
         let mut s = Map::default();
-        let c = proceed(begin(&mut s, "k", "fp", &policy()).unwrap());
+        let c = claim_k(&mut s);
         assert_eq!(c.fence, 1);
         assert_eq!(
-            begin(&mut s, "k", "fp", &policy()).unwrap(),
+            begin_k(&mut s),
             Decision::InFlight {
                 retry_after_ms: 1_000
             }
         );
         complete(&mut s, &c, ok("paid"), &policy()).unwrap();
-        assert_eq!(
-            begin(&mut s, "k", "fp", &policy()).unwrap(),
-            Decision::Replay(ok("paid"))
-        );
+        assert_eq!(begin_k(&mut s), Decision::Replay(ok("paid")));
         assert_eq!(
             begin(&mut s, "k", "other", &policy()).unwrap(),
             Decision::Conflict
@@ -371,25 +377,22 @@ mod tests {
     #[test]
     fn zombie_complete_after_takeover_is_refused() {
         let mut s = Map::default();
-        let zombie = proceed(begin(&mut s, "k", "fp", &policy()).unwrap());
+        let zombie = claim_k(&mut s);
         s.now += 1_000;
-        let taker = proceed(begin(&mut s, "k", "fp", &policy()).unwrap());
+        let taker = claim_k(&mut s);
         assert!(taker.fence > zombie.fence);
         complete(&mut s, &taker, ok("taker"), &policy()).unwrap();
         let err = complete(&mut s, &zombie, ok("zombie"), &policy()).unwrap_err();
         assert!(matches!(err, GuardError::StaleClaim(_)), "{err}");
-        assert_eq!(
-            begin(&mut s, "k", "fp", &policy()).unwrap(),
-            Decision::Replay(ok("taker"))
-        );
+        assert_eq!(begin_k(&mut s), Decision::Replay(ok("taker")));
     }
 
     #[test]
     fn release_lets_the_retry_proceed_at_once() {
         let mut s = Map::default();
-        let first = proceed(begin(&mut s, "k", "fp", &policy()).unwrap());
+        let first = claim_k(&mut s);
         release(&mut s, &first).unwrap();
-        let second = proceed(begin(&mut s, "k", "fp", &policy()).unwrap());
+        let second = claim_k(&mut s);
         assert!(second.fence > first.fence);
         assert!(matches!(
             release(&mut s, &first),
@@ -400,15 +403,12 @@ mod tests {
     #[test]
     fn renew_extends_the_lease_and_raises_the_fence() {
         let mut s = Map::default();
-        let c = proceed(begin(&mut s, "k", "fp", &policy()).unwrap());
+        let c = claim_k(&mut s);
         s.now += 900;
         let renewed = renew(&mut s, &c, &policy()).unwrap();
         assert_eq!(renewed.lease_until_ms, 1_900);
         s.now += 500; // past the first lease, inside the renewed one
-        assert!(matches!(
-            begin(&mut s, "k", "fp", &policy()).unwrap(),
-            Decision::InFlight { .. }
-        ));
+        assert!(matches!(begin_k(&mut s), Decision::InFlight { .. }));
         assert!(renewed.fence > c.fence);
         assert_eq!(renewed.holder, c.holder);
         // The claim before the renewal is the same holder's: its write lands
@@ -418,16 +418,13 @@ mod tests {
             complete(&mut s, &renewed, ok("new"), &policy()),
             Err(GuardError::StaleClaim(_))
         ));
-        assert_eq!(
-            begin(&mut s, "k", "fp", &policy()).unwrap(),
-            Decision::Replay(ok("old copy"))
-        );
+        assert_eq!(begin_k(&mut s), Decision::Replay(ok("old copy")));
     }
 
     #[test]
     fn a_lost_renewal_reply_is_not_a_takeover() {
         let mut s = Map::default();
-        let c = proceed(begin(&mut s, "k", "fp", &policy()).unwrap());
+        let c = claim_k(&mut s);
         s.now += 500;
         s.fail_next = Some(true); // applied, reply lost
         let renewed = renew(&mut s, &c, &policy()).unwrap();
@@ -440,32 +437,26 @@ mod tests {
         s.fail_next = Some(true);
         complete(&mut s, &renewed, ok("paid"), &policy()).unwrap();
         assert_eq!(s.writes, 3, "claim, renewal, completion: each once");
-        assert_eq!(
-            begin(&mut s, "k", "fp", &policy()).unwrap(),
-            Decision::Replay(ok("paid"))
-        );
+        assert_eq!(begin_k(&mut s), Decision::Replay(ok("paid")));
     }
 
     #[test]
     fn a_lost_write_then_the_next_write_of_the_same_claim_lands() {
         let mut s = Map::default();
-        let c = proceed(begin(&mut s, "k", "fp", &policy()).unwrap());
+        let c = claim_k(&mut s);
         s.fail_next = Some(true);
         // The renewal was applied but the read-back failed too? Here only
         // the reply is lost and the caller never learns the new fence: its
         // next write, with the old claim, still lands.
         let _ = renew(&mut s, &c, &policy()).unwrap();
         complete(&mut s, &c, ok("paid"), &policy()).unwrap();
-        assert_eq!(
-            begin(&mut s, "k", "fp", &policy()).unwrap(),
-            Decision::Replay(ok("paid"))
-        );
+        assert_eq!(begin_k(&mut s), Decision::Replay(ok("paid")));
     }
 
     #[test]
     fn a_takeover_carries_the_last_checkpoint() {
         let mut s = Map::default();
-        let first = proceed(begin(&mut s, "k", "fp", &policy()).unwrap());
+        let first = claim_k(&mut s);
         assert_eq!(first.checkpoint, None);
         let step = Checkpoint {
             phase: "charged".into(),
@@ -476,7 +467,7 @@ mod tests {
         // A renewal keeps it.
         let first = renew(&mut s, &first, &policy()).unwrap();
         s.now += 1_000; // the holder crashed; its lease ran out
-        let taker = proceed(begin(&mut s, "k", "fp", &policy()).unwrap());
+        let taker = claim_k(&mut s);
         assert_ne!(taker.holder, first.holder);
         assert_eq!(taker.checkpoint, Some(step.clone()));
         assert!(matches!(
@@ -490,7 +481,7 @@ mod tests {
     #[test]
     fn a_renewal_racing_a_checkpoint_keeps_the_checkpoint() {
         let mut s = Map::default();
-        let c = proceed(begin(&mut s, "k", "fp", &policy()).unwrap());
+        let c = claim_k(&mut s);
         let step = Checkpoint {
             phase: "reserved".into(),
             data: vec![],
@@ -505,7 +496,7 @@ mod tests {
     #[test]
     fn checkpoint_limits() {
         let mut s = Map::default();
-        let c = proceed(begin(&mut s, "k", "fp", &policy()).unwrap());
+        let c = claim_k(&mut s);
         for (phase, data, limit) in [
             ("", 0, "1 to 64"),
             (&*"p".repeat(65), 0, "1 to 64"),
@@ -528,7 +519,7 @@ mod tests {
     #[test]
     fn expiry_makes_the_key_new_and_refuses_old_claims() {
         let mut s = Map::default();
-        let c = proceed(begin(&mut s, "k", "fp", &policy()).unwrap());
+        let c = claim_k(&mut s);
         s.now += 3_600_000;
         assert!(matches!(
             complete(&mut s, &c, ok("late"), &policy()),
@@ -554,7 +545,7 @@ mod tests {
             Err(GuardError::InvalidInput(_))
         ));
         assert_eq!(s.writes, 0);
-        let c = proceed(begin(&mut s, "k", "fp", &policy()).unwrap());
+        let c = claim_k(&mut s);
         let err = complete(&mut s, &c, ok(&"x".repeat(65)), &policy()).unwrap_err();
         assert!(
             err.to_string().contains("65 bytes") && err.to_string().contains("64"),
