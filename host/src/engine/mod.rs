@@ -160,6 +160,16 @@ pub(crate) struct Pool {
     in_use: AtomicU64,
 }
 
+/// Makes one export call on whichever flavour the checkout `$i` holds: the
+/// sync instance at once, the async one awaited.
+macro_rules! call {
+    ($i:ident, $export:ident($($arg:expr),*)) => {
+        match $i.instance() {
+            Instance::Sync(s) => s.$export($($arg),*),
+            Instance::Async(a) => a.$export($($arg),*).await,
+        }
+    };
+}
 impl Pool {
     pub(crate) fn new(
         runtime: Runtime,
@@ -302,10 +312,7 @@ impl Pool {
         policy: &model::Policy,
     ) -> Result<model::Decision, GuardError> {
         let mut i = self.enter().await?;
-        let r = match i.instance() {
-            Instance::Sync(s) => s.begin(key, fingerprint, policy),
-            Instance::Async(a) => a.begin(key, fingerprint, policy).await,
-        };
+        let r = call!(i, begin(key, fingerprint, policy));
         i.finish(r)?
     }
 
@@ -319,19 +326,13 @@ impl Pool {
             Ok(i) => i,
             Err(e) => return (response, Err(e)),
         };
-        let (response, r) = match i.instance() {
-            Instance::Sync(s) => s.complete(claim, response, policy),
-            Instance::Async(a) => a.complete(claim, response, policy).await,
-        };
+        let (response, r) = call!(i, complete(claim, response, policy));
         (response, i.finish(r).and_then(|r| r))
     }
 
     pub(crate) async fn release(&self, claim: model::Claim) -> Result<(), GuardError> {
         let mut i = self.enter().await?;
-        let r = match i.instance() {
-            Instance::Sync(s) => s.release(claim),
-            Instance::Async(a) => a.release(claim).await,
-        };
+        let r = call!(i, release(claim));
         i.finish(r)?
     }
 
@@ -341,10 +342,7 @@ impl Pool {
         policy: &model::Policy,
     ) -> Result<model::Claim, GuardError> {
         let mut i = self.enter().await?;
-        let r = match i.instance() {
-            Instance::Sync(s) => s.renew(claim, policy),
-            Instance::Async(a) => a.renew(claim, policy).await,
-        };
+        let r = call!(i, renew(claim, policy));
         i.finish(r)?
     }
 
@@ -355,10 +353,7 @@ impl Pool {
         policy: &model::Policy,
     ) -> Result<model::Claim, GuardError> {
         let mut i = self.enter().await?;
-        let r = match i.instance() {
-            Instance::Sync(s) => s.save_checkpoint(claim, checkpoint, policy),
-            Instance::Async(a) => a.save_checkpoint(claim, checkpoint, policy).await,
-        };
+        let r = call!(i, save_checkpoint(claim, checkpoint, policy));
         i.finish(r)?
     }
 
@@ -367,10 +362,7 @@ impl Pool {
         parts: &crate::RequestParts,
     ) -> Result<String, GuardError> {
         let mut i = self.enter().await?;
-        let r = match i.instance() {
-            Instance::Sync(s) => s.fingerprint(parts),
-            Instance::Async(a) => a.fingerprint(parts).await,
-        };
+        let r = call!(i, fingerprint(parts));
         i.finish(r)
     }
 }
