@@ -211,19 +211,7 @@ impl Model {
     fn begin(&mut self, key: usize, fingerprint: &str) -> (Seen, Option<u64>) {
         let attempt = self.attempt(Op::Insert);
         let Some(live) = self.live(key).cloned() else {
-            return match attempt {
-                Attempt::Failed => (Seen::Unavailable, None),
-                Attempt::Lost => {
-                    self.records[key] = Some(self.processing(fingerprint, None));
-                    (Seen::Unavailable, None)
-                }
-                Attempt::Clean => {
-                    let record = self.processing(fingerprint, None);
-                    let holder = record.holder;
-                    self.records[key] = Some(record);
-                    (Seen::Proceed, Some(holder))
-                }
-            };
+            return self.write_claim(key, attempt, fingerprint, None);
         };
         if !matches!(attempt, Attempt::Clean) {
             return (Seen::Unavailable, None);
@@ -241,19 +229,32 @@ impl Model {
             }
             State::Processing => {
                 let version = live.version.map(|v| v + 1);
-                match self.attempt(Op::Replace) {
-                    Attempt::Failed => (Seen::Unavailable, None),
-                    Attempt::Lost => {
-                        self.records[key] = Some(self.processing(fingerprint, version));
-                        (Seen::Unavailable, None)
-                    }
-                    Attempt::Clean => {
-                        let record = self.processing(fingerprint, version);
-                        let holder = record.holder;
-                        self.records[key] = Some(record);
-                        (Seen::Proceed, Some(holder))
-                    }
-                }
+                let attempt = self.attempt(Op::Replace);
+                self.write_claim(key, attempt, fingerprint, version)
+            }
+        }
+    }
+
+    /// A claim's write (the insert, or a takeover's replace at `version`)
+    /// as its attempt went: refused, applied with its reply lost, or clean.
+    fn write_claim(
+        &mut self,
+        key: usize,
+        attempt: Attempt,
+        fingerprint: &str,
+        version: Option<u64>,
+    ) -> (Seen, Option<u64>) {
+        match attempt {
+            Attempt::Failed => (Seen::Unavailable, None),
+            Attempt::Lost => {
+                self.records[key] = Some(self.processing(fingerprint, version));
+                (Seen::Unavailable, None)
+            }
+            Attempt::Clean => {
+                let record = self.processing(fingerprint, version);
+                let holder = record.holder;
+                self.records[key] = Some(record);
+                (Seen::Proceed, Some(holder))
             }
         }
     }

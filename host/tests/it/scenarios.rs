@@ -359,16 +359,8 @@ impl Host {
             }
             "renew" => {
                 let claim = self.claim(step)?;
-                Ok(Some(match self.guard.renew(claim).await {
-                    Ok(renewed) => {
-                        let actual = claim_json(&renewed, json!({"ok": true}));
-                        if let Some(name) = step["as"].as_str() {
-                            self.claims.insert(name.to_owned(), renewed);
-                        }
-                        actual
-                    }
-                    Err(e) => error_json(&e),
-                }))
+                let renewed = self.guard.renew(claim).await;
+                Ok(Some(self.keep_claim(step, renewed)))
             }
             "checkpoint" => {
                 let claim = self.claim(step)?;
@@ -376,18 +368,8 @@ impl Host {
                     phase: text(&step["phase"])?,
                     data: bytes(&step["data"])?,
                 };
-                Ok(Some(
-                    match self.guard.save_checkpoint(claim, checkpoint).await {
-                        Ok(next) => {
-                            let actual = claim_json(&next, json!({"ok": true}));
-                            if let Some(name) = step["as"].as_str() {
-                                self.claims.insert(name.to_owned(), next);
-                            }
-                            actual
-                        }
-                        Err(e) => error_json(&e),
-                    },
-                ))
+                let next = self.guard.save_checkpoint(claim, checkpoint).await;
+                Ok(Some(self.keep_claim(step, next)))
             }
             "run" => self.run(step).await.map(Some),
             "effects" => {
@@ -466,6 +448,21 @@ impl Host {
             .get(name)
             .cloned()
             .ok_or_else(|| format!("no claim named {name:?}"))
+    }
+
+    /// What a renewal or a checkpoint returned; a new claim is kept under
+    /// the step's `as` name.
+    fn keep_claim(&mut self, step: &Value, result: Result<Claim, GuardError>) -> Value {
+        match result {
+            Ok(next) => {
+                let actual = claim_json(&next, json!({"ok": true}));
+                if let Some(name) = step["as"].as_str() {
+                    self.claims.insert(name.to_owned(), next);
+                }
+                actual
+            }
+            Err(e) => error_json(&e),
+        }
     }
 
     /// `Guard::run_resumable` with a handler that counts its side effect
