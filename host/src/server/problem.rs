@@ -63,45 +63,50 @@ impl Problem {
         }
     }
 
-    /// A short stable name: the end of the problem type URI and the event detail.
-    pub fn slug(&self) -> &'static str {
+    /// A short stable name (the end of the problem type URI and the event
+    /// detail) and the title, one row per problem.
+    fn names(&self) -> (&'static str, &'static str) {
         match self {
-            Problem::KeyMissing { .. } => "idempotency-key-missing",
-            Problem::KeyMalformed(_) => "idempotency-key-malformed",
-            Problem::KeyMismatch => "idempotency-key-mismatch",
-            Problem::InFlight { .. } => "idempotency-key-in-flight",
-            Problem::StoreUnavailable(_) => "store-unavailable",
-            Problem::BodyTooLarge { .. } => "body-too-large",
-            Problem::BodyTimeout { .. } => "body-timeout",
-            Problem::NotRecorded { .. } => "response-not-recorded",
-            Problem::BadRequest(_) => "bad-request",
-            Problem::UpstreamFailed(_) => "upstream-failed",
-            Problem::UpstreamTimeout(_) => "upstream-timeout",
-            Problem::ResponseTooLarge { .. } => "response-too-large",
-            Problem::Overloaded { .. } => "overloaded",
-            Problem::Internal(_) => "internal",
+            Problem::KeyMissing { .. } => ("idempotency-key-missing", "Idempotency-Key is missing"),
+            Problem::KeyMalformed(_) => {
+                ("idempotency-key-malformed", "Idempotency-Key is malformed")
+            }
+            Problem::KeyMismatch => (
+                "idempotency-key-mismatch",
+                "Idempotency-Key is already used for another request",
+            ),
+            Problem::InFlight { .. } => (
+                "idempotency-key-in-flight",
+                "A request with this Idempotency-Key is being processed",
+            ),
+            Problem::StoreUnavailable(_) => {
+                ("store-unavailable", "The idempotency store is unavailable")
+            }
+            Problem::BodyTooLarge { .. } => ("body-too-large", "Request body too large"),
+            Problem::BodyTimeout { .. } => ("body-timeout", "Request body too slow"),
+            Problem::NotRecorded { .. } => (
+                "response-not-recorded",
+                "The request ran but its response could not be recorded",
+            ),
+            Problem::BadRequest(_) => ("bad-request", "Bad request"),
+            Problem::UpstreamFailed(_) => ("upstream-failed", "The upstream failed"),
+            Problem::UpstreamTimeout(_) => ("upstream-timeout", "The upstream timed out"),
+            Problem::ResponseTooLarge { .. } => (
+                "response-too-large",
+                "The request ran; its response was too large to keep",
+            ),
+            Problem::Overloaded { .. } => ("overloaded", "Too many concurrent requests"),
+            Problem::Internal(_) => ("internal", "Internal gateway error"),
         }
     }
 
+    /// A short stable name: the end of the problem type URI and the event detail.
+    pub fn slug(&self) -> &'static str {
+        self.names().0
+    }
+
     fn title(&self) -> &'static str {
-        match self {
-            Problem::KeyMissing { .. } => "Idempotency-Key is missing",
-            Problem::KeyMalformed(_) => "Idempotency-Key is malformed",
-            Problem::KeyMismatch => "Idempotency-Key is already used for another request",
-            Problem::InFlight { .. } => "A request with this Idempotency-Key is being processed",
-            Problem::StoreUnavailable(_) => "The idempotency store is unavailable",
-            Problem::BodyTooLarge { .. } => "Request body too large",
-            Problem::BodyTimeout { .. } => "Request body too slow",
-            Problem::NotRecorded { .. } => "The request ran but its response could not be recorded",
-            Problem::BadRequest(_) => "Bad request",
-            Problem::UpstreamFailed(_) => "The upstream failed",
-            Problem::UpstreamTimeout(_) => "The upstream timed out",
-            Problem::ResponseTooLarge { .. } => {
-                "The request ran; its response was too large to keep"
-            }
-            Problem::Overloaded { .. } => "Too many concurrent requests",
-            Problem::Internal(_) => "Internal gateway error",
-        }
+        self.names().1
     }
 
     pub fn detail(&self) -> String {
