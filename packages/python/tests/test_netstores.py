@@ -518,3 +518,45 @@ def test_a_redis_server_that_goes_silent_fails_the_sync_store_closed_within_its_
             fails_closed_once_silent(store, proxy)
     finally:
         proxy.close()
+
+
+def test_a_redis_connection_the_server_closed_while_idle_is_opened_again_before_the_next_command(
+    redis_url: str, raw_redis: Any
+) -> None:
+    # The store keeps the connections it used; one the server dropped in the
+    # meantime (an idle timeout, a restart) must not fail the next call.
+    with RedisStore(redis_url, prefix=unique("killed") + ":") as store:
+        assert store.insert("k", record(), NOW) == 1
+        (conn,) = store._idle
+        killed = store._command(("CLIENT", "ID"))
+        assert raw_redis.client_kill_filter(_id=killed) == 1
+        assert store.get("k", NOW) == (record(), 1)
+        assert store._idle == [conn] and store._command(("CLIENT", "ID")) != killed
+
+
+def test_a_redis_reply_interrupted_mid_read_is_never_read_as_the_next_commands(redis_url: str, raw_redis: Any) -> None:
+    prefix = unique("interrupted") + ":"
+    raw_redis.set(prefix + "a", encode(1, record(state="done")))
+    with RedisStore(redis_url, prefix=prefix) as store:
+        assert store.get("a", NOW) is not None
+        (conn,) = store._idle
+        real = conn.read_response
+
+        def interrupted(*args: Any, **kwargs: Any) -> Any:
+            conn.read_response = real
+            raise KeyboardInterrupt  # a Ctrl-C after the command went out, before its reply was read
+
+        conn.read_response = interrupted
+        with pytest.raises(KeyboardInterrupt):
+            store.get("a", NOW)
+        assert store.get("b", NOW) is None, "the reply to GET a was left unread and taken for GET b's"
+
+
+def test_a_redis_store_gives_the_connections_it_used_back_to_a_client_it_was_given(redis_url: str) -> None:
+    client = redis.Redis.from_url(redis_url, max_connections=1)
+    try:
+        with RedisStore(client=client, prefix=unique("given") + ":") as store:
+            assert store.insert("k", record(), NOW) == 1
+        assert client.ping() is True, "the store kept the client's one connection"
+    finally:
+        client.close()

@@ -34,6 +34,9 @@ naming the key.
 from __future__ import annotations
 
 import hashlib
+import inspect
+import os
+import select
 import struct
 from typing import Any, Callable, Generator, Optional
 
@@ -312,13 +315,52 @@ def _client_options(timeout_ms: int) -> dict:
     }
 
 
+def _pack(args: tuple) -> bytes:
+    """A command as RESP, an array of bulk strings: what redis-py's packer
+    writes for these arguments (str as UTF-8, the layout's encoding of keys;
+    int in decimal; bytes as they are), in one join."""
+    parts = [b"*%d\r\n" % len(args)]
+    for arg in args:
+        if isinstance(arg, str):
+            arg = arg.encode()
+        elif isinstance(arg, int):
+            arg = b"%d" % arg
+        parts.append(b"$%d\r\n%b\r\n" % (len(arg), arg))
+    return b"".join(parts)
+
+
+if hasattr(select, "poll"):
+
+    def _readable(sock: Any) -> bool:
+        """Whether a socket has something to read (or was closed by its peer), without waiting."""
+        poll = select.poll()  # not select(): it refuses descriptors past FD_SETSIZE
+        poll.register(sock, select.POLLIN)
+        return bool(poll.poll(0))
+
+else:  # pragma: no cover - Windows, where select() takes any socket
+
+    def _readable(sock: Any) -> bool:
+        """Whether a socket has something to read (or was closed by its peer), without waiting."""
+        return bool(select.select((sock,), (), (), 0)[0])
+
+
+def _pool_args(pool: Any) -> tuple:
+    """`get_connection`'s arguments: none since redis-py 5.3, a command name before."""
+    if pool is None:
+        return ()
+    name = inspect.signature(pool.get_connection).parameters.get("command_name")
+    return ("SET",) if name is not None and name.default is inspect.Parameter.empty else ()
+
+
 class RedisStore(_Layout):
     """The store primitives of `wit/store.wit` on a Redis server, for `Guard`.
 
     `url`: `redis://[:PASSWORD@]HOST[:PORT][/DB]` (redis-py's `from_url`),
     or `client=` an existing `redis.Redis` (it must not decode responses).
     `prefix` goes before every key (stores sharing keys must use the same).
-    Safe to share between threads: redis-py pools its connections.
+    Safe to share between threads: it takes a connection of the client's
+    pool for each thread that calls it at once, and keeps it for the next
+    command.
     """
 
     def __init__(
@@ -337,6 +379,10 @@ class RedisStore(_Layout):
             client,
             lambda: _redis.Redis.from_url(url, max_connections=max_connections, retry=Retry(NoBackoff(), 0), **options),
         )
+        self._pool = getattr(self.client, "connection_pool", None)
+        self._pool_args = _pool_args(self._pool)
+        self._idle: list = []  # connections taken from the pool, kept for the next command
+        self._pid = os.getpid()
 
     def _send(self, command: Any) -> Any:
         if isinstance(command, _Set):
@@ -352,18 +398,19 @@ class RedisStore(_Layout):
             return self._command(args)
 
     def _command(self, args: tuple) -> Any:
-        """One command on a pooled connection, its reply as the server sent
-        it: what `execute_command` does without its retry, response
-        callbacks and instrumentation, which cost about as much again as
-        the round trip's own client-side work (`examples/python/bench_stores.py`).
-        A connection that failed, timed out or was interrupted mid-reply is
-        dropped, so no later command reads its stale reply."""
-        pool = getattr(self.client, "connection_pool", None)
-        if pool is None:  # a client without one pool (a cluster client): its own path
+        """One command on a connection of the store's own, its reply as the
+        server sent it: what `execute_command` does without its retry,
+        response callbacks and instrumentation, and without taking the
+        connection out of the pool and putting it back each time (a lock and
+        the pool's observability hooks, about as much client-side work again
+        as the command's own: `examples/python/bench_stores.py`). A connection
+        that failed, timed out or was interrupted mid-reply is dropped, so no
+        later command reads its stale reply."""
+        if self._pool is None:  # a client without one pool (a cluster client): its own path
             return self.client.execute_command(*args)
-        conn = pool.get_connection()
+        conn = self._checkout()
         try:
-            conn.send_command(*args)
+            conn.send_packed_command((_pack(args),))
             return conn.read_response()
         except ResponseError:
             raise  # the server answered with an error: the connection is in step
@@ -371,7 +418,25 @@ class RedisStore(_Layout):
             conn.disconnect()  # anything else (a timeout, a Ctrl-C) may leave a reply unread
             raise
         finally:
-            pool.release(conn)
+            self._idle.append(conn)
+
+    def _checkout(self) -> Any:
+        """An idle connection of the store's, or a new one from the client's pool.
+
+        The store keeps the connections it took (a list: `pop` and `append`
+        are atomic, so threads never share one). One the server closed while
+        it sat idle is reconnected before the command, as the pool would:
+        nothing can be waiting to be read on a connection in step."""
+        if self._pid != os.getpid():  # a forked child: the parent's sockets are not its own
+            self._idle, self._pid = [], os.getpid()
+        try:
+            conn = self._idle.pop()
+        except IndexError:
+            return self._pool.get_connection(*self._pool_args)  # connected and checked by the pool
+        sock = conn._sock
+        if sock is not None and _readable(sock):
+            conn.disconnect()  # send_packed_command connects again
+        return conn
 
     def _run(self, key: str, steps: _Steps) -> Any:
         try:
@@ -398,7 +463,12 @@ class RedisStore(_Layout):
         return self._run(key, self._delete(key, expected_version))
 
     def close(self) -> None:
-        """Closes the connections (only those the store opened itself)."""
+        """Gives its connections back to the client's pool, and closes them
+        (only those of a client the store opened itself)."""
+        idle, self._idle = self._idle, []
+        if self._pid == os.getpid():
+            for conn in idle:
+                self._pool.release(conn)
         if self._owned:
             self.client.close()
 
