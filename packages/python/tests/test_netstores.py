@@ -534,21 +534,76 @@ def test_a_redis_connection_the_server_closed_while_idle_is_opened_again_before_
         assert store._idle == [conn] and store._command(("CLIENT", "ID")) != killed
 
 
+@pytest.mark.parametrize("protocol", [2, 3])
+def test_the_redis_store_reads_every_reply_it_gets_in_resp2_and_resp3_and_in_pieces(redis_url: str, protocol: int) -> None:
+    # The store reads replies off the socket itself: a 1 MiB body arrives in many
+    # reads, and a client given with protocol=3 answers nulls and errors in RESP3.
+    body = bytes(range(256)) * 4096
+    big = Record("fp", "done", 7, NOW + 1_000, NOW + 10_000, Response(200, [("etag", b"\x00")], body))
+    client = redis.Redis.from_url(redis_url, protocol=protocol)
+    try:
+        with RedisStore(client=client, prefix=unique(f"resp{protocol}") + ":") as store:
+            assert store.get("k", NOW) is None
+            assert store.insert("k", record(), NOW) == 1
+            assert store.insert("k", record(), NOW) == (record(), 1)
+            assert store.replace("k", 1, big, NOW) == 2 and store.get("k", NOW) == (big, 2)
+            assert store.insert("k", record(NOW + 20_000), NOW + 10_000) == 3, "claim_expired's array reply"
+            assert store.replace("k", 1, record(), NOW + 10_000) is None
+            client.hset(store.prefix + "h", "field", "value")
+            with pytest.raises(StoreFault, match="not a string"):
+                store.get("h", NOW)
+            assert store.delete("k", 3) is True and store.delete("k", None) is False
+    finally:
+        client.close()
+
+
+def test_the_redis_store_parses_the_resp_types_its_commands_answer_with() -> None:
+    from redis.exceptions import InvalidResponse, NoScriptError, ResponseError
+
+    from idem_guard.redis import _Incomplete, _parse
+
+    assert _parse(b"$3\r\nabc\r\n", 0) == (b"abc", 9)
+    assert _parse(b"$0\r\n\r\n", 0) == (b"", 6)
+    assert _parse(b"$-1\r\n", 0) == (None, 5) and _parse(b"_\r\n", 0) == (None, 3)
+    assert _parse(b":-12\r\n", 0) == (-12, 6) and _parse(b"+OK\r\n", 0) == (b"OK", 5)
+    assert _parse(b"*2\r\n:1\r\n$2\r\nab\r\n", 0) == ([1, b"ab"], 16)
+    error, _ = _parse(b"-NOSCRIPT No matching script.\r\n", 0)
+    assert isinstance(error, NoScriptError)
+    error, _ = _parse(b"!9\r\nERR wrong\r\n", 0)
+    assert type(error) is ResponseError and str(error) == "wrong"
+    for cut in (b"", b"$3\r\nab", b"$3\r\nabc\r", b"*2\r\n:1\r\n", b":1"):
+        with pytest.raises(_Incomplete):
+            _parse(cut, 0)
+    with pytest.raises(InvalidResponse):
+        _parse(b"%1\r\n", 0)
+
+
+class InterruptedOnce:
+    """A socket whose next `recv` is interrupted, as by a Ctrl-C after the command went out."""
+
+    def __init__(self, sock: socket.socket):
+        self.sock, self.interrupted = sock, False
+
+    def recv(self, size: int) -> bytes:
+        if not self.interrupted:
+            self.interrupted = True
+            raise KeyboardInterrupt
+        return self.sock.recv(size)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.sock, name)
+
+
 def test_a_redis_reply_interrupted_mid_read_is_never_read_as_the_next_commands(redis_url: str, raw_redis: Any) -> None:
     prefix = unique("interrupted") + ":"
     raw_redis.set(prefix + "a", encode(1, record(state="done")))
     with RedisStore(redis_url, prefix=prefix) as store:
         assert store.get("a", NOW) is not None
         (conn,) = store._idle
-        real = conn.read_response
-
-        def interrupted(*args: Any, **kwargs: Any) -> Any:
-            conn.read_response = real
-            raise KeyboardInterrupt  # a Ctrl-C after the command went out, before its reply was read
-
-        conn.read_response = interrupted
+        conn._sock = InterruptedOnce(conn._sock)
         with pytest.raises(KeyboardInterrupt):
             store.get("a", NOW)
+        assert conn._sock is None, "dropped at once, not only when the next command finds a reply waiting"
         assert store.get("b", NOW) is None, "the reply to GET a was left unread and taken for GET b's"
 
 

@@ -37,6 +37,7 @@ import hashlib
 import inspect
 import os
 import select
+import socket
 import struct
 from typing import Any, Callable, Generator, Optional
 
@@ -45,7 +46,10 @@ try:
     import redis.asyncio as _aredis
     from redis.asyncio.retry import Retry as _AsyncRetry
     from redis.backoff import NoBackoff
-    from redis.exceptions import NoScriptError, RedisError, ResponseError
+    from redis._parsers.base import BaseParser
+    from redis.exceptions import InvalidResponse, NoScriptError, RedisError, ResponseError
+    from redis.exceptions import ConnectionError as _ConnectionError
+    from redis.exceptions import TimeoutError as _TimeoutError
     from redis.retry import Retry
 except ImportError as e:  # pragma: no cover - depends on the environment
     raise ImportError("idem_guard.redis needs redis-py: pip install 'idem-guard[redis]'") from e
@@ -61,6 +65,7 @@ U64_MAX = (1 << 64) - 1
 HEADER_MAX = 42
 DEFAULT_GRACE_MS = 60_000
 DEFAULT_TIMEOUT_MS = 2_000
+_READ = 65_536  # bytes per recv: a record up to the guard's 1 MiB response limit takes a few
 
 _U16, _U32, _U64 = struct.Struct(">H"), struct.Struct(">I"), struct.Struct(">Q")
 _STATES = ("processing", "done")
@@ -344,6 +349,73 @@ else:  # pragma: no cover - Windows, where select() takes any socket
         return bool(select.select((sock,), (), (), 0)[0])
 
 
+class _Incomplete(Exception):
+    """The reply does not end in the bytes read so far."""
+
+
+def _exchange(sock: Any, command: bytes) -> Any:
+    """Sends a packed command and reads its one reply (an error reply comes
+    back as redis-py's exception for it, not raised). Socket failures are
+    redis-py's `TimeoutError` and `ConnectionError`."""
+    try:
+        sock.sendall(command)
+        data = b""
+        while True:
+            more = sock.recv(_READ)
+            if not more:
+                raise _ConnectionError("Connection closed by server.")
+            data += more
+            try:
+                value, end = _parse(data, 0)
+            except _Incomplete:
+                continue
+            if end != len(data):  # one command, one reply: anything more is out of step
+                raise InvalidResponse(f"{len(data) - end} bytes after the reply")
+            return value
+    except socket.timeout as e:
+        raise _TimeoutError("Timeout talking to the server") from e
+    except OSError as e:
+        raise _ConnectionError(f"Error talking to the server: {e}") from e
+
+
+def _parse(data: bytes, at: int) -> tuple[Any, int]:
+    """The RESP2 or RESP3 reply at `data[at:]` and where it ends: the types
+    the layout's commands and scripts answer with (bulk and simple strings as
+    bytes, integers, arrays, nulls, errors)."""
+    end = data.find(b"\r\n", at)
+    if end < 0:
+        raise _Incomplete
+    kind, line, at = data[at], data[at + 1 : end], end + 2
+    if kind == 0x24 or kind == 0x21:  # `$` bulk string, `!` bulk error
+        n = int(line)
+        if n < 0:
+            return None, at
+        if at + n + 2 > len(data):
+            raise _Incomplete
+        value = data[at : at + n]
+        return (value if kind == 0x24 else _error(value)), at + n + 2
+    if kind == 0x3A:  # `:` integer
+        return int(line), at
+    if kind == 0x2A:  # `*` array
+        items = []
+        for _ in range(int(line)):
+            item, at = _parse(data, at)
+            items.append(item)
+        return items, at
+    if kind == 0x2B:  # `+` simple string
+        return line, at
+    if kind == 0x2D:  # `-` error
+        return _error(line), at
+    if kind == 0x5F:  # `_` RESP3 null
+        return None, at
+    raise InvalidResponse(f"unexpected reply type {chr(kind)!r}")
+
+
+def _error(message: bytes) -> ResponseError:
+    """The exception redis-py raises for this error reply (`NoScriptError` for `NOSCRIPT`, ...)."""
+    return BaseParser.parse_error(message.decode("utf-8", "replace"))
+
+
 def _pool_args(pool: Any) -> tuple:
     """`get_connection`'s arguments: none since redis-py 5.3, a command name before."""
     if pool is None:
@@ -399,26 +471,29 @@ class RedisStore(_Layout):
 
     def _command(self, args: tuple) -> Any:
         """One command on a connection of the store's own, its reply as the
-        server sent it: what `execute_command` does without its retry,
-        response callbacks and instrumentation, and without taking the
-        connection out of the pool and putting it back each time (a lock and
-        the pool's observability hooks, about as much client-side work again
-        as the command's own: `examples/python/bench_stores.py`). A connection
-        that failed, timed out or was interrupted mid-reply is dropped, so no
-        later command reads its stale reply."""
+        server sent it. redis-py's connection opens the socket (address,
+        TLS, AUTH, SELECT, protocol); the command and its reply go over that
+        socket directly (`_pack`, `_read_reply`): no pool checkout, lock,
+        observability hooks, retry or response callbacks per command, which
+        cost more client-side time than the round trip itself
+        (`examples/python/bench_stores.py`). A connection that failed, timed
+        out or was interrupted mid-reply is dropped, so no later command
+        reads its stale reply."""
         if self._pool is None:  # a client without one pool (a cluster client): its own path
             return self.client.execute_command(*args)
         conn = self._checkout()
         try:
-            conn.send_packed_command((_pack(args),))
-            return conn.read_response()
-        except ResponseError:
-            raise  # the server answered with an error: the connection is in step
+            if conn._sock is None:
+                conn.connect()
+            reply = _exchange(conn._sock, _pack(args))
         except BaseException:
-            conn.disconnect()  # anything else (a timeout, a Ctrl-C) may leave a reply unread
+            conn.disconnect()  # a timeout, a Ctrl-C, a broken reply: one may be left unread
             raise
         finally:
             self._idle.append(conn)
+        if isinstance(reply, ResponseError):
+            raise reply  # the server answered with an error: the connection is in step
+        return reply
 
     def _checkout(self) -> Any:
         """An idle connection of the store's, or a new one from the client's pool.
@@ -435,7 +510,7 @@ class RedisStore(_Layout):
             return self._pool.get_connection(*self._pool_args)  # connected and checked by the pool
         sock = conn._sock
         if sock is not None and _readable(sock):
-            conn.disconnect()  # send_packed_command connects again
+            conn.disconnect()  # connected again before the command
         return conn
 
     def _run(self, key: str, steps: _Steps) -> Any:
