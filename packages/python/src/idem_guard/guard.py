@@ -197,7 +197,15 @@ def _bytes(value: Any) -> bytes:
 
 
 def _normalized(r: Response) -> Response:
-    """A handler's response with `str` bodies and header values as UTF-8 bytes."""
+    """A handler's response with `str` bodies and header values as UTF-8 bytes
+    (the response itself when it already is: a frozen dataclass is slow to build)."""
+    if (
+        type(r) is Response
+        and type(r.body) is bytes
+        and type(r.headers) is list
+        and all(type(h) is tuple and len(h) == 2 and type(h[1]) is bytes for h in r.headers)
+    ):
+        return r
     return Response(r.status, [(n, _bytes(v)) for n, v in r.headers], _bytes(r.body))
 
 
