@@ -203,6 +203,8 @@ def test_a_redis_value_that_does_not_decode_is_corrupt_naming_the_key_and_the_gu
         with pytest.raises(StoreFault) as fault:
             store.replace("hash", 1, record(), NOW)  # inside the script
         assert fault.value.kind == "corrupt", str(fault.value)
+        # An error reply (READONLY after a failover alike) drops the connection: the next command connects afresh.
+        assert all(conn._sock is None for conn in store._idle), "a connection that got an error reply was kept"
         outcome = Guard(store=store).run("garbage", "fp", lambda fence: ran.append(fence) or Response(200))
     assert outcome.kind == "unavailable" and "garbage" in outcome.message and ran == []
 

@@ -486,13 +486,18 @@ class RedisStore(_Layout):
             if conn._sock is None:
                 conn.connect()
             reply = _exchange(conn._sock, _pack(args))
+            if isinstance(reply, ResponseError) and not isinstance(reply, NoScriptError):
+                # In step, but the server may be one to leave (READONLY after a
+                # failover, LOADING): the next command connects afresh, as
+                # redis-py's own connections do for the errors they act on.
+                conn.disconnect()
         except BaseException:
             conn.disconnect()  # a timeout, a Ctrl-C, a broken reply: one may be left unread
             raise
         finally:
             self._idle.append(conn)
         if isinstance(reply, ResponseError):
-            raise reply  # the server answered with an error: the connection is in step
+            raise reply
         return reply
 
     def _checkout(self) -> Any:
