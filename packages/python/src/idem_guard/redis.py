@@ -55,6 +55,7 @@ except ImportError as e:  # pragma: no cover - depends on the environment
     raise ImportError("idem_guard.redis needs redis-py: pip install 'idem-guard[redis]'") from e
 
 from . import layout
+from .steps import AsyncSteps, Steps
 from .types import Checkpoint, Entry, Record, Response, StoreFault
 
 __all__ = ["AsyncRedisStore", "RedisStore", "decode", "encode"]
@@ -424,7 +425,7 @@ def _pool_args(pool: Any) -> tuple:
     return ("SET",) if name is not None and name.default is inspect.Parameter.empty else ()
 
 
-class RedisStore(_Layout):
+class RedisStore(_Layout, Steps):
     """The store primitives of `wit/store.wit` on a Redis server, for `Guard`.
 
     `url`: `redis://[:PASSWORD@]HOST[:PORT][/DB]` (redis-py's `from_url`),
@@ -456,7 +457,7 @@ class RedisStore(_Layout):
         self._idle: list = []  # connections taken from the pool, kept for the next command
         self._pid = os.getpid()
 
-    def _send(self, command: Any) -> Any:
+    def _send(self, command: Any, key: str) -> Any:
         if isinstance(command, _Set):
             args: tuple = ("SET", command.key, command.value, "NX", "GET", "PX", command.ttl)
         elif isinstance(command, _Script):
@@ -464,10 +465,13 @@ class RedisStore(_Layout):
         else:
             args = tuple(command)
         try:
-            return self._command(args)
-        except NoScriptError:
-            self._command(("SCRIPT", "LOAD", self._scripts[command.name]))
-            return self._command(args)
+            try:
+                return self._command(args)
+            except NoScriptError:
+                self._command(("SCRIPT", "LOAD", self._scripts[command.name]))
+                return self._command(args)
+        except RedisError as e:
+            raise self._fault(e, key) from e
 
     def _command(self, args: tuple) -> Any:
         """One command on a connection of the store's own, its reply as the
@@ -518,30 +522,6 @@ class RedisStore(_Layout):
             conn.disconnect()  # connected again before the command
         return conn
 
-    def _run(self, key: str, steps: _Steps) -> Any:
-        try:
-            command = next(steps)
-            while True:
-                try:
-                    reply = self._send(command)
-                except RedisError as e:
-                    raise self._fault(e, key) from e
-                command = steps.send(reply)
-        except StopIteration as done:
-            return done.value
-
-    def get(self, key: str, now_ms: int) -> Optional[Entry]:
-        return self._run(key, self._get(key, now_ms))
-
-    def insert(self, key: str, record: Record, now_ms: int) -> int | Entry:
-        return self._run(key, self._insert(key, record, now_ms))
-
-    def replace(self, key: str, expected_version: int, record: Record, now_ms: int) -> Optional[int]:
-        return self._run(key, self._replace(key, expected_version, record, now_ms))
-
-    def delete(self, key: str, expected_version: Optional[int]) -> bool:
-        return self._run(key, self._delete(key, expected_version))
-
     def close(self) -> None:
         """Gives its connections back to the client's pool, and closes them
         (only those of a client the store opened itself)."""
@@ -552,14 +532,8 @@ class RedisStore(_Layout):
         if self._owned:
             self.client.close()
 
-    def __enter__(self) -> "RedisStore":
-        return self
 
-    def __exit__(self, *_exc: Any) -> None:
-        self.close()
-
-
-class AsyncRedisStore(_Layout):
+class AsyncRedisStore(_Layout, AsyncSteps):
     """The store primitives on a Redis server through `redis.asyncio`, for
     `AsyncGuard`: `await store.get(...)` and so on. Options as `RedisStore`'s
     (`client=` an existing `redis.asyncio.Redis`). Use it from one event loop."""
@@ -581,42 +555,21 @@ class AsyncRedisStore(_Layout):
             lambda: _aredis.Redis.from_url(url, max_connections=max_connections, retry=_AsyncRetry(NoBackoff(), 0), **options),
         )
 
-    async def _send(self, command: Any) -> Any:
+    async def _send(self, command: Any, key: str) -> Any:
         c = self.client
-        if isinstance(command, _Set):
-            return await c.set(command.key, command.value, nx=True, get=True, px=command.ttl)
-        if isinstance(command, _Script):
-            sha = self._shas[command.name]
-            try:
-                return await c.execute_command("EVALSHA", sha, 1, command.key, *command.args)
-            except NoScriptError:
-                await c.execute_command("SCRIPT", "LOAD", self._scripts[command.name])
-                return await c.execute_command("EVALSHA", sha, 1, command.key, *command.args)
-        return await c.execute_command(*command)
-
-    async def _run(self, key: str, steps: _Steps) -> Any:
         try:
-            command = next(steps)
-            while True:
+            if isinstance(command, _Set):
+                return await c.set(command.key, command.value, nx=True, get=True, px=command.ttl)
+            if isinstance(command, _Script):
+                sha = self._shas[command.name]
                 try:
-                    reply = await self._send(command)
-                except RedisError as e:
-                    raise self._fault(e, key) from e
-                command = steps.send(reply)
-        except StopIteration as done:
-            return done.value
-
-    async def get(self, key: str, now_ms: int) -> Optional[Entry]:
-        return await self._run(key, self._get(key, now_ms))
-
-    async def insert(self, key: str, record: Record, now_ms: int) -> int | Entry:
-        return await self._run(key, self._insert(key, record, now_ms))
-
-    async def replace(self, key: str, expected_version: int, record: Record, now_ms: int) -> Optional[int]:
-        return await self._run(key, self._replace(key, expected_version, record, now_ms))
-
-    async def delete(self, key: str, expected_version: Optional[int]) -> bool:
-        return await self._run(key, self._delete(key, expected_version))
+                    return await c.execute_command("EVALSHA", sha, 1, command.key, *command.args)
+                except NoScriptError:
+                    await c.execute_command("SCRIPT", "LOAD", self._scripts[command.name])
+                    return await c.execute_command("EVALSHA", sha, 1, command.key, *command.args)
+            return await c.execute_command(*command)
+        except RedisError as e:
+            raise self._fault(e, key) from e
 
     async def close(self) -> None:
         """Closes the connections (only those the store opened itself)."""
