@@ -75,13 +75,16 @@ def main() -> None:
     guard = Guard(store=store)
     aguard = AsyncGuard(store=astore)
 
-    def guarded(tag: str) -> Callable[[int], None]:
-        def call(i: int) -> None:
-            kind, claim = guard.begin(f"{tag}{i}", "sku=A&qty=1")
-            assert kind == "proceed", kind
-            guard.complete(claim, response)
+    def guarded(guard: Guard) -> Callable[[str], Callable[[int], None]]:
+        def row(tag: str) -> Callable[[int], None]:
+            def call(i: int) -> None:
+                kind, claim = guard.begin(f"{tag}{i}", "sku=A&qty=1")
+                assert kind == "proceed", kind
+                guard.complete(claim, response)
 
-        return call
+            return call
+
+        return row
 
     def aguarded(tag: str) -> Callable[[int], Any]:
         async def call(i: int) -> None:
@@ -109,7 +112,7 @@ def main() -> None:
 
     rows: dict[str, Callable[[str], Callable[[int], Any]]] = {
         "redis raw SET NX + SET (redis-py)": raw_pair,
-        "redis Guard begin+complete": guarded,
+        "redis Guard begin+complete": guarded(guard),
         "redis raw SET NX + SET (asyncio)": araw_pair,
         "redis AsyncGuard begin+complete": aguarded,
     }
@@ -149,17 +152,8 @@ def main() -> None:
 
         table = f"idembench_{os.getpid()}"
         pg = PostgresStore(postgres_url, table=table, pool=1)
-        pguard = Guard(store=pg)
         conn = psycopg.connect(postgres_url, autocommit=True, prepare_threshold=0)
         conn.execute(f"CREATE TABLE {table}_raw (key TEXT PRIMARY KEY, v BYTEA, version BIGINT)")
-
-        def pg_guarded(tag: str) -> Callable[[int], None]:
-            def call(i: int) -> None:
-                kind, claim = pguard.begin(f"{tag}{i}", "sku=A&qty=1")
-                assert kind == "proceed", kind
-                pguard.complete(claim, response)
-
-            return call
 
         def pg_raw(tag: str) -> Callable[[int], None]:
             def call(i: int) -> None:
@@ -170,7 +164,7 @@ def main() -> None:
             return call
 
         rows["postgres raw INSERT + UPDATE"] = pg_raw
-        rows["postgres Guard begin+complete"] = pg_guarded
+        rows["postgres Guard begin+complete"] = guarded(Guard(store=pg))
 
     # Within a round the rows take turns every `block` keys, so a change in the
     # machine's load (other processes on its cores) falls on all of them alike.

@@ -43,6 +43,7 @@ import itertools
 import struct
 import weakref
 from ctypes import POINTER
+from functools import cache
 from pathlib import Path
 from typing import Any, Callable, Optional, Sequence
 
@@ -349,14 +350,10 @@ ENGINE = wasmtime.Engine()
 class Guest:
     """The guard's core module, compiled once, checked against the WIT mirror."""
 
-    _loaded: dict[str, "Guest"] = {}
-
     @classmethod
+    @cache  # compiled once per file, for the life of the process
     def load(cls, path: Path) -> "Guest":
-        key = str(path)
-        if key not in cls._loaded:
-            cls._loaded[key] = cls(Path(path).read_bytes())
-        return cls._loaded[key]
+        return cls(Path(path).read_bytes())
 
     def __init__(self, component: bytes):
         # wit-component wraps the guest with a shim and a fixup module for the
