@@ -443,32 +443,6 @@ def test_twenty_concurrent_async_runs_on_one_postgres_key_run_the_handler_once(t
 # --- the HTTP scenarios through the ASGI middleware, on the servers -----------
 
 
-class StoreTarget:
-    """test_http_conformance's Target with the middleware's AsyncGuard over an
-    asynchronous network store (faults injected beside it for "store down")."""
-
-    def __init__(self, config: dict, store: Any) -> None:
-        from starlette.applications import Starlette
-        from starlette.middleware import Middleware
-        from starlette.routing import Route
-        from test_http_conformance import Handler
-
-        from idem_guard.asgi import IdempotencyMiddleware
-
-        self.store = AsyncFaulty(store)
-        self.handler = Handler()
-        route = Route("/{path:path}", self.handler.__call__, methods=["GET", "POST", "PATCH", "PUT", "DELETE"])
-        options = {"guard": AsyncGuard(store=self.store), "require_key": config.get("require_key", False)}
-        self.app = Starlette(routes=[route], middleware=[Middleware(IdempotencyMiddleware, **options)])
-
-    def store_down(self) -> None:
-        self.store.fault("get", kind="error", message="store down")
-        self.store.fault("insert", kind="error", message="store down")
-
-    def store_up(self) -> None:
-        self.store.clear_faults()
-
-
 def http_scenarios() -> list[str]:
     pytest.importorskip("starlette")
     from test_http_conformance import FILES as HTTP_FILES
@@ -479,13 +453,13 @@ def http_scenarios() -> list[str]:
 @pytest.mark.parametrize("name", http_scenarios())
 def test_the_asgi_middleware_plays_the_http_scenario_on_async_redis(redis_url: str, name: str) -> None:
     from test_http_conformance import load as load_http
-    from test_http_conformance import play
+    from test_http_conformance import Target, play
 
     scenario = load_http(name)
 
     async def main() -> int:
         async with AsyncRedisStore(redis_url, prefix=unique("http") + ":") as store:
-            return await play(scenario, StoreTarget(scenario.get("config") or {}, store))
+            return await play(scenario, Target(scenario.get("config") or {}, AsyncFaulty(store)))
 
     assert asyncio.run(main()) > 0
 
@@ -493,14 +467,14 @@ def test_the_asgi_middleware_plays_the_http_scenario_on_async_redis(redis_url: s
 @pytest.mark.parametrize("name", http_scenarios())
 def test_the_asgi_middleware_plays_the_http_scenario_on_async_postgres(tables: Tables, scenario_table: str, name: str) -> None:
     from test_http_conformance import load as load_http
-    from test_http_conformance import play
+    from test_http_conformance import Target, play
 
     scenario = load_http(name)
     tables.sql(f"DELETE FROM {scenario_table}")
 
     async def main() -> int:
         async with await AsyncPostgresStore.open(tables.url, table=scenario_table, pool=4) as store:
-            return await play(scenario, StoreTarget(scenario.get("config") or {}, store))
+            return await play(scenario, Target(scenario.get("config") or {}, AsyncFaulty(store)))
 
     assert asyncio.run(main()) > 0
 
