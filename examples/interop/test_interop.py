@@ -332,34 +332,12 @@ def python_app(store) -> tuple:
     return app, runs
 
 
-async def post_in_process(app, key: str, body: bytes) -> tuple[int, dict[str, str], bytes]:
-    """POST /orders through the ASGI app, as a server would call it."""
-    headers = [(b"content-type", b"application/json"), (b"idempotency-key", key.encode()), (b"content-length", b"%d" % len(body))]
-    scope = {
-        "type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": "POST", "scheme": "http",
-        "path": "/orders", "raw_path": b"/orders", "query_string": b"", "root_path": "", "headers": headers,
-        "client": ("127.0.0.1", 50000), "server": ("127.0.0.1", 80),
-    }
-    delivered, gone, messages = False, asyncio.Event(), []
+def through_python(app, key: str, body: bytes):
+    """POST /orders through the ASGI app in process (the HTTP scenarios' `exchange`)."""
+    from test_http_conformance import exchange
 
-    async def receive() -> dict:
-        nonlocal delivered
-        if not delivered:
-            delivered = True
-            return {"type": "http.request", "body": body, "more_body": False}
-        await gone.wait()
-        return {"type": "http.disconnect"}
-
-    async def send(message: dict) -> None:
-        messages.append(message)
-
-    try:
-        await app(scope, receive, send)
-    finally:
-        gone.set()
-    start = next(m for m in messages if m["type"] == "http.response.start")
-    content = b"".join(m.get("body", b"") for m in messages if m["type"] == "http.response.body")
-    return start["status"], {n.decode().lower(): v.decode() for n, v in start["headers"]}, content
+    spec = {"method": "POST", "path": "/orders", "key": key, "headers": {"content-type": "application/json"}, "body": body.decode()}
+    return exchange(app, spec, None)
 
 
 def test_the_gateway_and_the_asgi_middleware_replay_each_others_responses(hosts):
@@ -376,15 +354,15 @@ def test_the_gateway_and_the_asgi_middleware_replay_each_others_responses(hosts)
         store = await open_async()
         try:
             app, runs = python_app(store)
-            replayed = await post_in_process(app, "g-m", body)
-            first = await post_in_process(app, "p-m", body)
+            replayed = await through_python(app, "g-m", body)
+            first = await through_python(app, "p-m", body)
             return replayed, first, runs
         finally:
             await store.close()
 
     replayed, first, runs = asyncio.run(python_side())
-    assert replayed[0] == 201 and replayed[2] == sent and replayed[1].get("idempotent-replayed") == "true", replayed
-    assert first[0] == 201 and first[2] == b'{"by":"python"}', first
+    assert replayed.status == 201 and replayed.body == sent and replayed.header("idempotent-replayed") == "true"
+    assert first.status == 201 and first.body == b'{"by":"python"}', first.body
     assert runs == [1], "the middleware ran its handler for p-m only"
 
     # The middleware first: the gateway replays its response and never calls the upstream.
