@@ -39,7 +39,7 @@ import os
 import select
 import socket
 import struct
-from typing import Any, Callable, Generator, Optional
+from typing import Any, Generator, Optional
 
 try:
     import redis as _redis
@@ -234,7 +234,20 @@ _HEADLESS = 'has no "{version} {expires_at_ms}" header'
 class _Layout:
     """What both stores share: options, scripts, and the primitives as command sequences."""
 
-    def __init__(self, prefix: str, grace_ms: int, timeout_ms: int):
+    # The client each store opens for itself from a URL: redis-py's sync or asyncio one.
+    _client_class: Any
+    _retry_class: Any
+
+    def __init__(
+        self,
+        url: str = "redis://127.0.0.1:6379",
+        *,
+        prefix: str = "",
+        grace_ms: int = DEFAULT_GRACE_MS,
+        timeout_ms: int = DEFAULT_TIMEOUT_MS,
+        client: Any = None,
+        max_connections: Optional[int] = None,
+    ):
         if grace_ms < 0 or timeout_ms < 1:
             raise ValueError("grace_ms must be at least 0 and timeout_ms at least 1")
         self.prefix = prefix
@@ -242,15 +255,26 @@ class _Layout:
         self.timeout_ms = timeout_ms
         self._scripts = {name: layout.redis_script(name) for name in ("claim_expired", "replace", "delete_at", "purge")}
         self._shas = {name: hashlib.sha1(text.encode()).hexdigest() for name, text in self._scripts.items()}
-
-    def _adopt(self, client: Any, make: Callable[[], Any]) -> None:
-        """`client` as given (its owner closes it), else `make()` (this store closes it)."""
+        # `client` as given (its owner closes it), else one of the store's own (it closes it).
         self._owned = client is None
         if client is None:
-            client = make()
+            # No retries inside the client: a retried write whose first reply was lost
+            # would be applied twice; the guard fails closed and its read-back decides.
+            client = self._client_class.from_url(
+                url,
+                max_connections=max_connections,
+                retry=self._retry_class(NoBackoff(), 0),
+                socket_timeout=timeout_ms / 1000,
+                socket_connect_timeout=timeout_ms / 1000,
+                retry_on_timeout=False,
+            )
         if client.get_connection_kwargs().get("decode_responses"):
             raise ValueError("the redis client must not decode responses (decode_responses=False): values are bytes")
         self.client = client
+        self._opened()
+
+    def _opened(self) -> None:
+        """What a store sets up once it has its client."""
 
     def _ttl(self, record: Record, now_ms: int) -> int:
         """PX: the record's remaining life by the guard's clock, plus the grace (u64 arithmetic, as in Rust)."""
@@ -309,16 +333,6 @@ class _Layout:
         if isinstance(error, ResponseError) and "WRONGTYPE" in str(error):
             return _corrupt(key, "is a Redis value that is not a string: not an idem record")
         return StoreFault("unavailable", f"{NAME}: {type(error).__name__}: {error}")
-
-
-def _client_options(timeout_ms: int) -> dict:
-    # No retries inside the client: a retried write whose first reply was lost
-    # would be applied twice; the guard fails closed and its read-back decides.
-    return {
-        "socket_timeout": timeout_ms / 1000,
-        "socket_connect_timeout": timeout_ms / 1000,
-        "retry_on_timeout": False,
-    }
 
 
 def _pack(args: tuple) -> bytes:
@@ -436,22 +450,9 @@ class RedisStore(_Layout, Steps):
     command.
     """
 
-    def __init__(
-        self,
-        url: str = "redis://127.0.0.1:6379",
-        *,
-        prefix: str = "",
-        grace_ms: int = DEFAULT_GRACE_MS,
-        timeout_ms: int = DEFAULT_TIMEOUT_MS,
-        client: Optional["_redis.Redis"] = None,
-        max_connections: Optional[int] = None,
-    ):
-        super().__init__(prefix, grace_ms, timeout_ms)
-        options = _client_options(timeout_ms)
-        self._adopt(
-            client,
-            lambda: _redis.Redis.from_url(url, max_connections=max_connections, retry=Retry(NoBackoff(), 0), **options),
-        )
+    _client_class, _retry_class = _redis.Redis, Retry
+
+    def _opened(self) -> None:
         self._pool = getattr(self.client, "connection_pool", None)
         self._pool_args = _pool_args(self._pool)
         self._idle: list = []  # connections taken from the pool, kept for the next command
@@ -538,22 +539,7 @@ class AsyncRedisStore(_Layout, AsyncSteps):
     `AsyncGuard`: `await store.get(...)` and so on. Options as `RedisStore`'s
     (`client=` an existing `redis.asyncio.Redis`). Use it from one event loop."""
 
-    def __init__(
-        self,
-        url: str = "redis://127.0.0.1:6379",
-        *,
-        prefix: str = "",
-        grace_ms: int = DEFAULT_GRACE_MS,
-        timeout_ms: int = DEFAULT_TIMEOUT_MS,
-        client: Optional["_aredis.Redis"] = None,
-        max_connections: Optional[int] = None,
-    ):
-        super().__init__(prefix, grace_ms, timeout_ms)
-        options = _client_options(timeout_ms)
-        self._adopt(
-            client,
-            lambda: _aredis.Redis.from_url(url, max_connections=max_connections, retry=_AsyncRetry(NoBackoff(), 0), **options),
-        )
+    _client_class, _retry_class = _aredis.Redis, _AsyncRetry
 
     async def _send(self, command: Any, key: str) -> Any:
         c = self.client
