@@ -554,6 +554,29 @@ def test_the_redis_store_parses_the_resp_types_its_commands_answer_with() -> Non
         _parse(b"%1\r\n", 0)
 
 
+def test_a_redis_reply_that_is_not_resp_fails_the_command_and_drops_the_connection(redis_url: str) -> None:
+    with RedisStore(redis_url, prefix=unique("garbled") + ":") as store:
+        assert store.get("k", NOW) is None
+        (conn,) = store._idle
+
+        class Garbled:  # a server (or a middlebox) answering something that is not RESP
+            def __init__(self, sock: socket.socket):
+                self.sock = sock
+
+            def recv(self, size: int) -> bytes:
+                self.sock.recv(size)
+                return b"$x\r\n"
+
+            def __getattr__(self, name: str) -> Any:
+                return getattr(self.sock, name)
+
+        conn._sock = Garbled(conn._sock)
+        with pytest.raises(StoreFault) as fault:
+            store.get("k", NOW)
+        assert fault.value.kind == "unavailable" and "not RESP" in str(fault.value), str(fault.value)
+        assert conn._sock is None and store.get("k", NOW) is None, "dropped, then connected afresh"
+
+
 class InterruptedOnce:
     """A socket whose next `recv` is interrupted, as by a Ctrl-C after the command went out."""
 

@@ -384,6 +384,8 @@ def _exchange(sock: Any, command: bytes) -> Any:
                 value, end = _parse(data, 0)
             except _Incomplete:
                 continue
+            except ValueError as e:  # a length or an integer that is not one
+                raise InvalidResponse(f"a reply that is not RESP: {e}") from e
             if end != len(data):  # one command, one reply: anything more is out of step
                 raise InvalidResponse(f"{len(data) - end} bytes after the reply")
             return value
