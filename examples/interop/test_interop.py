@@ -5,7 +5,9 @@ in this process) share one Redis and one PostgreSQL, and agree on every key:
 - a key one of them claimed is in flight for the other two;
 - a response one of them stored is replayed byte for byte by the others;
 - a claim whose lease ran out is taken over across languages at a higher
-  fence, and the stale holder's completion is refused.
+  fence, and the stale holder's completion is refused;
+- the gateway and the Python package's ASGI middleware (Starlette, driven in
+  process) replay each other's responses without running their handlers.
 
 Needs IDEM_BIN (an `idem` binary), IDEM_TEST_REDIS_URL and
 IDEM_TEST_POSTGRES_URL; fails, naming what is missing, without them
@@ -15,6 +17,7 @@ Run by examples/run-polyglot-tests.sh in the polyglot venv.
 
 from __future__ import annotations
 
+import asyncio
 import http.server
 import json
 import os
@@ -173,22 +176,34 @@ def hosts(request):
         prefix = f"{run}:"
         from idem_guard.redis import RedisStore
 
+        from idem_guard.redis import AsyncRedisStore
+
         py_store = RedisStore(url, prefix=prefix)
         gateway_url = f"{url}{'&' if '?' in url else '?'}prefix={prefix}"
         node_open = {"store": "redis", "url": url, "prefix": prefix}
+
+        async def open_async():
+            return AsyncRedisStore(url, prefix=prefix)
+
     else:
         url = need("IDEM_TEST_POSTGRES_URL")
         from idem_guard.postgres import PostgresStore
 
+        from idem_guard.postgres import AsyncPostgresStore
+
         py_store = PostgresStore(url, table=run)
         gateway_url = f"{url}{'&' if '?' in url else '?'}table={run}"
         node_open = {"store": "postgres", "url": url, "table": run}
+
+        async def open_async():
+            return await AsyncPostgresStore.open(url, table=run)
+
     upstream = Upstream()
     gateway = Gateway(gateway_url, upstream)
     node = Node()
     assert node(op="open", leaseMs=LEASE_MS, **node_open) == {"ok": True}
     python = Guard(store=py_store, lease_ms=LEASE_MS, renew_lease=False)
-    yield kind, gateway, node, python, upstream, py_store
+    yield kind, gateway, node, python, upstream, py_store, open_async
     node.close()
     gateway.close()
     upstream.close()
@@ -220,7 +235,7 @@ def fingerprint_of(python: Guard, body: bytes) -> str:
 
 
 def test_a_node_claim_is_in_flight_everywhere_then_replayed_byte_for_byte(hosts):
-    kind, gateway, node, python, upstream, _ = hosts
+    kind, gateway, node, python, upstream, _, _ = hosts
     body = b'{"order":"n-1","cents":1000}'
     fp = fingerprint_of(python, body)
 
@@ -244,7 +259,7 @@ def test_a_node_claim_is_in_flight_everywhere_then_replayed_byte_for_byte(hosts)
 
 
 def test_a_gateway_response_is_replayed_by_node_and_python(hosts):
-    kind, gateway, node, python, upstream, _ = hosts
+    kind, gateway, node, python, upstream, _, _ = hosts
     body = b'{"order":"g-1","cents":500}'
     fp = fingerprint_of(python, body)
     upstream.delay = 1.0
@@ -270,7 +285,7 @@ def test_a_gateway_response_is_replayed_by_node_and_python(hosts):
 
 
 def test_a_takeover_across_languages_raises_the_fence_and_refuses_the_stale_holder(hosts):
-    kind, gateway, node, python, upstream, py_store = hosts
+    kind, gateway, node, python, upstream, py_store, _ = hosts
     body = b'{"order":"t-1"}'
     fp = fingerprint_of(python, body)
     short = Guard(store=py_store, lease_ms=200, renew_lease=False)
@@ -291,3 +306,66 @@ def test_a_takeover_across_languages_raises_the_fence_and_refuses_the_stale_hold
     status, _, got = gateway.post("t-1", body)
     assert (status, got) == (201, done.body)
     assert upstream.calls.get("t-1") is None
+
+
+def python_app(store) -> tuple:
+    """A Starlette app behind the ASGI middleware over `store`; its handler's runs counted."""
+    from starlette.applications import Starlette
+    from starlette.middleware import Middleware
+    from starlette.responses import Response as HttpResponse
+    from starlette.routing import Route
+
+    from idem_guard import AsyncGuard
+    from idem_guard.asgi import IdempotencyMiddleware
+
+    runs: list[int] = []
+
+    async def orders(request) -> HttpResponse:
+        await request.body()
+        runs.append(1)
+        return HttpResponse(b'{"by":"python"}', status_code=201, media_type="application/json")
+
+    app = Starlette(
+        routes=[Route("/orders", orders, methods=["POST"])],
+        middleware=[Middleware(IdempotencyMiddleware, guard=AsyncGuard(store=store))],
+    )
+    return app, runs
+
+
+def through_python(app, key: str, body: bytes):
+    """POST /orders through the ASGI app in process (the HTTP scenarios' `exchange`)."""
+    from test_http_conformance import exchange
+
+    spec = {"method": "POST", "path": "/orders", "key": key, "headers": {"content-type": "application/json"}, "body": body.decode()}
+    return exchange(app, spec, None)
+
+
+def test_the_gateway_and_the_asgi_middleware_replay_each_others_responses(hosts):
+    kind, gateway, node, python, upstream, py_store, open_async = hosts
+    body = b'{"order":"m-1","cents":1000}'
+
+    # The gateway first: its record, read by the Python store and replayed by the middleware.
+    status, _, sent = gateway.post("g-m", body)
+    assert status == 201 and upstream.calls["g-m"] == 1
+    entry = py_store.get("anon/g-m", time.time_ns() // 1_000_000)
+    assert entry is not None and entry.record.state == "done" and entry.record.response.body == sent, entry
+
+    async def python_side():
+        store = await open_async()
+        try:
+            app, runs = python_app(store)
+            replayed = await through_python(app, "g-m", body)
+            first = await through_python(app, "p-m", body)
+            return replayed, first, runs
+        finally:
+            await store.close()
+
+    replayed, first, runs = asyncio.run(python_side())
+    assert replayed.status == 201 and replayed.body == sent and replayed.header("idempotent-replayed") == "true"
+    assert first.status == 201 and first.body == b'{"by":"python"}', first.body
+    assert runs == [1], "the middleware ran its handler for p-m only"
+
+    # The middleware first: the gateway replays its response and never calls the upstream.
+    status, headers, got = gateway.post("p-m", body)
+    assert (status, got) == (201, b'{"by":"python"}') and headers.get("idempotent-replayed") == "true", headers
+    assert upstream.calls.get("p-m") is None

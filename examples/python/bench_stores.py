@@ -1,9 +1,13 @@
 """The cost of one guarded call on Redis (and PostgreSQL, when its URL is set)
 from Python, next to the raw commands of the same claim and completion in
-the same run. Rounds interleave the rows, so a busy machine slows them alike;
-the median round is printed. `python bench_stores.py [OPS] [ROUNDS]`, with
-IDEM_TEST_REDIS_URL (default redis://127.0.0.1:6379) and, optionally,
-IDEM_TEST_POSTGRES_URL; keys go under `idembench_{pid}_`, removed afterwards.
+the same run. Within each round the rows take turns every twentieth of the
+keys (the order reversed every other round), so a busy machine slows them
+alike; the median round is printed, wall-clock and this process's CPU time per
+call (on a shared machine the two part when the process waits for a core),
+and each row's wall-clock over its raw row's.
+`python bench_stores.py [OPS] [ROUNDS]`, with IDEM_TEST_REDIS_URL (default
+redis://127.0.0.1:6379) and, optionally, IDEM_TEST_POSTGRES_URL; keys go
+under `idembench_{pid}_`, removed afterwards.
 
 - guard: `Guard.begin` + `Guard.complete` on a new key over `RedisStore` (the
   component's imports call it inline: one `SET NX GET`, one `EVALSHA replace`).
@@ -44,19 +48,20 @@ response = Response(200, [("content-type", b"text/plain")], b"paid")
 value = b"x" * 120  # about a record's size
 
 
-def timed(n: int, call: Callable[[int], Any]) -> float:
-    start = time.perf_counter_ns()
-    for i in range(n):
+def timed(keys: range, call: Callable[[int], Any]) -> tuple[int, int]:
+    """Wall-clock and CPU nanoseconds `call` took over `keys`."""
+    cpu, start = time.process_time_ns(), time.perf_counter_ns()
+    for i in keys:
         call(i)
-    return (time.perf_counter_ns() - start) / n
+    return time.perf_counter_ns() - start, time.process_time_ns() - cpu
 
 
-def timed_async(loop: asyncio.AbstractEventLoop, n: int, call: Callable[[int], Any]) -> float:
-    async def body() -> float:
-        start = time.perf_counter_ns()
-        for i in range(n):
+def timed_async(loop: asyncio.AbstractEventLoop, keys: range, call: Callable[[int], Any]) -> tuple[int, int]:
+    async def body() -> tuple[int, int]:
+        cpu, start = time.process_time_ns(), time.perf_counter_ns()
+        for i in keys:
             await call(i)
-        return (time.perf_counter_ns() - start) / n
+        return time.perf_counter_ns() - start, time.process_time_ns() - cpu
 
     return loop.run_until_complete(body())
 
@@ -70,13 +75,16 @@ def main() -> None:
     guard = Guard(store=store)
     aguard = AsyncGuard(store=astore)
 
-    def guarded(tag: str) -> Callable[[int], None]:
-        def call(i: int) -> None:
-            kind, claim = guard.begin(f"{tag}{i}", "sku=A&qty=1")
-            assert kind == "proceed", kind
-            guard.complete(claim, response)
+    def guarded(guard: Guard) -> Callable[[str], Callable[[int], None]]:
+        def row(tag: str) -> Callable[[int], None]:
+            def call(i: int) -> None:
+                kind, claim = guard.begin(f"{tag}{i}", "sku=A&qty=1")
+                assert kind == "proceed", kind
+                guard.complete(claim, response)
 
-        return call
+            return call
+
+        return row
 
     def aguarded(tag: str) -> Callable[[int], Any]:
         async def call(i: int) -> None:
@@ -104,7 +112,7 @@ def main() -> None:
 
     rows: dict[str, Callable[[str], Callable[[int], Any]]] = {
         "redis raw SET NX + SET (redis-py)": raw_pair,
-        "redis Guard begin+complete": guarded,
+        "redis Guard begin+complete": guarded(guard),
         "redis raw SET NX + SET (asyncio)": araw_pair,
         "redis AsyncGuard begin+complete": aguarded,
     }
@@ -144,17 +152,8 @@ def main() -> None:
 
         table = f"idembench_{os.getpid()}"
         pg = PostgresStore(postgres_url, table=table, pool=1)
-        pguard = Guard(store=pg)
         conn = psycopg.connect(postgres_url, autocommit=True, prepare_threshold=0)
         conn.execute(f"CREATE TABLE {table}_raw (key TEXT PRIMARY KEY, v BYTEA, version BIGINT)")
-
-        def pg_guarded(tag: str) -> Callable[[int], None]:
-            def call(i: int) -> None:
-                kind, claim = pguard.begin(f"{tag}{i}", "sku=A&qty=1")
-                assert kind == "proceed", kind
-                pguard.complete(claim, response)
-
-            return call
 
         def pg_raw(tag: str) -> Callable[[int], None]:
             def call(i: int) -> None:
@@ -165,22 +164,34 @@ def main() -> None:
             return call
 
         rows["postgres raw INSERT + UPDATE"] = pg_raw
-        rows["postgres Guard begin+complete"] = pg_guarded
+        rows["postgres Guard begin+complete"] = guarded(Guard(store=pg))
 
-    results: dict[str, list[float]] = {name: [] for name in rows}
+    # Within a round the rows take turns every `block` keys, so a change in the
+    # machine's load (other processes on its cores) falls on all of them alike.
+    results: dict[str, list[tuple[float, float]]] = {name: [] for name in rows}
+    block = max(1, ops // 20)
     try:
         for r in range(rounds):
             order = list(rows) if r % 2 == 0 else list(reversed(rows))
+            calls = {name: rows[name](f"{r}-") for name in order}
+            spent = {name: [0, 0] for name in order}
             for name in order:
-                tag = f"{r}-{len(results[name])}-"
-                call = rows[name](tag)
-                warm = rows[name]("warm" + tag)
+                warm = rows[name](f"warm{r}-")
                 if name in asynchronous:
-                    timed_async(loop, max(1, ops // 10), warm)
-                    results[name].append(timed_async(loop, ops, call))
+                    timed_async(loop, range(max(1, ops // 10)), warm)
                 else:
-                    timed(max(1, ops // 10), warm)
-                    results[name].append(timed(ops, call))
+                    timed(range(max(1, ops // 10)), warm)
+            for start in range(0, ops, block):
+                keys = range(start, min(ops, start + block))
+                for name in order:
+                    if name in asynchronous:
+                        wall, cpu = timed_async(loop, keys, calls[name])
+                    else:
+                        wall, cpu = timed(keys, calls[name])
+                    spent[name][0] += wall
+                    spent[name][1] += cpu
+            for name in order:
+                results[name].append((spent[name][0] / ops, spent[name][1] / ops))
     finally:
         keys = list(raw.scan_iter(match=f"{prefix}*", count=1000))
         for i in range(0, len(keys), 1000):
@@ -204,8 +215,16 @@ def main() -> None:
             conn.close()
 
     print(f"load average: {' '.join(open('/proc/loadavg').read().split()[:3])}")
+    baseline = {False: "redis raw SET NX + SET (redis-py)", True: "redis raw SET NX + SET (asyncio)"}
+    wall = {name: statistics.median(w for w, _ in times) / 1000 for name, times in results.items()}
     for name, times in results.items():
-        print(f"python  {name:<36} {ops:>6} ops  {statistics.median(times) / 1000:>8.1f} µs/op  (median of {rounds})")
+        cpu = statistics.median(c for _, c in times) / 1000
+        raw_row = "postgres raw INSERT + UPDATE" if name.startswith("postgres") else baseline[name in asynchronous]
+        ratio = f"{wall[name] / wall[raw_row]:.2f}x its raw row" if raw_row in wall else ""
+        print(
+            f"python  {name:<36} {ops:>6} ops  {wall[name]:>8.1f} µs/op  {cpu:>7.1f} cpu-µs/op  "
+            f"(median of {rounds})  {ratio}"
+        )
 
 
 if __name__ == "__main__":

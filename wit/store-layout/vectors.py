@@ -66,45 +66,39 @@ def postgres_row(version, r):
     }
 
 
+def record(fingerprint, state, holder, lease_until_ms, expires_at_ms, response=None, checkpoint=None):
+    return {
+        "fingerprint": fingerprint, "state": state, "holder": holder,
+        "lease_until_ms": lease_until_ms, "expires_at_ms": expires_at_ms,
+        "response": response, "checkpoint": checkpoint,
+    }
+
+
 FP = "v1:" + "0123456789abcdef" * 4
+LEASE, EXPIRES = 1_700_000_030_000, 1_700_086_400_000
 RECORDS = [
-    ("processing, no response", 1, {
-        "fingerprint": FP, "state": "processing", "holder": 0x0123456789ABCDEF,
-        "lease_until_ms": 1_700_000_030_000, "expires_at_ms": 1_700_086_400_000,
-        "response": None, "checkpoint": None}),
-    ("done with headers and a binary body", 2, {
-        "fingerprint": FP, "state": "done", "holder": 7,
-        "lease_until_ms": 1_700_000_000_500, "expires_at_ms": 1_700_086_400_000,
-        "response": {"status": 201, "headers": [["content-type", "application/json".encode().hex()],
-                                                ["x-empty", ""], ["set-cookie", "00ff0a"]],
-                     "body": "7b226964223a317d00ff"},
-        "checkpoint": None}),
-    ("processing after a checkpoint, holder above 2^63", 5, {
-        "fingerprint": "custom-fp", "state": "processing", "holder": U64_MAX - 1,
-        "lease_until_ms": 1_700_000_060_000, "expires_at_ms": 1_700_086_400_000,
-        "response": None, "checkpoint": {"phase": "charged", "data": "636861726765642031"}}),
-    ("done, empty response, a checkpoint kept from the claim", 3, {
-        "fingerprint": "x", "state": "done", "holder": 1,
-        "lease_until_ms": 0, "expires_at_ms": 1,
-        "response": {"status": 204, "headers": [], "body": ""},
-        "checkpoint": {"phase": "r\u00e9serv\u00e9", "data": ""}}),
-    ("times at the top of u64", 18446744073709551614, {
-        "fingerprint": FP, "state": "processing", "holder": 2**63,
-        "lease_until_ms": U64_MAX, "expires_at_ms": U64_MAX,
-        "response": None, "checkpoint": None}),
+    ("processing, no response", 1, record(FP, "processing", 0x0123456789ABCDEF, LEASE, EXPIRES)),
+    ("done with headers and a binary body", 2, record(
+        FP, "done", 7, 1_700_000_000_500, EXPIRES,
+        response={"status": 201, "headers": [["content-type", "application/json".encode().hex()],
+                                             ["x-empty", ""], ["set-cookie", "00ff0a"]],
+                  "body": "7b226964223a317d00ff"})),
+    ("processing after a checkpoint, holder above 2^63", 5, record(
+        "custom-fp", "processing", U64_MAX - 1, 1_700_000_060_000, EXPIRES,
+        checkpoint={"phase": "charged", "data": "636861726765642031"})),
+    ("done, empty response, a checkpoint kept from the claim", 3, record(
+        "x", "done", 1, 0, 1,
+        response={"status": 204, "headers": [], "body": ""},
+        checkpoint={"phase": "r\u00e9serv\u00e9", "data": ""})),
+    ("times at the top of u64", 18446744073709551614, record(FP, "processing", 2**63, U64_MAX, U64_MAX)),
 ]
 
 # Values written by 0.1 hosts: no holder, no checkpoint; read as holder 0.
 LEGACY = [
-    ("0.1 processing", 1, {
-        "fingerprint": FP, "state": "processing", "holder": 0,
-        "lease_until_ms": 1_700_000_030_000, "expires_at_ms": 1_700_086_400_000,
-        "response": None, "checkpoint": None}),
-    ("0.1 done", 4, {
-        "fingerprint": FP, "state": "done", "holder": 0,
-        "lease_until_ms": 1_700_000_000_500, "expires_at_ms": 1_700_086_400_000,
-        "response": {"status": 200, "headers": [["etag", "2231323322"]], "body": "6f6b"},
-        "checkpoint": None}),
+    ("0.1 processing", 1, record(FP, "processing", 0, LEASE, EXPIRES)),
+    ("0.1 done", 4, record(
+        FP, "done", 0, 1_700_000_000_500, EXPIRES,
+        response={"status": 200, "headers": [["etag", "2231323322"]], "body": "6f6b"})),
 ]
 
 # Redis values no store may accept: each read is corrupt.

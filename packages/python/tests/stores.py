@@ -19,6 +19,7 @@ from typing import Any, Callable, Optional
 import pytest
 
 from idem_guard import MemoryStore
+from idem_guard.guard import Faults
 from idem_guard.types import StoreFault
 
 PRIMITIVES = ("get", "insert", "replace", "delete")
@@ -51,44 +52,7 @@ def server_url(var: str) -> str:
     )
 
 
-class _Rules:
-    """MemoryStore's fault rules: `error` fails before the primitive, `lost`
-    after it (applied, reply lost), `trap` raises a plain exception."""
-
-    def __init__(self) -> None:
-        self._faults: dict[str, dict] = {}
-
-    def fault(self, primitive: str, kind: str, message: str = "injected fault", count: Optional[int] = None) -> None:
-        if primitive not in PRIMITIVES:
-            raise ValueError(f"unknown store primitive {primitive!r}")
-        if kind not in ("error", "lost", "trap"):
-            raise ValueError(f"unknown fault kind {kind!r}")
-        self._faults[primitive] = {"kind": kind, "message": message, "count": count}
-
-    def clear_faults(self) -> None:
-        self._faults.clear()
-
-    def _take(self, primitive: str) -> Optional[dict]:
-        rule = self._faults.get(primitive)
-        if rule is not None and rule["count"] is not None:
-            rule["count"] -= 1
-            if rule["count"] <= 0:
-                del self._faults[primitive]
-        return rule
-
-    @staticmethod
-    def _before(primitive: str, rule: dict) -> None:
-        if rule["kind"] == "error":
-            raise StoreFault("unavailable", f"{rule['message']} (injected on {primitive})")
-        if rule["kind"] == "trap":
-            raise RuntimeError(f"host bug injected on {primitive}")
-
-    @staticmethod
-    def _lost(primitive: str) -> StoreFault:
-        return StoreFault("unavailable", f"reply to {primitive} lost (injected; the operation was applied)")
-
-
-class Faulty(_Rules):
+class Faulty(Faults):
     """A synchronous store with faults injected around its primitives; `peek` bypasses them."""
 
     def __init__(self, inner: Any):
@@ -96,12 +60,12 @@ class Faulty(_Rules):
         self.inner = inner
 
     def _apply(self, primitive: str, *args: Any) -> Any:
-        rule = self._take(primitive)
+        rule = self.take(primitive)
         if rule is not None:
-            self._before(primitive, rule)
+            self.before(primitive, rule)
         value = getattr(self.inner, primitive)(*args)
         if rule is not None:
-            raise self._lost(primitive)
+            raise self.lost(primitive)
         return value
 
     def get(self, *args: Any) -> Any:
@@ -120,7 +84,7 @@ class Faulty(_Rules):
         return self.inner.get(key, now_ms)
 
 
-class AsyncFaulty(_Rules):
+class AsyncFaulty(Faults):
     """An asynchronous store with faults injected around its primitives; `await peek(...)` bypasses them."""
 
     def __init__(self, inner: Any):
@@ -128,12 +92,12 @@ class AsyncFaulty(_Rules):
         self.inner = inner
 
     async def _apply(self, primitive: str, *args: Any) -> Any:
-        rule = self._take(primitive)
+        rule = self.take(primitive)
         if rule is not None:
-            self._before(primitive, rule)
+            self.before(primitive, rule)
         value = await getattr(self.inner, primitive)(*args)
         if rule is not None:
-            raise self._lost(primitive)
+            raise self.lost(primitive)
         return value
 
     async def get(self, *args: Any) -> Any:

@@ -60,10 +60,12 @@ class Handler:
 
 
 class Target:
-    """A Starlette app with the middleware over an AsyncGuard and a MemoryStore."""
+    """A Starlette app with the middleware over an AsyncGuard on `store`: a
+    MemoryStore by default, or any store with its `fault` and `clear_faults`
+    (tests/stores.py's `AsyncFaulty` around a network store)."""
 
-    def __init__(self, config: dict) -> None:
-        self.store = MemoryStore()
+    def __init__(self, config: dict, store: Any = None) -> None:
+        self.store = store if store is not None else MemoryStore()
         self.handler = Handler()
         route = Route("/{path:path}", self.handler.__call__, methods=["GET", "POST", "PATCH", "PUT", "DELETE"])
         middleware = IdempotencyMiddleware

@@ -203,6 +203,8 @@ def test_a_redis_value_that_does_not_decode_is_corrupt_naming_the_key_and_the_gu
         with pytest.raises(StoreFault) as fault:
             store.replace("hash", 1, record(), NOW)  # inside the script
         assert fault.value.kind == "corrupt", str(fault.value)
+        # An error reply (READONLY after a failover alike) drops the connection: the next command connects afresh.
+        assert all(conn._sock is None for conn in store._idle), "a connection that got an error reply was kept"
         outcome = Guard(store=store).run("garbage", "fp", lambda fence: ran.append(fence) or Response(200))
     assert outcome.kind == "unavailable" and "garbage" in outcome.message and ran == []
 
@@ -441,32 +443,6 @@ def test_twenty_concurrent_async_runs_on_one_postgres_key_run_the_handler_once(t
 # --- the HTTP scenarios through the ASGI middleware, on the servers -----------
 
 
-class StoreTarget:
-    """test_http_conformance's Target with the middleware's AsyncGuard over an
-    asynchronous network store (faults injected beside it for "store down")."""
-
-    def __init__(self, config: dict, store: Any) -> None:
-        from starlette.applications import Starlette
-        from starlette.middleware import Middleware
-        from starlette.routing import Route
-        from test_http_conformance import Handler
-
-        from idem_guard.asgi import IdempotencyMiddleware
-
-        self.store = AsyncFaulty(store)
-        self.handler = Handler()
-        route = Route("/{path:path}", self.handler.__call__, methods=["GET", "POST", "PATCH", "PUT", "DELETE"])
-        options = {"guard": AsyncGuard(store=self.store), "require_key": config.get("require_key", False)}
-        self.app = Starlette(routes=[route], middleware=[Middleware(IdempotencyMiddleware, **options)])
-
-    def store_down(self) -> None:
-        self.store.fault("get", kind="error", message="store down")
-        self.store.fault("insert", kind="error", message="store down")
-
-    def store_up(self) -> None:
-        self.store.clear_faults()
-
-
 def http_scenarios() -> list[str]:
     pytest.importorskip("starlette")
     from test_http_conformance import FILES as HTTP_FILES
@@ -477,13 +453,13 @@ def http_scenarios() -> list[str]:
 @pytest.mark.parametrize("name", http_scenarios())
 def test_the_asgi_middleware_plays_the_http_scenario_on_async_redis(redis_url: str, name: str) -> None:
     from test_http_conformance import load as load_http
-    from test_http_conformance import play
+    from test_http_conformance import Target, play
 
     scenario = load_http(name)
 
     async def main() -> int:
         async with AsyncRedisStore(redis_url, prefix=unique("http") + ":") as store:
-            return await play(scenario, StoreTarget(scenario.get("config") or {}, store))
+            return await play(scenario, Target(scenario.get("config") or {}, AsyncFaulty(store)))
 
     assert asyncio.run(main()) > 0
 
@@ -491,14 +467,14 @@ def test_the_asgi_middleware_plays_the_http_scenario_on_async_redis(redis_url: s
 @pytest.mark.parametrize("name", http_scenarios())
 def test_the_asgi_middleware_plays_the_http_scenario_on_async_postgres(tables: Tables, scenario_table: str, name: str) -> None:
     from test_http_conformance import load as load_http
-    from test_http_conformance import play
+    from test_http_conformance import Target, play
 
     scenario = load_http(name)
     tables.sql(f"DELETE FROM {scenario_table}")
 
     async def main() -> int:
         async with await AsyncPostgresStore.open(tables.url, table=scenario_table, pool=4) as store:
-            return await play(scenario, StoreTarget(scenario.get("config") or {}, store))
+            return await play(scenario, Target(scenario.get("config") or {}, AsyncFaulty(store)))
 
     assert asyncio.run(main()) > 0
 
@@ -518,3 +494,123 @@ def test_a_redis_server_that_goes_silent_fails_the_sync_store_closed_within_its_
             fails_closed_once_silent(store, proxy)
     finally:
         proxy.close()
+
+
+def test_a_redis_connection_the_server_closed_while_idle_is_opened_again_before_the_next_command(
+    redis_url: str, raw_redis: Any
+) -> None:
+    # The store keeps the connections it used; one the server dropped in the
+    # meantime (an idle timeout, a restart) must not fail the next call.
+    with RedisStore(redis_url, prefix=unique("killed") + ":") as store:
+        assert store.insert("k", record(), NOW) == 1
+        (conn,) = store._idle
+        killed = store._command(("CLIENT", "ID"))
+        assert raw_redis.client_kill_filter(_id=killed) == 1
+        assert store.get("k", NOW) == (record(), 1)
+        assert store._idle == [conn] and store._command(("CLIENT", "ID")) != killed
+
+
+@pytest.mark.parametrize("protocol", [2, 3])
+def test_the_redis_store_reads_every_reply_it_gets_in_resp2_and_resp3_and_in_pieces(redis_url: str, protocol: int) -> None:
+    # The store reads replies off the socket itself: a 1 MiB body arrives in many
+    # reads, and a client given with protocol=3 answers nulls and errors in RESP3.
+    body = bytes(range(256)) * 4096
+    big = Record("fp", "done", 7, NOW + 1_000, NOW + 10_000, Response(200, [("etag", b"\x00")], body))
+    client = redis.Redis.from_url(redis_url, protocol=protocol)
+    try:
+        with RedisStore(client=client, prefix=unique(f"resp{protocol}") + ":") as store:
+            assert store.get("k", NOW) is None
+            assert store.insert("k", record(), NOW) == 1
+            assert store.insert("k", record(), NOW) == (record(), 1)
+            assert store.replace("k", 1, big, NOW) == 2 and store.get("k", NOW) == (big, 2)
+            assert store.insert("k", record(NOW + 20_000), NOW + 10_000) == 3, "claim_expired's array reply"
+            assert store.replace("k", 1, record(), NOW + 10_000) is None
+            client.hset(store.prefix + "h", "field", "value")
+            with pytest.raises(StoreFault, match="not a string"):
+                store.get("h", NOW)
+            assert store.delete("k", 3) is True and store.delete("k", None) is False
+    finally:
+        client.close()
+
+
+def test_the_redis_store_parses_the_resp_types_its_commands_answer_with() -> None:
+    from redis.exceptions import InvalidResponse, NoScriptError, ResponseError
+
+    from idem_guard.redis import _Incomplete, _parse
+
+    assert _parse(b"$3\r\nabc\r\n", 0) == (b"abc", 9)
+    assert _parse(b"$0\r\n\r\n", 0) == (b"", 6)
+    assert _parse(b"$-1\r\n", 0) == (None, 5) and _parse(b"_\r\n", 0) == (None, 3)
+    assert _parse(b":-12\r\n", 0) == (-12, 6) and _parse(b"+OK\r\n", 0) == (b"OK", 5)
+    assert _parse(b"*2\r\n:1\r\n$2\r\nab\r\n", 0) == ([1, b"ab"], 16)
+    error, _ = _parse(b"-NOSCRIPT No matching script.\r\n", 0)
+    assert isinstance(error, NoScriptError)
+    error, _ = _parse(b"!9\r\nERR wrong\r\n", 0)
+    assert type(error) is ResponseError and str(error) == "wrong"
+    for cut in (b"", b"$3\r\nab", b"$3\r\nabc\r", b"*2\r\n:1\r\n", b":1"):
+        with pytest.raises(_Incomplete):
+            _parse(cut, 0)
+    with pytest.raises(InvalidResponse):
+        _parse(b"%1\r\n", 0)
+
+
+def test_a_redis_reply_that_is_not_resp_fails_the_command_and_drops_the_connection(redis_url: str) -> None:
+    with RedisStore(redis_url, prefix=unique("garbled") + ":") as store:
+        assert store.get("k", NOW) is None
+        (conn,) = store._idle
+
+        class Garbled:  # a server (or a middlebox) answering something that is not RESP
+            def __init__(self, sock: socket.socket):
+                self.sock = sock
+
+            def recv(self, size: int) -> bytes:
+                self.sock.recv(size)
+                return b"$x\r\n"
+
+            def __getattr__(self, name: str) -> Any:
+                return getattr(self.sock, name)
+
+        conn._sock = Garbled(conn._sock)
+        with pytest.raises(StoreFault) as fault:
+            store.get("k", NOW)
+        assert fault.value.kind == "unavailable" and "not RESP" in str(fault.value), str(fault.value)
+        assert conn._sock is None and store.get("k", NOW) is None, "dropped, then connected afresh"
+
+
+class InterruptedOnce:
+    """A socket whose next `recv` is interrupted, as by a Ctrl-C after the command went out."""
+
+    def __init__(self, sock: socket.socket):
+        self.sock, self.interrupted = sock, False
+
+    def recv(self, size: int) -> bytes:
+        if not self.interrupted:
+            self.interrupted = True
+            raise KeyboardInterrupt
+        return self.sock.recv(size)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.sock, name)
+
+
+def test_a_redis_reply_interrupted_mid_read_is_never_read_as_the_next_commands(redis_url: str, raw_redis: Any) -> None:
+    prefix = unique("interrupted") + ":"
+    raw_redis.set(prefix + "a", encode(1, record(state="done")))
+    with RedisStore(redis_url, prefix=prefix) as store:
+        assert store.get("a", NOW) is not None
+        (conn,) = store._idle
+        conn._sock = InterruptedOnce(conn._sock)
+        with pytest.raises(KeyboardInterrupt):
+            store.get("a", NOW)
+        assert conn._sock is None, "dropped at once, not only when the next command finds a reply waiting"
+        assert store.get("b", NOW) is None, "the reply to GET a was left unread and taken for GET b's"
+
+
+def test_a_redis_store_gives_the_connections_it_used_back_to_a_client_it_was_given(redis_url: str) -> None:
+    client = redis.Redis.from_url(redis_url, max_connections=1)
+    try:
+        with RedisStore(client=client, prefix=unique("given") + ":") as store:
+            assert store.insert("k", record(), NOW) == 1
+        assert client.ping() is True, "the store kept the client's one connection"
+    finally:
+        client.close()

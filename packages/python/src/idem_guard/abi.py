@@ -43,6 +43,7 @@ import itertools
 import struct
 import weakref
 from ctypes import POINTER
+from functools import cache
 from pathlib import Path
 from typing import Any, Callable, Optional, Sequence
 
@@ -236,6 +237,9 @@ PARAMS = {
     ("store", "replace"): Tuple(STRING, U64, RECORD, U64),
 }
 
+# Where each parameter sits in those tuples.
+_PARAMS_AT = {name: tuple(ty.offset[str(i)] for i in range(len(ty.fields))) for name, ty in PARAMS.items()}
+
 # wit/guard.wit's exports and the imports of wit/clock.wit, wit/random.wit and wit/store.wit: core signatures.
 EXPORTS = {
     "begin": export_signature([STRING, STRING, POLICY], BEGIN_RESULT),
@@ -286,11 +290,9 @@ _CHECKPOINT = _fields(CHECKPOINT, "phase", "data")
 _POLICY = _fields(POLICY, "lease_ms", "retention_ms", "max_response_bytes")
 _RECORD_HEAD = _fields(RECORD, "fingerprint", "state", "holder", "lease_until_ms", "expires_at_ms", "response")
 _VERSION = struct.Struct("<Q")
+_U32 = struct.Struct("<I")  # an i32 result in a `wasmtime_val_raw_t`, as unsigned
 _DISC = struct.Struct("<B")
 _PTR_LEN = struct.Struct("<II")
-# `inserted(u64)` and `option<u64>`: a discriminant, then the u64 at the payload offset (8 for both).
-assert INSERT_OUTCOME.payload == Option(U64).payload
-_U64_AT_PAYLOAD = struct.Struct(f"<B{INSERT_OUTCOME.payload - 1}xQ")
 
 # Where the payloads sit, from the layouts above.
 _BEGIN_OK = BEGIN_RESULT.payload  # the decision
@@ -303,6 +305,15 @@ _CHECKPOINT_IN_OPTION = OPTION_CHECKPOINT.payload
 _OPTION_RESPONSE = RECORD.fields["response"]
 assert isinstance(_OPTION_RESPONSE, Variant)
 _RESPONSE_IN_RECORD = RECORD.offset["response"] + _OPTION_RESPONSE.payload
+_CHECKPOINT_IN_RECORD = RECORD.offset["checkpoint"]
+_INSERT_PARAMS = PARAMS[("store", "insert")]
+_INSERT_KEY, _INSERT_RECORD, _INSERT_NOW = (_INSERT_PARAMS.offset[f] for f in ("0", "1", "2"))
+_REPLACE_PARAMS = PARAMS[("store", "replace")]
+_REPLACE_KEY, _REPLACE_EXPECTED, _REPLACE_RECORD, _REPLACE_NOW = (_REPLACE_PARAMS.offset[f] for f in ("0", "1", "2", "3"))
+# `ok(inserted(v))` and `ok(some(v))`, the answers of a store write that took: two
+# discriminants, then the u64 (insert's and replace's results have the same layout).
+assert INSERT_RESULT.payload == REPLACE_RESULT.payload and INSERT_OUTCOME.payload == Option(U64).payload
+_OK_U64 = struct.Struct(f"<B{INSERT_RESULT.payload - 1}xB{INSERT_OUTCOME.payload - 1}xQ")
 
 
 # --- the component file ----------------------------------------------------
@@ -339,14 +350,10 @@ ENGINE = wasmtime.Engine()
 class Guest:
     """The guard's core module, compiled once, checked against the WIT mirror."""
 
-    _loaded: dict[str, "Guest"] = {}
-
     @classmethod
+    @cache  # compiled once per file, for the life of the process
     def load(cls, path: Path) -> "Guest":
-        key = str(path)
-        if key not in cls._loaded:
-            cls._loaded[key] = cls(Path(path).read_bytes())
-        return cls._loaded[key]
+        return cls(Path(path).read_bytes())
 
     def __init__(self, component: bytes):
         # wit-component wraps the guest with a shim and a fixup module for the
@@ -506,7 +513,7 @@ class Instance:
         export = self._exports[name]
         export.params.pack_into(export.view, 0, *params)
         self._invoke(export)
-        return export.values[0].i32 & 0xFFFFFFFF
+        return _U32.unpack_from(export.view)[0]
 
     def _post(self, name: str, ret: int) -> None:
         export = self._exports["post-" + name]
@@ -522,22 +529,20 @@ class Instance:
             self._size = size
         return self._mem
 
-    def _alloc(self, align: int, size: int) -> int:
-        """`cabi_realloc(0, 0, align, size)`: memory the guest then owns."""
-        r = self._realloc
-        r.params.pack_into(r.view, 0, 0, 0, align, size)
-        self._invoke(r)
-        ptr = r.values[0].i32 & 0xFFFFFFFF
-        if ptr % align:
-            raise AbiViolation(f"cabi_realloc returned {ptr}, not aligned to {align}")
-        return ptr
-
     # Lowering: Python values into memory the guest owns. Allocations first, then one view, then the writes.
 
     def _put(self, writes: list, data: bytes, align: int = 1) -> tuple[int, int]:
-        ptr = self._alloc(align, len(data))
+        """Allocates room for `data` (`cabi_realloc(0, 0, align, len)`: memory the
+        guest then owns) and queues its write for `_flush`; the pointer and length."""
+        n = len(data)
+        r = self._realloc
+        r.params.pack_into(r.view, 0, 0, 0, align, n)
+        self._invoke(r)
+        (ptr,) = _U32.unpack_from(r.view)
+        if ptr % align:
+            raise AbiViolation(f"cabi_realloc returned {ptr}, not aligned to {align}")
         writes.append((ptr, data))
-        return ptr, len(data)
+        return ptr, n
 
     def _put_headers(self, writes: list, headers: Sequence[tuple[str, bytes]]) -> tuple[int, int]:
         array = bytearray(HEADER.size * len(headers))
@@ -588,7 +593,7 @@ class Instance:
         """A function's parameters stored as their tuple (over 16 flat values): the pointer to pass."""
         ty = PARAMS[name]
         out = bytearray(ty.size)
-        fill(out, tuple(ty.offset[str(i)] for i in range(len(ty.fields))))
+        fill(out, _PARAMS_AT[name])
         return self._put(writes, bytes(out), ty.align)[0]
 
     def _response_params(self, writes: list, r: Response) -> tuple[int, ...]:
@@ -758,8 +763,11 @@ class Instance:
         if self is None:
             return _trap("the instance was dropped")
         try:
-            self._ctx = _caller_context(caller)  # calls made meanwhile go through the caller
-            handler(self, values, params.unpack(ctypes.string_at(values, params.size)))
+            if params.size:  # the store's imports read memory and allocate: through the caller
+                self._ctx = _caller_context(caller)
+                handler(self, values, params.unpack(ctypes.string_at(values, params.size)))
+            else:  # clock and random only write their result
+                handler(self, values, ())
             return 0
         except BaseException as e:
             self._pending = e
@@ -785,7 +793,7 @@ class Instance:
         response = None
         if _OPTION_RESPONSE.case(has_response) == "some":
             response = self._response(mem, at + _RESPONSE_IN_RECORD)
-        checkpoint = self._checkpoint(mem, at + RECORD.offset["checkpoint"])
+        checkpoint = self._checkpoint(mem, at + _CHECKPOINT_IN_RECORD)
         return Record(self._string(mem, fp, fl), STATE.case(state), holder, lease_until_ms, expires_at_ms, response, checkpoint)
 
     def _store_error(self, writes: list, ret: int, result: Variant, fault: StoreFault) -> None:
@@ -811,27 +819,32 @@ class Instance:
                 writes.append((ret + _GET_ENTRY_AT, self._lower_entry(writes, entry)))
         self._flush(writes)
 
+    def _store_params(self, ptr: int, ret: int, params: Rec, result: Variant) -> memoryview:
+        """Memory, for a store import that passed its parameters (`params`) and the
+        place for its result (`result`) by pointer: both checked."""
+        mem = self._view()
+        self._at(ptr, params)
+        self._at(ret, result)
+        return mem
+
     def _insert(self, _values: Any, params: tuple) -> None:
         ptr, ret = params
-        mem = self._view()
-        at = self._at(ptr, PARAMS[("store", "insert")])
-        self._at(ret, INSERT_RESULT)
-        o = PARAMS[("store", "insert")].offset
-        key = self._string(mem, *_PTR_LEN.unpack_from(mem, at + o["0"]))
-        record = self._record(mem, at + o["1"])
-        (now_ms,) = _VERSION.unpack_from(mem, at + o["2"])
+        mem = self._store_params(ptr, ret, _INSERT_PARAMS, INSERT_RESULT)
+        key = self._string(mem, *_PTR_LEN.unpack_from(mem, ptr + _INSERT_KEY))
+        record = self._record(mem, ptr + _INSERT_RECORD)
+        (now_ms,) = _VERSION.unpack_from(mem, ptr + _INSERT_NOW)
         writes: list = []
         try:
             outcome = self.store.insert(key, record, now_ms)
         except StoreFault as fault:
             self._store_error(writes, ret, INSERT_RESULT, fault)
         else:
-            writes.append((ret, b"\0"))  # ok
             if isinstance(outcome, Entry):
+                writes.append((ret, b"\0"))  # ok
                 writes.append((ret + INSERT_RESULT.payload, struct.pack("<B", INSERT_OUTCOME.cases.index("existing"))))
                 writes.append((ret + _ENTRY_AT, self._lower_entry(writes, outcome)))
             else:
-                writes.append((ret + INSERT_RESULT.payload, _U64_AT_PAYLOAD.pack(INSERT_OUTCOME.cases.index("inserted"), outcome)))
+                writes.append((ret, _OK_U64.pack(0, INSERT_OUTCOME.cases.index("inserted"), outcome)))
         self._flush(writes)
 
     def _lower_entry(self, writes: list, entry: Entry) -> bytes:
@@ -849,14 +862,11 @@ class Instance:
 
     def _replace(self, _values: Any, params: tuple) -> None:
         ptr, ret = params
-        mem = self._view()
-        at = self._at(ptr, PARAMS[("store", "replace")])
-        self._at(ret, REPLACE_RESULT)
-        o = PARAMS[("store", "replace")].offset
-        key = self._string(mem, *_PTR_LEN.unpack_from(mem, at + o["0"]))
-        (expected_version,) = _VERSION.unpack_from(mem, at + o["1"])
-        record = self._record(mem, at + o["2"])
-        (now_ms,) = _VERSION.unpack_from(mem, at + o["3"])
+        mem = self._store_params(ptr, ret, _REPLACE_PARAMS, REPLACE_RESULT)
+        key = self._string(mem, *_PTR_LEN.unpack_from(mem, ptr + _REPLACE_KEY))
+        (expected_version,) = _VERSION.unpack_from(mem, ptr + _REPLACE_EXPECTED)
+        record = self._record(mem, ptr + _REPLACE_RECORD)
+        (now_ms,) = _VERSION.unpack_from(mem, ptr + _REPLACE_NOW)
         writes: list = []
         try:
             version = self.store.replace(key, expected_version, record, now_ms)
@@ -864,6 +874,5 @@ class Instance:
             self._store_error(writes, ret, REPLACE_RESULT, fault)
         else:
             some = version is not None
-            writes.append((ret, b"\0"))  # ok
-            writes.append((ret + REPLACE_RESULT.payload, _U64_AT_PAYLOAD.pack(some, version if some else 0)))
+            writes.append((ret, _OK_U64.pack(0, some, version if some else 0)))
         self._flush(writes)

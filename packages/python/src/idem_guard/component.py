@@ -19,6 +19,7 @@ otherwise it is "untagged" and the bare payload stands for the case (so
 
 from __future__ import annotations
 
+from functools import cache
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
@@ -143,14 +144,10 @@ def _result(value: Any) -> Any:
 class Guest:
     """The component, compiled once per file."""
 
-    _loaded: dict[str, "Guest"] = {}
-
     @classmethod
+    @cache  # compiled once per file, for the life of the process
     def load(cls, path: Path) -> "Guest":
-        key = str(path)
-        if key not in cls._loaded:
-            cls._loaded[key] = cls(wc.Component.from_file(ENGINE, key))
-        return cls._loaded[key]
+        return cls(wc.Component.from_file(ENGINE, str(path)))
 
     def __init__(self, component: wc.Component):
         self.component = component

@@ -100,19 +100,17 @@ class ManualClock:
         self.ms += ms
 
 
-class MemoryStore:
-    """The store primitives of wit/store.wit over a dict, with fault injection.
+class Faults:
+    """Scripted store faults, one rule per primitive, for tests and drills.
 
-    `store.fault("replace", kind="error", message="timeout", count=1)`: `error`
+    `fault("replace", kind="error", message="timeout", count=1)`: `error`
     fails before applying, `lost` applies then fails (a lost reply), `trap`
-    raises a plain exception (a host bug: the instance traps). Each primitive
-    is atomic, so guards on several threads can share one store.
-    """
+    raises a plain exception (a host bug: the instance traps); `count` calls
+    (every call when None). A store applies a rule with `take`, `before` and
+    `lost` around its own operation."""
 
     def __init__(self) -> None:
-        self._records: dict[str, Entry] = {}
         self._faults: dict[str, dict] = {}
-        self._lock = threading.Lock()
 
     def fault(self, primitive: str, kind: str, message: str = "injected fault", count: Optional[int] = None) -> None:
         if primitive not in ("get", "insert", "replace", "delete"):
@@ -124,24 +122,48 @@ class MemoryStore:
     def clear_faults(self) -> None:
         self._faults.clear()
 
-    def _apply(self, primitive: str, operation: Callable[[], Any]) -> Any:
-        with self._lock:
-            return self._apply_locked(primitive, operation)
-
-    def _apply_locked(self, primitive: str, operation: Callable[[], Any]) -> Any:
+    def take(self, primitive: str) -> Optional[dict]:
+        """The rule for this call of `primitive`, or None; counted down."""
         rule = self._faults.get(primitive)
-        if rule is None:
-            return operation()
-        if rule["count"] is not None:
+        if rule is not None and rule["count"] is not None:
             rule["count"] -= 1
             if rule["count"] <= 0:
                 del self._faults[primitive]
+        return rule
+
+    @staticmethod
+    def before(primitive: str, rule: dict) -> None:
+        """Raises what `rule` injects before the operation (`error`, `trap`); returns for `lost`."""
         if rule["kind"] == "error":
             raise StoreFault("unavailable", f"{rule['message']} (injected on {primitive})")
-        if rule["kind"] == "lost":
+        if rule["kind"] == "trap":
+            raise RuntimeError(f"host bug injected on {primitive}")
+
+    @staticmethod
+    def lost(primitive: str) -> StoreFault:
+        """What a `lost` rule raises after the operation was applied."""
+        return StoreFault("unavailable", f"reply to {primitive} lost (injected; the operation was applied)")
+
+
+class MemoryStore(Faults):
+    """The store primitives of wit/store.wit over a dict, with fault injection
+    (`Faults`: `store.fault("replace", kind="error", message="timeout", count=1)`).
+    Each primitive is atomic, so guards on several threads can share one store.
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._records: dict[str, Entry] = {}
+        self._lock = threading.Lock()
+
+    def _apply(self, primitive: str, operation: Callable[[], Any]) -> Any:
+        with self._lock:
+            rule = self.take(primitive)
+            if rule is None:
+                return operation()
+            self.before(primitive, rule)
             operation()
-            raise StoreFault("unavailable", f"reply to {primitive} lost (injected; the operation was applied)")
-        raise RuntimeError(f"host bug injected on {primitive}")
+            raise self.lost(primitive)
 
     def _live(self, key: str, now_ms: int) -> Optional[Entry]:
         entry = self._records.get(key)
@@ -197,7 +219,15 @@ def _bytes(value: Any) -> bytes:
 
 
 def _normalized(r: Response) -> Response:
-    """A handler's response with `str` bodies and header values as UTF-8 bytes."""
+    """A handler's response with `str` bodies and header values as UTF-8 bytes
+    (the response itself when it already is: a frozen dataclass is slow to build)."""
+    if (
+        type(r) is Response
+        and type(r.body) is bytes
+        and type(r.headers) is list
+        and all(type(h) is tuple and len(h) == 2 and type(h[1]) is bytes for h in r.headers)
+    ):
+        return r
     return Response(r.status, [(n, _bytes(v)) for n, v in r.headers], _bytes(r.body))
 
 

@@ -146,22 +146,22 @@ class _Store:
         return self._journal().store("delete", args)
 
 
-class _Clock:
-    def __init__(self, current: _Current, clock: Any):
-        self._current, self._clock = current, clock
+class _Inputs:
+    """The clock and the randomness the component is given (`clock.now-ms`,
+    `random.random-u64`): the real ones, journaled during a replay."""
+
+    def __init__(self, current: _Current, clock: Any, random: Any):
+        self._current, self._clock, self._random = current, clock, random
+
+    def _fresh(self, name: str, produce: Callable[[], int]) -> int:
+        journal = self._current.journal
+        return produce() if journal is None else journal.fresh(name, produce)
 
     def now_ms(self) -> int:
-        journal = self._current.journal
-        return self._clock.now_ms() if journal is None else journal.fresh("now-ms", self._clock.now_ms)
-
-
-class _Random:
-    def __init__(self, current: _Current, random: Any):
-        self._current, self._random = current, random
+        return self._fresh("now-ms", self._clock.now_ms)
 
     def random_u64(self) -> int:
-        journal = self._current.journal
-        return self._random.random_u64() if journal is None else journal.fresh("random-u64", self._random.random_u64)
+        return self._fresh("random-u64", self._random.random_u64)
 
 
 class Replay:
@@ -177,8 +177,7 @@ class Replay:
         self.target = store
         self._current = _Current()
         self.store = _Store(self._current)
-        self.clock = _Clock(self._current, clock)
-        self.random = _Random(self._current, random)
+        self.clock = self.random = _Inputs(self._current, clock, random)
 
     def _run(self, journal: Journal, method: Callable[..., Any], args: tuple) -> tuple[Any, Optional[GuardError]]:
         journal.start()

@@ -54,6 +54,7 @@ except ImportError:  # pragma: no cover - another psycopg's layout
     _WAIT_INTERVAL = 0.1
 
 from . import layout
+from .steps import AsyncSteps, Steps
 from .types import Checkpoint, Entry, Record, Response, StoreFault
 
 __all__ = ["AsyncPostgresStore", "PostgresStore", "SCHEMA_VERSION", "decode_row", "record_params"]
@@ -225,7 +226,7 @@ class _DeadlineConnection(psycopg.Connection):
         return super().wait(gen, interval, self.deadline_s if timeout is None else timeout)
 
 
-class PostgresStore(_Layout):
+class PostgresStore(_Layout, Steps):
     """The store primitives of `wit/store.wit` on a PostgreSQL table, for `Guard`.
 
     `url`: a libpq connection string or URI (`postgres://USER@HOST:PORT/DB`).
@@ -273,44 +274,21 @@ class PostgresStore(_Layout):
     def _configure(self, conn: "psycopg.Connection") -> None:
         conn.execute(f"SET statement_timeout = {self.timeout_ms}")
 
-    def _run(self, steps: _Steps) -> Any:
+    def _send(self, command: tuple[str, list], _key: str) -> tuple[list, int]:
+        name, params = command
         try:
-            name, params = next(steps)
-            while True:
-                try:
-                    with self.pool.connection() as conn:
-                        cur = conn.execute(self._sql[name], params, prepare=True)
-                        rows = cur.fetchall() if cur.description is not None else []
-                        answer = rows, cur.rowcount
-                except (psycopg.Error, psycopg_pool.PoolTimeout) as e:
-                    raise self._fault(e) from e
-                name, params = steps.send(answer)
-        except StopIteration as done:
-            return done.value
-
-    def get(self, key: str, now_ms: int) -> Optional[Entry]:
-        return self._run(self._get(key, now_ms))
-
-    def insert(self, key: str, record: Record, now_ms: int) -> int | Entry:
-        return self._run(self._insert(key, record, now_ms))
-
-    def replace(self, key: str, expected_version: int, record: Record, now_ms: int) -> Optional[int]:
-        return self._run(self._replace(key, expected_version, record, now_ms))
-
-    def delete(self, key: str, expected_version: Optional[int]) -> bool:
-        return self._run(self._delete(key, expected_version))
+            with self.pool.connection() as conn:
+                cur = conn.execute(self._sql[name], params, prepare=True)
+                rows = cur.fetchall() if cur.description is not None else []
+                return rows, cur.rowcount
+        except (psycopg.Error, psycopg_pool.PoolTimeout) as e:
+            raise self._fault(e) from e
 
     def close(self) -> None:
         self.pool.close()
 
-    def __enter__(self) -> "PostgresStore":
-        return self
 
-    def __exit__(self, *_exc: Any) -> None:
-        self.close()
-
-
-class AsyncPostgresStore(_Layout):
+class AsyncPostgresStore(_Layout, AsyncSteps):
     """The store primitives on a PostgreSQL table through psycopg's asyncio API,
     for `AsyncGuard`. Open it with `await AsyncPostgresStore.open(url, ...)`
     (options as `PostgresStore`'s) or `async with`; close with `await store.close()`."""
@@ -358,38 +336,21 @@ class AsyncPostgresStore(_Layout):
     async def _configure(self, conn: "psycopg.AsyncConnection") -> None:
         await conn.execute(f"SET statement_timeout = {self.timeout_ms}")
 
-    async def _run(self, steps: _Steps) -> Any:
+    async def _send(self, command: tuple[str, list], _key: str) -> tuple[list, int]:
         if self.pool is None:
             raise StoreFault("unavailable", f"{NAME}: the store is not open (await AsyncPostgresStore.open(url))")
+        name, params = command
         try:
-            name, params = next(steps)
-            while True:
-                try:
-                    # The client's own deadline too: statement_timeout does not cover a server that went silent.
-                    async with asyncio.timeout(self.timeout_ms / 1000 * 2):
-                        async with self.pool.connection() as conn:
-                            cur = await conn.execute(self._sql[name], params, prepare=True)
-                            rows = await cur.fetchall() if cur.description is not None else []
-                            answer = rows, cur.rowcount
-                except (psycopg.Error, psycopg_pool.PoolTimeout) as e:
-                    raise self._fault(e) from e
-                except TimeoutError as e:
-                    raise StoreFault("unavailable", f"{NAME}: no answer within {self.timeout_ms * 2} ms") from e
-                name, params = steps.send(answer)
-        except StopIteration as done:
-            return done.value
-
-    async def get(self, key: str, now_ms: int) -> Optional[Entry]:
-        return await self._run(self._get(key, now_ms))
-
-    async def insert(self, key: str, record: Record, now_ms: int) -> int | Entry:
-        return await self._run(self._insert(key, record, now_ms))
-
-    async def replace(self, key: str, expected_version: int, record: Record, now_ms: int) -> Optional[int]:
-        return await self._run(self._replace(key, expected_version, record, now_ms))
-
-    async def delete(self, key: str, expected_version: Optional[int]) -> bool:
-        return await self._run(self._delete(key, expected_version))
+            # The client's own deadline too: statement_timeout does not cover a server that went silent.
+            async with asyncio.timeout(self.timeout_ms / 1000 * 2):
+                async with self.pool.connection() as conn:
+                    cur = await conn.execute(self._sql[name], params, prepare=True)
+                    rows = await cur.fetchall() if cur.description is not None else []
+                    return rows, cur.rowcount
+        except (psycopg.Error, psycopg_pool.PoolTimeout) as e:
+            raise self._fault(e) from e
+        except TimeoutError as e:
+            raise StoreFault("unavailable", f"{NAME}: no answer within {self.timeout_ms * 2} ms") from e
 
     async def close(self) -> None:
         if self.pool is not None:

@@ -34,20 +34,28 @@ naming the key.
 from __future__ import annotations
 
 import hashlib
+import inspect
+import os
+import select
+import socket
 import struct
-from typing import Any, Callable, Generator, Optional
+from typing import Any, Generator, Optional
 
 try:
     import redis as _redis
     import redis.asyncio as _aredis
     from redis.asyncio.retry import Retry as _AsyncRetry
     from redis.backoff import NoBackoff
-    from redis.exceptions import NoScriptError, RedisError, ResponseError
+    from redis._parsers.base import BaseParser
+    from redis.exceptions import InvalidResponse, NoScriptError, RedisError, ResponseError
+    from redis.exceptions import ConnectionError as _ConnectionError
+    from redis.exceptions import TimeoutError as _TimeoutError
     from redis.retry import Retry
 except ImportError as e:  # pragma: no cover - depends on the environment
     raise ImportError("idem_guard.redis needs redis-py: pip install 'idem-guard[redis]'") from e
 
 from . import layout
+from .steps import AsyncSteps, Steps
 from .types import Checkpoint, Entry, Record, Response, StoreFault
 
 __all__ = ["AsyncRedisStore", "RedisStore", "decode", "encode"]
@@ -58,6 +66,7 @@ U64_MAX = (1 << 64) - 1
 HEADER_MAX = 42
 DEFAULT_GRACE_MS = 60_000
 DEFAULT_TIMEOUT_MS = 2_000
+_READ = 65_536  # bytes per recv: a record up to the guard's 1 MiB response limit takes a few
 
 _U16, _U32, _U64 = struct.Struct(">H"), struct.Struct(">I"), struct.Struct(">Q")
 _STATES = ("processing", "done")
@@ -225,7 +234,20 @@ _HEADLESS = 'has no "{version} {expires_at_ms}" header'
 class _Layout:
     """What both stores share: options, scripts, and the primitives as command sequences."""
 
-    def __init__(self, prefix: str, grace_ms: int, timeout_ms: int):
+    # The client each store opens for itself from a URL: redis-py's sync or asyncio one.
+    _client_class: Any
+    _retry_class: Any
+
+    def __init__(
+        self,
+        url: str = "redis://127.0.0.1:6379",
+        *,
+        prefix: str = "",
+        grace_ms: int = DEFAULT_GRACE_MS,
+        timeout_ms: int = DEFAULT_TIMEOUT_MS,
+        client: Any = None,
+        max_connections: Optional[int] = None,
+    ):
         if grace_ms < 0 or timeout_ms < 1:
             raise ValueError("grace_ms must be at least 0 and timeout_ms at least 1")
         self.prefix = prefix
@@ -233,15 +255,26 @@ class _Layout:
         self.timeout_ms = timeout_ms
         self._scripts = {name: layout.redis_script(name) for name in ("claim_expired", "replace", "delete_at", "purge")}
         self._shas = {name: hashlib.sha1(text.encode()).hexdigest() for name, text in self._scripts.items()}
-
-    def _adopt(self, client: Any, make: Callable[[], Any]) -> None:
-        """`client` as given (its owner closes it), else `make()` (this store closes it)."""
+        # `client` as given (its owner closes it), else one of the store's own (it closes it).
         self._owned = client is None
         if client is None:
-            client = make()
+            # No retries inside the client: a retried write whose first reply was lost
+            # would be applied twice; the guard fails closed and its read-back decides.
+            client = self._client_class.from_url(
+                url,
+                max_connections=max_connections,
+                retry=self._retry_class(NoBackoff(), 0),
+                socket_timeout=timeout_ms / 1000,
+                socket_connect_timeout=timeout_ms / 1000,
+                retry_on_timeout=False,
+            )
         if client.get_connection_kwargs().get("decode_responses"):
             raise ValueError("the redis client must not decode responses (decode_responses=False): values are bytes")
         self.client = client
+        self._opened()
+
+    def _opened(self) -> None:
+        """What a store sets up once it has its client."""
 
     def _ttl(self, record: Record, now_ms: int) -> int:
         """PX: the record's remaining life by the guard's clock, plus the grace (u64 arithmetic, as in Rust)."""
@@ -302,43 +335,132 @@ class _Layout:
         return StoreFault("unavailable", f"{NAME}: {type(error).__name__}: {error}")
 
 
-def _client_options(timeout_ms: int) -> dict:
-    # No retries inside the client: a retried write whose first reply was lost
-    # would be applied twice; the guard fails closed and its read-back decides.
-    return {
-        "socket_timeout": timeout_ms / 1000,
-        "socket_connect_timeout": timeout_ms / 1000,
-        "retry_on_timeout": False,
-    }
+def _pack(args: tuple) -> bytes:
+    """A command as RESP, an array of bulk strings: what redis-py's packer
+    writes for these arguments (str as UTF-8, the layout's encoding of keys;
+    int in decimal; bytes as they are), in one join."""
+    parts = [b"*%d\r\n" % len(args)]
+    for arg in args:
+        if isinstance(arg, str):
+            arg = arg.encode()
+        elif isinstance(arg, int):
+            arg = b"%d" % arg
+        parts.append(b"$%d\r\n%b\r\n" % (len(arg), arg))
+    return b"".join(parts)
 
 
-class RedisStore(_Layout):
+if hasattr(select, "poll"):
+
+    def _readable(sock: Any) -> bool:
+        """Whether a socket has something to read (or was closed by its peer), without waiting."""
+        poll = select.poll()  # not select(): it refuses descriptors past FD_SETSIZE
+        poll.register(sock, select.POLLIN)
+        return bool(poll.poll(0))
+
+else:  # pragma: no cover - Windows, where select() takes any socket
+
+    def _readable(sock: Any) -> bool:
+        """Whether a socket has something to read (or was closed by its peer), without waiting."""
+        return bool(select.select((sock,), (), (), 0)[0])
+
+
+class _Incomplete(Exception):
+    """The reply does not end in the bytes read so far."""
+
+
+def _exchange(sock: Any, command: bytes) -> Any:
+    """Sends a packed command and reads its one reply (an error reply comes
+    back as redis-py's exception for it, not raised). Socket failures are
+    redis-py's `TimeoutError` and `ConnectionError`."""
+    try:
+        sock.sendall(command)
+        data = b""
+        while True:
+            more = sock.recv(_READ)
+            if not more:
+                raise _ConnectionError("Connection closed by server.")
+            data += more
+            try:
+                value, end = _parse(data, 0)
+            except _Incomplete:
+                continue
+            except ValueError as e:  # a length or an integer that is not one
+                raise InvalidResponse(f"a reply that is not RESP: {e}") from e
+            if end != len(data):  # one command, one reply: anything more is out of step
+                raise InvalidResponse(f"{len(data) - end} bytes after the reply")
+            return value
+    except socket.timeout as e:
+        raise _TimeoutError("Timeout talking to the server") from e
+    except OSError as e:
+        raise _ConnectionError(f"Error talking to the server: {e}") from e
+
+
+def _parse(data: bytes, at: int) -> tuple[Any, int]:
+    """The RESP2 or RESP3 reply at `data[at:]` and where it ends: the types
+    the layout's commands and scripts answer with (bulk and simple strings as
+    bytes, integers, arrays, nulls, errors)."""
+    end = data.find(b"\r\n", at)
+    if end < 0:
+        raise _Incomplete
+    kind, line, at = data[at], data[at + 1 : end], end + 2
+    if kind == 0x24 or kind == 0x21:  # `$` bulk string, `!` bulk error
+        n = int(line)
+        if n < 0:
+            return None, at
+        if at + n + 2 > len(data):
+            raise _Incomplete
+        value = data[at : at + n]
+        return (value if kind == 0x24 else _error(value)), at + n + 2
+    if kind == 0x3A:  # `:` integer
+        return int(line), at
+    if kind == 0x2A:  # `*` array
+        items = []
+        for _ in range(int(line)):
+            item, at = _parse(data, at)
+            items.append(item)
+        return items, at
+    if kind == 0x2B:  # `+` simple string
+        return line, at
+    if kind == 0x2D:  # `-` error
+        return _error(line), at
+    if kind == 0x5F:  # `_` RESP3 null
+        return None, at
+    raise InvalidResponse(f"unexpected reply type {chr(kind)!r}")
+
+
+def _error(message: bytes) -> ResponseError:
+    """The exception redis-py raises for this error reply (`NoScriptError` for `NOSCRIPT`, ...)."""
+    return BaseParser.parse_error(message.decode("utf-8", "replace"))
+
+
+def _pool_args(pool: Any) -> tuple:
+    """`get_connection`'s arguments: none since redis-py 5.3, a command name before."""
+    if pool is None:
+        return ()
+    name = inspect.signature(pool.get_connection).parameters.get("command_name")
+    return ("SET",) if name is not None and name.default is inspect.Parameter.empty else ()
+
+
+class RedisStore(_Layout, Steps):
     """The store primitives of `wit/store.wit` on a Redis server, for `Guard`.
 
     `url`: `redis://[:PASSWORD@]HOST[:PORT][/DB]` (redis-py's `from_url`),
     or `client=` an existing `redis.Redis` (it must not decode responses).
     `prefix` goes before every key (stores sharing keys must use the same).
-    Safe to share between threads: redis-py pools its connections.
+    Safe to share between threads: it takes a connection of the client's
+    pool for each thread that calls it at once, and keeps it for the next
+    command.
     """
 
-    def __init__(
-        self,
-        url: str = "redis://127.0.0.1:6379",
-        *,
-        prefix: str = "",
-        grace_ms: int = DEFAULT_GRACE_MS,
-        timeout_ms: int = DEFAULT_TIMEOUT_MS,
-        client: Optional["_redis.Redis"] = None,
-        max_connections: Optional[int] = None,
-    ):
-        super().__init__(prefix, grace_ms, timeout_ms)
-        options = _client_options(timeout_ms)
-        self._adopt(
-            client,
-            lambda: _redis.Redis.from_url(url, max_connections=max_connections, retry=Retry(NoBackoff(), 0), **options),
-        )
+    _client_class, _retry_class = _redis.Redis, Retry
 
-    def _send(self, command: Any) -> Any:
+    def _opened(self) -> None:
+        self._pool = getattr(self.client, "connection_pool", None)
+        self._pool_args = _pool_args(self._pool)
+        self._idle: list = []  # connections taken from the pool, kept for the next command
+        self._pid = os.getpid()
+
+    def _send(self, command: Any, key: str) -> Any:
         if isinstance(command, _Set):
             args: tuple = ("SET", command.key, command.value, "NX", "GET", "PX", command.ttl)
         elif isinstance(command, _Script):
@@ -346,127 +468,96 @@ class RedisStore(_Layout):
         else:
             args = tuple(command)
         try:
-            return self._command(args)
-        except NoScriptError:
-            self._command(("SCRIPT", "LOAD", self._scripts[command.name]))
-            return self._command(args)
+            try:
+                return self._command(args)
+            except NoScriptError:
+                self._command(("SCRIPT", "LOAD", self._scripts[command.name]))
+                return self._command(args)
+        except RedisError as e:
+            raise self._fault(e, key) from e
 
     def _command(self, args: tuple) -> Any:
-        """One command on a pooled connection, its reply as the server sent
-        it: what `execute_command` does without its retry, response
-        callbacks and instrumentation, which cost about as much again as
-        the round trip's own client-side work (`examples/python/bench_stores.py`).
-        A connection that failed, timed out or was interrupted mid-reply is
-        dropped, so no later command reads its stale reply."""
-        pool = getattr(self.client, "connection_pool", None)
-        if pool is None:  # a client without one pool (a cluster client): its own path
+        """One command on a connection of the store's own, its reply as the
+        server sent it. redis-py's connection opens the socket (address,
+        TLS, AUTH, SELECT, protocol); the command and its reply go over that
+        socket directly (`_pack`, `_read_reply`): no pool checkout, lock,
+        observability hooks, retry or response callbacks per command, which
+        cost more client-side time than the round trip itself
+        (`examples/python/bench_stores.py`). A connection that failed, timed
+        out or was interrupted mid-reply is dropped, so no later command
+        reads its stale reply."""
+        if self._pool is None:  # a client without one pool (a cluster client): its own path
             return self.client.execute_command(*args)
-        conn = pool.get_connection()
+        conn = self._checkout()
         try:
-            conn.send_command(*args)
-            return conn.read_response()
-        except ResponseError:
-            raise  # the server answered with an error: the connection is in step
+            if conn._sock is None:
+                conn.connect()
+            reply = _exchange(conn._sock, _pack(args))
+            if isinstance(reply, ResponseError) and not isinstance(reply, NoScriptError):
+                # In step, but the server may be one to leave (READONLY after a
+                # failover, LOADING): the next command connects afresh, as
+                # redis-py's own connections do for the errors they act on.
+                conn.disconnect()
         except BaseException:
-            conn.disconnect()  # anything else (a timeout, a Ctrl-C) may leave a reply unread
+            conn.disconnect()  # a timeout, a Ctrl-C, a broken reply: one may be left unread
             raise
         finally:
-            pool.release(conn)
+            self._idle.append(conn)
+        if isinstance(reply, ResponseError):
+            raise reply
+        return reply
 
-    def _run(self, key: str, steps: _Steps) -> Any:
+    def _checkout(self) -> Any:
+        """An idle connection of the store's, or a new one from the client's pool.
+
+        The store keeps the connections it took (a list: `pop` and `append`
+        are atomic, so threads never share one). One the server closed while
+        it sat idle is reconnected before the command, as the pool would:
+        nothing can be waiting to be read on a connection in step."""
+        if self._pid != os.getpid():  # a forked child: the parent's sockets are not its own
+            self._idle, self._pid = [], os.getpid()
         try:
-            command = next(steps)
-            while True:
-                try:
-                    reply = self._send(command)
-                except RedisError as e:
-                    raise self._fault(e, key) from e
-                command = steps.send(reply)
-        except StopIteration as done:
-            return done.value
-
-    def get(self, key: str, now_ms: int) -> Optional[Entry]:
-        return self._run(key, self._get(key, now_ms))
-
-    def insert(self, key: str, record: Record, now_ms: int) -> int | Entry:
-        return self._run(key, self._insert(key, record, now_ms))
-
-    def replace(self, key: str, expected_version: int, record: Record, now_ms: int) -> Optional[int]:
-        return self._run(key, self._replace(key, expected_version, record, now_ms))
-
-    def delete(self, key: str, expected_version: Optional[int]) -> bool:
-        return self._run(key, self._delete(key, expected_version))
+            conn = self._idle.pop()
+        except IndexError:
+            return self._pool.get_connection(*self._pool_args)  # connected and checked by the pool
+        sock = conn._sock
+        if sock is not None and _readable(sock):
+            conn.disconnect()  # connected again before the command
+        return conn
 
     def close(self) -> None:
-        """Closes the connections (only those the store opened itself)."""
+        """Gives its connections back to the client's pool, and closes them
+        (only those of a client the store opened itself)."""
+        idle, self._idle = self._idle, []
+        if self._pid == os.getpid():
+            for conn in idle:
+                self._pool.release(conn)
         if self._owned:
             self.client.close()
 
-    def __enter__(self) -> "RedisStore":
-        return self
 
-    def __exit__(self, *_exc: Any) -> None:
-        self.close()
-
-
-class AsyncRedisStore(_Layout):
+class AsyncRedisStore(_Layout, AsyncSteps):
     """The store primitives on a Redis server through `redis.asyncio`, for
     `AsyncGuard`: `await store.get(...)` and so on. Options as `RedisStore`'s
     (`client=` an existing `redis.asyncio.Redis`). Use it from one event loop."""
 
-    def __init__(
-        self,
-        url: str = "redis://127.0.0.1:6379",
-        *,
-        prefix: str = "",
-        grace_ms: int = DEFAULT_GRACE_MS,
-        timeout_ms: int = DEFAULT_TIMEOUT_MS,
-        client: Optional["_aredis.Redis"] = None,
-        max_connections: Optional[int] = None,
-    ):
-        super().__init__(prefix, grace_ms, timeout_ms)
-        options = _client_options(timeout_ms)
-        self._adopt(
-            client,
-            lambda: _aredis.Redis.from_url(url, max_connections=max_connections, retry=_AsyncRetry(NoBackoff(), 0), **options),
-        )
+    _client_class, _retry_class = _aredis.Redis, _AsyncRetry
 
-    async def _send(self, command: Any) -> Any:
+    async def _send(self, command: Any, key: str) -> Any:
         c = self.client
-        if isinstance(command, _Set):
-            return await c.set(command.key, command.value, nx=True, get=True, px=command.ttl)
-        if isinstance(command, _Script):
-            sha = self._shas[command.name]
-            try:
-                return await c.execute_command("EVALSHA", sha, 1, command.key, *command.args)
-            except NoScriptError:
-                await c.execute_command("SCRIPT", "LOAD", self._scripts[command.name])
-                return await c.execute_command("EVALSHA", sha, 1, command.key, *command.args)
-        return await c.execute_command(*command)
-
-    async def _run(self, key: str, steps: _Steps) -> Any:
         try:
-            command = next(steps)
-            while True:
+            if isinstance(command, _Set):
+                return await c.set(command.key, command.value, nx=True, get=True, px=command.ttl)
+            if isinstance(command, _Script):
+                sha = self._shas[command.name]
                 try:
-                    reply = await self._send(command)
-                except RedisError as e:
-                    raise self._fault(e, key) from e
-                command = steps.send(reply)
-        except StopIteration as done:
-            return done.value
-
-    async def get(self, key: str, now_ms: int) -> Optional[Entry]:
-        return await self._run(key, self._get(key, now_ms))
-
-    async def insert(self, key: str, record: Record, now_ms: int) -> int | Entry:
-        return await self._run(key, self._insert(key, record, now_ms))
-
-    async def replace(self, key: str, expected_version: int, record: Record, now_ms: int) -> Optional[int]:
-        return await self._run(key, self._replace(key, expected_version, record, now_ms))
-
-    async def delete(self, key: str, expected_version: Optional[int]) -> bool:
-        return await self._run(key, self._delete(key, expected_version))
+                    return await c.execute_command("EVALSHA", sha, 1, command.key, *command.args)
+                except NoScriptError:
+                    await c.execute_command("SCRIPT", "LOAD", self._scripts[command.name])
+                    return await c.execute_command("EVALSHA", sha, 1, command.key, *command.args)
+            return await c.execute_command(*command)
+        except RedisError as e:
+            raise self._fault(e, key) from e
 
     async def close(self) -> None:
         """Closes the connections (only those the store opened itself)."""

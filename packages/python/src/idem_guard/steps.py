@@ -1,0 +1,85 @@
+"""Store primitives written once, as generators of the commands they send.
+
+A primitive (`_get`, `_insert`, `_replace`, `_delete` of `idem_guard.redis`
+and `idem_guard.postgres`) yields a command, is sent its reply, and returns
+the primitive's value; the layout's logic is written once for a synchronous
+and an asynchronous store. A store carries the commands out with its own
+`_send(command, key)`, which raises `StoreFault` when the server fails, and
+gets the four primitives of `wit/store.wit` from `Steps` (or `AsyncSteps`,
+awaiting each command)::
+
+    class MyStore(_Layout, Steps):
+        def _send(self, command, key):
+            return server.execute(command)
+"""
+
+from __future__ import annotations
+
+from typing import Any, Generator, Optional
+
+from .types import Entry, Record
+
+Commands = Generator[Any, Any, Any]
+
+
+class Steps:
+    """`get`, `insert`, `replace` and `delete`, each the primitive's commands sent one by one."""
+
+    def _send(self, command: Any, key: str) -> Any:
+        raise NotImplementedError
+
+    def _run(self, key: str, steps: Commands) -> Any:
+        try:
+            command = next(steps)
+            while True:
+                command = steps.send(self._send(command, key))
+        except StopIteration as done:
+            return done.value
+
+    def get(self, key: str, now_ms: int) -> Optional[Entry]:
+        return self._run(key, self._get(key, now_ms))
+
+    def insert(self, key: str, record: Record, now_ms: int) -> int | Entry:
+        return self._run(key, self._insert(key, record, now_ms))
+
+    def replace(self, key: str, expected_version: int, record: Record, now_ms: int) -> Optional[int]:
+        return self._run(key, self._replace(key, expected_version, record, now_ms))
+
+    def delete(self, key: str, expected_version: Optional[int]) -> bool:
+        return self._run(key, self._delete(key, expected_version))
+
+    def close(self) -> None:
+        raise NotImplementedError
+
+    def __enter__(self) -> Any:
+        return self
+
+    def __exit__(self, *_exc: Any) -> None:
+        self.close()
+
+
+class AsyncSteps:
+    """`Steps` for asyncio: `await store.get(...)` and so on, each command awaited (`async def _send`)."""
+
+    async def _send(self, command: Any, key: str) -> Any:
+        raise NotImplementedError
+
+    async def _run(self, key: str, steps: Commands) -> Any:
+        try:
+            command = next(steps)
+            while True:
+                command = steps.send(await self._send(command, key))
+        except StopIteration as done:
+            return done.value
+
+    async def get(self, key: str, now_ms: int) -> Optional[Entry]:
+        return await self._run(key, self._get(key, now_ms))
+
+    async def insert(self, key: str, record: Record, now_ms: int) -> int | Entry:
+        return await self._run(key, self._insert(key, record, now_ms))
+
+    async def replace(self, key: str, expected_version: int, record: Record, now_ms: int) -> Optional[int]:
+        return await self._run(key, self._replace(key, expected_version, record, now_ms))
+
+    async def delete(self, key: str, expected_version: Optional[int]) -> bool:
+        return await self._run(key, self._delete(key, expected_version))
