@@ -2,6 +2,11 @@
 
 use crate::{FaultRule, Op};
 use serde::{Deserialize, Serialize};
+use std::time::Duration;
+
+/// While no event comes, the stream sends an SSE comment at least this
+/// often, so that a client can tell a quiet stream from a dead one.
+pub const KEEP_ALIVE: Duration = Duration::from_secs(10);
 
 /// What the gateway did with one guarded request.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]

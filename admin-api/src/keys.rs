@@ -118,29 +118,23 @@ impl Order {
 
 /// `GET /v1/keys`'s query string as it travels: every parameter optional
 /// and still text, so that a bad value gets its own message from
-/// [`KeyListParams::check`].
+/// [`KeyListParams::check`]. A query string leaves an absent one out
+/// (`serde_urlencoded` writes no pair for `None`).
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct KeyListParams {
     /// `processing` or `done`.
-    #[serde(skip_serializing_if = "Option::is_none")]
     pub state: Option<String>,
-    #[serde(skip_serializing_if = "Option::is_none")]
     pub prefix: Option<String>,
     /// Matches anywhere in the client's own key (after the client scope
     /// and its `/`), ignoring ASCII case.
-    #[serde(skip_serializing_if = "Option::is_none")]
     pub search: Option<String>,
     /// The previous page's `next`.
-    #[serde(skip_serializing_if = "Option::is_none")]
     pub after: Option<String>,
     /// 1 to [`MAX_LIMIT`]; [`DEFAULT_LIMIT`] when absent.
-    #[serde(skip_serializing_if = "Option::is_none")]
     pub limit: Option<u32>,
     /// `key`, `expires`, `lease` or `replays`.
-    #[serde(skip_serializing_if = "Option::is_none")]
     pub sort: Option<String>,
     /// `asc` or `desc`.
-    #[serde(skip_serializing_if = "Option::is_none")]
     pub order: Option<String>,
 }
 

@@ -19,7 +19,7 @@ mod faults;
 mod keys;
 mod stats;
 
-pub use events::{DecisionEvent, Event, FaultEvent, Outcome};
+pub use events::{DecisionEvent, Event, FaultEvent, KEEP_ALIVE, Outcome};
 pub use fault_rule::{FaultKind, FaultRule, MAX_LATENCY_MS, Op, ParseFaultError};
 pub use faults::{FaultSet, Faults, SetFaults};
 pub use keys::{

@@ -8,7 +8,8 @@
 //! console's memory stays flat however busy the server is.
 
 use crate::api::{
-    Event, FaultRule, Faults, KeyDetail, KeyInfo, KeyPage, Op, Problem, SetFaults, Stats,
+    Event, FaultRule, Faults, KEEP_ALIVE, KeyDetail, KeyInfo, KeyPage, Op, Problem, SetFaults,
+    Stats,
 };
 use crate::protocol::{Command, KeyQuery, Update};
 use futures_util::StreamExt;
@@ -23,8 +24,8 @@ use tokio::task::JoinSet;
 pub const POLL: Duration = Duration::from_secs(1);
 /// A poll that takes longer than this counts as a lost connection.
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(5);
-/// The server sends a keep-alive every 10 s; three missed means the stream is dead.
-const STREAM_SILENCE: Duration = Duration::from_secs(30);
+/// Three missed keep-alives mean the stream is dead.
+const STREAM_SILENCE: Duration = KEEP_ALIVE.saturating_mul(3);
 /// A single SSE line longer than this is dropped rather than buffered.
 const MAX_SSE_LINE: usize = 1 << 20;
 
@@ -161,23 +162,9 @@ impl Client {
 
     pub async fn keys(&self, query: &KeyQuery) -> Result<KeyPage, ClientError> {
         let mut url = self.url(&["v1", "keys"]);
-        {
-            let params = query.params();
-            let mut pairs = url.query_pairs_mut();
-            for (name, value) in [
-                ("state", params.state),
-                ("prefix", params.prefix),
-                ("search", params.search),
-                ("after", params.after),
-                ("limit", params.limit.map(|n| n.to_string())),
-                ("sort", params.sort),
-                ("order", params.order),
-            ] {
-                if let Some(value) = value {
-                    pairs.append_pair(name, &value);
-                }
-            }
-        }
+        let params = serde_urlencoded::to_string(query.params())
+            .expect("text and numbers make a query string");
+        url.set_query(Some(&params));
         self.get_json(url).await
     }
 

@@ -116,6 +116,15 @@ pub const BINDINGS: &[Binding<FaultsAction>] = &[
     bind(&[K::Char('R')], A::EditRule, "R", "type the whole rule"),
 ];
 
+/// Each fault kind with the key that sets it, in the key table's order:
+/// the panel offers them as the table binds them.
+fn kind_keys() -> impl Iterator<Item = (char, FaultKind)> {
+    BINDINGS.iter().filter_map(|b| match (b.action, b.codes) {
+        (A::SetKind(kind), [K::Char(key), ..]) => Some((*key, kind)),
+        _ => None,
+    })
+}
+
 pub const HINTS: &str =
     "o e t d l kind · Space on/off · +- latency · [] prob · <> count · ? help · q quit ";
 
@@ -425,13 +434,7 @@ impl Widget for &FaultsView {
         let op = self.selected_op();
         let current = self.current.faults.rule(op).kind;
         let mut choice = vec![Span::styled(format!(" {op}: "), LABEL)];
-        for (key, kind) in [
-            ('o', FaultKind::Off),
-            ('e', FaultKind::Error),
-            ('t', FaultKind::Timeout),
-            ('d', FaultKind::Delay),
-            ('l', FaultKind::Lost),
-        ] {
+        for (key, kind) in kind_keys() {
             let text = format!("[{key}] {}", kind.as_str());
             choice.push(if kind == current {
                 Span::styled(text, fault_style(kind).add_modifier(Modifier::REVERSED))

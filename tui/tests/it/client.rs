@@ -82,6 +82,10 @@ async fn pages_filters_and_sorts_through_the_query_string() {
         sent.contains(r#"sort=Some("replays") order=Some("desc")"#),
         "{sent}"
     );
+    assert!(
+        sent.contains(r#"prefix=Some("order") search=None"#),
+        "an empty search is left out of the query string: {sent}"
+    );
 }
 
 #[tokio::test]

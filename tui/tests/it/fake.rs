@@ -15,8 +15,9 @@ use axum::routing::{get, post};
 use axum::{Json, Router};
 use futures_util::StreamExt;
 use idem_tui::api::{
-    DecisionEvent, Event, FaultEvent, FaultSet, Faults, KeyDetail, KeyInfo, KeyListParams, KeyPage,
-    KeyState, Order, Outcome, Problem, SetFaults, Sort, Stats, StoredResponse,
+    DecisionEvent, Event, FaultEvent, FaultSet, Faults, KEEP_ALIVE, KeyDetail, KeyInfo,
+    KeyListParams, KeyPage, KeyState, Order, Outcome, Problem, SetFaults, Sort, Stats,
+    StoredResponse,
 };
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
@@ -402,10 +403,6 @@ async fn event_stream(State(shared): State<Arc<Shared>>) -> Response {
             )
         });
     Sse::new(stream)
-        .keep_alive(
-            KeepAlive::new()
-                .interval(Duration::from_secs(10))
-                .text("keep-alive"),
-        )
+        .keep_alive(KeepAlive::new().interval(KEEP_ALIVE).text("keep-alive"))
         .into_response()
 }
