@@ -13,7 +13,7 @@
 # that file as it is; else with IDEM_BIN set, that idem binary; else
 # `cargo run -p idem` from the repository root (the component's bytes do not
 # depend on the idem build's profile). Needs npm; installs nothing: the
-# package has no dependencies (ioredis and pg are optional peers).
+# package has no dependencies (express and pg are optional peers).
 set -euo pipefail
 
 pkg="$(cd "$(dirname "$0")" && pwd)"

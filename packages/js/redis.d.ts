@@ -1,18 +1,25 @@
 // Types of @idem/guard/redis (redis.js): the store primitives on Redis in the
-// shared on-store layout (wit/store-layout/README.md). Needs the optional
-// peer dependency `ioredis`.
+// shared on-store layout (wit/store-layout/README.md), over a connection of
+// its own (resp.js): no client package needed.
 
 import type { AsyncStore, Entry, InsertOutcome, StoredRecord } from './index.js';
 
 export interface RedisStoreOptions {
-  /** `redis://[[user]:password@]host[:port][/db]` (default redis://127.0.0.1:6379). */
+  /** `redis://[[user]:password@]host[:port][/db]`, or `rediss://` for TLS (default redis://127.0.0.1:6379). */
   url?: string;
   /** Put before every key (default ''); hosts sharing keys use the same. */
   prefix?: string;
   /** How much longer than a record's life (by the guard's clock) Redis keeps it (default 60 000 ms). */
   graceMs?: number;
-  /** How long a connection or a command may take before it fails as unavailable (default 2 000 ms). */
+  /** How long connecting or a command may take before it fails as unavailable (default 2 000 ms). */
   timeoutMs?: number;
+  /** Options for Node's `tls.connect` with `rediss://`: a `ca` to trust, a client `cert` and `key`, any other it takes. */
+  tls?: {
+    ca?: string | Uint8Array | Array<string | Uint8Array>;
+    cert?: string | Uint8Array | Array<string | Uint8Array>;
+    key?: string | Uint8Array | Array<string | Uint8Array>;
+    [option: string]: unknown;
+  };
 }
 
 /** The store primitives on Redis; a `Guard` over it is an `AsyncGuard`. */
@@ -27,7 +34,7 @@ export declare class RedisStore implements AsyncStore {
   insert(key: string, record: StoredRecord, nowMs: bigint): Promise<InsertOutcome>;
   replace(key: string, expectedVersion: bigint, record: StoredRecord, nowMs: bigint): Promise<bigint | undefined>;
   delete(key: string, expectedVersion?: bigint): Promise<boolean>;
-  /** Closes the connection after the commands sent so far are answered. */
+  /** Closes the connection; commands still unanswered fail as unavailable. */
   close(): Promise<void>;
 }
 

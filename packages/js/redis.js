@@ -20,14 +20,17 @@
 // compares the guard's `nowMs`, never the server's clock; PX is the record's
 // remaining life by the guard's clock plus `graceMs`.
 //
-// The client is ioredis: its `*Buffer` commands return replies as bytes (a
-// record is binary), it has a per-command timeout, and with its offline
-// queue off a command sent while the server is unreachable fails at once
-// instead of waiting for a reconnect, so the guard fails closed without
-// delay while ioredis reconnects in the background.
+// The connection is the store's own (resp.js): one socket, the four
+// commands written as RESP and their replies read back as bytes, with no
+// general client around them (what one does around each command cost more
+// than the command). Connecting and each command are bounded by
+// `timeoutMs`; a connection that fails, closes or times out fails every
+// command waiting on it as unavailable — none is resent: a write may have
+// been applied, and the guard fails closed — and the next command opens a new
+// one. So a store needs no dependency.
 
 import { createHash } from 'node:crypto';
-import { Redis, ReplyError } from 'ioredis';
+import { check, Connection, pack, parseUrl, ReplyError } from './resp.js';
 import { StoreError } from './index.js';
 import { layoutFile } from './layout.js';
 
@@ -207,6 +210,7 @@ class Script {
 
 const SCRIPTS = {};
 const script = (name) => (SCRIPTS[name] ??= new Script(`${name}.lua`));
+const SCRIPT_NAMES = ['claim_expired', 'replace', 'delete_at'];
 
 /**
  * The store primitives on a Redis server, asynchronous (`async: true`): a
@@ -215,51 +219,53 @@ const script = (name) => (SCRIPTS[name] ??= new Script(`${name}.lua`));
 export class RedisStore {
   /** Tells `Guard` that the primitives return Promises. */
   async = true;
-  #client;
+  #target;
   #prefix;
   #graceMs;
   #timeoutMs;
+  #tlsOptions;
+  /** The live connection, or the promise of one being opened. */
+  #conn = null;
+  #opening = null;
 
   /**
    * Connects (failing if the server does not answer within the timeout) and
    * loads the layout's scripts.
    *
    * @param {object} options
-   * @param {string} options.url       `redis://[[user]:password@]host[:port][/db]` (default redis://127.0.0.1:6379)
+   * @param {string} options.url       `redis://[[user]:password@]host[:port][/db]`, or `rediss://` for TLS (default redis://127.0.0.1:6379)
    * @param {string} options.prefix    put before every key (default ''); hosts sharing keys use the same
    * @param {number} options.graceMs   how much longer than a record's life Redis keeps it (default 60 000)
-   * @param {number} options.timeoutMs how long a command may take before it fails as unavailable (default 2 000)
+   * @param {number} options.timeoutMs how long connecting or a command may take before it fails as unavailable (default 2 000)
+   * @param {object} options.tls       options for `tls.connect` with `rediss://` (a `ca`, a client `cert` and `key`)
    */
-  static async open({ url = 'redis://127.0.0.1:6379', prefix = '', graceMs = 60_000, timeoutMs = 2_000 } = {}) {
+  static async open({ url = 'redis://127.0.0.1:6379', prefix = '', graceMs = 60_000, timeoutMs = 2_000, tls = {} } = {}) {
     if (typeof prefix !== 'string') throw new TypeError('prefix must be a string');
     if (!(Number.isInteger(graceMs) && graceMs >= 0)) throw new RangeError(`graceMs ${graceMs} must be a whole number of milliseconds`);
     if (!(Number.isInteger(timeoutMs) && timeoutMs > 0)) throw new RangeError(`timeoutMs ${timeoutMs} must be a positive whole number of milliseconds`);
-    const client = new Redis(url, {
-      lazyConnect: true,
-      enableOfflineQueue: false,
-      commandTimeout: timeoutMs,
-      connectTimeout: timeoutMs,
-      maxRetriesPerRequest: 0,
-      // Reconnect in the background, at most a second apart: meanwhile every call fails as unavailable.
-      retryStrategy: (times) => Math.min(times * 100, 1_000),
-    });
-    // Without a listener an unreachable server's errors would be unhandled events.
-    client.on('error', () => {});
+    let target;
     try {
-      await client.connect();
-      for (const name of ['claim_expired', 'replace', 'delete_at']) await client.script('LOAD', script(name).text);
+      target = parseUrl(url);
     } catch (e) {
-      client.disconnect();
+      throw new RangeError(`${NAME} store: cannot open ${shown(url)}: ${e.message}`);
+    }
+    const store = new RedisStore(target, prefix, graceMs, timeoutMs, tls);
+    try {
+      const conn = await store.#connection();
+      for (const name of SCRIPT_NAMES) check(await conn.send(pack(['SCRIPT', 'LOAD', script(name).text])));
+    } catch (e) {
+      store.close();
       throw new Error(`${NAME} store: cannot open ${shown(url)}: ${e?.message ?? e}`);
     }
-    return new RedisStore(client, prefix, graceMs, timeoutMs);
+    return store;
   }
 
-  constructor(client, prefix, graceMs, timeoutMs) {
-    this.#client = client;
+  constructor(target, prefix, graceMs, timeoutMs, tlsOptions) {
+    this.#target = target;
     this.#prefix = prefix;
     this.#graceMs = BigInt(graceMs);
     this.#timeoutMs = timeoutMs;
+    this.#tlsOptions = tlsOptions;
   }
 
   /** The prefix every key is stored under. */
@@ -267,13 +273,27 @@ export class RedisStore {
     return this.#prefix;
   }
 
-  /** Closes the connection (after the commands sent so far are answered). */
+  /** Closes the connection; commands still unanswered fail as unavailable. */
   async close() {
-    try {
-      await this.#client.quit();
-    } catch {
-      this.#client.disconnect();
-    }
+    this.#conn?.close();
+    this.#conn = null;
+  }
+
+  /** The live connection, or a new one (concurrent callers share one attempt). */
+  #connection() {
+    if (this.#conn && !this.#conn.dead) return this.#conn;
+    const options = { timeoutMs: this.#timeoutMs, tlsOptions: this.#tlsOptions, failure: unavailable };
+    this.#opening ??= Connection.open(this.#target, options).then(
+      (conn) => {
+        this.#opening = null;
+        return (this.#conn = conn);
+      },
+      (e) => {
+        this.#opening = null;
+        throw e;
+      },
+    );
+    return this.#opening;
   }
 
   #full(key) {
@@ -287,34 +307,44 @@ export class RedisStore {
     return String(ttl < 1n ? 1n : ttl);
   }
 
-  /** One command; a server that cannot be reached or does not answer in time is unavailable. */
-  async #send(key, run) {
-    try {
-      return await run(this.#client);
-    } catch (e) {
-      if (e instanceof ReplyError && /^WRONGTYPE/.test(e.message)) {
-        throw corrupt(key, 'the key holds a Redis value that is not a string: not an idem record');
-      }
-      throw unavailable(e?.message === 'Command timed out' ? `no answer within ${this.#timeoutMs} ms` : (e?.message ?? String(e)));
-    }
+  /**
+   * One command's reply; an error reply is returned as a ReplyError value. A
+   * server that cannot be reached or does not answer in time is unavailable
+   * (the connection rejects with that StoreError itself: no wrapper, no
+   * extra turn of the microtask queue per command).
+   */
+  #send(args) {
+    const conn = this.#conn;
+    if (conn !== null && !conn.dead) return conn.send(pack(args));
+    return this.#connection().then(
+      (opened) => opened.send(pack(args)),
+      (e) => {
+        throw e instanceof StoreError ? e : unavailable(e?.message ?? String(e));
+      },
+    );
+  }
+
+  /** A reply that is not an error reply; WRONGTYPE is a corrupt key, any other error reply unavailable. */
+  #ok(key, reply) {
+    if (!(reply instanceof ReplyError)) return reply;
+    if (reply.message.startsWith('WRONGTYPE')) throw corrupt(key, 'the key holds a Redis value that is not a string: not an idem record');
+    throw unavailable(reply.message);
   }
 
   /** EVALSHA of a layout script on one key; SCRIPT LOAD and again when the server has lost it. */
-  #eval(key, name, args) {
+  async #eval(key, name, args) {
     const s = script(name);
-    return this.#send(key, async (client) => {
-      try {
-        return await client.evalshaBuffer(s.sha, 1, this.#full(key), ...args);
-      } catch (e) {
-        if (!(e instanceof ReplyError && /^NOSCRIPT/.test(e.message))) throw e;
-        await client.script('LOAD', s.text);
-        return await client.evalshaBuffer(s.sha, 1, this.#full(key), ...args);
-      }
-    });
+    const command = ['EVALSHA', s.sha, '1', this.#full(key), ...args];
+    let reply = await this.#send(command);
+    if (reply instanceof ReplyError && reply.message.startsWith('NOSCRIPT')) {
+      this.#ok(key, await this.#send(['SCRIPT', 'LOAD', s.text]));
+      reply = await this.#send(command);
+    }
+    return this.#ok(key, reply);
   }
 
   async get(key, nowMs) {
-    const value = await this.#send(key, (client) => client.getBuffer(this.#full(key)));
+    const value = this.#ok(key, await this.#send(['GET', this.#full(key)]));
     if (value === null) return undefined;
     const entry = decodeValue(key, value);
     return nowMs < entry.record.expiresAtMs ? entry : undefined;
@@ -323,7 +353,7 @@ export class RedisStore {
   async insert(key, record, nowMs) {
     const ttl = this.#ttl(record, nowMs);
     const value = encodeValue(1n, record);
-    const held = await this.#send(key, (client) => client.callBuffer('SET', this.#full(key), value, 'NX', 'GET', 'PX', ttl));
+    const held = this.#ok(key, await this.#send(['SET', this.#full(key), value, 'NX', 'GET', 'PX', ttl]));
     if (held === null) return { tag: 'inserted', val: 1n };
     const entry = decodeValue(key, held);
     if (nowMs < entry.record.expiresAtMs) return { tag: 'existing', val: entry };
@@ -352,7 +382,7 @@ export class RedisStore {
   async delete(key, expectedVersion) {
     const removed =
       expectedVersion === undefined
-        ? await this.#send(key, (client) => client.del(this.#full(key)))
+        ? this.#ok(key, await this.#send(['DEL', this.#full(key)]))
         : await this.#eval(key, 'delete_at', [String(expectedVersion)]);
     return removed === 1;
   }
