@@ -39,6 +39,18 @@ export class AbiViolation extends Error {
   }
 }
 
+/**
+ * A `store-error` a store function returns rather than throws (`payload` is
+ * the variant, as on a thrown `StoreError`). The binding takes both; the
+ * journal returns it, since throwing through the guest's frames costs V8
+ * several microseconds per throw.
+ */
+export class StoreFailure {
+  constructor(payload) {
+    this.payload = payload;
+  }
+}
+
 /** A `guard-error` as the guard returned it (a value, not thrown: the binding stays neutral). */
 export class Failure {
   constructor(kind, detail) {
@@ -831,10 +843,13 @@ class Instance {
     return value;
   }
 
-  // The imports of wit/clock.wit, wit/random.wit and wit/store.wit. A
-  // `StoreError` (an own `payload` property holding the `store-error`
-  // variant) is the import's `err`; anything else thrown unwinds the guest:
-  // a trap.
+  // The imports of wit/clock.wit, wit/random.wit and wit/store.wit. A store
+  // with a `readsRecord()` that returns false is handed null for the record
+  // of that `insert` or `replace` (the journal, answering from its entries,
+  // does not read it; lifting it cost a copy of the response). A
+  // `StoreError` thrown (an own `payload` property holding the `store-error`
+  // variant) or a `StoreFailure` returned is the import's `err`; anything
+  // else thrown unwinds the guest: a trap.
 
   #storeError(ret, result, e) {
     if (!(e && Object.hasOwn(e, 'payload') && e.payload?.tag in STORE_ERROR.index)) throw e;
@@ -857,6 +872,7 @@ class Instance {
     } catch (e) {
       return this.#storeError(ret, GET_RESULT, e);
     }
+    if (entry instanceof StoreFailure) return this.#storeError(ret, GET_RESULT, entry);
     if (entry) this.#entry(ret + GET_ENTRY_AT, entry);
     const dv = this.#view();
     dv.setUint8(ret, GET_RESULT.index.ok);
@@ -870,7 +886,7 @@ class Instance {
     this.#at(ret, INSERT_RESULT);
     const o = PARAMS['store/insert'].offset;
     const key = this.#stringAt(at + o[0]);
-    const record = this.#record(at + o[1]);
+    const record = this.store.readsRecord?.() === false ? null : this.#record(at + o[1]);
     const nowMs = this.#dv.getBigUint64(at + o[2], true);
     let outcome;
     try {
@@ -878,6 +894,7 @@ class Instance {
     } catch (e) {
       return this.#storeError(ret, INSERT_RESULT, e);
     }
+    if (outcome instanceof StoreFailure) return this.#storeError(ret, INSERT_RESULT, outcome);
     if (outcome?.tag === 'inserted') {
       this.#view();
       this.#dv.setBigUint64(ret + ENTRY_AT, outcome.val, true);
@@ -913,7 +930,7 @@ class Instance {
     const o = PARAMS['store/replace'].offset;
     const key = this.#stringAt(at + o[0]);
     const expectedVersion = this.#dv.getBigUint64(at + o[1], true);
-    const record = this.#record(at + o[2]);
+    const record = this.store.readsRecord?.() === false ? null : this.#record(at + o[2]);
     const nowMs = this.#dv.getBigUint64(at + o[3], true);
     let version;
     try {
@@ -921,6 +938,7 @@ class Instance {
     } catch (e) {
       return this.#storeError(ret, REPLACE_RESULT, e);
     }
+    if (version instanceof StoreFailure) return this.#storeError(ret, REPLACE_RESULT, version);
     const dv = this.#view();
     dv.setUint8(ret, REPLACE_RESULT.index.ok);
     dv.setUint8(ret + REPLACE_RESULT.payload, version === undefined ? OPTION_U64.index.none : OPTION_U64.index.some);

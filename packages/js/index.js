@@ -216,6 +216,18 @@ function bytes(value) {
   return out;
 }
 
+/** An export's value, or its `Failure` thrown as a GuardError. */
+function checked(value) {
+  if (value instanceof Failure) throw new GuardError(value.kind, value.detail);
+  return value;
+}
+
+/** `checked`, for an export whose value is unit: undefined. */
+function nothing(value) {
+  checked(value);
+  return undefined;
+}
+
 /** A response as the component stores it: status, headers in order, body bytes. */
 export function toResponse({ status, headers = [], body }) {
   return { status, headers: headers.map(([name, value]) => [name, bytes(value)]), body: bytes(body) };
@@ -381,11 +393,9 @@ export class Guard {
    * thrown GuardError), else replayed until the store has answered every
    * call (a Promise).
    */
-  #call(call) {
-    if (this.#port !== null) return this.#replayed(call);
-    const value = this.#run(call);
-    if (value instanceof Failure) throw new GuardError(value.kind, value.detail);
-    return value;
+  #call(call, finish = checked) {
+    if (this.#port !== null) return this.#replayed(call, finish);
+    return finish(this.#run(call));
   }
 
   /** One run of an export: its value or `Failure`; a trap drops the instance and is thrown as GuardError. */
@@ -398,10 +408,8 @@ export class Guard {
     }
   }
 
-  async #replayed(call) {
-    const value = await replay(this.#port, this.#store, () => this.#run(call), (why) => new GuardError('unavailable', `replay diverged: ${why}`));
-    if (value instanceof Failure) throw new GuardError(value.kind, value.detail);
-    return value;
+  #replayed(call, finish) {
+    return replay(this.#port, this.#store, () => this.#run(call), (why) => new GuardError('unavailable', `replay diverged: ${why}`), finish);
   }
 
   /** `{ tag: 'proceed', val: claim } | { tag: 'replay', val: response } | { tag: 'in-flight', val: ms } | { tag: 'conflict' }` */
@@ -410,13 +418,12 @@ export class Guard {
   }
 
   complete(claim, response) {
-    const done = this.#call((g) => g.complete(claim, toResponse(response), this.policy));
-    if (this.#port !== null) return done.then(() => undefined);
+    const stored = toResponse(response); // once, not once per replayed run
+    return this.#call((g) => g.complete(claim, stored, this.policy), nothing);
   }
 
   release(claim) {
-    const done = this.#call((g) => g.release(claim));
-    if (this.#port !== null) return done.then(() => undefined);
+    return this.#call((g) => g.release(claim), nothing);
   }
 
   /** Extends the claim's lease; returns the claim with its new fence. */

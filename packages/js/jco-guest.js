@@ -11,12 +11,13 @@
 // Conventions of jco (1.35) this relies on: a `result<T, E>` export returns T
 // or throws a `ComponentError` whose own `payload` is E; a `result<T, E>`
 // import returns T, or throws a value with an own `payload` property holding
-// E (any other thrown `Error` is a host bug and traps the instance). jco
+// E (any other thrown `Error` is a host bug and traps the instance); a
+// `StoreFailure` the journal returns is thrown for it. jco
 // 1.35's generated code looks imports up without the `@0.2.0` version its
 // .d.ts shows; both spellings are given.
 
 import { readFileSync } from 'node:fs';
-import { Failure } from './idem-abi.js';
+import { Failure, StoreFailure } from './idem-abi.js';
 
 const modules = new Map();
 
@@ -30,11 +31,16 @@ export async function jcoGuest(dir = new URL('./gen/', import.meta.url)) {
   };
   return {
     instantiate(store, clock, random) {
+      // jco takes a `store-error` only thrown: a returned `StoreFailure` is thrown here (it has the own `payload`).
+      const thrown = (value) => {
+        if (value instanceof StoreFailure) throw value;
+        return value;
+      };
       const storeImport = {
-        get: (key, nowMs) => store.get(key, nowMs),
-        insert: (key, record, nowMs) => store.insert(key, record, nowMs),
-        replace: (key, expectedVersion, record, nowMs) => store.replace(key, expectedVersion, record, nowMs),
-        delete: (key, expectedVersion) => store.delete(key, expectedVersion),
+        get: (key, nowMs) => thrown(store.get(key, nowMs)),
+        insert: (key, record, nowMs) => thrown(store.insert(key, record, nowMs)),
+        replace: (key, expectedVersion, record, nowMs) => thrown(store.replace(key, expectedVersion, record, nowMs)),
+        delete: (key, expectedVersion) => thrown(store.delete(key, expectedVersion)),
       };
       const randomImport = { randomU64: () => random.randomU64() };
       const imports = {

@@ -6,17 +6,17 @@
 // later turn of the event loop. The guest keeps no state between calls, and
 // what an export does depends only on its arguments and its imports'
 // answers, so the guard runs the export with every import answered from a
-// journal; the first store call the journal cannot answer is answered
-// `store-error::unavailable` at once (so is every later import of that run)
-// and only remembered. Once the export has returned, that one call goes to
-// the store; its answer (a value, or the `StoreError` it threw) is appended
-// and the export runs again from the start, until a run needs nothing new.
-// `clock.now-ms` and `random.random-u64` are journaled as the first run
-// called them. So the store sees each primitive once, in the order a
-// synchronous host would have called them, and no store call is ever started
-// that the guest would not have made: a call is started only after the run
-// that asked for it has ended, and a run that ended on a pending call is
-// discarded whole.
+// journal; the first store call the journal cannot answer goes to the store
+// at once (its round trip overlaps the rest of the run) and is answered
+// `store-error::unavailable` (so is every later import of that run, without
+// touching the store). Once the export has returned, the store's answer (a
+// value, or the `StoreError` it threw) is appended and the export runs again
+// from the start, until a run needs nothing new. `clock.now-ms` and
+// `random.random-u64` are journaled as the first run called them. So the
+// store sees each primitive once, in the order and at the point a
+// synchronous host would have called it, no store call is ever started that
+// the guest would not have made, and a run that went on without an answer is
+// discarded whole: nothing it decided after the pending call is acted on.
 //
 // A run that asks for something else than the journal holds at the same
 // place (another primitive, or another key), or returns before it has read
@@ -24,19 +24,13 @@
 // its side of the contract, or a store answered differently on a replay.
 // The call then fails closed (`GuardError` `unavailable`), naming both.
 
+import { StoreFailure } from './idem-abi.js';
+
 /** The answer a run gets for a store call the journal cannot give yet. */
 const NOT_YET = { tag: 'unavailable', val: 'asynchronous store call pending (replay)' };
 
-/**
- * Thrown into the guest as `store-error` (an own `payload`, as idem-abi.js
- * and jco look for). Not an Error: capturing a stack through the guest's
- * frames cost more than the rest of a replayed call.
- */
-class Unanswered {
-  constructor(payload) {
-    this.payload = payload;
-  }
-}
+/** Returned to the guest as `store-error`: a thrown value costs V8 several microseconds on its way through the guest's frames. */
+const UNANSWERED = new StoreFailure(NOT_YET);
 
 /** At most this many runs of one export: each run but the last adds one store answer. */
 const MAX_RUNS = 32;
@@ -50,10 +44,16 @@ export class Journal {
   entries = [];
   /** Where the current run reads next. */
   at = 0;
-  /** The store call the current run asked for beyond the journal: `{ op, key, args }`. */
+  /** The store call the current run asked for beyond the journal, started: `{ op, key, answer }` (a Promise of its entry). */
   pending = null;
   /** Why the current run disagreed with the journal, or null. */
   diverged = null;
+  #store;
+
+  /** A journal whose pending calls go to `store`. */
+  constructor(store) {
+    this.#store = store;
+  }
 
   rewind() {
     this.at = 0;
@@ -76,34 +76,43 @@ export class Journal {
     return value;
   }
 
-  /** A store answer: the journal's (returned, or thrown), else remembered as pending and answered unavailable. */
+  /**
+   * A store answer: the journal's (returned, or its error thrown), else
+   * remembered as pending and answered unavailable (a `StoreFailure`
+   * returned, as when the run has diverged).
+   */
   store(op, key, args) {
-    if (this.pending || this.diverged) throw new Unanswered(NOT_YET);
+    if (this.pending || this.diverged) return UNANSWERED;
     if (this.at < this.entries.length) {
       const entry = this.entries[this.at++];
       if (entry.op !== op || entry.key !== key) {
         this.diverged = `the guest asked for ${op}(${JSON.stringify(key)}) where the journal holds ${describe(entry)}`;
-        throw new Unanswered({ tag: 'unavailable', val: this.diverged });
+        return new StoreFailure({ tag: 'unavailable', val: this.diverged });
       }
       if ('error' in entry) throw entry.error;
       return entry.value;
     }
-    this.pending = { op, key, args };
-    throw new Unanswered(NOT_YET);
+    this.pending = { op, key, answer: this.#start(op, key, args) };
+    return UNANSWERED;
   }
 
-  /** Performs the pending call on `store` and appends its answer. */
-  async settle(store) {
-    const { op, key, args } = this.pending;
-    this.pending = null;
+  /**
+   * The store call, started: a Promise of its entry, never rejected. A
+   * `StoreError` reaches the guest as `store-error`; anything else thrown is
+   * a host bug and traps the instance on the next run.
+   */
+  #start(op, key, args) {
     try {
-      this.entries.push({ op, key, value: await store[op](...args) });
+      return Promise.resolve(this.#store[op](...args)).then(
+        (value) => ({ op, key, value }),
+        (error) => ({ op, key, error }),
+      );
     } catch (error) {
-      // A `StoreError` reaches the guest as `store-error`; anything else
-      // thrown is a host bug and traps the instance on the next run.
-      this.entries.push({ op, key, error });
+      return Promise.resolve({ op, key, error });
     }
   }
+
+
 }
 
 function describe(entry) {
@@ -139,6 +148,16 @@ export class JournalPort {
     return this.#current().local('random-u64', () => this.#random.randomU64());
   }
 
+  /**
+   * Whether the next store call reads its record: only a call the journal
+   * will remember as pending does (the others are answered from entries
+   * that are checked by primitive and key).
+   */
+  readsRecord() {
+    const j = this.#current();
+    return j.pending === null && j.diverged === null && j.at >= j.entries.length;
+  }
+
   get(key, nowMs) {
     return this.#current().store('get', key, [key, nowMs]);
   }
@@ -159,13 +178,14 @@ export class JournalPort {
 /**
  * Runs `call()` (one synchronous run of an export over `port`) until a run
  * needs no new store answer, performing each pending call on `store` in
- * between. Resolves to the last run's result. `call` reports a trap by
+ * between. Resolves to `finish` of the last run's result. `call` reports a trap by
  * throwing; a run that traps is not replayed (the trap is rethrown, nothing
  * more is sent to the store). `onDiverged(message)` makes the error for a
- * run that disagreed with the journal.
+ * run that disagreed with the journal; `finish(value)` makes the last run's
+ * value the call's (or throws), inside this one async function.
  */
-export async function replay(port, store, call, onDiverged) {
-  const journal = new Journal();
+export async function replay(port, store, call, onDiverged, finish = (value) => value) {
+  const journal = new Journal(store);
   for (let run = 1; ; run++) {
     journal.rewind();
     port.journal = journal;
@@ -181,9 +201,9 @@ export async function replay(port, store, call, onDiverged) {
       if (journal.at < journal.entries.length) {
         throw onDiverged(`the guest returned after ${journal.at} of the journal's ${journal.entries.length} answers`);
       }
-      return value;
+      return finish(value);
     }
     if (run === MAX_RUNS) throw onDiverged(`still asking the store for more after ${MAX_RUNS} runs`);
-    await journal.settle(store);
+    journal.entries.push(await journal.pending.answer);
   }
 }
