@@ -1,13 +1,16 @@
 // The cost of one guarded call on Redis from Node.js, next to the raw
 // commands of the same claim and completion and to @node-idempotency/core on
-// the same server, in one run. Rounds alternate the order of the rows, so a
-// busy machine slows them alike; the median round is printed.
+// the same server, in one run. Within each round the rows take turns every
+// twentieth of the keys (the order reversed every other round), so a busy
+// machine, or one that changes speed within seconds, slows them alike; the
+// median round is printed, wall-clock and this process's CPU time per call,
+// and each row's wall-clock over the raw row's.
 // `node bench-stores.js [OPS] [ROUNDS]`, with IDEM_TEST_REDIS_URL (default
 // redis://127.0.0.1:6379); keys go under `idembench_js_{pid}:`, removed
 // afterwards.
 //
 // - guarded begin+complete: `AsyncGuard.begin` + `complete` on a new key over
-//   `RedisStore` (ioredis): one `SET NX GET`, one `EVALSHA replace`, each call
+//   `RedisStore` (its own connection, resp.js): one `SET NX GET`, one `EVALSHA replace`, each call
 //   replayed from its journal (two runs of the export per call).
 // - guard.run: the same through `run`, lease renewal armed.
 // - raw SET NX + SET: ioredis's two round trips any claim-then-complete needs,
@@ -62,20 +65,32 @@ const rows = {
   },
 };
 
-async function timed(n, call) {
+/** Wall-clock and CPU microseconds `call` took over keys `from` to `to`. */
+async function timed(from, to, call) {
+  const cpu = process.cpuUsage();
   const start = process.hrtime.bigint();
-  for (let i = 0; i < n; i++) await call(i);
-  return Number(process.hrtime.bigint() - start) / n / 1000;
+  for (let i = from; i < to; i++) await call(i);
+  const wall = Number(process.hrtime.bigint() - start) / 1000;
+  const used = process.cpuUsage(cpu);
+  return [wall, used.user + used.system];
 }
 
 const results = Object.fromEntries(Object.keys(rows).map((name) => [name, []]));
+const block = Math.max(1, Math.floor(ops / 20));
 try {
   for (let r = 0; r < rounds; r++) {
     const order = r % 2 === 0 ? Object.keys(rows) : Object.keys(rows).reverse();
-    for (const name of order) {
-      await timed(Math.max(1, Math.floor(ops / 10)), rows[name](`w${r}-`));
-      results[name].push(await timed(ops, rows[name](`${r}-`)));
+    const calls = Object.fromEntries(order.map((name) => [name, rows[name](`${r}-`)]));
+    const spent = Object.fromEntries(order.map((name) => [name, [0, 0]]));
+    for (const name of order) await timed(0, Math.max(1, Math.floor(ops / 10)), rows[name](`w${r}-`));
+    for (let start = 0; start < ops; start += block) {
+      for (const name of order) {
+        const [wall, cpu] = await timed(start, Math.min(ops, start + block), calls[name]);
+        spent[name][0] += wall;
+        spent[name][1] += cpu;
+      }
     }
+    for (const name of order) results[name].push([spent[name][0] / ops, spent[name][1] / ops]);
   }
 } finally {
   // node-idempotency writes its own keys (under its own prefix, holding ours).
@@ -95,10 +110,12 @@ try {
 const load = (await import('node:fs')).readFileSync('/proc/loadavg', 'utf8').split(' ').slice(0, 3).join(' ');
 console.log(`load average: ${load}`);
 const median = (xs) => [...xs].sort((a, b) => a - b)[Math.floor(xs.length / 2)];
-const base = median(results['raw SET NX + SET (ioredis)']);
+const base = median(results['raw SET NX + SET (ioredis)'].map(([wall]) => wall));
 for (const [name, times] of Object.entries(results)) {
-  const m = median(times);
+  const wall = median(times.map(([w]) => w));
+  const cpu = median(times.map(([, c]) => c));
   console.log(
-    `node    ${name.padEnd(40)} ${String(ops).padStart(6)} ops  ${m.toFixed(1).padStart(8)} µs/op  ${(m / base).toFixed(2)}× raw  (median of ${rounds})`,
+    `node    ${name.padEnd(40)} ${String(ops).padStart(6)} ops  ${wall.toFixed(1).padStart(8)} µs/op  ${cpu.toFixed(1).padStart(7)} cpu-µs/op  ` +
+      `(median of ${rounds})  ${(wall / base).toFixed(2)}x its raw row`,
   );
 }
