@@ -15,6 +15,9 @@
 // - guard.run: the same through `run`, lease renewal armed.
 // - raw SET NX + SET: ioredis's two round trips any claim-then-complete needs,
 //   with nothing decided.
+// - RedisStore insert + replace: the store's own two commands (`SET NX GET`,
+//   `EVALSHA replace`: the compare-and-set a completion needs) with no guard:
+//   what the guarded row costs without the component.
 // - node-idempotency: `Idempotency.onRequest` + `onResponse` of
 //   @node-idempotency/core 1.0.11 over its Redis adapter (node-redis 4).
 
@@ -43,6 +46,15 @@ const rows = {
     const key = `${prefix}r:${tag}${i}`;
     if ((await raw.set(key, value, 'PX', 86_400_000, 'NX')) !== 'OK') throw new Error('a new key must be set');
     await raw.set(key, value, 'PX', 86_400_000);
+  },
+  'RedisStore insert + replace, no guard': (tag) => async (i) => {
+    const key = `s:${tag}${i}`;
+    const now = BigInt(Date.now());
+    const record = { fingerprint: 'x'.repeat(43), state: 'processing', holder: 1n, leaseUntilMs: now + 30_000n, expiresAtMs: now + 86_400_000n };
+    const claimed = await store.insert(key, record, now);
+    if (claimed.tag !== 'inserted') throw new Error(`a new key must be inserted, got ${claimed.tag}`);
+    const done = { ...record, state: 'done', response: { status: 200, headers: [['content-type', Buffer.from('text/plain')]], body: Buffer.from('paid') } };
+    if ((await store.replace(key, claimed.val, done, now)) !== claimed.val + 1n) throw new Error('the claim must be replaced');
   },
   'guarded begin+complete': (tag) => async (i) => {
     const decision = await guard.begin(`g:${tag}${i}`, 'sku=A&qty=1');

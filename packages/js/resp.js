@@ -121,6 +121,9 @@ export function pack(args) {
   return out.subarray(0, at);
 }
 
+/** The bytes one read of a plain TCP connection takes at most. */
+const READ_BUFFER = 64 * 1024;
+
 /** Returned by `parse` when the buffer ends inside a reply. */
 const INCOMPLETE = Symbol('incomplete');
 
@@ -164,7 +167,7 @@ export function parse(buf, at) {
       if (typeof n !== 'number' || n < 0) throw new ConnectionError(`the server sent a bulk string of length ${n}`);
       const start = end + 2;
       if (start + n + 2 > buf.length) return INCOMPLETE;
-      return [buf.subarray(start, start + n), start + n + 2];
+      return [Buffer.from(buf.subarray(start, start + n)), start + n + 2]; // a copy: the read buffer is reused
     }
     case 42: {
       // '*'
@@ -211,10 +214,14 @@ export class Connection {
    * a store makes it the error its callers expect, with no wrapper between.
    */
   static async open(target, { timeoutMs, tlsOptions = {}, failure = (why) => new ConnectionError(why) }) {
+    // Plain TCP reads into one buffer of the connection's own (`onread`),
+    // past the stream machinery of 'data' events; TLS has no such mode.
+    let reader = null;
+    const onread = { buffer: Buffer.allocUnsafe(READ_BUFFER), callback: (n, buf) => reader(buf.subarray(0, n)) };
     const socket = await new Promise((resolve, reject) => {
       const s = target.tls
         ? tls.connect({ host: target.host, port: target.port, servername: net.isIP(target.host) ? undefined : target.host, ...tlsOptions })
-        : net.connect({ host: target.host, port: target.port });
+        : net.connect({ host: target.host, port: target.port, onread });
       const timer = setTimeout(() => {
         s.destroy();
         reject(new ConnectionError(`cannot connect to ${target.host}:${target.port} within ${timeoutMs} ms`));
@@ -231,6 +238,8 @@ export class Connection {
     });
     socket.setNoDelay(true);
     const conn = new Connection(socket, timeoutMs, failure);
+    reader = (chunk) => conn.#read(chunk);
+    if (target.tls) socket.on('data', reader);
     try {
       if (target.password || target.username) {
         const auth = target.username ? ['AUTH', target.username, target.password] : ['AUTH', target.password];
@@ -248,7 +257,6 @@ export class Connection {
     this.#socket = socket;
     this.#timeoutMs = timeoutMs;
     this.#failure = failure;
-    socket.on('data', (chunk) => this.#read(chunk));
     socket.on('error', (e) => this.#fail(e.message));
     socket.on('end', () => this.#fail('the server closed the connection'));
     socket.on('close', () => this.#fail('the server closed the connection'));
@@ -289,7 +297,8 @@ export class Connection {
       this.#fail(e.message);
       return;
     }
-    this.#buffer = at === buf.length ? null : buf.subarray(at);
+    // A copy: the read buffer is reused by the next read.
+    this.#buffer = at === buf.length ? null : Buffer.from(buf.subarray(at));
   }
 
   #check() {

@@ -1,9 +1,10 @@
 // RedisStore's own connection (resp.js): the bytes it writes, every reply
 // shape it reads (whole, in pieces, several at once), a server that sends
-// what is not RESP, AUTH and SELECT from the URL, a connection lost with a
-// command in flight (failed, not resent) or while idle (the next command
-// opens a new one), a script the server lost (NOSCRIPT: loaded again), and
-// TLS (`rediss://`) through a TLS proxy with a certificate of the test's own.
+// what is not RESP, a record far larger than one read, AUTH and SELECT from
+// the URL, a connection lost with a command in flight (failed, not resent)
+// or while idle (the next command opens a new one), a script the server lost
+// (NOSCRIPT: loaded again), and TLS (`rediss://`) through a TLS proxy with a
+// certificate of the test's own.
 // The scripted servers need nothing; the rest needs IDEM_TEST_REDIS_URL.
 
 import { after, test } from 'node:test';
@@ -259,6 +260,23 @@ test('RedisStore: a connection cut while idle is replaced by the next command; o
     await store.delete('a').catch(() => {});
     await store.close();
     p.close();
+  }
+});
+
+test('RedisStore: a record far larger than one read (1 MiB of body through a 64 KiB read buffer) comes back byte for byte', { skip: skipWithout(REDIS) }, async () => {
+  const store = await RedisStore.open({ url: serverUrl(REDIS), prefix: `${unique()}:` });
+  const now = 1_000_000n;
+  const body = new Uint8Array(1 << 20).map((_, i) => (i * 7919) % 251);
+  const done = { ...record(now), state: 'done', response: { status: 200, headers: [['x-a', new Uint8Array([0x0d, 0x0a])]], body } };
+  try {
+    await store.insert('big', record(now), now);
+    assert.equal(await store.replace('big', 1n, done, now), 2n);
+    // Two reads at once: their replies share reads, and each is matched to its command.
+    const [a, b] = await Promise.all([store.get('big', now), store.get('big', now)]);
+    for (const entry of [a, b]) assert.deepEqual(entry, { record: done, version: 2n });
+  } finally {
+    await store.delete('big');
+    await store.close();
   }
 });
 
