@@ -51,6 +51,9 @@ export class StoreFailure {
   }
 }
 
+/** What `#ask` returns once it has written an import's `store-error`. */
+const FAILED = Symbol('store-error written');
+
 /** A `guard-error` as the guard returned it (a value, not thrown: the binding stays neutral). */
 export class Failure {
   constructor(kind, detail) {
@@ -861,18 +864,36 @@ class Instance {
     dv.setUint32(ret + result.payload + STORE_ERROR.payload + 4, this.#len, true);
   }
 
+  /**
+   * The store's answer to `call()`; or, when it threw a `StoreError` or
+   * returned a `StoreFailure`, FAILED after writing that `store-error` as
+   * the import's `err` at `ret`. Anything else thrown propagates: a trap.
+   */
+  #ask(ret, result, call) {
+    let answer;
+    try {
+      answer = call();
+    } catch (e) {
+      this.#storeError(ret, result, e); // throws on what is not a store-error: a trap
+      return FAILED;
+    }
+    if (!(answer instanceof StoreFailure)) return answer;
+    this.#storeError(ret, result, answer);
+    return FAILED;
+  }
+
+  /** The record at `at` for the store, or null for a store that will not read it (`readsRecord()`). */
+  #recordFor(at) {
+    return this.store.readsRecord?.() === false ? null : this.#record(at);
+  }
+
   #get(kp, kl, nowMs, ret) {
     ret >>>= 0;
     this.#view();
     this.#at(ret, GET_RESULT);
     const key = this.#string(kp >>> 0, kl >>> 0);
-    let entry;
-    try {
-      entry = this.store.get(key, unsigned(nowMs));
-    } catch (e) {
-      return this.#storeError(ret, GET_RESULT, e);
-    }
-    if (entry instanceof StoreFailure) return this.#storeError(ret, GET_RESULT, entry);
+    const entry = this.#ask(ret, GET_RESULT, () => this.store.get(key, unsigned(nowMs)));
+    if (entry === FAILED) return;
     if (entry) this.#entry(ret + GET_ENTRY_AT, entry);
     const dv = this.#view();
     dv.setUint8(ret, GET_RESULT.index.ok);
@@ -886,15 +907,10 @@ class Instance {
     this.#at(ret, INSERT_RESULT);
     const o = PARAMS['store/insert'].offset;
     const key = this.#stringAt(at + o[0]);
-    const record = this.store.readsRecord?.() === false ? null : this.#record(at + o[1]);
+    const record = this.#recordFor(at + o[1]);
     const nowMs = this.#dv.getBigUint64(at + o[2], true);
-    let outcome;
-    try {
-      outcome = this.store.insert(key, record, nowMs);
-    } catch (e) {
-      return this.#storeError(ret, INSERT_RESULT, e);
-    }
-    if (outcome instanceof StoreFailure) return this.#storeError(ret, INSERT_RESULT, outcome);
+    const outcome = this.#ask(ret, INSERT_RESULT, () => this.store.insert(key, record, nowMs));
+    if (outcome === FAILED) return;
     if (outcome?.tag === 'inserted') {
       this.#view();
       this.#dv.setBigUint64(ret + ENTRY_AT, outcome.val, true);
@@ -930,15 +946,10 @@ class Instance {
     const o = PARAMS['store/replace'].offset;
     const key = this.#stringAt(at + o[0]);
     const expectedVersion = this.#dv.getBigUint64(at + o[1], true);
-    const record = this.store.readsRecord?.() === false ? null : this.#record(at + o[2]);
+    const record = this.#recordFor(at + o[2]);
     const nowMs = this.#dv.getBigUint64(at + o[3], true);
-    let version;
-    try {
-      version = this.store.replace(key, expectedVersion, record, nowMs);
-    } catch (e) {
-      return this.#storeError(ret, REPLACE_RESULT, e);
-    }
-    if (version instanceof StoreFailure) return this.#storeError(ret, REPLACE_RESULT, version);
+    const version = this.#ask(ret, REPLACE_RESULT, () => this.store.replace(key, expectedVersion, record, nowMs));
+    if (version === FAILED) return;
     const dv = this.#view();
     dv.setUint8(ret, REPLACE_RESULT.index.ok);
     dv.setUint8(ret + REPLACE_RESULT.payload, version === undefined ? OPTION_U64.index.none : OPTION_U64.index.some);
