@@ -111,8 +111,6 @@ export class Journal {
       return Promise.resolve({ op, key, error });
     }
   }
-
-
 }
 
 function describe(entry) {
@@ -178,9 +176,9 @@ export class JournalPort {
 /**
  * Runs `call()` (one synchronous run of an export over `port`) until a run
  * needs no new store answer, performing each pending call on `store` in
- * between. Resolves to `finish` of the last run's result. `call` reports a trap by
- * throwing; a run that traps is not replayed (the trap is rethrown, nothing
- * more is sent to the store). `onDiverged(message)` makes the error for a
+ * between. Resolves to `finish` of the last run's result. `call` reports a
+ * trap by throwing; a run that traps is not replayed (the trap is rethrown,
+ * nothing more is sent to the store). `onDiverged(message)` makes the error for a
  * run that disagreed with the journal; `finish(value)` makes the last run's
  * value the call's (or throws), inside this one async function.
  */

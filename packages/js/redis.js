@@ -281,7 +281,7 @@ export class RedisStore {
 
   /** The live connection, or a new one (concurrent callers share one attempt). */
   #connection() {
-    if (this.#conn && !this.#conn.dead) return this.#conn;
+    if (usable(this.#conn)) return this.#conn;
     const options = { timeoutMs: this.#timeoutMs, tlsOptions: this.#tlsOptions, failure: unavailable };
     this.#opening ??= Connection.open(this.#target, options).then(
       (conn) => {
@@ -315,7 +315,7 @@ export class RedisStore {
    */
   #send(args) {
     const conn = this.#conn;
-    if (conn !== null && !conn.dead) return conn.send(pack(args));
+    if (usable(conn)) return conn.send(pack(args));
     return this.#connection().then(
       (opened) => opened.send(pack(args)),
       (e) => {
@@ -324,10 +324,16 @@ export class RedisStore {
     );
   }
 
-  /** A reply that is not an error reply; WRONGTYPE is a corrupt key, any other error reply unavailable. */
+  /**
+   * A reply that is not an error reply. WRONGTYPE is a corrupt key; any
+   * other error reply is unavailable, and retires the connection: a server
+   * that answers READONLY (a replica after a failover) or LOADING is one to
+   * leave, so the next command connects afresh, as the Python store does.
+   */
   #ok(key, reply) {
     if (!(reply instanceof ReplyError)) return reply;
     if (reply.message.startsWith('WRONGTYPE')) throw corrupt(key, 'the key holds a Redis value that is not a string: not an idem record');
+    this.#conn?.retire(reply.message);
     throw unavailable(reply.message);
   }
 
@@ -386,6 +392,11 @@ export class RedisStore {
         : await this.#eval(key, 'delete_at', [String(expectedVersion)]);
     return removed === 1;
   }
+}
+
+/** Whether `conn` takes commands: open, and neither dead nor retired. */
+function usable(conn) {
+  return conn !== null && conn.dead === null && conn.retired === null;
 }
 
 /** The URL without its password, for messages. */

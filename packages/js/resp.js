@@ -204,6 +204,8 @@ export class Connection {
   #failure;
   /** Why the connection is dead, or null while it lives. */
   dead = null;
+  /** Why the connection takes no more commands (`retire`), or null. */
+  retired = null;
 
   /**
    * Connects to `parseUrl`'s `{ host, port, tls }`, authenticates and selects
@@ -275,6 +277,17 @@ export class Connection {
     });
   }
 
+  /**
+   * Takes no more commands (`retired` says why) and ends once those sent
+   * have been answered: for a server that answered as one to leave
+   * (`READONLY` after a failover, `LOADING`), so the next command connects
+   * afresh while the commands in flight still get their replies.
+   */
+  retire(why) {
+    this.retired ??= why;
+    if (this.#pending.length === 0) this.close();
+  }
+
   /** Ends the connection; commands still waiting fail. */
   close() {
     this.#fail('the connection was closed');
@@ -292,6 +305,7 @@ export class Connection {
         const waiting = this.#pending.shift();
         if (!waiting) throw new ConnectionError('the server sent a reply to no command');
         waiting.resolve(reply[0]);
+        if (this.retired !== null && this.#pending.length === 0) this.close();
       }
     } catch (e) {
       this.#fail(e.message);

@@ -184,6 +184,28 @@ test('AUTH and SELECT come from the URL, before any command; a refused AUTH fail
   refusing.close();
 });
 
+test('RedisStore: an error reply such as READONLY fails the call unavailable and the next command connects afresh; NOSCRIPT does not', async () => {
+  const sha = (name) => b(`$40\r\n${'0'.repeat(39)}${name}\r\n`);
+  const server = await scripted([
+    sha(1), sha(2), sha(3), // SCRIPT LOAD at open
+    b("-READONLY You can't write against a read only replica.\r\n"),
+    b('$-1\r\n'), // the GET after it, on a new connection
+    b('-NOSCRIPT No matching script.\r\n'), b('$40\r\n' + '0'.repeat(40) + '\r\n'), b(':0\r\n'), // a replace that reloads its script
+  ]);
+  const store = await RedisStore.open({ url: `redis://127.0.0.1:${server.port}`, timeoutMs: 500 });
+  const now = 1_000_000n;
+  await assert.rejects(store.insert('k', record(now), now), (e) => e instanceof StoreError && e.payload.tag === 'unavailable' && /READONLY/.test(e.payload.val));
+  assert.equal(await store.get('k', now), undefined);
+  assert.equal(server.connections(), 2, 'READONLY retired the connection');
+  assert.equal(await store.replace('k', 1n, record(now), now), undefined);
+  assert.equal(server.connections(), 2, 'NOSCRIPT is answered on the same connection');
+  assert.match(server.got.at(-3), /^\*8\r\n\$7\r\nEVALSHA\r\n/);
+  assert.match(server.got.at(-2), /^\*3\r\n\$6\r\nSCRIPT\r\n\$4\r\nLOAD\r\n/);
+  assert.match(server.got.at(-1), /^\*8\r\n\$7\r\nEVALSHA\r\n/);
+  await store.close();
+  server.close();
+});
+
 test('RedisStore: a URL it cannot use is refused at open, naming the problem', async () => {
   await assert.rejects(RedisStore.open({ url: 'http://127.0.0.1:6379' }), /redis store: cannot open http:\/\/127\.0\.0\.1:6379: the URL's scheme "http" is not redis or rediss/);
   const closed = await scripted([]);
