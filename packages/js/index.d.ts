@@ -107,6 +107,8 @@ export interface Store {
   /** Replaces the live record if its version is `expectedVersion`; the new version, or undefined. */
   replace(key: string, expectedVersion: bigint, record: StoredRecord, nowMs: bigint): bigint | undefined;
   delete?(key: string, expectedVersion?: bigint): boolean;
+  /** Frees at most `limit` records expired at `nowMs`, returning how many: a guard calls it every `purgeEveryMs`. */
+  purgeExpired?(nowMs: bigint, limit: number): number;
 }
 
 /**
@@ -122,6 +124,8 @@ export interface AsyncStore {
   insert(key: string, record: StoredRecord, nowMs: bigint): Promise<InsertOutcome>;
   replace(key: string, expectedVersion: bigint, record: StoredRecord, nowMs: bigint): Promise<bigint | undefined>;
   delete?(key: string, expectedVersion?: bigint): Promise<boolean>;
+  /** As `Store.purgeExpired`. */
+  purgeExpired?(nowMs: bigint, limit: number): Promise<number>;
 }
 
 export interface Clock {
@@ -152,6 +156,12 @@ export interface GuardOptions {
   maxResponseBytes?: number;
   /** Whether `run` renews the claim's lease while its handler runs (default true). */
   renewLease?: boolean;
+  /**
+   * How often expired records are purged, in batches of 1 000 until one comes back short, on a store
+   * that keeps them (one with `purgeExpired`: MemoryStore, PostgresStore; Redis expires keys itself);
+   * 0 never (default 60 000). The timer never keeps the process alive; `close()` stops it.
+   */
+  purgeEveryMs?: number;
   /** The component file (default `$IDEM_COMPONENT`, else the package's own idem-guard.wasm). */
   component?: string;
   /** The binding that runs it (default: the package's lean canonical-ABI binding). */
@@ -187,6 +197,18 @@ export interface AsyncAttempt {
 
 export type AsyncHandler = (fence: bigint, attempt: AsyncAttempt) => ResponseInit | Promise<ResponseInit>;
 
+/** What a guard's purge has done: `everyMs` 0 when it does not purge (its store keeps no expired records, or `purgeEveryMs: 0`). */
+export interface PurgeStats {
+  everyMs: number;
+  runs: number;
+  purged: number;
+  errors: number;
+  /** Records the last run freed. */
+  lastPurged: number;
+  /** Why the last failed run failed, or null. */
+  lastError: string | null;
+}
+
 /** The guard over a synchronous store: every call answers at once. */
 export interface Guard {
   readonly async: false;
@@ -196,6 +218,10 @@ export interface Guard {
   renewLease: boolean;
   /** How many trapped instances were replaced. */
   readonly replaced: number;
+  /** What the purge has done so far. */
+  readonly purgeStats: PurgeStats;
+  /** Stops the guard's background work (the purge); calls still work. */
+  close(): void;
 
   /** Claims `key` for `fingerprint`, or says why not. Throws `GuardError`. */
   begin(key: string, fingerprint: string): Decision;
@@ -234,6 +260,8 @@ export interface AsyncGuard {
   readonly policy: Policy;
   renewLease: boolean;
   readonly replaced: number;
+  readonly purgeStats: PurgeStats;
+  close(): void;
 
   begin(key: string, fingerprint: string): Promise<Decision>;
   complete(claim: Claim, response: ResponseInit): Promise<void>;
@@ -293,6 +321,10 @@ export declare class MemoryStore implements Store {
   clearFaults(): void;
   /** The live record for `key`, bypassing faults. */
   peek(key: string, nowMs: number | bigint): Entry | undefined;
+  /** How many records it holds, expired ones not yet purged included. */
+  readonly size: number;
+  /** Frees at most `limit` records expired at `nowMs`; returns how many. */
+  purgeExpired(nowMs: number | bigint, limit: number): number;
 }
 
 /** A clock that moves only when told to. */

@@ -200,6 +200,30 @@ export class MemoryStore {
   peek(key, nowMs) {
     return this.#live(key, BigInt(nowMs));
   }
+
+  /** How many records the store holds, expired ones not yet purged included. */
+  get size() {
+    return this.#records.size;
+  }
+
+  /**
+   * Frees at most `limit` records expired at `nowMs`; returns how many. Reads
+   * never depend on it (an expired record is absent either way); a key
+   * claimed again after its record was purged starts again at version 1.
+   */
+  purgeExpired(nowMs, limit) {
+    if (!(Number.isInteger(limit) && limit > 0)) throw new RangeError(`limit ${limit} must be a positive whole number`);
+    const now = BigInt(nowMs);
+    let purged = 0;
+    for (const [key, entry] of this.#records) {
+      if (purged >= limit) break;
+      if (entry.record.expiresAtMs <= now) {
+        this.#records.delete(key);
+        purged += 1;
+      }
+    }
+    return purged;
+  }
 }
 
 function bytes(value) {
@@ -320,6 +344,7 @@ function isAsyncStore(store) {
 
 export class Guard {
   #renewer = null;
+  #purger = null;
   #guest;
   #store;
   #clock;
@@ -338,6 +363,8 @@ export class Guard {
    * @param {number} options.retentionMs how long keys are remembered (default 24 h)
    * @param {number} options.maxResponseBytes the largest stored response (default 1 MiB)
    * @param {boolean} options.renewLease whether `run` renews the claim's lease while its handler runs (default true)
+   * @param {number} options.purgeEveryMs how often expired records are purged, on a store that keeps them
+   *   (one with `purgeExpired`: MemoryStore, PostgresStore); 0 never (default 60 000)
    * @param {string} options.component the component file (default `$IDEM_COMPONENT`, else the package's own idem-guard.wasm)
    * @param {object} options.guest the binding that runs it (default `Guest.load(component)` from idem-abi.js)
    */
@@ -353,9 +380,13 @@ export class Guard {
     retentionMs = 24 * 60 * 60 * 1000,
     maxResponseBytes = 1 << 20,
     renewLease = true,
+    purgeEveryMs = 60_000,
     component = process.env.IDEM_COMPONENT || DEFAULT_COMPONENT,
     guest = Guest.load(component),
   } = {}) {
+    if (!(Number.isInteger(purgeEveryMs) && purgeEveryMs >= 0)) {
+      throw new RangeError(`purgeEveryMs ${purgeEveryMs} must be a whole number of milliseconds, 0 for never`);
+    }
     this.store = store;
     this.clock = clock;
     this.policy = { leaseMs: BigInt(leaseMs), retentionMs: BigInt(retentionMs), maxResponseBytes };
@@ -369,6 +400,15 @@ export class Guard {
     this.async = isAsyncStore(store);
     if (this.async) this.#port = new JournalPort(this.#clock, random);
     this.#guard(); // fail at load, not at the first request, if the component is missing
+    /** What the purge has done: `{ everyMs, runs, purged, errors, lastPurged, lastError }` (everyMs 0: no purge). */
+    this.purgeStats = { everyMs: 0, runs: 0, purged: 0, errors: 0, lastPurged: 0, lastError: null };
+    if (purgeEveryMs > 0 && typeof store.purgeExpired === 'function') this.#purger = new Purger(this, purgeEveryMs);
+  }
+
+  /** Stops the guard's background work (the purge); calls still work, and `run` still renews its leases. */
+  close() {
+    this.#purger?.stop();
+    this.#purger = null;
   }
 
   #guard() {
@@ -546,6 +586,61 @@ export class Guard {
     if (!this.renewLease) return new Held(claim, null, 0);
     this.#renewer ??= new Renewer(this, Math.max(1, Math.floor(Number(this.policy.leaseMs) / 3)));
     return this.#renewer.hold(claim);
+  }
+}
+
+/** Records one purge asks of a store at most; a period asks again until a batch comes back short. */
+const PURGE_BATCH = 1_000;
+
+/**
+ * Frees the space of a guard's expired records every period: each run asks
+ * the store for batches of PURGE_BATCH records expired at the run's start
+ * until one comes back short. Reads never depend on it (every store treats
+ * an expired record as absent), but without it a MemoryStore or a
+ * PostgreSQL table grows with every key ever used; Redis expires its keys
+ * itself, and RedisStore has no `purgeExpired`. A run still going when the
+ * next is due is not doubled; a failed batch ends its run (counted in
+ * `purgeStats.errors`, `lastError`) and the next period tries again. The
+ * timer is unref'd: it never keeps the process alive by itself.
+ */
+class Purger {
+  #guard;
+  #timer;
+  #running = false;
+
+  constructor(guard, everyMs) {
+    this.#guard = guard;
+    guard.purgeStats.everyMs = everyMs;
+    this.#timer = setInterval(() => this.#run(), everyMs);
+    this.#timer.unref();
+  }
+
+  stop() {
+    clearInterval(this.#timer);
+  }
+
+  async #run() {
+    if (this.#running) return;
+    this.#running = true;
+    const stats = this.#guard.purgeStats;
+    const store = this.#guard.store;
+    const now = BigInt(this.#guard.clock.nowMs());
+    let purged = 0;
+    try {
+      for (;;) {
+        const n = await store.purgeExpired(now, PURGE_BATCH);
+        purged += n;
+        if (n < PURGE_BATCH) break;
+      }
+    } catch (e) {
+      stats.errors += 1;
+      stats.lastError = e?.message ?? String(e);
+    } finally {
+      stats.runs += 1;
+      stats.purged += purged;
+      stats.lastPurged = purged;
+      this.#running = false;
+    }
   }
 }
 

@@ -30,6 +30,8 @@ export declare class PostgresStore implements AsyncStore {
   insert(key: string, record: StoredRecord, nowMs: bigint): Promise<InsertOutcome>;
   replace(key: string, expectedVersion: bigint, record: StoredRecord, nowMs: bigint): Promise<bigint | undefined>;
   delete(key: string, expectedVersion?: bigint): Promise<boolean>;
+  /** Deletes at most `limit` rows expired at `nowMs`, oldest expiry first; resolves to how many. */
+  purgeExpired(nowMs: bigint | number, limit: number): Promise<number>;
   /** Closes every connection of the pool. */
   close(): Promise<void>;
 }

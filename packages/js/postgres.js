@@ -176,7 +176,7 @@ export class PostgresStore {
     this.#timeoutMs = timeoutMs;
     const file = layoutFile('postgres/statements.sql');
     this.#sql = Object.fromEntries(
-      ['claim', 'settle', 'get', 'replace', 'delete'].map((name) => [
+      ['claim', 'settle', 'get', 'replace', 'delete', 'purge'].map((name) => [
         name,
         // Named: node-postgres prepares it once per connection and then only binds.
         { name: `idem_${table}_${name}`, text: statement(file, name).replaceAll('{t}', table), rowMode: 'array' },
@@ -232,6 +232,17 @@ export class PostgresStore {
   async delete(key, expectedVersion) {
     const { rowCount } = await this.#query('delete', [key, expectedVersion === undefined ? null : int(expectedVersion)]);
     return rowCount === 1;
+  }
+
+  /**
+   * Deletes at most `limit` rows expired at `nowMs` (the layout's `purge`:
+   * the oldest expiry first, rows another session holds skipped); returns
+   * how many. A `Guard` over this store calls it every `purgeEveryMs`.
+   */
+  async purgeExpired(nowMs, limit) {
+    if (!(Number.isInteger(limit) && limit > 0)) throw new RangeError(`limit ${limit} must be a positive whole number`);
+    const { rowCount } = await this.#query('purge', [int(BigInt(nowMs)), limit]);
+    return rowCount;
   }
 }
 

@@ -1,7 +1,8 @@
 // What the Node.js guard does beyond the shared scenarios: a trapped instance
 // is replaced, `run` renews a slow handler's lease, a retry resumes a crashed
-// handler from its checkpoint, and a lost renewal reply does not make the
-// handler run twice. (The examples' own tests are in examples/js/test.)
+// handler from its checkpoint, a lost renewal reply does not make the
+// handler run twice, and expired records are purged in the background.
+// (The examples' own tests are in examples/js/test.)
 
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
@@ -161,4 +162,81 @@ test('a lost renewal reply does not make the handler run twice', async () => {
   assert.equal(outcome.outcome, 'executed', 'and the completion went on from the renewed claim');
   assert.deepEqual(executions, ['first']);
   assert.equal((await second.run('k', 'fp', async () => ({ status: 500 }))).outcome, 'replayed');
+});
+
+// --- the purge of expired records ----------------------------------------------------
+
+/** Waits (up to 10 s: a loaded machine's timers run late) until `done()`. */
+async function eventually(done, what) {
+  for (const start = Date.now(); !done(); await sleep(5)) {
+    if (Date.now() - start > 10_000) assert.fail(`not within 10 s: ${what}`);
+  }
+}
+
+test('MemoryStore.purgeExpired frees at most `limit` records expired at `nowMs` and keeps the live ones', () => {
+  const store = new MemoryStore();
+  const guard = Guard.load({ store, clock: new ManualClock(1_000), leaseMs: 10, retentionMs: 100, purgeEveryMs: 0 });
+  for (const key of ['a', 'b', 'c']) guard.complete(guard.begin(key, 'fp').val, { status: 200, body: key }); // expire at 1 100
+  const later = Guard.load({ store, clock: new ManualClock(1_050), leaseMs: 10, retentionMs: 100, purgeEveryMs: 0 });
+  later.complete(later.begin('live', 'fp').val, { status: 200, body: 'live' }); // expires at 1 150
+  assert.equal(store.purgeExpired(1_099n, 10), 0, 'nothing has expired yet');
+  assert.equal(store.purgeExpired(1_100n, 2), 2, 'at most the limit');
+  assert.equal(store.purgeExpired(1_100n, 10), 1);
+  assert.equal(store.size, 1);
+  assert.equal(store.peek('live', 1_100).record.state, 'done');
+  assert.throws(() => store.purgeExpired(1_100n, 0), /limit 0 must be a positive whole number/);
+  // A purged key is absent: another fingerprint is no conflict, it claims the key anew, from version 1.
+  const again = guard.begin('a', 'other');
+  assert.equal(again.tag, 'proceed');
+  assert.equal(again.val.fence, 1n);
+});
+
+test('a guard purges its store\'s expired records every purgeEveryMs, in batches until one comes back short, until closed', async () => {
+  const store = new MemoryStore();
+  const clock = new ManualClock(1_000);
+  const guard = Guard.load({ store, clock, leaseMs: 10, retentionMs: 100, purgeEveryMs: 20 });
+  assert.equal(guard.purgeStats.everyMs, 20);
+  for (let i = 0; i < 2_500; i++) guard.complete(guard.begin(`k${i}`, 'fp').val, { status: 200, body: 'x' });
+  clock.advance(50); // none expired yet: a run purges nothing
+  await eventually(() => guard.purgeStats.runs >= 1, 'a first purge run');
+  assert.equal(store.size, 2_500);
+  clock.advance(100);
+  await eventually(() => store.size === 0, 'the 2 500 expired records purged');
+  const run = guard.purgeStats;
+  assert.equal(run.purged, 2_500);
+  assert.equal(run.lastPurged, 2_500, 'one run, in three batches (1 000, 1 000, 500)');
+  assert.equal(run.errors, 0);
+  guard.close();
+  const runs = guard.purgeStats.runs;
+  guard.complete(guard.begin('after', 'fp').val, { status: 200, body: 'x' });
+  clock.advance(1_000);
+  await sleep(100);
+  assert.equal(guard.purgeStats.runs, runs, 'no run after close');
+  assert.equal(store.size, 1);
+});
+
+test('a purge that fails is counted and tried again next period; purgeEveryMs 0, or a store without purgeExpired, never purges', async () => {
+  const failing = new MemoryStore();
+  let fail = true;
+  const purge = failing.purgeExpired.bind(failing);
+  failing.purgeExpired = (now, limit) => {
+    if (fail) throw new Error('disk on fire');
+    return purge(now, limit);
+  };
+  const clock = new ManualClock(1_000);
+  const guard = Guard.load({ store: failing, clock, leaseMs: 10, retentionMs: 100, purgeEveryMs: 10 });
+  guard.complete(guard.begin('k', 'fp').val, { status: 200, body: 'x' });
+  clock.advance(200);
+  await eventually(() => guard.purgeStats.errors >= 1, 'a failed run');
+  assert.equal(guard.purgeStats.lastError, 'disk on fire');
+  assert.equal(failing.size, 1);
+  fail = false;
+  await eventually(() => failing.size === 0, 'the next period purging');
+  guard.close();
+
+  const off = Guard.load({ store: new MemoryStore(), purgeEveryMs: 0 });
+  assert.equal(off.purgeStats.everyMs, 0);
+  const noPurge = { get: () => undefined, insert: () => ({ tag: 'inserted', val: 1n }), replace: () => undefined };
+  assert.equal(Guard.load({ store: noPurge }).purgeStats.everyMs, 0);
+  assert.throws(() => Guard.load({ purgeEveryMs: -1 }), /purgeEveryMs -1 must be a whole number of milliseconds, 0 for never/);
 });

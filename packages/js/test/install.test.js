@@ -245,7 +245,7 @@ test('a TypeScript program type-checks against the installed types', { skip: !ts
   writeFileSync(
     join(app, 'check.ts'),
     `import { Guard, GuardError, MemoryStore, NotRecordedError, StoreError, ManualClock, toResponse } from '@idem/guard';
-import type { AsyncAttempt, AsyncGuard, Attempt, Claim, Decision, Response, RunResult, Store } from '@idem/guard';
+import type { AsyncAttempt, AsyncGuard, Attempt, Claim, Decision, PurgeStats, Response, RunResult, Store } from '@idem/guard';
 import { idempotency, keepRawBody, scopedKey } from '@idem/guard/express';
 import type { Middleware, RequestLike } from '@idem/guard/express';
 import { RedisStore } from '@idem/guard/redis';
@@ -355,9 +355,15 @@ async function netstores(): Promise<void> {
     return { status: 201, body: \`fence \${fence}\` };
   });
   const postgres = await PostgresStore.open({ url: 'postgres://postgres@127.0.0.1:5432/test', table: 'idem_records', poolSize: 4 });
-  const onPostgres = new Guard({ store: postgres });
+  const onPostgres = new Guard({ store: postgres, purgeEveryMs: 30_000 });
   const later: Promise<Decision> = onPostgres.beginRequest('k', { method: 'POST', path: '/' });
   void later;
+  const freed: number = await postgres.purgeExpired(BigInt(Date.now()), 1_000);
+  const stats: PurgeStats = onPostgres.purgeStats;
+  void [freed, stats.lastError];
+  onPostgres.close();
+  // @ts-expect-error Redis drops its keys itself: RedisStore has no purgeExpired
+  await redis.purgeExpired(0n, 1);
   const shared: Middleware = idempotency({ guard: onRedis });
   void shared;
   // @ts-expect-error an AsyncGuard's begin is a Promise, not a Decision

@@ -12,7 +12,7 @@ import { test } from 'node:test';
 import assert from 'node:assert/strict';
 import { readFileSync } from 'node:fs';
 import net from 'node:net';
-import { Guard, StoreError } from '../index.js';
+import { Guard, ManualClock, StoreError } from '../index.js';
 import { decodeValue, encodeValue, RedisStore } from '../redis.js';
 import { decodeRow, PostgresStore, recordParams, SCHEMA_VERSION } from '../postgres.js';
 import { dropTable, postgresStore, redisStore, serverUrl, skipWithout, sql, unique } from '../testing/netstores.js';
@@ -264,6 +264,37 @@ test('PostgreSQL: a negative time or inconsistent response columns are corrupt, 
     await assert.rejects(store.get('neg', 0n), isCorrupt('neg'));
     await assert.rejects(store.get('half', 0n), isCorrupt('half'));
     await assert.rejects(store.insert('half', r, 0n), isCorrupt('half'));
+  } finally {
+    await store.cleanUp();
+  }
+});
+
+test('PostgreSQL: purgeExpired deletes at most `limit` rows expired at `nowMs`, and a guard over the store purges them every period', { skip: skipWithout(POSTGRES) }, async () => {
+  const store = await postgresStore();
+  const count = async () => Number((await store.sql(`SELECT count(*) AS n FROM ${store.table}`)).rows[0].n);
+  const at = (expiresAtMs) => ({ fingerprint: 'fp', state: 'done', holder: 1n, leaseUntilMs: 0n, expiresAtMs, response: { status: 200, headers: [], body: new Uint8Array([1]) } });
+  try {
+    for (const [key, expires] of [['a', 100n], ['b', 200n], ['c', 300n], ['live', 10_000n]]) await store.insert(key, at(expires), 0n);
+    assert.equal(await store.purgeExpired(99n, 10), 0, 'nothing has expired at 99');
+    assert.equal(await store.purgeExpired(300n, 2), 2, 'at most the limit, the oldest expiry first');
+    assert.equal((await store.sql(`SELECT key FROM ${store.table} ORDER BY key`)).rows.map((r) => r.key).join(), 'c,live');
+    assert.equal(await store.purgeExpired(300n, 10), 1);
+    await assert.rejects(store.purgeExpired(300n, 0), /limit 0 must be a positive whole number/);
+
+    const clock = new ManualClock(1_000);
+    const guard = Guard.load({ store, clock, leaseMs: 10, retentionMs: 100, purgeEveryMs: 20 });
+    for (const key of ['x', 'y']) {
+      const decision = await guard.begin(key, 'fp');
+      await guard.complete(decision.val, { status: 201, body: key });
+    }
+    assert.equal(await count(), 3);
+    clock.advance(200);
+    for (const start = Date.now(); (await count()) !== 1; await new Promise((resolve) => setTimeout(resolve, 10))) {
+      if (Date.now() - start > 10_000) assert.fail(`the guard's purge did not delete the expired rows within 10 s: ${JSON.stringify(guard.purgeStats)}`);
+    }
+    guard.close();
+    assert.equal(guard.purgeStats.errors, 0);
+    assert.ok(guard.purgeStats.purged >= 2);
   } finally {
     await store.cleanUp();
   }
