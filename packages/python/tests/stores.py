@@ -134,6 +134,9 @@ class AsyncMemory:
     async def delete(self, *args: Any) -> Any:
         return self.inner.delete(*args)
 
+    async def purge_expired(self, now_ms: int, limit: int) -> int:
+        return self.inner.purge_expired(now_ms, limit)
+
 
 class Recording:
     """A store (sync, or async with `asynchronous=True`) that notes each primitive call and its answer."""

@@ -2,7 +2,8 @@
 a repeat while it runs is told it is in flight; its lease is renewed by an
 asyncio task (and not without one); a failed or cancelled handler releases
 with its checkpoint kept; the component's calls stay on the loop over a
-`MemoryStore` and go to a worker thread over a store that may block."""
+`MemoryStore` and go to a worker thread over a store that may block; expired
+records are purged (a task on the loop for an asynchronous store)."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from typing import Any
 import pytest
 
 from idem_guard import AsyncAttempt, AsyncGuard, Checkpoint, ManualClock, MemoryStore, NotRecorded, Response
+from stores import AsyncMemory
 
 
 def guards(n: int, store: Any, clock: Any = None, lease_ms: int = 1_000, **options: Any) -> list[AsyncGuard]:
@@ -198,3 +200,48 @@ def test_a_failed_or_cancelled_handler_releases_and_the_retry_resumes_from_its_c
 
     asyncio.run(main())
     assert resumed == [Checkpoint("charged", b"receipt-7")] * 2, "each retry took over at once, from the checkpoint"
+
+
+def test_an_async_guard_over_an_asynchronous_store_purges_it_from_a_task_on_the_loop_until_closed() -> None:
+    store, clock = AsyncMemory(), ManualClock(1_000)
+
+    async def main() -> tuple[int, int, int]:
+        guard = AsyncGuard(store=store, clock=clock, lease_ms=10, retention_ms=100, purge_every_ms=20)
+        assert guard.purge_stats.every_ms == 20
+        for i in range(3):
+            kind, claim = await guard.begin(f"k{i}", "fp")
+            await guard.complete(claim, Response(200, [], b"x"))
+        clock.advance(200)
+        deadline = time.monotonic() + 10  # a loaded machine runs the task late
+        while len(store.inner) and time.monotonic() < deadline:
+            await asyncio.sleep(0.005)
+        left, purged = len(store.inner), guard.purge_stats.purged
+        guard.close()
+        runs = guard.purge_stats.runs
+        kind, claim = await guard.begin("after", "fp")
+        await guard.complete(claim, Response(200, [], b"x"))
+        clock.advance(1_000)
+        await asyncio.sleep(0.1)
+        return left, purged, guard.purge_stats.runs - runs
+
+    left, purged, runs_after_close = asyncio.run(main())
+    assert (left, purged, runs_after_close) == (0, 3, 0)
+    assert len(store.inner) == 1
+
+
+def test_an_async_guard_over_a_memory_store_purges_from_the_wrapped_guards_thread() -> None:
+    store, clock = MemoryStore(), ManualClock(1_000)
+
+    async def main() -> AsyncGuard:
+        guard = AsyncGuard(store=store, clock=clock, lease_ms=10, retention_ms=100, purge_every_ms=20)
+        kind, claim = await guard.begin("k", "fp")
+        await guard.complete(claim, Response(200, [], b"x"))
+        return guard
+
+    guard = asyncio.run(main())
+    clock.advance(200)
+    deadline = time.monotonic() + 10
+    while len(store) and time.monotonic() < deadline:
+        time.sleep(0.005)
+    assert len(store) == 0 and guard.purge_stats.purged == 1
+    guard.close()

@@ -2,14 +2,17 @@
 the guest as `err` (not a trap) and a trapped instance is replaced, with
 either binding; `run` renews a slow handler's lease, a retry resumes a crashed
 handler from its checkpoint, and a lost renewal reply does not make the
-handler run twice."""
+handler run twice; expired records are purged in the background (and the
+purge stops with `close()` or with the guard)."""
 
 from __future__ import annotations
 
+import gc
 import importlib.util
 import random
 import threading
 import time
+import weakref
 from pathlib import Path
 from typing import Any, Callable
 
@@ -262,3 +265,91 @@ def test_a_lost_renewal_reply_does_not_make_the_handler_run_twice() -> None:
     assert outcome.kind == "executed", "and the completion went on from the renewed claim"
     assert executions == ["first"]
     assert second.run("k", "fp", lambda _: Response(500)).kind == "replayed"
+
+
+# --- the purge of expired records ---------------------------------------------
+
+
+def eventually(done: Callable[[], bool], what: str) -> None:
+    """Waits up to 10 s (a loaded machine's threads run late) until `done()`."""
+    deadline = time.monotonic() + 10
+    while not done():
+        if time.monotonic() > deadline:
+            pytest.fail(f"not within 10 s: {what}")
+        time.sleep(0.005)
+
+
+def completed(guard: Guard, *keys: str) -> None:
+    for key in keys:
+        kind, claim = guard.begin(key, "fp")
+        assert kind == "proceed"
+        guard.complete(claim, Response(200, [], key.encode()))
+
+
+def test_memory_store_purge_frees_at_most_limit_expired_records_and_keeps_live_ones() -> None:
+    store = MemoryStore()
+    completed(Guard(store=store, clock=ManualClock(1_000), lease_ms=10, retention_ms=100, purge_every_ms=0), "a", "b", "c")
+    completed(Guard(store=store, clock=ManualClock(1_050), lease_ms=10, retention_ms=100, purge_every_ms=0), "live")
+    assert store.purge_expired(1_099, 10) == 0
+    assert store.purge_expired(1_100, 2) == 2
+    assert store.purge_expired(1_100, 10) == 1
+    assert len(store) == 1 and store.peek("live", 1_100).record.state == "done"
+    with pytest.raises(ValueError, match="limit 0 must be a positive whole number"):
+        store.purge_expired(1_100, 0)
+    # A purged key is absent: another fingerprint is no conflict, it claims the key anew, at fence 1.
+    kind, claim = Guard(store=store, clock=ManualClock(1_000), purge_every_ms=0).begin("a", "other")
+    assert (kind, claim.fence) == ("proceed", 1)
+
+
+def test_a_guard_purges_expired_records_every_period_in_batches_until_closed() -> None:
+    store, clock = MemoryStore(), ManualClock(1_000)
+    guard = Guard(store=store, clock=clock, lease_ms=10, retention_ms=100, purge_every_ms=20)
+    assert guard.purge_stats.every_ms == 20
+    completed(guard, *(f"k{i}" for i in range(2_500)))
+    clock.advance(50)  # none expired yet: a run frees nothing
+    eventually(lambda: guard.purge_stats.runs >= 1, "a first purge run")
+    assert len(store) == 2_500
+    clock.advance(100)
+    eventually(lambda: len(store) == 0, "the 2,500 expired records purged")
+    assert guard.purge_stats.purged == 2_500
+    assert guard.purge_stats.last_purged == 2_500, "one run of three batches (1,000, 1,000, 500)"
+    assert guard.purge_stats.errors == 0
+    guard.close()
+    runs = guard.purge_stats.runs
+    completed(guard, "after")
+    clock.advance(1_000)
+    time.sleep(0.1)
+    assert guard.purge_stats.runs == runs, "no run after close"
+    assert len(store) == 1
+
+
+def test_a_failing_purge_is_counted_and_retried_and_purge_every_ms_0_never_purges() -> None:
+    class Failing(MemoryStore):
+        fail = True
+
+        def purge_expired(self, now_ms: int, limit: int) -> int:
+            if self.fail:
+                raise RuntimeError("disk on fire")
+            return super().purge_expired(now_ms, limit)
+
+    store, clock = Failing(), ManualClock(1_000)
+    guard = Guard(store=store, clock=clock, lease_ms=10, retention_ms=100, purge_every_ms=10)
+    completed(guard, "k")
+    clock.advance(200)
+    eventually(lambda: guard.purge_stats.errors >= 1, "a failed run")
+    assert guard.purge_stats.last_error == "disk on fire" and len(store) == 1
+    store.fail = False
+    eventually(lambda: len(store) == 0, "the next period purging")
+    guard.close()
+    assert Guard(store=MemoryStore(), purge_every_ms=0).purge_stats.every_ms == 0
+    with pytest.raises(ValueError, match="purge_every_ms -1 must be a whole number of milliseconds, 0 for never"):
+        Guard(purge_every_ms=-1)
+
+
+def test_the_purge_does_not_keep_a_guard_dropped_without_close_alive() -> None:
+    guard = Guard(store=MemoryStore(), purge_every_ms=10)
+    assert guard.purge_stats.every_ms == 10
+    gone = weakref.ref(guard)
+    del guard
+    gc.collect()
+    assert gone() is None

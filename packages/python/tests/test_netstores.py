@@ -25,7 +25,7 @@ import pytest
 from stores import RUN, AsyncFaulty, Faulty, server_url, unique
 from test_conformance import FILES, load, run_scenario
 
-from idem_guard import AsyncGuard, Guard, GuardError, Response
+from idem_guard import AsyncGuard, Guard, GuardError, ManualClock, Response
 from idem_guard.types import Record, StoreFault
 
 redis = pytest.importorskip("redis")
@@ -336,6 +336,72 @@ def test_a_postgres_row_that_does_not_decode_is_corrupt_naming_the_key(tables: T
         with pytest.raises(StoreFault) as fault:
             store.get("order-17", NOW)
         assert fault.value.kind == "corrupt" and "'order-17'" in str(fault.value) and "lease_until_ms" in str(fault.value)
+
+
+def test_postgres_purge_deletes_at_most_limit_rows_expired_at_now_oldest_first_sync_and_async(tables: Tables) -> None:
+    table = tables.new()
+    keys = [("a", NOW + 100), ("b", NOW + 200), ("c", NOW + 300), ("live", NOW + 10_000)]
+
+    def left() -> str:
+        return ",".join(k for (k,) in tables.sql(f"SELECT key FROM {table} ORDER BY key"))
+
+    with PostgresStore(tables.url, table=table) as store:
+        for key, expires in keys:
+            store.insert(key, record(expires), NOW)
+        assert store.purge_expired(NOW + 99, 10) == 0
+        assert store.purge_expired(NOW + 300, 2) == 2 and left() == "c,live", "the oldest expiry first"
+        with pytest.raises(ValueError, match="limit 0 must be a positive whole number"):
+            store.purge_expired(NOW + 300, 0)
+
+    async def main() -> int:
+        store = await AsyncPostgresStore.open(tables.url, table=table)
+        try:
+            return await store.purge_expired(NOW + 300, 10)
+        finally:
+            await store.close()
+
+    assert asyncio.run(main()) == 1 and left() == "live"
+
+
+def test_guards_over_postgres_purge_its_expired_rows_sync_from_a_thread_and_async_from_a_task(tables: Tables) -> None:
+    table = tables.new()
+
+    def count() -> int:
+        return tables.sql(f"SELECT count(*) FROM {table}")[0][0]
+
+    def eventually(done: Any, what: str) -> None:
+        deadline = time.monotonic() + 10  # a loaded machine runs the purge late
+        while not done():
+            assert time.monotonic() < deadline, f"not within 10 s: {what}"
+            time.sleep(0.01)
+
+    clock = ManualClock(NOW)
+    with PostgresStore(tables.url, table=table) as store:
+        guard = Guard(store=store, clock=clock, lease_ms=10, retention_ms=100, purge_every_ms=20)
+        for key in ("x", "y"):
+            kind, claim = guard.begin(key, "fp")
+            guard.complete(claim, Response(201, [], key.encode()))
+        clock.advance(200)
+        eventually(lambda: count() == 0, "the sync guard's purge")
+        guard.close()
+        assert guard.purge_stats.purged == 2 and guard.purge_stats.errors == 0
+
+    async def main() -> int:
+        store = await AsyncPostgresStore.open(tables.url, table=table)
+        guard = AsyncGuard(store=store, clock=clock, lease_ms=10, retention_ms=100, purge_every_ms=20)
+        try:
+            kind, claim = await guard.begin("z", "fp")
+            await guard.complete(claim, Response(201, [], b"z"))
+            clock.advance(200)
+            deadline = time.monotonic() + 10
+            while count() and time.monotonic() < deadline:
+                await asyncio.sleep(0.01)
+            return guard.purge_stats.purged
+        finally:
+            guard.close()
+            await store.close()
+
+    assert asyncio.run(main()) == 1 and count() == 0
 
 
 def test_a_table_of_another_schema_version_is_refused(tables: Tables) -> None:

@@ -43,6 +43,7 @@ from .guard import (
     MemoryStore,
     NotRecorded,
     Outcome,
+    PurgeStats,
     SystemClock,
     SystemRandom,
 )
@@ -68,6 +69,7 @@ __all__ = [
     "NotRecorded",
     "Outcome",
     "PayloadMismatch",
+    "PurgeStats",
     "Record",
     "Response",
     "StoreFault",

@@ -39,6 +39,7 @@ from .guard import (
     MemoryStore,
     NotRecorded,
     Outcome,
+    PurgeStats,
     SystemClock,
     SystemRandom,
     _bytes,
@@ -46,6 +47,7 @@ from .guard import (
     _not_run,
     _refused,
     _takes_attempt,
+    PURGE_BATCH,
 )
 from .journal import Replay
 from .types import Checkpoint, Claim, Response
@@ -73,6 +75,9 @@ class AsyncGuard:
     def __init__(self, *, store_blocks: Optional[bool] = None, renew_lease: bool = True, **options: Any):
         store = options.get("store")
         self._replay: Optional[Replay] = None
+        self._purge_task: Optional[asyncio.Task] = None
+        self._purge_every_ms = options.get("purge_every_ms", 60_000)
+        self._closed = False
         if store is not None and is_async_store(store):
             # The component is given the journal's store, clock and random; the real ones answer between runs.
             clock = options.get("clock") or SystemClock()
@@ -87,6 +92,43 @@ class AsyncGuard:
         else:
             self.store_blocks = not isinstance(self.guard.store, MemoryStore) if store_blocks is None else store_blocks
         self._every_s = max(1, self.guard.policy.lease_ms // 3) / 1000
+        # An asynchronous store's purge runs as an asyncio task, started at the
+        # first call (a loop is running then); a synchronous one's, in the
+        # wrapped guard's thread.
+        self._purges_async = (
+            self._replay is not None and self._purge_every_ms > 0 and callable(getattr(store, "purge_expired", None))
+        )
+        self._purge_stats = PurgeStats(every_ms=self._purge_every_ms) if self._purges_async else None
+
+    @property
+    def purge_stats(self) -> PurgeStats:
+        """What the purge of expired records has done (`Guard.purge_stats`)."""
+        return self._purge_stats if self._purge_stats is not None else self.guard.purge_stats
+
+    def close(self) -> None:
+        """Stops the guard's background work (the purge); calls still work."""
+        self._closed = True
+        if self._purge_task is not None:
+            self._purge_task.cancel()
+            self._purge_task = None
+        self.guard.close()
+
+    async def _purge_every(self) -> None:
+        """The asynchronous store's purge: every period, batches until one comes back short (`Guard`'s purge)."""
+        store, stats, clock = self._replay.target, self._purge_stats, self.guard.clock
+        while True:
+            await asyncio.sleep(self._purge_every_ms / 1000)
+            now = clock.now_ms()
+            purged, error = 0, None
+            try:
+                while True:
+                    n = await store.purge_expired(now, PURGE_BATCH)
+                    purged += n
+                    if n < PURGE_BATCH:
+                        break
+            except Exception as e:  # noqa: BLE001 - counted, not raised: the next period tries again
+                error = e
+            stats.count(purged, error)
 
     @property
     def store(self) -> Any:
@@ -99,6 +141,8 @@ class AsyncGuard:
 
     async def _call(self, method: Callable[..., Any], *args: Any) -> Any:
         if self._replay is not None:
+            if self._purges_async and self._purge_task is None and not self._closed:
+                self._purge_task = asyncio.get_running_loop().create_task(self._purge_every(), name="idem-purge")
             return await self._replay.call(method, *args)
         if self.store_blocks:
             return await asyncio.to_thread(method, *args)

@@ -27,12 +27,15 @@ Stores and callers see the same values either way (`idem_guard.types`).
 
 from __future__ import annotations
 
+import heapq
 import inspect
+import itertools
 import os
 import secrets
 import threading
 import time
 import types
+import weakref
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Optional
@@ -213,6 +216,22 @@ class MemoryStore(Faults):
         """The live record and its version, bypassing faults: for tests and operators."""
         return self._live(key, now_ms)
 
+    def __len__(self) -> int:
+        """How many records the store holds, expired ones not yet purged included."""
+        return len(self._records)
+
+    def purge_expired(self, now_ms: int, limit: int) -> int:
+        """Frees at most `limit` records expired at `now_ms`; returns how many.
+        Reads never depend on it (an expired record is absent either way); a
+        key claimed again after its record was purged starts at version 1."""
+        if not isinstance(limit, int) or isinstance(limit, bool) or limit < 1:
+            raise ValueError(f"limit {limit!r} must be a positive whole number")
+        with self._lock:
+            expired = [k for k, e in self._records.items() if e.record.expires_at_ms <= now_ms][:limit]
+            for key in expired:
+                del self._records[key]
+        return len(expired)
+
 
 def _bytes(value: Any) -> bytes:
     return value.encode() if isinstance(value, str) else bytes(value)
@@ -264,7 +283,10 @@ class Guard:
         component: Optional[os.PathLike | str] = None,
         binding: str = "static",
         random: Any = None,
+        purge_every_ms: int = 60_000,
     ):
+        if not isinstance(purge_every_ms, int) or isinstance(purge_every_ms, bool) or purge_every_ms < 0:
+            raise ValueError(f"purge_every_ms {purge_every_ms!r} must be a whole number of milliseconds, 0 for never")
         self.store = store if store is not None else MemoryStore()
         self.clock = clock if clock is not None else SystemClock()
         self.random = random if random is not None else SystemRandom()
@@ -283,6 +305,18 @@ class Guard:
         self._instance: Any = None
         self._renewer = _Renewer(self)
         self._instantiate()  # fail at load, not at the first request
+        # What the purge has done; `every_ms` 0 when this guard does not purge.
+        self.purge_stats = PurgeStats()
+        self._purge: Optional[int] = None
+        if purge_every_ms > 0 and callable(getattr(self.store, "purge_expired", None)):
+            self.purge_stats.every_ms = purge_every_ms
+            self._purge = _PURGES.add(self, purge_every_ms)
+
+    def close(self) -> None:
+        """Stops the guard's background work (the purge); calls still work, and `run` still renews leases."""
+        if self._purge is not None:
+            _PURGES.remove(self._purge)
+            self._purge = None
 
     def _instantiate(self) -> Any:
         if self._instance is None:
@@ -486,6 +520,106 @@ class _Held:
             if self._renewer is not None:
                 self.due = time.monotonic() + self._renewer.every  # the checkpoint extended the lease
             return self.claim
+
+
+# Records one purge asks of a store at most; a period asks again until a batch comes back short.
+PURGE_BATCH = 1_000
+
+
+@dataclass
+class PurgeStats:
+    """What a guard's purge has done: `every_ms` is 0 when it does not purge
+    (its store keeps no expired records, or `purge_every_ms=0`)."""
+
+    every_ms: int = 0
+    runs: int = 0
+    purged: int = 0
+    errors: int = 0
+    last_purged: int = 0
+    last_error: Optional[str] = None
+
+    def count(self, purged: int, error: Optional[Exception]) -> None:
+        """Counts one run: `purged` records freed before it ended, and why it failed, if it did."""
+        self.runs += 1
+        self.purged += purged
+        self.last_purged = purged
+        if error is not None:
+            self.errors += 1
+            self.last_error = str(error)
+
+
+
+class _Purges:
+    """Every guard's purge of expired records, on one daemon thread for the
+    process (`idem-purge`): each guard that purges is due every
+    `purge_every_ms`, for a store that keeps expired records (`purge_expired`:
+    `MemoryStore`, `PostgresStore`; Redis drops its keys itself). Reads never
+    depend on it; without it a memory store or a PostgreSQL table grows with
+    every key ever used. Guards are held weakly: one dropped without `close()`
+    is forgotten at its next due time. The thread starts with the first guard
+    and ends when none is left; runs of different guards take turns."""
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        # (due, token, guard, period): the earliest due first.
+        self._heap: list[tuple[float, int, "weakref.ref[Guard]", float]] = []
+        self._closed: set[int] = set()
+        self._tokens = itertools.count()
+        self._thread: Optional[threading.Thread] = None
+
+    def add(self, guard: Guard, every_ms: int) -> int:
+        every = every_ms / 1000
+        with self._cond:
+            token = next(self._tokens)
+            heapq.heappush(self._heap, (time.monotonic() + every, token, weakref.ref(guard), every))
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, name="idem-purge", daemon=True)
+                self._thread.start()
+            self._cond.notify()
+        return token
+
+    def remove(self, token: int) -> None:
+        with self._cond:
+            self._closed.add(token)
+            self._cond.notify()
+
+    def _next(self) -> Optional[Guard]:
+        """The next guard due (rescheduled), once it is due; None when no guard is left."""
+        with self._cond:
+            while True:
+                while self._heap and self._heap[0][1] in self._closed:
+                    self._closed.discard(heapq.heappop(self._heap)[1])
+                if not self._heap:
+                    self._thread = None
+                    return None
+                due, token, ref, every = self._heap[0]
+                wait = due - time.monotonic()
+                if wait > 0:
+                    self._cond.wait(wait)
+                    continue
+                heapq.heappop(self._heap)
+                guard = ref()
+                if guard is not None:  # a dropped guard is not rescheduled
+                    heapq.heappush(self._heap, (time.monotonic() + every, token, ref, every))
+                    return guard
+
+    def _run(self) -> None:
+        while (guard := self._next()) is not None:
+            now, purge, stats = guard.clock.now_ms(), guard.store.purge_expired, guard.purge_stats
+            del guard  # not held while the run waits on the store
+            purged, error = 0, None
+            try:
+                while True:  # batches expired at the run's start, until one comes back short
+                    n = purge(now, PURGE_BATCH)
+                    purged += n
+                    if n < PURGE_BATCH:
+                        break
+            except Exception as e:  # noqa: BLE001 - counted, not raised: the next period tries again
+                error = e
+            stats.count(purged, error)
+
+
+_PURGES = _Purges()
 
 
 class _Renewer:

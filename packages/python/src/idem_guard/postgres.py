@@ -208,6 +208,13 @@ class _Layout:
         return count > 0
 
     @staticmethod
+    def _purge(now_ms: int, limit: int) -> _Steps:
+        if not isinstance(limit, int) or isinstance(limit, bool) or limit < 1:
+            raise ValueError(f"limit {limit!r} must be a positive whole number")
+        _, count = yield "purge", [sql_int(now_ms), limit]
+        return count
+
+    @staticmethod
     def _fault(error: Exception) -> StoreFault:
         return StoreFault("unavailable", f"{NAME}: {type(error).__name__}: {error}".strip())
 
@@ -274,6 +281,13 @@ class PostgresStore(_Layout, Steps):
     def _configure(self, conn: "psycopg.Connection") -> None:
         conn.execute(f"SET statement_timeout = {self.timeout_ms}")
 
+    def purge_expired(self, now_ms: int, limit: int) -> int:
+        """Deletes at most `limit` rows expired at `now_ms` (the layout's
+        `purge`: the oldest expiry first, rows another session holds skipped)
+        and returns how many. A `Guard` over this store calls it every
+        `purge_every_ms`."""
+        return self._run("", self._purge(now_ms, limit))
+
     def _send(self, command: tuple[str, list], _key: str) -> tuple[list, int]:
         name, params = command
         try:
@@ -335,6 +349,10 @@ class AsyncPostgresStore(_Layout, AsyncSteps):
 
     async def _configure(self, conn: "psycopg.AsyncConnection") -> None:
         await conn.execute(f"SET statement_timeout = {self.timeout_ms}")
+
+    async def purge_expired(self, now_ms: int, limit: int) -> int:
+        """`PostgresStore.purge_expired`, awaited; an `AsyncGuard` over this store calls it every `purge_every_ms`."""
+        return await self._run("", self._purge(now_ms, limit))
 
     async def _send(self, command: tuple[str, list], _key: str) -> tuple[list, int]:
         if self.pool is None:
