@@ -601,15 +601,16 @@ const PURGE_BATCH = 1_000;
  * itself, and RedisStore has no `purgeExpired`. A run still going when the
  * next is due is not doubled; a failed batch ends its run (counted in
  * `purgeStats.errors`, `lastError`) and the next period tries again. The
- * timer is unref'd: it never keeps the process alive by itself.
+ * timer is unref'd: it never keeps the process alive by itself, nor the guard.
  */
 class Purger {
+  /** Held weakly: a guard dropped without `close()` is not kept alive by its timer, which then stops. */
   #guard;
   #timer;
   #running = false;
 
   constructor(guard, everyMs) {
-    this.#guard = guard;
+    this.#guard = new WeakRef(guard);
     guard.purgeStats.everyMs = everyMs;
     this.#timer = setInterval(() => this.#run(), everyMs);
     this.#timer.unref();
@@ -620,11 +621,13 @@ class Purger {
   }
 
   async #run() {
+    const guard = this.#guard.deref();
+    if (guard === undefined) return this.stop();
     if (this.#running) return;
     this.#running = true;
-    const stats = this.#guard.purgeStats;
-    const store = this.#guard.store;
-    const now = BigInt(this.#guard.clock.nowMs());
+    const stats = guard.purgeStats;
+    const store = guard.store;
+    const now = BigInt(guard.clock.nowMs());
     let purged = 0;
     try {
       for (;;) {

@@ -240,3 +240,24 @@ test('a purge that fails is counted and tried again next period; purgeEveryMs 0,
   assert.equal(Guard.load({ store: noPurge }).purgeStats.everyMs, 0);
   assert.throws(() => Guard.load({ purgeEveryMs: -1 }), /purgeEveryMs -1 must be a whole number of milliseconds, 0 for never/);
 });
+
+test('the purge does not keep a guard dropped without close() alive', async () => {
+  // In a child process of its own with --expose-gc: the guard is finalized once dropped.
+  const { execFileSync } = await import('node:child_process');
+  const index = new URL('../index.js', import.meta.url).href;
+  const script = `
+    const { Guard, MemoryStore } = await import(${JSON.stringify(index)});
+    let registry; // kept: a registry that is itself collected calls nothing back
+    const finalized = new Promise((resolve) => {
+      registry = new FinalizationRegistry(resolve);
+      (() => registry.register(Guard.load({ store: new MemoryStore(), purgeEveryMs: 10 }), 'gone'))();
+    });
+    const timeout = setTimeout(() => { console.log('alive'); process.exit(0); }, 10_000);
+    const collect = setInterval(() => globalThis.gc(), 20);
+    console.log(await finalized);
+    clearTimeout(timeout);
+    clearInterval(collect);
+  `;
+  const out = execFileSync(process.execPath, ['--expose-gc', '--input-type=module', '-e', script], { encoding: 'utf8', env: process.env });
+  assert.equal(out.trim(), 'gone');
+});
