@@ -767,18 +767,23 @@ class Instance {
     return value;
   }
 
-  beginRequest(key, { method, path, headers, body }, policy) {
-    const kp = this.#putString(key);
-    const kl = this.#len;
+  /** A request's parts lowered, as the flat core arguments of `request-parts`: method, path, headers, body. */
+  #putParts({ method, path, headers, body }) {
     const mp = this.#putString(method);
     const ml = this.#len;
     const pp = this.#putString(path);
     const pl = this.#len;
     const hp = this.#putHeaders(headers);
     const bp = this.#putBytes(body);
+    return [mp, ml, pp, pl, hp, headers.length, bp, body.length];
+  }
+
+  beginRequest(key, parts, policy) {
+    const kp = this.#putString(key);
+    const kl = this.#len;
     const ret =
       this.beginRequestExport(
-        kp, kl, mp, ml, pp, pl, hp, headers.length, bp, body.length,
+        kp, kl, ...this.#putParts(parts),
         checkedU64(policy.leaseMs), checkedU64(policy.retentionMs), checkedU32(policy.maxResponseBytes),
       ) >>> 0;
     this.#view();
@@ -832,14 +837,8 @@ class Instance {
     return value;
   }
 
-  fingerprint({ method, path, headers, body }) {
-    const mp = this.#putString(method);
-    const ml = this.#len;
-    const pp = this.#putString(path);
-    const pl = this.#len;
-    const hp = this.#putHeaders(headers);
-    const bp = this.#putBytes(body);
-    const ret = this.fingerprintExport(mp, ml, pp, pl, hp, headers.length, bp, body.length) >>> 0;
+  fingerprint(parts) {
+    const ret = this.fingerprintExport(...this.#putParts(parts)) >>> 0;
     this.#view();
     const value = this.#stringAt(ret);
     this.fingerprintPost(ret);
@@ -900,13 +899,22 @@ class Instance {
     dv.setUint8(ret + GET_RESULT.payload, entry ? OPTION_ENTRY.index.some : OPTION_ENTRY.index.none);
   }
 
+  /**
+   * An import whose parameters come in memory (`insert`, `replace`: a record
+   * flattens past 16 values): the parameters' address, their field offsets
+   * and the key (the first), each address checked against its layout.
+   */
+  #paramsAt(name, params, ret, result) {
+    this.#view();
+    const at = this.#at(params >>> 0, PARAMS[name]);
+    this.#at(ret, result);
+    const o = PARAMS[name].offset;
+    return { at, o, key: this.#stringAt(at + o[0]) };
+  }
+
   #insert(params, ret) {
     ret >>>= 0;
-    this.#view();
-    const at = this.#at(params >>> 0, PARAMS['store/insert']);
-    this.#at(ret, INSERT_RESULT);
-    const o = PARAMS['store/insert'].offset;
-    const key = this.#stringAt(at + o[0]);
+    const { at, o, key } = this.#paramsAt('store/insert', params, ret, INSERT_RESULT);
     const record = this.#recordFor(at + o[1]);
     const nowMs = this.#dv.getBigUint64(at + o[2], true);
     const outcome = this.#ask(ret, INSERT_RESULT, () => this.store.insert(key, record, nowMs));
@@ -940,11 +948,7 @@ class Instance {
 
   #replace(params, ret) {
     ret >>>= 0;
-    this.#view();
-    const at = this.#at(params >>> 0, PARAMS['store/replace']);
-    this.#at(ret, REPLACE_RESULT);
-    const o = PARAMS['store/replace'].offset;
-    const key = this.#stringAt(at + o[0]);
+    const { at, o, key } = this.#paramsAt('store/replace', params, ret, REPLACE_RESULT);
     const expectedVersion = this.#dv.getBigUint64(at + o[1], true);
     const record = this.#recordFor(at + o[2]);
     const nowMs = this.#dv.getBigUint64(at + o[3], true);

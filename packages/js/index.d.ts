@@ -209,10 +209,8 @@ export interface PurgeStats {
   lastError: string | null;
 }
 
-/** The guard over a synchronous store: every call answers at once. */
-export interface Guard {
-  readonly async: false;
-  readonly store: Store;
+/** What `Guard` and `AsyncGuard` share. */
+export interface GuardCommon {
   readonly clock: Clock;
   readonly policy: Policy;
   renewLease: boolean;
@@ -222,6 +220,14 @@ export interface Guard {
   readonly purgeStats: PurgeStats;
   /** Stops the guard's background work (the purge); calls still work. */
   close(): void;
+  /** The canonical fingerprint of a request: calls no store, so synchronous with any. */
+  fingerprint(parts: RequestParts): string;
+}
+
+/** The guard over a synchronous store: every call answers at once. */
+export interface Guard extends GuardCommon {
+  readonly async: false;
+  readonly store: Store;
 
   /** Claims `key` for `fingerprint`, or says why not. Throws `GuardError`. */
   begin(key: string, fingerprint: string): Decision;
@@ -235,8 +241,6 @@ export interface Guard {
   saveCheckpoint(claim: Claim, checkpoint: { phase: string; data?: BytesInit }): Claim;
   /** `begin` with the request's canonical fingerprint, in one call. */
   beginRequest(key: string, parts: RequestParts): Decision;
-  /** The canonical fingerprint of a request. */
-  fingerprint(parts: RequestParts): string;
   /**
    * Runs `handler` at most once per key and fingerprint within the retention
    * window and replays its response to every repeat. Rejects with a
@@ -253,15 +257,9 @@ export interface Guard {
  * needs (journal.js); the store sees each primitive once, in the order a
  * synchronous store would. `fingerprint` calls no store and stays synchronous.
  */
-export interface AsyncGuard {
+export interface AsyncGuard extends GuardCommon {
   readonly async: true;
   readonly store: AsyncStore;
-  readonly clock: Clock;
-  readonly policy: Policy;
-  renewLease: boolean;
-  readonly replaced: number;
-  readonly purgeStats: PurgeStats;
-  close(): void;
 
   begin(key: string, fingerprint: string): Promise<Decision>;
   complete(claim: Claim, response: ResponseInit): Promise<void>;
@@ -269,7 +267,6 @@ export interface AsyncGuard {
   renew(claim: Claim): Promise<Claim>;
   saveCheckpoint(claim: Claim, checkpoint: { phase: string; data?: BytesInit }): Promise<Claim>;
   beginRequest(key: string, parts: RequestParts): Promise<Decision>;
-  fingerprint(parts: RequestParts): string;
   /** As `Guard.run`; the handler's `attempt.saveCheckpoint` returns a Promise. */
   run(key: string, fingerprint: string, handler: AsyncHandler): Promise<RunResult>;
 }

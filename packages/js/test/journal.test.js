@@ -171,12 +171,26 @@ test('a store failure or a lost reply part-way through a call fails closed', asy
 });
 
 /**
- * `begin` through `guest` over an asynchronous store that answers every
- * `get` with nothing and allows no write: it must fail closed as a diverged
- * replay whose detail matches `detail`. Resolves to the keys the store was
- * asked for.
+ * `begin` through a stand-in binding whose run number `run` reads the key
+ * `readOn(run)` (nothing when undefined) and answers `conflict`, over an
+ * asynchronous store that answers every `get` with nothing and allows no
+ * write: it must fail closed as a diverged replay whose detail matches
+ * `detail`. Resolves to the keys the store was asked for.
  */
-async function beginDiverges(guest, detail) {
+async function beginDiverges(readOn, detail) {
+  let run = 0;
+  const guest = {
+    instantiate(store) {
+      return {
+        begin() {
+          run += 1;
+          const key = readOn(run);
+          if (key !== undefined) store.get(key, 0n); // the journal answers an unread call with a StoreFailure: no throw
+          return { tag: 'conflict' };
+        },
+      };
+    },
+  };
   const calls = [];
   const store = {
     async: true,
@@ -198,48 +212,14 @@ async function beginDiverges(guest, detail) {
 }
 
 test('a guest that asks for something else on a replay fails closed, and the store sees nothing more', async () => {
-  // A stand-in binding whose "begin" reads another key on every run: what a guest keeping state between calls would do.
-  let run = 0;
-  const guest = {
-    instantiate(store) {
-      return {
-        begin() {
-          run += 1;
-          try {
-            store.get(`key-${run}`, 0n);
-          } catch (e) {
-            return { tag: 'conflict' };
-          }
-          return { tag: 'conflict' };
-        },
-      };
-    },
-  };
-  const calls = await beginDiverges(guest, /replay diverged: the guest asked for get\("key-2"\) where the journal holds get\("key-1"\)/);
+  // What a guest keeping state between calls would do: another key on every run.
+  const calls = await beginDiverges((run) => `key-${run}`, /replay diverged: the guest asked for get\("key-2"\) where the journal holds get\("key-1"\)/);
   assert.deepEqual(calls, ['key-1']);
 });
 
 test('a guest that returns on a replay before reading every recorded answer fails closed', async () => {
-  // A stand-in binding whose "begin" reads the store on its first run only.
-  let run = 0;
-  const guest = {
-    instantiate(store) {
-      return {
-        begin() {
-          run += 1;
-          if (run === 1) {
-            try {
-              store.get('key', 0n);
-            } catch {
-              // pending: answered after this run
-            }
-          }
-          return { tag: 'conflict' };
-        },
-      };
-    },
-  };
-  const calls = await beginDiverges(guest, /replay diverged: the guest returned after 0 of the journal's 1 answers/);
+  // A read on the first run only.
+  const calls = await beginDiverges((run) => (run === 1 ? 'key' : undefined), /replay diverged: the guest returned after 0 of the journal's 1 answers/);
   assert.deepEqual(calls, ['key']);
 });
 
