@@ -10,8 +10,9 @@
 #
 # Needs: cargo, Node.js >= 20 with npm, Python 3.11, and for the packages'
 # store tests and the interop test Redis and PostgreSQL: it runs
-# scripts/services.sh, which starts the local ones, and names them in
-# IDEM_TEST_REDIS_URL and IDEM_TEST_POSTGRES_URL unless those are set
+# scripts/services.sh, which starts the local ones (and Valkey, for the
+# JavaScript store's SET … IFEQ), and names them in IDEM_TEST_REDIS_URL,
+# IDEM_TEST_VALKEY_URL and IDEM_TEST_POSTGRES_URL unless those are set
 # (IDEM_TEST_SKIP_NETSTORES=1 skips those tests instead). Installs from lock files
 # only (npm ci, with express, ioredis and pg for the package's tests; pip install -r
 # packages/python/requirements-dev.txt, with starlette, redis and psycopg, into
@@ -48,6 +49,7 @@ export IDEM_COMPONENT="$component"
 if [[ "${IDEM_TEST_SKIP_NETSTORES:-}" != 1 ]]; then
   bash "$root/scripts/services.sh"
   export IDEM_TEST_REDIS_URL="${IDEM_TEST_REDIS_URL:-redis://127.0.0.1:6379}"
+  export IDEM_TEST_VALKEY_URL="${IDEM_TEST_VALKEY_URL:-redis://127.0.0.1:6391}"
   export IDEM_TEST_POSTGRES_URL="${IDEM_TEST_POSTGRES_URL:-postgres://postgres@127.0.0.1:5432/test}"
 fi
 # The HTTP scenarios (conformance/http) also run against `idem serve`: the

@@ -13,6 +13,11 @@ export interface RedisStoreOptions {
   graceMs?: number;
   /** How long connecting or a command may take before it fails as unavailable (default 2 000 ms). */
   timeoutMs?: number;
+  /**
+   * `auto` (default): a completion, renewal or checkpoint is `SET … IFEQ` on a server that has it (Valkey 8.1+,
+   * asked at open) when the store knows the record's bytes, else the layout's `replace` script; `script`: always the script.
+   */
+  cas?: 'auto' | 'script';
   /** Options for Node's `tls.connect` with `rediss://`: a `ca` to trust, a client `cert` and `key`, any other it takes. */
   tls?: {
     ca?: string | Uint8Array | Array<string | Uint8Array>;
@@ -30,6 +35,8 @@ export declare class RedisStore implements AsyncStore {
   readonly async: true;
   /** The prefix every key is stored under. */
   readonly prefix: string;
+  /** Whether completions and renewals use the server's `SET … IFEQ` rather than the script. */
+  readonly nativeCas: boolean;
   get(key: string, nowMs: bigint): Promise<Entry | undefined>;
   insert(key: string, record: StoredRecord, nowMs: bigint): Promise<InsertOutcome>;
   replace(key: string, expectedVersion: bigint, record: StoredRecord, nowMs: bigint): Promise<bigint | undefined>;

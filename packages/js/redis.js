@@ -20,6 +20,17 @@
 // compares the guard's `nowMs`, never the server's clock; PX is the record's
 // remaining life by the guard's clock plus `graceMs`.
 //
+// Native compare-and-set, as the Rust store: on a server that has `SET key
+// value IFEQ old` (Valkey 8.1 and later, asked at open with a probe that
+// writes nothing), a completion, renewal or checkpoint is that one command
+// instead of the script whenever the store holds the bytes of the record at
+// the expected version — it keeps those of every unfinished record it last
+// wrote or read (at most SEEN_MAX keys, then it forgets them all), so the
+// usual completion after this process's own claim always does. Bytes that
+// differ by anything mean another writer came between: refused, as the
+// script would (stricter only for a key Redis dropped and another claim wrote
+// again at the same version). Otherwise, or with `cas: 'script'`, the script.
+//
 // The connection is the store's own (resp.js): one socket, the four
 // commands written as RESP and their replies read back as bytes, with no
 // general client around them (what one does around each command cost more
@@ -35,6 +46,8 @@ import { StoreError } from './index.js';
 import { layoutFile } from './layout.js';
 
 const NAME = 'redis';
+/** How many records' bytes a store keeps for `SET … IFEQ` before it forgets them all (as the Rust store). */
+const SEEN_MAX = 65_536;
 const MAX_U64 = 2n ** 64n - 1n;
 /** The header "{version} {expires_at_ms}\n" fits in this many bytes (two u64s); the scripts read bytes 0..=41. */
 const HEADER_MAX = 42;
@@ -227,6 +240,13 @@ export class RedisStore {
   /** The live connection, or the promise of one being opened. */
   #conn = null;
   #opening = null;
+  /**
+   * With the server's `SET … IFEQ` (Valkey 8.1+): the bytes of each
+   * unfinished record this store last wrote or read, `full key → { version,
+   * value }`, so a completion or renewal can be that one native command;
+   * null when the script does it.
+   */
+  #seen = null;
 
   /**
    * Connects (failing if the server does not answer within the timeout) and
@@ -238,9 +258,13 @@ export class RedisStore {
    * @param {number} options.graceMs   how much longer than a record's life Redis keeps it (default 60 000)
    * @param {number} options.timeoutMs how long connecting or a command may take before it fails as unavailable (default 2 000)
    * @param {object} options.tls       options for `tls.connect` with `rediss://` (a `ca`, a client `cert` and `key`)
+   * @param {string} options.cas       `auto` (default): a completion is `SET … IFEQ` where the server has it
+   *   (Valkey 8.1+, asked at open) and the store knows the record's bytes, else the `replace` script;
+   *   `script`: always the script
    */
-  static async open({ url = 'redis://127.0.0.1:6379', prefix = '', graceMs = 60_000, timeoutMs = 2_000, tls = {} } = {}) {
+  static async open({ url = 'redis://127.0.0.1:6379', prefix = '', graceMs = 60_000, timeoutMs = 2_000, tls = {}, cas = 'auto' } = {}) {
     if (typeof prefix !== 'string') throw new TypeError('prefix must be a string');
+    if (cas !== 'auto' && cas !== 'script') throw new RangeError(`cas ${JSON.stringify(cas)} is not one of auto, script`);
     if (!(Number.isInteger(graceMs) && graceMs >= 0)) throw new RangeError(`graceMs ${graceMs} must be a whole number of milliseconds`);
     if (!(Number.isInteger(timeoutMs) && timeoutMs > 0)) throw new RangeError(`timeoutMs ${timeoutMs} must be a positive whole number of milliseconds`);
     let target;
@@ -253,6 +277,7 @@ export class RedisStore {
     try {
       const conn = await store.#connection();
       for (const name of SCRIPT_NAMES) check(await conn.send(pack(['SCRIPT', 'LOAD', script(name).text])));
+      if (cas === 'auto' && (await hasIfeq(conn, prefix))) store.#seen = new Map();
     } catch (e) {
       store.close();
       throw new Error(`${NAME} store: cannot open ${shown(url)}: ${e?.message ?? e}`);
@@ -271,6 +296,32 @@ export class RedisStore {
   /** The prefix every key is stored under. */
   get prefix() {
     return this.#prefix;
+  }
+
+  /** Whether completions and renewals use the server's `SET … IFEQ` (when the record's bytes are known) rather than the script. */
+  get nativeCas() {
+    return this.#seen !== null;
+  }
+
+  /** Notes the bytes of the record at `version` (an unfinished one: a done record is not written again). */
+  #remember(full, version, state, value) {
+    const seen = this.#seen;
+    if (seen === null) return;
+    if (state === 'done') {
+      seen.delete(full);
+      return;
+    }
+    if (seen.size >= SEEN_MAX && !seen.has(full)) seen.clear();
+    seen.set(full, { version, value });
+  }
+
+  /** The bytes of the record at `version`, when known; taken out, so a concurrent replace of the key runs the script. */
+  #recall(full, version) {
+    const seen = this.#seen;
+    const known = seen?.get(full);
+    if (known === undefined || known.version !== version) return undefined;
+    seen.delete(full);
+    return known.value;
   }
 
   /** Closes the connection; commands still unanswered fail as unavailable. */
@@ -350,48 +401,93 @@ export class RedisStore {
   }
 
   async get(key, nowMs) {
-    const value = this.#ok(key, await this.#send(['GET', this.#full(key)]));
+    const full = this.#full(key);
+    const value = this.#ok(key, await this.#send(['GET', full]));
     if (value === null) return undefined;
     const entry = decodeValue(key, value);
-    return nowMs < entry.record.expiresAtMs ? entry : undefined;
+    if (nowMs >= entry.record.expiresAtMs) return undefined;
+    this.#remember(full, entry.version, entry.record.state, value);
+    return entry;
   }
 
   async insert(key, record, nowMs) {
+    const full = this.#full(key);
     const ttl = this.#ttl(record, nowMs);
     const value = encodeValue(1n, record);
-    const held = this.#ok(key, await this.#send(['SET', this.#full(key), value, 'NX', 'GET', 'PX', ttl]));
-    if (held === null) return { tag: 'inserted', val: 1n };
+    const held = this.#ok(key, await this.#send(['SET', full, value, 'NX', 'GET', 'PX', ttl]));
+    if (held === null) {
+      this.#remember(full, 1n, record.state, value);
+      return { tag: 'inserted', val: 1n };
+    }
     const entry = decodeValue(key, held);
-    if (nowMs < entry.record.expiresAtMs) return { tag: 'existing', val: entry };
+    if (nowMs < entry.record.expiresAtMs) return this.#existing(full, entry, held);
     // Expired by the guard's clock, still held by Redis (the grace period).
     const rest = value.subarray(value.indexOf(0x0a) + 1);
     const reply = await this.#eval(key, 'claim_expired', [String(nowMs), ttl, String(record.expiresAtMs), rest]);
     if (Array.isArray(reply)) {
-      if (reply[0] === 0 && reply.length === 2) return { tag: 'inserted', val: BigInt(reply[1]) };
-      if (reply[0] === 1 && reply.length === 2 && Buffer.isBuffer(reply[1])) return { tag: 'existing', val: decodeValue(key, reply[1]) };
+      if (reply[0] === 0 && reply.length === 2) {
+        const version = BigInt(reply[1]);
+        if (this.#seen !== null) this.#remember(full, version, record.state, encodeValue(version, record));
+        return { tag: 'inserted', val: version };
+      }
+      if (reply[0] === 1 && reply.length === 2 && Buffer.isBuffer(reply[1])) return this.#existing(full, decodeValue(key, reply[1]), reply[1]);
       if (reply[0] === 2) throw corrupt(key, 'the stored record has no "{version} {expires_at_ms}" header');
     }
     throw unavailable('unexpected reply from claim_expired');
   }
 
+  /** `existing` with the live `entry` held as `value`, its bytes noted. */
+  #existing(full, entry, value) {
+    this.#remember(full, entry.version, entry.record.state, value);
+    return { tag: 'existing', val: entry };
+  }
+
   async replace(key, expectedVersion, record, nowMs) {
     if (expectedVersion >= MAX_U64) return undefined; // expected + 1 overflows: refused, not an error
+    const full = this.#full(key);
     const version = expectedVersion + 1n;
     const value = encodeValue(version, record);
-    const reply = await this.#eval(key, 'replace', [String(expectedVersion), String(nowMs), this.#ttl(record, nowMs), value]);
-    if (reply === 1) return version;
+    const ttl = this.#ttl(record, nowMs);
+    const old = this.#recall(full, expectedVersion);
+    if (old !== undefined) {
+      // The exact bytes at that version: the server compares them whole, and the expiry is theirs.
+      const head = header(old);
+      if (head === null || head.expiresAtMs <= nowMs) return undefined;
+      const written = this.#ok(key, await this.#send(['SET', full, value, 'IFEQ', old, 'PX', ttl]));
+      if (written === null) return undefined;
+      this.#remember(full, version, record.state, value);
+      return version;
+    }
+    const reply = await this.#eval(key, 'replace', [String(expectedVersion), String(nowMs), ttl, value]);
+    if (reply === 1) {
+      this.#remember(full, version, record.state, value);
+      return version;
+    }
     if (reply === 0) return undefined;
     if (reply === -1) throw corrupt(key, 'the stored record has no "{version} {expires_at_ms}" header');
     throw unavailable('unexpected reply from replace');
   }
 
   async delete(key, expectedVersion) {
+    this.#seen?.delete(this.#full(key));
     const removed =
       expectedVersion === undefined
         ? this.#ok(key, await this.#send(['DEL', this.#full(key)]))
         : await this.#eval(key, 'delete_at', [String(expectedVersion)]);
     return removed === 1;
   }
+}
+
+/**
+ * Whether the server has `SET … IFEQ` (Valkey 8.1 and later; Redis 7 answers
+ * a syntax error). The probe key holds no record (a control character no
+ * idem key has) and IFEQ never creates a key, so the probe writes nothing.
+ */
+async function hasIfeq(conn, prefix) {
+  const reply = await conn.send(pack(['SET', `${prefix}\u0001ifeq-probe`, 'probe', 'IFEQ', 'probe']));
+  if (!(reply instanceof ReplyError)) return true;
+  if (reply.message.startsWith('ERR')) return false;
+  throw reply;
 }
 
 /** Whether `conn` takes commands: open, and neither dead nor retired. */

@@ -339,6 +339,16 @@ const netstores = {
     open: () => redisStore(),
     done: (store) => store.cleanUp(),
   },
+  // Valkey 8.1+: completions are SET … IFEQ, not the script.
+  valkey: {
+    env: 'IDEM_TEST_VALKEY_URL',
+    async open() {
+      const store = await redisStore({}, 'IDEM_TEST_VALKEY_URL');
+      assert.ok(store.nativeCas, 'Valkey answers SET … IFEQ');
+      return store;
+    },
+    done: (store) => store.cleanUp(),
+  },
   postgres: {
     env: 'IDEM_TEST_POSTGRES_URL',
     async open() {

@@ -16,7 +16,7 @@ import tls from 'node:tls';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { Guard, StoreError } from '../index.js';
-import { RedisStore } from '../redis.js';
+import { encodeValue, RedisStore } from '../redis.js';
 import { Connection, ConnectionError, pack, parseUrl, ReplyError } from '../resp.js';
 import { serverUrl, skipWithout, unique } from '../testing/netstores.js';
 
@@ -82,7 +82,7 @@ async function scripted(replies, { pieces = 0 } = {}) {
     server.close();
   };
   closers.push(close);
-  return { port: server.address().port, got, connections: () => connections, close };
+  return { port: server.address().port, got, replies, connections: () => connections, close };
 }
 
 const b = (text) => Buffer.from(text, 'latin1');
@@ -192,7 +192,7 @@ test('RedisStore: an error reply such as READONLY fails the call unavailable and
     b('$-1\r\n'), // the GET after it, on a new connection
     b('-NOSCRIPT No matching script.\r\n'), b('$40\r\n' + '0'.repeat(40) + '\r\n'), b(':0\r\n'), // a replace that reloads its script
   ]);
-  const store = await RedisStore.open({ url: `redis://127.0.0.1:${server.port}`, timeoutMs: 500 });
+  const store = await RedisStore.open({ url: `redis://127.0.0.1:${server.port}`, timeoutMs: 500, cas: 'script' }); // no IFEQ probe
   const now = 1_000_000n;
   await assert.rejects(store.insert('k', record(now), now), (e) => e instanceof StoreError && e.payload.tag === 'unavailable' && /READONLY/.test(e.payload.val));
   assert.equal(await store.get('k', now), undefined);
@@ -205,6 +205,55 @@ test('RedisStore: an error reply such as READONLY fails the call unavailable and
   await store.close();
   server.close();
 });
+
+test('RedisStore on a server with SET … IFEQ completes a claim it knows the bytes of with that one command; cas: script, or a server without it, runs the script', async () => {
+  const sha = b(`$40\r\n${'0'.repeat(40)}\r\n`);
+  const now = 1_000_000n;
+  const claim = record(now);
+  const claimed = encodeValue(1n, claim);
+  const renewed = { ...claim, leaseUntilMs: now + 2_000n };
+  // Valkey: the probe answers nil; the claim (nil: inserted), a renewal (+OK), a second one refused (nil).
+  const valkey = await scripted([sha, sha, sha, b('$-1\r\n'), b('$-1\r\n'), b('+OK\r\n'), b('$-1\r\n')]);
+  const store = await RedisStore.open({ url: `redis://127.0.0.1:${valkey.port}`, prefix: 'p:', timeoutMs: 500 });
+  assert.equal(store.nativeCas, true);
+  assert.equal(valkey.got[3], '*5\r\n$3\r\nSET\r\n$13\r\np:\u0001ifeq-probe\r\n$5\r\nprobe\r\n$4\r\nIFEQ\r\n$5\r\nprobe\r\n');
+  assert.deepEqual(await store.insert('k', claim, now), { tag: 'inserted', val: 1n });
+  assert.equal(await store.replace('k', 1n, renewed, now), 2n);
+  const ttl = String(claim.expiresAtMs - now + 60_000n);
+  assert.equal(valkey.got[5], pack(['SET', 'p:k', encodeValue(2n, renewed), 'IFEQ', claimed, 'PX', ttl]).toString('latin1'), 'SET new IFEQ old PX ttl');
+  // The server refuses (another writer changed the bytes): none, and the next replace of that version runs the script.
+  assert.equal(await store.replace('k', 2n, { ...renewed, leaseUntilMs: now + 3_000n }, now), undefined);
+  assert.match(valkey.got[6], /IFEQ/);
+  // Bytes it no longer knows (taken out by the refused attempt): the script.
+  const script = scriptedReply(valkey, b(':0\r\n'));
+  assert.equal(await store.replace('k', 2n, renewed, now), undefined);
+  assert.match(script(), /^\*8\r\n\$7\r\nEVALSHA\r\n/);
+  await store.close();
+  valkey.close();
+
+  for (const [name, probe, options] of [
+    ['Redis 7', [b('-ERR syntax error\r\n')], {}],
+    ['cas: script', [], { cas: 'script' }],
+  ]) {
+    const server = await scripted([sha, sha, sha, ...probe, b('$-1\r\n'), b(':1\r\n')]);
+    const other = await RedisStore.open({ url: `redis://127.0.0.1:${server.port}`, timeoutMs: 500, ...options });
+    assert.equal(other.nativeCas, false, name);
+    await other.insert('k', claim, now);
+    assert.equal(await other.replace('k', 1n, renewed, now), 2n, name);
+    assert.match(server.got.at(-1), /^\*8\r\n\$7\r\nEVALSHA\r\n/, name);
+    assert.equal(server.got.length, 3 + probe.length + 2, `${name}: no probe with cas: script`);
+    await other.close();
+    server.close();
+  }
+  await assert.rejects(RedisStore.open({ cas: 'ifeq' }), /cas "ifeq" is not one of auto, script/);
+});
+
+/** Queues `reply` as `server`'s next answer; returns a function that gives the command it answered. */
+function scriptedReply(server, reply) {
+  server.replies.push(reply);
+  const at = server.got.length;
+  return () => server.got[at];
+}
 
 test('RedisStore: a URL it cannot use is refused at open, naming the problem', async () => {
   await assert.rejects(RedisStore.open({ url: 'http://127.0.0.1:6379' }), /redis store: cannot open http:\/\/127\.0\.0\.1:6379: the URL's scheme "http" is not redis or rediss/);
@@ -354,4 +403,45 @@ test('RedisStore over TLS (rediss://): a guarded call runs once and replays; a c
   await assert.rejects(RedisStore.open({ url, prefix, timeoutMs: 1000 }), /redis store: cannot open rediss:\/\/localhost:\d+: self[- ]signed certificate/);
   // The proxy speaks only TLS: a plain connection to it gets no answer.
   await assert.rejects(RedisStore.open({ url: `redis://localhost:${p.port}`, prefix, timeoutMs: 300 }), /redis store: cannot open redis:\/\/localhost:\d+: /);
+});
+
+test('RedisStore on Valkey: a guarded call with a checkpoint completes with SET … IFEQ and runs no script; bytes another writer changed are refused', { skip: skipWithout('IDEM_TEST_VALKEY_URL') }, async () => {
+  const valkey = new URL(serverUrl('IDEM_TEST_VALKEY_URL'));
+  const p = await proxy(Number(valkey.port || 6379));
+  const url = new URL(valkey.href);
+  url.host = `127.0.0.1:${p.port}`;
+  const prefix = `${unique()}:`;
+  const store = await RedisStore.open({ url: url.href, prefix });
+  const { Redis } = await import('ioredis');
+  const raw = new Redis(valkey.href);
+  try {
+    assert.equal(store.nativeCas, true);
+    const opened = p.commands.length;
+    const guard = Guard.load({ store });
+    let runs = 0;
+    const handler = async (fence, attempt) => {
+      runs += 1;
+      await attempt.saveCheckpoint('charged', 'ch-1');
+      return { status: 201, body: 'paid' };
+    };
+    const first = await guard.run('order', 'fp', handler);
+    const again = await guard.run('order', 'fp', handler);
+    assert.deepEqual([first.outcome, again.outcome, runs], ['executed', 'replayed', 1]);
+    const sent = p.commands.slice(opened).join('');
+    assert.equal((sent.match(/IFEQ/g) ?? []).length, 2, 'the checkpoint and the completion');
+    assert.ok(!sent.includes('EVALSHA'), 'no script');
+
+    // Another writer's bytes at the same version (a host that claimed the key after it was dropped): refused.
+    const now = BigInt(Date.now());
+    const claim = record(now);
+    assert.deepEqual(await store.insert('k', claim, now), { tag: 'inserted', val: 1n });
+    const theirs = encodeValue(1n, { ...claim, holder: 99n });
+    await raw.set(`${prefix}k`, theirs, 'PX', 60_000);
+    assert.equal(await store.replace('k', 1n, { ...claim, state: 'done', response: { status: 200, headers: [], body: new Uint8Array() } }, now), undefined);
+    assert.deepEqual(await raw.getBuffer(`${prefix}k`), theirs);
+  } finally {
+    await raw.del(`${prefix}order`, `${prefix}k`);
+    raw.disconnect();
+    await store.close();
+  }
 });

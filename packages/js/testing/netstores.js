@@ -4,8 +4,9 @@
 // package.json `files`), and outside test/ so `node --test test/` does not
 // run it as a test file.
 //
-// The servers come from IDEM_TEST_REDIS_URL and IDEM_TEST_POSTGRES_URL (CI
-// sets both: scripts/test-all.sh, examples/run-polyglot-tests.sh). A test
+// The servers come from IDEM_TEST_REDIS_URL, IDEM_TEST_VALKEY_URL (Valkey
+// 8.1+, for SET … IFEQ) and IDEM_TEST_POSTGRES_URL (CI sets all three:
+// scripts/test-all.sh, examples/run-polyglot-tests.sh). A test
 // that needs one FAILS when it is not set, so CI can never pass by silently
 // skipping them; IDEM_TEST_SKIP_NETSTORES=1 skips them instead, saying so.
 
@@ -25,7 +26,7 @@ export function serverUrl(name) {
   const url = process.env[name];
   if (url) return url;
   throw new Error(
-    `${name} is not set (CI sets it; e.g. IDEM_TEST_REDIS_URL=redis://127.0.0.1:6379, IDEM_TEST_POSTGRES_URL=postgres://postgres@127.0.0.1:5432/test); ` +
+    `${name} is not set (CI sets it; e.g. IDEM_TEST_REDIS_URL=redis://127.0.0.1:6379, IDEM_TEST_VALKEY_URL=redis://127.0.0.1:6391, IDEM_TEST_POSTGRES_URL=postgres://postgres@127.0.0.1:5432/test); ` +
       'set IDEM_TEST_SKIP_NETSTORES=1 to skip the Redis and PostgreSQL tests',
   );
 }
@@ -34,9 +35,13 @@ let next = 0;
 /** A name of this run's own: `idemjs_<pid>_<n>`. */
 export const unique = () => `idemjs_${process.pid}_${next++}`;
 
-/** A RedisStore under a prefix of its own; `store.cleanUp()` deletes its keys and closes it. */
-export async function redisStore(options = {}) {
-  const url = serverUrl('IDEM_TEST_REDIS_URL');
+/**
+ * A RedisStore under a prefix of its own on the server of env var `env`
+ * (IDEM_TEST_VALKEY_URL for Valkey); `store.cleanUp()` deletes its keys and
+ * closes it.
+ */
+export async function redisStore(options = {}, env = 'IDEM_TEST_REDIS_URL') {
+  const url = serverUrl(env);
   const prefix = `${unique()}:`;
   const store = await RedisStore.open({ url, prefix, ...options });
   const { Redis } = await import('ioredis');
