@@ -11,7 +11,7 @@
 # Needs: cargo, Node.js >= 20 with npm, Python 3.11, and for the packages'
 # store tests and the interop test Redis and PostgreSQL: it runs
 # scripts/services.sh, which starts the local ones (and Valkey, for the
-# JavaScript store's SET … IFEQ), and names them in IDEM_TEST_REDIS_URL,
+# stores' SET … IFEQ), and names them in IDEM_TEST_REDIS_URL,
 # IDEM_TEST_VALKEY_URL and IDEM_TEST_POSTGRES_URL unless those are set
 # (IDEM_TEST_SKIP_NETSTORES=1 skips those tests instead). Installs from lock files
 # only (npm ci, with express, ioredis and pg for the package's tests; pip install -r

@@ -35,6 +35,7 @@ def unique(what: str) -> str:
 
 EXAMPLES = {
     "IDEM_TEST_REDIS_URL": "redis://127.0.0.1:6379",
+    "IDEM_TEST_VALKEY_URL": "redis://127.0.0.1:6391",
     "IDEM_TEST_POSTGRES_URL": "postgres://postgres@127.0.0.1:5432/test",
 }
 

@@ -40,15 +40,31 @@ BINDINGS = ["static", "dynamic"]
 # --- servers, and what the tests leave on them ------------------------------
 
 
-@pytest.fixture(scope="module")
-def redis_url() -> Iterator[str]:
-    url = server_url("IDEM_TEST_REDIS_URL")
+def served(var: str) -> Iterator[str]:
+    """The server of env var `var`; this run's keys are deleted from it afterwards."""
+    url = server_url(var)
     yield url
     client = redis.Redis.from_url(url)
     keys = list(client.scan_iter(match=f"{RUN}*", count=1000))
     if keys:
         client.delete(*keys)
     client.close()
+
+
+@pytest.fixture(scope="module")
+def redis_url() -> Iterator[str]:
+    yield from served("IDEM_TEST_REDIS_URL")
+
+
+@pytest.fixture(scope="module")
+def valkey_url() -> Iterator[str]:
+    """Valkey 8.1 or later: completions are `SET … IFEQ`, not the script."""
+    yield from served("IDEM_TEST_VALKEY_URL")
+
+
+@pytest.fixture(params=["redis", "valkey"])
+def any_redis_url(request: Any) -> str:
+    return request.getfixturevalue(f"{request.param}_url")
 
 
 @pytest.fixture
@@ -109,15 +125,15 @@ def scenario_table(tables: Tables) -> str:
 
 @pytest.mark.parametrize("binding", BINDINGS)
 @pytest.mark.parametrize("name", FILES)
-def test_conformance_on_redis(redis_url: str, name: str, binding: str) -> None:
-    with RedisStore(redis_url, prefix=unique("scenario") + ":") as store:
+def test_conformance_on_redis(any_redis_url: str, name: str, binding: str) -> None:
+    with RedisStore(any_redis_url, prefix=unique("scenario") + ":") as store:
         assert run_scenario(load(name), binding, store=Faulty(store)) > 0
 
 
 @pytest.mark.parametrize("name", FILES)
-def test_conformance_on_async_redis_by_journal_replay(redis_url: str, name: str) -> None:
+def test_conformance_on_async_redis_by_journal_replay(any_redis_url: str, name: str) -> None:
     loop = asyncio.new_event_loop()  # the client's connections belong to one loop: the scenario's
-    store = AsyncRedisStore(redis_url, prefix=unique("scenario") + ":")
+    store = AsyncRedisStore(any_redis_url, prefix=unique("scenario") + ":")
     try:
         assert run_scenario(load(name), store=AsyncFaulty(store), loop=loop) > 0
     finally:
@@ -226,6 +242,70 @@ def test_a_store_error_from_redis_replace_reaches_the_guest_as_err_not_a_trap(
             guard.complete(claim, Response(200, [], b"x"))
         assert err.value.kind == "unavailable" and guard.replaced == 0, (err.value, guard.replaced)
         assert "replace" in err.value.detail and "corrupt" in err.value.detail and "not a string" in err.value.detail
+
+
+class Spied(RedisStore):
+    """A RedisStore that notes the name and options of every command it sends."""
+
+    def _opened(self) -> None:
+        super()._opened()
+        self.sent: list[str] = []
+
+    def _command(self, args: tuple) -> Any:
+        self.sent.append(" ".join(str(a) for a in args if not isinstance(a, bytes)))
+        return super()._command(args)
+
+
+def checkpointed(fence: int, attempt: Any) -> Response:
+    attempt.save_checkpoint("charged", b"ch-1")
+    return Response(201, [], b"paid")
+
+
+def test_on_valkey_a_guarded_call_completes_with_set_ifeq_and_no_script_and_other_bytes_are_refused(valkey_url: str) -> None:
+    prefix = unique("ifeq") + ":"
+    with Spied(valkey_url, prefix=prefix) as store:
+        assert store.native_cas is None, "asked at the first completion"
+        guard = Guard(store=store)
+        first, again = guard.run("order", "fp", checkpointed), guard.run("order", "fp", checkpointed)
+        assert (first.kind, again.kind, again.response.body) == ("executed", "replayed", b"paid")
+        assert store.native_cas is True
+        assert sum("IFEQ" in c for c in store.sent) == 3, "the probe, the checkpoint and the completion"
+        assert not any(c.startswith("EVALSHA") for c in store.sent)
+        # Another writer's bytes at the same version (a claim after the key was dropped): refused, left as they are.
+        theirs = encode(1, record(holder=99))
+        assert store.insert("k", record(), NOW) == 1
+        raw = redis.Redis.from_url(valkey_url)
+        raw.set(prefix + "k", theirs, px=60_000)
+        assert store.replace("k", 1, record(state="done"), NOW) is None
+        assert raw.get(prefix + "k") == theirs
+        raw.close()
+
+    async def main() -> tuple[str, Any]:
+        store = AsyncRedisStore(valkey_url, prefix=prefix)
+        try:
+            async def handler(fence: int, attempt: Any) -> Response:
+                await attempt.save_checkpoint("charged", b"ch-1")
+                return Response(201, [], b"async")
+
+            outcome = await AsyncGuard(store=store).run("async-order", "fp", handler)
+            return outcome.kind, store.native_cas
+        finally:
+            await store.close()
+
+    assert asyncio.run(main()) == ("executed", True)
+
+
+def test_on_redis_7_or_with_cas_script_a_completion_runs_the_script(redis_url: str, valkey_url: str) -> None:
+    with Spied(redis_url, prefix=unique("ifeq") + ":") as store:
+        assert Guard(store=store).run("order", "fp", checkpointed).kind == "executed"
+        assert store.native_cas is False, "Redis 7 answered the probe with a syntax error"
+        assert sum(c.startswith("EVALSHA") for c in store.sent) == 2
+    with Spied(valkey_url, prefix=unique("ifeq") + ":", cas="script") as store:
+        assert store.native_cas is False
+        assert Guard(store=store).run("order", "fp", checkpointed).kind == "executed"
+        assert not any("IFEQ" in c for c in store.sent), "no probe, no IFEQ"
+    with pytest.raises(ValueError, match="cas 'ifeq' is not one of 'auto', 'script'"):
+        RedisStore(redis_url, cas="ifeq")
 
 
 def test_a_script_the_server_has_not_seen_is_loaded_on_noscript(redis_url: str, raw_redis: Any) -> None:

@@ -18,7 +18,14 @@ replays each call from a journal of the store's answers
 Each primitive is one native command, or a script of the layout's
 (`EVALSHA`, with `SCRIPT LOAD` on `NOSCRIPT`): a claim is
 `SET {prefix}{key} value NX GET PX ttl`, one round trip; a completion is the
-`replace` script. Expiry is compared with the guard's `now_ms`, never the
+`replace` script — or, on a server with `SET … IFEQ` (Valkey 8.1+, asked
+once, at the first completion of a record whose bytes the store knows), the
+one command `SET key new IFEQ old PX ttl`, whenever the store holds the bytes
+of the record at the expected version (those of every unfinished record it
+last wrote or read, at most 65,536 keys: a completion after its own claim
+always does). Other bytes mean another writer came between: refused, as the
+script would. `cas="script"` always runs the script; `store.native_cas` says
+which. Expiry is compared with the guard's `now_ms`, never the
 server's clock; every write sets `PX` to the record's remaining life by the
 guard's clock plus `grace_ms` (default 60 000), so Redis frees the space by
 itself.
@@ -39,6 +46,7 @@ import os
 import select
 import socket
 import struct
+import threading
 from typing import Any, Generator, Optional
 
 try:
@@ -66,6 +74,8 @@ U64_MAX = (1 << 64) - 1
 HEADER_MAX = 42
 DEFAULT_GRACE_MS = 60_000
 DEFAULT_TIMEOUT_MS = 2_000
+# How many records' bytes a store keeps for `SET … IFEQ` before it forgets them all (as the Rust store).
+SEEN_MAX = 65_536
 _READ = 65_536  # bytes per recv: a record up to the guard's 1 MiB response limit takes a few
 
 _U16, _U32, _U64 = struct.Struct(">H"), struct.Struct(">I"), struct.Struct(">Q")
@@ -218,6 +228,18 @@ class _Script:
         self.name, self.key, self.args = name, key, args
 
 
+class _Probe:
+    """Whether the server has `SET … IFEQ` (Valkey 8.1 and later): `SET` of a
+    probe key that holds no record (a control character no idem key has)
+    `IFEQ` a value, which never creates a key, so the probe writes nothing.
+    Answered True, or False on an error reply (Redis 7's syntax error)."""
+
+    __slots__ = ("args",)
+
+    def __init__(self, prefix: str):
+        self.args = ("SET", prefix + "\x01ifeq-probe", "probe", "IFEQ", "probe")
+
+
 class _Set:
     """`SET key value NX GET PX ttl`: the claim."""
 
@@ -247,9 +269,18 @@ class _Layout:
         timeout_ms: int = DEFAULT_TIMEOUT_MS,
         client: Any = None,
         max_connections: Optional[int] = None,
+        cas: str = "auto",
     ):
         if grace_ms < 0 or timeout_ms < 1:
             raise ValueError("grace_ms must be at least 0 and timeout_ms at least 1")
+        if cas not in ("auto", "script"):
+            raise ValueError(f"cas {cas!r} is not one of 'auto', 'script'")
+        # SET … IFEQ (Valkey 8.1+): whether the server has it (None: not asked yet, at the first
+        # completion of a record whose bytes are known), and those bytes, `full key -> (version, value)`,
+        # of every unfinished record the store last wrote or read.
+        self._native: Optional[bool] = None if cas == "auto" else False
+        self._seen: dict[str, tuple[int, bytes]] = {}
+        self._seen_lock = threading.Lock()
         self.prefix = prefix
         self.grace_ms = grace_ms
         self.timeout_ms = timeout_ms
@@ -276,16 +307,47 @@ class _Layout:
     def _opened(self) -> None:
         """What a store sets up once it has its client."""
 
+    @property
+    def native_cas(self) -> Optional[bool]:
+        """Whether completions use the server's `SET … IFEQ` rather than the script
+        (None until the first completion of a record whose bytes the store knows asks the server)."""
+        return self._native
+
+    def _remember(self, full: str, version: int, state: str, value: bytes) -> None:
+        """Notes the bytes of the record at `version` (an unfinished one: a done record is not written again)."""
+        if self._native is False:
+            return
+        with self._seen_lock:
+            if state == "done":
+                self._seen.pop(full, None)
+                return
+            if len(self._seen) >= SEEN_MAX and full not in self._seen:
+                self._seen.clear()
+            self._seen[full] = (version, value)
+
+    def _recall(self, full: str, version: int) -> Optional[bytes]:
+        """The bytes of the record at `version`, when known; taken out, so a concurrent replace of the key runs the script."""
+        with self._seen_lock:
+            known = self._seen.get(full)
+            if known is None or known[0] != version:
+                return None
+            del self._seen[full]
+            return known[1]
+
     def _ttl(self, record: Record, now_ms: int) -> int:
         """PX: the record's remaining life by the guard's clock, plus the grace (u64 arithmetic, as in Rust)."""
         return min(U64_MAX, max(1, max(0, record.expires_at_ms - now_ms) + self.grace_ms))
 
     def _get(self, key: str, now_ms: int) -> _Steps:
-        value = yield ("GET", self.prefix + key)
+        full = self.prefix + key
+        value = yield ("GET", full)
         if value is None:
             return None
         entry = decode(key, value)
-        return entry if now_ms < entry.record.expires_at_ms else None
+        if now_ms >= entry.record.expires_at_ms:
+            return None
+        self._remember(full, entry.version, entry.record.state, value)
+        return entry
 
     def _insert(self, key: str, record: Record, now_ms: int) -> _Steps:
         full = self.prefix + key
@@ -293,17 +355,22 @@ class _Layout:
         value = encode(1, record)
         held = yield _Set(full, value, ttl)
         if held is None:
+            self._remember(full, 1, record.state, value)
             return 1
         entry = decode(key, held)
         if now_ms < entry.record.expires_at_ms:
+            self._remember(full, entry.version, entry.record.state, held)
             return entry
         # Expired by the guard's clock, still held by Redis (the grace period).
         start = value.index(b"\n") + 1
         reply = yield _Script("claim_expired", full, now_ms, ttl, record.expires_at_ms, value[start:])
         if isinstance(reply, list) and reply and reply[0] == 0 and len(reply) == 2 and isinstance(reply[1], int):
+            if self._native is not False:
+                self._remember(full, reply[1], record.state, encode(reply[1], record))
             return reply[1]
         if isinstance(reply, list) and len(reply) == 2 and reply[0] == 1 and isinstance(reply[1], bytes):
             live = decode(key, reply[1])
+            self._remember(full, live.version, live.record.state, reply[1])
             return live
         if reply == [2]:
             raise _corrupt(key, _HEADLESS)
@@ -313,8 +380,23 @@ class _Layout:
         version = expected_version + 1
         if version > U64_MAX:
             return None  # a refused replace, not an error
-        reply = yield _Script("replace", self.prefix + key, expected_version, now_ms, self._ttl(record, now_ms), encode(version, record))
+        full, ttl, value = self.prefix + key, self._ttl(record, now_ms), encode(version, record)
+        old = self._recall(full, expected_version)
+        if old is not None and self._native is None:
+            self._native = yield _Probe(self.prefix)
+        if old is not None and self._native:
+            # The exact bytes at that version: the server compares them whole, and the expiry is theirs.
+            head = header(old)
+            if head is None or head[2] <= now_ms:
+                return None
+            written = yield ("SET", full, value, "IFEQ", old, "PX", ttl)
+            if not written:  # nil (redis-py's SET callback may make it False): another writer's bytes
+                return None
+            self._remember(full, version, record.state, value)
+            return version
+        reply = yield _Script("replace", full, expected_version, now_ms, ttl, value)
         if reply == 1:
+            self._remember(full, version, record.state, value)
             return version
         if reply == 0:
             return None
@@ -323,6 +405,8 @@ class _Layout:
         raise StoreFault("unavailable", f"{NAME}: unexpected reply to the replace script: {reply!r}")
 
     def _delete(self, key: str, expected_version: Optional[int]) -> _Steps:
+        with self._seen_lock:
+            self._seen.pop(self.prefix + key, None)
         if expected_version is None:
             removed = yield ("DEL", self.prefix + key)
         else:
@@ -461,6 +545,14 @@ class RedisStore(_Layout, Steps):
         self._pid = os.getpid()
 
     def _send(self, command: Any, key: str) -> Any:
+        if isinstance(command, _Probe):
+            try:
+                self._command(command.args)
+            except ResponseError:
+                return False
+            except RedisError as e:
+                raise self._fault(e, key) from e
+            return True
         if isinstance(command, _Set):
             args: tuple = ("SET", command.key, command.value, "NX", "GET", "PX", command.ttl)
         elif isinstance(command, _Script):
@@ -545,6 +637,14 @@ class AsyncRedisStore(_Layout, AsyncSteps):
 
     async def _send(self, command: Any, key: str) -> Any:
         c = self.client
+        if isinstance(command, _Probe):
+            try:
+                await c.execute_command(*command.args)
+            except ResponseError:
+                return False
+            except RedisError as e:
+                raise self._fault(e, key) from e
+            return True
         try:
             if isinstance(command, _Set):
                 return await c.set(command.key, command.value, nx=True, get=True, px=command.ttl)
