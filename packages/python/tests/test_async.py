@@ -8,8 +8,10 @@ records are purged (a task on the loop for an asynchronous store)."""
 from __future__ import annotations
 
 import asyncio
+import gc
 import threading
 import time
+import weakref
 from typing import Any
 
 import pytest
@@ -245,3 +247,15 @@ def test_an_async_guard_over_a_memory_store_purges_from_the_wrapped_guards_threa
         time.sleep(0.005)
     assert len(store) == 0 and guard.purge_stats.purged == 1
     guard.close()
+
+
+def test_an_async_guard_dropped_without_close_is_not_kept_alive_by_its_purge_task() -> None:
+    async def main() -> bool:
+        guard = AsyncGuard(store=AsyncMemory(), purge_every_ms=10)
+        await guard.begin("k", "fp")  # starts the purge task
+        gone = weakref.ref(guard)
+        del guard
+        gc.collect()
+        return gone() is None
+
+    assert asyncio.run(main())

@@ -30,12 +30,14 @@ from __future__ import annotations
 
 import asyncio
 import inspect
+import weakref
 from typing import Any, Awaitable, Callable, Optional
 
 from .guard import (
     ClaimView,
     Guard,
     GuardError,
+    PURGE_BATCH,
     MemoryStore,
     NotRecorded,
     Outcome,
@@ -47,7 +49,6 @@ from .guard import (
     _not_run,
     _refused,
     _takes_attempt,
-    PURGE_BATCH,
 )
 from .journal import Replay
 from .types import Checkpoint, Claim, Response
@@ -113,22 +114,6 @@ class AsyncGuard:
             self._purge_task = None
         self.guard.close()
 
-    async def _purge_every(self) -> None:
-        """The asynchronous store's purge: every period, batches until one comes back short (`Guard`'s purge)."""
-        store, stats, clock = self._replay.target, self._purge_stats, self.guard.clock
-        while True:
-            await asyncio.sleep(self._purge_every_ms / 1000)
-            now = clock.now_ms()
-            purged, error = 0, None
-            try:
-                while True:
-                    n = await store.purge_expired(now, PURGE_BATCH)
-                    purged += n
-                    if n < PURGE_BATCH:
-                        break
-            except Exception as e:  # noqa: BLE001 - counted, not raised: the next period tries again
-                error = e
-            stats.count(purged, error)
 
     @property
     def store(self) -> Any:
@@ -141,8 +126,10 @@ class AsyncGuard:
 
     async def _call(self, method: Callable[..., Any], *args: Any) -> Any:
         if self._replay is not None:
-            if self._purges_async and self._purge_task is None and not self._closed:
-                self._purge_task = asyncio.get_running_loop().create_task(self._purge_every(), name="idem-purge")
+            if self._purges_async and not self._closed and (self._purge_task is None or self._purge_task.done()):
+                # (done: the loop it ran on has ended; this call runs on another)
+                task = _purge_every(weakref.ref(self), self._purge_every_ms / 1000)
+                self._purge_task = asyncio.get_running_loop().create_task(task, name="idem-purge")
             return await self._replay.call(method, *args)
         if self.store_blocks:
             return await asyncio.to_thread(method, *args)
@@ -206,6 +193,30 @@ class AsyncGuard:
         except GuardError as e:
             raise NotRecorded(response, e) from e
         return Outcome("executed", response=response)
+
+
+async def _purge_every(guard_ref: "weakref.ref[AsyncGuard]", every_s: float) -> None:
+    """An asynchronous store's purge, on the loop: every period, batches of
+    records expired at its start until one comes back short (`Guard`'s
+    purge). Holds the guard weakly: a guard dropped without `close()` ends
+    it at its next wake-up."""
+    while True:
+        await asyncio.sleep(every_s)
+        guard = guard_ref()
+        if guard is None:
+            return
+        store, stats, now = guard._replay.target, guard._purge_stats, guard.guard.clock.now_ms()
+        del guard
+        purged, error = 0, None
+        try:
+            while True:
+                n = await store.purge_expired(now, PURGE_BATCH)
+                purged += n
+                if n < PURGE_BATCH:
+                    break
+        except Exception as e:  # noqa: BLE001 - counted, not raised: the next period tries again
+            error = e
+        stats.count(purged, error)
 
 
 def is_async_store(store: Any) -> bool:
