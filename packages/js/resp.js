@@ -124,6 +124,11 @@ export function pack(args) {
 /** The bytes one read of a plain TCP connection takes at most. */
 const READ_BUFFER = 64 * 1024;
 
+/** The longest bulk string a reply may announce: Redis's limit on a string (512 MiB). */
+const MAX_BULK = 512 * 1024 * 1024;
+/** The most elements a reply's array may announce: far past the store's replies (at most 2), so a stream out of step fails at once. */
+const MAX_ARRAY = 1024;
+
 /** Returned by `parse` when the buffer ends inside a reply. */
 const INCOMPLETE = Symbol('incomplete');
 
@@ -164,7 +169,9 @@ export function parse(buf, at) {
       // '$'
       const n = integer(buf, at + 1, end);
       if (n === -1) return [null, end + 2];
-      if (typeof n !== 'number' || n < 0) throw new ConnectionError(`the server sent a bulk string of length ${n}`);
+      if (typeof n !== 'number' || n < 0 || n > MAX_BULK) {
+        throw new ConnectionError(`the server sent a bulk string of length ${n}, outside 0 to ${MAX_BULK} (Redis's 512 MiB)`);
+      }
       const start = end + 2;
       if (start + n + 2 > buf.length) return INCOMPLETE;
       return [Buffer.from(buf.subarray(start, start + n)), start + n + 2]; // a copy: the read buffer is reused
@@ -173,7 +180,9 @@ export function parse(buf, at) {
       // '*'
       const n = integer(buf, at + 1, end);
       if (n === -1) return [null, end + 2];
-      if (typeof n !== 'number' || n < 0) throw new ConnectionError(`the server sent an array of length ${n}`);
+      if (typeof n !== 'number' || n < 0 || n > MAX_ARRAY) {
+        throw new ConnectionError(`the server sent an array of length ${n}, outside 0 to ${MAX_ARRAY} (the store's commands answer with at most 2)`);
+      }
       const items = new Array(n);
       let next = end + 2;
       for (let i = 0; i < n; i++) {

@@ -141,7 +141,7 @@ test('replies to commands sent together are matched to them in order, even when 
 });
 
 test('a server that sends what is not RESP kills the connection: the command fails, and so does every later one on it', async () => {
-  for (const bad of ['HTTP/1.1 400 Bad Request\r\n', ':12x\r\n', '$-2\r\n', '+OK\rX\n']) {
+  for (const bad of ['HTTP/1.1 400 Bad Request\r\n', ':12x\r\n', '$-2\r\n', '+OK\rX\n', '$536870913\r\n', '*1025\r\n']) {
     const server = await scripted([b(bad)]);
     const conn = await open(server.port);
     await assert.rejects(conn.send(pack(['PING'])), (e) => e instanceof ConnectionError && /the server sent/.test(e.message), bad);
