@@ -698,6 +698,11 @@ def test_the_redis_store_parses_the_resp_types_its_commands_answer_with() -> Non
             _parse(cut, 0)
     with pytest.raises(InvalidResponse):
         _parse(b"%1\r\n", 0)
+    # Announced, not yet sent: refused before any of it is waited for.
+    with pytest.raises(InvalidResponse, match="over Redis's 512 MiB"):
+        _parse(b"$536870913\r\n", 0)
+    with pytest.raises(InvalidResponse, match="an array of 1025 elements"):
+        _parse(b"*1025\r\n", 0)
 
 
 def test_a_redis_reply_that_is_not_resp_fails_the_command_and_drops_the_connection(redis_url: str) -> None:

@@ -77,6 +77,10 @@ DEFAULT_TIMEOUT_MS = 2_000
 # How many records' bytes a store keeps for `SET … IFEQ` before it forgets them all (as the Rust store).
 SEEN_MAX = 65_536
 _READ = 65_536  # bytes per recv: a record up to the guard's 1 MiB response limit takes a few
+# What a reply may announce before it is read: a string up to Redis's 512 MiB, an array far past the
+# store's replies (at most 2 elements). More is a stream out of step: failed at once, not buffered for.
+_MAX_BULK = 512 * 1024 * 1024
+_MAX_ARRAY = 1024
 
 _U16, _U32, _U64 = struct.Struct(">H"), struct.Struct(">I"), struct.Struct(">Q")
 _STATES = ("processing", "done")
@@ -489,6 +493,8 @@ def _parse(data: bytes, at: int) -> tuple[Any, int]:
     kind, line, at = data[at], data[at + 1 : end], end + 2
     if kind == 0x24 or kind == 0x21:  # `$` bulk string, `!` bulk error
         n = int(line)
+        if n > _MAX_BULK:
+            raise InvalidResponse(f"a string of {n} bytes, over Redis's 512 MiB")
         if n < 0:
             return None, at
         if at + n + 2 > len(data):
@@ -498,8 +504,11 @@ def _parse(data: bytes, at: int) -> tuple[Any, int]:
     if kind == 0x3A:  # `:` integer
         return int(line), at
     if kind == 0x2A:  # `*` array
+        count = int(line)
+        if count > _MAX_ARRAY:
+            raise InvalidResponse(f"an array of {count} elements, over the {_MAX_ARRAY} a store's reply may have")
         items = []
-        for _ in range(int(line)):
+        for _ in range(count):
             item, at = _parse(data, at)
             items.append(item)
         return items, at
