@@ -29,15 +29,15 @@ where they run depends on the store:
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import inspect
-import weakref
 from typing import Any, Awaitable, Callable, Optional
 
 from .guard import (
+    PURGES,
     ClaimView,
     Guard,
     GuardError,
-    PURGE_BATCH,
     MemoryStore,
     NotRecorded,
     Outcome,
@@ -52,6 +52,9 @@ from .guard import (
 )
 from .journal import Replay
 from .types import Checkpoint, Claim, Response
+
+# How long the purge thread waits for one batch on the loop.
+PURGE_WAIT_S = 10.0
 
 __all__ = ["AsyncAttempt", "AsyncGuard"]
 
@@ -76,12 +79,9 @@ class AsyncGuard:
     def __init__(self, *, store_blocks: Optional[bool] = None, renew_lease: bool = True, **options: Any):
         store = options.get("store")
         self._replay: Optional[Replay] = None
-        self._purge_task: Optional[asyncio.Task] = None
-        self._purge_every_ms = options.get("purge_every_ms", 60_000)
-        self._closed = False
+        clock = options.get("clock") or SystemClock()
         if store is not None and is_async_store(store):
             # The component is given the journal's store, clock and random; the real ones answer between runs.
-            clock = options.get("clock") or SystemClock()
             random = options.get("random") or SystemRandom()
             self._replay = Replay(store, clock, random)
             options.update(store=self._replay.store, clock=self._replay.clock, random=self._replay.random)
@@ -93,13 +93,17 @@ class AsyncGuard:
         else:
             self.store_blocks = not isinstance(self.guard.store, MemoryStore) if store_blocks is None else store_blocks
         self._every_s = max(1, self.guard.policy.lease_ms // 3) / 1000
-        # An asynchronous store's purge runs as an asyncio task, started at the
-        # first call (a loop is running then); a synchronous one's, in the
-        # wrapped guard's thread.
-        self._purges_async = (
-            self._replay is not None and self._purge_every_ms > 0 and callable(getattr(store, "purge_expired", None))
-        )
-        self._purge_stats = PurgeStats(every_ms=self._purge_every_ms) if self._purges_async else None
+        # A synchronous store is purged by the wrapped guard. An asynchronous
+        # one by the same purge thread (`PURGES`), each batch run on the loop
+        # of this guard's calls: added at the first call, when a loop runs.
+        self._purge_stats: Optional[PurgeStats] = None
+        self._on_loop: Optional[_OnLoop] = None
+        self._purge: Optional[int] = None
+        every_ms = options.get("purge_every_ms", 60_000)
+        if self._replay is not None and every_ms > 0 and callable(getattr(store, "purge_expired", None)):
+            self._purge_stats = PurgeStats()
+            self._on_loop = _OnLoop(store.purge_expired)
+            self._purge = PURGES.add(self, every_ms, self._on_loop, clock, self._purge_stats)
 
     @property
     def purge_stats(self) -> PurgeStats:
@@ -108,10 +112,9 @@ class AsyncGuard:
 
     def close(self) -> None:
         """Stops the guard's background work (the purge); calls still work."""
-        self._closed = True
-        if self._purge_task is not None:
-            self._purge_task.cancel()
-            self._purge_task = None
+        if self._purge is not None:
+            PURGES.remove(self._purge)
+            self._purge = None
         self.guard.close()
 
 
@@ -126,10 +129,8 @@ class AsyncGuard:
 
     async def _call(self, method: Callable[..., Any], *args: Any) -> Any:
         if self._replay is not None:
-            if self._purges_async and not self._closed and (self._purge_task is None or self._purge_task.done()):
-                # (done: the loop it ran on has ended; this call runs on another)
-                task = _purge_every(weakref.ref(self), self._purge_every_ms / 1000)
-                self._purge_task = asyncio.get_running_loop().create_task(task, name="idem-purge")
+            if self._on_loop is not None and (self._on_loop.loop is None or self._on_loop.loop.is_closed()):
+                self._on_loop.loop = asyncio.get_running_loop()  # the first call, or the first on a new loop
             return await self._replay.call(method, *args)
         if self.store_blocks:
             return await asyncio.to_thread(method, *args)
@@ -195,28 +196,24 @@ class AsyncGuard:
         return Outcome("executed", response=response)
 
 
-async def _purge_every(guard_ref: "weakref.ref[AsyncGuard]", every_s: float) -> None:
-    """An asynchronous store's purge, on the loop: every period, batches of
-    records expired at its start until one comes back short (`Guard`'s
-    purge). Holds the guard weakly: a guard dropped without `close()` ends
-    it at its next wake-up."""
-    while True:
-        await asyncio.sleep(every_s)
-        guard = guard_ref()
-        if guard is None:
-            return
-        store, stats, now = guard._replay.target, guard._purge_stats, guard.guard.clock.now_ms()
-        del guard
-        purged, error = 0, None
+class _OnLoop:
+    """An asynchronous store's `purge_expired` as the purge thread calls it: run
+    on the loop the guard's calls last ran on, waited for at most
+    `PURGE_WAIT_S` (a stalled loop must not hold the thread up)."""
+
+    def __init__(self, purge: Callable[[int, int], Awaitable[int]]):
+        self.purge = purge
+        self.loop: Optional[asyncio.AbstractEventLoop] = None
+
+    def __call__(self, now_ms: int, limit: int) -> int:
+        if self.loop is None:
+            return 0  # no call yet: nothing has been written
+        done = asyncio.run_coroutine_threadsafe(self.purge(now_ms, limit), self.loop)
         try:
-            while True:
-                n = await store.purge_expired(now, PURGE_BATCH)
-                purged += n
-                if n < PURGE_BATCH:
-                    break
-        except Exception as e:  # noqa: BLE001 - counted, not raised: the next period tries again
-            error = e
-        stats.count(purged, error)
+            return done.result(PURGE_WAIT_S)
+        except concurrent.futures.TimeoutError:
+            done.cancel()
+            raise
 
 
 def is_async_store(store: Any) -> bool:

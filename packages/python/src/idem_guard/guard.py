@@ -309,13 +309,12 @@ class Guard:
         self.purge_stats = PurgeStats()
         self._purge: Optional[int] = None
         if purge_every_ms > 0 and callable(getattr(self.store, "purge_expired", None)):
-            self.purge_stats.every_ms = purge_every_ms
-            self._purge = _PURGES.add(self, purge_every_ms)
+            self._purge = PURGES.add(self, purge_every_ms, self.store.purge_expired, self.clock, self.purge_stats)
 
     def close(self) -> None:
         """Stops the guard's background work (the purge); calls still work, and `run` still renews leases."""
         if self._purge is not None:
-            _PURGES.remove(self._purge)
+            PURGES.remove(self._purge)
             self._purge = None
 
     def _instantiate(self) -> Any:
@@ -553,25 +552,32 @@ class _Purges:
     """Every guard's purge of expired records, on one daemon thread for the
     process (`idem-purge`): each guard that purges is due every
     `purge_every_ms`, for a store that keeps expired records (`purge_expired`:
-    `MemoryStore`, `PostgresStore`; Redis drops its keys itself). Reads never
-    depend on it; without it a memory store or a PostgreSQL table grows with
-    every key ever used. Guards are held weakly: one dropped without `close()`
-    is forgotten at its next due time. The thread starts with the first guard
-    and ends when none is left; runs of different guards take turns."""
+    `MemoryStore`, `PostgresStore`, `AsyncPostgresStore`; Redis drops its keys
+    itself). Reads never depend on it; without it a memory store or a
+    PostgreSQL table grows with every key ever used. A run asks for batches of
+    `PURGE_BATCH` records expired at its start until one comes back short; a
+    failed batch ends it, and the next period tries again. Guards are held
+    weakly: one dropped without `close()` is forgotten at its next due time.
+    After `close()` a run under way is not counted and none follows. The
+    thread starts with the first guard and ends when none is left; runs of
+    different guards take turns."""
 
     def __init__(self) -> None:
         self._cond = threading.Condition()
-        # (due, token, guard, period): the earliest due first.
-        self._heap: list[tuple[float, int, "weakref.ref[Guard]", float]] = []
+        # (due, token, guard, period, (purge, clock, stats)): the earliest due first.
+        self._heap: list[tuple[float, int, "weakref.ref[Any]", float, tuple]] = []
         self._closed: set[int] = set()
         self._tokens = itertools.count()
         self._thread: Optional[threading.Thread] = None
 
-    def add(self, guard: Guard, every_ms: int) -> int:
+    def add(self, guard: Any, every_ms: int, purge: Callable[[int, int], int], clock: Any, stats: PurgeStats) -> int:
+        """Purges every `every_ms` while `guard` lives, with `purge(now_ms, limit)` at `clock`'s time,
+        counted in `stats`; none of the three may hold `guard`. Returns the token `remove` takes."""
         every = every_ms / 1000
+        stats.every_ms = every_ms
         with self._cond:
             token = next(self._tokens)
-            heapq.heappush(self._heap, (time.monotonic() + every, token, weakref.ref(guard), every))
+            heapq.heappush(self._heap, (time.monotonic() + every, token, weakref.ref(guard), every, (purge, clock, stats)))
             if self._thread is None:
                 self._thread = threading.Thread(target=self._run, name="idem-purge", daemon=True)
                 self._thread.start()
@@ -583,8 +589,8 @@ class _Purges:
             self._closed.add(token)
             self._cond.notify()
 
-    def _next(self) -> Optional[Guard]:
-        """The next guard due (rescheduled), once it is due; None when no guard is left."""
+    def _next(self) -> Optional[tuple[int, tuple]]:
+        """The next guard's token and `(purge, clock, stats)`, rescheduled, once it is due; None when no guard is left."""
         with self._cond:
             while True:
                 while self._heap and self._heap[0][1] in self._closed:
@@ -592,21 +598,20 @@ class _Purges:
                 if not self._heap:
                     self._thread = None
                     return None
-                due, token, ref, every = self._heap[0]
+                due, token, ref, every, job = self._heap[0]
                 wait = due - time.monotonic()
                 if wait > 0:
                     self._cond.wait(wait)
                     continue
                 heapq.heappop(self._heap)
-                guard = ref()
-                if guard is not None:  # a dropped guard is not rescheduled
-                    heapq.heappush(self._heap, (time.monotonic() + every, token, ref, every))
-                    return guard
+                if ref() is not None:  # a dropped guard is not rescheduled
+                    heapq.heappush(self._heap, (time.monotonic() + every, token, ref, every, job))
+                    return token, job
 
     def _run(self) -> None:
-        while (guard := self._next()) is not None:
-            now, purge, stats = guard.clock.now_ms(), guard.store.purge_expired, guard.purge_stats
-            del guard  # not held while the run waits on the store
+        while (due := self._next()) is not None:
+            token, (purge, clock, stats) = due
+            now = clock.now_ms()
             purged, error = 0, None
             try:
                 while True:  # batches expired at the run's start, until one comes back short
@@ -616,10 +621,13 @@ class _Purges:
                         break
             except Exception as e:  # noqa: BLE001 - counted, not raised: the next period tries again
                 error = e
-            stats.count(purged, error)
+            with self._cond:
+                if token not in self._closed:  # `close()` freezes the stats, even mid-run
+                    stats.count(purged, error)
 
 
-_PURGES = _Purges()
+# The process's one purge thread: `Guard` and `AsyncGuard` (idem_guard.aio) add to it.
+PURGES = _Purges()
 
 
 class _Renewer:
