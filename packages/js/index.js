@@ -600,14 +600,16 @@ const PURGE_BATCH = 1_000;
  * PostgreSQL table grows with every key ever used; Redis expires its keys
  * itself, and RedisStore has no `purgeExpired`. A run still going when the
  * next is due is not doubled; a failed batch ends its run (counted in
- * `purgeStats.errors`, `lastError`) and the next period tries again. The
- * timer is unref'd: it never keeps the process alive by itself, nor the guard.
+ * `purgeStats.errors`, `lastError`) and the next period tries again. After
+ * `close()` a run under way is not counted and none follows. The timer is
+ * unref'd: it never keeps the process alive by itself, nor the guard.
  */
 class Purger {
   /** Held weakly: a guard dropped without `close()` is not kept alive by its timer, which then stops. */
   #guard;
   #timer;
   #running = false;
+  #stopped = false;
 
   constructor(guard, everyMs) {
     this.#guard = new WeakRef(guard);
@@ -618,6 +620,7 @@ class Purger {
 
   stop() {
     clearInterval(this.#timer);
+    this.#stopped = true;
   }
 
   async #run() {
@@ -629,6 +632,7 @@ class Purger {
     const store = guard.store;
     const now = BigInt(guard.clock.nowMs());
     let purged = 0;
+    let error = null;
     try {
       for (;;) {
         const n = await store.purgeExpired(now, PURGE_BATCH);
@@ -636,13 +640,17 @@ class Purger {
         if (n < PURGE_BATCH) break;
       }
     } catch (e) {
-      stats.errors += 1;
-      stats.lastError = e?.message ?? String(e);
+      error = e;
     } finally {
-      stats.runs += 1;
-      stats.purged += purged;
-      stats.lastPurged = purged;
       this.#running = false;
+    }
+    if (this.#stopped) return; // close() freezes the stats, even mid-run
+    stats.runs += 1;
+    stats.purged += purged;
+    stats.lastPurged = purged;
+    if (error !== null) {
+      stats.errors += 1;
+      stats.lastError = error?.message ?? String(error);
     }
   }
 }
