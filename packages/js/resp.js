@@ -1,16 +1,18 @@
 // The Redis connection RedisStore talks through: one socket (TCP, or TLS for
 // `rediss://`), commands written as RESP2 arrays of bulk strings and answered
-// in order, replies read by a small parser. A store needs four commands and
-// nothing of a general client (no pub/sub, no cluster, no offline queue, no
-// retries); what a general client does around each command cost more than
-// the command itself (BENCHMARKS.md, "On Redis, from the packages").
+// in order, replies read by a small parser. A store needs a few commands
+// (GET, SET, EVALSHA, DEL, SCRIPT LOAD) and nothing of a general client (no
+// pub/sub, no cluster, no offline queue, no retries); what a general client
+// does around each command cost more than the command itself (BENCHMARKS.md,
+// "On Redis, from the packages").
 //
 // Failure: a connection that errs, closes, sends bytes that are not RESP, or
 // leaves its oldest command unanswered for `timeoutMs` is dead: every command
 // on it fails, none is resent (the store cannot know whether a write was
 // applied; the guard fails closed), and the store opens a new one for its
-// next command. An error reply (`-ERR ...`) is a `ReplyError` and leaves the
-// connection as it is: it is an answer, the stream stays in step.
+// next command. An error reply (`-ERR ...`) is a `ReplyError` value, not a
+// failure of the connection: the stream stays in step, and the caller
+// decides (RedisStore retires the connection after most: `retire`).
 
 import net from 'node:net';
 import tls from 'node:tls';
@@ -152,7 +154,7 @@ function integer(buf, at, end) {
  * BigInt past 2^53); a bulk string a Buffer (null when absent); an array an
  * Array (null when absent).
  */
-export function parse(buf, at) {
+function parse(buf, at) {
   if (at >= buf.length) return INCOMPLETE;
   const end = lineEnd(buf, at);
   if (end < 0) return INCOMPLETE;
