@@ -7,36 +7,87 @@
 //! WIT: records with the same fields, variants with the same cases. So one
 //! list of fields or cases per type, in [`wit_conversions!`], gives the
 //! `From` impls both ways on either side; each side uses its half. All
-//! moves: no string or body is copied.
+//! moves, but for a record's head lent to a store write.
+//!
+//! The response is a resource (`wit/types.wit`): in the WIT the record
+//! travels without it (an `entry` carries it beside the record, `replace`
+//! takes it as a parameter of its own), in the model it sits in the record.
+//! Each side says what its handle type is (`response:`); the model's
+//! generic `R` is that type at the boundary.
 
 /// Implements `From` both ways between each model type and the type
 /// generated for it, in the module that invokes it.
 ///
 /// `types`, `store` and `guard` name the modules, in scope where it is
 /// invoked, that hold the generated types of the `types`, `store` and
-/// `guard` interfaces.
+/// `guard` interfaces; `response` is the type a `response` handle has in
+/// those types.
 #[macro_export]
 macro_rules! wit_conversions {
-    (types: $types:ident, store: $store:ident, guard: $guard:ident $(,)?) => {
-        $crate::wit_conversions!(@record $crate::model::Response = $types::Response {
-            status, headers, body
-        });
+    (types: $types:ident, store: $store:ident, guard: $guard:ident, response: $response:ty $(,)?) => {
         $crate::wit_conversions!(@variant $crate::model::State = $types::State {
             Processing, Done
         });
         $crate::wit_conversions!(@record $crate::model::Checkpoint = $types::Checkpoint {
             phase, data
         });
-        $crate::wit_conversions!(@record $crate::model::Record = $types::Record {
-            fingerprint, state, holder, lease_until_ms, expires_at_ms; optional response, checkpoint
-        });
-        $crate::wit_conversions!(@record $crate::model::Entry = $types::Entry {
-            record, version
-        });
+        // A record's head, for a store write: the response goes beside it.
+        impl<R> From<&$crate::model::Record<R>> for $types::Record {
+            fn from(record: &$crate::model::Record<R>) -> Self {
+                Self {
+                    fingerprint: record.fingerprint.clone(),
+                    state: record.state.into(),
+                    holder: record.holder,
+                    lease_until_ms: record.lease_until_ms,
+                    expires_at_ms: record.expires_at_ms,
+                    checkpoint: record.checkpoint.clone().map(Into::into),
+                }
+            }
+        }
+        // A head as written, without a response (what `insert` writes).
+        impl From<$types::Record> for $crate::model::Record<$response> {
+            fn from(record: $types::Record) -> Self {
+                Self {
+                    fingerprint: record.fingerprint,
+                    state: record.state.into(),
+                    holder: record.holder,
+                    lease_until_ms: record.lease_until_ms,
+                    expires_at_ms: record.expires_at_ms,
+                    response: None,
+                    checkpoint: record.checkpoint.map(Into::into),
+                }
+            }
+        }
+        impl From<$types::Entry> for $crate::model::Entry<$response> {
+            fn from(entry: $types::Entry) -> Self {
+                let mut record: $crate::model::Record<$response> = entry.record.into();
+                record.response = entry.response;
+                Self { record, version: entry.version }
+            }
+        }
+        impl From<$crate::model::Entry<$response>> for $types::Entry {
+            fn from(entry: $crate::model::Entry<$response>) -> Self {
+                let $crate::model::Record {
+                    fingerprint, state, holder, lease_until_ms, expires_at_ms, response, checkpoint,
+                } = entry.record;
+                Self {
+                    record: $types::Record {
+                        fingerprint,
+                        state: state.into(),
+                        holder,
+                        lease_until_ms,
+                        expires_at_ms,
+                        checkpoint: checkpoint.map(Into::into),
+                    },
+                    response,
+                    version: entry.version,
+                }
+            }
+        }
         $crate::wit_conversions!(@variant $crate::model::StoreFailure = $store::StoreError {
             Unavailable(why), Corrupt(why)
         });
-        $crate::wit_conversions!(@variant $crate::model::InsertOutcome = $store::InsertOutcome {
+        $crate::wit_conversions!(@variant $crate::model::InsertOutcome<$response> = $store::InsertOutcome {
             Inserted(version), Existing(entry)
         });
         $crate::wit_conversions!(@record $crate::model::Policy = $guard::Policy {
@@ -46,7 +97,7 @@ macro_rules! wit_conversions {
             key, fingerprint, fence, holder, lease_until_ms, expires_at_ms; optional checkpoint
         });
         // WIT cases carry their value unnamed; the model names `retry_after_ms`.
-        $crate::wit_conversions!(@variant $crate::model::Decision = $guard::Decision {
+        $crate::wit_conversions!(@variant $crate::model::Decision<$response> = $guard::Decision {
             Proceed(claim), Replay(response), InFlight { retry_after_ms }, Conflict
         });
         $crate::wit_conversions!(@variant $crate::model::GuardError = $guard::GuardError {

@@ -19,7 +19,7 @@ pub enum Verdict {
     Conflict,
 }
 
-pub fn decide(stored: Option<&Entry>, now_ms: u64, fingerprint: &str) -> Verdict {
+pub fn decide<R>(stored: Option<&Entry<R>>, now_ms: u64, fingerprint: &str) -> Verdict {
     let Some(entry) = stored.filter(|e| e.record.is_live(now_ms)) else {
         return Verdict::Claim;
     };

@@ -9,27 +9,34 @@ use alloc::format;
 use crate::decide::{Verdict, decide};
 use crate::limits::{check_checkpoint, check_fingerprint, check_key, check_policy, check_response};
 use crate::model::{
-    Checkpoint, Claim, Decision, Entry, GuardError, InsertOutcome, Policy, Record, Response, State,
-    StoreFailure,
+    Checkpoint, Claim, Decision, Entry, GuardError, InsertOutcome, Policy, Record, ResponseHandle,
+    State, StoreFailure,
 };
 
 /// The atomic store primitives of `wit/store.wit`, with the clock and the
 /// randomness the guard imports beside them.
 pub trait Primitives {
+    /// How a response is held: a handle to the host's in the component,
+    /// the response itself natively.
+    type Response: ResponseHandle;
     fn now_ms(&mut self) -> u64;
     fn random_u64(&mut self) -> u64;
-    fn get(&mut self, key: &str, now_ms: u64) -> Result<Option<Entry>, StoreFailure>;
+    fn get(
+        &mut self,
+        key: &str,
+        now_ms: u64,
+    ) -> Result<Option<Entry<Self::Response>>, StoreFailure>;
     fn insert(
         &mut self,
         key: &str,
-        record: &Record,
+        record: &Record<Self::Response>,
         now_ms: u64,
-    ) -> Result<InsertOutcome, StoreFailure>;
+    ) -> Result<InsertOutcome<Self::Response>, StoreFailure>;
     fn replace(
         &mut self,
         key: &str,
         expected_version: u64,
-        record: &Record,
+        record: &Record<Self::Response>,
         now_ms: u64,
     ) -> Result<Option<u64>, StoreFailure>;
 }
@@ -40,12 +47,12 @@ pub trait Primitives {
 /// a couple means heavy churn on one key.
 const MAX_ATTEMPTS: usize = 4;
 
-pub fn begin(
-    store: &mut impl Primitives,
+pub fn begin<P: Primitives>(
+    store: &mut P,
     key: &str,
     fingerprint: &str,
     policy: &Policy,
-) -> Result<Decision, GuardError> {
+) -> Result<Decision<P::Response>, GuardError> {
     check_key(key)?;
     check_fingerprint(fingerprint)?;
     check_policy(policy)?;
@@ -98,10 +105,10 @@ pub fn begin(
     })
 }
 
-pub fn complete(
-    store: &mut impl Primitives,
+pub fn complete<P: Primitives>(
+    store: &mut P,
     claim: &Claim,
-    response: Response,
+    response: P::Response,
     policy: &Policy,
 ) -> Result<(), GuardError> {
     check_policy(policy)?;
@@ -120,7 +127,7 @@ pub fn complete(
     write_as_holder(store, claim, record, now, OnMoved::KeepOurs).map(|_| ())
 }
 
-pub fn release(store: &mut impl Primitives, claim: &Claim) -> Result<(), GuardError> {
+pub fn release<P: Primitives>(store: &mut P, claim: &Claim) -> Result<(), GuardError> {
     let now = store.now_ms();
     check_not_expired(claim, now)?;
     // A lease that ends now: the next begin takes over at once, with a higher
@@ -138,8 +145,8 @@ pub fn release(store: &mut impl Primitives, claim: &Claim) -> Result<(), GuardEr
     write_as_holder(store, claim, record, now, OnMoved::KeepStoredCheckpoint).map(|_| ())
 }
 
-pub fn renew(
-    store: &mut impl Primitives,
+pub fn renew<P: Primitives>(
+    store: &mut P,
     claim: &Claim,
     policy: &Policy,
 ) -> Result<Claim, GuardError> {
@@ -153,8 +160,8 @@ pub fn renew(
     )
 }
 
-pub fn checkpoint(
-    store: &mut impl Primitives,
+pub fn checkpoint<P: Primitives>(
+    store: &mut P,
     claim: &Claim,
     checkpoint: Checkpoint,
     policy: &Policy,
@@ -165,22 +172,22 @@ pub fn checkpoint(
 }
 
 /// `begin` with the canonical fingerprint of the request's parts.
-pub fn begin_request(
-    store: &mut impl Primitives,
+pub fn begin_request<P: Primitives>(
+    store: &mut P,
     key: &str,
     method: &str,
     path: &str,
     headers: &[(alloc::string::String, alloc::vec::Vec<u8>)],
     body: &[u8],
     policy: &Policy,
-) -> Result<Decision, GuardError> {
+) -> Result<Decision<P::Response>, GuardError> {
     let fingerprint = crate::fingerprint::fingerprint(method, path, headers, body);
     begin(store, key, &fingerprint, policy)
 }
 
 /// Renew and checkpoint: the lease from now, the record keeping `checkpoint`.
-fn extend(
-    store: &mut impl Primitives,
+fn extend<P: Primitives>(
+    store: &mut P,
     claim: &Claim,
     checkpoint: Option<Checkpoint>,
     policy: &Policy,
@@ -217,13 +224,13 @@ enum OnMoved {
 /// Writes `record` over the claim's record, and when the write fails or is
 /// refused, reads the record back and acts as `wit/guard.wit`'s interface
 /// docs say (holder identity). Returns the version and the record written.
-fn write_as_holder(
-    store: &mut impl Primitives,
+fn write_as_holder<P: Primitives>(
+    store: &mut P,
     claim: &Claim,
-    mut record: Record,
+    mut record: Record<P::Response>,
     now: u64,
     on_moved: OnMoved,
-) -> Result<(u64, Record), GuardError> {
+) -> Result<(u64, Record<P::Response>), GuardError> {
     let key = &claim.key;
     let mut expected = claim.fence;
     let mut failure = None;
@@ -245,7 +252,7 @@ fn write_as_holder(
             // Not applied: the store's failure stands.
             return Err(failure.unwrap_or_else(|| stale(claim)));
         }
-        if entry.record == record {
+        if entry.record.same_as(&record) {
             return Ok((entry.version, entry.record)); // applied; its reply was lost
         }
         if entry.record.state == State::Done {
@@ -266,7 +273,7 @@ fn write_as_holder(
     }))
 }
 
-fn claim(key: &str, record: Record, fence: u64) -> Claim {
+fn claim<R>(key: &str, record: Record<R>, fence: u64) -> Claim {
     Claim {
         key: key.to_owned(),
         fingerprint: record.fingerprint,
@@ -278,7 +285,7 @@ fn claim(key: &str, record: Record, fence: u64) -> Claim {
     }
 }
 
-fn replay(key: &str, entry: Entry) -> Result<Decision, GuardError> {
+fn replay<R>(key: &str, entry: Entry<R>) -> Result<Decision<R>, GuardError> {
     match entry.record.response {
         Some(response) => Ok(Decision::Replay(response)),
         None => Err(GuardError::Unavailable(format!(
@@ -322,6 +329,7 @@ fn unavailable(op: &str, key: &str, failure: StoreFailure) -> GuardError {
 mod tests {
     use super::*;
     use crate::fuzzing::store::Map;
+    use crate::model::Response;
 
     fn policy() -> Policy {
         Policy {

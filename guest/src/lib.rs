@@ -116,7 +116,24 @@ mod component {
     /// The imported store, as the pure guard sees it.
     struct ImportedStore;
 
+    /// The host's response, as the guard sees it: its methods are imports.
+    impl model::ResponseHandle for types::Response {
+        fn status(&self) -> u16 {
+            types::Response::status(self)
+        }
+
+        fn size(&self) -> u64 {
+            types::Response::size(self)
+        }
+
+        fn same_as(&self, other: &Self) -> bool {
+            types::Response::same_as(self, other)
+        }
+    }
+
     impl crate::guard::Primitives for ImportedStore {
+        type Response = types::Response;
+
         fn now_ms(&mut self) -> u64 {
             clock::now_ms()
         }
@@ -131,7 +148,7 @@ mod component {
             &mut self,
             key: &str,
             now_ms: u64,
-        ) -> Result<Option<model::Entry>, model::StoreFailure> {
+        ) -> Result<Option<model::Entry<types::Response>>, model::StoreFailure> {
             store::get(key, now_ms)
                 .map(|entry| entry.map(Into::into))
                 .map_err(Into::into)
@@ -140,25 +157,32 @@ mod component {
         fn insert(
             &mut self,
             key: &str,
-            record: &model::Record,
+            record: &model::Record<types::Response>,
             now_ms: u64,
-        ) -> Result<model::InsertOutcome, model::StoreFailure> {
+        ) -> Result<model::InsertOutcome<types::Response>, model::StoreFailure> {
             // The import borrows a record of its own types: the copy is the
-            // fingerprint and, when complete writes one, the response.
-            store::insert(key, &record.clone().into(), now_ms)
+            // fingerprint (and a checkpoint, after a takeover).
+            store::insert(key, &record.into(), now_ms)
                 .map(Into::into)
                 .map_err(Into::into)
         }
 
+        /// The response, when `complete` writes one, is lent as a handle.
         fn replace(
             &mut self,
             key: &str,
             expected_version: u64,
-            record: &model::Record,
+            record: &model::Record<types::Response>,
             now_ms: u64,
         ) -> Result<Option<u64>, model::StoreFailure> {
-            store::replace(key, expected_version, &record.clone().into(), now_ms)
-                .map_err(Into::into)
+            store::replace(
+                key,
+                expected_version,
+                &record.into(),
+                record.response.as_ref(),
+                now_ms,
+            )
+            .map_err(Into::into)
         }
     }
 
@@ -182,12 +206,7 @@ mod component {
             response: types::Response,
             policy: wit::Policy,
         ) -> Result<(), wit::GuardError> {
-            crate::guard::complete(
-                &mut ImportedStore,
-                &claim.into(),
-                response.into(),
-                &policy.into(),
-            )
+            crate::guard::complete(&mut ImportedStore, &claim.into(), response, &policy.into())
             .map_err(Into::into)
         }
 
@@ -276,16 +295,11 @@ mod component {
                     holder: 1,
                     lease_until_ms: now,
                     expires_at_ms: now + 1,
-                    response: None,
                     checkpoint: None,
                 };
                 return Some(match store::insert(key, &claim, now) {
                     Ok(store::InsertOutcome::Existing(types::Entry {
-                        record:
-                            types::Record {
-                                response: Some(response),
-                                ..
-                            },
+                        response: Some(response),
                         ..
                     })) => wit::Decision::Replay(response),
                     _ => wit::Decision::Conflict,
@@ -306,5 +320,5 @@ mod component {
         None
     }
 
-    crate::wit_conversions!(types: types, store: store, guard: wit);
+    crate::wit_conversions!(types: types, store: store, guard: wit, response: types::Response);
 }

@@ -4,7 +4,7 @@
 use alloc::format;
 use alloc::string::String;
 
-use crate::model::{Checkpoint, GuardError, Policy, Response};
+use crate::model::{Checkpoint, GuardError, Policy, ResponseHandle};
 
 /// Keys are 1 to 255 bytes: long enough for a UUID with a client scope,
 /// short enough to index in every store.
@@ -91,15 +91,15 @@ pub fn check_checkpoint(checkpoint: &Checkpoint, policy: &Policy) -> Result<(), 
     Ok(())
 }
 
-pub fn check_response(response: &Response, policy: &Policy) -> Result<(), GuardError> {
-    if !(100..=999).contains(&response.status) {
+pub fn check_response(response: &impl ResponseHandle, policy: &Policy) -> Result<(), GuardError> {
+    let status = response.status();
+    if !(100..=999).contains(&status) {
         return Err(invalid(format!(
-            "response status {} is outside 100 to 999",
-            response.status
+            "response status {status} is outside 100 to 999"
         )));
     }
-    let size = response.size_bytes();
-    if size > policy.max_response_bytes as usize {
+    let size = response.size();
+    if size > u64::from(policy.max_response_bytes) {
         return Err(invalid(format!(
             "response is {size} bytes; the limit is {} bytes",
             policy.max_response_bytes
@@ -115,6 +115,7 @@ fn invalid(why: impl Into<String>) -> GuardError {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::model::Response;
 
     #[test]
     fn keys() {

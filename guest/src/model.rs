@@ -25,6 +25,32 @@ impl Response {
     }
 }
 
+/// What the guard needs of a response it stores or replays, and no more:
+/// in the component the response stays on the host (the `response`
+/// resource of `wit/types.wit`) and these are its methods; natively it is
+/// the [`Response`] itself.
+pub trait ResponseHandle {
+    fn status(&self) -> u16;
+    /// The bytes counted against `Policy::max_response_bytes`.
+    fn size(&self) -> u64;
+    /// Same status, headers in the same order, same body.
+    fn same_as(&self, other: &Self) -> bool;
+}
+
+impl ResponseHandle for Response {
+    fn status(&self) -> u16 {
+        self.status
+    }
+
+    fn size(&self) -> u64 {
+        self.size_bytes() as u64
+    }
+
+    fn same_as(&self, other: &Self) -> bool {
+        self == other
+    }
+}
+
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum State {
     Processing,
@@ -56,38 +82,86 @@ pub struct Checkpoint {
     pub data: Vec<u8>,
 }
 
-/// What a store keeps for one key.
+/// What a store keeps for one key. `R` is how the response is held: by
+/// value in stores and natively, as a host handle inside the component
+/// (where `wit/types.wit` carries it beside the record, not in it).
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Record {
+pub struct Record<R = Response> {
     pub fingerprint: String,
     pub state: State,
     /// The holder id of the claim that wrote it; 0 in records of 0.1 hosts.
     pub holder: u64,
     pub lease_until_ms: u64,
     pub expires_at_ms: u64,
-    pub response: Option<Response>,
+    pub response: Option<R>,
     pub checkpoint: Option<Checkpoint>,
 }
 
-impl Record {
+impl<R> Record<R> {
     /// Whether the record is live at `now_ms`; an expired record is absent.
     pub fn is_live(&self, now_ms: u64) -> bool {
         now_ms < self.expires_at_ms
+    }
+
+    /// The same record with its response held another way.
+    pub fn try_map_response<T, E>(
+        self,
+        f: impl FnOnce(R) -> Result<T, E>,
+    ) -> Result<Record<T>, E> {
+        Ok(Record {
+            fingerprint: self.fingerprint,
+            state: self.state,
+            holder: self.holder,
+            lease_until_ms: self.lease_until_ms,
+            expires_at_ms: self.expires_at_ms,
+            response: self.response.map(f).transpose()?,
+            checkpoint: self.checkpoint,
+        })
+    }
+}
+
+impl<R: ResponseHandle> Record<R> {
+    /// Every field equal, the responses [`ResponseHandle::same_as`].
+    pub fn same_as(&self, other: &Self) -> bool {
+        self.fingerprint == other.fingerprint
+            && self.state == other.state
+            && self.holder == other.holder
+            && self.lease_until_ms == other.lease_until_ms
+            && self.expires_at_ms == other.expires_at_ms
+            && self.checkpoint == other.checkpoint
+            && match (&self.response, &other.response) {
+                (None, None) => true,
+                (Some(a), Some(b)) => a.same_as(b),
+                _ => false,
+            }
     }
 }
 
 /// A record with the version its store gave it.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Entry {
-    pub record: Record,
+pub struct Entry<R = Response> {
+    pub record: Record<R>,
     pub version: u64,
+}
+
+impl<R> Entry<R> {
+    /// The same entry with its response held another way.
+    pub fn try_map_response<T, E>(
+        self,
+        f: impl FnOnce(R) -> Result<T, E>,
+    ) -> Result<Entry<T>, E> {
+        Ok(Entry {
+            record: self.record.try_map_response(f)?,
+            version: self.version,
+        })
+    }
 }
 
 /// What `insert` found.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub enum InsertOutcome {
+pub enum InsertOutcome<R = Response> {
     Inserted(u64),
-    Existing(Entry),
+    Existing(Entry<R>),
 }
 
 /// Why a store primitive failed.
@@ -131,9 +205,9 @@ pub struct Claim {
 
 /// What a caller of `begin` must do.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub enum Decision {
+pub enum Decision<R = Response> {
     Proceed(Claim),
-    Replay(Response),
+    Replay(R),
     InFlight { retry_after_ms: u64 },
     Conflict,
 }

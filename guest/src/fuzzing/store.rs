@@ -27,6 +27,8 @@ impl Map {
 }
 
 impl Primitives for Map {
+    type Response = crate::model::Response;
+
     fn now_ms(&mut self) -> u64 {
         self.now
     }
