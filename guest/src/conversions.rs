@@ -44,8 +44,9 @@ macro_rules! wit_conversions {
                 }
             }
         }
-        // A head as written, without a response (what `insert` writes).
-        impl From<$types::Record> for $crate::model::Record<$response> {
+        // A head as written, without a response (what `insert` writes;
+        // `replace` adds the one it is given).
+        impl<R> From<$types::Record> for $crate::model::Record<R> {
             fn from(record: $types::Record) -> Self {
                 Self {
                     fingerprint: record.fingerprint,

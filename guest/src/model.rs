@@ -212,6 +212,18 @@ pub enum Decision<R = Response> {
     Conflict,
 }
 
+impl<R> Decision<R> {
+    /// The same decision with its replay's response held another way.
+    pub fn try_map_response<T, E>(self, f: impl FnOnce(R) -> Result<T, E>) -> Result<Decision<T>, E> {
+        Ok(match self {
+            Decision::Proceed(claim) => Decision::Proceed(claim),
+            Decision::Replay(response) => Decision::Replay(f(response)?),
+            Decision::InFlight { retry_after_ms } => Decision::InFlight { retry_after_ms },
+            Decision::Conflict => Decision::Conflict,
+        })
+    }
+}
+
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum GuardError {
     Unavailable(String),

@@ -19,6 +19,7 @@ mod bindings {
     wasmtime::component::bindgen!({
         path: "../wit",
         world: "idem",
+        with: { "idem:guard/types.response": crate::engine::ResponseRep },
         imports: { default: async },
         exports: { default: async },
     });
@@ -32,28 +33,31 @@ pub(super) struct State {
     pub(super) store: Arc<dyn Store>,
     pub(super) clock: Arc<dyn Clock>,
     pub(super) limits: StoreLimits,
+    /// The `response` handles the guest holds during a call.
+    pub(super) table: wasmtime::component::ResourceTable,
     /// How long one store call may take. Past it the import answers
     /// `unavailable` (a write may still be applied, as with a lost reply),
     /// so a hung store fails the guard call closed instead of holding it.
     pub(super) store_timeout: Duration,
 }
 
-impl State {
-    async fn bounded<T>(
-        &self,
-        op: &str,
-        call: impl Future<Output = Result<T, StoreError>>,
-    ) -> Result<T, StoreError> {
-        match tokio::time::timeout(self.store_timeout, call).await {
-            Ok(result) => result,
-            Err(_) => Err(StoreError::Unavailable {
-                store: self.store.name(),
-                reason: format!(
-                    "{op} did not answer within the store timeout of {} ms",
-                    self.store_timeout.as_millis()
-                ),
-            }),
-        }
+/// A store call awaited within the store timeout. It borrows the store
+/// alone, not the whole `State` (whose handle table is not `Sync`).
+async fn bounded<T>(
+    store: &Arc<dyn Store>,
+    timeout: Duration,
+    op: &str,
+    call: impl Future<Output = Result<T, StoreError>>,
+) -> Result<T, StoreError> {
+    match tokio::time::timeout(timeout, call).await {
+        Ok(result) => result,
+        Err(_) => Err(StoreError::Unavailable {
+            store: store.name(),
+            reason: format!(
+                "{op} did not answer within the store timeout of {} ms",
+                timeout.as_millis()
+            ),
+        }),
     }
 }
 
@@ -61,9 +65,13 @@ impl State {
 /// timeout (`state.get(..)` calls `Store::get`).
 macro_rules! call_store {
     ($state:ident.$op:ident($($arg:expr),*)) => {
-        $state
-            .bounded(stringify!($op), $state.store.$op($($arg),*))
-            .await
+        bounded(
+            &$state.store,
+            $state.store_timeout,
+            stringify!($op),
+            $state.store.$op($($arg),*),
+        )
+        .await
     };
 }
 

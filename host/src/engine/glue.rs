@@ -24,8 +24,32 @@
 macro_rules! flavour {
     (asyncness: [$($async:tt)?], awaiting: [$($await:tt)*], call_store: $call_store:ident $(,)?) => {
         use idem_guest::model::{self, GuardError};
+        use wasmtime::component::{Resource, ResourceTable, ResourceTableError};
+        use super::ResponseRep;
 
-        idem_guest::wit_conversions!(types: wit_types, store: wit_store, guard: wit);
+        idem_guest::wit_conversions!(
+            types: wit_types,
+            store: wit_store,
+            guard: wit,
+            response: Resource<ResponseRep>,
+        );
+
+        /// A stored response handed to the guest: a handle in the table.
+        fn lend(
+            table: &mut ResourceTable,
+            entry: model::Entry,
+        ) -> Result<wit_types::Entry, wit_store::StoreError> {
+            entry
+                .try_map_response(|response| table.push(ResponseRep(Arc::new(response))))
+                .map(Into::into)
+                .map_err(handle_failed)
+        }
+
+        /// The table refused a handle (it is full: the guest is holding on
+        /// to handles without bound). The import fails closed.
+        fn handle_failed(e: ResourceTableError) -> wit_store::StoreError {
+            wit_store::StoreError::Unavailable(format!("response handle: {e}"))
+        }
 
         impl From<crate::store::StoreError> for wit_store::StoreError {
             fn from(e: crate::store::StoreError) -> Self {
@@ -87,9 +111,20 @@ macro_rules! flavour {
                 let Instance { store, guard } = self;
                 let r = guard
                     .idem_guard_guard()
-                    .call_begin(store, key, fingerprint, (*policy).into())
+                    .call_begin(&mut *store, key, fingerprint, (*policy).into())
                     $($await)*?;
-                Ok(r.map(Into::into).map_err(Into::into))
+                match r {
+                    // A replay hands back a handle the store lent: take
+                    // the response out of the table.
+                    Ok(decision) => {
+                        let table = &mut store.data_mut().table;
+                        let decision = model::Decision::from(decision).try_map_response(|handle| {
+                            table.delete(handle).map(|ResponseRep(r)| ResponseRep::unshare(r))
+                        })?;
+                        Ok(Ok(decision))
+                    }
+                    Err(e) => Ok(Err(e.into())),
+                }
             }
 
             /// The response comes back whatever happened.
@@ -100,12 +135,18 @@ macro_rules! flavour {
                 policy: &model::Policy,
             ) -> (model::Response, wasmtime::Result<Result<(), GuardError>>) {
                 let Instance { store, guard } = self;
-                let response: wit_types::Response = response.into();
-                let r = guard
-                    .idem_guard_guard()
-                    .call_complete(store, &claim.into(), &response, (*policy).into())
-                    $($await)*;
-                (response.into(), r.map(|r| r.map_err(Into::into)))
+                let response = Arc::new(response);
+                let r = match store.data_mut().table.push(ResponseRep(response.clone())) {
+                    Ok(handle) => guard
+                        .idem_guard_guard()
+                        .call_complete(&mut *store, &claim.into(), handle, (*policy).into())
+                        $($await)*
+                        .map(|r| r.map_err(Into::into)),
+                    Err(e) => Err(e.into()),
+                };
+                // The guest dropped its handle; a trapped instance is
+                // discarded with its table (and the response is copied).
+                (ResponseRep::unshare(response), r)
             }
 
             pub(super) $($async)? fn release(
@@ -161,6 +202,35 @@ macro_rules! flavour {
 
         impl wit_types::Host for State {}
 
+        /// The `response` resource's methods: the guest asks, the response
+        /// stays here. A handle the table does not hold cannot reach these
+        /// (wasmtime checks handles), so a lookup failure is a host bug:
+        /// it traps.
+        impl wit_types::HostResponse for State {
+            $($async)? fn status(&mut self, response: Resource<ResponseRep>) -> u16 {
+                self.table.get(&response).expect("a live response handle").0.status
+            }
+
+            $($async)? fn size(&mut self, response: Resource<ResponseRep>) -> u64 {
+                self.table.get(&response).expect("a live response handle").0.size_bytes() as u64
+            }
+
+            $($async)? fn same_as(
+                &mut self,
+                response: Resource<ResponseRep>,
+                other: Resource<ResponseRep>,
+            ) -> bool {
+                let a = &self.table.get(&response).expect("a live response handle").0;
+                let b = &self.table.get(&other).expect("a live response handle").0;
+                Arc::ptr_eq(a, b) || a == b
+            }
+
+            $($async)? fn drop(&mut self, response: Resource<ResponseRep>) -> wasmtime::Result<()> {
+                self.table.delete(response)?;
+                Ok(())
+            }
+        }
+
         impl bindings::idem::guard::clock::Host for State {
             $($async)? fn now_ms(&mut self) -> u64 {
                 self.clock.now_ms()
@@ -182,9 +252,8 @@ macro_rules! flavour {
                 key: String,
                 now_ms: u64,
             ) -> Result<Option<wit_types::Entry>, wit_store::StoreError> {
-                $call_store!(self.get(&key, now_ms))
-                    .map(|entry| entry.map(Into::into))
-                    .map_err(Into::into)
+                let entry = $call_store!(self.get(&key, now_ms))?;
+                entry.map(|entry| lend(&mut self.table, entry)).transpose()
             }
 
             $($async)? fn insert(
@@ -193,9 +262,14 @@ macro_rules! flavour {
                 record: wit_types::Record,
                 now_ms: u64,
             ) -> Result<wit_store::InsertOutcome, wit_store::StoreError> {
-                $call_store!(self.insert(&key, record.into(), now_ms))
-                    .map(Into::into)
-                    .map_err(Into::into)
+                Ok(match $call_store!(self.insert(&key, record.into(), now_ms))? {
+                    model::InsertOutcome::Inserted(version) => {
+                        wit_store::InsertOutcome::Inserted(version)
+                    }
+                    model::InsertOutcome::Existing(entry) => {
+                        wit_store::InsertOutcome::Existing(lend(&mut self.table, entry)?)
+                    }
+                })
             }
 
             $($async)? fn replace(
@@ -203,9 +277,16 @@ macro_rules! flavour {
                 key: String,
                 expected_version: u64,
                 record: wit_types::Record,
+                response: Option<Resource<ResponseRep>>,
                 now_ms: u64,
             ) -> Result<Option<u64>, wit_store::StoreError> {
-                $call_store!(self.replace(&key, expected_version, record.into(), now_ms))
+                // Lent, not given: the store gets a copy of the bytes.
+                let mut record: model::Record = record.into();
+                record.response = match response {
+                    Some(handle) => Some(self.table.get(&handle).map_err(handle_failed)?.0.as_ref().clone()),
+                    None => None,
+                };
+                $call_store!(self.replace(&key, expected_version, record, now_ms))
                     .map_err(Into::into)
             }
 

@@ -117,6 +117,19 @@ fn spawn_epoch_ticker(engine: &Engine) {
         .expect("spawn the epoch thread");
 }
 
+/// The host side of the `response` resource (`wit/types.wit`): the
+/// response stays here and the guest holds a handle to it, so no body
+/// crosses the boundary. Shared, so that `complete` gives its caller the
+/// response back without a copy.
+pub struct ResponseRep(Arc<model::Response>);
+
+impl ResponseRep {
+    /// The response, moved out when no one else holds it.
+    fn unshare(response: Arc<model::Response>) -> model::Response {
+        Arc::try_unwrap(response).unwrap_or_else(|shared| (*shared).clone())
+    }
+}
+
 /// What the host gives one instance: the store primitives (async
 /// `dyn Store` or sync `dyn SyncStore`) and the clock.
 trait HostState: Send + 'static {
@@ -251,6 +264,7 @@ impl Pool {
                 store: store.clone(),
                 clock,
                 limits,
+                table: wasmtime::component::ResourceTable::new(),
             });
             sync_host::Instance::new(&inner.sync_pre, store).map(Instance::Sync)
         } else {
@@ -258,6 +272,7 @@ impl Pool {
                 store: self.store.clone(),
                 clock,
                 limits,
+                table: wasmtime::component::ResourceTable::new(),
                 store_timeout: self.store_timeout,
             });
             async_host::Instance::new(&inner.async_pre, store)

@@ -19,6 +19,7 @@ mod bindings {
     wasmtime::component::bindgen!({
         path: "../wit",
         world: "idem",
+        with: { "idem:guard/types.response": crate::engine::ResponseRep },
     });
 }
 
@@ -30,6 +31,8 @@ pub(super) struct State {
     pub(super) store: Arc<dyn SyncStore>,
     pub(super) clock: Arc<dyn Clock>,
     pub(super) limits: StoreLimits,
+    /// The `response` handles the guest holds during a call.
+    pub(super) table: wasmtime::component::ResourceTable,
 }
 
 /// A store import's call: a plain call of the sync store's method
