@@ -156,14 +156,21 @@ test('a component whose core signatures moved is refused at load', () => {
 
 test('the layouts are the canonical ABI’s', () => {
   // Offsets jco 1.35 generates for the same WIT (gen/idem.js reads a claim from begin's result at
-  // +16..+88, and writes complete's parameters into 120 bytes: the claim at 0, the response at 72,
-  // the policy at 96).
+  // +16..+88, writes complete's parameters into 104 bytes: the claim at 0, the response's handle at
+  // 72, the policy at 80; and reads replace's `option<borrow<response>>` at +80, its handle at +84).
   assert.equal(BEGIN_RESULT.payload + DECISION.payload, 16);
   assert.deepEqual(CLAIM.offset, { key: 0, fingerprint: 8, fence: 16, holder: 24, leaseUntilMs: 32, expiresAtMs: 40, checkpoint: 48 });
-  assert.deepEqual([RECORD.size, ENTRY.size, INSERT_RESULT.size, GET_RESULT.size], [88, 96, 112, 112]);
-  assert.deepEqual([PARAMS.complete.size, PARAMS.complete.offset], [120, { 0: 0, 1: 72, 2: 96 }]);
-  assert.equal(RECORD.flat.length, 17, 'over 16: insert and replace take their parameters by pointer');
-  assert.deepEqual([IMPORTS['store/insert'].params, EXPORTS.complete.params, EXPORTS.renew.params.length], [['i32', 'i32'], ['i32'], 16]);
+  assert.deepEqual([RECORD.size, ENTRY.size, INSERT_RESULT.size, GET_RESULT.size], [64, 80, 96, 96]);
+  assert.deepEqual(ENTRY.offset, { record: 0, response: 64, version: 72 });
+  assert.deepEqual([PARAMS.complete.size, PARAMS.complete.offset], [104, { 0: 0, 1: 72, 2: 80 }]);
+  assert.deepEqual(PARAMS['store/replace'].offset, { 0: 0, 1: 8, 2: 16, 3: 80, 4: 88 });
+  // A handle is one i32: the record (its response gone) flattens to 11 values, so `insert` takes them flat.
+  assert.equal(RECORD.flat.length, 11);
+  assert.equal(IMPORTS['store/insert'].params.length, 15, 'key, record, now, and the pointer for the result');
+  assert.deepEqual([IMPORTS['store/replace'].params, EXPORTS.complete.params, EXPORTS.renew.params.length], [['i32', 'i32'], ['i32'], 16]);
+  assert.deepEqual(IMPORTS['types/[method]response.same-as'], { params: ['i32', 'i32'], results: ['i32'] });
+  assert.deepEqual(IMPORTS['types/[method]response.size'], { params: ['i32'], results: ['i64'] });
+  assert.deepEqual(IMPORTS['types/[resource-drop]response'], { params: ['i32'], results: [] });
 });
 
 test('a response larger than the guest’s memory grows it and replays byte for byte', () => {
