@@ -26,6 +26,14 @@
 // (`StoreError`); anything else it throws is a host bug and traps the
 // instance.
 //
+// A response is `{ status, headers: [[name, bytes]], body }`, and a store's
+// records hold theirs as `record.response` (present when `done`), as every
+// store's layout does. The component never holds a response's bytes: the
+// WIT makes the response a resource, and the binding hands the guest
+// handles to these objects. So `replace` is lent the very response given to
+// `complete`, and a replay is the very response the store read: a store
+// keeps bytes of its own (MemoryStore copies them in and out).
+//
 // An asynchronous store (`async: true`, as RedisStore and PostgresStore
 // declare, or `async` methods) makes the guard's calls asynchronous: each
 // export is replayed from a journal of import answers (journal.js), and
