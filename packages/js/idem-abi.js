@@ -161,7 +161,6 @@ function importSignature(params, res) {
 // --- the WIT, mirrored: the one place the layouts come from -----------------
 
 // wit/types.wit
-const HEADER = tuple(STRING, list(U8)); // an element of `request-parts.headers`
 /** An `own<response>` or `borrow<response>`: an index into the instance's `Handles`, one i32. */
 const HANDLE = scalar(4, 'i32');
 const BOOL = scalar(1, 'i32');
@@ -192,6 +191,7 @@ export const CLAIM = record(
 );
 export const DECISION = variant(['proceed', CLAIM], ['replay', HANDLE], ['in-flight', U64], ['conflict']);
 const GUARD_ERROR = variant(['unavailable', STRING], ['invalid-input', STRING], ['stale-claim', STRING]);
+const HEADER = tuple(STRING, list(U8)); // an element of `request-parts.headers`
 const REQUEST_PARTS = record(['method', STRING], ['path', STRING], ['headers', list(HEADER)], ['body', list(U8)]);
 export const BEGIN_RESULT = result(DECISION, GUARD_ERROR);
 const UNIT_RESULT = result(undefined, GUARD_ERROR);
@@ -459,9 +459,9 @@ function checkedBytes(bytes, what) {
  * The `size` of a host response `{ status, headers, body }` (the body's
  * bytes plus every header name's and value's), after checking it has the
  * WIT's shape: status a u16, headers `[string, Uint8Array]` pairs, body a
- * Uint8Array. What the guest is handed a handle to is checked here, as
- * lowering the record checked it before 0.2's resource: the guest cannot
- * read it to refuse it.
+ * Uint8Array. A response is checked here as it is handed to the guest (as
+ * lowering it as a record did before it was a resource): the guest sees
+ * only what its methods answer.
  */
 export function responseSize({ status, headers, body }) {
   if (!(Number.isInteger(status) && status >= 0 && status <= 0xffff)) throw new RangeError(`status ${status} is not a u16`);
