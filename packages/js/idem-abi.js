@@ -11,10 +11,23 @@
 // ABI says (component-model design/mvp/CanonicalABI.md: `flatten_functype`,
 // `store`, `load`, `lift_flat`).
 //
+// A response (`types.response`) is a resource the host defines: the guest
+// holds i32 handles into this instance's table of host responses
+// (`Handles`), never their bytes. `complete`'s response and the response of
+// every record a store read are added to it (own handles lowered); the
+// response's methods (`status`, `size`, `same-as`) and `replace`'s
+// `option<borrow<response>>` look handles up (borrows lifted); the guest's
+// `[resource-drop]` and a `replay` decision remove them (own handles lifted,
+// the replay's response handed to the caller as the store read it). The
+// guest keeps no state between calls, so the table is empty after every
+// export call: one that ends holding a handle is an `AbiViolation`, and the
+// table is emptied whatever happened (a trap included).
+//
 // What the component model would also check, this binding checks: pointers
 // and lengths the guest hands back are bounds-checked (lists' alignment too),
-// strings must be UTF-8, discriminants in range; a violation throws
-// `AbiViolation`, which the guard treats as a trap (the instance is dropped).
+// strings must be UTF-8, discriminants in range, handles live; a violation
+// throws `AbiViolation`, which the guard treats as a trap (the instance is
+// dropped).
 //
 // The layouts live in one place, the WIT mirror below (each `// wit/...`
 // comment says where a type comes from). Sizes, alignments, offsets and the
@@ -148,11 +161,11 @@ function importSignature(params, res) {
 // --- the WIT, mirrored: the one place the layouts come from -----------------
 
 // wit/types.wit
-const HEADER = tuple(STRING, list(U8)); // an element of `response.headers` and `request-parts.headers`
-export const RESPONSE = record(['status', U16], ['headers', list(HEADER)], ['body', list(U8)]);
+/** An `own<response>` or `borrow<response>`: an index into the instance's `Handles`, one i32. */
+const HANDLE = scalar(4, 'i32');
+const BOOL = scalar(1, 'i32');
 const STATE = enumOf('processing', 'done');
 export const CHECKPOINT = record(['phase', STRING], ['data', list(U8)]);
-const OPTION_RESPONSE = option(RESPONSE);
 const OPTION_CHECKPOINT = option(CHECKPOINT);
 export const RECORD = record(
   ['fingerprint', STRING],
@@ -160,10 +173,10 @@ export const RECORD = record(
   ['holder', U64],
   ['leaseUntilMs', U64],
   ['expiresAtMs', U64],
-  ['response', OPTION_RESPONSE],
   ['checkpoint', OPTION_CHECKPOINT],
 );
-export const ENTRY = record(['record', RECORD], ['version', U64]);
+const OPTION_HANDLE = option(HANDLE);
+export const ENTRY = record(['record', RECORD], ['response', OPTION_HANDLE], ['version', U64]);
 
 // wit/guard.wit
 const POLICY = record(['leaseMs', U64], ['retentionMs', U64], ['maxResponseBytes', U32]);
@@ -176,8 +189,9 @@ export const CLAIM = record(
   ['expiresAtMs', U64],
   ['checkpoint', OPTION_CHECKPOINT],
 );
-export const DECISION = variant(['proceed', CLAIM], ['replay', RESPONSE], ['in-flight', U64], ['conflict']);
+export const DECISION = variant(['proceed', CLAIM], ['replay', HANDLE], ['in-flight', U64], ['conflict']);
 const GUARD_ERROR = variant(['unavailable', STRING], ['invalid-input', STRING], ['stale-claim', STRING]);
+const HEADER = tuple(STRING, list(U8)); // an element of `request-parts.headers`
 const REQUEST_PARTS = record(['method', STRING], ['path', STRING], ['headers', list(HEADER)], ['body', list(U8)]);
 export const BEGIN_RESULT = result(DECISION, GUARD_ERROR);
 const UNIT_RESULT = result(undefined, GUARD_ERROR);
@@ -195,16 +209,17 @@ const REPLACE_RESULT = result(OPTION_U64, STORE_ERROR);
 
 // The functions whose flat parameters are over 16, as the tuples they are passed as.
 export const PARAMS = {
-  complete: tuple(CLAIM, RESPONSE, POLICY),
+  complete: tuple(CLAIM, HANDLE, POLICY),
   saveCheckpoint: tuple(CLAIM, CHECKPOINT, POLICY),
-  'store/insert': tuple(STRING, RECORD, U64),
-  'store/replace': tuple(STRING, U64, RECORD, U64),
+  'store/replace': tuple(STRING, U64, RECORD, OPTION_HANDLE, U64),
 };
 
-// wit/guard.wit's exports and the imports of wit/clock.wit, wit/random.wit and wit/store.wit: core signatures.
+// wit/guard.wit's exports and the imports of wit/types.wit (the response's
+// methods and destructor), wit/clock.wit, wit/random.wit and wit/store.wit:
+// core signatures.
 export const EXPORTS = {
   begin: exportSignature([STRING, STRING, POLICY], BEGIN_RESULT),
-  complete: exportSignature([CLAIM, RESPONSE, POLICY], UNIT_RESULT),
+  complete: exportSignature([CLAIM, HANDLE, POLICY], UNIT_RESULT),
   release: exportSignature([CLAIM], UNIT_RESULT),
   renew: exportSignature([CLAIM, POLICY], CLAIM_RESULT),
   saveCheckpoint: exportSignature([CLAIM, CHECKPOINT, POLICY], CLAIM_RESULT),
@@ -214,11 +229,15 @@ export const EXPORTS = {
 /** The WIT names of the exports (the core module's export names use them). */
 const WIT_NAME = { saveCheckpoint: 'save-checkpoint', beginRequest: 'begin-request' };
 export const IMPORTS = {
+  'types/[method]response.status': importSignature([HANDLE], U16),
+  'types/[method]response.size': importSignature([HANDLE], U64),
+  'types/[method]response.same-as': importSignature([HANDLE, HANDLE], BOOL),
+  'types/[resource-drop]response': importSignature([HANDLE]),
   'clock/now-ms': importSignature([], U64),
   'random/random-u64': importSignature([], U64),
   'store/get': importSignature([STRING, U64], GET_RESULT),
   'store/insert': importSignature([STRING, RECORD, U64], INSERT_RESULT),
-  'store/replace': importSignature([STRING, U64, RECORD, U64], REPLACE_RESULT),
+  'store/replace': importSignature([STRING, U64, RECORD, OPTION_HANDLE, U64], REPLACE_RESULT),
 };
 
 // Where the payloads sit, from the layouts above.
@@ -417,6 +436,108 @@ function checkedU32(v) {
   return v;
 }
 
+// --- the `response` resource: what the host holds behind a handle ------------
+
+/** The UTF-8 length of a header name; a TypeError or RangeError for what is not a well-formed string. */
+function nameLength(name) {
+  if (typeof name !== 'string') throw new TypeError(`expected a header name string, got ${typeof name}`);
+  for (let i = 0; i < name.length; i++) {
+    if (name.charCodeAt(i) > 0x7f) {
+      if (!name.isWellFormed()) throw new RangeError('header name does not encode as UTF-8 (a lone surrogate)');
+      return Buffer.byteLength(name, 'utf8');
+    }
+  }
+  return name.length;
+}
+
+function checkedBytes(bytes, what) {
+  if (!(bytes instanceof Uint8Array)) throw new TypeError(`expected ${what} as a Uint8Array, got ${typeof bytes}`);
+  return bytes.length;
+}
+
+/**
+ * The `size` of a host response `{ status, headers, body }` (the body's
+ * bytes plus every header name's and value's), after checking it has the
+ * WIT's shape: status a u16, headers `[string, Uint8Array]` pairs, body a
+ * Uint8Array. A response is checked here as it is handed to the guest (as
+ * lowering it as a record did before it was a resource): the guest sees
+ * only what its methods answer.
+ */
+export function responseSize({ status, headers, body }) {
+  if (!(Number.isInteger(status) && status >= 0 && status <= 0xffff)) throw new RangeError(`status ${status} is not a u16`);
+  if (!Array.isArray(headers)) throw new TypeError(`expected the headers as an array, got ${typeof headers}`);
+  let size = checkedBytes(body, 'the body');
+  for (const [name, value] of headers) size += nameLength(name) + checkedBytes(value, 'a header value');
+  return size;
+}
+
+function sameBytes(a, b) {
+  if (a.length !== b.length) return false;
+  if (a.length > 32) return Buffer.from(a.buffer, a.byteOffset, a.length).equals(b);
+  for (let i = 0; i < a.length; i++) if (a[i] !== b[i]) return false;
+  return true;
+}
+
+/** `same-as`: the same status, the same headers in the same order (names and values byte for byte), the same body. */
+export function sameResponse(a, b) {
+  if (a === b) return true;
+  if (a.status !== b.status || a.headers.length !== b.headers.length || !sameBytes(a.body, b.body)) return false;
+  for (let i = 0; i < a.headers.length; i++) {
+    // Well-formed strings (checked when handed to the guest) are equal exactly when their UTF-8 is.
+    if (a.headers[i][0] !== b.headers[i][0] || !sameBytes(a.headers[i][1], b.headers[i][1])) return false;
+  }
+  return true;
+}
+
+/**
+ * The guest's handles to host responses: index → response (and its size).
+ * An own handle lowered to the guest is added; one the guest drops or hands
+ * back (`replay`) is removed; a borrow (a method's receiver, `same-as`'s
+ * argument, `replace`'s response) is looked up. Index 0 is never a handle,
+ * nor is a removed one. The guest keeps no handle past a call, so the
+ * instance clears the table after every export call, and indices start
+ * again at 1: a replayed run sees the same indices as the run before.
+ */
+class Handles {
+  #responses = [undefined];
+  #sizes = [0];
+  /** How many handles are live. */
+  live = 0;
+
+  add(response) {
+    const size = responseSize(response);
+    this.#responses.push(response);
+    this.#sizes.push(size);
+    this.live += 1;
+    return this.#responses.length - 1;
+  }
+
+  get(handle) {
+    const response = this.#responses[handle];
+    if (response === undefined) throw new AbiViolation(`${handle >>> 0} is not a live response handle`);
+    return response;
+  }
+
+  size(handle) {
+    this.get(handle);
+    return this.#sizes[handle];
+  }
+
+  remove(handle) {
+    const response = this.get(handle);
+    this.#responses[handle] = undefined;
+    this.live -= 1;
+    return response;
+  }
+
+  clear() {
+    if (this.#responses.length === 1) return;
+    this.#responses.length = 1;
+    this.#sizes.length = 1;
+    this.live = 0;
+  }
+}
+
 /**
  * One instance of the guest over one store and clock. After anything thrown
  * (a returned `Failure` is not thrown) it must be dropped: the guest may be
@@ -435,15 +556,24 @@ class Instance {
   #dv = null;
   #buf = null; // a Node Buffer over the same memory, for its UTF-8 codec
   #len = 0; // the byte length of the last `#putString`
+  #handles = new Handles();
 
   constructor(guest, store, clock, random) {
     this.store = store;
     this.clock = clock;
+    const handles = this.#handles;
     const handlers = {
+      'types/[method]response.status': (self) => handles.get(self).status,
+      'types/[method]response.size': (self) => BigInt(handles.size(self)),
+      'types/[method]response.same-as': (self, other) => (sameResponse(handles.get(self), handles.get(other)) ? 1 : 0),
+      'types/[resource-drop]response': (handle) => {
+        handles.remove(handle);
+      },
       'clock/now-ms': () => clock.nowMs(), // a BigInt; wasm's i64 takes it modulo 2^64
       'random/random-u64': () => random.randomU64(),
       'store/get': (...flat) => this.#get(...flat),
-      'store/insert': (params, ret) => this.#insert(params, ret),
+      'store/insert': (kp, kl, fp, fl, state, holder, leaseUntilMs, expiresAtMs, checkpoint, phasePtr, phaseLen, dataPtr, dataLen, nowMs, ret) =>
+        this.#insert(kp, kl, fp, fl, state, holder, leaseUntilMs, expiresAtMs, checkpoint, phasePtr, phaseLen, dataPtr, dataLen, nowMs, ret),
       'store/replace': (params, ret) => this.#replace(params, ret),
     };
     const imports = {};
@@ -552,22 +682,6 @@ class Instance {
     return array;
   }
 
-  static #status(status) {
-    if (!(Number.isInteger(status) && status >= 0 && status <= 0xffff)) throw new RangeError(`status ${status} is not a u16`);
-    return status;
-  }
-
-  /** `response` at `at` (RESPONSE's layout). */
-  #putResponseAt(at, response) {
-    const status = Instance.#status(response.status);
-    const hp = this.#putHeaders(response.headers);
-    this.#putBytesAt(at + RESPONSE.offset.body, response.body);
-    const dv = this.#dv;
-    dv.setUint16(at + RESPONSE.offset.status, status, true);
-    dv.setUint32(at + RESPONSE.offset.headers, hp, true);
-    dv.setUint32(at + RESPONSE.offset.headers + 4, response.headers.length, true);
-  }
-
   /** `option<checkpoint>` at `at`: `undefined` or `null` is `none`. */
   #putCheckpointAt(at, checkpoint) {
     if (checkpoint === undefined || checkpoint === null) {
@@ -668,17 +782,6 @@ class Instance {
     return ptr;
   }
 
-  #headers(ptr, count) {
-    if (ptr % HEADER.align) throw new AbiViolation(`header list at ${ptr} is not aligned to ${HEADER.align}`);
-    this.#bounds(ptr, count * HEADER.size);
-    const headers = new Array(count);
-    for (let i = 0; i < count; i++) {
-      const at = ptr + i * HEADER.size;
-      headers[i] = [this.#stringAt(at + HEADER.offset[0]), this.#bytesAt(at + HEADER.offset[1])];
-    }
-    return headers;
-  }
-
   /** `option<checkpoint>` at `at`: `undefined` or `{ phase, data }`. */
   #checkpoint(at) {
     if (OPTION_CHECKPOINT.caseOf(this.#dv.getUint8(at)) === 'none') return undefined;
@@ -700,29 +803,37 @@ class Instance {
     };
   }
 
-  #response(at) {
-    const dv = this.#dv;
-    const o = RESPONSE.offset;
-    return {
-      status: dv.getUint16(at + o.status, true),
-      headers: this.#headers(dv.getUint32(at + o.headers, true), dv.getUint32(at + o.headers + 4, true)),
-      body: this.#bytesAt(at + o.body),
-    };
-  }
-
-  /** `record` at `at` (RECORD's layout). */
-  #record(at) {
+  /**
+   * `record` at `at` (RECORD's layout), as a store takes it: with the
+   * `response` stored beside it (a host response, or undefined).
+   */
+  #record(at, response) {
     const dv = this.#dv;
     const o = RECORD.offset;
-    const r = at + o.response;
     return {
       fingerprint: this.#stringAt(at + o.fingerprint),
       state: STATE.caseOf(dv.getUint8(at + o.state)),
       holder: dv.getBigUint64(at + o.holder, true),
       leaseUntilMs: dv.getBigUint64(at + o.leaseUntilMs, true),
       expiresAtMs: dv.getBigUint64(at + o.expiresAtMs, true),
-      response: OPTION_RESPONSE.caseOf(dv.getUint8(r)) === 'some' ? this.#response(r + OPTION_RESPONSE.payload) : undefined,
+      response,
       checkpoint: this.#checkpoint(at + o.checkpoint),
+    };
+  }
+
+  /** `record` from its 11 flat values (RECORD.flat), as `#record` gives it; `insert` writes no response. */
+  #recordFlat(fp, fl, state, holder, leaseUntilMs, expiresAtMs, checkpoint, phasePtr, phaseLen, dataPtr, dataLen) {
+    return {
+      fingerprint: this.#string(fp >>> 0, fl >>> 0),
+      state: STATE.caseOf(state >>> 0),
+      holder: unsigned(holder),
+      leaseUntilMs: unsigned(leaseUntilMs),
+      expiresAtMs: unsigned(expiresAtMs),
+      response: undefined,
+      checkpoint:
+        OPTION_CHECKPOINT.caseOf(checkpoint >>> 0) === 'none'
+          ? undefined
+          : { phase: this.#string(phasePtr >>> 0, phaseLen >>> 0), data: this.#bytes(dataPtr >>> 0, dataLen >>> 0) },
     };
   }
 
@@ -746,7 +857,7 @@ class Instance {
     if (BEGIN_RESULT.caseOf(dv.getUint8(ret)) === 'err') return this.#failure(ret + BEGIN_RESULT.payload);
     const tag = DECISION.caseOf(dv.getUint8(ret + BEGIN_RESULT.payload));
     if (tag === 'proceed') return { tag, val: this.#claim(ret + BEGIN_CASE) };
-    if (tag === 'replay') return { tag, val: this.#response(ret + BEGIN_CASE) };
+    if (tag === 'replay') return { tag, val: this.#handles.remove(dv.getInt32(ret + BEGIN_CASE, true)) }; // own: the guest's handle ends
     if (tag === 'in-flight') return { tag, val: dv.getBigUint64(ret + BEGIN_CASE, true) };
     return { tag };
   }
@@ -754,17 +865,37 @@ class Instance {
   // The exports of wit/guard.wit: arguments lowered (flat, or into a tuple
   // the guest owns when there are over 16 flat values), the export called,
   // its result lifted, then `cabi_post_*` lets the guest free the result.
+  // Every export but `fingerprint` may be handed response handles (by the
+  // store's reads, and `complete` its argument): `#ended` checks that the
+  // guest dropped or handed back each, and `finally` empties the table
+  // whatever happened (a trap, a throw while lowering), so no response is
+  // held past its call.
+
+  /** How many response handles the guest holds: 0 between calls. */
+  get handles() {
+    return this.#handles.live;
+  }
+
+  /** The call's value, once the guest holds no handle (it keeps no state between calls). */
+  #ended(value) {
+    if (this.#handles.live !== 0) throw new AbiViolation(`the guest kept ${this.#handles.live} response handle(s) past the call`);
+    return value;
+  }
 
   begin(key, fingerprint, policy) {
-    const kp = this.#putString(key);
-    const kl = this.#len;
-    const fp = this.#putString(fingerprint);
-    const fl = this.#len;
-    const ret = this.beginExport(kp, kl, fp, fl, checkedU64(policy.leaseMs), checkedU64(policy.retentionMs), checkedU32(policy.maxResponseBytes)) >>> 0;
-    this.#view();
-    const value = this.#decision(ret);
-    this.beginPost(ret);
-    return value;
+    try {
+      const kp = this.#putString(key);
+      const kl = this.#len;
+      const fp = this.#putString(fingerprint);
+      const fl = this.#len;
+      const ret = this.beginExport(kp, kl, fp, fl, checkedU64(policy.leaseMs), checkedU64(policy.retentionMs), checkedU32(policy.maxResponseBytes)) >>> 0;
+      this.#view();
+      const value = this.#decision(ret);
+      this.beginPost(ret);
+      return this.#ended(value);
+    } finally {
+      this.#handles.clear();
+    }
   }
 
   /** A request's parts lowered, as the flat core arguments of `request-parts`: method, path, headers, body. */
@@ -779,64 +910,87 @@ class Instance {
   }
 
   beginRequest(key, parts, policy) {
-    const kp = this.#putString(key);
-    const kl = this.#len;
-    const ret =
-      this.beginRequestExport(
-        kp, kl, ...this.#putParts(parts),
-        checkedU64(policy.leaseMs), checkedU64(policy.retentionMs), checkedU32(policy.maxResponseBytes),
-      ) >>> 0;
-    this.#view();
-    const value = this.#decision(ret);
-    this.beginRequestPost(ret);
-    return value;
+    try {
+      const kp = this.#putString(key);
+      const kl = this.#len;
+      const ret =
+        this.beginRequestExport(
+          kp, kl, ...this.#putParts(parts),
+          checkedU64(policy.leaseMs), checkedU64(policy.retentionMs), checkedU32(policy.maxResponseBytes),
+        ) >>> 0;
+      this.#view();
+      const value = this.#decision(ret);
+      this.beginRequestPost(ret);
+      return this.#ended(value);
+    } finally {
+      this.#handles.clear();
+    }
   }
 
+  /** `response` (`{ status, headers, body }`) is handed to the guest as an own handle: it reads, lends, then drops it. */
   complete(claim, response, policy) {
-    const params = PARAMS.complete;
-    const at = this.#alloc(params.align, params.size);
-    this.#putClaimAt(at + params.offset[0], claim);
-    this.#putResponseAt(at + params.offset[1], response);
-    this.#putPolicyAt(at + params.offset[2], policy);
-    const ret = this.completeExport(at) >>> 0;
-    this.#view();
-    const value = this.#unit(ret);
-    this.completePost(ret);
-    return value;
+    try {
+      const handle = this.#handles.add(response);
+      const params = PARAMS.complete;
+      const at = this.#alloc(params.align, params.size);
+      this.#putClaimAt(at + params.offset[0], claim);
+      this.#putPolicyAt(at + params.offset[2], policy);
+      this.#dv.setInt32(at + params.offset[1], handle, true);
+      const ret = this.completeExport(at) >>> 0;
+      this.#view();
+      const value = this.#unit(ret);
+      this.completePost(ret);
+      return this.#ended(value);
+    } finally {
+      this.#handles.clear();
+    }
   }
 
   release(claim) {
-    const ret = this.releaseExport(...this.#claimFlat(claim)) >>> 0;
-    this.#view();
-    const value = this.#unit(ret);
-    this.releasePost(ret);
-    return value;
+    try {
+      const ret = this.releaseExport(...this.#claimFlat(claim)) >>> 0;
+      this.#view();
+      const value = this.#unit(ret);
+      this.releasePost(ret);
+      return this.#ended(value);
+    } finally {
+      this.#handles.clear();
+    }
   }
 
   renew(claim, policy) {
-    const flat = this.#claimFlat(claim);
-    const ret = this.renewExport(...flat, checkedU64(policy.leaseMs), checkedU64(policy.retentionMs), checkedU32(policy.maxResponseBytes)) >>> 0;
-    this.#view();
-    const value = this.#claimResult(ret);
-    this.renewPost(ret);
-    return value;
+    try {
+      const flat = this.#claimFlat(claim);
+      const ret = this.renewExport(...flat, checkedU64(policy.leaseMs), checkedU64(policy.retentionMs), checkedU32(policy.maxResponseBytes)) >>> 0;
+      this.#view();
+      const value = this.#claimResult(ret);
+      this.renewPost(ret);
+      return this.#ended(value);
+    } finally {
+      this.#handles.clear();
+    }
   }
 
   saveCheckpoint(claim, checkpoint, policy) {
     if (checkpoint === undefined || checkpoint === null) throw new TypeError('expected a checkpoint { phase, data }');
-    const params = PARAMS.saveCheckpoint;
-    const at = this.#alloc(params.align, params.size);
-    this.#putClaimAt(at + params.offset[0], claim);
-    this.#putStringAt(at + params.offset[1] + CHECKPOINT.offset.phase, checkpoint.phase);
-    this.#putBytesAt(at + params.offset[1] + CHECKPOINT.offset.data, checkpoint.data);
-    this.#putPolicyAt(at + params.offset[2], policy);
-    const ret = this.saveCheckpointExport(at) >>> 0;
-    this.#view();
-    const value = this.#claimResult(ret);
-    this.saveCheckpointPost(ret);
-    return value;
+    try {
+      const params = PARAMS.saveCheckpoint;
+      const at = this.#alloc(params.align, params.size);
+      this.#putClaimAt(at + params.offset[0], claim);
+      this.#putStringAt(at + params.offset[1] + CHECKPOINT.offset.phase, checkpoint.phase);
+      this.#putBytesAt(at + params.offset[1] + CHECKPOINT.offset.data, checkpoint.data);
+      this.#putPolicyAt(at + params.offset[2], policy);
+      const ret = this.saveCheckpointExport(at) >>> 0;
+      this.#view();
+      const value = this.#claimResult(ret);
+      this.saveCheckpointPost(ret);
+      return this.#ended(value);
+    } finally {
+      this.#handles.clear();
+    }
   }
 
+  /** No import is called: no handle is ever made. */
   fingerprint(parts) {
     const ret = this.fingerprintExport(...this.#putParts(parts)) >>> 0;
     this.#view();
@@ -845,13 +999,20 @@ class Instance {
     return value;
   }
 
-  // The imports of wit/clock.wit, wit/random.wit and wit/store.wit. A store
-  // with a `readsRecord()` that returns false is handed null for the record
-  // of that `insert` or `replace` (the journal, answering from its entries,
-  // does not read it; lifting it cost a copy of the response). A
-  // `StoreError` thrown (an own `payload` property holding the `store-error`
-  // variant) or a `StoreFailure` returned is the import's `err`; anything
-  // else thrown unwinds the guest: a trap.
+  // The store imports of wit/store.wit, for a store whose records hold their
+  // response as before 0.2's resource (`record.response`: a host response or
+  // undefined), the layout every store writes: a response handle the guest
+  // lends `replace` is looked up and put in the record the store is handed,
+  // and the response of a record the store reads is added to the handles
+  // (`entry.response`), so a stored response is never copied into the guest.
+  // (The response's methods and destructor, and the clock and random
+  // imports, are the handlers in the constructor.)
+  //
+  // A store with a `readsRecord()` that returns false is handed null for the
+  // record of that `insert` or `replace` (the journal, answering from its
+  // entries, does not read it). A `StoreError` thrown (an own `payload`
+  // property holding the `store-error` variant) or a `StoreFailure` returned
+  // is the import's `err`; anything else thrown unwinds the guest: a trap.
 
   #storeError(ret, result, e) {
     if (!(e && Object.hasOwn(e, 'payload') && e.payload?.tag in STORE_ERROR.index)) throw e;
@@ -881,9 +1042,9 @@ class Instance {
     return FAILED;
   }
 
-  /** The record at `at` for the store, or null for a store that will not read it (`readsRecord()`). */
-  #recordFor(at) {
-    return this.store.readsRecord?.() === false ? null : this.#record(at);
+  /** The record at `at` with `response`, or null for a store that will not read it (`readsRecord()`). */
+  #recordFor(at, response) {
+    return this.store.readsRecord?.() === false ? null : this.#record(at, response);
   }
 
   #get(kp, kl, nowMs, ret) {
@@ -899,25 +1060,17 @@ class Instance {
     dv.setUint8(ret + GET_RESULT.payload, entry ? OPTION_ENTRY.index.some : OPTION_ENTRY.index.none);
   }
 
-  /**
-   * An import whose parameters come in memory (`insert`, `replace`: a record
-   * flattens past 16 values): the parameters' address, their field offsets
-   * and the key (the first), each address checked against its layout.
-   */
-  #paramsAt(name, params, ret, result) {
-    this.#view();
-    const at = this.#at(params >>> 0, PARAMS[name]);
-    this.#at(ret, result);
-    const o = PARAMS[name].offset;
-    return { at, o, key: this.#stringAt(at + o[0]) };
-  }
-
-  #insert(params, ret) {
+  #insert(kp, kl, fp, fl, state, holder, leaseUntilMs, expiresAtMs, checkpoint, phasePtr, phaseLen, dataPtr, dataLen, nowMs, ret) {
     ret >>>= 0;
-    const { at, o, key } = this.#paramsAt('store/insert', params, ret, INSERT_RESULT);
-    const record = this.#recordFor(at + o[1]);
-    const nowMs = this.#dv.getBigUint64(at + o[2], true);
-    const outcome = this.#ask(ret, INSERT_RESULT, () => this.store.insert(key, record, nowMs));
+    this.#view();
+    this.#at(ret, INSERT_RESULT);
+    const key = this.#string(kp >>> 0, kl >>> 0);
+    const record =
+      this.store.readsRecord?.() === false
+        ? null
+        : this.#recordFlat(fp, fl, state, holder, leaseUntilMs, expiresAtMs, checkpoint, phasePtr, phaseLen, dataPtr, dataLen);
+    const now = unsigned(nowMs);
+    const outcome = this.#ask(ret, INSERT_RESULT, () => this.store.insert(key, record, now));
     if (outcome === FAILED) return;
     if (outcome?.tag === 'inserted') {
       this.#view();
@@ -931,32 +1084,45 @@ class Instance {
     this.#dv.setUint8(ret + INSERT_RESULT.payload, INSERT_OUTCOME.index[outcome.tag]);
   }
 
-  /** Writes `entry` at `at` (ENTRY's layout), its strings and lists allocated as they come. */
+  /**
+   * Writes `entry` at `at` (ENTRY's layout), its strings and lists allocated
+   * as they come, the record's response as a new own handle.
+   */
   #entry(at, { record: r, version }) {
     const o = RECORD.offset;
     this.#putStringAt(at + o.fingerprint, r.fingerprint);
-    if (r.response) this.#putResponseAt(at + o.response + OPTION_RESPONSE.payload, r.response);
     this.#putCheckpointAt(at + o.checkpoint, r.checkpoint);
+    const response = r.response ? this.#handles.add(r.response) : 0;
     const dv = this.#dv;
     dv.setUint8(at + o.state, STATE.index[r.state]);
     dv.setBigUint64(at + o.holder, checkedU64(r.holder ?? 0n), true);
     dv.setBigUint64(at + o.leaseUntilMs, r.leaseUntilMs, true);
     dv.setBigUint64(at + o.expiresAtMs, r.expiresAtMs, true);
-    dv.setUint8(at + o.response, r.response ? OPTION_RESPONSE.index.some : OPTION_RESPONSE.index.none);
+    const h = at + ENTRY.offset.response;
+    dv.setUint8(h, response ? OPTION_HANDLE.index.some : OPTION_HANDLE.index.none);
+    if (response) dv.setInt32(h + OPTION_HANDLE.payload, response, true);
     dv.setBigUint64(at + ENTRY.offset.version, version, true);
   }
 
   #replace(params, ret) {
     ret >>>= 0;
-    const { at, o, key } = this.#paramsAt('store/replace', params, ret, REPLACE_RESULT);
-    const expectedVersion = this.#dv.getBigUint64(at + o[1], true);
-    const record = this.#recordFor(at + o[2]);
-    const nowMs = this.#dv.getBigUint64(at + o[3], true);
+    this.#view();
+    const at = this.#at(params >>> 0, PARAMS['store/replace']);
+    this.#at(ret, REPLACE_RESULT);
+    const o = PARAMS['store/replace'].offset;
+    const dv = this.#dv;
+    const key = this.#stringAt(at + o[0]);
+    const expectedVersion = dv.getBigUint64(at + o[1], true);
+    const h = at + o[3];
+    // A borrow: looked up, and left in the table (the guest drops its own handle later).
+    const response = OPTION_HANDLE.caseOf(dv.getUint8(h)) === 'some' ? this.#handles.get(dv.getInt32(h + OPTION_HANDLE.payload, true)) : undefined;
+    const record = this.#recordFor(at + o[2], response);
+    const nowMs = dv.getBigUint64(at + o[4], true);
     const version = this.#ask(ret, REPLACE_RESULT, () => this.store.replace(key, expectedVersion, record, nowMs));
     if (version === FAILED) return;
-    const dv = this.#view();
-    dv.setUint8(ret, REPLACE_RESULT.index.ok);
-    dv.setUint8(ret + REPLACE_RESULT.payload, version === undefined ? OPTION_U64.index.none : OPTION_U64.index.some);
-    if (version !== undefined) dv.setBigUint64(ret + REPLACE_RESULT.payload + OPTION_U64.payload, version, true);
+    const out = this.#view();
+    out.setUint8(ret, REPLACE_RESULT.index.ok);
+    out.setUint8(ret + REPLACE_RESULT.payload, version === undefined ? OPTION_U64.index.none : OPTION_U64.index.some);
+    if (version !== undefined) out.setBigUint64(ret + REPLACE_RESULT.payload + OPTION_U64.payload, version, true);
   }
 }

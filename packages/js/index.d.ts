@@ -76,7 +76,13 @@ export interface Policy {
 export type GuardErrorKind = 'unavailable' | 'invalid-input' | 'stale-claim';
 export type StoreErrorKind = 'unavailable' | 'corrupt';
 
-/** A stored record (wit/types.wit). */
+/**
+ * A stored record: wit/types.wit's `record`, with the response stored beside
+ * it (present exactly when `state` is `done`) as every store's layout keeps
+ * it. The response a store is handed in `replace` is the caller's own (the
+ * one given to `complete`), and the one it returns is what a replay hands
+ * the caller: a store keeps bytes of its own.
+ */
 export interface StoredRecord {
   fingerprint: string;
   state: 'processing' | 'done';

@@ -26,6 +26,14 @@
 // (`StoreError`); anything else it throws is a host bug and traps the
 // instance.
 //
+// A response is `{ status, headers: [[name, bytes]], body }`, and a store's
+// records hold theirs as `record.response` (present when `done`), as every
+// store's layout does. The component never holds a response's bytes: the
+// WIT makes the response a resource, and the binding hands the guest
+// handles to these objects. So `replace` is lent the very response given to
+// `complete`, and a replay is the very response the store read: a store
+// keeps bytes of its own (MemoryStore copies them in and out).
+//
 // An asynchronous store (`async: true`, as RedisStore and PostgresStore
 // declare, or `async` methods) makes the guard's calls asynchronous: each
 // export is replayed from a journal of import answers (journal.js), and
@@ -121,6 +129,22 @@ export class ManualClock {
 }
 
 /**
+ * A response's own copy. The guest hands a store the caller's response (not
+ * bytes it copied out of its memory), and a replay hands the caller the
+ * response the store read: MemoryStore copies both ways, so it keeps bytes
+ * no caller holds, as a store on a server does.
+ */
+function copyResponse({ status, headers, body }) {
+  return { status, headers: headers.map(([name, value]) => [name, value.slice()]), body: body.slice() };
+}
+
+/** `entry` with a response of its own (see copyResponse). */
+function handedOut(entry) {
+  if (!entry?.record.response) return entry;
+  return { record: { ...entry.record, response: copyResponse(entry.record.response) }, version: entry.version };
+}
+
+/**
  * The store primitives of wit/store.wit over a Map, with fault injection:
  * `store.fault('replace', { kind: 'error', message, count })`.
  * Kinds: `error` fails before applying, `lost` applies then fails (a lost
@@ -164,13 +188,13 @@ export class MemoryStore {
   }
 
   get(key, nowMs) {
-    return this.#apply('get', () => this.#live(key, nowMs));
+    return this.#apply('get', () => handedOut(this.#live(key, nowMs)));
   }
 
   insert(key, record, nowMs) {
     return this.#apply('insert', () => {
       const old = this.#records.get(key);
-      if (old && nowMs < old.record.expiresAtMs) return { tag: 'existing', val: old };
+      if (old && nowMs < old.record.expiresAtMs) return { tag: 'existing', val: handedOut(old) };
       // An expired record's version carries on, so an old fence never matches again.
       const version = (old?.version ?? 0n) + 1n;
       this.#records.set(key, { record, version });
@@ -183,7 +207,8 @@ export class MemoryStore {
       const live = this.#live(key, nowMs);
       if (!live || live.version !== expectedVersion) return undefined;
       const version = expectedVersion + 1n;
-      this.#records.set(key, { record, version });
+      const stored = record.response ? { ...record, response: copyResponse(record.response) } : record;
+      this.#records.set(key, { record: stored, version });
       return version;
     });
   }

@@ -14,10 +14,41 @@
 // E (any other thrown `Error` is a host bug and traps the instance); a
 // `StoreFailure` the journal returns is thrown for it. jco
 // 1.35's generated code looks imports up without the `@0.2.0` version its
-// .d.ts shows; both spellings are given.
+// .d.ts shows; both spellings are given. The imported `response` resource
+// is a class given as `Response` in `idem:guard/types`: jco lowers an
+// instance of it (and only that) as an own handle, lifts a borrow or a
+// handed-back own handle as the very instance it lowered, and calls its
+// methods. Here an instance wraps a response `{ status, headers, body }`,
+// so the store and the caller see plain responses as with idem-abi.js.
 
 import { readFileSync } from 'node:fs';
-import { Failure, StoreFailure } from './idem-abi.js';
+import { Failure, responseSize, sameResponse, StoreFailure } from './idem-abi.js';
+
+/** The host side of `idem:guard/types`' `response`: a response `{ status, headers, body }` behind a handle. */
+class Response {
+  #size;
+
+  constructor(response) {
+    this.#size = responseSize(response); // checks its shape, as idem-abi.js does when it makes a handle
+    this.response = response;
+  }
+  status() {
+    return this.response.status;
+  }
+  size() {
+    return BigInt(this.#size);
+  }
+  sameAs(other) {
+    return sameResponse(this.response, other.response);
+  }
+}
+
+/** A store's entry with its record's response behind a handle (`entry.response`), as jco lowers it. */
+function entryOf(entry) {
+  if (!entry) return entry;
+  const response = entry.record.response;
+  return { record: entry.record, response: response ? new Response(response) : undefined, version: entry.version };
+}
 
 const modules = new Map();
 
@@ -36,12 +67,18 @@ export async function jcoGuest(dir = new URL('./gen/', import.meta.url)) {
         if (value instanceof StoreFailure) throw value;
         return value;
       };
+      // The store's records hold their response (`record.response`), as idem-abi.js hands them.
       const storeImport = {
-        get: (key, nowMs) => thrown(store.get(key, nowMs)),
-        insert: (key, record, nowMs) => thrown(store.insert(key, record, nowMs)),
-        replace: (key, expectedVersion, record, nowMs) => thrown(store.replace(key, expectedVersion, record, nowMs)),
+        get: (key, nowMs) => entryOf(thrown(store.get(key, nowMs))),
+        insert: (key, record, nowMs) => {
+          const outcome = thrown(store.insert(key, { ...record, response: undefined }, nowMs));
+          return outcome?.tag === 'existing' ? { tag: 'existing', val: entryOf(outcome.val) } : outcome;
+        },
+        replace: (key, expectedVersion, record, response, nowMs) =>
+          thrown(store.replace(key, expectedVersion, { ...record, response: response?.response }, nowMs)),
         delete: (key, expectedVersion) => thrown(store.delete(key, expectedVersion)),
       };
+      const typesImport = { Response };
       const randomImport = { randomU64: () => random.randomU64() };
       const imports = {
         'idem:guard/clock': clock,
@@ -50,6 +87,8 @@ export async function jcoGuest(dir = new URL('./gen/', import.meta.url)) {
         'idem:guard/random@0.2.0': randomImport,
         'idem:guard/store': storeImport,
         'idem:guard/store@0.2.0': storeImport,
+        'idem:guard/types': typesImport,
+        'idem:guard/types@0.2.0': typesImport,
       };
       const guard = instantiate(coreModule, imports).guard;
       const result = (call) => {
@@ -60,14 +99,16 @@ export async function jcoGuest(dir = new URL('./gen/', import.meta.url)) {
           throw e;
         }
       };
+      /** A `replay`'s handle, handed back, is the Response it was lowered as: its response. */
+      const decision = (value) => (value?.tag === 'replay' ? { tag: 'replay', val: value.val.response } : value);
       return {
-        begin: (key, fingerprint, policy) => result(() => guard.begin(key, fingerprint, policy)),
-        complete: (claim, response, policy) => result(() => guard.complete(claim, response, policy)),
+        begin: (key, fingerprint, policy) => decision(result(() => guard.begin(key, fingerprint, policy))),
+        complete: (claim, response, policy) => result(() => guard.complete(claim, new Response(response), policy)),
         release: (claim) => result(() => guard.release(claim)),
         renew: (claim, policy) => result(() => guard.renew(claim, policy)),
         saveCheckpoint: (claim, checkpoint, policy) => result(() => guard.saveCheckpoint(claim, checkpoint, policy)),
         fingerprint: (parts) => guard.fingerprint(parts),
-        beginRequest: (key, parts, policy) => result(() => guard.beginRequest(key, parts, policy)),
+        beginRequest: (key, parts, policy) => decision(result(() => guard.beginRequest(key, parts, policy))),
       };
     },
   };

@@ -12,7 +12,11 @@
 // touching the store). Once the export has returned, the store's answer (a
 // value, or the `StoreError` it threw) is appended and the export runs again
 // from the start, until a run needs nothing new. `clock.now-ms` and
-// `random.random-u64` are journaled as the first run called them. So the
+// `random.random-u64` are journaled as the first run called them. A
+// response never sits in the journal as a handle: an answer that carries
+// one (an entry `get` or `insert` read) holds the store's response itself,
+// and the binding hands each run a new handle to it, as it hands each run
+// `complete`'s response anew; a run's handles end with it. So the
 // store sees each primitive once, in the order and at the point a
 // synchronous host would have called it, no store call is ever started that
 // the guest would not have made, and a run that went on without an answer is

@@ -156,14 +156,21 @@ test('a component whose core signatures moved is refused at load', () => {
 
 test('the layouts are the canonical ABI’s', () => {
   // Offsets jco 1.35 generates for the same WIT (gen/idem.js reads a claim from begin's result at
-  // +16..+88, and writes complete's parameters into 120 bytes: the claim at 0, the response at 72,
-  // the policy at 96).
+  // +16..+88, writes complete's parameters into 104 bytes: the claim at 0, the response's handle at
+  // 72, the policy at 80; and reads replace's `option<borrow<response>>` at +80, its handle at +84).
   assert.equal(BEGIN_RESULT.payload + DECISION.payload, 16);
   assert.deepEqual(CLAIM.offset, { key: 0, fingerprint: 8, fence: 16, holder: 24, leaseUntilMs: 32, expiresAtMs: 40, checkpoint: 48 });
-  assert.deepEqual([RECORD.size, ENTRY.size, INSERT_RESULT.size, GET_RESULT.size], [88, 96, 112, 112]);
-  assert.deepEqual([PARAMS.complete.size, PARAMS.complete.offset], [120, { 0: 0, 1: 72, 2: 96 }]);
-  assert.equal(RECORD.flat.length, 17, 'over 16: insert and replace take their parameters by pointer');
-  assert.deepEqual([IMPORTS['store/insert'].params, EXPORTS.complete.params, EXPORTS.renew.params.length], [['i32', 'i32'], ['i32'], 16]);
+  assert.deepEqual([RECORD.size, ENTRY.size, INSERT_RESULT.size, GET_RESULT.size], [64, 80, 96, 96]);
+  assert.deepEqual(ENTRY.offset, { record: 0, response: 64, version: 72 });
+  assert.deepEqual([PARAMS.complete.size, PARAMS.complete.offset], [104, { 0: 0, 1: 72, 2: 80 }]);
+  assert.deepEqual(PARAMS['store/replace'].offset, { 0: 0, 1: 8, 2: 16, 3: 80, 4: 88 });
+  // A handle is one i32: the record (its response gone) flattens to 11 values, so `insert` takes them flat.
+  assert.equal(RECORD.flat.length, 11);
+  assert.equal(IMPORTS['store/insert'].params.length, 15, 'key, record, now, and the pointer for the result');
+  assert.deepEqual([IMPORTS['store/replace'].params, EXPORTS.complete.params, EXPORTS.renew.params.length], [['i32', 'i32'], ['i32'], 16]);
+  assert.deepEqual(IMPORTS['types/[method]response.same-as'], { params: ['i32', 'i32'], results: ['i32'] });
+  assert.deepEqual(IMPORTS['types/[method]response.size'], { params: ['i32'], results: ['i64'] });
+  assert.deepEqual(IMPORTS['types/[resource-drop]response'], { params: ['i32'], results: [] });
 });
 
 test('a response larger than the guest’s memory grows it and replays byte for byte', () => {
@@ -187,4 +194,144 @@ test('values out of their WIT range fail closed instead of wrapping', () => {
   assert.throws(() => guard.complete({ ...claim, fence: -1n }, { status: 200, body: 'x' }), (e) => e instanceof GuardError && e.kind === 'unavailable');
   assert.throws(() => guard.begin(42, 'fp'), (e) => e instanceof GuardError && e.kind === 'unavailable');
   assert.equal(store.peek('k', 1_000).record.state, 'processing', 'nothing was stored');
+});
+
+// The response as a resource: the guest holds handles to host responses, never their bytes.
+
+const policy = { leaseMs: 1_000n, retentionMs: 60_000n, maxResponseBytes: 1 << 20 };
+const clock = { nowMs: () => 5_000n };
+const holders = { randomU64: () => 42n };
+
+/** A stored response of awkward bytes: headers in a set order, a non-ASCII name, a value that is not UTF-8. */
+const awkward = () => ({
+  status: 299,
+  headers: [
+    ['set-cookie', Uint8Array.of(0x61, 0x3d, 0x31)],
+    ['x-ü', Uint8Array.of(0xff, 0x00, 0xfe)],
+    ['set-cookie', Uint8Array.of(0x62, 0x3d, 0x32)],
+  ],
+  body: Uint8Array.from({ length: 300 }, (_, i) => (i * 31) & 0xff),
+});
+
+test('a replay hands back the very response the store read, and complete lends the store the very response given', () => {
+  const stored = awkward();
+  const seen = [];
+  const store = {
+    get: () => assert.fail('no read'),
+    insert: (key, record) => {
+      assert.equal(record.response, undefined, 'an inserted record holds no response');
+      const done = { fingerprint: 'fp', state: 'done', holder: 7n, leaseUntilMs: 0n, expiresAtMs: 60_000n, response: stored, checkpoint: undefined };
+      return key === 'done' ? { tag: 'existing', val: { record: done, version: 3n } } : { tag: 'inserted', val: 1n };
+    },
+    replace: (key, version, record) => {
+      seen.push(record.response);
+      return version + 1n;
+    },
+  };
+  const instance = Guest.load(component).instantiate(store, clock, holders);
+  const replay = instance.begin('done', 'fp', policy);
+  assert.equal(replay.tag, 'replay');
+  assert.equal(replay.val, stored, 'the store’s own object: not copied through the guest');
+  const claim = instance.begin('new', 'fp', policy).val;
+  const response = awkward();
+  assert.equal(instance.complete(claim, response, policy), undefined);
+  assert.deepEqual(seen, [response]);
+  assert.equal(seen[0], response);
+  assert.equal(instance.handles, 0);
+});
+
+test('complete’s response is stored byte for byte and replayed so; a replay is the caller’s own copy', async () => {
+  for (const guest of [undefined, await jcoGuest()]) {
+    const store = new MemoryStore();
+    const guard = Guard.load({ store, clock: new ManualClock(1_000), renewLease: false, guest });
+    const response = awkward();
+    guard.complete(guard.begin('k', 'fp').val, response);
+    const stored = store.peek('k', 1_000).record.response;
+    assert.deepEqual(stored, awkward());
+    assert.notEqual(stored.body, response.body, 'the store keeps bytes of its own');
+    const first = guard.begin('k', 'fp').val;
+    assert.deepEqual(first, awkward());
+    first.body[0] ^= 0xff;
+    first.headers[1][1][0] = 0;
+    assert.deepEqual(guard.begin('k', 'fp').val, awkward(), 'changing a replay changes nothing stored');
+  }
+});
+
+/** A MemoryStore whose `replace` applies `change(response)` instead of the response, then loses the reply. */
+class Garbling extends MemoryStore {
+  constructor(change) {
+    super();
+    this.change = change;
+  }
+  replace(key, version, record, nowMs) {
+    if (!record.response) return super.replace(key, version, record, nowMs);
+    super.replace(key, version, { ...record, response: this.change(record.response) }, nowMs);
+    throw new StoreError('unavailable', 'reply lost');
+  }
+}
+
+test('a lost reply to complete is read back and compared with same-as', async () => {
+  const changes = {
+    'the same bytes, other arrays': (r) => ({ status: r.status, headers: r.headers.map(([n, v]) => [n, v.slice()]), body: r.body.slice() }),
+    'another status': (r) => ({ ...r, status: r.status + 1 }),
+    'headers in another order': (r) => ({ ...r, headers: [...r.headers].reverse() }),
+    'a header name in another case': (r) => ({ ...r, headers: r.headers.map(([n, v], i) => [i === 0 ? n.toUpperCase() : n, v]) }),
+    'a header value byte changed': (r) => ({ ...r, headers: r.headers.map(([n, v], i) => [n, i === 1 ? Uint8Array.of(0xff, 0x00, 0xff) : v]) }),
+    'a header fewer': (r) => ({ ...r, headers: r.headers.slice(1) }),
+    'a body byte changed': (r) => ({ ...r, body: Uint8Array.from(r.body, (b, i) => (i === 299 ? b ^ 1 : b)) }),
+  };
+  for (const guest of [undefined, await jcoGuest()]) {
+    for (const [what, change] of Object.entries(changes)) {
+      const guard = Guard.load({ store: new Garbling(change), clock: new ManualClock(1_000), renewLease: false, guest });
+      const claim = guard.begin('k', 'fp').val;
+      const result = outcome(() => guard.complete(claim, awkward()));
+      const same = what === 'the same bytes, other arrays';
+      assert.deepEqual(result.slice(0, 2), same ? ['ok', undefined] : ['error', 'stale-claim'], `${guest ? 'jco' : 'abi'}: ${what}`);
+      assert.equal(guard.replaced, 0);
+    }
+  }
+});
+
+test('no response handle is left after a call: replayed, stored, a store error, a trap, a bad stored response', () => {
+  const memory = new Corrupting();
+  const instance = Guest.load(component).instantiate(memory, clock, holders);
+  const claim = instance.begin('k', 'fp', policy).val;
+  assert.equal(instance.handles, 0);
+  // A lost reply read back (two handles: the response given, the one read), then a replay.
+  memory.fault('replace', { kind: 'lost', count: 1 });
+  assert.equal(instance.complete(claim, awkward(), policy), undefined);
+  assert.equal(instance.handles, 0);
+  assert.equal(instance.begin('k', 'fp', policy).tag, 'replay');
+  assert.equal(instance.begin('k', 'other', policy).tag, 'conflict', 'a stored response read, then dropped');
+  assert.equal(instance.handles, 0);
+  // A store error, and a stale claim: the guest drops the response it was given.
+  const second = instance.begin('k2', 'fp', policy).val;
+  memory.fault('replace', { kind: 'error', count: 1 });
+  assert.equal(instance.complete(second, awkward(), policy).kind, 'unavailable');
+  assert.equal(instance.complete({ ...second, fence: 9n, holder: 43n }, awkward(), policy).kind, 'stale-claim');
+  assert.equal(instance.handles, 0);
+  // A trap while the guest holds complete's handle.
+  memory.fault('replace', { kind: 'trap', count: 1 });
+  assert.throws(() => instance.complete(second, awkward(), policy), /host bug injected on replace/);
+  assert.equal(instance.handles, 0);
+
+  // A store that reads back a response of the wrong shape traps as it is handed to the guest.
+  const bad = Guest.load(component).instantiate(
+    {
+      get: () => undefined,
+      insert: () => ({
+        tag: 'existing',
+        val: { record: { fingerprint: 'fp', state: 'done', holder: 1n, leaseUntilMs: 0n, expiresAtMs: 9_000n, response: { status: 200, headers: [], body: 'text' } }, version: 2n },
+      }),
+      replace: () => undefined,
+    },
+    clock,
+    holders,
+  );
+  assert.throws(() => bad.begin('k', 'fp', policy), (e) => e instanceof TypeError && /the body as a Uint8Array/.test(e.message));
+  assert.equal(bad.handles, 0);
+  // And a response given to complete that is not one never reaches the guest.
+  assert.throws(() => instance.complete(second, { status: 200, headers: [['x', 'y']], body: new Uint8Array() }, policy), /a header value as a Uint8Array/);
+  assert.throws(() => instance.complete(second, { status: 200, headers: [['\ud800', new Uint8Array()]], body: new Uint8Array() }, policy), /lone surrogate/);
+  assert.equal(instance.handles, 0);
 });

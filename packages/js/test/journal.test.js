@@ -7,8 +7,12 @@
 
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
+import { fileURLToPath } from 'node:url';
 import { Guard, GuardError, ManualClock, MemoryStore, StoreError } from '../index.js';
+import { Guest } from '../idem-abi.js';
 import { FaultyStore, postgresStore, redisStore, skipWithout } from '../testing/netstores.js';
+
+const component = process.env.IDEM_COMPONENT || fileURLToPath(new URL('../idem-guard.wasm', import.meta.url));
 
 /** Holder ids from a fixed sequence, so two guards draw the same ones. */
 class Counter {
@@ -129,6 +133,60 @@ test('run over an asynchronous store: the handler runs once, the repeat replays 
     log.map((l) => l.split(' ')[0]),
     ['insert', 'replace', 'replace', 'insert'],
   );
+});
+
+test('each run is handed a journaled response anew, keeps no handle past the run, and a replay is the store’s own response', async () => {
+  const memory = new MemoryStore();
+  const read = []; // the responses the store answered with
+  const note = (entry) => {
+    if (entry?.record.response) read.push(entry.record.response);
+    return entry;
+  };
+  const store = {
+    async: true,
+    get: async (...args) => note(memory.get(...args)),
+    async insert(...args) {
+      const outcome = memory.insert(...args);
+      if (outcome.tag === 'existing') note(outcome.val);
+      return outcome;
+    },
+    replace: async (...args) => memory.replace(...args),
+  };
+  // The guard's binding, noting each run of an export and the handles its instance holds after it.
+  const runs = [];
+  const binding = Guest.load(component);
+  const guest = {
+    instantiate(...args) {
+      const instance = binding.instantiate(...args);
+      const noted = (name) => (...call) => {
+        try {
+          return instance[name](...call);
+        } finally {
+          runs.push(`${name} ${instance.handles}`);
+        }
+      };
+      const names = ['begin', 'complete', 'release', 'renew', 'saveCheckpoint', 'fingerprint', 'beginRequest'];
+      return Object.fromEntries(names.map((name) => [name, noted(name)]));
+    },
+  };
+  const guard = Guard.load({ store, guest, clock: new ManualClock(1_000), renewLease: false });
+  const response = { status: 201, headers: [['x-a', '1'], ['x-b', Uint8Array.of(0xff)]], body: 'paid' };
+
+  // A lost reply: runs for the replace, the read-back, then the answer; the read-back's
+  // response and complete's are each handed to a run anew, and compared (same-as).
+  const claim = (await guard.begin('k', 'fp')).val;
+  memory.fault('replace', { kind: 'lost', count: 1 });
+  runs.length = 0;
+  await guard.complete(claim, response);
+  assert.deepEqual(runs, ['complete 0', 'complete 0', 'complete 0']);
+  assert.equal(read.length, 1, 'the read-back, read once');
+
+  runs.length = 0;
+  const replay = await guard.begin('k', 'fp');
+  assert.deepEqual(runs, ['begin 0', 'begin 0']);
+  assert.equal(replay.tag, 'replay');
+  assert.equal(replay.val, read.at(-1), 'the response the store answered with, itself');
+  assert.deepEqual(replay.val, { status: 201, headers: [['x-a', Uint8Array.of(0x31)], ['x-b', Uint8Array.of(0xff)]], body: Uint8Array.of(0x70, 0x61, 0x69, 0x64) });
 });
 
 test('a store failure or a lost reply part-way through a call fails closed', async () => {
