@@ -139,9 +139,9 @@ def test_a_component_whose_core_signatures_moved_is_refused_at_load(monkeypatch:
 
 
 def test_the_layouts_are_the_canonical_abis() -> None:
-    # Offsets jco 1.35 generates for the same WIT (gen/idem.js reads a claim from begin's result at
-    # +16..+88, and writes complete's parameters into 120 bytes: the claim at 0, the response at 72,
-    # the policy at 96).
+    # Offsets by the canonical ABI's rules (design/mvp/CanonicalABI.md) for wit/:
+    # a claim in begin's result at +16..+88; complete's parameters in 104 bytes,
+    # the claim at 0, the response's handle (an i32) at 72, the policy at 80.
     assert idem_abi.BEGIN_RESULT.payload + idem_abi.DECISION.payload == 16
     assert idem_abi.CLAIM.offset == {
         "key": 0,
@@ -153,10 +153,15 @@ def test_the_layouts_are_the_canonical_abis() -> None:
         "checkpoint": 48,
     }
     sizes = (idem_abi.RECORD.size, idem_abi.ENTRY.size, idem_abi.INSERT_RESULT.size, idem_abi.GET_RESULT.size)
-    assert sizes == (88, 96, 112, 112)
-    assert (idem_abi.PARAMS["complete"].size, idem_abi.PARAMS["complete"].offset) == (120, {"0": 0, "1": 72, "2": 96})
-    assert len(idem_abi.RECORD.flat) == 17, "over 16: insert and replace take their parameters by pointer"
-    assert idem_abi.IMPORTS[("store", "insert")] == (["i32", "i32"], [])
+    assert sizes == (64, 80, 96, 96)
+    assert idem_abi.ENTRY.offset == {"record": 0, "response": 64, "version": 72}
+    assert (idem_abi.PARAMS["complete"].size, idem_abi.PARAMS["complete"].offset) == (104, {"0": 0, "1": 72, "2": 80})
+    assert len(idem_abi.RECORD.flat) == 11, "the response is no longer in the record"
+    insert = ["i32"] * 5 + ["i64"] * 3 + ["i32"] * 5 + ["i64", "i32"]
+    assert idem_abi.IMPORTS[("store", "insert")] == (insert, []), "14 flat values: passed flat, the result by pointer"
+    assert idem_abi.IMPORTS[("store", "replace")] == (["i32", "i32"], []), "17 flat values: passed by pointer"
+    assert idem_abi.IMPORTS[("types", "[method]response.same-as")] == (["i32", "i32"], ["i32"])
+    assert idem_abi.IMPORTS[("types", "[resource-drop]response")] == (["i32"], [])
     assert idem_abi.EXPORTS["complete"][0] == ["i32"] and len(idem_abi.EXPORTS["renew"][0]) == 16
 
 
