@@ -13,6 +13,8 @@ from typing import Any
 
 import pytest
 
+from test_conformance import SAME_AS_BUG
+
 from idem_guard import abi as idem_abi
 from idem_guard import DEFAULT_COMPONENT, Checkpoint, Guard, GuardError, ManualClock, MemoryStore, Response, StoreFault
 
@@ -60,7 +62,7 @@ def test_random_calls_answer_and_store_the_same_through_both_bindings() -> None:
     keys = ["a", "b", "ключ", "k\u200b", "x" * 255]
     text = "aZ-/é Σ日\u00e9"
     claims = []
-    checkpointed = stored_checkpoints = 0
+    checkpointed = stored_checkpoints = same_as_traps = 0
     for step in range(400):
         op = rng.choice(["begin", "begin", "request", "complete", "complete", "release", "renew", "checkpoint", "clock", "fault", "corrupt"])
         if op == "clock":
@@ -110,12 +112,18 @@ def test_random_calls_answer_and_store_the_same_through_both_bindings() -> None:
             answers = [outcome(lambda g=g: g.renew(claim)) for g, _, _ in sides]
             if answers[0][0] == "ok":
                 claims.append(answers[0][1])
-        assert answers[0] == answers[1], (step, op, answers)
+        if answers[1][0] == "error" and SAME_AS_BUG in answers[1][2]:
+            # wasmtime 50 traps on `response.same-as` (test_conformance.SAME_AS_BUG): the
+            # reference cannot answer this step; the stores must still agree.
+            same_as_traps += 1
+        else:
+            assert answers[0] == answers[1], (step, op, answers)
         now = sides[0][2].now_ms()
         stored = [sides[0][1].peek(k, now) for k in keys]
         assert stored == [sides[1][1].peek(k, now) for k in keys], (step, op)
         stored_checkpoints += sum(e is not None and e.record.checkpoint is not None for e in stored)
-    assert all(g.replaced == 0 for g, _, _ in sides), "no call trapped"
+    assert sides[0][0].replaced == 0, "no call of the static binding trapped"
+    assert sides[1][0].replaced == same_as_traps, "the dynamic one only on same-as"
     assert checkpointed >= 5 and stored_checkpoints > 0, (checkpointed, stored_checkpoints)
 
 
@@ -199,3 +207,4 @@ def test_a_status_over_u16_fails_closed_instead_of_wrapping_to_200(binding: str)
         guard.complete(claim, Response(65_536 + 200, [], b"x"))  # 200 if an i32 were cut to a u16
     assert err.value.kind == "unavailable"
     assert store.peek("k", 1_000).record.state == "processing", "nothing was stored"
+
