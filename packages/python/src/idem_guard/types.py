@@ -23,7 +23,10 @@ from typing import NamedTuple, Optional
 
 @dataclass(frozen=True)
 class Response:
-    """`types.response`: stored and replayed byte for byte: status, headers in order, body."""
+    """`types.response`: stored and replayed byte for byte: status, headers in order, body.
+
+    In the WIT a resource the host holds: the guest gets handles to these
+    objects, never their bytes, and a replay hands back the one the store read."""
 
     status: int
     headers: list[tuple[str, bytes]] = field(default_factory=list)
