@@ -196,9 +196,9 @@ class Instance:
         def fallible(primitive: Callable[..., Any]) -> Callable[..., Any]:
             # A store failure goes back to the guest as `err(store-error)`;
             # any other exception is a host bug and traps the instance.
-            def call(_ctx: Any, *args: Any) -> Any:
+            def call(ctx: Any, *args: Any) -> Any:
                 try:
-                    return primitive(*args)
+                    return primitive(ctx, *args)
                 except StoreFault as fault:
                     return Variant(fault.kind, str(fault))
 
@@ -217,21 +217,18 @@ class Instance:
             response = None if r.response is None else self._own(r.response)
             return _wit(record=record, response=response, version=e.version)
 
-        def insert(key: str, record: WitRecord, now_ms: int) -> Any:
+        def insert(_ctx: Any, key: str, record: WitRecord, now_ms: int) -> Any:
             # The guard inserts only `processing` records: no response goes with them.
             outcome = store.insert(key, _record(record, None), now_ms)
             return entry(outcome) if isinstance(outcome, Entry) else outcome
 
-        def get(key: str, now_ms: int) -> Any:
+        def get(_ctx: Any, key: str, now_ms: int) -> Any:
             found = store.get(key, now_ms)
             return None if found is None else entry(found)
 
         def replace(ctx: Any, key: str, expected_version: int, record: WitRecord, response: Any, now_ms: int) -> Any:
             lent = None if response is None else self._borrow(ctx, response)
-            try:
-                return store.replace(key, expected_version, _record(record, lent), now_ms)
-            except StoreFault as fault:
-                return Variant(fault.kind, str(fault))
+            return store.replace(key, expected_version, _record(record, lent), now_ms)
 
         with linker.root() as root:
             with root.add_instance(f"idem:guard/types@{VERSION}") as types:
@@ -250,8 +247,8 @@ class Instance:
             with root.add_instance(f"idem:guard/store@{VERSION}") as imports:
                 imports.add_func("get", fallible(get))
                 imports.add_func("insert", fallible(insert))
-                imports.add_func("replace", replace)
-                imports.add_func("delete", fallible(store.delete))
+                imports.add_func("replace", fallible(replace))
+                imports.add_func("delete", fallible(lambda _ctx, *args: store.delete(*args)))
         return linker
 
     def _call(self, name: str, *args: Any) -> Any:
