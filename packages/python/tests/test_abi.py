@@ -1,7 +1,9 @@
 """The static binding (`idem_guard.abi`) against the reference (`idem_guard.component`,
 wasmtime's own canonical ABI): the same random calls, stores and faults give the
 same answers and the same stored records. And what it refuses: a component whose
-core signatures are not the WIT mirror's."""
+core signatures are not the WIT mirror's. And the `response` handles, in both
+bindings: complete stores the very response, a replay hands back the stored
+one, and no handle outlives a call, whether it returned, failed or trapped."""
 
 from __future__ import annotations
 
@@ -12,6 +14,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
+from test_conformance import SAME_AS_BUG
 
 from idem_guard import abi as idem_abi
 from idem_guard import DEFAULT_COMPONENT, Checkpoint, Guard, GuardError, ManualClock, MemoryStore, Response, StoreFault
@@ -60,7 +64,7 @@ def test_random_calls_answer_and_store_the_same_through_both_bindings() -> None:
     keys = ["a", "b", "ключ", "k\u200b", "x" * 255]
     text = "aZ-/é Σ日\u00e9"
     claims = []
-    checkpointed = stored_checkpoints = 0
+    checkpointed = stored_checkpoints = same_as_traps = 0
     for step in range(400):
         op = rng.choice(["begin", "begin", "request", "complete", "complete", "release", "renew", "checkpoint", "clock", "fault", "corrupt"])
         if op == "clock":
@@ -110,12 +114,18 @@ def test_random_calls_answer_and_store_the_same_through_both_bindings() -> None:
             answers = [outcome(lambda g=g: g.renew(claim)) for g, _, _ in sides]
             if answers[0][0] == "ok":
                 claims.append(answers[0][1])
-        assert answers[0] == answers[1], (step, op, answers)
+        if answers[1][0] == "error" and SAME_AS_BUG in answers[1][2]:
+            # wasmtime 50 traps on `response.same-as` (test_conformance.SAME_AS_BUG): the
+            # reference cannot answer this step; the stores must still agree.
+            same_as_traps += 1
+        else:
+            assert answers[0] == answers[1], (step, op, answers)
         now = sides[0][2].now_ms()
         stored = [sides[0][1].peek(k, now) for k in keys]
         assert stored == [sides[1][1].peek(k, now) for k in keys], (step, op)
         stored_checkpoints += sum(e is not None and e.record.checkpoint is not None for e in stored)
-    assert all(g.replaced == 0 for g, _, _ in sides), "no call trapped"
+    assert sides[0][0].replaced == 0, "no call of the static binding trapped"
+    assert sides[1][0].replaced == same_as_traps, "the dynamic one only on same-as"
     assert checkpointed >= 5 and stored_checkpoints > 0, (checkpointed, stored_checkpoints)
 
 
@@ -139,9 +149,9 @@ def test_a_component_whose_core_signatures_moved_is_refused_at_load(monkeypatch:
 
 
 def test_the_layouts_are_the_canonical_abis() -> None:
-    # Offsets jco 1.35 generates for the same WIT (gen/idem.js reads a claim from begin's result at
-    # +16..+88, and writes complete's parameters into 120 bytes: the claim at 0, the response at 72,
-    # the policy at 96).
+    # Offsets by the canonical ABI's rules (design/mvp/CanonicalABI.md) for wit/:
+    # a claim in begin's result at +16..+88; complete's parameters in 104 bytes,
+    # the claim at 0, the response's handle (an i32) at 72, the policy at 80.
     assert idem_abi.BEGIN_RESULT.payload + idem_abi.DECISION.payload == 16
     assert idem_abi.CLAIM.offset == {
         "key": 0,
@@ -153,10 +163,15 @@ def test_the_layouts_are_the_canonical_abis() -> None:
         "checkpoint": 48,
     }
     sizes = (idem_abi.RECORD.size, idem_abi.ENTRY.size, idem_abi.INSERT_RESULT.size, idem_abi.GET_RESULT.size)
-    assert sizes == (88, 96, 112, 112)
-    assert (idem_abi.PARAMS["complete"].size, idem_abi.PARAMS["complete"].offset) == (120, {"0": 0, "1": 72, "2": 96})
-    assert len(idem_abi.RECORD.flat) == 17, "over 16: insert and replace take their parameters by pointer"
-    assert idem_abi.IMPORTS[("store", "insert")] == (["i32", "i32"], [])
+    assert sizes == (64, 80, 96, 96)
+    assert idem_abi.ENTRY.offset == {"record": 0, "response": 64, "version": 72}
+    assert (idem_abi.PARAMS["complete"].size, idem_abi.PARAMS["complete"].offset) == (104, {"0": 0, "1": 72, "2": 80})
+    assert len(idem_abi.RECORD.flat) == 11, "the response is no longer in the record"
+    insert = ["i32"] * 5 + ["i64"] * 3 + ["i32"] * 5 + ["i64", "i32"]
+    assert idem_abi.IMPORTS[("store", "insert")] == (insert, []), "14 flat values: passed flat, the result by pointer"
+    assert idem_abi.IMPORTS[("store", "replace")] == (["i32", "i32"], []), "17 flat values: passed by pointer"
+    assert idem_abi.IMPORTS[("types", "[method]response.same-as")] == (["i32", "i32"], ["i32"])
+    assert idem_abi.IMPORTS[("types", "[resource-drop]response")] == (["i32"], [])
     assert idem_abi.EXPORTS["complete"][0] == ["i32"] and len(idem_abi.EXPORTS["renew"][0]) == 16
 
 
@@ -194,3 +209,119 @@ def test_a_status_over_u16_fails_closed_instead_of_wrapping_to_200(binding: str)
         guard.complete(claim, Response(65_536 + 200, [], b"x"))  # 200 if an i32 were cut to a u16
     assert err.value.kind == "unavailable"
     assert store.peek("k", 1_000).record.state == "processing", "nothing was stored"
+
+
+# --- the response handle table ----------------------------------------------
+
+# Header names beyond ASCII, an empty value, a repeated name, a body of every byte.
+ODD = Response(299, [("x-é", b"\x00\xff"), ("x-empty", b""), ("x-é", b"again")], bytes(range(256)) * 3)
+
+
+def instance(guard: Guard) -> Any:
+    """The guard's current instance (a trap replaces it)."""
+    return guard._instantiate()
+
+
+@pytest.mark.parametrize("binding", ["static", "dynamic"])
+def test_complete_stores_the_response_and_a_replay_hands_back_that_very_response(binding: str) -> None:
+    store = MemoryStore()
+    guard = Guard.load(store=store, clock=ManualClock(1_000), renew_lease=False, binding=binding)
+    _, claim = guard.begin("k", "fp")
+    guard.complete(claim, ODD)
+    stored = store.peek("k", 1_000).record.response
+    assert stored == ODD, "stored byte for byte"
+    kind, replayed = guard.begin("k", "fp")
+    # The guest never saw the bytes: the handle a store read gave it comes
+    # back, and lifting it takes the store's own Response out of the table.
+    assert kind == "replay" and replayed is stored
+    assert (replayed.status, replayed.headers, replayed.body) == (ODD.status, ODD.headers, ODD.body)
+    handles = instance(guard).handles
+    assert len(handles) == 0 and handles.stray == 0
+
+
+@pytest.mark.parametrize("binding", ["static", "dynamic"])
+def test_the_guest_drops_or_hands_back_every_handle_it_is_given(binding: str) -> None:
+    store = MemoryStore()
+    clock = ManualClock(1_000)
+    guard = Guard.load(store=store, clock=clock, lease_ms=100, renew_lease=False, binding=binding)
+    handles = instance(guard).handles
+    given: list[int] = []
+    own = handles.own
+    handles.own = lambda response: given.append(1) or own(response)  # type: ignore[method-assign]
+
+    _, claim = guard.begin("k", "fp")
+    guard.complete(claim, ODD)  # complete's handle: read, lent to replace, dropped
+    assert guard.begin("k", "fp")[0] == "replay"  # insert's entry: handed back
+    assert guard.begin("k", "other")[0] == "conflict"  # insert's entry: dropped
+    with pytest.raises(GuardError, match="stale-claim"):
+        guard.renew(claim)  # replace refused; the read-back's entry: dropped
+    store.fault("replace", "error", count=1)
+    _, second = guard.begin("k2", "fp")
+    with pytest.raises(GuardError, match="unavailable"):
+        guard.complete(second, ODD)  # a store error; the read-back's record is processing: no handle
+    assert given == [1] * 5
+    assert instance(guard) is not None and guard.replaced == 0
+    assert len(handles) == 0 and handles.stray == 0, "no handle was left for the host to clear"
+
+
+def test_a_lost_reply_to_complete_is_recognised_with_same_as() -> None:
+    # The read-back finds the record this complete meant: same-as the response being stored.
+    # (The static binding only: wasmtime 50 traps on same-as, see test_conformance.SAME_AS_BUG.)
+    store = MemoryStore()
+    guard = Guard.load(store=store, clock=ManualClock(1_000), renew_lease=False)
+    _, claim = guard.begin("k", "fp")
+    store.fault("replace", "lost", count=1)
+    guard.complete(claim, ODD)
+    assert store.peek("k", 1_000).record.response == ODD
+    handles = instance(guard).handles
+    assert len(handles) == 0 and handles.stray == 0
+    # The same claim completing again with another response: done by this holder, not the record meant.
+    with pytest.raises(GuardError, match="stale-claim"):
+        guard.complete(claim, Response(200, ODD.headers, ODD.body + b"!"))
+    assert len(handles) == 0 and handles.stray == 0
+
+
+@pytest.mark.parametrize("binding", ["static", "dynamic"])
+def test_handles_are_cleared_after_a_trap(binding: str) -> None:
+    store = MemoryStore()
+    guard = Guard.load(store=store, clock=ManualClock(1_000), renew_lease=False, binding=binding)
+    _, claim = guard.begin("k", "fp")
+    # A host bug in replace, while the guest lends it complete's handle: the instance traps.
+    trapped = instance(guard)
+    store.fault("replace", "trap", count=1)
+    with pytest.raises(GuardError, match="unavailable"):
+        guard.complete(claim, ODD)
+    assert guard.replaced == 1 and len(trapped.handles) == 0 and trapped.handles.stray == 1
+    # A status that is no u16 is refused by `response.status` (a trap, never cut to 16 bits).
+    trapped = instance(guard)
+    with pytest.raises(GuardError, match="unavailable"):
+        guard.complete(claim, Response(65_536 + 200))
+    assert guard.replaced == 2 and len(trapped.handles) == 0 and trapped.handles.stray == 1
+    guard.complete(claim, ODD)  # the claim is still current: nothing was stored
+    assert guard.begin("k", "fp") == ("replay", ODD)
+
+
+def test_a_handle_the_table_does_not_hold_is_an_abi_violation() -> None:
+    handles = idem_abi.Handles()
+    first, second = handles.own(ODD), handles.own(ODD)
+    assert (first, second) == (1, 2), "0 is never a handle"
+    assert handles.borrow(first) is ODD and len(handles) == 2
+    assert handles.take(first) is ODD
+    for use in (handles.borrow, handles.take):
+        with pytest.raises(idem_abi.AbiViolation, match="handle 1 is not in the handle table"):
+            use(first)
+    handles.clear()
+    assert len(handles) == 0 and handles.stray == 1 and handles.own(ODD) == 1
+
+
+def test_the_response_methods_count_and_compare_bytes() -> None:
+    from idem_guard.types import response_size, same_response, status_u16
+
+    assert response_size(Response(200, [("é", b"ab"), ("x", b"")], b"xyz")) == 2 + 2 + 1 + 3, "names in UTF-8 bytes"
+    assert same_response(ODD, Response(ODD.status, list(ODD.headers), bytes(ODD.body)))
+    assert not same_response(ODD, Response(ODD.status, ODD.headers[::-1], ODD.body)), "header order counts"
+    assert not same_response(ODD, Response(ODD.status, ODD.headers[:2], ODD.body))
+    assert not same_response(ODD, Response(298, ODD.headers, ODD.body))
+    assert status_u16(Response(999)) == 999
+    with pytest.raises(ValueError, match="not a u16"):
+        status_u16(Response(1 << 16))

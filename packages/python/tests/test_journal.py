@@ -218,3 +218,40 @@ def test_concurrent_calls_interleave_between_replays_and_the_handler_runs_once()
     outcomes = asyncio.run(main())
     assert ran == [1]
     assert sorted(o.kind for o in outcomes) == ["executed"] + ["in-flight"] * 19
+
+
+def test_each_run_hands_the_guest_new_handles_to_the_same_responses() -> None:
+    # "Replaying a call": a journaled answer that carries a response gives each
+    # run a new handle to the same host response, and complete's response is
+    # handed in anew on every run.
+    inner = MemoryStore()
+    store = AsyncFaulty(AsyncMemory(inner))
+    guard = _async_guard(store)
+    handles = guard.guard._instantiate().handles
+    owned: list[tuple[int, Response]] = []
+    own = handles.own
+
+    def noting(response: Response) -> int:
+        handle = own(response)
+        owned.append((handle, response))
+        return handle
+
+    handles.own = noting  # type: ignore[method-assign]
+    response = Response(201, [("x-é", b"\x00")], bytes(range(256)))
+
+    async def main() -> None:
+        _, claim = await guard.begin("k", "fp")
+        store.fault("replace", "lost", count=1)
+        owned.clear()
+        await guard.complete(claim, response)  # applied, its reply lost: read back, same-as
+        # Run 1: replace is not journaled yet. Run 2: its answer is the (lost-reply) error, get is
+        # not journaled yet. Run 3: get's answer carries the stored response: a second handle.
+        assert [h for h, _ in owned] == [1, 1, 1, 2]
+        assert all(r is response for _, r in owned), "every handle stands for the response complete was given"
+        assert inner.peek("k", 1_000_000).record.response is response
+        owned.clear()
+        kind, replayed = await guard.begin("k", "fp")  # run 1: insert not journaled; run 2: existing
+        assert kind == "replay" and replayed is response and [h for h, _ in owned] == [1]
+
+    asyncio.run(main())
+    assert len(handles) == 0 and handles.stray == 0

@@ -17,8 +17,20 @@ CanonicalABI.md: `flatten_functype`, `store`, `load`, `lift_flat`).
 
 What the component model would also check and this binding checks too: every
 pointer and length the guest hands back is bounds-checked (and lists'
-alignment), strings must be UTF-8, discriminants in range. A violation raises
+alignment), strings must be UTF-8, discriminants in range, and every
+`response` handle must be in the instance's handle table. A violation raises
 `AbiViolation`, which the guard treats as a trap (the instance is dropped).
+
+The `response` resource (wit/types.wit) is the host's: the guest sees a
+handle, an i32 index into the instance's `Handles` table of host `Response`s,
+and calls the resource's methods and drop as imports. Lowering an own handle
+(an entry's response from `get` or `insert`, `complete`'s argument) inserts
+the response into the table; lifting one (a `replay`, a drop) removes it;
+lifting a borrow (a method's `self`, `same-as`'s argument, `replace`'s
+response) looks it up. So a response's bytes never enter linear memory, and a
+replay hands back the very object the store read. The guest keeps no state
+between calls: after each export call the table is empty, and it is emptied
+anyway (after a trap, say) so nothing outlives the call.
 
 The layouts live in one place, the WIT mirror below (`# wit/...` comments say
 where each type comes from). Sizes, alignments, offsets and the flattened core
@@ -43,14 +55,26 @@ import itertools
 import struct
 import weakref
 from ctypes import POINTER
-from functools import cache
+from functools import cache, wraps
 from pathlib import Path
 from typing import Any, Callable, Optional, Sequence
 
 import wasmtime
 from wasmtime import _bindings as capi  # wasmtime-py's ctypes prototypes of wasmtime's C API
 
-from .types import Checkpoint, Claim, Entry, Failure, Policy, Record, Response, StoreFault
+from .types import (
+    Checkpoint,
+    Claim,
+    Entry,
+    Failure,
+    Policy,
+    Record,
+    Response,
+    StoreFault,
+    response_size,
+    same_response,
+    status_u16,
+)
 
 VERSION = "0.2.0"
 
@@ -186,21 +210,24 @@ def import_signature(params: Sequence[Type], result: Optional[Type]) -> tuple[li
 # --- the WIT, mirrored: the one place the layouts come from ----------------
 
 # wit/types.wit
-HEADER = Tuple(STRING, Str(U8))  # an element of `response.headers` and `request-parts.headers`
-RESPONSE = Rec(("status", U16), ("headers", Str(HEADER)), ("body", Str(U8)))
+HEADER = Tuple(STRING, Str(U8))  # an element of `request-parts.headers`
+# `response` is a resource: own and borrow handles alike are one i32, an index
+# into the instance's handle table (`Handles`).
+RESPONSE = Scalar(4, "i32", "I")
+BOOL = Scalar(1, "i32", "B")
 STATE = Enum("processing", "done")
 CHECKPOINT = Rec(("phase", STRING), ("data", Str(U8)))
 OPTION_CHECKPOINT = Option(CHECKPOINT)
+OPTION_RESPONSE = Option(RESPONSE)
 RECORD = Rec(
     ("fingerprint", STRING),
     ("state", STATE),
     ("holder", U64),
     ("lease_until_ms", U64),
     ("expires_at_ms", U64),
-    ("response", Option(RESPONSE)),
     ("checkpoint", OPTION_CHECKPOINT),
 )
-ENTRY = Rec(("record", RECORD), ("version", U64))
+ENTRY = Rec(("record", RECORD), ("response", OPTION_RESPONSE), ("version", U64))
 
 # wit/guard.wit
 POLICY = Rec(("lease_ms", U64), ("retention_ms", U64), ("max_response_bytes", U32))
@@ -233,14 +260,14 @@ REPLACE_RESULT = Result(Option(U64), STORE_ERROR)
 PARAMS = {
     "complete": Tuple(CLAIM, RESPONSE, POLICY),
     "save-checkpoint": Tuple(CLAIM, CHECKPOINT, POLICY),
-    ("store", "insert"): Tuple(STRING, RECORD, U64),
-    ("store", "replace"): Tuple(STRING, U64, RECORD, U64),
+    ("store", "replace"): Tuple(STRING, U64, RECORD, OPTION_RESPONSE, U64),
 }
 
 # Where each parameter sits in those tuples.
 _PARAMS_AT = {name: tuple(ty.offset[str(i)] for i in range(len(ty.fields))) for name, ty in PARAMS.items()}
 
-# wit/guard.wit's exports and the imports of wit/clock.wit, wit/random.wit and wit/store.wit: core signatures.
+# wit/guard.wit's exports and the imports of wit/types.wit (the response's
+# methods and drop), wit/clock.wit, wit/random.wit and wit/store.wit: core signatures.
 EXPORTS = {
     "begin": export_signature([STRING, STRING, POLICY], BEGIN_RESULT),
     "complete": export_signature([CLAIM, RESPONSE, POLICY], UNIT_RESULT),
@@ -251,11 +278,15 @@ EXPORTS = {
     "begin-request": export_signature([STRING, REQUEST_PARTS, POLICY], BEGIN_RESULT),
 }
 IMPORTS = {
+    ("types", "[resource-drop]response"): import_signature([RESPONSE], None),
+    ("types", "[method]response.status"): import_signature([RESPONSE], U16),
+    ("types", "[method]response.size"): import_signature([RESPONSE], U64),
+    ("types", "[method]response.same-as"): import_signature([RESPONSE, RESPONSE], BOOL),
     ("clock", "now-ms"): import_signature([], U64),
     ("random", "random-u64"): import_signature([], U64),
     ("store", "get"): import_signature([STRING, U64], GET_RESULT),
     ("store", "insert"): import_signature([STRING, RECORD, U64], INSERT_RESULT),
-    ("store", "replace"): import_signature([STRING, U64, RECORD, U64], REPLACE_RESULT),
+    ("store", "replace"): import_signature([STRING, U64, RECORD, OPTION_RESPONSE, U64], REPLACE_RESULT),
 }
 
 
@@ -284,11 +315,12 @@ def _flat(signature: list[str]) -> struct.Struct:
 
 
 _CLAIM = _fields(CLAIM, "key", "fingerprint", "fence", "holder", "lease_until_ms", "expires_at_ms", "checkpoint")
-_RESPONSE = _fields(RESPONSE, "status", "headers", "body")
 _HEADER = _fields(HEADER, "0", "1")
 _CHECKPOINT = _fields(CHECKPOINT, "phase", "data")
 _POLICY = _fields(POLICY, "lease_ms", "retention_ms", "max_response_bytes")
-_RECORD_HEAD = _fields(RECORD, "fingerprint", "state", "holder", "lease_until_ms", "expires_at_ms", "response")
+_RECORD_HEAD = _fields(RECORD, "fingerprint", "state", "holder", "lease_until_ms", "expires_at_ms")
+# `option<response>`: the discriminant, then the handle.
+_OPTION_HANDLE = struct.Struct(f"<B{OPTION_RESPONSE.payload - 1}xI")
 _VERSION = struct.Struct("<Q")
 _U32 = struct.Struct("<I")  # an i32 result in a `wasmtime_val_raw_t`, as unsigned
 _DISC = struct.Struct("<B")
@@ -302,14 +334,11 @@ _CLAIM_OK = CLAIM_RESULT.payload
 _ENTRY_AT = INSERT_RESULT.payload + INSERT_OUTCOME.payload
 _GET_ENTRY_AT = GET_RESULT.payload + OPTION_ENTRY.payload
 _CHECKPOINT_IN_OPTION = OPTION_CHECKPOINT.payload
-_OPTION_RESPONSE = RECORD.fields["response"]
-assert isinstance(_OPTION_RESPONSE, Variant)
-_RESPONSE_IN_RECORD = RECORD.offset["response"] + _OPTION_RESPONSE.payload
 _CHECKPOINT_IN_RECORD = RECORD.offset["checkpoint"]
-_INSERT_PARAMS = PARAMS[("store", "insert")]
-_INSERT_KEY, _INSERT_RECORD, _INSERT_NOW = (_INSERT_PARAMS.offset[f] for f in ("0", "1", "2"))
 _REPLACE_PARAMS = PARAMS[("store", "replace")]
-_REPLACE_KEY, _REPLACE_EXPECTED, _REPLACE_RECORD, _REPLACE_NOW = (_REPLACE_PARAMS.offset[f] for f in ("0", "1", "2", "3"))
+_REPLACE_KEY, _REPLACE_EXPECTED, _REPLACE_RECORD, _REPLACE_RESPONSE, _REPLACE_NOW = (
+    _REPLACE_PARAMS.offset[f] for f in ("0", "1", "2", "3", "4")
+)
 # `ok(inserted(v))` and `ok(some(v))`, the answers of a store write that took: two
 # discriminants, then the u64 (insert's and replace's results have the same layout).
 assert INSERT_RESULT.payload == REPLACE_RESULT.payload and INSERT_OUTCOME.payload == Option(U64).payload
@@ -452,6 +481,72 @@ class _Export:
         self.params = _flat(params)
 
 
+class Handles:
+    """The response handle table of one instance: handle -> the host's `Response`.
+
+    Own handles are lowered by inserting (`own`: an `entry`'s response,
+    `complete`'s argument) and lifted by removing (`take`: the guest's
+    `[resource-drop]`, `replay`); borrow handles are lifted by lookup
+    (`borrow`: the methods' `self` and `same-as`'s argument, `replace`'s
+    response). A handle lives within one export call: `clears_handles`
+    empties the table after each. 0 is never a handle. Both bindings use it
+    (`idem_guard.component` with wasmtime's own table in front of it: its
+    handles are this table's `rep`s)."""
+
+    def __init__(self) -> None:
+        self._table: dict[int, Response] = {}
+        self._next = 1
+        # Handles left in the table when a call ended (the call trapped, or the
+        # guest did not drop one): 0 for a guest that keeps the contract.
+        self.stray = 0
+
+    def __len__(self) -> int:
+        return len(self._table)
+
+    def own(self, response: Response) -> int:
+        """A new handle to `response`, owned by the guest."""
+        handle = self._next
+        self._next += 1
+        self._table[handle] = response
+        return handle
+
+    def borrow(self, handle: int) -> Response:
+        """The response behind a handle the guest lends (it stays in the table)."""
+        try:
+            return self._table[handle]
+        except KeyError:
+            raise AbiViolation(f"response handle {handle} is not in the handle table") from None
+
+    def take(self, handle: int) -> Response:
+        """The response behind a handle the guest gives up (dropped, or handed back)."""
+        try:
+            return self._table.pop(handle)
+        except KeyError:
+            raise AbiViolation(f"response handle {handle} is not in the handle table") from None
+
+    def clear(self) -> None:
+        if self._table:
+            self.stray += len(self._table)
+            self._table.clear()
+        self._next = 1
+
+
+def clears_handles(method: Callable[..., Any]) -> Callable[..., Any]:
+    """An export call of an instance (with `handles`): the handle table is
+    emptied after it, however it ended. The guest keeps no state between
+    calls, so a handle still there is dead: one the guest held when it trapped
+    (or when a host function raised), or one it failed to drop."""
+
+    @wraps(method)
+    def call(self: Any, *args: Any) -> Any:
+        try:
+            return method(self, *args)
+        finally:
+            self.handles.clear()
+
+    return call
+
+
 class Instance:
     """One instance of the guest in a wasmtime Store of its own, over one store and clock.
 
@@ -466,7 +561,12 @@ class Instance:
         self._pending: Optional[BaseException] = None
         self._trap = POINTER(capi.wasm_trap_t)()
         self._trap_ref = ctypes.addressof(self._trap)
+        self.handles = Handles()
         handlers = {
+            ("types", "[resource-drop]response"): Instance._response_drop,
+            ("types", "[method]response.status"): Instance._response_status,
+            ("types", "[method]response.size"): Instance._response_size,
+            ("types", "[method]response.same-as"): Instance._response_same_as,
             ("clock", "now-ms"): Instance._now_ms,
             ("random", "random-u64"): Instance._random_u64,
             ("store", "get"): Instance._get,
@@ -596,11 +696,6 @@ class Instance:
         fill(out, _PARAMS_AT[name])
         return self._put(writes, bytes(out), ty.align)[0]
 
-    def _response_params(self, writes: list, r: Response) -> tuple[int, ...]:
-        if not 0 <= r.status <= 0xFFFF:  # a u16 travels in an i32: the guest would truncate it
-            raise ValueError(f"status {r.status} is not a u16")
-        return (r.status, *self._put_headers(writes, r.headers), *self._put(writes, bytes(r.body)))
-
     # Lifting: the guest's memory into Python values (copied: the guest frees it in post-return).
 
     def _bytes(self, mem: memoryview, ptr: int, length: int) -> bytes:
@@ -616,15 +711,6 @@ class Instance:
         except UnicodeDecodeError as e:
             raise AbiViolation(f"string at {ptr} is not UTF-8: {e}") from e
 
-    def _headers(self, mem: memoryview, ptr: int, count: int) -> list[tuple[str, bytes]]:
-        if ptr % HEADER.align or ptr + count * HEADER.size > self._size:
-            raise AbiViolation(f"header list at {ptr} ({count} entries) is misaligned or beyond memory")
-        headers = []
-        for i in range(count):
-            np, nl, vp, vl = _HEADER.unpack_from(mem, ptr + i * HEADER.size)
-            headers.append((self._string(mem, np, nl), self._bytes(mem, vp, vl)))
-        return headers
-
     def _checkpoint(self, mem: memoryview, at: int) -> Optional[Checkpoint]:
         """`option<checkpoint>` at `at`."""
         if OPTION_CHECKPOINT.case(mem[at]) == "none":
@@ -636,10 +722,6 @@ class Instance:
         kp, kl, fp, fl, fence, holder, lease_until_ms, expires_at_ms, _ = _CLAIM.unpack_from(mem, at)
         checkpoint = self._checkpoint(mem, at + CLAIM.offset["checkpoint"])
         return Claim(self._string(mem, kp, kl), self._string(mem, fp, fl), fence, holder, lease_until_ms, expires_at_ms, checkpoint)
-
-    def _response(self, mem: memoryview, at: int) -> Response:
-        status, hp, hn, bp, bn = _RESPONSE.unpack_from(mem, at)
-        return Response(status, self._headers(mem, hp, hn), self._bytes(mem, bp, bn))
 
     def _failure(self, mem: memoryview, at: int) -> Failure:
         (case,) = _DISC.unpack_from(mem, at)
@@ -659,7 +741,7 @@ class Instance:
             if tag == "proceed":
                 value = (tag, self._claim(mem, ret + _BEGIN_CASE))
             elif tag == "replay":
-                value = (tag, self._response(mem, ret + _BEGIN_CASE))
+                value = (tag, self.handles.take(_U32.unpack_from(mem, ret + _BEGIN_CASE)[0]))
             elif tag == "in-flight":
                 value = (tag, _VERSION.unpack_from(mem, ret + _BEGIN_CASE)[0])
             else:
@@ -667,12 +749,14 @@ class Instance:
         self._post(name, ret)
         return value
 
+    @clears_handles
     def begin(self, key: str, fingerprint: str, policy: Policy) -> tuple[str, Any] | Failure:
         writes: list = []
         params = (*self._put(writes, key.encode()), *self._put(writes, fingerprint.encode()), *policy)
         self._flush(writes)
         return self._decision("begin", params)
 
+    @clears_handles
     def begin_request(
         self, key: str, method: str, path: str, headers: Sequence[tuple[str, bytes]], body: bytes, policy: Policy
     ) -> tuple[str, Any] | Failure:
@@ -695,18 +779,20 @@ class Instance:
         self._post(name, ret)
         return failure
 
+    @clears_handles
     def complete(self, claim: Claim, response: Response, policy: Policy) -> Optional[Failure]:
         writes: list = []
 
         def fill(out: bytearray, at: tuple[int, ...]) -> None:
             self._put_claim(writes, out, at[0], claim)
-            _RESPONSE.pack_into(out, at[1], *self._response_params(writes, response))
+            _U32.pack_into(out, at[1], self.handles.own(response))
             _POLICY.pack_into(out, at[2], *policy)
 
         params = self._put_params(writes, "complete", fill)
         self._flush(writes)
         return self._unit("complete", (params,))
 
+    @clears_handles
     def release(self, claim: Claim) -> Optional[Failure]:
         writes: list = []
         params = self._claim_params(writes, claim)
@@ -722,12 +808,14 @@ class Instance:
         self._post(name, ret)
         return value
 
+    @clears_handles
     def renew(self, claim: Claim, policy: Policy) -> Claim | Failure:
         writes: list = []
         params = (*self._claim_params(writes, claim), *policy)
         self._flush(writes)
         return self._claim_result("renew", params)
 
+    @clears_handles
     def save_checkpoint(self, claim: Claim, checkpoint: Checkpoint, policy: Policy) -> Claim | Failure:
         writes: list = []
 
@@ -740,6 +828,7 @@ class Instance:
         self._flush(writes)
         return self._claim_result("save-checkpoint", (params,))
 
+    @clears_handles
     def fingerprint(self, method: str, path: str, headers: Sequence[tuple[str, bytes]], body: bytes) -> str:
         writes: list = []
         params = (
@@ -781,18 +870,30 @@ class Instance:
     def _random_u64(self, values: int, _params: tuple) -> None:
         ctypes.c_uint64.from_address(values).value = self.random.random_u64()
 
+    # wit/types.wit's `response`: its methods take the handle as a borrow.
+
+    def _response_drop(self, _values: int, params: tuple) -> None:
+        self.handles.take(params[0])
+
+    def _response_status(self, values: int, params: tuple) -> None:
+        ctypes.c_uint32.from_address(values).value = status_u16(self.handles.borrow(params[0]))
+
+    def _response_size(self, values: int, params: tuple) -> None:
+        ctypes.c_uint64.from_address(values).value = response_size(self.handles.borrow(params[0]))
+
+    def _response_same_as(self, values: int, params: tuple) -> None:
+        this, other = params
+        ctypes.c_uint32.from_address(values).value = same_response(self.handles.borrow(this), self.handles.borrow(other))
+
     def _at(self, ptr: int, ty: Type) -> int:
         """A struct the guest passed by pointer: aligned and within memory."""
         if ptr % ty.align or ptr + ty.size > self._size:
             raise AbiViolation(f"{ty.size} bytes at {ptr} are misaligned (to {ty.align}) or beyond memory ({self._size} bytes)")
         return ptr
 
-    def _record(self, mem: memoryview, at: int) -> Record:
-        """`record` at `at` (RECORD's layout)."""
-        fp, fl, state, holder, lease_until_ms, expires_at_ms, has_response = _RECORD_HEAD.unpack_from(mem, at)
-        response = None
-        if _OPTION_RESPONSE.case(has_response) == "some":
-            response = self._response(mem, at + _RESPONSE_IN_RECORD)
+    def _record(self, mem: memoryview, at: int, response: Optional[Response]) -> Record:
+        """`record` at `at` (RECORD's layout), with the response that goes with it."""
+        fp, fl, state, holder, lease_until_ms, expires_at_ms = _RECORD_HEAD.unpack_from(mem, at)
         checkpoint = self._checkpoint(mem, at + _CHECKPOINT_IN_RECORD)
         return Record(self._string(mem, fp, fl), STATE.case(state), holder, lease_until_ms, expires_at_ms, response, checkpoint)
 
@@ -828,11 +929,15 @@ class Instance:
         return mem
 
     def _insert(self, _values: Any, params: tuple) -> None:
-        ptr, ret = params
-        mem = self._store_params(ptr, ret, _INSERT_PARAMS, INSERT_RESULT)
-        key = self._string(mem, *_PTR_LEN.unpack_from(mem, ptr + _INSERT_KEY))
-        record = self._record(mem, ptr + _INSERT_RECORD)
-        (now_ms,) = _VERSION.unpack_from(mem, ptr + _INSERT_NOW)
+        kp, kl, fp, fl, state, holder, lease_until_ms, expires_at_ms, has_checkpoint, pp, pl, dp, dl, now_ms, ret = params
+        mem = self._view()
+        self._at(ret, INSERT_RESULT)
+        checkpoint = None
+        if OPTION_CHECKPOINT.case(has_checkpoint) == "some":
+            checkpoint = Checkpoint(self._string(mem, pp, pl), self._bytes(mem, dp, dl))
+        # The guard inserts only `processing` records: no response goes with them.
+        record = Record(self._string(mem, fp, fl), STATE.case(state), holder, lease_until_ms, expires_at_ms, None, checkpoint)
+        key = self._string(mem, kp, kl)
         writes: list = []
         try:
             outcome = self.store.insert(key, record, now_ms)
@@ -848,14 +953,14 @@ class Instance:
         self._flush(writes)
 
     def _lower_entry(self, writes: list, entry: Entry) -> bytes:
-        """`entry` as it sits in memory (ENTRY.size bytes); its strings and lists allocated."""
+        """`entry` as it sits in memory (ENTRY.size bytes); its strings and lists
+        allocated, its response (the `Record`'s) given a handle."""
         r = entry.record
         out = bytearray(ENTRY.size)
-        has = r.response is not None
         fingerprint = self._put(writes, r.fingerprint.encode())
-        _RECORD_HEAD.pack_into(out, 0, *fingerprint, STATE.cases.index(r.state), r.holder, r.lease_until_ms, r.expires_at_ms, has)
-        if has:
-            _RESPONSE.pack_into(out, _RESPONSE_IN_RECORD, *self._response_params(writes, r.response))
+        _RECORD_HEAD.pack_into(out, 0, *fingerprint, STATE.cases.index(r.state), r.holder, r.lease_until_ms, r.expires_at_ms)
+        if r.response is not None:  # the stored response: a new handle the guest owns
+            _OPTION_HANDLE.pack_into(out, ENTRY.offset["response"], 1, self.handles.own(r.response))
         self._put_checkpoint(writes, out, RECORD.offset["checkpoint"], r.checkpoint)
         _VERSION.pack_into(out, ENTRY.offset["version"], entry.version)
         return bytes(out)
@@ -865,7 +970,9 @@ class Instance:
         mem = self._store_params(ptr, ret, _REPLACE_PARAMS, REPLACE_RESULT)
         key = self._string(mem, *_PTR_LEN.unpack_from(mem, ptr + _REPLACE_KEY))
         (expected_version,) = _VERSION.unpack_from(mem, ptr + _REPLACE_EXPECTED)
-        record = self._record(mem, ptr + _REPLACE_RECORD)
+        has_response, handle = _OPTION_HANDLE.unpack_from(mem, ptr + _REPLACE_RESPONSE)
+        response = self.handles.borrow(handle) if OPTION_RESPONSE.case(has_response) == "some" else None
+        record = self._record(mem, ptr + _REPLACE_RECORD, response)
         (now_ms,) = _VERSION.unpack_from(mem, ptr + _REPLACE_NOW)
         writes: list = []
         try:

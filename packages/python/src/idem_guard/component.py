@@ -15,6 +15,22 @@ payloads cannot be told apart by Python type is a `Variant(tag, payload)`,
 otherwise it is "untagged" and the bare payload stands for the case (so
 `result<claim, guard-error>` is either a Record or a `Variant`); an option is
 `None` or its value; `list<u8>` is `bytes`; an enum is its case name.
+
+The `response` resource (wit/types.wit) is host-defined, as wasmtime-py 50
+supports it (`wasmtime/component/_linker.py`: `LinkerInstance.add_resource`
+with a `ResourceType.host(id)` and a destructor; `_resources.py`:
+`ResourceHost.own(rep, id)` to hand one to the guest, `ResourceAny.to_host`
+and `.rep` to read one it passes back): wasmtime keeps the guest's handles,
+each standing for a `rep`, and the `rep` is a handle of the same `Handles`
+table the static binding uses (`idem_guard.abi`), holding the `Response`.
+
+One thing it cannot do on wasmtime-py 50.0.1: wasmtime 50 traps in any host
+function that takes two borrow handles, before the function runs ("BUG:
+deferred host scope has no call context", resources.rs:328; wasmtime-py
+51.0.0 runs it). `response.same-as` takes two (`self`, `other`), so a
+`complete` whose read-back needs it (a lost reply, or a record done by the
+same holder) answers `unavailable` here, where the static binding answers as
+the WIT says (tests/test_conformance.py, `SAME_AS_BUG`).
 """
 
 from __future__ import annotations
@@ -26,11 +42,23 @@ from typing import Any, Callable, Sequence
 import wasmtime
 from wasmtime import component as wc
 from wasmtime.component import Record as WitRecord
-from wasmtime.component import Variant
+from wasmtime.component import ResourceAny, ResourceHost, ResourceType, Variant
 from wasmtime.component._types import OptionType
 
-from .abi import ENGINE
-from .types import Checkpoint, Claim, Entry, Failure, Policy, Record, Response, StoreFault
+from .abi import ENGINE, Handles, clears_handles
+from .types import (
+    Checkpoint,
+    Claim,
+    Entry,
+    Failure,
+    Policy,
+    Record,
+    Response,
+    StoreFault,
+    response_size,
+    same_response,
+    status_u16,
+)
 
 
 def _untagged_option_classes(self: OptionType, s: set) -> None:
@@ -52,6 +80,8 @@ OptionType.add_classes = _untagged_option_classes  # type: ignore[method-assign]
 
 GUARD_ERRORS = ("unavailable", "invalid-input", "stale-claim")
 VERSION = "0.2.0"
+# The id wasmtime tells this host's `response` resource type by (any u32 of ours).
+RESPONSE_TYPE = 1
 
 
 def _wit(**fields: Any) -> WitRecord:
@@ -63,10 +93,6 @@ def _wit(**fields: Any) -> WitRecord:
 
 def _get(r: WitRecord, name: str) -> Any:
     return getattr(r, name.replace("_", "-"))
-
-
-def _response(r: WitRecord) -> Response:
-    return Response(r.status, [(n, bytes(v)) for n, v in r.headers], bytes(r.body))
 
 
 def _checkpoint(r: Any) -> Any:
@@ -81,14 +107,6 @@ def _claim(r: WitRecord) -> Claim:
     return Claim(
         r.key, r.fingerprint, r.fence, r.holder, _get(r, "lease_until_ms"), _get(r, "expires_at_ms"), _checkpoint(r.checkpoint)
     )
-
-
-def _to_response(r: Response) -> WitRecord:
-    # wasmtime-py 50.0.1 lowers a u16 without a range check: status 65_736
-    # would be stored as 200. Refuse it as the static binding (and jco) do.
-    if not 0 <= r.status <= 0xFFFF:
-        raise ValueError(f"status {r.status} is not a u16")
-    return _wit(status=r.status, headers=[(n, bytes(v)) for n, v in r.headers], body=bytes(r.body))
 
 
 def _to_claim(c: Claim) -> WitRecord:
@@ -107,26 +125,11 @@ def _to_policy(p: Policy) -> WitRecord:
     return _wit(lease_ms=p.lease_ms, retention_ms=p.retention_ms, max_response_bytes=p.max_response_bytes)
 
 
-def _record(r: WitRecord) -> Record:
-    response = None if r.response is None else _response(r.response)
+def _record(r: WitRecord, response: Any) -> Record:
+    """A WIT record and the response that goes with it, as the store keeps them."""
     return Record(
         r.fingerprint, r.state, r.holder, _get(r, "lease_until_ms"), _get(r, "expires_at_ms"), response, _checkpoint(r.checkpoint)
     )
-
-
-def _to_entry(e: Entry) -> WitRecord:
-    r = e.record
-    response = None if r.response is None else _to_response(r.response)
-    record = _wit(
-        fingerprint=r.fingerprint,
-        state=r.state,
-        holder=r.holder,
-        lease_until_ms=r.lease_until_ms,
-        expires_at_ms=r.expires_at_ms,
-        response=response,
-        checkpoint=_to_checkpoint(r.checkpoint),
-    )
-    return _wit(record=record, version=e.version)
 
 
 def _result(value: Any) -> Any:
@@ -161,6 +164,7 @@ class Instance:
 
     def __init__(self, guest: Guest, store: Any, clock: Any, random: Any):
         self.store, self.clock, self.random = store, clock, random
+        self.handles = Handles()
         self._wasmtime = wasmtime.Store(ENGINE)
         instance = self._link().instantiate(self._wasmtime, guest.component)
         iface = instance.get_export_index(self._wasmtime, f"idem:guard/guard@{VERSION}")
@@ -170,6 +174,21 @@ class Instance:
             assert func is not None, f"the component does not export guard.{name}"
             self._funcs[name] = func
 
+    # The response resource: a wasmtime handle stands for a `rep`, a handle of `self.handles`.
+
+    def _own(self, response: Response) -> ResourceHost:
+        """An own handle to `response`, for the guest."""
+        return ResourceHost.own(self.handles.own(response), RESPONSE_TYPE)
+
+    def _rep(self, ctx: Any, resource: ResourceAny) -> int:
+        host = resource.to_host(ctx)
+        if host.type != RESPONSE_TYPE:  # wasmtime type-checks handles: never expected
+            raise TypeError(f"a resource of type {host.type}, not a response")
+        return host.rep
+
+    def _borrow(self, ctx: Any, resource: ResourceAny) -> Response:
+        return self.handles.borrow(self._rep(ctx, resource))
+
     def _link(self) -> wc.Linker:
         linker = wc.Linker(ENGINE)
         store = self.store
@@ -177,26 +196,50 @@ class Instance:
         def fallible(primitive: Callable[..., Any]) -> Callable[..., Any]:
             # A store failure goes back to the guest as `err(store-error)`;
             # any other exception is a host bug and traps the instance.
-            def call(_ctx: Any, *args: Any) -> Any:
+            def call(ctx: Any, *args: Any) -> Any:
                 try:
-                    return primitive(*args)
+                    return primitive(ctx, *args)
                 except StoreFault as fault:
                     return Variant(fault.kind, str(fault))
 
             return call
 
-        def insert(key: str, record: WitRecord, now_ms: int) -> Any:
-            outcome = store.insert(key, _record(record), now_ms)
-            return _to_entry(outcome) if isinstance(outcome, Entry) else outcome
+        def entry(e: Entry) -> WitRecord:
+            r = e.record
+            record = _wit(
+                fingerprint=r.fingerprint,
+                state=r.state,
+                holder=r.holder,
+                lease_until_ms=r.lease_until_ms,
+                expires_at_ms=r.expires_at_ms,
+                checkpoint=_to_checkpoint(r.checkpoint),
+            )
+            response = None if r.response is None else self._own(r.response)
+            return _wit(record=record, response=response, version=e.version)
 
-        def replace(key: str, expected_version: int, record: WitRecord, now_ms: int) -> Any:
-            return store.replace(key, expected_version, _record(record), now_ms)
+        def insert(_ctx: Any, key: str, record: WitRecord, now_ms: int) -> Any:
+            # The guard inserts only `processing` records: no response goes with them.
+            outcome = store.insert(key, _record(record, None), now_ms)
+            return entry(outcome) if isinstance(outcome, Entry) else outcome
 
-        def get(key: str, now_ms: int) -> Any:
-            entry = store.get(key, now_ms)
-            return None if entry is None else _to_entry(entry)
+        def get(_ctx: Any, key: str, now_ms: int) -> Any:
+            found = store.get(key, now_ms)
+            return None if found is None else entry(found)
+
+        def replace(ctx: Any, key: str, expected_version: int, record: WitRecord, response: Any, now_ms: int) -> Any:
+            lent = None if response is None else self._borrow(ctx, response)
+            return store.replace(key, expected_version, _record(record, lent), now_ms)
 
         with linker.root() as root:
+            with root.add_instance(f"idem:guard/types@{VERSION}") as types:
+                # Called when the guest drops an own handle; one it hands back in `replay` is taken in `_decision`.
+                types.add_resource("response", ResourceType.host(RESPONSE_TYPE), lambda _ctx, rep: self.handles.take(rep))
+                types.add_func("[method]response.status", lambda ctx, this: status_u16(self._borrow(ctx, this)))
+                types.add_func("[method]response.size", lambda ctx, this: response_size(self._borrow(ctx, this)))
+                types.add_func(
+                    "[method]response.same-as",
+                    lambda ctx, this, other: same_response(self._borrow(ctx, this), self._borrow(ctx, other)),
+                )
             with root.add_instance(f"idem:guard/clock@{VERSION}") as clock:
                 clock.add_func("now-ms", lambda _ctx: self.clock.now_ms())
             with root.add_instance(f"idem:guard/random@{VERSION}") as random:
@@ -205,45 +248,56 @@ class Instance:
                 imports.add_func("get", fallible(get))
                 imports.add_func("insert", fallible(insert))
                 imports.add_func("replace", fallible(replace))
-                imports.add_func("delete", fallible(store.delete))
+                imports.add_func("delete", fallible(lambda _ctx, *args: store.delete(*args)))
         return linker
 
     def _call(self, name: str, *args: Any) -> Any:
         return _result(self._funcs[name](self._wasmtime, *args))
 
+    @clears_handles
     def begin(self, key: str, fingerprint: str, policy: Policy) -> Any:
         return self._decision(self._call("begin", key, fingerprint, _to_policy(policy)))
 
+    @clears_handles
     def begin_request(
         self, key: str, method: str, path: str, headers: Sequence[tuple[str, bytes]], body: bytes, policy: Policy
     ) -> Any:
         parts = _wit(method=method, path=path, headers=[(n, bytes(v)) for n, v in headers], body=bytes(body))
         return self._decision(self._call("begin-request", key, parts, _to_policy(policy)))
 
-    @staticmethod
-    def _decision(decision: Any) -> Any:
+    def _decision(self, decision: Any) -> Any:
+        # No two of `decision`'s cases have payloads of one Python class, so
+        # wasmtime-py lifts it untagged: the bare payload stands for its case.
         if isinstance(decision, Failure):
             return decision
-        if decision.tag == "proceed":
-            return "proceed", _claim(decision.payload)
-        if decision.tag == "replay":
-            return "replay", _response(decision.payload)
-        return decision.tag, decision.payload
+        if isinstance(decision, WitRecord):
+            return "proceed", _claim(decision)
+        if isinstance(decision, ResourceAny):
+            # The own handle comes back to the host: out of wasmtime's table, then out of ours.
+            return "replay", self.handles.take(self._rep(self._wasmtime, decision))
+        if decision is None:
+            return "conflict", None
+        return "in-flight", decision
 
+    @clears_handles
     def complete(self, claim: Claim, response: Response, policy: Policy) -> Any:
-        return self._call("complete", _to_claim(claim), _to_response(response), _to_policy(policy))
+        return self._call("complete", _to_claim(claim), self._own(response), _to_policy(policy))
 
+    @clears_handles
     def release(self, claim: Claim) -> Any:
         return self._call("release", _to_claim(claim))
 
+    @clears_handles
     def renew(self, claim: Claim, policy: Policy) -> Any:
         value = self._call("renew", _to_claim(claim), _to_policy(policy))
         return value if isinstance(value, Failure) else _claim(value)
 
+    @clears_handles
     def save_checkpoint(self, claim: Claim, checkpoint: Checkpoint, policy: Policy) -> Any:
         value = self._call("save-checkpoint", _to_claim(claim), _to_checkpoint(checkpoint), _to_policy(policy))
         return value if isinstance(value, Failure) else _claim(value)
 
+    @clears_handles
     def fingerprint(self, method: str, path: str, headers: Sequence[tuple[str, bytes]], body: bytes) -> str:
         parts = _wit(method=method, path=path, headers=[(n, bytes(v)) for n, v in headers], body=bytes(body))
         return self._funcs["fingerprint"](self._wasmtime, parts)

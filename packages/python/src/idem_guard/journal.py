@@ -20,7 +20,15 @@ with every import answered from a `Journal`:
 
 `clock.now-ms` and `random.random-u64` are journaled too, so every run sees
 the first run's time and holder id. So the store sees each primitive
-exactly once, in the order a synchronous host would have called it. A run
+exactly once, in the order a synchronous host would have called it.
+
+Responses cross as handles (wit/types.wit's `response` resource), and a
+handle lives within one run: the journal holds what the store answered (an
+`Entry` whose record carries the store's `Response`), and each run's binding
+gives the guest a new handle to that same object; `complete`'s response is
+the call's argument, handed in anew on every run. The `replace` a run asks
+for carries the `Response` behind the handle the guest lent (the same object
+on every run), so it compares equal to the journaled one. A run
 that asks for something else at a position the journal holds (another
 primitive, or other arguments) means the guest is not the deterministic
 function the contract says: the call fails closed (`GuardError
