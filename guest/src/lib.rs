@@ -207,7 +207,7 @@ mod component {
             policy: wit::Policy,
         ) -> Result<(), wit::GuardError> {
             crate::guard::complete(&mut ImportedStore, &claim.into(), response, &policy.into())
-            .map_err(Into::into)
+                .map_err(Into::into)
         }
 
         fn release(claim: wit::Claim) -> Result<(), wit::GuardError> {

@@ -104,10 +104,7 @@ impl<R> Record<R> {
     }
 
     /// The same record with its response held another way.
-    pub fn try_map_response<T, E>(
-        self,
-        f: impl FnOnce(R) -> Result<T, E>,
-    ) -> Result<Record<T>, E> {
+    pub fn try_map_response<T, E>(self, f: impl FnOnce(R) -> Result<T, E>) -> Result<Record<T>, E> {
         Ok(Record {
             fingerprint: self.fingerprint,
             state: self.state,
@@ -146,10 +143,7 @@ pub struct Entry<R = Response> {
 
 impl<R> Entry<R> {
     /// The same entry with its response held another way.
-    pub fn try_map_response<T, E>(
-        self,
-        f: impl FnOnce(R) -> Result<T, E>,
-    ) -> Result<Entry<T>, E> {
+    pub fn try_map_response<T, E>(self, f: impl FnOnce(R) -> Result<T, E>) -> Result<Entry<T>, E> {
         Ok(Entry {
             record: self.record.try_map_response(f)?,
             version: self.version,
@@ -214,7 +208,10 @@ pub enum Decision<R = Response> {
 
 impl<R> Decision<R> {
     /// The same decision with its replay's response held another way.
-    pub fn try_map_response<T, E>(self, f: impl FnOnce(R) -> Result<T, E>) -> Result<Decision<T>, E> {
+    pub fn try_map_response<T, E>(
+        self,
+        f: impl FnOnce(R) -> Result<T, E>,
+    ) -> Result<Decision<T>, E> {
         Ok(match self {
             Decision::Proceed(claim) => Decision::Proceed(claim),
             Decision::Replay(response) => Decision::Replay(f(response)?),

@@ -21,6 +21,8 @@ struct Native<'a> {
 }
 
 impl Primitives for Native<'_> {
+    type Response = idem::Response;
+
     fn now_ms(&mut self) -> u64 {
         SystemClock.now_ms()
     }
