@@ -54,8 +54,8 @@ from .types import (
 
 
 def _untagged_option_classes(self: OptionType, s: set) -> None:
-    # wasmtime-py 50.0.1 says an untagged option's `none` case may be any
-    # `object`. Inside an untagged `result<option<T>, E>` (the store's
+    # wasmtime-py (50.0.1, and still 51.0.0) says an untagged option's `none`
+    # case may be any `object`. Inside an untagged `result<option<T>, E>` (the store's
     # `replace`) that makes the `ok` case claim every value, so a host
     # function could never return `err`: lowering `Variant("unavailable", ..)`
     # fails with "value not valid for this variant" and traps the instance.
