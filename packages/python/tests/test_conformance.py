@@ -307,23 +307,6 @@ class Mismatch(AssertionError):
     pass
 
 
-# wasmtime 50 (the library wasmtime-py 50.0.1 ships) traps in any host
-# function that takes two borrow handles, which `response.same-as` does
-# (`self` and `other`): "BUG: deferred host scope has no call context"
-# (resources.rs:328), before the function runs; wasmtime-py 51.0.0 does not.
-# The guard calls `same-as` when it reads back a `complete` whose record is
-# done by the same holder (a lost reply, or a completion by the claim's own
-# earlier or later fence), so the dynamic binding answers those steps
-# `unavailable`. A scenario that meets it is an expected failure there, and
-# only for that reason.
-SAME_AS_BUG = "deferred host scope has no call context"
-
-
-def same_as_bug(binding: str, actual: dict) -> bool:
-    """Whether `actual` is the dynamic binding trapping on wasmtime 50's two-borrow bug."""
-    return binding == "dynamic" and SAME_AS_BUG in str(actual.get("message", ""))
-
-
 def run_scenario(scenario: dict, binding: str = "static", **host: Any) -> int:
     """Runs a scenario; returns the number of checked steps, or raises `Mismatch("step N (op): ...")`.
     `host` goes to `Host` (`store=`, `asynchronous=`, `loop=`)."""
@@ -339,8 +322,6 @@ def run_scenario(scenario: dict, binding: str = "static", **host: Any) -> int:
                     raise Mismatch(f"step {i} ({step['op']}): no expect")
                 why = check(step["expect"], actual, host.claims)
                 if why:
-                    if same_as_bug(binding, actual):
-                        pytest.xfail(f"step {i} ({step['op']}): wasmtime 50 traps on response.same-as (SAME_AS_BUG)")
                     raise Mismatch(f"step {i} ({step['op']}): {why}; got {json.dumps(actual)}")
                 checked += 1
     finally:

@@ -31,7 +31,7 @@ BINDINGS = ["static", "dynamic"]
 @pytest.mark.parametrize("binding", BINDINGS)
 def test_a_store_error_from_replace_reaches_the_guest_as_err_not_a_trap(binding: str) -> None:
     # `replace` returns `result<option<u64>, store-error>`, the shape wasmtime-py
-    # 50.0.1 cannot lower an `err` for without idem_guard.component's OptionType fix
+    # 51.0.0 (as 50.0.1) cannot lower an `err` for without idem_guard.component's OptionType fix
     # (the dynamic binding); the static one writes the `err` case itself.
     store = MemoryStore()
     guard = guard_over(store, binding)

@@ -229,8 +229,8 @@ def test_a_redis_value_that_does_not_decode_is_corrupt_naming_the_key_and_the_gu
 def test_a_store_error_from_redis_replace_reaches_the_guest_as_err_not_a_trap(
     redis_url: str, raw_redis: Any, binding: str
 ) -> None:
-    # `replace` is `result<option<u64>, store-error>`, the shape wasmtime-py 50.0.1
-    # cannot lower an `err` for without idem_guard.component's fix (the dynamic
+    # `replace` is `result<option<u64>, store-error>`, the shape wasmtime-py 51.0.0
+    # (as 50.0.1) cannot lower an `err` for without idem_guard.component's fix (the dynamic
     # binding): here the error is the store's own (a key that turned into a hash).
     prefix = unique("replace-err") + ":"
     with RedisStore(redis_url, prefix=prefix) as store:

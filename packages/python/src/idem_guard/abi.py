@@ -1,9 +1,11 @@
 """The guard component run through wasmtime's core API, with the canonical ABI
 of `idem:guard@0.2.0` written once, here, for this WIT.
 
-Why: wasmtime-py 50's dynamic component API lifts and lowers every value
+Why: wasmtime-py's dynamic component API lifts and lowers every value
 through generic type objects, with a ctypes call or more per value: about
-3.7 ms per guarded call. Its core `Func.__call__` is no way out either: it
+3.7 ms per guarded call on 50.0.1 when the response was a record, still 10 to
+20 times this binding's cost on 51.0.0 with the response a resource
+(examples/python/bench.py). Its core `Func.__call__` is no way out either: it
 rebuilds the function's type and converts every parameter through `Val` on
 each call (about 95 µs a call on this machine). This module runs the
 component's own core module (the guest wit-bindgen compiled, taken out of the
@@ -42,7 +44,7 @@ the mirror, `VERSION` and the few hand-written lift/lower functions that
 name fields.
 
 What it takes from wasmtime-py beyond its public API, all pinned by the
-package's dependency (pyproject.toml: wasmtime==50.0.1) and exercised by
+package's dependency (pyproject.toml: wasmtime==51.0.0) and exercised by
 every test: the library handle and C types of `wasmtime._bindings`, `Func._from_raw`, `Func._func`,
 `Memory._memory`, `Store._context()`, `FuncType.ptr()`, `Trap._from_ptr`,
 `WasmtimeError._from_ptr` and `Trap._consume`.

@@ -8,7 +8,7 @@ canonical ABI, and `bench.py` measures what the static binding saves. It is
 slow (milliseconds per call): every value crosses ctypes through generic type
 objects.
 
-How wasmtime-py (50.0.1) represents component values, which this relies on:
+How wasmtime-py (51.0.0) represents component values, which this relies on:
 a record is a `wasmtime.component.Record` whose attributes are the WIT field
 names (kebab-case, so `getattr(r, "lease-until-ms")`); a variant whose cases'
 payloads cannot be told apart by Python type is a `Variant(tag, payload)`,
@@ -16,21 +16,13 @@ otherwise it is "untagged" and the bare payload stands for the case (so
 `result<claim, guard-error>` is either a Record or a `Variant`); an option is
 `None` or its value; `list<u8>` is `bytes`; an enum is its case name.
 
-The `response` resource (wit/types.wit) is host-defined, as wasmtime-py 50
+The `response` resource (wit/types.wit) is host-defined, as wasmtime-py 51
 supports it (`wasmtime/component/_linker.py`: `LinkerInstance.add_resource`
 with a `ResourceType.host(id)` and a destructor; `_resources.py`:
 `ResourceHost.own(rep, id)` to hand one to the guest, `ResourceAny.to_host`
 and `.rep` to read one it passes back): wasmtime keeps the guest's handles,
 each standing for a `rep`, and the `rep` is a handle of the same `Handles`
 table the static binding uses (`idem_guard.abi`), holding the `Response`.
-
-One thing it cannot do on wasmtime-py 50.0.1: wasmtime 50 traps in any host
-function that takes two borrow handles, before the function runs ("BUG:
-deferred host scope has no call context", resources.rs:328; wasmtime-py
-51.0.0 runs it). `response.same-as` takes two (`self`, `other`), so a
-`complete` whose read-back needs it (a lost reply, or a record done by the
-same holder) answers `unavailable` here, where the static binding answers as
-the WIT says (tests/test_conformance.py, `SAME_AS_BUG`).
 """
 
 from __future__ import annotations
@@ -62,8 +54,8 @@ from .types import (
 
 
 def _untagged_option_classes(self: OptionType, s: set) -> None:
-    # wasmtime-py 50.0.1 says an untagged option's `none` case may be any
-    # `object`. Inside an untagged `result<option<T>, E>` (the store's
+    # wasmtime-py (50.0.1, and still 51.0.0) says an untagged option's `none`
+    # case may be any `object`. Inside an untagged `result<option<T>, E>` (the store's
     # `replace`) that makes the `ok` case claim every value, so a host
     # function could never return `err`: lowering `Variant("unavailable", ..)`
     # fails with "value not valid for this variant" and traps the instance.
