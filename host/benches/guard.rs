@@ -71,6 +71,12 @@ fn large() -> Response {
     }
 }
 
+/// The component rows run with both responses: the 4-byte one, and a
+/// 64 KiB one (`_64k`), which shows what a response's size costs a call.
+const SIZES: [(&str, MakeResponse); 2] = [("", paid), ("_64k", large)];
+
+type MakeResponse = fn() -> Response;
+
 /// New keys are claimed in chunks; between chunks, untimed, the chunk's keys
 /// are deleted again. Every variant thus claims into a store of the same
 /// small size, instead of one that grows by millions of keys over a run
@@ -139,23 +145,26 @@ fn bench(c: &mut Criterion) {
             });
         });
     }
-    for flavour in FLAVOURS {
-        let store = MemoryStore::new();
-        let guard = component_guard(&store, flavour);
-        group.bench_function(BenchmarkId::new("new_key", flavour), |b| {
-            b.iter_custom(|iters| {
-                new_keys(iters, &store, |keys| {
-                    rt.block_on(async {
-                        for key in keys {
-                            let Ok(Decision::Proceed(claim)) = guard.begin(key, "fp").await else {
-                                panic!()
-                            };
-                            guard.complete(claim, paid()).await.1.unwrap();
-                        }
-                    });
-                })
+    for (row, response) in SIZES {
+        for flavour in FLAVOURS {
+            let store = MemoryStore::new();
+            let guard = component_guard(&store, flavour);
+            group.bench_function(BenchmarkId::new(format!("new_key{row}"), flavour), |b| {
+                b.iter_custom(|iters| {
+                    new_keys(iters, &store, |keys| {
+                        rt.block_on(async {
+                            for key in keys {
+                                let Ok(Decision::Proceed(claim)) = guard.begin(key, "fp").await
+                                else {
+                                    panic!()
+                                };
+                                guard.complete(claim, response()).await.1.unwrap();
+                            }
+                        });
+                    })
+                });
             });
-        });
+        }
     }
 
     // A replay: begin on a completed key.
@@ -176,69 +185,30 @@ fn bench(c: &mut Criterion) {
             });
         });
     }
-    for flavour in FLAVOURS {
-        let guard = component_guard(&MemoryStore::new(), flavour);
-        rt.block_on(async {
-            let Ok(Decision::Proceed(claim)) = guard.begin("done", "fp").await else {
-                panic!()
-            };
-            guard.complete(claim, paid()).await.1.unwrap();
-        });
-        group.bench_function(BenchmarkId::new("replay", flavour), |b| {
-            b.iter_custom(|iters| {
-                rt.block_on(async {
-                    let start = Instant::now();
-                    for _ in 0..iters {
-                        let Ok(Decision::Replay(r)) = guard.begin("done", "fp").await else {
-                            panic!()
-                        };
-                        black_box(r);
-                    }
-                    start.elapsed()
-                })
+    for (row, response) in SIZES {
+        for flavour in FLAVOURS {
+            let guard = component_guard(&MemoryStore::new(), flavour);
+            rt.block_on(async {
+                let Ok(Decision::Proceed(claim)) = guard.begin("done", "fp").await else {
+                    panic!()
+                };
+                guard.complete(claim, response()).await.1.unwrap();
             });
-        });
-    }
-    // The same with a 64 KiB body (and one header): a stored response is a
-    // handle the guest hands back, so what a replay or a completion costs
-    // should not grow with the body beyond the store's own copy.
-    for flavour in FLAVOURS {
-        let store = MemoryStore::new();
-        let guard = component_guard(&store, flavour);
-        group.bench_function(BenchmarkId::new("new_key_64k", flavour), |b| {
-            b.iter_custom(|iters| {
-                new_keys(iters, &store, |keys| {
+            group.bench_function(BenchmarkId::new(format!("replay{row}"), flavour), |b| {
+                b.iter_custom(|iters| {
                     rt.block_on(async {
-                        for key in keys {
-                            let Ok(Decision::Proceed(claim)) = guard.begin(key, "fp").await else {
+                        let start = Instant::now();
+                        for _ in 0..iters {
+                            let Ok(Decision::Replay(r)) = guard.begin("done", "fp").await else {
                                 panic!()
                             };
-                            guard.complete(claim, large()).await.1.unwrap();
+                            black_box(r);
                         }
-                    });
-                })
+                        start.elapsed()
+                    })
+                });
             });
-        });
-        rt.block_on(async {
-            let Ok(Decision::Proceed(claim)) = guard.begin("large", "fp").await else {
-                panic!()
-            };
-            guard.complete(claim, large()).await.1.unwrap();
-        });
-        group.bench_function(BenchmarkId::new("replay_64k", flavour), |b| {
-            b.iter_custom(|iters| {
-                rt.block_on(async {
-                    let start = Instant::now();
-                    for _ in 0..iters {
-                        let Ok(Decision::Replay(r)) = guard.begin("large", "fp").await else {
-                            panic!()
-                        };
-                        black_box(r);
-                    }
-                    start.elapsed()
-                })
-            });
-        });
+        }
     }
     // The floor under any guard call, in both flavours: `begin` through the
     // test build of the component doing no work (`!noop` answers at once),
