@@ -64,19 +64,7 @@ from typing import Any, Callable, Optional, Sequence
 import wasmtime
 from wasmtime import _bindings as capi  # wasmtime-py's ctypes prototypes of wasmtime's C API
 
-from .types import (
-    Checkpoint,
-    Claim,
-    Entry,
-    Failure,
-    Policy,
-    Record,
-    Response,
-    StoreFault,
-    response_size,
-    same_response,
-    status_u16,
-)
+from .types import Checkpoint, Claim, Entry, Failure, Policy, Record, Response, StoreFault, response_size, same_response, status_u16
 
 VERSION = "0.2.0"
 

@@ -38,19 +38,7 @@ from wasmtime.component import ResourceAny, ResourceHost, ResourceType, Variant
 from wasmtime.component._types import OptionType
 
 from .abi import ENGINE, Handles, clears_handles
-from .types import (
-    Checkpoint,
-    Claim,
-    Entry,
-    Failure,
-    Policy,
-    Record,
-    Response,
-    StoreFault,
-    response_size,
-    same_response,
-    status_u16,
-)
+from .types import Checkpoint, Claim, Entry, Failure, Policy, Record, Response, StoreFault, response_size, same_response, status_u16
 
 
 def _untagged_option_classes(self: OptionType, s: set) -> None:
@@ -101,16 +89,19 @@ def _claim(r: WitRecord) -> Claim:
     )
 
 
+def _held(x: Claim | Record) -> dict[str, Any]:
+    """The fields a claim and a record share: whose the key is, until when, and how far it got."""
+    return {
+        "fingerprint": x.fingerprint,
+        "holder": x.holder,
+        "lease_until_ms": x.lease_until_ms,
+        "expires_at_ms": x.expires_at_ms,
+        "checkpoint": _to_checkpoint(x.checkpoint),
+    }
+
+
 def _to_claim(c: Claim) -> WitRecord:
-    return _wit(
-        key=c.key,
-        fingerprint=c.fingerprint,
-        fence=c.fence,
-        holder=c.holder,
-        lease_until_ms=c.lease_until_ms,
-        expires_at_ms=c.expires_at_ms,
-        checkpoint=_to_checkpoint(c.checkpoint),
-    )
+    return _wit(key=c.key, fence=c.fence, **_held(c))
 
 
 def _to_policy(p: Policy) -> WitRecord:
@@ -198,14 +189,7 @@ class Instance:
 
         def entry(e: Entry) -> WitRecord:
             r = e.record
-            record = _wit(
-                fingerprint=r.fingerprint,
-                state=r.state,
-                holder=r.holder,
-                lease_until_ms=r.lease_until_ms,
-                expires_at_ms=r.expires_at_ms,
-                checkpoint=_to_checkpoint(r.checkpoint),
-            )
+            record = _wit(state=r.state, **_held(r))
             response = None if r.response is None else self._own(r.response)
             return _wit(record=record, response=response, version=e.version)
 
