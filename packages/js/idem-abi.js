@@ -882,20 +882,32 @@ class Instance {
     return value;
   }
 
-  begin(key, fingerprint, policy) {
+  /**
+   * One export call: `lower` lowers the arguments and calls the export,
+   * `lift` reads its result, `post` lets the guest free it; the handle table
+   * is emptied whatever happens (a trap, a throw while lowering).
+   */
+  #call(lower, lift, post) {
     try {
-      const kp = this.#putString(key);
-      const kl = this.#len;
-      const fp = this.#putString(fingerprint);
-      const fl = this.#len;
-      const ret = this.beginExport(kp, kl, fp, fl, checkedU64(policy.leaseMs), checkedU64(policy.retentionMs), checkedU32(policy.maxResponseBytes)) >>> 0;
+      const ret = lower() >>> 0;
       this.#view();
-      const value = this.#decision(ret);
-      this.beginPost(ret);
+      const value = lift.call(this, ret);
+      post(ret);
       return this.#ended(value);
     } finally {
       this.#handles.clear();
     }
+  }
+
+  begin(key, fingerprint, policy) {
+    const lower = () => {
+      const kp = this.#putString(key);
+      const kl = this.#len;
+      const fp = this.#putString(fingerprint);
+      const fl = this.#len;
+      return this.beginExport(kp, kl, fp, fl, checkedU64(policy.leaseMs), checkedU64(policy.retentionMs), checkedU32(policy.maxResponseBytes));
+    };
+    return this.#call(lower, this.#decision, this.beginPost);
   }
 
   /** A request's parts lowered, as the flat core arguments of `request-parts`: method, path, headers, body. */
@@ -910,93 +922,58 @@ class Instance {
   }
 
   beginRequest(key, parts, policy) {
-    try {
+    const lower = () => {
       const kp = this.#putString(key);
       const kl = this.#len;
-      const ret =
-        this.beginRequestExport(
-          kp, kl, ...this.#putParts(parts),
-          checkedU64(policy.leaseMs), checkedU64(policy.retentionMs), checkedU32(policy.maxResponseBytes),
-        ) >>> 0;
-      this.#view();
-      const value = this.#decision(ret);
-      this.beginRequestPost(ret);
-      return this.#ended(value);
-    } finally {
-      this.#handles.clear();
-    }
+      return this.beginRequestExport(
+        kp, kl, ...this.#putParts(parts),
+        checkedU64(policy.leaseMs), checkedU64(policy.retentionMs), checkedU32(policy.maxResponseBytes),
+      );
+    };
+    return this.#call(lower, this.#decision, this.beginRequestPost);
   }
 
   /** `response` (`{ status, headers, body }`) is handed to the guest as an own handle: it reads, lends, then drops it. */
   complete(claim, response, policy) {
-    try {
+    const lower = () => {
       const handle = this.#handles.add(response);
       const params = PARAMS.complete;
       const at = this.#alloc(params.align, params.size);
       this.#putClaimAt(at + params.offset[0], claim);
       this.#putPolicyAt(at + params.offset[2], policy);
       this.#dv.setInt32(at + params.offset[1], handle, true);
-      const ret = this.completeExport(at) >>> 0;
-      this.#view();
-      const value = this.#unit(ret);
-      this.completePost(ret);
-      return this.#ended(value);
-    } finally {
-      this.#handles.clear();
-    }
+      return this.completeExport(at);
+    };
+    return this.#call(lower, this.#unit, this.completePost);
   }
 
   release(claim) {
-    try {
-      const ret = this.releaseExport(...this.#claimFlat(claim)) >>> 0;
-      this.#view();
-      const value = this.#unit(ret);
-      this.releasePost(ret);
-      return this.#ended(value);
-    } finally {
-      this.#handles.clear();
-    }
+    return this.#call(() => this.releaseExport(...this.#claimFlat(claim)), this.#unit, this.releasePost);
   }
 
   renew(claim, policy) {
-    try {
-      const flat = this.#claimFlat(claim);
-      const ret = this.renewExport(...flat, checkedU64(policy.leaseMs), checkedU64(policy.retentionMs), checkedU32(policy.maxResponseBytes)) >>> 0;
-      this.#view();
-      const value = this.#claimResult(ret);
-      this.renewPost(ret);
-      return this.#ended(value);
-    } finally {
-      this.#handles.clear();
-    }
+    const lower = () =>
+      this.renewExport(...this.#claimFlat(claim), checkedU64(policy.leaseMs), checkedU64(policy.retentionMs), checkedU32(policy.maxResponseBytes));
+    return this.#call(lower, this.#claimResult, this.renewPost);
   }
 
   saveCheckpoint(claim, checkpoint, policy) {
     if (checkpoint === undefined || checkpoint === null) throw new TypeError('expected a checkpoint { phase, data }');
-    try {
+    const lower = () => {
       const params = PARAMS.saveCheckpoint;
       const at = this.#alloc(params.align, params.size);
       this.#putClaimAt(at + params.offset[0], claim);
       this.#putStringAt(at + params.offset[1] + CHECKPOINT.offset.phase, checkpoint.phase);
       this.#putBytesAt(at + params.offset[1] + CHECKPOINT.offset.data, checkpoint.data);
       this.#putPolicyAt(at + params.offset[2], policy);
-      const ret = this.saveCheckpointExport(at) >>> 0;
-      this.#view();
-      const value = this.#claimResult(ret);
-      this.saveCheckpointPost(ret);
-      return this.#ended(value);
-    } finally {
-      this.#handles.clear();
-    }
+      return this.saveCheckpointExport(at);
+    };
+    return this.#call(lower, this.#claimResult, this.saveCheckpointPost);
   }
 
   /** No import is called: no handle is ever made. */
   fingerprint(parts) {
-    const ret = this.fingerprintExport(...this.#putParts(parts)) >>> 0;
-    this.#view();
-    const value = this.#stringAt(ret);
-    this.fingerprintPost(ret);
-    return value;
+    return this.#call(() => this.fingerprintExport(...this.#putParts(parts)), this.#stringAt, this.fingerprintPost);
   }
 
   // The store imports of wit/store.wit, for a store whose records hold their
