@@ -120,10 +120,11 @@ impl<R> Record<R> {
 impl<R: ResponseHandle> Record<R> {
     /// Every field equal, the responses [`ResponseHandle::same_as`].
     pub fn same_as(&self, other: &Self) -> bool {
-        let times = |r: &Self| (r.lease_until_ms, r.expires_at_ms);
-        (&self.fingerprint, self.state, self.holder)
-            == (&other.fingerprint, other.state, other.holder)
-            && times(self) == times(other)
+        self.fingerprint == other.fingerprint
+            && self.state == other.state
+            && self.holder == other.holder
+            && self.lease_until_ms == other.lease_until_ms
+            && self.expires_at_ms == other.expires_at_ms
             && self.checkpoint == other.checkpoint
             && match (&self.response, &other.response) {
                 (None, None) => true,
