@@ -116,13 +116,12 @@ pub fn complete<P: Primitives>(
     let now = store.now_ms();
     check_not_expired(claim, now)?;
     let record = Record {
-        fingerprint: claim.fingerprint.clone(),
         state: State::Done,
-        holder: claim.holder,
         lease_until_ms: 0,
         expires_at_ms: now.saturating_add(policy.retention_ms),
         response: Some(response),
         checkpoint: None,
+        ..held(claim)
     };
     write_as_holder(store, claim, record, now, OnMoved::KeepOurs).map(|_| ())
 }
@@ -134,13 +133,8 @@ pub fn release<P: Primitives>(store: &mut P, claim: &Claim) -> Result<(), GuardE
     // fence. Deleting instead would restart the versions and let a zombie's
     // old fence match again.
     let record = Record {
-        fingerprint: claim.fingerprint.clone(),
-        state: State::Processing,
-        holder: claim.holder,
         lease_until_ms: now,
-        expires_at_ms: claim.expires_at_ms,
-        response: None,
-        checkpoint: claim.checkpoint.clone(),
+        ..held(claim)
     };
     write_as_holder(store, claim, record, now, OnMoved::KeepStoredCheckpoint).map(|_| ())
 }
@@ -196,18 +190,30 @@ fn extend<P: Primitives>(
     let now = store.now_ms();
     check_not_expired(claim, now)?;
     let record = Record {
-        fingerprint: claim.fingerprint.clone(),
-        state: State::Processing,
-        holder: claim.holder,
         lease_until_ms: now.saturating_add(policy.lease_ms),
         expires_at_ms: now
             .saturating_add(policy.retention_ms)
             .max(claim.expires_at_ms),
-        response: None,
         checkpoint,
+        ..held(claim)
     };
     let (version, record) = write_as_holder(store, claim, record, now, on_moved)?;
     Ok(self::claim(&claim.key, record, version))
+}
+
+/// The record as `claim` wrote it: processing, under the claim's lease,
+/// expiry and checkpoint, with no response. Each holder's write changes
+/// some of these fields and keeps the rest.
+fn held<R>(claim: &Claim) -> Record<R> {
+    Record {
+        fingerprint: claim.fingerprint.clone(),
+        state: State::Processing,
+        holder: claim.holder,
+        lease_until_ms: claim.lease_until_ms,
+        expires_at_ms: claim.expires_at_ms,
+        response: None,
+        checkpoint: claim.checkpoint.clone(),
+    }
 }
 
 /// Which checkpoint a holder's write keeps when an earlier write of the
