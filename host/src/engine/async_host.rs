@@ -2,10 +2,11 @@
 //! wasmtime fiber and may wait on a network or disk store without blocking
 //! the runtime's thread.
 //!
-//! What is this flavour's own: `async` bindings, a `State` holding a
-//! `dyn Store` and the store timeout, store calls awaited within that
-//! timeout (`call_store!`), and `instantiate_async`. The rest is the body
-//! both flavours share (`glue::flavour!`), expanded with `async`/`.await`.
+//! What is this flavour's own: `async` bindings (the options it gives
+//! `glue::bindings!`), a `State` holding a `dyn Store` and the store timeout,
+//! store calls awaited within that timeout (`call_store!`), and
+//! `instantiate_async`. The rest is the body both flavours share
+//! (`glue::flavour!`), expanded with `async`/`.await`.
 
 use super::HostState;
 use crate::clock::Clock;
@@ -14,19 +15,10 @@ use std::sync::Arc;
 use std::time::Duration;
 use wasmtime::{Result, StoreLimits};
 
-#[allow(clippy::pedantic)] // generated
-mod bindings {
-    wasmtime::component::bindgen!({
-        path: "../wit",
-        world: "idem",
-        with: { "idem:guard/types.response": crate::engine::ResponseRep },
-        imports: { default: async },
-        exports: { default: async },
-    });
+super::glue::bindings! {
+    imports: { default: async },
+    exports: { default: async },
 }
-
-use bindings::exports::idem::guard::guard as wit;
-use bindings::idem::guard::{store as wit_store, types as wit_types};
 
 /// What the host gives one instance.
 pub(super) struct State {

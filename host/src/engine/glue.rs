@@ -5,7 +5,7 @@
 //! async and the sync bindings generate distinct, identical types).
 //!
 //! What differs between the flavours is in their own modules, and only that:
-//! - `bindings`: `bindgen!` with `async` imports and exports, or without;
+//! - the options given to `bindings!`: `async` imports and exports, or none;
 //! - `State`: the store the imports reach (`dyn Store` and a store timeout,
 //!   or `dyn SyncStore`);
 //! - `call_store!`: how an import calls that store (awaited within the store
@@ -16,10 +16,29 @@
 //!   or nothing — so the sync flavour stays plain calls, with no future
 //!   in between.
 //!
-//! The expanding module must have in scope: `bindings` (its `bindgen!`),
-//! `State`, `wit` (the exported guard interface), `wit_store` and
-//! `wit_types` (the imported interfaces), and `HostState`. The expansion
-//! brings `model` and `GuardError` into it.
+//! The expanding module must have in scope what `bindings!` brings (`wit`,
+//! the exported guard interface; `wit_store` and `wit_types`, the imported
+//! interfaces), `State` and `HostState`. The expansion brings `model` and
+//! `GuardError` into it.
+
+/// The world's bindings, with the host's `response` resource, in a module
+/// `bindings`; a flavour adds its own `bindgen!` options.
+macro_rules! bindings {
+    ($($option:tt)*) => {
+        #[allow(clippy::pedantic)] // generated
+        mod bindings {
+            wasmtime::component::bindgen!({
+                path: "../wit",
+                world: "idem",
+                with: { "idem:guard/types.response": crate::engine::ResponseRep },
+                $($option)*
+            });
+        }
+
+        use bindings::exports::idem::guard::guard as wit;
+        use bindings::idem::guard::{store as wit_store, types as wit_types};
+    };
+}
 
 macro_rules! flavour {
     (asyncness: [$($async:tt)?], awaiting: [$($await:tt)*], call_store: $call_store:ident $(,)?) => {
@@ -301,4 +320,4 @@ macro_rules! flavour {
     };
 }
 
-pub(super) use flavour;
+pub(super) use {bindings, flavour};

@@ -2,11 +2,11 @@
 //! imports and exports are plain calls, with no fiber and no future in
 //! between. Several times cheaper per call than the async flavour.
 //!
-//! What is this flavour's own: bindings without `async`, a `State`
-//! holding a `dyn SyncStore`, store calls that are plain calls of its
-//! `*_now` methods (`call_store!`), and `instantiate`. The rest is the body
-//! both flavours share (`glue::flavour!`), expanded with no `async` and no
-//! `.await`.
+//! What is this flavour's own: bindings without `async` (`glue::bindings!`
+//! with no options), a `State` holding a `dyn SyncStore`, store calls that
+//! are plain calls of its `*_now` methods (`call_store!`), and
+//! `instantiate`. The rest is the body both flavours share
+//! (`glue::flavour!`), expanded with no `async` and no `.await`.
 
 use super::HostState;
 use crate::clock::Clock;
@@ -14,17 +14,7 @@ use crate::store::SyncStore;
 use std::sync::Arc;
 use wasmtime::{Result, StoreLimits};
 
-#[allow(clippy::pedantic)] // generated
-mod bindings {
-    wasmtime::component::bindgen!({
-        path: "../wit",
-        world: "idem",
-        with: { "idem:guard/types.response": crate::engine::ResponseRep },
-    });
-}
-
-use bindings::exports::idem::guard::guard as wit;
-use bindings::idem::guard::{store as wit_store, types as wit_types};
+super::glue::bindings! {}
 
 /// What the host gives one instance.
 pub(super) struct State {
