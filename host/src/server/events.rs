@@ -5,7 +5,6 @@
 //! window and — only while someone listens to `/v1/events` — one broadcast.
 
 use crate::store::{FaultRule, Latencies, Op, Percentiles};
-use serde::Serialize;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Mutex, PoisonError};
@@ -16,31 +15,8 @@ use tokio::sync::broadcast;
 /// `outcome`, one type from the counters to the wire.
 pub use idem_admin_api::Outcome as Verdict;
 
-/// One decision, as `/v1/events` sends it.
-#[derive(Clone, Debug, Serialize)]
-pub struct DecisionEvent {
-    pub ts_ms: u64,
-    pub key: String,
-    pub outcome: Verdict,
-    pub status: Option<u16>,
-    pub latency_us: u64,
-    pub detail: Option<String>,
-}
-
-/// A fault rule changed through the admin API.
-#[derive(Clone, Debug, Serialize)]
-pub struct FaultEvent {
-    pub ts_ms: u64,
-    pub op: Op,
-    #[serde(flatten)]
-    pub rule: FaultRule,
-}
-
-#[derive(Clone, Debug)]
-pub enum Event {
-    Decision(DecisionEvent),
-    Fault(FaultEvent),
-}
+/// What `/v1/events` streams: the admin API's events, sent as they are.
+pub use idem_admin_api::{DecisionEvent, Event, FaultEvent};
 
 /// How many keys' replay counts are kept; past it the oldest counts are
 /// forgotten (the admin API then shows 0 for them).

@@ -112,21 +112,6 @@ pub(super) async fn events(State(admin): State<Admin>) -> Response {
 }
 
 pub(super) fn to_sse(event: &Event) -> SseEvent {
-    let event = match event {
-        Event::Decision(d) => api::Event::Decision(api::DecisionEvent {
-            ts_ms: d.ts_ms,
-            key: d.key.clone(),
-            outcome: d.outcome,
-            status: d.status,
-            latency_us: d.latency_us,
-            detail: d.detail.clone(),
-        }),
-        Event::Fault(f) => api::Event::Fault(api::FaultEvent {
-            ts_ms: f.ts_ms,
-            op: f.op,
-            rule: f.rule.clone(),
-        }),
-    };
     SseEvent::default().event(event.name()).data(event.data())
 }
 
