@@ -252,11 +252,13 @@ fn check_fingerprinted_headers(input: &mut Input) {
 
 fn check_hop_by_hop(input: &mut Input) {
     let (mut map, appended) = input.headers();
-    let named: Vec<String> = map
-        .get_all("connection")
+    // The names `Connection` lists, read from the input, not from the map.
+    let named: Vec<String> = appended
         .iter()
-        .filter_map(|v| v.to_str().ok())
-        .flat_map(|v| v.split(',').map(|s| s.trim().to_ascii_lowercase()))
+        .filter(|(name, _)| name == "connection")
+        .filter_map(|(_, value)| value.to_str().ok())
+        .flat_map(|value| value.split(','))
+        .map(|name| name.trim().to_ascii_lowercase())
         .collect();
     let removed = |name: &HeaderName| {
         HOP_BY_HOP.contains(&name.as_str()) || named.iter().any(|n| n == name.as_str())
