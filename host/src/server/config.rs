@@ -278,25 +278,27 @@ mod tests {
 
     #[test]
     fn validation_names_the_field() {
-        let bad = Config {
-            lease: Duration::from_secs(10),
-            retention: Duration::from_secs(5),
-            ..Config::default()
-        };
-        assert!(
-            bad.validate()
-                .unwrap_err()
-                .contains("shorter than retention")
-        );
-        let slow = Config {
-            upstream_timeout: Duration::from_secs(40),
-            ..Config::default()
-        };
-        assert!(
-            slow.validate()
-                .unwrap_err()
-                .contains("shorter than the lease")
-        );
+        let refused = [
+            (
+                Config {
+                    lease: Duration::from_secs(10),
+                    retention: Duration::from_secs(5),
+                    ..Config::default()
+                },
+                "shorter than retention",
+            ),
+            (
+                Config {
+                    upstream_timeout: Duration::from_secs(40),
+                    ..Config::default()
+                },
+                "shorter than the lease",
+            ),
+        ];
+        for (config, says) in refused {
+            let err = config.validate().unwrap_err();
+            assert!(err.contains(says), "{err:?} should say {says:?}");
+        }
         assert!(Config::default().validate().is_ok());
     }
 }

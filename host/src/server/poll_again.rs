@@ -142,67 +142,82 @@ mod tests {
         done: Arc<AtomicU8>,
     }
 
-    fn script(self_wakes: usize) -> (PollAgain<Script>, Handles) {
-        let handles = Handles {
-            polls: Arc::new(AtomicUsize::new(0)),
-            parked: Arc::new(Mutex::new(None)),
-            done: Arc::new(AtomicU8::new(0)),
-        };
-        let future = PollAgain::new(Script {
-            self_wakes,
-            polls: handles.polls.clone(),
-            parked: handles.parked.clone(),
-            done: handles.done.clone(),
-        });
-        (future, handles)
+    /// A `Script` in `PollAgain`, polled by a task that counts its wakes.
+    struct Polled {
+        task: Arc<Task>,
+        waker: Waker,
+        future: PollAgain<Script>,
+        script: Handles,
+    }
+
+    impl Polled {
+        fn new(self_wakes: usize) -> Self {
+            let script = Handles {
+                polls: Arc::new(AtomicUsize::new(0)),
+                parked: Arc::new(Mutex::new(None)),
+                done: Arc::new(AtomicU8::new(0)),
+            };
+            let future = PollAgain::new(Script {
+                self_wakes,
+                polls: script.polls.clone(),
+                parked: script.parked.clone(),
+                done: script.done.clone(),
+            });
+            let task = Arc::new(Task::default());
+            let waker = Waker::from(task.clone());
+            Polled {
+                task,
+                waker,
+                future,
+                script,
+            }
+        }
+
+        /// One poll by the task.
+        fn poll(&mut self) -> Poll<()> {
+            let mut cx = Context::from_waker(&self.waker);
+            Pin::new(&mut self.future).poll(&mut cx)
+        }
+
+        fn polls(&self) -> usize {
+            self.script.polls.load(Ordering::SeqCst)
+        }
+
+        fn task_wakes(&self) -> usize {
+            self.task.0.load(Ordering::SeqCst)
+        }
     }
 
     #[test]
     fn a_self_wake_is_polled_again_in_place_and_not_handed_to_the_task() {
-        let task = Arc::new(Task::default());
-        let waker = Waker::from(task.clone());
-        let mut cx = Context::from_waker(&waker);
-        let (mut future, script) = script(2);
-        assert!(Pin::new(&mut future).poll(&mut cx).is_pending());
-        assert_eq!(
-            script.polls.load(Ordering::SeqCst),
-            3,
-            "two self-wakes, three polls in one"
-        );
-        assert_eq!(task.0.load(Ordering::SeqCst), 0, "the task was not woken");
+        let mut run = Polled::new(2);
+        assert!(run.poll().is_pending());
+        assert_eq!(run.polls(), 3, "two self-wakes, three polls in one");
+        assert_eq!(run.task_wakes(), 0, "the task was not woken");
     }
 
     #[test]
     fn a_wake_from_outside_reaches_the_task_and_the_future_finishes() {
-        let task = Arc::new(Task::default());
-        let waker = Waker::from(task.clone());
-        let mut cx = Context::from_waker(&waker);
-        let (mut future, script) = script(0);
-        assert!(Pin::new(&mut future).poll(&mut cx).is_pending());
-        let inner = script
+        let mut run = Polled::new(0);
+        assert!(run.poll().is_pending());
+        let inner = run
+            .script
             .parked
             .lock()
             .unwrap()
             .take()
             .expect("the future kept its waker");
-        script.done.store(1, Ordering::SeqCst);
+        run.script.done.store(1, Ordering::SeqCst);
         std::thread::spawn(move || inner.wake()).join().unwrap();
-        assert_eq!(task.0.load(Ordering::SeqCst), 1);
-        assert!(Pin::new(&mut future).poll(&mut cx).is_ready());
+        assert_eq!(run.task_wakes(), 1);
+        assert!(run.poll().is_ready());
     }
 
     #[test]
     fn a_future_that_keeps_waking_itself_goes_back_to_the_scheduler() {
-        let task = Arc::new(Task::default());
-        let waker = Waker::from(task.clone());
-        let mut cx = Context::from_waker(&waker);
-        let (mut future, script) = script(usize::MAX);
-        assert!(Pin::new(&mut future).poll(&mut cx).is_pending());
-        assert_eq!(script.polls.load(Ordering::SeqCst), MAX_POLLS);
-        assert_eq!(
-            task.0.load(Ordering::SeqCst),
-            1,
-            "the task is scheduled again"
-        );
+        let mut run = Polled::new(usize::MAX);
+        assert!(run.poll().is_pending());
+        assert_eq!(run.polls(), MAX_POLLS);
+        assert_eq!(run.task_wakes(), 1, "the task is scheduled again");
     }
 }

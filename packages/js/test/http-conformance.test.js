@@ -59,10 +59,11 @@ async function expressTarget(config) {
   };
 }
 
-describe('Express middleware', () => {
+// Every scenario against a fresh target of one kind, stopped after it.
+function playAll(startTarget) {
   for (const scenario of scenarios) {
     test(`${scenario.file}: ${scenario.name}`, async () => {
-      const target = await expressTarget(scenario.config ?? {});
+      const target = await startTarget(scenario.config ?? {});
       try {
         assert.ok((await play(scenario, target)) > 0, 'the scenario checked nothing');
       } finally {
@@ -70,7 +71,9 @@ describe('Express middleware', () => {
       }
     });
   }
-});
+}
+
+describe('Express middleware', () => playAll(expressTarget));
 
 // A runner that skipped a check would pass anything: each expected status
 // and run count, changed, must fail its scenario.
@@ -176,18 +179,8 @@ test('an idem binary for the gateway scenarios, where one is required', { skip: 
   assert.ok(idemBin, `no idem binary at $IDEM_BIN (${process.env.IDEM_BIN}) or in ${targetDir}`);
 });
 
-describe('idem serve gateway', { skip: !idemBin && 'no idem binary (set IDEM_BIN, or build target/release/idem)' }, () => {
-  for (const scenario of scenarios) {
-    test(`${scenario.file}: ${scenario.name}`, async () => {
-      const target = await gatewayTarget(scenario.config ?? {});
-      try {
-        assert.ok((await play(scenario, target)) > 0, 'the scenario checked nothing');
-      } finally {
-        await target.stop();
-      }
-    });
-  }
-});
+describe('idem serve gateway', { skip: !idemBin && 'no idem binary (set IDEM_BIN, or build target/release/idem)' }, () =>
+  playAll(gatewayTarget));
 
 // The middleware stores keys as the gateway does, so the two can share a store
 // and an operator finds a key under the same name in both.
