@@ -60,18 +60,26 @@ struct Seen {
 }
 
 impl Seen {
+    /// `sent=600    executed=600   …`: each count padded to a fixed width,
+    /// so the line printed every second keeps its columns.
     fn line(&self) -> String {
-        let g = |a: &AtomicU64| a.load(Ordering::Relaxed);
-        format!(
-            "sent={:<6} executed={:<5} replayed={:<5} 409_in_flight={:<4} 422_conflict={:<4} 503_store_down={:<4} other={:<3}",
-            g(&self.sent),
-            g(&self.executed),
-            g(&self.replayed),
-            g(&self.in_flight),
-            g(&self.conflict),
-            g(&self.unavailable),
-            g(&self.other)
-        )
+        let counts = [
+            ("sent", 6, &self.sent),
+            ("executed", 5, &self.executed),
+            ("replayed", 5, &self.replayed),
+            ("409_in_flight", 4, &self.in_flight),
+            ("422_conflict", 4, &self.conflict),
+            ("503_store_down", 4, &self.unavailable),
+            ("other", 3, &self.other),
+        ];
+        let fields: Vec<String> = counts
+            .iter()
+            .map(|(name, width, count)| {
+                let count = count.load(Ordering::Relaxed);
+                format!("{name}={count:<width$}")
+            })
+            .collect();
+        fields.join(" ")
     }
 }
 

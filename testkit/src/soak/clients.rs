@@ -108,19 +108,24 @@ pub(super) fn bump(a: &AtomicU64) {
 }
 
 impl Tally {
+    /// The progress line: `sent=120 2xx=80 …`.
     pub(super) fn line(&self) -> String {
-        format!(
-            "sent={} 2xx={} replayed={} 409={} 422={} 503={} 5xx={} conn_err={} timeouts={}",
-            get(&self.sent),
-            get(&self.executed),
-            get(&self.replayed),
-            get(&self.in_flight),
-            get(&self.conflict),
-            get(&self.unavailable),
-            get(&self.upstream_failed),
-            get(&self.connection_errors),
-            get(&self.timeouts),
-        )
+        let counts = [
+            ("sent", &self.sent),
+            ("2xx", &self.executed),
+            ("replayed", &self.replayed),
+            ("409", &self.in_flight),
+            ("422", &self.conflict),
+            ("503", &self.unavailable),
+            ("5xx", &self.upstream_failed),
+            ("conn_err", &self.connection_errors),
+            ("timeouts", &self.timeouts),
+        ];
+        let fields: Vec<String> = counts
+            .iter()
+            .map(|(name, count)| format!("{name}={}", get(count)))
+            .collect();
+        fields.join(" ")
     }
 }
 
