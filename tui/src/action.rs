@@ -47,13 +47,9 @@ use Action as A;
 use KeyCode as K;
 
 /// The keys that work in every view.
+#[rustfmt::skip] // a table: one binding a line
 pub const GLOBAL: &[Binding<Action>] = &[
-    bind(
-        &[K::Char('1')],
-        A::ShowView(View::Keys),
-        "1 2 3 Tab",
-        "keys, faults, activity",
-    ),
+    bind(&[K::Char('1')], A::ShowView(View::Keys), "1 2 3 Tab", "keys, faults, activity"),
     also(&[K::Char('2')], A::ShowView(View::Faults)),
     also(&[K::Char('3')], A::ShowView(View::Activity)),
     also(&[K::Tab], A::NextView),

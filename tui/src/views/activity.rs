@@ -38,29 +38,15 @@ use ActivityAction as A;
 use KeyCode as K;
 
 /// The activity view's key table; the help overlay lists it as written.
+#[rustfmt::skip] // a table: one binding a line
 pub const BINDINGS: &[Binding<ActivityAction>] = &[
-    bind(
-        &[K::Up, K::Char('k')],
-        A::ScrollUp,
-        "↑↓jk PgUp/Dn",
-        "scroll the log",
-    ),
+    bind(&[K::Up, K::Char('k')], A::ScrollUp, "↑↓jk PgUp/Dn", "scroll the log"),
     also(&[K::Down, K::Char('j')], A::ScrollDown),
     also(&[K::PageUp], A::PageUp),
     also(&[K::PageDown], A::PageDown),
-    bind(
-        &[K::Home, K::Char('g')],
-        A::Oldest,
-        "g / G",
-        "oldest / newest (follow)",
-    ),
+    bind(&[K::Home, K::Char('g')], A::Oldest, "g / G", "oldest / newest (follow)"),
     also(&[K::End, K::Char('G')], A::Follow),
-    bind(
-        &[K::Char('p'), K::Char(' ')],
-        A::Pause,
-        "p Space",
-        "pause / follow the log",
-    ),
+    bind(&[K::Char('p'), K::Char(' ')], A::Pause, "p Space", "pause / follow the log"),
     bind(&[K::Char('c')], A::ClearLog, "c", "clear the decision log"),
 ];
 

@@ -52,66 +52,27 @@ use FaultsAction as A;
 use KeyCode as K;
 
 /// The faults view's key table; the help overlay lists it as written.
+#[rustfmt::skip] // a table: one binding a line
 pub const BINDINGS: &[Binding<FaultsAction>] = &[
-    bind(
-        &[K::Up, K::Char('k')],
-        A::Up,
-        "↑↓ j k",
-        "choose the operation",
-    ),
+    bind(&[K::Up, K::Char('k')], A::Up, "↑↓ j k", "choose the operation"),
     also(&[K::Down, K::Char('j')], A::Down),
     also(&[K::Home, K::Char('g'), K::PageUp], A::Home),
     also(&[K::End, K::Char('G'), K::PageDown], A::End),
-    bind(
-        &[K::Char('o')],
-        A::SetKind(FaultKind::Off),
-        "o / e",
-        "off / error",
-    ),
+    bind(&[K::Char('o')], A::SetKind(FaultKind::Off), "o / e", "off / error"),
     also(&[K::Char('e')], A::SetKind(FaultKind::Error)),
-    bind(
-        &[K::Char('t')],
-        A::SetKind(FaultKind::Timeout),
-        "t / d / l",
-        "timeout / delay / lost",
-    ),
+    bind(&[K::Char('t')], A::SetKind(FaultKind::Timeout), "t / d / l", "timeout / delay / lost"),
     also(&[K::Char('d')], A::SetKind(FaultKind::Delay)),
     also(&[K::Char('l')], A::SetKind(FaultKind::Lost)),
     bind(&[K::Char(' ')], A::Toggle, "Space", "fault on / off"),
-    bind(
-        &[K::Char('+'), K::Char('=')],
-        A::LatencyUp,
-        "+ / -",
-        "latency ±100 ms",
-    ),
+    bind(&[K::Char('+'), K::Char('=')], A::LatencyUp, "+ / -", "latency ±100 ms"),
     also(&[K::Char('-'), K::Char('_')], A::LatencyDown),
-    bind(
-        &[K::Char(']')],
-        A::ProbabilityUp,
-        "] / [",
-        "probability ±10 %",
-    ),
+    bind(&[K::Char(']')], A::ProbabilityUp, "] / [", "probability ±10 %"),
     also(&[K::Char('[')], A::ProbabilityDown),
-    bind(
-        &[K::Char('>'), K::Char('.')],
-        A::CountUp,
-        "> / <",
-        "count ±1 (0: unlimited)",
-    ),
+    bind(&[K::Char('>'), K::Char('.')], A::CountUp, "> / <", "count ±1 (0: unlimited)"),
     also(&[K::Char('<'), K::Char(',')], A::CountDown),
-    bind(
-        &[K::Char('L')],
-        A::EditLatency,
-        "L / P",
-        "type latency / prob.",
-    ),
+    bind(&[K::Char('L')], A::EditLatency, "L / P", "type latency / prob."),
     also(&[K::Char('P')], A::EditProbability),
-    bind(
-        &[K::Char('C')],
-        A::EditCount,
-        "C / M",
-        "type count / message",
-    ),
+    bind(&[K::Char('C')], A::EditCount, "C / M", "type count / message"),
     also(&[K::Char('M')], A::EditMessage),
     bind(&[K::Char('R')], A::EditRule, "R", "type the whole rule"),
 ];

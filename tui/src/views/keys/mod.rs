@@ -48,53 +48,24 @@ use KeyCode as K;
 use KeysAction as A;
 
 /// The keys view's key table; the help overlay lists it as written.
+#[rustfmt::skip] // a table: one binding a line
 pub const BINDINGS: &[Binding<KeysAction>] = &[
     bind(&[K::Up, K::Char('k')], A::Up, "↑↓ j k", "move"),
     also(&[K::Down, K::Char('j')], A::Down),
     bind(&[K::PageUp], A::PageUp, "PgUp PgDn", "previous / next page"),
     also(&[K::PageDown], A::PageDown),
-    bind(
-        &[K::Home, K::Char('g')],
-        A::Home,
-        "g G Home End",
-        "first / last row",
-    ),
+    bind(&[K::Home, K::Char('g')], A::Home, "g G Home End", "first / last row"),
     also(&[K::End, K::Char('G')], A::End),
     bind(&[K::Char('s')], A::NextSort, "s / o", "sort column / order"),
     also(&[K::Char('o')], A::ReverseOrder),
-    bind(
-        &[K::Char('f')],
-        A::NextStateFilter,
-        "f",
-        "state filter, 4 kinds",
-    ),
+    bind(&[K::Char('f')], A::NextStateFilter, "f", "state filter, 4 kinds"),
     bind(&[K::Char('/')], A::Search, "/", "search the client's key"),
     bind(&[K::Esc], A::Back, "Esc", "back (pane, filters)"),
-    bind(
-        &[K::Enter],
-        A::ToggleDetail,
-        "Enter",
-        "detail pane (full key)",
-    ),
-    bind(
-        &[K::Char('K')],
-        A::DetailScrollUp,
-        "J K",
-        "scroll the detail pane",
-    ),
+    bind(&[K::Enter], A::ToggleDetail, "Enter", "detail pane (full key)"),
+    bind(&[K::Char('K')], A::DetailScrollUp, "J K", "scroll the detail pane"),
     also(&[K::Char('J')], A::DetailScrollDown),
-    bind(
-        &[K::Char('c'), K::Char('y')],
-        A::Copy,
-        "c y",
-        "copy the key (OSC 52)",
-    ),
-    bind(
-        &[K::Char('r')],
-        A::AskRelease,
-        "r / e / d",
-        "release, expire, delete",
-    ),
+    bind(&[K::Char('c'), K::Char('y')], A::Copy, "c y", "copy the key (OSC 52)"),
+    bind(&[K::Char('r')], A::AskRelease, "r / e / d", "release, expire, delete"),
     also(&[K::Char('e')], A::AskExpire),
     also(&[K::Char('d'), K::Delete], A::AskDelete),
 ];
