@@ -86,27 +86,15 @@ BEGIN
     INTO o_inserted, o_version, o_fingerprint, o_state, o_lease, o_exp, o_status, o_names, o_values, o_body,
       o_holder, o_phase, o_checkpoint
     FROM {t} r WHERE r.key = p_key;
-    IF NOT FOUND THEN
-      -- Absent: the unique key lets exactly one concurrent claimer insert; the
-      -- others wait for it to commit, insert nothing and read its row.
-      INSERT INTO {t} (key, version, fingerprint, state, lease_until_ms, expires_at_ms, status, header_names,
-        header_values, body, holder, phase, checkpoint)
-      VALUES (p_key, 1, p_fp, p_state, p_lease, p_exp, p_status, p_names, p_values, p_body, p_holder, p_phase,
-        p_checkpoint)
-      ON CONFLICT (key) DO NOTHING
-      RETURNING version INTO o_version;
-    ELSIF o_exp > p_now THEN
+    IF FOUND AND o_exp > p_now THEN
       RETURN;
-    ELSE
-      -- Expired: overwritten at its version + 1, unless a concurrent claimer
-      -- did so first (its row is live again when we get the lock) or it was purged.
-      UPDATE {t} r SET version = r.version + 1, fingerprint = p_fp, state = p_state, lease_until_ms = p_lease,
-        expires_at_ms = p_exp, status = p_status, header_names = p_names, header_values = p_values, body = p_body,
-        holder = p_holder, phase = p_phase, checkpoint = p_checkpoint
-      WHERE r.key = p_key AND r.expires_at_ms <= p_now
-      RETURNING r.version INTO o_version;
     END IF;
-    IF FOUND THEN
+    -- Absent or expired: `{t}_try_claim` inserts it or overwrites it at its
+    -- version + 1, unless a concurrent claimer did so first (then the next
+    -- attempt reads that claimer's row).
+    o_version := {t}_try_claim(p_key, p_now, p_fp, p_state, p_lease, p_exp, p_status, p_names, p_values, p_body,
+      p_holder, p_phase, p_checkpoint);
+    IF o_version IS NOT NULL THEN
       -- Only the version is read when inserted (the other columns may hold the expired row).
       o_inserted := true;
       RETURN;
