@@ -321,7 +321,7 @@ async fn claim_and_complete(
 
 /// The SQLite writer's hook for `sqlite-transaction`: once `before` earlier
 /// completions have gone by, it stops the writer inside the first
-/// transaction holding at least half of the last round's `keys`
+/// transaction holding more than half of the last round's `keys`
 /// completions. A smaller transaction ahead of it waits, before its commit,
 /// until every completion of the round is queued, so the next one holds
 /// them all.
@@ -334,7 +334,7 @@ fn stop_in_transaction(
         if completions.load(Ordering::SeqCst) <= before {
             return;
         }
-        if primitives >= keys.div_ceil(2) {
+        if primitives > keys / 2 {
             say(&format!("in-transaction {primitives}"));
             loop {
                 std::thread::park();

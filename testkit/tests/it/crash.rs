@@ -663,12 +663,21 @@ mod sqlite {
             recovery.replayed.len(),
             recovery.taken_over.len()
         );
-        assert_eq!(
-            recovery.taken_over.len(),
-            in_transaction,
-            "exactly the uncommitted transaction's keys are still claimed"
+        // The killed transaction holds more than half of the round's
+        // completions; completions still queued behind it (on a loaded
+        // machine) were never written. Both kinds of key are still claimed.
+        // Had the transaction's writes survived, fewer keys than it held
+        // would be claimed: the round's other keys are fewer than half.
+        assert!(
+            recovery.taken_over.len() >= in_transaction,
+            "every key of the uncommitted transaction is still claimed: {} taken over, \
+             {in_transaction} in the transaction",
+            recovery.taken_over.len()
         );
-        assert_eq!(recovery.replayed.len(), seen.claimed.len() - in_transaction);
+        assert_eq!(
+            recovery.replayed.len() + recovery.taken_over.len(),
+            seen.claimed.len()
+        );
     }
 }
 
