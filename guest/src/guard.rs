@@ -120,8 +120,7 @@ pub fn complete<P: Primitives>(
         lease_until_ms: 0,
         expires_at_ms: now.saturating_add(policy.retention_ms),
         response: Some(response),
-        checkpoint: None,
-        ..held(claim)
+        ..held(claim, None)
     };
     write_as_holder(store, claim, record, now, OnMoved::KeepOurs).map(|_| ())
 }
@@ -134,7 +133,7 @@ pub fn release<P: Primitives>(store: &mut P, claim: &Claim) -> Result<(), GuardE
     // old fence match again.
     let record = Record {
         lease_until_ms: now,
-        ..held(claim)
+        ..held(claim, claim.checkpoint.clone())
     };
     write_as_holder(store, claim, record, now, OnMoved::KeepStoredCheckpoint).map(|_| ())
 }
@@ -194,17 +193,17 @@ fn extend<P: Primitives>(
         expires_at_ms: now
             .saturating_add(policy.retention_ms)
             .max(claim.expires_at_ms),
-        checkpoint,
-        ..held(claim)
+        ..held(claim, checkpoint)
     };
     let (version, record) = write_as_holder(store, claim, record, now, on_moved)?;
     Ok(self::claim(&claim.key, record, version))
 }
 
-/// The record as `claim` wrote it: processing, under the claim's lease,
-/// expiry and checkpoint, with no response. Each holder's write changes
-/// some of these fields and keeps the rest.
-fn held<R>(claim: &Claim) -> Record<R> {
+/// The record as `claim` wrote it, processing under the claim's lease and
+/// expiry with no response, keeping `checkpoint` (given, so that no write
+/// clones a checkpoint it then drops). Each holder's write changes some of
+/// these fields and keeps the rest.
+fn held<R>(claim: &Claim, checkpoint: Option<Checkpoint>) -> Record<R> {
     Record {
         fingerprint: claim.fingerprint.clone(),
         state: State::Processing,
@@ -212,7 +211,7 @@ fn held<R>(claim: &Claim) -> Record<R> {
         lease_until_ms: claim.lease_until_ms,
         expires_at_ms: claim.expires_at_ms,
         response: None,
-        checkpoint: claim.checkpoint.clone(),
+        checkpoint,
     }
 }
 
