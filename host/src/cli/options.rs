@@ -14,7 +14,7 @@ pub struct ServeOptions {
     #[arg(long, env = "IDEM_CONFIG", value_name = "FILE")]
     #[serde(skip)]
     pub config: Option<PathBuf>,
-    /// Where the gateway listens [default: 127.0.0.1:8080].
+    /// Where the gateway listens [default: 127.0.0.1:8080]; port 0 takes a free one, printed at start.
     #[arg(long, env = "IDEM_LISTEN", value_name = "ADDR")]
     pub listen: Option<String>,
     /// The service behind the gateway, http://HOST:PORT[/PREFIX].
@@ -23,7 +23,7 @@ pub struct ServeOptions {
     /// Where records live: memory:, sqlite:PATH, redis://…, postgres://… [default: sqlite:idem.db].
     #[arg(long, env = "IDEM_STORE", value_name = "URL")]
     pub store: Option<String>,
-    /// Where the admin API listens [default: 127.0.0.1:9090]; `off` for none.
+    /// Where the admin API listens [default: 127.0.0.1:9090]; `off` for none; port 0 as for --listen.
     #[arg(long, env = "IDEM_ADMIN_LISTEN", value_name = "ADDR")]
     pub admin_listen: Option<String>,
     /// The admin API's bearer token; required when it listens off loopback.
@@ -280,8 +280,12 @@ pub async fn serve(options: ServeOptions) -> anyhow::Result<()> {
         serve.upstream,
         serve.store
     );
-    if let Some(admin) = &serve.admin_listen {
-        eprintln!("admin API: http://{admin}/v1/stats");
+    // The bound addresses, so `--listen 127.0.0.1:0` (any free port) can be found.
+    if let Some(admin) = &admin {
+        eprintln!(
+            "admin API: http://{}/v1/stats",
+            admin.listener.local_addr()?
+        );
     }
     crate::server::run(gateway, proxy, admin, shutdown_signal()).await;
     eprintln!("idem serve: stopped");

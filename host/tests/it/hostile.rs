@@ -3,7 +3,7 @@
 //! that were never freed, and slow clients holding every slot. Each test is
 //! a reproduction an operator ran (`idem ledger` as the upstream).
 
-use crate::support::{Proc, Reply, free_ports, http, read_reply, spawn_idem as spawn};
+use crate::support::{Proc, Reply, free_ports, http, read_reply, spawn_idem as spawn, spawn_serve};
 use serde_json::{Value, json};
 use std::time::{Duration, Instant};
 use tokio::io::AsyncWriteExt;
@@ -20,7 +20,7 @@ struct Stack {
 impl Stack {
     /// `serve_args` are added to `idem serve`'s listeners, upstream and admin.
     async fn start(ledger_latency: &str, serve_args: &[&str]) -> Stack {
-        let [proxy, admin, ledger] = free_ports();
+        let [ledger] = free_ports();
         let ledger_proc = spawn(&[
             "ledger",
             "--listen",
@@ -28,31 +28,21 @@ impl Stack {
             "--latency",
             ledger_latency,
         ]);
-        let mut args = vec![
-            "serve".to_owned(),
-            "--listen".into(),
-            format!("127.0.0.1:{proxy}"),
-            "--admin-listen".into(),
-            format!("127.0.0.1:{admin}"),
-            "--upstream".into(),
-            format!("http://127.0.0.1:{ledger}"),
-        ];
-        args.extend(serve_args.iter().map(|a| (*a).to_owned()));
-        let serve_proc = spawn(&args.iter().map(String::as_str).collect::<Vec<_>>());
-        let stack = Stack {
+        let upstream = format!("http://127.0.0.1:{ledger}");
+        let mut args = vec!["--upstream", &upstream];
+        args.extend(serve_args);
+        let (serve_proc, proxy, admin) = spawn_serve(&args);
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while TcpStream::connect(("127.0.0.1", ledger)).await.is_err() {
+            assert!(Instant::now() < deadline, "nothing listens on {ledger}");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        Stack {
             proxy,
             admin,
             ledger,
             _procs: [ledger_proc, serve_proc],
-        };
-        for port in [ledger, admin] {
-            let deadline = Instant::now() + Duration::from_secs(60);
-            while TcpStream::connect(("127.0.0.1", port)).await.is_err() {
-                assert!(Instant::now() < deadline, "nothing listens on {port}");
-                tokio::time::sleep(Duration::from_millis(50)).await;
-            }
         }
-        stack
     }
 
     async fn order(&self, key: &str, order: &str) -> Reply {

@@ -37,6 +37,47 @@ pub fn spawn_idem(args: &[&str]) -> Proc {
     )
 }
 
+/// `idem serve ARGS…` with `--listen 127.0.0.1:0 --admin-listen 127.0.0.1:0`
+/// added, and the ports it bound (proxy, admin), read from the lines it
+/// prints at start. Port 0 leaves nothing to race for between picking a port
+/// and binding it. Its later output is passed on to the test's stderr.
+pub fn spawn_serve(args: &[&str]) -> (Proc, u16, u16) {
+    use std::io::{BufRead, BufReader};
+    let mut child = Command::new(IDEM)
+        .arg("serve")
+        .args(["--listen", "127.0.0.1:0", "--admin-listen", "127.0.0.1:0"])
+        .args(args)
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let stderr = BufReader::new(child.stderr.take().unwrap());
+    let proc = Proc(child);
+    let (bound, ports) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let port = |line: &str, prefix: &str| {
+            let addr = line.strip_prefix(prefix)?.split(['/', ' ']).next()?;
+            addr.rsplit_once(':')?.1.parse::<u16>().ok()
+        };
+        for line in stderr.lines() {
+            let Ok(line) = line else { return };
+            if let Some(p) = port(&line, "idem serve: http://") {
+                let _ = bound.send(("proxy", p));
+            } else if let Some(p) = port(&line, "admin API: http://") {
+                let _ = bound.send(("admin", p));
+            }
+            eprintln!("idem serve: {line}");
+        }
+    });
+    let next = |what: &str| match ports.recv_timeout(std::time::Duration::from_secs(60)) {
+        Ok((name, port)) if name == what => port,
+        other => panic!("idem serve {args:?} did not print its {what} address: {other:?}"),
+    };
+    let proxy = next("proxy");
+    let admin = next("admin");
+    (proc, proxy, admin)
+}
+
 /// An HTTP response as read off the wire.
 #[derive(Debug)]
 pub struct Reply {
