@@ -105,26 +105,37 @@ const idemBin = [process.env.IDEM_BIN, join(targetDir, 'release', 'idem'), join(
   (p) => p && existsSync(p),
 );
 
-/** A free loopback port (closed again before the gateway binds it). */
-async function freePort() {
-  const server = createServer();
-  await listen(server);
-  const { port } = server.address();
-  await close(server);
-  return port;
-}
-
-async function until(what, probe, ms = 15_000) {
-  const deadline = Date.now() + ms;
-  for (;;) {
-    try {
-      if (await probe()) return;
-    } catch {
-      // not up yet
+/**
+ * `idem serve` started with ARGS on free ports (port 0): resolves with the
+ * proxy's and the admin API's addresses from the lines it prints once bound.
+ * If it exits first, or prints nothing in 60 s (a loaded machine compiling
+ * the component in a debug build), it is killed and this rejects with what
+ * it printed, so no test waits on a child left running.
+ */
+function startIdem(args) {
+  const child = spawn(idemBin, args, { stdio: ['ignore', 'ignore', 'pipe'] });
+  const exited = new Promise((resolve) => child.on('exit', resolve));
+  let stderr = '';
+  const bound = new Promise((resolve, reject) => {
+    const timer = setTimeout(() => fail(`printed no addresses in 60 s`), 60_000);
+    function fail(why) {
+      clearTimeout(timer);
+      child.kill('SIGKILL');
+      reject(new Error(`idem ${args.join(' ')}: ${why}; its stderr: ${JSON.stringify(stderr)}`));
     }
-    assert.ok(Date.now() < deadline, `timed out waiting for ${what}`);
-    await new Promise((r) => setTimeout(r, 20));
-  }
+    child.on('exit', (code, signal) => fail(`exited (${signal ?? code}) before it listened`));
+    child.on('error', (e) => fail(e.message));
+    child.stderr.on('data', (d) => {
+      stderr += d;
+      const proxy = /^idem serve: (http:\/\/\S+) ->/m.exec(stderr);
+      const admin = /^admin API: (http:\/\/\S+)\/v1\/stats$/m.exec(stderr);
+      if (proxy && admin) {
+        clearTimeout(timer);
+        resolve({ url: proxy[1], admin: admin[1] });
+      }
+    });
+  });
+  return { child, exited, bound };
 }
 
 /** `idem serve` with a memory store in front of an upstream running the scenario handler. */
@@ -135,23 +146,21 @@ async function gatewayTarget(config) {
     state.handle(req, res).catch(() => res.socket?.destroy());
   });
   const upstreamUrl = await listen(upstream);
-  const [port, adminPort] = [await freePort(), await freePort()];
-  const args = [
+  const { child, exited, bound } = startIdem([
     'serve',
-    '--listen', `127.0.0.1:${port}`,
+    '--listen', '127.0.0.1:0',
     '--upstream', upstreamUrl,
     '--store', 'memory:',
-    '--admin-listen', `127.0.0.1:${adminPort}`,
+    '--admin-listen', '127.0.0.1:0',
     '--require-key', String(config.require_key ?? false),
-  ];
-  const child = spawn(idemBin, args, { stdio: ['ignore', 'ignore', 'pipe'] });
-  let stderr = '';
-  child.stderr.on('data', (d) => {
-    stderr += d;
-  });
-  const exited = new Promise((resolve) => child.on('exit', resolve));
-  const admin = `http://127.0.0.1:${adminPort}`;
-  await until(`idem serve (${stderr})`, async () => (await fetch(`${admin}/v1/stats`)).ok);
+  ]);
+  let url, admin;
+  try {
+    ({ url, admin } = await bound);
+  } catch (e) {
+    await close(upstream);
+    throw e;
+  }
   const faults = async (rule) => {
     const response = await fetch(`${admin}/v1/faults`, {
       method: 'PUT',
@@ -161,7 +170,7 @@ async function gatewayTarget(config) {
     assert.equal(response.status, 200, await response.text());
   };
   return {
-    url: `http://127.0.0.1:${port}`,
+    url,
     admin,
     state,
     storeDown: () => faults({ kind: 'error', message: 'store down' }),
