@@ -19,9 +19,10 @@ from __future__ import annotations
 
 import asyncio
 import http.server
+import io
 import json
 import os
-import socket
+import queue
 import subprocess
 import threading
 import time
@@ -44,12 +45,6 @@ def need(var: str) -> str:
     if not value:
         pytest.fail(f"{var} is not set: the interop test needs it (see examples/interop/test_interop.py)")
     return value
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class Upstream:
@@ -89,11 +84,13 @@ class Upstream:
 
 class Gateway:
     def __init__(self, store_url: str, upstream: Upstream) -> None:
-        self.port = free_port()
+        # Port 0: the gateway takes a free port and names it on stderr
+        # ("idem serve: http://ADDR -> ..."), so no other process can take it
+        # between a probe and the bind.
         self.proc = subprocess.Popen(
             [
                 need("IDEM_BIN"), "serve",
-                "--listen", f"127.0.0.1:{self.port}",
+                "--listen", "127.0.0.1:0",
                 "--upstream", f"http://127.0.0.1:{upstream.port}",
                 "--store", store_url,
                 "--admin-listen", "off",
@@ -104,16 +101,27 @@ class Gateway:
             stdout=subprocess.DEVNULL,
             stderr=subprocess.PIPE,
         )
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"idem serve exited: {self.proc.stderr.read().decode()}")
-            try:
-                socket.create_connection(("127.0.0.1", self.port), timeout=0.2).close()
-                return
-            except OSError:
-                time.sleep(0.05)
-        raise RuntimeError("idem serve did not listen within 30 s")
+        self.stderr: list[str] = []
+        bound: queue.Queue[str] = queue.Queue()
+
+        def drain() -> None:  # read every line, so the gateway never blocks on a full pipe
+            for line in io.TextIOWrapper(self.proc.stderr, errors="replace"):
+                self.stderr.append(line)
+                if line.startswith("idem serve: http://"):
+                    bound.put(line.split()[2].removeprefix("http://"))
+            bound.put("")
+
+        threading.Thread(target=drain, daemon=True).start()
+        try:
+            addr = bound.get(timeout=60)
+        except queue.Empty:
+            addr = ""
+        if not addr:
+            why = "did not listen within 60 s" if self.proc.poll() is None else "exited before it listened"
+            self.proc.kill()
+            self.proc.wait()
+            raise RuntimeError(f"idem serve {why}; its stderr: {''.join(self.stderr)!r}")
+        self.port = int(addr.rsplit(":", 1)[1])
 
     def post(self, key: str, body: bytes) -> tuple[int, dict[str, str], bytes]:
         req = urllib.request.Request(
