@@ -8,7 +8,7 @@
 #
 #   examples/run-polyglot-tests.sh [REPO_ROOT]
 #
-# Needs: cargo, Node.js >= 20 with npm, Python 3.11, and for the packages'
+# Needs: cargo, Node.js >= 20.14 (--test-force-exit) with npm, Python 3.11, and for the packages'
 # store tests and the interop test Redis and PostgreSQL: it runs
 # scripts/services.sh, which starts the local ones (and Valkey, for the
 # stores' SET … IFEQ), and names them in IDEM_TEST_REDIS_URL,
@@ -62,6 +62,11 @@ elif [[ -z "${component_as_is:-}" ]]; then
   export IDEM_BIN="$target/debug/idem" IDEM_GATEWAY_REQUIRED=1
 fi
 
+# A test that hangs fails after 5 minutes, and a test file whose tests are
+# done exits even if something it started is still open (a server, a child
+# process), so a broken test is reported instead of stalling the run.
+node_test_flags="--test-timeout=300000 --test-force-exit"
+
 echo "== JavaScript package @idem/guard (Node.js $(node --version))"
 tarball="$(IDEM_COMPONENT="$component" bash "$root/packages/js/build.sh" "$target")"
 echo "packed $tarball"
@@ -76,14 +81,14 @@ echo "packed $tarball"
   npm ci --no-audit --no-fund --loglevel=error
   rm -rf gen
   npx --no-install jco transpile "$component" -o gen --name idem --instantiation sync --no-wasi-shim -q
-  node --test test/
+  node --test $node_test_flags test/
 )
 
 echo "== JavaScript examples (@idem/guard linked from packages/js)"
 (
   cd "$root/examples/js"
   npm ci --no-audit --no-fund --loglevel=error
-  node --test test/
+  node --test $node_test_flags test/
 )
 
 echo "== Python package and host ($(python3.11 --version))"
