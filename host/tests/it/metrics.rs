@@ -52,6 +52,10 @@ fn every_metric_has_help_and_type_and_durations_are_seconds() {
         "idem_faults_injected_total",
         "idem_pool_idle",
         "idem_uptime_seconds",
+        "idem_purge_runs_total",
+        "idem_purged_records_total",
+        "idem_purge_errors_total",
+        "idem_purge_last_duration_seconds",
     ] {
         assert!(
             families.iter().any(|f| f == name),
