@@ -13,7 +13,7 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 pub(crate) use crate::support::Proc;
-use crate::support::{IDEM, free_ports, spawn_idem as spawn};
+use crate::support::{IDEM, free_ports, spawn_idem as spawn, spawn_serve};
 
 /// One HTTP/1.1 request; returns the status code (0 if the server is not up yet).
 pub(crate) fn post(port: u16, key: &str, body: &str) -> u16 {
@@ -51,23 +51,13 @@ pub(crate) fn order(key: &str) -> String {
 /// `idem ledger` and `idem serve` (memory store) on free ports, with the
 /// admin API's `extra` arguments; returns them with the proxy and admin ports.
 pub(crate) fn serve(extra: &[&str]) -> (Proc, Proc, u16, u16) {
-    let [ledger_port, proxy_port, admin_port] = free_ports();
+    let [ledger_port] = free_ports();
     let ledger = spawn(&["ledger", "--listen", &format!("127.0.0.1:{ledger_port}")]);
-    let mut args = vec![
-        "serve".to_owned(),
-        "--listen".to_owned(),
-        format!("127.0.0.1:{proxy_port}"),
-        "--upstream".to_owned(),
-        format!("http://127.0.0.1:{ledger_port}"),
-        "--store".to_owned(),
-        "memory:".to_owned(),
-        "--admin-listen".to_owned(),
-        format!("127.0.0.1:{admin_port}"),
-    ];
-    args.extend(extra.iter().map(|a| (*a).to_owned()));
-    let args: Vec<&str> = args.iter().map(String::as_str).collect();
-    let serve = spawn(&args);
-    // A debug build compiles the component at start: slow on a loaded machine.
+    let upstream = format!("http://127.0.0.1:{ledger_port}");
+    let mut args = vec!["--upstream", &upstream, "--store", "memory:"];
+    args.extend(extra);
+    let (serve, proxy_port, admin_port) = spawn_serve(&args);
+    // Bound, but the ledger behind it may still be starting.
     let deadline = Instant::now() + Duration::from_secs(90);
     while post(proxy_port, "warm-up", &order("warm-up")) / 100 != 2 {
         assert!(Instant::now() < deadline, "idem serve never answered 2xx");

@@ -40,7 +40,9 @@ pub fn spawn_idem(args: &[&str]) -> Proc {
 /// `idem serve ARGS…` with `--listen 127.0.0.1:0 --admin-listen 127.0.0.1:0`
 /// added, and the ports it bound (proxy, admin), read from the lines it
 /// prints at start. Port 0 leaves nothing to race for between picking a port
-/// and binding it. Its later output is passed on to the test's stderr.
+/// and binding it. Its later output is passed on to the test's stderr. A
+/// debug build compiles the component before it binds: slow on a loaded
+/// machine, hence 90 s.
 pub fn spawn_serve(args: &[&str]) -> (Proc, u16, u16) {
     use std::io::{BufRead, BufReader};
     let mut child = Command::new(IDEM)
@@ -69,7 +71,7 @@ pub fn spawn_serve(args: &[&str]) -> (Proc, u16, u16) {
             eprintln!("idem serve: {line}");
         }
     });
-    let next = |what: &str| match ports.recv_timeout(std::time::Duration::from_secs(60)) {
+    let next = |what: &str| match ports.recv_timeout(std::time::Duration::from_secs(90)) {
         Ok((name, port)) if name == what => port,
         other => panic!("idem serve {args:?} did not print its {what} address: {other:?}"),
     };
