@@ -10,10 +10,10 @@ use idem_harness::Tmux;
 use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::process::Command;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 pub(crate) use crate::support::Proc;
-use crate::support::{IDEM, free_ports, spawn_idem as spawn, spawn_serve};
+use crate::support::{IDEM, spawn_ledger, spawn_serve};
 
 /// One HTTP/1.1 request; returns the status code (0 if the server is not up yet).
 pub(crate) fn post(port: u16, key: &str, body: &str) -> u16 {
@@ -51,18 +51,15 @@ pub(crate) fn order(key: &str) -> String {
 /// `idem ledger` and `idem serve` (memory store) on free ports, with the
 /// admin API's `extra` arguments; returns them with the proxy and admin ports.
 pub(crate) fn serve(extra: &[&str]) -> (Proc, Proc, u16, u16) {
-    let [ledger_port] = free_ports();
-    let ledger = spawn(&["ledger", "--listen", &format!("127.0.0.1:{ledger_port}")]);
+    let (ledger, ledger_port) = spawn_ledger(&[]);
     let upstream = format!("http://127.0.0.1:{ledger_port}");
-    let mut args = vec!["--upstream", &upstream, "--store", "memory:"];
-    args.extend(extra);
+    let args = [&["--upstream", &upstream, "--store", "memory:"], extra].concat();
     let (serve, proxy_port, admin_port) = spawn_serve(&args);
-    // Bound, but the ledger behind it may still be starting.
-    let deadline = Instant::now() + Duration::from_secs(90);
-    while post(proxy_port, "warm-up", &order("warm-up")) / 100 != 2 {
-        assert!(Instant::now() < deadline, "idem serve never answered 2xx");
-        std::thread::sleep(Duration::from_millis(100));
-    }
+    assert_eq!(
+        post(proxy_port, "warm-up", &order("warm-up")) / 100,
+        2,
+        "the warm-up order"
+    );
     (ledger, serve, proxy_port, admin_port)
 }
 

@@ -3,7 +3,7 @@
 //! that were never freed, and slow clients holding every slot. Each test is
 //! a reproduction an operator ran (`idem ledger` as the upstream).
 
-use crate::support::{Proc, Reply, free_ports, http, read_reply, spawn_idem as spawn, spawn_serve};
+use crate::support::{Proc, Reply, http, read_reply, spawn_ledger, spawn_serve};
 use serde_json::{Value, json};
 use std::time::{Duration, Instant};
 use tokio::io::AsyncWriteExt;
@@ -20,23 +20,10 @@ struct Stack {
 impl Stack {
     /// `serve_args` are added to `idem serve`'s listeners, upstream and admin.
     async fn start(ledger_latency: &str, serve_args: &[&str]) -> Stack {
-        let [ledger] = free_ports();
-        let ledger_proc = spawn(&[
-            "ledger",
-            "--listen",
-            &format!("127.0.0.1:{ledger}"),
-            "--latency",
-            ledger_latency,
-        ]);
+        let (ledger_proc, ledger) = spawn_ledger(&["--latency", ledger_latency]);
         let upstream = format!("http://127.0.0.1:{ledger}");
-        let mut args = vec!["--upstream", &upstream];
-        args.extend(serve_args);
-        let (serve_proc, proxy, admin) = spawn_serve(&args);
-        let deadline = Instant::now() + Duration::from_secs(60);
-        while TcpStream::connect(("127.0.0.1", ledger)).await.is_err() {
-            assert!(Instant::now() < deadline, "nothing listens on {ledger}");
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
+        let (serve_proc, proxy, admin) =
+            spawn_serve(&[&["--upstream", &upstream], serve_args].concat());
         Stack {
             proxy,
             admin,

@@ -4,20 +4,17 @@
 //! file. Each retry continues from the last checkpoint, and each step is
 //! applied exactly once.
 
-use crate::support::{Proc, Reply, free_ports, http, spawn_idem};
+use crate::support::{Proc, Reply, http, spawn_ledger};
 use idem::Clock as _;
 use idem::store::{SqliteOptions, SqliteStore, Store};
 use serde_json::{Value, json};
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-/// `idem ledger` on `port`, guarding fulfilments with the SQLite file `db`
-/// and a 1 s lease, keeping its books in `books`.
-async fn start(port: u16, db: &Path, books: &Path) -> Proc {
-    let proc = spawn_idem(&[
-        "ledger",
-        "--listen",
-        &format!("127.0.0.1:{port}"),
+/// `idem ledger` on a free port (returned), guarding fulfilments with the
+/// SQLite file `db` and a 1 s lease, keeping its books in `books`.
+fn start(db: &Path, books: &Path) -> (Proc, u16) {
+    spawn_ledger(&[
         "--store",
         &format!("sqlite:{}", db.display()),
         "--lease",
@@ -26,19 +23,7 @@ async fn start(port: u16, db: &Path, books: &Path) -> Proc {
         &books.display().to_string(),
         "--stock",
         "10",
-    ]);
-    let deadline = Instant::now() + Duration::from_secs(60);
-    while tokio::net::TcpStream::connect(("127.0.0.1", port))
-        .await
-        .is_err()
-    {
-        assert!(
-            Instant::now() < deadline,
-            "idem ledger did not listen on {port}"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    proc
+    ])
 }
 
 /// Waits until the key's record holds the checkpoint `phase` (read from the
@@ -93,14 +78,13 @@ async fn fulfil(port: u16, order: &str) -> Reply {
 async fn a_holder_killed_between_steps_is_resumed_and_each_step_applies_once() {
     let dir = tempfile::tempdir().unwrap();
     let (db, books_file) = (dir.path().join("idem.db"), dir.path().join("books.json"));
-    let [port] = free_ports();
     // A 3 s pause before the charge and before the shipping: time to kill
     // the holder between steps.
     let order =
         json!({"order": "o-1", "sku": "A", "qty": 2, "cents": 500, "step_ms": 3000}).to_string();
 
     // Killed after the reservation.
-    let ledger = start(port, &db, &books_file).await;
+    let (ledger, port) = start(&db, &books_file);
     let first = tokio::spawn({
         let order = order.clone();
         async move { http(port, "POST", "/fulfilments", &[], &order).await }
@@ -114,7 +98,7 @@ async fn a_holder_killed_between_steps_is_resumed_and_each_step_applies_once() {
 
     // Started again: the retry continues after the reservation; killed
     // after the charge.
-    let ledger = start(port, &db, &books_file).await;
+    let (ledger, port) = start(&db, &books_file);
     let second = tokio::spawn({
         let order = order.clone();
         async move { fulfil(port, &order).await }
@@ -130,7 +114,7 @@ async fn a_holder_killed_between_steps_is_resumed_and_each_step_applies_once() {
     );
 
     // Started again: the retry only ships.
-    let _ledger = start(port, &db, &books_file).await;
+    let (_ledger, port) = start(&db, &books_file);
     let done = fulfil(port, &order).await;
     assert_eq!(
         done.status,

@@ -1,5 +1,6 @@
 //! What several test modules need to run the real `idem` binary: its path,
-//! child processes killed on drop, free ports, and plain HTTP/1.1 requests.
+//! child processes killed on drop, started on port 0 with the ports they
+//! bound, and plain HTTP/1.1 requests.
 
 use serde_json::Value;
 use std::process::{Child, Command, Stdio};
@@ -18,36 +19,15 @@ impl Drop for Proc {
     }
 }
 
-/// `N` distinct free ports: the listeners are held together while they are
-/// picked, so the kernel cannot hand back one it just released.
-pub fn free_ports<const N: usize>() -> [u16; N] {
-    let held = [(); N].map(|()| std::net::TcpListener::bind("127.0.0.1:0").unwrap());
-    held.map(|listener| listener.local_addr().unwrap().port())
-}
-
-/// `idem ARGS…`, its output discarded.
-pub fn spawn_idem(args: &[&str]) -> Proc {
-    Proc(
-        Command::new(IDEM)
-            .args(args)
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap(),
-    )
-}
-
-/// `idem serve ARGS…` with `--listen 127.0.0.1:0 --admin-listen 127.0.0.1:0`
-/// added, and the ports it bound (proxy, admin), read from the lines it
-/// prints at start. Port 0 leaves nothing to race for between picking a port
-/// and binding it. Its later output is passed on to the test's stderr. A
-/// debug build compiles the component before it binds: slow on a loaded
-/// machine, hence 90 s.
-pub fn spawn_serve(args: &[&str]) -> (Proc, u16, u16) {
+/// `idem ARGS…`, whose listeners are on port 0, and the ports they bound,
+/// one for each of `lines`: the port of the first stderr line starting with
+/// each (`idem serve: http://ADDR …`), in that order. Port 0 leaves nothing to
+/// race for between picking a port and binding it. A debug build compiles
+/// the component before it prints these: slow on a loaded machine, hence
+/// 90 s. Its later output is passed on to the test's stderr.
+pub fn spawn_bound<const N: usize>(args: &[&str], lines: [&'static str; N]) -> (Proc, [u16; N]) {
     use std::io::{BufRead, BufReader};
     let mut child = Command::new(IDEM)
-        .arg("serve")
-        .args(["--listen", "127.0.0.1:0", "--admin-listen", "127.0.0.1:0"])
         .args(args)
         .stdout(Stdio::null())
         .stderr(Stdio::piped())
@@ -57,27 +37,51 @@ pub fn spawn_serve(args: &[&str]) -> (Proc, u16, u16) {
     let proc = Proc(child);
     let (bound, ports) = std::sync::mpsc::channel();
     std::thread::spawn(move || {
-        let port = |line: &str, prefix: &str| {
-            let addr = line.strip_prefix(prefix)?.split(['/', ' ']).next()?;
-            addr.rsplit_once(':')?.1.parse::<u16>().ok()
-        };
         for line in stderr.lines() {
             let Ok(line) = line else { return };
-            if let Some(p) = port(&line, "idem serve: http://") {
-                let _ = bound.send(("proxy", p));
-            } else if let Some(p) = port(&line, "admin API: http://") {
-                let _ = bound.send(("admin", p));
+            for prefix in lines {
+                let addr = line
+                    .strip_prefix(prefix)
+                    .and_then(|rest| rest.split(['/', ' ']).next());
+                if let Some(port) = addr.and_then(|a| a.rsplit_once(':')?.1.parse::<u16>().ok()) {
+                    let _ = bound.send((prefix, port));
+                }
             }
-            eprintln!("idem serve: {line}");
+            eprintln!("{line}");
         }
     });
-    let next = |what: &str| match ports.recv_timeout(std::time::Duration::from_secs(90)) {
-        Ok((name, port)) if name == what => port,
-        other => panic!("idem serve {args:?} did not print its {what} address: {other:?}"),
-    };
-    let proxy = next("proxy");
-    let admin = next("admin");
+    let ports = lines.map(
+        |what| match ports.recv_timeout(std::time::Duration::from_secs(90)) {
+            Ok((prefix, port)) if prefix == what => port,
+            other => panic!("idem {args:?} did not print {what:?}ADDR: {other:?}"),
+        },
+    );
+    (proc, ports)
+}
+
+/// `idem serve ARGS…` on port 0 for the proxy and the admin API: the process
+/// and those two ports.
+pub fn spawn_serve(args: &[&str]) -> (Proc, u16, u16) {
+    let args = [
+        &[
+            "serve",
+            "--listen",
+            "127.0.0.1:0",
+            "--admin-listen",
+            "127.0.0.1:0",
+        ],
+        args,
+    ]
+    .concat();
+    let (proc, [proxy, admin]) = spawn_bound(&args, ["idem serve: http://", "admin API: http://"]);
     (proc, proxy, admin)
+}
+
+/// `idem ledger ARGS…` on port 0: the process and its port.
+pub fn spawn_ledger(args: &[&str]) -> (Proc, u16) {
+    let args = [&["ledger", "--listen", "127.0.0.1:0"], args].concat();
+    let (proc, [port]) = spawn_bound(&args, ["idem ledger: http://"]);
+    (proc, port)
 }
 
 /// An HTTP response as read off the wire.
