@@ -117,8 +117,11 @@ function startIdem(args) {
   const exited = new Promise((resolve) => child.on('exit', resolve));
   let stderr = '';
   const bound = new Promise((resolve, reject) => {
-    const timer = setTimeout(() => fail(`printed no addresses in 60 s`), 60_000);
+    let waiting = true;
+    const timer = setTimeout(() => fail('printed no addresses in 60 s'), 60_000);
     function fail(why) {
+      if (!waiting) return;
+      waiting = false;
       clearTimeout(timer);
       child.kill('SIGKILL');
       reject(new Error(`idem ${args.join(' ')}: ${why}; its stderr: ${JSON.stringify(stderr)}`));
@@ -129,7 +132,8 @@ function startIdem(args) {
       stderr += d;
       const proxy = /^idem serve: (http:\/\/\S+) ->/m.exec(stderr);
       const admin = /^admin API: (http:\/\/\S+)\/v1\/stats$/m.exec(stderr);
-      if (proxy && admin) {
+      if (waiting && proxy && admin) {
+        waiting = false;
         clearTimeout(timer);
         resolve({ url: proxy[1], admin: admin[1] });
       }
