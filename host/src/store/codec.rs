@@ -1,13 +1,13 @@
 //! What every backend needs to turn a record into its own columns or bytes
 //! and back, written once: the two error constructors, times and versions as
-//! SQL integers, and the headers blob — the layout the SQLite `headers`
+//! SQL integers, the columns both SQL backends write, and the headers blob — the layout the SQLite `headers`
 //! column holds and a Redis value holds after the status, byte for byte.
 //!
 //! ```text
 //! headers := count:u32 (name_len:u32 name:utf8 value_len:u32 value)*     big-endian
 //! ```
 
-use super::StoreError;
+use super::{Record, StoreError};
 use idem_guest::model::Checkpoint;
 
 /// `store` could not be reached, or did not answer as it should.
@@ -36,6 +36,38 @@ pub(super) fn int(v: u64) -> i64 {
 /// An integer column read back: negative only if something else wrote it.
 pub(super) fn unsigned(column: &str, v: i64) -> Result<u64, String> {
     u64::try_from(v).map_err(|_| format!("{column} {v} is negative"))
+}
+
+/// A record as the SQL columns both SQL backends write (`wit/store-layout/`),
+/// borrowed from it: times as SQL integers, the holder as the i64 of the
+/// same 64 bits, the checkpoint as phase and data. The response's status and
+/// headers are each backend's own: SQLite keeps the headers as one blob,
+/// PostgreSQL as two arrays.
+pub(super) struct SqlColumns<'r> {
+    pub(super) fingerprint: &'r str,
+    pub(super) state: &'static str,
+    pub(super) lease_until_ms: i64,
+    pub(super) expires_at_ms: i64,
+    pub(super) body: Option<&'r [u8]>,
+    pub(super) holder: i64,
+    pub(super) phase: Option<&'r str>,
+    pub(super) checkpoint: Option<&'r [u8]>,
+}
+
+impl<'r> SqlColumns<'r> {
+    pub(super) fn new(record: &'r Record) -> Self {
+        let checkpoint = record.checkpoint.as_ref();
+        SqlColumns {
+            fingerprint: &record.fingerprint,
+            state: record.state.as_str(),
+            lease_until_ms: int(record.lease_until_ms),
+            expires_at_ms: int(record.expires_at_ms),
+            body: record.response.as_ref().map(|r| r.body.as_slice()),
+            holder: record.holder.cast_signed(),
+            phase: checkpoint.map(|c| c.phase.as_str()),
+            checkpoint: checkpoint.map(|c| c.data.as_slice()),
+        }
+    }
 }
 
 /// A checkpoint's two SQL columns (phase, data) read back: both NULL for

@@ -1,44 +1,30 @@
 //! A record as the statements' parameters, and a row back as an entry.
 
 use super::NAME;
-use crate::store::codec::{checkpoint_columns, corrupt, int, unsigned};
+use crate::store::codec::{SqlColumns, checkpoint_columns, corrupt, unsigned};
 use crate::store::{Entry, Record, Result, State};
 use deadpool_postgres::tokio_postgres::{self, Row, types::ToSql};
 use idem_guest::model::Response;
 
-/// A record as the statements' parameters, in the layout's column order (`wit/store-layout/`) after the
-/// version: fingerprint, state, lease, expiry, status, header names,
-/// header values, body, holder (the i64 of the u64's 64 bits), phase,
+/// A record as the statements' parameters, in the layout's column order
+/// (`wit/store-layout/`) after the version: fingerprint, state, lease,
+/// expiry, status, header names, header values, body, holder, phase,
 /// checkpoint data.
 pub(super) struct RecordParams<'r> {
-    fingerprint: &'r str,
-    state: &'static str,
-    lease_until_ms: i64,
-    expires_at_ms: i64,
+    columns: SqlColumns<'r>,
     status: Option<i32>,
     names: Option<Vec<String>>,
     values: Option<Vec<Vec<u8>>>,
-    body: Option<&'r [u8]>,
-    holder: i64,
-    phase: Option<&'r str>,
-    checkpoint: Option<&'r [u8]>,
 }
 
 impl<'r> RecordParams<'r> {
     pub(super) fn new(record: &'r Record) -> Self {
         let response = record.response.as_ref();
         RecordParams {
-            fingerprint: &record.fingerprint,
-            state: record.state.as_str(),
-            lease_until_ms: int(record.lease_until_ms),
-            expires_at_ms: int(record.expires_at_ms),
+            columns: SqlColumns::new(record),
             status: response.map(|r| i32::from(r.status)),
             names: response.map(|r| r.headers.iter().map(|(n, _)| n.clone()).collect()),
             values: response.map(|r| r.headers.iter().map(|(_, v)| v.clone()).collect()),
-            body: response.map(|r| r.body.as_slice()),
-            holder: record.holder.cast_signed(),
-            phase: record.checkpoint.as_ref().map(|c| c.phase.as_str()),
-            checkpoint: record.checkpoint.as_ref().map(|c| c.data.as_slice()),
         }
     }
 
@@ -47,19 +33,20 @@ impl<'r> RecordParams<'r> {
         &'a self,
         leading: &[&'a (dyn ToSql + Sync)],
     ) -> Vec<&'a (dyn ToSql + Sync)> {
+        let c = &self.columns;
         let mut params = leading.to_vec();
         params.extend_from_slice(&[
-            &self.fingerprint,
-            &self.state,
-            &self.lease_until_ms,
-            &self.expires_at_ms,
+            &c.fingerprint,
+            &c.state,
+            &c.lease_until_ms,
+            &c.expires_at_ms,
             &self.status,
             &self.names,
             &self.values,
-            &self.body,
-            &self.holder,
-            &self.phase,
-            &self.checkpoint,
+            &c.body,
+            &c.holder,
+            &c.phase,
+            &c.checkpoint,
         ]);
         params
     }
@@ -138,18 +125,19 @@ mod tests {
     fn records_become_the_layouts_columns() {
         for v in file()["records"].as_array().unwrap() {
             let record = record(&v["record"]);
-            let p = RecordParams::new(&record);
+            let params = RecordParams::new(&record);
+            let (p, c) = (&params, &params.columns);
             let row = &v["postgres"];
             let name = &v["name"];
             assert_eq!(
-                p.fingerprint,
+                c.fingerprint,
                 row["fingerprint"].as_str().unwrap(),
                 "{name}"
             );
-            assert_eq!(p.state, row["state"].as_str().unwrap(), "{name}");
-            assert_eq!(p.lease_until_ms, int_of(&row["lease_until_ms"]), "{name}");
-            assert_eq!(p.expires_at_ms, int_of(&row["expires_at_ms"]), "{name}");
-            assert_eq!(p.holder, int_of(&row["holder"]), "{name}");
+            assert_eq!(c.state, row["state"].as_str().unwrap(), "{name}");
+            assert_eq!(c.lease_until_ms, int_of(&row["lease_until_ms"]), "{name}");
+            assert_eq!(c.expires_at_ms, int_of(&row["expires_at_ms"]), "{name}");
+            assert_eq!(c.holder, int_of(&row["holder"]), "{name}");
             assert_eq!(p.status.map(i64::from), row["status"].as_i64(), "{name}");
             let names = row["header_names"].as_array().map(|a| {
                 a.iter()
@@ -162,13 +150,13 @@ mod tests {
                 .map(|a| a.iter().map(hex).collect::<Vec<_>>());
             assert_eq!(p.values, values, "{name}");
             assert_eq!(
-                p.body.map(<[u8]>::to_vec),
+                c.body.map(<[u8]>::to_vec),
                 (!row["body"].is_null()).then(|| hex(&row["body"])),
                 "{name}"
             );
-            assert_eq!(p.phase, row["phase"].as_str(), "{name}");
+            assert_eq!(c.phase, row["phase"].as_str(), "{name}");
             assert_eq!(
-                p.checkpoint.map(<[u8]>::to_vec),
+                c.checkpoint.map(<[u8]>::to_vec),
                 (!row["checkpoint"].is_null()).then(|| hex(&row["checkpoint"])),
                 "{name}"
             );

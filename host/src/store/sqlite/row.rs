@@ -4,7 +4,7 @@
 use super::STORE;
 use crate::Response;
 use crate::store::codec::{
-    checkpoint_columns, corrupt, decode_headers, encode_headers, int, unsigned,
+    SqlColumns, checkpoint_columns, corrupt, decode_headers, encode_headers, unsigned,
 };
 use crate::store::{Entry, Record, Result, State};
 use rusqlite::{Row, ToSql};
@@ -56,36 +56,20 @@ pub(super) mod sql {
          (SELECT rowid FROM records WHERE expires_at_ms <= ?1 LIMIT ?2)";
 }
 
-/// A record as the write statements' parameters `?3` to `?12`. The holder,
-/// a u64, is stored as the i64 of the same 64 bits.
+/// A record as the write statements' parameters `?3` to `?12`.
 pub(super) struct RecordColumns<'r> {
-    fingerprint: &'r str,
-    state: &'static str,
-    lease_until_ms: i64,
-    expires_at_ms: i64,
+    columns: SqlColumns<'r>,
     status: Option<u16>,
     headers: Option<Vec<u8>>,
-    body: Option<&'r [u8]>,
-    holder: i64,
-    phase: Option<&'r str>,
-    checkpoint: Option<&'r [u8]>,
 }
 
 impl<'r> RecordColumns<'r> {
     pub(super) fn new(record: &'r Record) -> Self {
         let response = record.response.as_ref();
-        let checkpoint = record.checkpoint.as_ref();
         RecordColumns {
-            fingerprint: &record.fingerprint,
-            state: record.state.as_str(),
-            lease_until_ms: int(record.lease_until_ms),
-            expires_at_ms: int(record.expires_at_ms),
+            columns: SqlColumns::new(record),
             status: response.map(|r| r.status),
             headers: response.map(|r| encode_headers(&r.headers)),
-            body: response.map(|r| r.body.as_slice()),
-            holder: record.holder.cast_signed(),
-            phase: checkpoint.map(|c| c.phase.as_str()),
-            checkpoint: checkpoint.map(|c| c.data.as_slice()),
         }
     }
 
@@ -97,19 +81,20 @@ impl<'r> RecordColumns<'r> {
         version: &'a i64,
         trailing: &[&'a dyn ToSql],
     ) -> Vec<&'a dyn ToSql> {
+        let c = &self.columns;
         let mut params: Vec<&dyn ToSql> = vec![
             key,
             version,
-            &self.fingerprint,
-            &self.state,
-            &self.lease_until_ms,
-            &self.expires_at_ms,
+            &c.fingerprint,
+            &c.state,
+            &c.lease_until_ms,
+            &c.expires_at_ms,
             &self.status,
             &self.headers,
-            &self.body,
-            &self.holder,
-            &self.phase,
-            &self.checkpoint,
+            &c.body,
+            &c.holder,
+            &c.phase,
+            &c.checkpoint,
         ];
         params.extend_from_slice(trailing);
         params
