@@ -1,7 +1,8 @@
 //! What every backend needs to turn a record into its own columns or bytes
 //! and back, written once: the two error constructors, times and versions as
-//! SQL integers, the columns both SQL backends write, and the headers blob — the layout the SQLite `headers`
-//! column holds and a Redis value holds after the status, byte for byte.
+//! SQL integers, the columns both SQL backends write, and the headers blob —
+//! the layout the SQLite `headers` column holds and a Redis value holds after
+//! the status, byte for byte.
 //!
 //! ```text
 //! headers := count:u32 (name_len:u32 name:utf8 value_len:u32 value)*     big-endian
