@@ -1,7 +1,7 @@
 //! The guard component inside wasmtime.
 //!
 //! [`Runtime`] compiles the component once and keeps the `Engine` and the
-//! `InstancePre`; a [`Pool`] keeps ready instances, each in a cheap `Store`
+//! `InstancePre`; a pool keeps ready instances, each in a cheap `Store`
 //! of its own with a memory limit and an epoch deadline, so a call never
 //! pays for instantiation on the hot path. A trap, a deadline or a failed
 //! instantiation answers `Unavailable` — the guard fails closed — and the

@@ -418,7 +418,7 @@ impl Store for SqliteStore {
         .await
     }
 
-    /// In slices of [`PURGE_SLICE`] rows, each its own write: claims queued
+    /// In slices of 128 rows (`PURGE_SLICE`), each its own write: claims queued
     /// meanwhile wait for one slice, not for the whole batch.
     async fn purge_expired(&self, now_ms: u64, limit: usize) -> Result<usize> {
         let mut purged = 0;
