@@ -1,6 +1,6 @@
 //! Records in this process's memory: fast, and gone when it exits.
 
-use super::{Entry, InsertOutcome, ListQuery, Record, Result, Store, SyncStore};
+use super::{Entry, InsertOutcome, ListQuery, Record, Result, Store, SyncStore, hand_on};
 use async_trait::async_trait;
 use std::collections::HashMap;
 use std::hash::{BuildHasher, RandomState};
@@ -59,47 +59,6 @@ impl MemoryStore {
         lock(&self.inner.shards[i])
     }
 
-    fn get_live(&self, key: &str, now_ms: u64) -> Option<Entry> {
-        self.shard(key)
-            .get(key)
-            .filter(|e| e.record.is_live(now_ms))
-            .cloned()
-    }
-
-    fn insert_live(&self, key: &str, record: Record, now_ms: u64) -> InsertOutcome {
-        let mut shard = self.shard(key);
-        match shard.get_mut(key) {
-            Some(entry) if entry.record.is_live(now_ms) => InsertOutcome::Existing(entry.clone()),
-            Some(expired) => {
-                expired.version += 1;
-                expired.record = record;
-                InsertOutcome::Inserted(expired.version)
-            }
-            None => {
-                shard.insert(key.to_owned(), Entry { record, version: 1 });
-                InsertOutcome::Inserted(1)
-            }
-        }
-    }
-
-    fn replace_live(
-        &self,
-        key: &str,
-        expected_version: u64,
-        record: Record,
-        now_ms: u64,
-    ) -> Option<u64> {
-        let mut shard = self.shard(key);
-        match shard.get_mut(key) {
-            Some(entry) if entry.version == expected_version && entry.record.is_live(now_ms) => {
-                entry.version += 1;
-                entry.record = record;
-                Some(entry.version)
-            }
-            _ => None,
-        }
-    }
-
     /// How many records are held, live or expired-but-not-purged.
     pub fn len(&self) -> usize {
         self.inner
@@ -111,15 +70,6 @@ impl MemoryStore {
 
     pub fn is_empty(&self) -> bool {
         self.len() == 0
-    }
-
-    fn delete_at(&self, key: &str, expected_version: Option<u64>) -> bool {
-        let mut shard = self.shard(key);
-        match (shard.get(key), expected_version) {
-            (Some(entry), Some(v)) if entry.version != v => false,
-            (Some(_), _) => shard.remove(key).is_some(),
-            (None, _) => false,
-        }
     }
 
     /// Removes up to `limit` expired records and gives a shard's spare
@@ -190,13 +140,31 @@ fn give_back_spare(map: &mut HashMap<String, Entry>) {
     }
 }
 
+/// The memory store's operations: each holds one shard's lock for one
+/// hash-map operation and never waits on anything else.
 impl SyncStore for MemoryStore {
     fn get_now(&self, key: &str, now_ms: u64) -> Result<Option<Entry>> {
-        Ok(self.get_live(key, now_ms))
+        Ok(self
+            .shard(key)
+            .get(key)
+            .filter(|e| e.record.is_live(now_ms))
+            .cloned())
     }
 
     fn insert_now(&self, key: &str, record: Record, now_ms: u64) -> Result<InsertOutcome> {
-        Ok(self.insert_live(key, record, now_ms))
+        let mut shard = self.shard(key);
+        Ok(match shard.get_mut(key) {
+            Some(entry) if entry.record.is_live(now_ms) => InsertOutcome::Existing(entry.clone()),
+            Some(expired) => {
+                expired.version += 1;
+                expired.record = record;
+                InsertOutcome::Inserted(expired.version)
+            }
+            None => {
+                shard.insert(key.to_owned(), Entry { record, version: 1 });
+                InsertOutcome::Inserted(1)
+            }
+        })
     }
 
     fn replace_now(
@@ -206,82 +174,77 @@ impl SyncStore for MemoryStore {
         record: Record,
         now_ms: u64,
     ) -> Result<Option<u64>> {
-        Ok(self.replace_live(key, expected_version, record, now_ms))
+        let mut shard = self.shard(key);
+        Ok(match shard.get_mut(key) {
+            Some(entry) if entry.version == expected_version && entry.record.is_live(now_ms) => {
+                entry.version += 1;
+                entry.record = record;
+                Some(entry.version)
+            }
+            _ => None,
+        })
     }
 
     fn delete_now(&self, key: &str, expected_version: Option<u64>) -> Result<bool> {
-        Ok(self.delete_at(key, expected_version))
+        let mut shard = self.shard(key);
+        Ok(match (shard.get(key), expected_version) {
+            (Some(entry), Some(v)) if entry.version != v => false,
+            (Some(_), _) => shard.remove(key).is_some(),
+            (None, _) => false,
+        })
     }
 }
 
-#[async_trait]
-impl Store for MemoryStore {
-    fn name(&self) -> &'static str {
-        "memory"
-    }
+/// The async side answers at once, from the sync side.
+macro_rules! at_once {
+    ($self:tt, $op:expr, $to:ident($($arg:expr),*)) => {
+        $self.$to($($arg),*)
+    };
+}
 
-    async fn get(&self, key: &str, now_ms: u64) -> Result<Option<Entry>> {
-        Ok(self.get_live(key, now_ms))
-    }
-
-    async fn insert(&self, key: &str, record: Record, now_ms: u64) -> Result<InsertOutcome> {
-        Ok(self.insert_live(key, record, now_ms))
-    }
-
-    async fn replace(
-        &self,
-        key: &str,
-        expected_version: u64,
-        record: Record,
-        now_ms: u64,
-    ) -> Result<Option<u64>> {
-        Ok(self.replace_live(key, expected_version, record, now_ms))
-    }
-
-    async fn delete(&self, key: &str, expected_version: Option<u64>) -> Result<bool> {
-        Ok(self.delete_at(key, expected_version))
-    }
-
-    async fn list(&self, query: &ListQuery, now_ms: u64) -> Result<Vec<(String, Entry)>> {
-        // Sort and page on keys alone; clone only the page's records, so an
-        // operator paging through 100,000 keys does not copy every response.
-        let mut keys: Vec<String> = Vec::new();
-        for shard in &self.inner.shards {
-            let map = shard
-                .lock()
-                .unwrap_or_else(std::sync::PoisonError::into_inner);
-            keys.extend(
-                map.iter()
-                    .filter(|(k, e)| {
-                        e.record.is_live(now_ms)
-                            && k.starts_with(&query.prefix)
-                            && query.state.is_none_or(|s| s == e.record.state)
-                            && query.after.as_ref().is_none_or(|a| k.as_str() > a.as_str())
-                    })
-                    .map(|(k, _)| k.clone()),
-            );
+hand_on! {
+    #[async_trait]
+    impl[] Store for MemoryStore;
+    [async] get insert replace delete => at_once!(get_now insert_now replace_now delete_now)
+    {
+        fn name(&self) -> &'static str {
+            "memory"
         }
-        keys.sort_unstable();
-        keys.truncate(query.limit);
-        Ok(keys
-            .into_iter()
-            .filter_map(|k| {
-                let entry = self
-                    .shard(&k)
-                    .get(&k)
-                    .filter(|e| e.record.is_live(now_ms))
-                    .cloned();
-                entry.map(|e| (k, e))
-            })
-            .collect())
-    }
 
-    async fn purge_expired(&self, now_ms: u64, limit: usize) -> Result<usize> {
-        Ok(self.purge(now_ms, limit))
-    }
+        async fn list(&self, query: &ListQuery, now_ms: u64) -> Result<Vec<(String, Entry)>> {
+            // Sort and page on keys alone; clone only the page's records, so an
+            // operator paging through 100,000 keys does not copy every response.
+            let mut keys: Vec<String> = Vec::new();
+            for shard in &self.inner.shards {
+                let map = shard
+                    .lock()
+                    .unwrap_or_else(std::sync::PoisonError::into_inner);
+                keys.extend(
+                    map.iter()
+                        .filter(|(k, e)| {
+                            e.record.is_live(now_ms)
+                                && k.starts_with(&query.prefix)
+                                && query.state.is_none_or(|s| s == e.record.state)
+                                && query.after.as_ref().is_none_or(|a| k.as_str() > a.as_str())
+                        })
+                        .map(|(k, _)| k.clone()),
+                );
+            }
+            keys.sort_unstable();
+            keys.truncate(query.limit);
+            Ok(keys
+                .into_iter()
+                .filter_map(|k| Some((k.clone(), self.get_now(&k, now_ms).ok()??)))
+                .collect())
+        }
 
-    fn as_sync(&self) -> Option<Arc<dyn SyncStore>> {
-        Some(Arc::new(self.clone()))
+        async fn purge_expired(&self, now_ms: u64, limit: usize) -> Result<usize> {
+            Ok(self.purge(now_ms, limit))
+        }
+
+        fn as_sync(&self) -> Option<Arc<dyn SyncStore>> {
+            Some(Arc::new(self.clone()))
+        }
     }
 }
 
@@ -306,8 +269,10 @@ mod tests {
     fn a_purge_in_batches_frees_every_expired_record_once_and_spares_the_live() {
         let store = MemoryStore::new();
         for i in 0..5_000 {
-            store.insert_live(&format!("old{i}"), done(10), 0);
-            store.insert_live(&format!("live{i}"), done(1_000), 0);
+            store.insert_now(&format!("old{i}"), done(10), 0).unwrap();
+            store
+                .insert_now(&format!("live{i}"), done(1_000), 0)
+                .unwrap();
         }
         let mut batches = Vec::new();
         loop {
@@ -322,7 +287,7 @@ mod tests {
         assert_eq!(batches.iter().sum::<usize>(), 5_000, "{batches:?}");
         assert!(batches[..batches.len() - 1].iter().all(|&n| n == 700));
         assert_eq!(store.len(), 5_000);
-        assert!((0..5_000).all(|i| store.get_live(&format!("live{i}"), 10).is_some()));
+        assert!((0..5_000).all(|i| store.get_now(&format!("live{i}"), 10).unwrap().is_some()));
         assert_eq!(store.purge(10, 700), 0);
     }
 
@@ -330,14 +295,15 @@ mod tests {
     fn a_key_claimed_again_after_the_scan_that_found_it_expired_is_spared() {
         let store = MemoryStore::new();
         for i in 0..2_000 {
-            store.insert_live(&format!("k{i}"), done(10), 0);
+            store.insert_now(&format!("k{i}"), done(10), 0).unwrap();
         }
         // One call scans a shard and keeps its expired keys past the limit.
         assert_eq!(store.purge(10, 1), 1);
         // Every key still held is claimed again before the next call.
         let mut reclaimed = 0;
         for i in 0..2_000 {
-            if let InsertOutcome::Inserted(_) = store.insert_live(&format!("k{i}"), done(1_000), 20)
+            if let InsertOutcome::Inserted(_) =
+                store.insert_now(&format!("k{i}"), done(1_000), 20).unwrap()
             {
                 reclaimed += 1;
             }
