@@ -42,7 +42,7 @@ use super::codec::{int, unavailable};
 use super::params::StoreUrl;
 use super::{Entry, InsertOutcome, ListQuery, OpenError, Record, Result, State, Store};
 use async_trait::async_trait;
-use deadpool_postgres::tokio_postgres::{self, NoTls, Row, types::ToSql};
+use deadpool_postgres::tokio_postgres::{self, Client, NoTls, Row, Statement, types::ToSql};
 use deadpool_postgres::{
     Hook, HookError, Manager, ManagerConfig, Pool, QueueMode, RecyclingMethod, Runtime,
 };
@@ -191,22 +191,29 @@ impl PostgresStore {
 
     /// Runs one prepared statement on a pooled connection, within the timeout.
     async fn query(&self, sql: &str, params: &[&(dyn ToSql + Sync)]) -> Result<Vec<Row>> {
-        self.within_timeout(async {
-            let (client, statement) = self.prepared(sql).await?;
-            client
-                .query(&statement, params)
-                .await
-                .map_err(|e| unavailable(NAME, describe(&e)))
+        self.on_connection(sql, async |client, statement| {
+            client.query(statement, params).await
         })
         .await
     }
 
     /// Runs one prepared statement that returns no rows; how many it changed.
     async fn execute(&self, sql: &str, params: &[&(dyn ToSql + Sync)]) -> Result<u64> {
+        self.on_connection(sql, async |client, statement| {
+            client.execute(statement, params).await
+        })
+        .await
+    }
+
+    /// `call` with `sql` prepared on a pooled connection, within the timeout.
+    async fn on_connection<T>(
+        &self,
+        sql: &str,
+        call: impl AsyncFnOnce(&Client, &Statement) -> Result<T, tokio_postgres::Error>,
+    ) -> Result<T> {
         self.within_timeout(async {
             let (client, statement) = self.prepared(sql).await?;
-            client
-                .execute(&statement, params)
+            call(&client, &statement)
                 .await
                 .map_err(|e| unavailable(NAME, describe(&e)))
         })
