@@ -115,7 +115,6 @@ pub(super) fn to_sse(event: &Event) -> SseEvent {
     SseEvent::default().event(event.name()).data(event.data())
 }
 
-#[allow(clippy::too_many_lines)] // one block per metric
 pub(super) async fn metrics(State(admin): State<Admin>) -> Response {
     use std::fmt::Write as _;
     let observer = admin.gateway.observer();
@@ -130,7 +129,6 @@ pub(super) async fn metrics(State(admin): State<Admin>) -> Response {
             let _ = writeln!(text, "{name}{labels} {value}");
         }
     };
-    let plain = |value: &dyn std::fmt::Display| vec![(String::new(), value.to_string())];
     family(
         "idem_outcomes_total",
         "counter",
@@ -159,68 +157,30 @@ pub(super) async fn metrics(State(admin): State<Admin>) -> Response {
         ]
         .map(|(q, us)| (format!("{{quantile=\"{q}\"}}"), seconds(us))),
     );
-    family(
-        "idem_faults_injected_total",
-        "counter",
-        "Store operations a fault rule made fail, delay or lose their reply.",
-        &plain(&admin.gateway.faults().injected()),
-    );
-    family(
-        "idem_pool_instantiated_total",
-        "counter",
-        "Guard component instances created.",
-        &plain(&pool.instantiated),
-    );
-    family(
-        "idem_pool_failed_total",
-        "counter",
-        "Guard component instantiations that failed.",
-        &plain(&pool.failed),
-    );
-    family(
-        "idem_pool_idle",
-        "gauge",
-        "Guard component instances ready for a call.",
-        &plain(&pool.idle),
-    );
-    family(
-        "idem_pool_in_use",
-        "gauge",
-        "Guard component instances serving a call now.",
-        &plain(&pool.in_use),
-    );
-    family(
-        "idem_uptime_seconds",
-        "gauge",
-        "Seconds since the gateway started.",
-        &plain(&observer.uptime().as_secs()),
-    );
+    // The metrics of one sample each: name, type, help, value.
+    let injected = admin.gateway.faults().injected();
+    #[rustfmt::skip] // a table: one metric a line
+    let mut single = vec![
+        ("idem_faults_injected_total", "counter", "Store operations a fault rule made fail, delay or lose their reply.", injected.to_string()),
+        ("idem_pool_instantiated_total", "counter", "Guard component instances created.", pool.instantiated.to_string()),
+        ("idem_pool_failed_total", "counter", "Guard component instantiations that failed.", pool.failed.to_string()),
+        ("idem_pool_idle", "gauge", "Guard component instances ready for a call.", pool.idle.to_string()),
+        ("idem_pool_in_use", "gauge", "Guard component instances serving a call now.", pool.in_use.to_string()),
+        ("idem_uptime_seconds", "gauge", "Seconds since the gateway started.", observer.uptime().as_secs().to_string()),
+    ];
     // Only where the guard runs a purger: not with the purge off, nor on Redis, which expires keys itself.
     if let Some(purge) = admin.gateway.guard().purge_stats() {
-        family(
-            "idem_purge_runs_total",
-            "counter",
-            "Purge periods run (each frees every record expired by its start).",
-            &plain(&purge.runs),
-        );
-        family(
-            "idem_purged_records_total",
-            "counter",
-            "Expired records freed by the purge.",
-            &plain(&purge.purged),
-        );
-        family(
-            "idem_purge_errors_total",
-            "counter",
-            "Purge periods stopped by a store error or timeout.",
-            &plain(&purge.errors),
-        );
-        family(
-            "idem_purge_last_duration_seconds",
-            "gauge",
-            "How long the latest purge period took.",
-            &plain(&Duration::from_micros(purge.last_took_us).as_secs_f64()),
-        );
+        let took = Duration::from_micros(purge.last_took_us).as_secs_f64();
+        #[rustfmt::skip]
+        single.extend([
+            ("idem_purge_runs_total", "counter", "Purge periods run (each frees every record expired by its start).", purge.runs.to_string()),
+            ("idem_purged_records_total", "counter", "Expired records freed by the purge.", purge.purged.to_string()),
+            ("idem_purge_errors_total", "counter", "Purge periods stopped by a store error or timeout.", purge.errors.to_string()),
+            ("idem_purge_last_duration_seconds", "gauge", "How long the latest purge period took.", took.to_string()),
+        ]);
+    }
+    for (name, kind, help, value) in single {
+        family(name, kind, help, &[(String::new(), value)]);
     }
     let mut response = Response::new(Body::from(text));
     response.headers_mut().insert(
