@@ -193,8 +193,7 @@ fn console_at_80x24_tells_two_clients_apart_searches_and_flips_the_insert_fault(
         2
     );
 
-    tmux.keys(&["q"]);
-    tmux.wait_for("the console to exit cleanly", |s| s.contains("exit=0"));
+    tmux.quit();
 }
 
 #[test]
@@ -208,16 +207,14 @@ fn a_console_without_the_admin_token_says_how_to_pass_it() {
         !screen.contains("reconnecting") && !screen.contains("disconnected"),
         "a refused token is not an outage:\n{screen}"
     );
-    tmux.keys(&["q"]);
-    tmux.wait_for("the console to exit", |s| s.contains("exit=0"));
+    tmux.quit();
 
     // With the token, it connects.
     let tmux = console("token-ok", "IDEM_ADMIN_TOKEN=s3cret", admin_port);
     tmux.wait_for("the console to connect with the token", |s| {
         s.contains("● connected") && s.contains("warm-up")
     });
-    tmux.keys(&["q"]);
-    tmux.wait_for("the console to exit", |s| s.contains("exit=0"));
+    tmux.quit();
 }
 
 #[test]

@@ -106,6 +106,13 @@ impl Tmux {
         self.wait_for(text, |s| s.contains(text))
     }
 
+    /// Types `q` and waits for the program to exit with code 0, as a
+    /// person quits a console; the screen it left.
+    pub fn quit(&self) -> String {
+        self.keys(&["q"]);
+        self.wait_for("the program to exit with code 0", |s| s.contains("exit=0"))
+    }
+
     /// [`Tmux::wait_for`], doing `meanwhile` between reads (sending the
     /// traffic the screen should show, say).
     ///

@@ -23,9 +23,11 @@ async fn next_matching(session: &mut Session, mut want: impl FnMut(&Update) -> b
 
 #[tokio::test]
 async fn pages_filters_and_sorts_through_the_query_string() {
-    let fake = Fake::start().await;
-    fake.seed("order", 250, KeyState::Done);
-    fake.seed("pay", 3, KeyState::Processing);
+    let fake = Fake::with_keys(&[
+        ("order", 250, KeyState::Done),
+        ("pay", 3, KeyState::Processing),
+    ])
+    .await;
     let client = fake.client();
 
     let query = KeyQuery {
@@ -90,8 +92,7 @@ async fn pages_filters_and_sorts_through_the_query_string() {
 
 #[tokio::test]
 async fn keys_with_reserved_characters_reach_the_server_intact() {
-    let fake = Fake::start().await;
-    fake.seed("tenant/a b?c#d", 1, KeyState::Processing);
+    let fake = Fake::with_keys(&[("tenant/a b?c#d", 1, KeyState::Processing)]).await;
     let client = fake.client();
     let key = "tenant/a b?c#d-00000";
     let detail = client.key(key).await.unwrap().expect("found");
@@ -114,8 +115,7 @@ async fn keys_with_reserved_characters_reach_the_server_intact() {
 
 #[tokio::test]
 async fn refusals_carry_the_servers_reason() {
-    let fake = Fake::start().await;
-    fake.seed("done", 1, KeyState::Done);
+    let fake = Fake::with_keys(&[("done", 1, KeyState::Done)]).await;
     let client = fake.client();
     let err = client.release("done-00000").await.unwrap_err();
     assert_eq!(err.status(), Some(409));
@@ -291,8 +291,7 @@ async fn the_session_streams_decisions_and_fault_changes() {
 
 #[tokio::test]
 async fn a_lost_server_is_reported_and_found_again_on_the_same_address() {
-    let fake = Fake::start().await;
-    fake.seed("k", 2, KeyState::Processing);
+    let fake = Fake::with_keys(&[("k", 2, KeyState::Processing)]).await;
     let addr = fake.addr;
     let client = fake.client();
     let mut session = Session::start(client, KeyQuery::default());

@@ -130,6 +130,15 @@ impl Fake {
         }
     }
 
+    /// A fake holding the keys of each `(prefix, n, state)`, as [`Fake::seed`] adds them.
+    pub async fn with_keys(seeds: &[(&str, usize, KeyState)]) -> Fake {
+        let fake = Fake::start().await;
+        for &(prefix, n, state) in seeds {
+            fake.seed(prefix, n, state);
+        }
+        fake
+    }
+
     /// A client of this fake, without a token.
     pub fn client(&self) -> idem_tui::client::Client {
         idem_tui::client::Client::new(&self.url, None).unwrap()

@@ -43,9 +43,11 @@ fn line_with<'a>(screen: &'a str, text: &str) -> &'a str {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn keys_appear_a_fault_is_flipped_from_the_keyboard_and_q_restores_the_terminal() {
-    let fake = Fake::start().await;
-    fake.seed("order", 200, KeyState::Processing);
-    fake.seed("paid", 50, KeyState::Done);
+    let fake = Fake::with_keys(&[
+        ("order", 200, KeyState::Processing),
+        ("paid", 50, KeyState::Done),
+    ])
+    .await;
     let tmux = console("main", 120, 40, &fake.url);
 
     let screen = tmux.wait_for("keys and a live connection", |s| {
@@ -150,9 +152,11 @@ async fn keys_appear_a_fault_is_flipped_from_the_keyboard_and_q_restores_the_ter
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_key_is_found_by_search_inspected_and_deleted_after_confirmation() {
-    let fake = Fake::start().await;
-    fake.seed("order", 30, KeyState::Processing);
-    fake.seed("paid", 5, KeyState::Done);
+    let fake = Fake::with_keys(&[
+        ("order", 30, KeyState::Processing),
+        ("paid", 5, KeyState::Done),
+    ])
+    .await;
     let tmux = console("detail", 100, 30, &fake.url);
     tmux.wait_for_text("order-00000");
 
@@ -181,14 +185,12 @@ async fn a_key_is_found_by_search_inspected_and_deleted_after_confirmation() {
     tmux.wait_for("the key to disappear", |s| {
         s.contains("deleted paid-00001") && !s.contains("│paid-00001")
     });
-    tmux.keys(&["q"]);
-    tmux.wait_for_text("exit=0");
+    tmux.quit();
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_lost_server_shows_and_the_console_reconnects_by_itself() {
-    let fake = Fake::start().await;
-    fake.seed("order", 10, KeyState::Done);
+    let fake = Fake::with_keys(&[("order", 10, KeyState::Done)]).await;
     let addr = fake.addr;
     let tmux = console("reconnect", 120, 40, &fake.url);
     tmux.wait_for_text("order-00009");
@@ -209,14 +211,12 @@ async fn a_lost_server_shows_and_the_console_reconnects_by_itself() {
         s.contains("● connected") && s.contains("new-00000")
     });
     assert!(!screen.contains("connection lost"), "{screen}");
-    tmux.keys(&["q"]);
-    tmux.wait_for_text("exit=0");
+    tmux.quit();
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_hundred_thousand_keys_are_paged_by_the_server() {
-    let fake = Fake::start().await;
-    fake.seed("k", 100_000, KeyState::Done);
+    let fake = Fake::with_keys(&[("k", 100_000, KeyState::Done)]).await;
     let tmux = console("scale", 120, 40, &fake.url);
     tmux.wait_for_text("1–100 of 100,000");
     // Shrinking to the smallest supported size re-lays the screen out.
@@ -255,8 +255,7 @@ async fn a_hundred_thousand_keys_are_paged_by_the_server() {
         &queries[..3]
     );
     assert!(queries.iter().any(|q| q.contains(r#"after=Some("o100")"#)));
-    tmux.keys(&["q"]);
-    tmux.wait_for_text("exit=0");
+    tmux.quit();
 }
 
 #[test]
@@ -302,8 +301,7 @@ fn console_rss_kib(tmux: &Tmux) -> u64 {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn memory_stays_flat_while_paging_through_a_hundred_thousand_keys() {
-    let fake = Fake::start().await;
-    fake.seed("k", 100_000, KeyState::Processing);
+    let fake = Fake::with_keys(&[("k", 100_000, KeyState::Processing)]).await;
     let tmux = console("memory", 80, 24, &fake.url);
     let emitter = {
         let shared = fake.shared.clone();
@@ -331,6 +329,5 @@ async fn memory_stays_flat_while_paging_through_a_hundred_thousand_keys() {
         after < baseline + 8 * 1024,
         "RSS grew from {baseline} KiB to {after} KiB over 17 pages and thousands of decisions"
     );
-    tmux.keys(&["q"]);
-    tmux.wait_for_text("exit=0");
+    tmux.quit();
 }
