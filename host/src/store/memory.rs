@@ -234,7 +234,10 @@ hand_on! {
             keys.truncate(query.limit);
             Ok(keys
                 .into_iter()
-                .filter_map(|k| Some((k.clone(), self.get_now(&k, now_ms).ok()??)))
+                .filter_map(|k| {
+                    let entry = self.get_now(&k, now_ms).ok().flatten()?;
+                    Some((k, entry))
+                })
                 .collect())
         }
 
