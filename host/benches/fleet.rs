@@ -16,13 +16,14 @@
 
 mod load;
 
-use anyhow::{Context, bail};
+use anyhow::Context;
 use idem::ledger::Ledger;
+use idem_harness::{Proc, spawn_bound};
 use load::{Figures, Keys, Target, measure};
 use std::fmt::Write as _;
 use std::net::SocketAddr;
-use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::process::Command;
+use std::time::Duration;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 
@@ -52,47 +53,15 @@ struct Args {
     out: Option<std::path::PathBuf>,
 }
 
-/// A gateway process, killed on drop.
-struct Gateway(Child);
-
-impl Drop for Gateway {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-fn free_port() -> anyhow::Result<u16> {
-    Ok(std::net::TcpListener::bind("127.0.0.1:0")?
-        .local_addr()?
-        .port())
-}
-
-/// `idem serve` on `store` in front of `upstream`, once it accepts connections.
-async fn spawn_gateway(store: &str, upstream: SocketAddr) -> anyhow::Result<(SocketAddr, Gateway)> {
-    let (port, admin) = (free_port()?, free_port()?);
-    let child = Command::new(env!("CARGO_BIN_EXE_idem"))
-        .args(["serve", "--store", store, "--max-concurrent", "4096"])
-        .args(["--listen", &format!("127.0.0.1:{port}")])
-        .args(["--admin-listen", &format!("127.0.0.1:{admin}")])
-        .args(["--upstream", &format!("http://{upstream}")])
-        .stdout(Stdio::null())
-        .stderr(Stdio::inherit())
-        .spawn()
-        .context("start idem serve")?;
-    let mut gateway = Gateway(child);
-    let addr: SocketAddr = ([127, 0, 0, 1], port).into();
-    let give_up = Instant::now() + Duration::from_secs(60);
-    while tokio::net::TcpStream::connect(addr).await.is_err() {
-        if let Some(status) = gateway.0.try_wait()? {
-            bail!("idem serve --store {store} exited: {status}");
-        }
-        if Instant::now() > give_up {
-            bail!("idem serve --store {store} did not listen within 60 s");
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    Ok((addr, gateway))
+/// `idem serve` on `store` in front of `upstream`, on a port of its own
+/// choosing (port 0), once it listens; the process is killed on drop.
+fn spawn_gateway(store: &str, upstream: SocketAddr) -> (SocketAddr, Proc) {
+    let mut idem = Command::new(env!("CARGO_BIN_EXE_idem"));
+    idem.args(["serve", "--store", store, "--max-concurrent", "4096"])
+        .args(["--listen", "127.0.0.1:0", "--admin-listen", "off"])
+        .args(["--upstream", &format!("http://{upstream}")]);
+    let (gateway, [port]) = spawn_bound(idem, ["idem serve: http://"]);
+    (([127, 0, 0, 1], port).into(), gateway)
 }
 
 /// The machine's CPU time so far from `/proc/stat`: (busy, total) in ticks;
@@ -134,7 +103,7 @@ async fn run(args: Args) -> anyhow::Result<()> {
         let mut addrs = Vec::new();
         let mut fleet = Vec::new();
         for _ in 0..n {
-            let (addr, gateway) = spawn_gateway(&args.store, ledger_addr).await?;
+            let (addr, gateway) = spawn_gateway(&args.store, ledger_addr);
             addrs.push(addr);
             fleet.push(gateway);
         }

@@ -2,61 +2,20 @@
 //! child processes killed on drop, started on port 0 with the ports they
 //! bound, and plain HTTP/1.1 requests.
 
+pub use idem_harness::Proc;
 use serde_json::Value;
-use std::process::{Child, Command, Stdio};
+use std::process::Command;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
 pub const IDEM: &str = env!("CARGO_BIN_EXE_idem");
 
-/// A child process killed on drop.
-pub struct Proc(pub Child);
-
-impl Drop for Proc {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
 /// `idem ARGS…`, whose listeners are on port 0, and the ports they bound,
-/// one for each of `lines`: the port of the first stderr line starting with
-/// each (`idem serve: http://ADDR …`), in that order. Port 0 leaves nothing to
-/// race for between picking a port and binding it. A debug build compiles
-/// the component before it prints these: slow on a loaded machine, hence
-/// 90 s. Its later output is passed on to the test's stderr.
+/// one for each of `lines` (see [`idem_harness::spawn_bound`]).
 pub fn spawn_bound<const N: usize>(args: &[&str], lines: [&'static str; N]) -> (Proc, [u16; N]) {
-    use std::io::{BufRead, BufReader};
-    let mut child = Command::new(IDEM)
-        .args(args)
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let stderr = BufReader::new(child.stderr.take().unwrap());
-    let proc = Proc(child);
-    let (bound, ports) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
-        for line in stderr.lines() {
-            let Ok(line) = line else { return };
-            for prefix in lines {
-                let addr = line
-                    .strip_prefix(prefix)
-                    .and_then(|rest| rest.split(['/', ' ']).next());
-                if let Some(port) = addr.and_then(|a| a.rsplit_once(':')?.1.parse::<u16>().ok()) {
-                    let _ = bound.send((prefix, port));
-                }
-            }
-            eprintln!("{line}");
-        }
-    });
-    let ports = lines.map(
-        |what| match ports.recv_timeout(std::time::Duration::from_secs(90)) {
-            Ok((prefix, port)) if prefix == what => port,
-            other => panic!("idem {args:?} did not print {what:?}ADDR: {other:?}"),
-        },
-    );
-    (proc, ports)
+    let mut idem = Command::new(IDEM);
+    idem.args(args);
+    idem_harness::spawn_bound(idem, lines)
 }
 
 /// `idem serve ARGS…` on port 0 for the proxy and the admin API: the process

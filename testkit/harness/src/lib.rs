@@ -7,7 +7,9 @@
 //!   read from its screen, as a person uses it;
 //! - [`unique`]: keys no other test, process or run uses, for the stores a
 //!   test shares with others;
-//! - [`server_url`]: the URL of a test server; a test without one fails unless skipping is asked for.
+//! - [`server_url`]: the URL of a test server; a test without one fails unless skipping is asked for;
+//! - [`spawn_bound`]: a server process started on port 0, and the ports it
+//!   says it bound; [`Proc`] kills it on drop.
 //!
 //! ```
 //! let a = idem_harness::unique("order");
@@ -15,8 +17,10 @@
 //! assert_ne!(a, idem_harness::unique("order"));
 //! ```
 
+mod process;
 mod tmux;
 
+pub use process::{Proc, spawn_bound};
 pub use tmux::Tmux;
 
 use std::sync::atomic::{AtomicUsize, Ordering};

@@ -13,6 +13,7 @@
 use crate::support::{TESTKIT, server_url, unique};
 use idem::store::{ListQuery, Store};
 use idem::{Clock, Decision, Guard, ManualClock, Outcome, Response, SystemClock};
+use idem_harness::{Proc, spawn_bound};
 use std::collections::{BTreeMap, HashSet};
 use std::io::{BufRead, BufReader, Write};
 use std::path::Path;
@@ -347,67 +348,42 @@ async fn killed_after_the_write(store_url: &str) {
     assert!(recovery.taken_over.is_empty(), "{recovery:?}");
 }
 
-/// A real `idem serve` (run as `idem-testkit idem serve`), its address read from the line it prints at start.
+/// A real `idem serve` (run as `idem-testkit idem serve`) on port 0, killed on drop.
 struct Serve {
-    child: Child,
+    process: Proc,
     addr: std::net::SocketAddr,
 }
 
 impl Serve {
     fn start(store_url: &str, upstream: std::net::SocketAddr) -> Serve {
-        let mut child = Command::new(TESTKIT)
-            .args([
-                "idem",
-                "serve",
-                "--listen",
-                "127.0.0.1:0",
-                "--admin-listen",
-                "off",
-            ])
-            .args([
-                "--store",
-                store_url,
-                "--upstream",
-                &format!("http://{upstream}"),
-            ])
-            .args(["--lease", "2s", "--upstream-timeout", "1500ms"])
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("start idem serve");
-        let mut stderr = BufReader::new(child.stderr.take().unwrap());
-        let mut line = String::new();
-        let addr = loop {
-            line.clear();
-            assert!(
-                stderr.read_line(&mut line).unwrap() > 0,
-                "idem serve ended before it listened"
-            );
-            if let Some(rest) = line.strip_prefix("idem serve: http://") {
-                break rest.split_whitespace().next().unwrap().parse().unwrap();
-            }
-            eprint!("{line}");
-        };
-        std::thread::spawn(move || {
-            for line in stderr.lines() {
-                let Ok(line) = line else { return };
-                eprintln!("{line}");
-            }
-        });
-        Serve { child, addr }
+        let mut idem = Command::new(TESTKIT);
+        idem.args([
+            "idem",
+            "serve",
+            "--listen",
+            "127.0.0.1:0",
+            "--admin-listen",
+            "off",
+        ])
+        .args([
+            "--store",
+            store_url,
+            "--upstream",
+            &format!("http://{upstream}"),
+        ])
+        .args(["--lease", "2s", "--upstream-timeout", "1500ms"])
+        .stdin(Stdio::null());
+        let (process, [port]) = spawn_bound(idem, ["idem serve: http://"]);
+        Serve {
+            process,
+            addr: ([127, 0, 0, 1], port).into(),
+        }
     }
 
     fn kill_9(&mut self) {
-        self.child.kill().unwrap();
-        assert!(!self.child.wait().unwrap().success());
-    }
-}
-
-impl Drop for Serve {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
+        let child = &mut self.process.0;
+        child.kill().unwrap();
+        assert!(!child.wait().unwrap().success());
     }
 }
 
