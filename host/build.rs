@@ -57,9 +57,14 @@ fn ensure_wasm_target() {
         .ok()
         .filter(|o| o.status.success())
         .map(|o| PathBuf::from(String::from_utf8_lossy(&o.stdout).trim()));
-    let installed = sysroot.is_some_and(|s| s.join("lib/rustlib/wasm32-wasip2").is_dir());
-    if installed {
-        return;
+    if let Some(target) = sysroot.map(|s| s.join("lib/rustlib/wasm32-wasip2")) {
+        // Cargo replays a build script's warnings on every build until the
+        // script runs again: once the target is installed (the directory
+        // appears), it runs again and stops saying "installing".
+        println!("cargo:rerun-if-changed={}", target.display());
+        if target.is_dir() {
+            return;
+        }
     }
     println!(
         "cargo:warning=installing the wasm32-wasip2 target with rustup (listed in rust-toolchain.toml)"
