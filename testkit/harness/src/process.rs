@@ -4,7 +4,7 @@
 use std::io::{BufRead, BufReader};
 use std::process::{Child, Command, Stdio};
 use std::sync::mpsc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 /// How long [`spawn_bound`] waits for the lines: a debug build of `idem`
 /// compiles the component before it binds, slow on a loaded machine.
@@ -22,8 +22,8 @@ impl Drop for Proc {
 
 /// Starts `command`, whose listeners are on port 0, and returns the ports
 /// they bound, one for each of `lines`: the port of the first stderr line
-/// starting with each (`idem serve: http://127.0.0.1:PORT …`), in that
-/// order. Port 0 leaves nothing to race for between picking a port and
+/// starting with each (`idem serve: http://127.0.0.1:PORT …`), whatever
+/// order the lines come in. Port 0 leaves nothing to race for between picking a port and
 /// binding it, as picking a free port first does. Its stdout goes nowhere;
 /// its stderr, these lines included, is passed on to the caller's.
 ///
@@ -44,20 +44,71 @@ pub fn spawn_bound<const N: usize>(
     std::thread::spawn(move || {
         for line in stderr.lines() {
             let Ok(line) = line else { return };
-            for prefix in lines {
+            for (at, prefix) in lines.iter().enumerate() {
                 let addr = line
                     .strip_prefix(prefix)
                     .and_then(|rest| rest.split(['/', ' ']).next());
                 if let Some(port) = addr.and_then(|a| a.rsplit_once(':')?.1.parse::<u16>().ok()) {
-                    let _ = bound.send((prefix, port));
+                    let _ = bound.send((at, port));
                 }
             }
             eprintln!("{line}");
         }
     });
-    let ports = lines.map(|what| match ports.recv_timeout(BIND_TIMEOUT) {
-        Ok((prefix, port)) if prefix == what => port,
-        other => panic!("{command:?} did not print {what:?}ADDR: {other:?}"),
-    });
-    (proc, ports)
+    let deadline = Instant::now() + BIND_TIMEOUT;
+    let mut found: [Option<u16>; N] = [None; N];
+    while let Some(missing) = found.iter().position(Option::is_none) {
+        match ports.recv_timeout(deadline.saturating_duration_since(Instant::now())) {
+            Ok((at, port)) => {
+                found[at].get_or_insert(port);
+            }
+            Err(e) => panic!("{command:?} did not print {:?}ADDR: {e}", lines[missing]),
+        }
+    }
+    (proc, found.map(|port| port.expect("every line was found")))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sh(script: &str) -> Command {
+        let mut sh = Command::new("sh");
+        sh.args(["-c", script]);
+        sh
+    }
+
+    #[test]
+    fn each_port_comes_from_its_line_whatever_order_they_are_printed_in() {
+        let (mut proc, ports) = spawn_bound(
+            sh("echo 'starting' >&2; \
+                echo 'admin API: http://127.0.0.1:4243/v1/stats' >&2; \
+                echo 'idem serve: http://127.0.0.1:4242 -> up' >&2; \
+                exec sleep 30"),
+            ["idem serve: http://", "admin API: http://"],
+        );
+        assert_eq!(ports, [4242, 4243]);
+        assert!(proc.0.try_wait().unwrap().is_none(), "still running");
+        let pid = proc.0.id();
+        drop(proc);
+        let alive = std::path::Path::new(&format!("/proc/{pid}")).exists();
+        assert!(!alive, "killed and reaped on drop");
+    }
+
+    #[test]
+    #[should_panic(expected = "did not print \"idem serve: http://\"ADDR")]
+    fn a_process_that_exits_before_the_line_fails_at_once_naming_it() {
+        let started = Instant::now();
+        let result = std::panic::catch_unwind(|| {
+            spawn_bound(
+                sh("echo 'no such store' >&2; exit 1"),
+                ["idem serve: http://"],
+            )
+        });
+        assert!(
+            started.elapsed() < BIND_TIMEOUT / 2,
+            "did not wait out the timeout"
+        );
+        std::panic::resume_unwind(result.err().expect("spawn_bound panics"));
+    }
 }
