@@ -1,7 +1,7 @@
 //! The faults view: a rule edited key by key or typed whole, and sent to
 //! the server at once.
 
-use super::{NOW, ch, loaded, press, prompt, status, type_text};
+use super::{NOW, assert_prompt_opened, ch, loaded, press, status, type_text};
 use crossterm::event::KeyCode;
 use idem_tui::api::{FaultEvent, FaultKind, FaultRule, Op};
 use idem_tui::app::App;
@@ -100,11 +100,7 @@ fn typed_fault_values_are_checked_before_sending() {
     let mut app = faults_app();
     ch(&mut app, 't');
     ch(&mut app, 'L');
-    assert_eq!(
-        prompt(&app),
-        Some(("", "500")),
-        "what is typed replaces the value; the prompt shows the old one"
-    );
+    assert_prompt_opened(&app, "500");
     type_text(&mut app, "1500");
     let (op, rule) = sent(&press(&mut app, KeyCode::Enter));
     assert_eq!((op, rule.latency_ms), (Op::Insert, 1500));
@@ -149,11 +145,7 @@ fn typed_fault_values_are_checked_before_sending() {
 fn a_whole_rule_is_typed_and_shown_in_the_gateways_text_form() {
     let mut app = faults_app();
     ch(&mut app, 'R');
-    assert_eq!(
-        prompt(&app).map(|(_, was)| was),
-        Some("off"),
-        "the prompt shows the rule as the table does"
-    );
+    assert_prompt_opened(&app, "off"); // the rule as the table shows it
     type_text(&mut app, "25%3*timeout(500)");
     let (op, rule) = sent(&press(&mut app, KeyCode::Enter));
     assert_eq!(op, Op::Insert);
@@ -165,7 +157,7 @@ fn a_whole_rule_is_typed_and_shown_in_the_gateways_text_form() {
     );
 
     ch(&mut app, 'R');
-    assert_eq!(prompt(&app).map(|(_, was)| was), Some("25%3*timeout(500)"));
+    assert_prompt_opened(&app, "25%3*timeout(500)");
     type_text(&mut app, "25% 3× timeout 500ms");
     assert_eq!(press(&mut app, KeyCode::Enter), vec![], "not the grammar");
     assert!(

@@ -1,7 +1,7 @@
 //! The keys view: moving, paging, sorting, filtering, the detail pane and
 //! the key actions.
 
-use super::{NOW, ch, draw_at, loaded, page, press, prompt, row, status, type_text};
+use super::{NOW, assert_prompt_opened, ch, draw_at, loaded, page, press, row, status, type_text};
 use crossterm::event::KeyCode;
 use idem_tui::action::Mode;
 use idem_tui::api::{DecisionEvent, KeyDetail, KeyPage, KeyState, Outcome};
@@ -140,11 +140,7 @@ fn sort_order_and_filters_restart_from_the_first_page() {
     assert_eq!(app.mode(), Mode::Normal);
 
     ch(&mut app, '/');
-    assert_eq!(
-        prompt(&app),
-        Some(("", "der-0")),
-        "a new search starts empty; the prompt shows the one it replaces"
-    );
+    assert_prompt_opened(&app, "der-0"); // the search it replaces
     type_text(&mut app, "zzz");
     press(&mut app, KeyCode::Esc);
     assert_eq!(

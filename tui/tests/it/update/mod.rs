@@ -105,11 +105,15 @@ pub fn status(app: &App) -> &str {
     app.status.as_ref().map_or("", |(text, _)| text.as_str())
 }
 
-/// The prompt being typed, and the value it replaces.
-pub fn prompt(app: &App) -> Option<(&str, &str)> {
-    app.input
+/// A prompt is open, empty (what is typed replaces the value, not edits
+/// it) and showing `was`, the value it replaces.
+#[track_caller]
+pub fn assert_prompt_opened(app: &App, was: &str) {
+    let prompt = app
+        .input
         .as_ref()
-        .map(|i| (i.text.as_str(), i.was.as_str()))
+        .map(|i| (i.text.as_str(), i.was.as_str()));
+    assert_eq!(prompt, Some(("", was)), "the prompt as it opens");
 }
 
 pub fn type_text(app: &mut App, text: &str) {
