@@ -13,6 +13,19 @@ const BIND_TIMEOUT: Duration = Duration::from_secs(90);
 /// A child process, killed and reaped on drop.
 pub struct Proc(pub Child);
 
+impl Proc {
+    /// SIGKILL now (no destructor, no flush, no clean close), and reap it.
+    /// Panics if it had already exited: it was to be killed, not to finish.
+    pub fn kill_9(&mut self) {
+        self.0.kill().expect("the child is still running");
+        let status = self.0.wait().expect("the killed child is reaped");
+        assert!(
+            !status.success(),
+            "the child was killed, not finished: {status:?}"
+        );
+    }
+}
+
 impl Drop for Proc {
     fn drop(&mut self) {
         let _ = self.0.kill();
@@ -23,8 +36,8 @@ impl Drop for Proc {
 /// Starts `command`, whose listeners are on port 0, and returns the ports
 /// they bound, one for each of `lines`: the port of the first stderr line
 /// starting with each (`idem serve: http://127.0.0.1:PORT …`), whatever
-/// order the lines come in. Port 0 leaves nothing to race for between picking a port and
-/// binding it, as picking a free port first does. Its stdout goes nowhere;
+/// order the lines come in. Port 0 leaves nothing to race for between
+/// picking a port and binding it, as picking a free port first does. Its stdout goes nowhere;
 /// its stderr, these lines included, is passed on to the caller's.
 ///
 /// Panics, naming the command and the line, if the process does not print
@@ -96,19 +109,24 @@ mod tests {
     }
 
     #[test]
-    #[should_panic(expected = "did not print \"idem serve: http://\"ADDR")]
     fn a_process_that_exits_before_the_line_fails_at_once_naming_it() {
         let started = Instant::now();
-        let result = std::panic::catch_unwind(|| {
+        let panic = std::panic::catch_unwind(|| {
             spawn_bound(
                 sh("echo 'no such store' >&2; exit 1"),
                 ["idem serve: http://"],
             )
-        });
+        })
+        .err()
+        .expect("spawn_bound panics");
         assert!(
             started.elapsed() < BIND_TIMEOUT / 2,
             "did not wait out the timeout"
         );
-        std::panic::resume_unwind(result.err().expect("spawn_bound panics"));
+        let message = panic.downcast_ref::<String>().expect("a formatted panic");
+        assert!(
+            message.contains("did not print \"idem serve: http://\"ADDR"),
+            "{message}"
+        );
     }
 }

@@ -17,7 +17,7 @@ use idem_harness::{Proc, spawn_bound};
 use std::collections::{BTreeMap, HashSet};
 use std::io::{BufRead, BufReader, Write};
 use std::path::Path;
-use std::process::{Child, ChildStdin, Command, Stdio};
+use std::process::{ChildStdin, Command, Stdio};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, mpsc};
 use std::time::{Duration, Instant};
@@ -31,7 +31,7 @@ const LINE_TIMEOUT: Duration = Duration::from_secs(60);
 
 /// A running `idem-testkit crash`, its stdout read line by line on a thread.
 struct Crashing {
-    child: Child,
+    process: Proc,
     stdin: Option<ChildStdin>,
     lines: mpsc::Receiver<String>,
 }
@@ -69,7 +69,7 @@ impl Crashing {
         });
         Crashing {
             stdin: child.stdin.take(),
-            child,
+            process: Proc(child),
             lines,
         }
     }
@@ -100,23 +100,6 @@ impl Crashing {
         let stdin = self.stdin.as_mut().unwrap();
         stdin.write_all(b"go\n").unwrap();
         stdin.flush().unwrap();
-    }
-
-    /// SIGKILL: no destructor, no flush, no clean close of the store.
-    fn kill_9(&mut self) {
-        self.child.kill().unwrap();
-        let status = self.child.wait().unwrap();
-        assert!(
-            !status.success(),
-            "the child was killed, not finished: {status:?}"
-        );
-    }
-}
-
-impl Drop for Crashing {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
     }
 }
 
@@ -309,7 +292,7 @@ async fn crash_then_recover(
     let (body_path, body) = body_file(dir.path(), body_bytes);
     let mut child = Crashing::spawn(store_url, crash_at, KEYS, &body_path, &[]);
     let halted = halted(&child, halted_word, KEYS);
-    child.kill_9();
+    child.process.kill_9();
 
     let keys: Vec<String> = halted.keys().cloned().collect();
     let store = idem::store::open(store_url).await.unwrap();
@@ -378,12 +361,6 @@ impl Serve {
             process,
             addr: ([127, 0, 0, 1], port).into(),
         }
-    }
-
-    fn kill_9(&mut self) {
-        let child = &mut self.process.0;
-        child.kill().unwrap();
-        assert!(!child.wait().unwrap().success());
     }
 }
 
@@ -466,7 +443,7 @@ async fn serve_killed_mid_request(store_url: &str) {
         .expect("the request reached the upstream");
     // The claim was made before the upstream was called.
     let lease_end = Instant::now() + Duration::from_secs(2);
-    first.kill_9();
+    first.process.kill_9();
     assert!(
         lost.await.unwrap().is_err(),
         "the client of the killed gateway got no answer"
@@ -613,7 +590,7 @@ mod sqlite {
             }
             seen.record(&line);
         };
-        child.kill_9();
+        child.process.kill_9();
         for line in child.rest() {
             seen.record(&line);
         }
@@ -790,7 +767,7 @@ mod postgres {
         let waiting = "state = 'active' AND wait_event_type = 'Lock' AND xact_start IS NOT NULL";
         await_sessions(&monitor, &application, waiting, 1).await;
 
-        child.kill_9();
+        child.process.kill_9();
         for line in child.rest() {
             seen.record(&line);
         }

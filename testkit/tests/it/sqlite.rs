@@ -5,6 +5,7 @@
 use crate::support::{TESTKIT, unique};
 use idem::store::{SqliteOptions, SqliteStore};
 use idem::{Decision, Guard, Response, SystemClock};
+use idem_harness::Proc;
 use std::io::{BufRead, BufReader};
 use std::process::{Command, Stdio};
 
@@ -19,24 +20,26 @@ async fn a_completed_response_survives_kill_9() {
     std::fs::write(&body_file, &body).unwrap();
     let key = unique("crash");
 
-    let mut child = Command::new(TESTKIT)
-        .args([
-            "complete",
-            "--store",
-            &format!("sqlite:{}", db.display()),
-            "--key",
-            &key,
-            "--fingerprint",
-            "fp",
-        ])
-        .arg("--body-file")
-        .arg(&body_file)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::inherit())
-        .spawn()
-        .expect("start idem-testkit complete");
+    let mut child = Proc(
+        Command::new(TESTKIT)
+            .args([
+                "complete",
+                "--store",
+                &format!("sqlite:{}", db.display()),
+                "--key",
+                &key,
+                "--fingerprint",
+                "fp",
+            ])
+            .arg("--body-file")
+            .arg(&body_file)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("start idem-testkit complete"),
+    );
     let mut line = String::new();
-    BufReader::new(child.stdout.take().unwrap())
+    BufReader::new(child.0.stdout.take().unwrap())
         .read_line(&mut line)
         .unwrap();
     assert_eq!(
@@ -44,12 +47,7 @@ async fn a_completed_response_survives_kill_9() {
         format!("completed {key}"),
         "the child reports completion"
     );
-    child.kill().unwrap(); // SIGKILL: no destructor, no checkpoint, no clean close.
-    let status = child.wait().unwrap();
-    assert!(
-        !status.success(),
-        "the child was killed, not finished: {status:?}"
-    );
+    child.kill_9(); // no destructor, no checkpoint, no clean close
     let wal = std::fs::metadata(dir.path().join("idem.db-wal")).map_or(0, |m| m.len());
     assert!(
         wal > 0,
