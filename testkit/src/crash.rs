@@ -50,8 +50,9 @@ pub enum CrashAt {
     StoreWrite,
     /// As `store-write`, but in the last round (SQLite only) inside the
     /// writer's transaction: its statements ran, its `COMMIT` did not. The
-    /// transaction holds at least half the round's completions, so large
-    /// responses have spilled pages into the write-ahead log.
+    /// transaction holds more than half the round's completions, or all of
+    /// those still unwritten, so large responses have spilled pages into the
+    /// write-ahead log.
     SqliteTransaction,
 }
 
@@ -190,7 +191,7 @@ impl idem::Store for Halting {
 /// - `sqlite-transaction`: the same, then `in-transaction N` with the number
 ///   of primitives in the transaction it stopped in.
 ///
-/// It never exits by itself: only the kill ends it.
+/// It never exits by itself: only the kill ends it. It runs on [`runtime`].
 pub async fn crash(args: CrashArgs) -> anyhow::Result<()> {
     let body: Arc<[u8]> = std::fs::read(&args.body_file)
         .with_context(|| format!("read {}", args.body_file.display()))?
@@ -212,6 +213,7 @@ pub async fn crash(args: CrashArgs) -> anyhow::Result<()> {
         })
         .await??;
         store.set_before_commit(stop_in_transaction(
+            store.clone(),
             completions.clone(),
             args.keys * (rounds - 1),
             args.keys,
@@ -253,6 +255,21 @@ pub async fn crash(args: CrashArgs) -> anyhow::Result<()> {
     // Leak the guard and store: no drop, no clean close; only the kill ends them.
     std::mem::forget(guard);
     Ok(())
+}
+
+/// The runtime `crash` runs on. For `sqlite-transaction`, one thread: a
+/// store on a multi-thread runtime applies a lone write in place, where the
+/// writer thread may already hold the next writes taken from its queue;
+/// on one thread every write goes through the queue, so the transaction
+/// hook ([`stop_in_transaction`]) sees every unwritten completion there.
+pub fn runtime(args: &CrashArgs) -> std::io::Result<tokio::runtime::Runtime> {
+    if args.crash_at == CrashAt::SqliteTransaction {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+    } else {
+        tokio::runtime::Runtime::new()
+    }
 }
 
 /// Runs `key` through the guard; the handler or the store halts it.
@@ -321,29 +338,35 @@ async fn claim_and_complete(
 
 /// The SQLite writer's hook for `sqlite-transaction`: once `before` earlier
 /// completions have gone by, it stops the writer inside the first
-/// transaction holding more than half of the last round's `keys`
-/// completions. A smaller transaction ahead of it waits, before its commit,
-/// until every completion of the round is queued, so the next one holds
-/// them all.
+/// transaction that holds more than half of the last round's `keys`
+/// completions or all of those still unwritten. So the stopped transaction
+/// holds more keys than are queued behind it: had its writes survived the
+/// kill, fewer keys than it holds would be left to take over, which is what
+/// the test checks. A transaction that holds neither waits, before its
+/// commit, until every other unwritten completion is in the writer's queue,
+/// so the next transaction takes them all (a batch takes up to 256).
 fn stop_in_transaction(
+    store: idem::store::SqliteStore,
     completions: Arc<AtomicUsize>,
     before: usize,
     keys: usize,
 ) -> impl Fn(usize) + Send + Sync + 'static {
+    // The round's completions committed so far (only the writer calls the hook).
+    let committed = AtomicUsize::new(0);
     move |primitives| {
         if completions.load(Ordering::SeqCst) <= before {
             return;
         }
-        if primitives > keys / 2 {
+        let unwritten = keys - committed.load(Ordering::SeqCst);
+        if primitives > keys / 2 || primitives >= unwritten {
             say(&format!("in-transaction {primitives}"));
             loop {
                 std::thread::park();
             }
         }
-        while completions.load(Ordering::SeqCst) < before + keys {
+        while store.queued_writes() < unwritten - primitives {
             std::thread::sleep(Duration::from_millis(1));
         }
-        // From the guard's call into the store to the writer's queue.
-        std::thread::sleep(Duration::from_millis(200));
+        committed.fetch_add(primitives, Ordering::SeqCst);
     }
 }

@@ -78,7 +78,8 @@ fn main() -> anyhow::Result<()> {
         }
         Command::Hammer(args) => tokio::runtime::Runtime::new()?.block_on(hammer::hammer(args)),
         Command::Crash(args) => {
-            let runtime = tokio::runtime::Runtime::new()?;
+            // Kept to the end: the halted runs are tasks on it.
+            let runtime = crash::runtime(&args)?;
             runtime.block_on(crash::crash(args))?;
             // Hold the store open, as a server would, until killed.
             loop {

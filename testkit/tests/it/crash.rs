@@ -617,10 +617,10 @@ mod sqlite {
             recovery.taken_over.len()
         );
         // The killed transaction holds more than half of the round's
-        // completions; completions still queued behind it (on a loaded
-        // machine) were never written. Both kinds of key are still claimed.
-        // Had the transaction's writes survived, fewer keys than it held
-        // would be claimed: the round's other keys are fewer than half.
+        // completions, or all of those not yet committed; any queued behind
+        // it were never written. Both kinds of key are still claimed. Had the
+        // transaction's writes survived, fewer keys than it held would be
+        // claimed: fewer were queued behind it than it held.
         assert!(
             recovery.taken_over.len() >= in_transaction,
             "every key of the uncommitted transaction is still claimed: {} taken over, \

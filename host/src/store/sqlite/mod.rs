@@ -235,6 +235,14 @@ impl SqliteStore {
         self.inner.side.before_commit.set(Box::new(hook)).is_ok()
     }
 
+    /// Test support, for the same hook: how many writes wait in the writer
+    /// thread's queue (not counting the batch it is applying).
+    #[doc(hidden)]
+    pub fn queued_writes(&self) -> usize {
+        let queue = self.inner.writes.as_ref();
+        queue.map_or(0, |q| q.max_capacity() - q.capacity())
+    }
+
     /// Applies `write` and answers after its commit. A lone write (see
     /// [`Crowd`]; the write connection free) runs here, in place, on a
     /// thread the runtime has handed its other tasks away from
