@@ -47,10 +47,11 @@ impl Primitives for Native<'_> {
         record: &Record,
         now_ms: u64,
     ) -> Result<Option<u64>, StoreFailure> {
-        Ok(self
+        let replaced = self
             .store
             .replace_now(key, expected_version, record.clone(), now_ms)
-            .unwrap())
+            .unwrap();
+        Ok(replaced.then(|| expected_version + 1))
     }
 }
 

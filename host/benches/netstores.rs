@@ -88,10 +88,8 @@ async fn store_ops(store: &Arc<dyn Store>, prefix: &str) -> (Op, Op) {
             else {
                 panic!("{key} is new")
             };
-            s.replace(&key, v, record(State::Done), NOW)
-                .await
-                .unwrap()
-                .unwrap();
+            let replaced = s.replace(&key, v, record(State::Done), NOW).await;
+            assert!(replaced.unwrap(), "{key} is at version {v}");
         }
     });
     let s = store.clone();

@@ -132,10 +132,10 @@ impl idem::Store for Halting {
     async fn replace(
         &self,
         key: &str,
-        expected_version: u64,
+        expected: u64,
         record: idem::Record,
         now_ms: u64,
-    ) -> Result<Option<u64>, idem::StoreError> {
+    ) -> Result<bool, idem::StoreError> {
         let completion = record.state == idem::State::Done;
         if completion {
             self.completions.fetch_add(1, Ordering::SeqCst);
@@ -144,13 +144,10 @@ impl idem::Store for Halting {
             say(&format!("halted-before-write {key}"));
             std::future::pending::<()>().await;
         }
-        let written = self
-            .inner
-            .replace(key, expected_version, record, now_ms)
-            .await;
+        let written = self.inner.replace(key, expected, record, now_ms).await;
         if completion && self.at == CrashAt::CompleteWritten {
             match &written {
-                Ok(Some(version)) => say(&format!("halted-after-write {key} {version}")),
+                Ok(true) => say(&format!("halted-after-write {key} {}", expected + 1)),
                 other => say(&format!("not-written {key} {other:?}")),
             }
             std::future::pending::<()>().await;

@@ -305,7 +305,10 @@ macro_rules! flavour {
                     Some(handle) => Some(self.table.get(&handle).map_err(handle_failed)?.0.as_ref().clone()),
                     None => None,
                 };
+                // The store says whether it wrote; the new version is the
+                // contract's, not the store's: `expected-version + 1`.
                 $call_store!(self.replace(&key, expected_version, record, now_ms))
+                    .map(|replaced| replaced.then(|| expected_version.saturating_add(1)))
                     .map_err(Into::into)
             }
 

@@ -167,21 +167,15 @@ impl SyncStore for MemoryStore {
         })
     }
 
-    fn replace_now(
-        &self,
-        key: &str,
-        expected_version: u64,
-        record: Record,
-        now_ms: u64,
-    ) -> Result<Option<u64>> {
+    fn replace_now(&self, key: &str, expected: u64, record: Record, now_ms: u64) -> Result<bool> {
         let mut shard = self.shard(key);
         Ok(match shard.get_mut(key) {
-            Some(entry) if entry.version == expected_version && entry.record.is_live(now_ms) => {
+            Some(entry) if entry.version == expected && entry.record.is_live(now_ms) => {
                 entry.version += 1;
                 entry.record = record;
-                Some(entry.version)
+                true
             }
-            _ => None,
+            _ => false,
         })
     }
 

@@ -135,17 +135,13 @@ pub trait Store: Send + Sync + 'static {
     /// expired record's version + 1); otherwise returns the live record.
     async fn insert(&self, key: &str, record: Record, now_ms: u64) -> Result<InsertOutcome>;
 
-    /// Overwrites the live record only if its version is `expected_version`;
-    /// returns the new version (`expected_version + 1`), or `None`.
-    async fn replace(
-        &self,
-        key: &str,
-        expected_version: u64,
-        record: Record,
-        now_ms: u64,
-    ) -> Result<Option<u64>>;
+    /// Overwrites the live record only if its version is `expected`, which
+    /// makes it `expected + 1`; whether it did. The new version is not the
+    /// store's to choose, so it is not returned: the engine hands
+    /// `expected + 1` to the component (`wit/store.wit`'s `replace`).
+    async fn replace(&self, key: &str, expected: u64, record: Record, now_ms: u64) -> Result<bool>;
 
-    /// Removes the record (only at `expected_version`, when given).
+    /// Removes the record (only at `expected_version`, when given); whether it did.
     async fn delete(&self, key: &str, expected_version: Option<u64>) -> Result<bool>;
 
     /// Live records matching `query`, in key order.
@@ -180,13 +176,7 @@ pub trait Store: Send + Sync + 'static {
 pub trait SyncStore: Send + Sync + 'static {
     fn get_now(&self, key: &str, now_ms: u64) -> Result<Option<Entry>>;
     fn insert_now(&self, key: &str, record: Record, now_ms: u64) -> Result<InsertOutcome>;
-    fn replace_now(
-        &self,
-        key: &str,
-        expected_version: u64,
-        record: Record,
-        now_ms: u64,
-    ) -> Result<Option<u64>>;
+    fn replace_now(&self, key: &str, expected: u64, record: Record, now_ms: u64) -> Result<bool>;
     fn delete_now(&self, key: &str, expected_version: Option<u64>) -> Result<bool>;
 
     /// Whether a call made now might have to wait (a [`Faulty`] store with
@@ -224,8 +214,8 @@ macro_rules! hand_on {
             $($async)? fn $insert(&self, key: &str, record: $crate::store::Record, now_ms: u64) -> $crate::store::Result<$crate::store::InsertOutcome> {
                 $on!(self, $crate::store::Op::Insert, $to_insert(key, record, now_ms))
             }
-            $($async)? fn $replace(&self, key: &str, expected_version: u64, record: $crate::store::Record, now_ms: u64) -> $crate::store::Result<Option<u64>> {
-                $on!(self, $crate::store::Op::Replace, $to_replace(key, expected_version, record, now_ms))
+            $($async)? fn $replace(&self, key: &str, expected: u64, record: $crate::store::Record, now_ms: u64) -> $crate::store::Result<bool> {
+                $on!(self, $crate::store::Op::Replace, $to_replace(key, expected, record, now_ms))
             }
             $($async)? fn $delete(&self, key: &str, expected_version: Option<u64>) -> $crate::store::Result<bool> {
                 $on!(self, $crate::store::Op::Delete, $to_delete(key, expected_version))

@@ -205,9 +205,9 @@ pub async fn replace_only_at_version(store: Arc<dyn Store>) {
     store.insert(&key, r, now).await.unwrap();
     let completed = done(now + 10_000);
     for (version, replaced, why) in [
-        (2, None, "a wrong version"),
-        (1, Some(2), "the claim's version"),
-        (1, None, "a stale version"),
+        (2, false, "a wrong version"),
+        (1, true, "the claim's version"),
+        (1, false, "a stale version"),
     ] {
         let got = store.replace(&key, version, completed.clone(), now).await;
         assert_eq!(got.unwrap(), replaced, "{why}");
@@ -215,20 +215,11 @@ pub async fn replace_only_at_version(store: Arc<dyn Store>) {
     let got = store.get(&key, now).await.unwrap().unwrap();
     assert_eq!((got.record, got.version), (completed.clone(), 2));
     // Absent and expired keys are never replaced.
-    assert_eq!(
-        store
-            .replace(&unique("absent"), 1, completed.clone(), now)
-            .await
-            .unwrap(),
-        None
-    );
-    assert_eq!(
-        store
-            .replace(&key, 2, completed, now + 10_000)
-            .await
-            .unwrap(),
-        None
-    );
+    let absent = unique("absent");
+    let replaced = store.replace(&absent, 1, completed.clone(), now);
+    assert!(!replaced.await.unwrap());
+    let expired = store.replace(&key, 2, completed, now + 10_000);
+    assert!(!expired.await.unwrap());
 }
 
 pub async fn delete_at_version(store: Arc<dyn Store>) {
@@ -490,22 +481,17 @@ pub async fn holder_and_checkpoint_round_trip(store: Arc<dyn Store>) {
         phase: "charged".into(),
         data: (0..=255u8).collect(),
     });
-    let version = store
-        .replace(&key, read.version, next.clone(), BASE_MS)
-        .await
-        .unwrap()
-        .expect("at its version");
+    let replaced = store.replace(&key, read.version, next.clone(), BASE_MS);
+    assert!(replaced.await.unwrap(), "at its version");
+    let version = read.version + 1;
     let read = store.get(&key, BASE_MS).await.unwrap().expect("live");
     assert_eq!((read.record, read.version), (next.clone(), version));
     let mut listed = store.list(&under(&key, 10), BASE_MS).await.unwrap();
     assert_eq!(listed.pop().map(|(_, e)| e.record), Some(next.clone()));
     let mut finished = done(BASE_MS + 60_000);
     finished.holder = next.holder;
-    store
-        .replace(&key, version, finished.clone(), BASE_MS)
-        .await
-        .unwrap()
-        .expect("at its version");
+    let replaced = store.replace(&key, version, finished.clone(), BASE_MS);
+    assert!(replaced.await.unwrap(), "at its version");
     let read = store.get(&key, BASE_MS).await.unwrap().expect("live");
     assert_eq!(read.record, finished, "a completion drops the checkpoint");
 }

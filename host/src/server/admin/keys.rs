@@ -259,8 +259,11 @@ pub(super) async fn rewrite(
         return response;
     }
     match store.replace(key, entry.version, record.clone(), now).await {
-        Ok(Some(version)) => json(&admin.key_info(key, &Entry { record, version }, now)),
-        Ok(None) => problem(
+        Ok(true) => {
+            let version = entry.version + 1;
+            json(&admin.key_info(key, &Entry { record, version }, now))
+        }
+        Ok(false) => problem(
             StatusCode::CONFLICT,
             format!("key {key:?} changed while it was being rewritten; try again"),
         ),

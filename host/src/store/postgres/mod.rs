@@ -342,20 +342,13 @@ impl Store for PostgresStore {
         }
     }
 
-    async fn replace(
-        &self,
-        key: &str,
-        expected_version: u64,
-        record: Record,
-        now_ms: u64,
-    ) -> Result<Option<u64>> {
-        let (version, now) = (int(expected_version), int(now_ms));
+    async fn replace(&self, key: &str, expected: u64, record: Record, now_ms: u64) -> Result<bool> {
+        let (version, now) = (int(expected), int(now_ms));
         let columns = RecordParams::new(&record);
         let replaced = self
             .execute(&self.sql.replace, &columns.after(&[&key, &version, &now]))
             .await?;
-        // The row's version is `version + 1` = expected + 1 when one was updated.
-        Ok((replaced > 0).then(|| expected_version.saturating_add(1)))
+        Ok(replaced > 0)
     }
 
     async fn delete(&self, key: &str, expected_version: Option<u64>) -> Result<bool> {

@@ -262,24 +262,18 @@ impl Store for RedisStore {
         }
     }
 
-    async fn replace(
-        &self,
-        key: &str,
-        expected_version: u64,
-        record: Record,
-        now_ms: u64,
-    ) -> Result<Option<u64>> {
-        let Some(version) = expected_version.checked_add(1) else {
-            return Ok(None);
+    async fn replace(&self, key: &str, expected: u64, record: Record, now_ms: u64) -> Result<bool> {
+        let Some(version) = expected.checked_add(1) else {
+            return Ok(false);
         };
         let full = self.full_key(key);
         let ttl = self.ttl_ms(&record, now_ms);
         let value = encode(version, &record);
-        if let Some(old) = self.recall(&full, expected_version) {
+        if let Some(old) = self.recall(&full, expected) {
             // The exact bytes at that version: the server compares them
             // whole, and the expiry is theirs.
             if header(&old).is_none_or(|(_, _, expires_at_ms)| expires_at_ms <= now_ms) {
-                return Ok(None);
+                return Ok(false);
             }
             let mut cmd = redis::cmd("SET");
             cmd.arg(&full)
@@ -290,20 +284,20 @@ impl Store for RedisStore {
                 .arg(ttl);
             let written: Option<String> = self.send(key, &cmd, None, true).await?;
             if written.is_none() {
-                return Ok(None);
+                return Ok(false);
             }
             self.remember(&full, version, record.state, &value);
-            return Ok(Some(version));
+            return Ok(true);
         }
         let mut cmd = evalsha(&REPLACE, full.as_bytes());
-        cmd.arg(expected_version).arg(now_ms).arg(ttl).arg(&value);
+        cmd.arg(expected).arg(now_ms).arg(ttl).arg(&value);
         let reply: Value = self.send(key, &cmd, Some(&REPLACE), true).await?;
         match number(&reply) {
             Some(1) => {
                 self.remember(&full, version, record.state, &value);
-                Ok(Some(version))
+                Ok(true)
             }
-            Some(0) => Ok(None),
+            Some(0) => Ok(false),
             Some(-1) => Err(corrupt(
                 NAME,
                 key,

@@ -352,23 +352,17 @@ impl Store for SqliteStore {
         }
     }
 
-    async fn replace(
-        &self,
-        key: &str,
-        expected_version: u64,
-        record: Record,
-        now_ms: u64,
-    ) -> Result<Option<u64>> {
+    async fn replace(&self, key: &str, expected: u64, record: Record, now_ms: u64) -> Result<bool> {
         match self
             .write(Write::Replace {
                 key: key.to_owned(),
-                expected_version,
+                expected,
                 record,
                 now_ms,
             })
             .await?
         {
-            Written::Replace(version) => Ok(version),
+            Written::Replace(replaced) => Ok(replaced),
             _ => unreachable!("the writer answers in kind"),
         }
     }

@@ -32,7 +32,7 @@ pub(super) enum Write {
     },
     Replace {
         key: String,
-        expected_version: u64,
+        expected: u64,
         record: Record,
         now_ms: u64,
     },
@@ -48,7 +48,7 @@ pub(super) enum Write {
 
 pub(super) enum Written {
     Insert(InsertOutcome),
-    Replace(Option<u64>),
+    Replace(bool),
     Delete(bool),
     Purge(usize),
 }
@@ -206,17 +206,15 @@ fn apply(conn: &Connection, write: &Write) -> Result<Result<Written>, rusqlite::
         }
         Write::Replace {
             key,
-            expected_version,
+            expected,
             record,
             now_ms,
         } => {
             let columns = RecordColumns::new(record);
             let replaced = conn
                 .prepare_cached(sql::REPLACE)?
-                .execute(&*columns.params(key, &int(*expected_version), &[&int(*now_ms)]))?;
-            Ok(Written::Replace(
-                (replaced > 0).then(|| expected_version.saturating_add(1)),
-            ))
+                .execute(&*columns.params(key, &int(*expected), &[&int(*now_ms)]))?;
+            Ok(Written::Replace(replaced > 0))
         }
         Write::Delete {
             key,
