@@ -7,7 +7,9 @@ use alloc::borrow::ToOwned;
 use alloc::format;
 
 use crate::decide::{Verdict, decide};
-use crate::limits::{check_checkpoint, check_fingerprint, check_key, check_policy, check_response};
+use crate::limits::{
+    check_checkpoint, check_claim, check_fingerprint, check_key, check_policy, check_response,
+};
 use crate::model::{
     Checkpoint, Claim, Decision, Entry, GuardError, InsertOutcome, Policy, Record, ResponseHandle,
     State, StoreFailure,
@@ -32,13 +34,14 @@ pub trait Primitives {
         record: &Record<Self::Response>,
         now_ms: u64,
     ) -> Result<InsertOutcome<Self::Response>, StoreFailure>;
+    /// Whether the record at `expected_version` became `expected_version + 1`.
     fn replace(
         &mut self,
         key: &str,
         expected_version: u64,
         record: &Record<Self::Response>,
         now_ms: u64,
-    ) -> Result<Option<u64>, StoreFailure>;
+    ) -> Result<bool, StoreFailure>;
 }
 
 /// How many times `begin` retries when a concurrent writer changed the
@@ -93,7 +96,7 @@ pub fn begin<P: Primitives>(
                 let replaced = store
                     .replace(key, entry.version, &record, now)
                     .map_err(|e| unavailable("replace", key, e))?;
-                if let Some(version) = replaced {
+                if let Some(version) = written_at(replaced, entry.version) {
                     return Ok(Decision::Proceed(claim(key, record, version)));
                 }
                 // Someone wrote first (completed, took over, released): look again.
@@ -111,8 +114,9 @@ pub fn complete<P: Primitives>(
     response: P::Response,
     policy: &Policy,
 ) -> Result<(), GuardError> {
-    check_policy(policy)?;
+    check_claim(claim)?;
     check_response(&response, policy)?;
+    check_policy(policy)?;
     let now = store.now_ms();
     check_not_expired(claim, now)?;
     let record = Record {
@@ -126,6 +130,7 @@ pub fn complete<P: Primitives>(
 }
 
 pub fn release<P: Primitives>(store: &mut P, claim: &Claim) -> Result<(), GuardError> {
+    check_claim(claim)?;
     let now = store.now_ms();
     check_not_expired(claim, now)?;
     // A lease that ends now: the next begin takes over at once, with a higher
@@ -143,6 +148,7 @@ pub fn renew<P: Primitives>(
     claim: &Claim,
     policy: &Policy,
 ) -> Result<Claim, GuardError> {
+    check_claim(claim)?;
     check_policy(policy)?;
     extend(
         store,
@@ -159,8 +165,9 @@ pub fn checkpoint<P: Primitives>(
     checkpoint: Checkpoint,
     policy: &Policy,
 ) -> Result<Claim, GuardError> {
-    check_policy(policy)?;
+    check_claim(claim)?;
     check_checkpoint(&checkpoint, policy)?;
+    check_policy(policy)?;
     extend(store, claim, Some(checkpoint), policy, OnMoved::KeepOurs)
 }
 
@@ -228,7 +235,8 @@ enum OnMoved {
 
 /// Writes `record` over the claim's record, and when the write fails or is
 /// refused, reads the record back and acts as `wit/guard.wit`'s interface
-/// docs say (holder identity). Returns the version and the record written.
+/// docs say (holder identity), in their order. Returns the version and the
+/// record written (or found written).
 fn write_as_holder<P: Primitives>(
     store: &mut P,
     claim: &Claim,
@@ -241,18 +249,24 @@ fn write_as_holder<P: Primitives>(
     let mut failure = None;
     for _ in 0..MAX_ATTEMPTS {
         match store.replace(key, expected, &record, now) {
-            Ok(Some(version)) => return Ok((version, record)),
-            Ok(None) => failure = None,
+            Ok(written) => match written_at(written, expected) {
+                Some(version) => return Ok((version, record)),
+                None => failure = None,
+            },
             Err(e) => failure = Some(unavailable("replace", key, e)),
         }
         let entry = match store.get(key, now) {
             Ok(entry) => entry,
             Err(e) => return Err(failure.unwrap_or_else(|| unavailable("get", key, e))),
         };
-        let Some(entry) = entry.filter(|e| claim.holder != 0 && e.record.holder == claim.holder)
-        else {
+        let Some(entry) = entry.filter(|e| e.record.holder == claim.holder) else {
             return Err(stale(claim));
         };
+        if is_own_completion(&entry.record, &record) {
+            // Stored already: this write applied with its reply lost, or an
+            // earlier attempt of this same completion did.
+            return Ok((entry.version, entry.record));
+        }
         if entry.version == expected {
             // Not applied: the store's failure stands.
             return Err(failure.unwrap_or_else(|| stale(claim)));
@@ -276,6 +290,26 @@ fn write_as_holder<P: Primitives>(
             "the record for key {key:?} kept changing under its own holder ({MAX_ATTEMPTS} writes)"
         ))
     }))
+}
+
+/// Whether `stored` is the completion `meant` stores: done, by the same
+/// holder, for the same fingerprint, with the same response — whatever its
+/// expiry (a retry computes another) and version.
+fn is_own_completion<R: ResponseHandle>(stored: &Record<R>, meant: &Record<R>) -> bool {
+    meant.state == State::Done
+        && stored.state == State::Done
+        && stored.holder == meant.holder
+        && stored.fingerprint == meant.fingerprint
+        && match (&stored.response, &meant.response) {
+            (Some(stored), Some(meant)) => stored.same_as(meant),
+            _ => false,
+        }
+}
+
+/// The version a replace at `expected` wrote, when it wrote: the contract
+/// makes it `expected + 1`; at u64's end the store writes nothing.
+fn written_at(written: bool, expected: u64) -> Option<u64> {
+    expected.checked_add(1).filter(|_| written)
 }
 
 fn claim<R>(key: &str, record: Record<R>, fence: u64) -> Claim {
@@ -451,6 +485,89 @@ mod tests {
         complete(&mut s, &renewed, ok("paid"), &policy()).unwrap();
         assert_eq!(s.writes, 3, "claim, renewal, completion: each once");
         assert_eq!(begin_k(&mut s), Decision::Replay(ok("paid")));
+    }
+
+    #[test]
+    fn a_retried_completion_of_its_own_response_succeeds() {
+        let mut s = Map::default();
+        let c = claim_k(&mut s);
+        complete(&mut s, &c, ok("paid"), &policy()).unwrap();
+        // The caller never saw that reply; it retries later, when the
+        // record's expiry would be another.
+        s.now += 7;
+        complete(&mut s, &c, ok("paid"), &policy()).unwrap();
+        assert_eq!(s.writes, 2, "the claim and one completion");
+        // Another response under the same claim is not this completion.
+        let err = complete(&mut s, &c, ok("other"), &policy()).unwrap_err();
+        assert!(
+            matches!(&err, GuardError::StaleClaim(m) if m.contains("already completed")),
+            "{err}"
+        );
+        // Nor is the same response under another holder's claim.
+        let forged = Claim {
+            holder: c.holder + 1,
+            ..c.clone()
+        };
+        assert!(matches!(
+            complete(&mut s, &forged, ok("paid"), &policy()),
+            Err(GuardError::StaleClaim(_))
+        ));
+        assert_eq!(begin_k(&mut s), Decision::Replay(ok("paid")));
+    }
+
+    #[test]
+    fn a_claim_with_holder_0_is_invalid_input_before_anything_else() {
+        let mut s = Map::default();
+        let c = Claim {
+            holder: 0,
+            ..claim_k(&mut s)
+        };
+        let bad_policy = Policy {
+            lease_ms: 0,
+            ..policy()
+        };
+        let step = Checkpoint {
+            phase: String::new(),
+            data: vec![],
+        };
+        let holder_0 = |r: Result<(), GuardError>| matches!(r, Err(GuardError::InvalidInput(m)) if m.contains("holder 0"));
+        // The claim is the first parameter: its limit is the one named.
+        assert!(holder_0(complete(
+            &mut s,
+            &c,
+            ok(&"x".repeat(99)),
+            &bad_policy
+        )));
+        assert!(holder_0(release(&mut s, &c)));
+        assert!(holder_0(renew(&mut s, &c, &bad_policy).map(|_| ())));
+        assert!(holder_0(
+            checkpoint(&mut s, &c, step, &bad_policy).map(|_| ())
+        ));
+        assert_eq!(s.writes, 1, "only the claim");
+    }
+
+    #[test]
+    fn limits_are_checked_in_the_order_of_the_parameters() {
+        let mut s = Map::default();
+        let c = claim_k(&mut s);
+        let bad_policy = Policy {
+            lease_ms: 0,
+            ..policy()
+        };
+        // complete(claim, response, policy): the response before the policy.
+        let err = complete(&mut s, &c, ok(&"x".repeat(65)), &bad_policy).unwrap_err();
+        assert!(err.to_string().contains("65 bytes"), "{err}");
+        // save-checkpoint(claim, checkpoint, policy): the checkpoint first.
+        let step = Checkpoint {
+            phase: String::new(),
+            data: vec![],
+        };
+        let err = checkpoint(&mut s, &c, step, &bad_policy).unwrap_err();
+        assert!(err.to_string().contains("phase is empty"), "{err}");
+        // A stale claim with a broken limit is told the limit.
+        s.now += 3_600_000;
+        let err = renew(&mut s, &c, &bad_policy).unwrap_err();
+        assert!(matches!(err, GuardError::InvalidInput(_)), "{err}");
     }
 
     #[test]

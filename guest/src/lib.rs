@@ -174,7 +174,7 @@ mod component {
             expected_version: u64,
             record: &model::Record<types::Response>,
             now_ms: u64,
-        ) -> Result<Option<u64>, model::StoreFailure> {
+        ) -> Result<bool, model::StoreFailure> {
             store::replace(
                 key,
                 expected_version,

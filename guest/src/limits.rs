@@ -4,7 +4,7 @@
 use alloc::format;
 use alloc::string::String;
 
-use crate::model::{Checkpoint, GuardError, Policy, ResponseHandle};
+use crate::model::{Checkpoint, Claim, GuardError, Policy, ResponseHandle};
 
 /// Keys are 1 to 255 bytes: long enough for a UUID with a client scope,
 /// short enough to index in every store.
@@ -66,6 +66,18 @@ pub fn check_policy(policy: &Policy) -> Result<(), GuardError> {
         return Err(invalid(format!(
             "lease ({} ms) must be shorter than retention ({} ms)",
             policy.lease_ms, policy.retention_ms
+        )));
+    }
+    Ok(())
+}
+
+/// A claim's holder is never 0: 0 marks the records of 0.1 hosts, and no
+/// `begin` makes a claim with it.
+pub fn check_claim(claim: &Claim) -> Result<(), GuardError> {
+    if claim.holder == 0 {
+        return Err(invalid(format!(
+            "the claim on key {:?} has holder 0; a claim's holder is never 0 (pass claims back as begin returned them)",
+            claim.key
         )));
     }
     Ok(())

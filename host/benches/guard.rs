@@ -9,7 +9,7 @@
 use criterion::{BenchmarkId, Criterion, criterion_group, criterion_main};
 use idem::component::MISBEHAVING_COMPONENT;
 use idem::store::{AsyncOnly, MemoryStore, SyncStore};
-use idem::{Clock, Decision, Entry, Guard, Limits, Policy, Record, Response, Runtime, SystemClock};
+use idem::{Clock, Decision, Entry, Guard, Limits, LocalClock, Policy, Record, Response, Runtime};
 use idem_guest::guard::{self as native, Primitives};
 use idem_guest::model::{InsertOutcome, StoreFailure};
 use std::hint::black_box;
@@ -24,7 +24,7 @@ impl Primitives for Native<'_> {
     type Response = idem::Response;
 
     fn now_ms(&mut self) -> u64 {
-        SystemClock.now_ms()
+        LocalClock.now_ms()
     }
     fn random_u64(&mut self) -> u64 {
         fastrand::u64(..)
@@ -46,12 +46,11 @@ impl Primitives for Native<'_> {
         expected_version: u64,
         record: &Record,
         now_ms: u64,
-    ) -> Result<Option<u64>, StoreFailure> {
-        let replaced = self
+    ) -> Result<bool, StoreFailure> {
+        Ok(self
             .store
             .replace_now(key, expected_version, record.clone(), now_ms)
-            .unwrap();
-        Ok(replaced.then(|| expected_version + 1))
+            .unwrap())
     }
 }
 
@@ -94,7 +93,7 @@ fn new_keys(iters: u64, store: &MemoryStore, mut run_chunk: impl FnMut(&[String]
         run_chunk(chunk);
         total += start.elapsed();
         for key in chunk {
-            store.delete_now(key, None).unwrap();
+            store.delete_now(key, None, LocalClock.now_ms()).unwrap();
         }
         done += chunk.len() as u64;
     }

@@ -46,7 +46,7 @@ mod tests {
         assert!(
             super::WIT
                 .iter()
-                .all(|(_, text)| text.contains("idem:guard@0.2.0"))
+                .all(|(_, text)| text.contains("idem:guard@0.3.0"))
         );
     }
 }

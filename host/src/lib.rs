@@ -26,13 +26,14 @@ pub mod engine;
 pub mod fuzzing;
 #[cfg(feature = "engine")]
 pub mod guard;
+pub mod lease;
 #[cfg(feature = "engine")]
 pub mod ledger;
 pub mod server;
 pub mod store;
 
 #[cfg(feature = "engine")]
-pub use clock::{Clock, ManualClock, SystemClock};
+pub use clock::{Clock, LocalClock, ManualClock, SyncedClock};
 #[cfg(feature = "engine")]
 pub use engine::{Limits, PoolStats, Runtime};
 #[cfg(feature = "engine")]
@@ -43,6 +44,7 @@ pub use guard::{
 pub use idem_guest::model::{
     Checkpoint, Claim, Decision, Entry, GuardError, Policy, Record, Response, State,
 };
+pub use lease::check_lease_renewable;
 #[cfg(feature = "engine")]
 pub use store::{FaultHandle, Faulty, MemoryStore, Store, StoreError, SyncStore};
 pub use store::{FaultKind, FaultRule, Op};

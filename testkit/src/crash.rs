@@ -158,8 +158,9 @@ impl idem::Store for Halting {
         &self,
         key: &str,
         expected_version: Option<u64>,
+        now_ms: u64,
     ) -> Result<bool, idem::StoreError> {
-        self.inner.delete(key, expected_version).await
+        self.inner.delete(key, expected_version, now_ms).await
     }
     async fn list(
         &self,
@@ -173,6 +174,9 @@ impl idem::Store for Halting {
     }
     fn purges_itself(&self) -> bool {
         self.inner.purges_itself()
+    }
+    fn clock(&self) -> std::sync::Arc<dyn idem::Clock> {
+        self.inner.clock()
     }
 }
 
@@ -226,6 +230,8 @@ pub async fn crash(args: CrashArgs) -> anyhow::Result<()> {
     };
     let guard = Guard::builder(store)
         .lease(Duration::from_millis(args.lease_ms))
+        // Half the lease, so that a renewal always lands inside it.
+        .store_timeout(Duration::from_millis(args.lease_ms / 2))
         .build()
         .context("build the guard")?;
     for round in 0..rounds {

@@ -112,6 +112,25 @@ CORRUPT = [
 ]
 
 
+# The time authority's readings (README.md, "Time"): what a Redis TIME reply
+# (via time.lua) reads as, in milliseconds since the Unix epoch.
+REDIS_TIME = [
+    (["1765000000", "0"], 1_765_000_000_000),
+    (["1765000000", "999999"], 1_765_000_000_999),
+    (["1765000000", "123456"], 1_765_000_000_123),
+    (["0", "1000"], 1),
+]
+# And a reading's arithmetic: the server said `server_ms` between monotonic
+# instants `sent` and `received`; the host's time at monotonic `at`, and the
+# error bound then (ceil(rtt/2) + 1, plus 0.1 ms per second since the read, rounded up).
+READINGS = [
+    {"server_ms": 1_765_000_000_000, "sent": 1_000, "received": 1_004, "at": 1_004,
+     "now_ms": 1_765_000_000_002, "error_ms": 3},
+    {"server_ms": 1_765_000_000_000, "sent": 1_000, "received": 1_005, "at": 11_005,
+     "now_ms": 1_765_000_010_003, "error_ms": 5},
+]
+
+
 def record_json(r):
     # u64s as decimal strings: JSON numbers lose them past 2^53.
     out = dict(r)
@@ -133,7 +152,10 @@ def main():
                  "strings; bytes are lowercase hex. Each record: `redis` is the whole value stored at "
                  "{prefix}{key} for it at `version`, and `postgres` its row's columns after `key`. "
                  "`legacy_redis` values were written by 0.1 hosts and read as these records (holder 0, "
-                 "no checkpoint). `corrupt_redis` values must read as corrupt.",
+                 "no checkpoint). `corrupt_redis` values must read as corrupt. `time`: the time "
+                 "authority's readings (README.md, \"Time\"): `redis_time` maps a TIME reply to "
+                 "milliseconds; `readings` gives a reading (monotonic `sent`/`received`, ms) and the "
+                 "host's time and error bound at monotonic `at`.",
         "records": [
             {"name": n, "version": str(v), "record": record_json(r),
              "redis": redis_value(v, r).hex(), "postgres": row_json(postgres_row(v, r))}
@@ -144,6 +166,10 @@ def main():
             for n, v, r in LEGACY
         ],
         "corrupt_redis": [{"name": n, "redis": b.hex()} for n, b in CORRUPT],
+        "time": {
+            "redis_time": [{"reply": reply, "ms": str(ms)} for reply, ms in REDIS_TIME],
+            "readings": [{k: str(v) for k, v in r.items()} for r in READINGS],
+        },
     }
     path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "vectors.json")
     with open(path, "w") as f:

@@ -86,21 +86,21 @@ impl Primitives for Map {
         expected: u64,
         record: &Record,
         now: u64,
-    ) -> Result<Option<u64>, StoreFailure> {
+    ) -> Result<bool, StoreFailure> {
         let fault = self.fault();
         if fault == Some(false) {
             return Err(StoreFailure::Corrupt("injected".into()));
         }
         let outcome = match self.records.get_mut(key) {
-            Some(e) if e.record.is_live(now) && e.version == expected => {
+            Some(e) if e.record.is_live(now) && e.version == expected && expected < u64::MAX => {
                 *e = Entry {
                     record: record.clone(),
                     version: expected + 1,
                 };
                 self.writes += 1;
-                Some(expected + 1)
+                true
             }
-            _ => None,
+            _ => false,
         };
         if fault == Some(true) {
             return Err(StoreFailure::Unavailable("reply lost".into()));

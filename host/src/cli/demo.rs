@@ -271,6 +271,8 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
     let config = Config {
         lease: Duration::from_secs(5),
         upstream_timeout: Duration::from_secs(4),
+        // At most half the lease, so that a renewal lands inside it.
+        store_timeout: Duration::from_millis(2_500),
         require_key: true,
         ..Config::default()
     };

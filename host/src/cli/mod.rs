@@ -56,7 +56,8 @@ enum Command {
         )]
         store: String,
         /// The lease of a fulfilment's claim: how soon a killed holder's
-        /// order can be taken over.
+        /// order can be taken over. Store calls time out after half of it
+        /// (at most 5 s), so a renewal always lands inside the lease.
         #[arg(long, default_value = "30s", value_parser = crate::server::parse_duration)]
         lease: std::time::Duration,
         /// Keep the books in this file (JSON), across restarts; without it they live in memory.
@@ -135,6 +136,7 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
                 .with_context(|| format!("listen on {listen}"))?;
             let guard = crate::GuardBuilder::from_arc(crate::store::open(&store).await?)
                 .lease(lease)
+                .store_timeout((lease / 2).min(crate::guard::DEFAULT_STORE_TIMEOUT))
                 .build()
                 .context("the guard of /fulfilments (--store, --lease)")?;
             let ledger = ledger.with_guard(guard);

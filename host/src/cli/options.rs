@@ -346,6 +346,7 @@ mod tests {
             config: Some(file.clone()),
             lease: Some("7s".into()),
             upstream_timeout: Some("3s".into()),
+            store_timeout: Some("3s".into()),
             ..ServeOptions::default()
         }
         .resolve()

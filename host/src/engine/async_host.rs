@@ -15,10 +15,7 @@ use std::sync::Arc;
 use std::time::Duration;
 use wasmtime::{Result, StoreLimits};
 
-super::glue::bindings! {
-    imports: { default: async },
-    exports: { default: async },
-}
+super::glue::bindings!(async);
 
 /// What the host gives one instance.
 pub(super) struct State {

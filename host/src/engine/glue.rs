@@ -22,9 +22,20 @@
 //! `GuardError` into it.
 
 /// The world's bindings, with the host's `response` resource, in a module
-/// `bindings`; a flavour adds its own `bindgen!` options.
+/// `bindings`; a flavour says whether its imports and exports are `async`.
+/// The response's functions may trap (a handle the table does not hold, a
+/// table full of responses a guest made): a trap, never a host panic.
 macro_rules! bindings {
-    ($($option:tt)*) => {
+    (async) => {
+        $crate::engine::glue::bindings!(@generate
+            imports: { "idem:guard/types": async | trappable, default: async },
+            exports: { default: async },
+        );
+    };
+    () => {
+        $crate::engine::glue::bindings!(@generate imports: { "idem:guard/types": trappable },);
+    };
+    (@generate $($option:tt)*) => {
         #[allow(clippy::pedantic)] // generated
         mod bindings {
             wasmtime::component::bindgen!({
@@ -221,27 +232,49 @@ macro_rules! flavour {
 
         impl wit_types::Host for State {}
 
-        /// The `response` resource's methods: the guest asks, the response
-        /// stays here. A handle the table does not hold cannot reach these
-        /// (wasmtime checks handles), so a lookup failure is a host bug:
-        /// it traps.
+        /// The `response` resource's functions: the guest asks, the
+        /// response stays here. A handle the table does not hold cannot
+        /// reach these (wasmtime checks handles), so a failed lookup traps.
+        /// The guard calls `status`, `size` and `same-as`; the constructor,
+        /// `headers` and `body` are for a store written as a component.
         impl wit_types::HostResponse for State {
-            $($async)? fn status(&mut self, response: Resource<ResponseRep>) -> u16 {
-                self.table.get(&response).expect("a live response handle").0.status
+            $($async)? fn new(
+                &mut self,
+                status: u16,
+                headers: Vec<(String, Vec<u8>)>,
+                body: Vec<u8>,
+            ) -> wasmtime::Result<Resource<ResponseRep>> {
+                let response = model::Response { status, headers, body };
+                Ok(self.table.push(ResponseRep(Arc::new(response)))?)
             }
 
-            $($async)? fn size(&mut self, response: Resource<ResponseRep>) -> u64 {
-                self.table.get(&response).expect("a live response handle").0.size_bytes() as u64
+            $($async)? fn status(&mut self, response: Resource<ResponseRep>) -> wasmtime::Result<u16> {
+                Ok(self.table.get(&response)?.0.status)
+            }
+
+            $($async)? fn size(&mut self, response: Resource<ResponseRep>) -> wasmtime::Result<u64> {
+                Ok(self.table.get(&response)?.0.size_bytes() as u64)
             }
 
             $($async)? fn same_as(
                 &mut self,
                 response: Resource<ResponseRep>,
                 other: Resource<ResponseRep>,
-            ) -> bool {
-                let a = &self.table.get(&response).expect("a live response handle").0;
-                let b = &self.table.get(&other).expect("a live response handle").0;
-                Arc::ptr_eq(a, b) || a == b
+            ) -> wasmtime::Result<bool> {
+                let a = &self.table.get(&response)?.0;
+                let b = &self.table.get(&other)?.0;
+                Ok(Arc::ptr_eq(a, b) || a == b)
+            }
+
+            $($async)? fn headers(
+                &mut self,
+                response: Resource<ResponseRep>,
+            ) -> wasmtime::Result<Vec<(String, Vec<u8>)>> {
+                Ok(self.table.get(&response)?.0.headers.clone())
+            }
+
+            $($async)? fn body(&mut self, response: Resource<ResponseRep>) -> wasmtime::Result<Vec<u8>> {
+                Ok(self.table.get(&response)?.0.body.clone())
             }
 
             $($async)? fn drop(&mut self, response: Resource<ResponseRep>) -> wasmtime::Result<()> {
@@ -298,26 +331,23 @@ macro_rules! flavour {
                 record: wit_types::Record,
                 response: Option<Resource<ResponseRep>>,
                 now_ms: u64,
-            ) -> Result<Option<u64>, wit_store::StoreError> {
+            ) -> Result<bool, wit_store::StoreError> {
                 // Lent, not given: the store gets a copy of the bytes.
                 let mut record: model::Record = record.into();
                 record.response = match response {
                     Some(handle) => Some(self.table.get(&handle).map_err(handle_failed)?.0.as_ref().clone()),
                     None => None,
                 };
-                // The store says whether it wrote; the new version is the
-                // contract's, not the store's: `expected-version + 1`.
-                $call_store!(self.replace(&key, expected_version, record, now_ms))
-                    .map(|replaced| replaced.then(|| expected_version.saturating_add(1)))
-                    .map_err(Into::into)
+                $call_store!(self.replace(&key, expected_version, record, now_ms)).map_err(Into::into)
             }
 
             $($async)? fn delete(
                 &mut self,
                 key: String,
                 expected_version: Option<u64>,
+                now_ms: u64,
             ) -> Result<bool, wit_store::StoreError> {
-                $call_store!(self.delete(&key, expected_version)).map_err(Into::into)
+                $call_store!(self.delete(&key, expected_version, now_ms)).map_err(Into::into)
             }
         }
     };

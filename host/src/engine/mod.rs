@@ -312,6 +312,13 @@ impl Pool {
     }
 
     async fn enter(&self) -> Result<Checkout<'_>, GuardError> {
+        // The guard judges time by the store's authority: until it is known
+        // (a server clock never read yet) no call may guess it.
+        if let Err(why) = self.clock.known() {
+            return Err(GuardError::Unavailable(format!(
+                "the store's clock is not known: {why}"
+            )));
+        }
         let instance = self.checkout().await?;
         self.in_use.fetch_add(1, Ordering::Relaxed);
         Ok(Checkout {

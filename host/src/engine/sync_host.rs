@@ -14,7 +14,7 @@ use crate::store::SyncStore;
 use std::sync::Arc;
 use wasmtime::{Result, StoreLimits};
 
-super::glue::bindings! {}
+super::glue::bindings!();
 
 /// What the host gives one instance.
 pub(super) struct State {

@@ -10,7 +10,7 @@ mod progress;
 
 pub use progress::Progress;
 
-use crate::clock::{Clock, SystemClock};
+use crate::clock::Clock;
 use crate::engine::{Pool, PoolStats, Runtime};
 use crate::store::{PurgeStats, Purger, Store};
 use idem_guest::model::{Checkpoint, Claim, Decision, GuardError, Policy, Response};
@@ -158,7 +158,8 @@ pub struct Guard {
 /// Builds a [`Guard`].
 pub struct GuardBuilder {
     store: Arc<dyn Store>,
-    clock: Arc<dyn Clock>,
+    /// `None`: the store's time authority.
+    clock: Option<Arc<dyn Clock>>,
     runtime: Option<Runtime>,
     policy: Policy,
     on_handler_error: OnHandlerError,
@@ -175,10 +176,15 @@ pub const DEFAULT_PURGE_EVERY: Duration = Duration::from_mins(1);
 const PURGE_BATCH: usize = 1_000;
 
 impl GuardBuilder {
-    /// The clock the guard sees (default: the system clock).
+    /// The clock the guard judges leases and retention by (default: the
+    /// store's time authority, [`Store::clock`]): for tests, a
+    /// [`ManualClock`](crate::ManualClock). With a clock of its own the guard
+    /// does not check that the lease outlasts a renewal
+    /// ([`check_lease_renewable`](crate::check_lease_renewable)): its time
+    /// need not be real time.
     #[must_use]
     pub fn clock(mut self, clock: impl Clock) -> Self {
-        self.clock = Arc::new(clock);
+        self.clock = Some(Arc::new(clock));
         self
     }
 
@@ -258,6 +264,15 @@ impl GuardBuilder {
                 "store-timeout must be at least 1 ms".into(),
             ));
         }
+        // The lease must outlast a renewal in real time. A store that
+        // answers from memory never waits out its timeout, and a clock the
+        // caller gives (a test's manual one) is not real time.
+        if self.renew_lease && self.clock.is_none() && self.store.as_sync().is_none() {
+            let lease = Duration::from_millis(self.policy.lease_ms);
+            crate::lease::check_lease_renewable(lease, self.store_timeout)
+                .map_err(GuardError::InvalidInput)?;
+        }
+        let clock = self.clock.unwrap_or_else(|| self.store.clock());
         let purger = self
             .purge_every
             .filter(|every| !every.is_zero() && !self.store.purges_itself())
@@ -265,18 +280,13 @@ impl GuardBuilder {
             .map(|every| {
                 Arc::new(Purger::spawn(
                     self.store.clone(),
-                    self.clock.clone(),
+                    clock.clone(),
                     every,
                     PURGE_BATCH,
                 ))
             });
         Ok(Guard {
-            pool: Arc::new(Pool::new(
-                runtime,
-                self.store,
-                self.clock,
-                self.store_timeout,
-            )),
+            pool: Arc::new(Pool::new(runtime, self.store, clock, self.store_timeout)),
             policy: self.policy,
             on_handler_error: self.on_handler_error,
             renew_lease: self.renew_lease,
@@ -577,7 +587,7 @@ impl GuardBuilder {
     pub fn from_arc(store: Arc<dyn Store>) -> Self {
         GuardBuilder {
             store,
-            clock: Arc::new(SystemClock),
+            clock: None,
             runtime: None,
             policy: Policy::default(),
             on_handler_error: OnHandlerError::default(),

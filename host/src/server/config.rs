@@ -164,6 +164,7 @@ impl Config {
                 self.retention.as_millis()
             ));
         }
+        crate::lease::check_lease_renewable(self.lease, self.store_timeout)?;
         if self.upstream_timeout >= self.lease {
             return Err(format!(
                 "upstream-timeout ({} ms) must be shorter than the lease ({} ms), or a repeat could take over a request that is still running",

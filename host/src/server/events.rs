@@ -176,8 +176,10 @@ impl Observer {
     }
 }
 
+/// When an event happened, for operators: this host's wall clock (decisions
+/// never read it).
 pub(crate) fn now_ms() -> u64 {
-    crate::clock::Clock::now_ms(&crate::clock::SystemClock)
+    crate::clock::wall_ms()
 }
 
 #[cfg(test)]

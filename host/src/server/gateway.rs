@@ -3,7 +3,7 @@
 
 use super::gate::Gate;
 use super::{AdminListener, Config, Observer, Upstream, admin, serve};
-use crate::clock::{Clock, SystemClock};
+use crate::clock::Clock;
 use crate::guard::Guard;
 use crate::store::{FaultHandle, Store};
 use axum::Router;
@@ -36,14 +36,15 @@ pub struct GatewayBuilder {
     config: Config,
     store: Arc<dyn Store>,
     upstream: String,
-    clock: Arc<dyn Clock>,
+    clock: Option<Arc<dyn Clock>>,
 }
 
 impl GatewayBuilder {
-    /// The clock the guard sees (default: the system clock).
+    /// The clock the guard sees (default: the store's time authority,
+    /// [`Store::clock`]).
     #[must_use]
     pub fn clock(mut self, clock: Arc<dyn Clock>) -> Self {
-        self.clock = clock;
+        self.clock = Some(clock);
         self
     }
 
@@ -65,7 +66,7 @@ impl Gateway {
             config,
             store,
             upstream: upstream.to_owned(),
-            clock: Arc::new(SystemClock),
+            clock: None,
         }
     }
 

@@ -18,7 +18,6 @@
 use super::events::Observer;
 use super::gate::{Gate, HttpResponse};
 use super::{BuildError, Config};
-use crate::clock::SystemClock;
 use crate::store::{FaultHandle, Store};
 use axum::body::Body;
 use axum::http::Request;
@@ -36,7 +35,7 @@ pub struct IdempotencyLayer {
 
 impl IdempotencyLayer {
     pub fn new(config: Config, store: Arc<dyn Store>) -> Result<Self, BuildError> {
-        let gate = Gate::over(config, store, Arc::new(SystemClock))?;
+        let gate = Gate::over(config, store, None)?;
         Ok(IdempotencyLayer {
             gate: Arc::new(gate),
         })

@@ -27,6 +27,7 @@
 
 use super::codec::unavailable;
 use super::{Entry, ListQuery, Op, Result, Store, StoreError, SyncStore, hand_on};
+use crate::clock::Clock;
 use async_trait::async_trait;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -172,6 +173,9 @@ hand_on! {
         }
         fn purges_itself(&self) -> bool {
             self.inner.purges_itself()
+        }
+        fn clock(&self) -> Arc<dyn Clock> {
+            self.inner.clock()
         }
         fn as_sync(&self) -> Option<Arc<dyn SyncStore>> {
             if !H::KEEPS_SYNC {

@@ -1,6 +1,7 @@
 //! Records in this process's memory: fast, and gone when it exits.
 
 use super::{Entry, InsertOutcome, ListQuery, Record, Result, Store, SyncStore, hand_on};
+use crate::clock::{Clock, LocalClock};
 use async_trait::async_trait;
 use std::collections::HashMap;
 use std::hash::{BuildHasher, RandomState};
@@ -179,9 +180,13 @@ impl SyncStore for MemoryStore {
         })
     }
 
-    fn delete_now(&self, key: &str, expected_version: Option<u64>) -> Result<bool> {
+    fn delete_now(&self, key: &str, expected_version: Option<u64>, now_ms: u64) -> Result<bool> {
         let mut shard = self.shard(key);
         Ok(match (shard.get(key), expected_version) {
+            (Some(entry), _) if !entry.record.is_live(now_ms) => {
+                shard.remove(key); // absent already: only its space is freed
+                false
+            }
             (Some(entry), Some(v)) if entry.version != v => false,
             (Some(_), _) => shard.remove(key).is_some(),
             (None, _) => false,
@@ -241,6 +246,11 @@ hand_on! {
 
         fn as_sync(&self) -> Option<Arc<dyn SyncStore>> {
             Some(Arc::new(self.clone()))
+        }
+
+        /// The records live and die with this process: its own clock.
+        fn clock(&self) -> Arc<dyn Clock> {
+            Arc::new(LocalClock)
         }
     }
 }

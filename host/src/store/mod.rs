@@ -80,6 +80,8 @@ pub use stack::{Stack, stack};
 pub use timing::{Latencies, Percentiles, Timed};
 
 #[cfg(feature = "engine")]
+use crate::clock::Clock;
+#[cfg(feature = "engine")]
 use async_trait::async_trait;
 #[cfg(feature = "engine")]
 use std::sync::Arc;
@@ -141,8 +143,17 @@ pub trait Store: Send + Sync + 'static {
     /// `expected + 1` to the component (`wit/store.wit`'s `replace`).
     async fn replace(&self, key: &str, expected: u64, record: Record, now_ms: u64) -> Result<bool>;
 
-    /// Removes the record (only at `expected_version`, when given); whether it did.
-    async fn delete(&self, key: &str, expected_version: Option<u64>) -> Result<bool>;
+    /// Removes the live record (only at `expected_version`, when given);
+    /// whether it did. An expired record is absent: false (it may be freed).
+    async fn delete(&self, key: &str, expected_version: Option<u64>, now_ms: u64) -> Result<bool>;
+
+    /// The store's time authority (`wit/clock.wit`): the clock every guard
+    /// on this store judges leases and retention by, unless a test gives
+    /// the guard another. A store shared by several hosts answers its
+    /// server's clock ([`SyncedClock`](crate::clock::SyncedClock)); one
+    /// private to this process, [`LocalClock`](crate::clock::LocalClock).
+    /// Never the host's wall clock: it steps, and hosts disagree.
+    fn clock(&self) -> Arc<dyn Clock>;
 
     /// Live records matching `query`, in key order.
     async fn list(&self, query: &ListQuery, now_ms: u64) -> Result<Vec<(String, Entry)>>;
@@ -177,7 +188,7 @@ pub trait SyncStore: Send + Sync + 'static {
     fn get_now(&self, key: &str, now_ms: u64) -> Result<Option<Entry>>;
     fn insert_now(&self, key: &str, record: Record, now_ms: u64) -> Result<InsertOutcome>;
     fn replace_now(&self, key: &str, expected: u64, record: Record, now_ms: u64) -> Result<bool>;
-    fn delete_now(&self, key: &str, expected_version: Option<u64>) -> Result<bool>;
+    fn delete_now(&self, key: &str, expected_version: Option<u64>, now_ms: u64) -> Result<bool>;
 
     /// Whether a call made now might have to wait (a [`Faulty`] store with
     /// an injected delay). The guard then makes that call through the async
@@ -217,8 +228,8 @@ macro_rules! hand_on {
             $($async)? fn $replace(&self, key: &str, expected: u64, record: $crate::store::Record, now_ms: u64) -> $crate::store::Result<bool> {
                 $on!(self, $crate::store::Op::Replace, $to_replace(key, expected, record, now_ms))
             }
-            $($async)? fn $delete(&self, key: &str, expected_version: Option<u64>) -> $crate::store::Result<bool> {
-                $on!(self, $crate::store::Op::Delete, $to_delete(key, expected_version))
+            $($async)? fn $delete(&self, key: &str, expected_version: Option<u64>, now_ms: u64) -> $crate::store::Result<bool> {
+                $on!(self, $crate::store::Op::Delete, $to_delete(key, expected_version, now_ms))
             }
             $($more)*
         }
@@ -255,6 +266,9 @@ hand_on! {
         }
         fn as_sync(&self) -> Option<Arc<dyn SyncStore>> {
             (**self).as_sync()
+        }
+        fn clock(&self) -> Arc<dyn Clock> {
+            (**self).clock()
         }
     }
 }

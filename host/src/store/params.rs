@@ -75,6 +75,17 @@ impl StoreUrl {
 
     /// `timeout_ms`: how long one store operation may take before it fails
     /// as unavailable (default 2 s).
+    /// `clock_sync_ms`: how often a shared store reads its server's clock
+    /// (`wit/clock.wit`), 100 ms to an hour, every second by default.
+    pub fn clock_sync(&self) -> Result<Duration, OpenError> {
+        Ok(Duration::from_millis(self.number(
+            "clock_sync_ms",
+            crate::clock::SYNC_EVERY.as_millis() as u64,
+            100,
+            3_600_000,
+        )?))
+    }
+
     pub fn timeout(&self) -> Result<Duration, OpenError> {
         Ok(Duration::from_millis(self.number(
             "timeout_ms",

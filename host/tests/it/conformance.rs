@@ -226,13 +226,20 @@ pub async fn delete_at_version(store: Arc<dyn Store>) {
     let key = unique("delete");
     let now = BASE_MS;
     put(&store, &key, claimed(now + 1, now + 10_000), now).await;
-    assert!(!store.delete(&key, Some(7)).await.unwrap());
+    assert!(!store.delete(&key, Some(7), now).await.unwrap());
     assert!(store.get(&key, now).await.unwrap().is_some());
-    assert!(store.delete(&key, Some(1)).await.unwrap());
+    assert!(store.delete(&key, Some(1), now).await.unwrap());
     assert!(store.get(&key, now).await.unwrap().is_none());
-    assert!(!store.delete(&key, None).await.unwrap());
+    assert!(!store.delete(&key, None, now).await.unwrap());
     put(&store, &key, claimed(now + 1, now + 10_000), now).await;
-    assert!(store.delete(&key, None).await.unwrap());
+    assert!(store.delete(&key, None, now).await.unwrap());
+    assert!(store.get(&key, now).await.unwrap().is_none());
+    // An expired record is absent: no delete answers that it removed one
+    // (a store may free its space meanwhile).
+    put(&store, &key, claimed(now + 1, now + 10_000), now).await;
+    assert!(!store.delete(&key, Some(1), now + 10_000).await.unwrap());
+    assert!(!store.delete(&key, None, now + 10_000).await.unwrap());
+    assert!(store.get(&key, now + 10_000).await.unwrap().is_none());
 }
 
 pub async fn reads_never_return_expired(store: Arc<dyn Store>) {

@@ -331,6 +331,10 @@ impl idem::Clock for RuntimeClock {
     fn now_ms(&self) -> u64 {
         BASE_MS + self.0.elapsed().as_millis() as u64
     }
+
+    fn authority(&self) -> String {
+        "tokio's clock".into()
+    }
 }
 
 /// Runs `key` with a handler that takes 3.5 leases, and a repeat 2.5 leases
@@ -536,7 +540,7 @@ async fn a_bounded_handler_inside_its_lease_is_not_renewed() {
             })
             .await;
         assert!(matches!(settled, idem::Settled::Completed(_)), "{key}");
-        let now = idem::Clock::now_ms(&idem::SystemClock);
+        let now = store.clock().now_ms();
         let version = store.get(key, now).await.unwrap().unwrap().version;
         assert_eq!(
             version > fence + 1,

@@ -32,7 +32,7 @@ async fn wait_for_checkpoint(db: &Path, phase: &str) {
     let store = SqliteStore::open(db, SqliteOptions::default()).unwrap();
     let deadline = Instant::now() + Duration::from_secs(60);
     loop {
-        let now = idem::SystemClock.now_ms();
+        let now = store.clock().now_ms();
         let entry = store.get("fulfil/o-1", now).await.unwrap();
         if entry
             .and_then(|e| e.record.checkpoint)

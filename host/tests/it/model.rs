@@ -261,7 +261,8 @@ impl Model {
 
     /// A holder's write (complete / release / renew) as `wit/guard.wit`
     /// says: a replace at the claim's fence; when it fails or is refused,
-    /// the record is read back: another holder's (or none) is stale, the
+    /// the record is read back: another holder's (or none) is stale, a
+    /// completion finding its own response stored succeeds, the
     /// same version means the write did not apply, the very record meant
     /// means its reply was lost, and the holder's own processing record at
     /// another version is written again there (at most 4 writes).
@@ -312,6 +313,15 @@ impl Model {
             let Some(read) = self.live(key).filter(|r| r.holder == claim.holder).cloned() else {
                 return Seen::Stale;
             };
+            // The holder's own completion, stored already (contract 0.3):
+            // done with this fingerprint and this response, whatever its expiry.
+            if intended.state == State::Done
+                && read.state == State::Done
+                && read.fingerprint == intended.fingerprint
+                && read.response == intended.response
+            {
+                return Seen::Ok;
+            }
             let unchanged = match expected {
                 Some(v) => read.version == Some(v),
                 None => !read.same(&intended) && read.state == State::Processing,

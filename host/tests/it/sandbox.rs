@@ -30,10 +30,10 @@ fn imports_and_exports(bytes: &[u8]) -> (BTreeSet<String>, BTreeSet<String>) {
 fn the_shipped_component_imports_only_the_guard_interfaces() {
     let (imports, exports) = imports_and_exports(idem::component::COMPONENT);
     let allowed: BTreeSet<String> = [
-        "idem:guard/clock@0.2.0",
-        "idem:guard/random@0.2.0",
-        "idem:guard/store@0.2.0",
-        "idem:guard/types@0.2.0",
+        "idem:guard/clock@0.3.0",
+        "idem:guard/random@0.3.0",
+        "idem:guard/store@0.3.0",
+        "idem:guard/types@0.3.0",
     ]
     .into_iter()
     .map(String::from)
@@ -44,16 +44,16 @@ fn the_shipped_component_imports_only_the_guard_interfaces() {
         imports.difference(&allowed).collect::<Vec<_>>()
     );
     assert!(
-        imports.contains("idem:guard/store@0.2.0")
-            && imports.contains("idem:guard/clock@0.2.0")
-            && imports.contains("idem:guard/random@0.2.0"),
+        imports.contains("idem:guard/store@0.3.0")
+            && imports.contains("idem:guard/clock@0.3.0")
+            && imports.contains("idem:guard/random@0.3.0"),
         "{imports:?}"
     );
     assert!(
         !imports.iter().any(|name| name.starts_with("wasi:")),
         "no WASI: {imports:?}"
     );
-    assert!(exports.contains("idem:guard/guard@0.2.0"), "{exports:?}");
+    assert!(exports.contains("idem:guard/guard@0.3.0"), "{exports:?}");
 }
 
 /// The check can fail: a component that imports a WASI interface is seen.

@@ -169,12 +169,12 @@ async fn opening_names_the_problem() {
         raw(&db)
             .query_row("PRAGMA user_version", [], |r| r.get::<_, i64>(0))
             .unwrap(),
-        2
+        3
     );
     raw(&db).execute_batch("PRAGMA user_version = 99").unwrap();
     let m = message(idem::store::open(&format!("sqlite:{}", db.display())).await);
     assert!(
-        m.contains("schema version is 99, newer than this idem understands (2)"),
+        m.contains("schema version is 99, newer than this idem understands (3)"),
         "{m}"
     );
 
@@ -460,6 +460,6 @@ async fn a_file_of_schema_version_1_is_migrated_and_its_records_keep_working() {
     let version: i64 = raw(&db)
         .query_row("PRAGMA user_version", [], |r| r.get(0))
         .unwrap();
-    assert_eq!(version, 2, "migrated to the current schema");
+    assert_eq!(version, 3, "migrated to the current schema");
     crate::conformance::records_of_0_1_hosts_keep_working(store).await;
 }

@@ -252,6 +252,10 @@ impl Soak {
                 "true",
                 "--lease",
                 &format!("{}ms", args.lease.as_millis()),
+                // Half the lease: a renewal lands inside the lease even
+                // when it takes the whole store timeout.
+                "--store-timeout",
+                &format!("{}ms", (args.lease / 2).as_millis()),
                 "--upstream-timeout",
                 &format!("{}ms", upstream_timeout.as_millis()),
                 "--retention",

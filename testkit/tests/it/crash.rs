@@ -6,13 +6,13 @@
 //! lease runs out, then let exactly one retry take it over; and no key ever
 //! holds two different responses.
 //!
-//! The restarted guard runs on a manual clock that starts at the wall-clock
-//! time of the restart (the crashed process used the wall clock), so a lease
-//! "runs out" by moving the clock, not by sleeping.
+//! The restarted guard runs on a manual clock that starts at the store's
+//! time (its time authority, which the crashed process used too), so a
+//! lease "runs out" by moving the clock, not by sleeping.
 
 use crate::support::{TESTKIT, server_url, unique};
 use idem::store::{ListQuery, Store};
-use idem::{Clock, Decision, Guard, ManualClock, Outcome, Response, SystemClock};
+use idem::{Clock, Decision, Guard, ManualClock, Outcome, Response};
 use idem_harness::{Proc, spawn_bound};
 use std::collections::{BTreeMap, HashSet};
 use std::io::{BufRead, BufReader, Write};
@@ -151,7 +151,7 @@ async fn recover(
     acknowledged: &HashSet<String>,
     body: &[u8],
 ) -> Recovery {
-    let clock = ManualClock::new(SystemClock.now_ms());
+    let clock = ManualClock::new(store.clock().now_ms());
     let guard = Guard::builder(store)
         .clock(clock.clone())
         .lease(LEASE)
@@ -238,7 +238,7 @@ async fn all_rows_decode(store: &Arc<dyn Store>) -> usize {
         ..ListQuery::default()
     };
     store
-        .list(&query, SystemClock.now_ms())
+        .list(&query, store.clock().now_ms())
         .await
         .expect("every record decodes")
         .len()
@@ -354,7 +354,14 @@ impl Serve {
             "--upstream",
             &format!("http://{upstream}"),
         ])
-        .args(["--lease", "2s", "--upstream-timeout", "1500ms"])
+        .args([
+            "--lease",
+            "2s",
+            "--store-timeout",
+            "1s",
+            "--upstream-timeout",
+            "1500ms",
+        ])
         .stdin(Stdio::null());
         let (process, [port]) = spawn_bound(idem, ["idem serve: http://"]);
         Serve {

@@ -4,7 +4,7 @@
 
 use crate::support::{TESTKIT, unique};
 use idem::store::{SqliteOptions, SqliteStore};
-use idem::{Decision, Guard, Response, SystemClock};
+use idem::{Decision, Guard, Response};
 use idem_harness::Proc;
 use std::io::{BufRead, BufReader};
 use std::process::{Command, Stdio};
@@ -55,7 +55,7 @@ async fn a_completed_response_survives_kill_9() {
     );
 
     let store = SqliteStore::open(&db, SqliteOptions::default()).expect("open the sqlite store");
-    let guard = Guard::builder(store).clock(SystemClock).build().unwrap();
+    let guard = Guard::builder(store).build().unwrap();
     let expected = Response {
         status: 201,
         headers: vec![("x-idem-test".into(), b"crash".to_vec())],

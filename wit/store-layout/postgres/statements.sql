@@ -26,8 +26,14 @@ SELECT version, fingerprint, state, lease_until_ms, expires_at_ms, status, heade
 UPDATE {t} SET version = version + 1, fingerprint = $4, state = $5, lease_until_ms = $6, expires_at_ms = $7, status = $8, header_names = $9, header_values = $10, body = $11, holder = $12, phase = $13, checkpoint = $14 WHERE key = $1 AND version = $2 AND expires_at_ms > $3;
 
 -- name: delete
--- Removes the row, at version $2 only unless $2 is NULL.
-DELETE FROM {t} WHERE key = $1 AND ($2::BIGINT IS NULL OR version = $2);
+-- Removes the row live at $3 (now_ms), at version $2 only unless $2 is NULL.
+DELETE FROM {t} WHERE key = $1 AND ($2::BIGINT IS NULL OR version = $2) AND expires_at_ms > $3;
+
+-- name: now
+-- The server's clock, the store's time authority (wit/clock.wit): milliseconds
+-- since the Unix epoch, from clock_timestamp() (the time now, not the
+-- transaction's start).
+SELECT floor(extract(epoch FROM clock_timestamp()) * 1000)::BIGINT;
 
 -- name: list
 -- The operator's listing: keys LIKE $1 live at $2, in state $3 (NULL: any),

@@ -204,7 +204,8 @@ pub(super) fn no_key(key: &str) -> Response {
 }
 
 pub(super) async fn delete_key(State(admin): State<Admin>, Path(key): Path<String>) -> Response {
-    match admin.gateway.guard().store().delete(&key, None).await {
+    let now = admin.now_ms();
+    match admin.gateway.guard().store().delete(&key, None, now).await {
         Ok(true) => {
             admin.gateway.observer().forget_replays(&key);
             StatusCode::NO_CONTENT.into_response()

@@ -68,17 +68,22 @@ enum Unstored {
 impl Gate {
     /// The gate the proxy and the layer both use: the guard over `backend`
     /// in the [`store::Stack`] (faults the admin API sets, operations timed
-    /// into the observer's latencies), seeing time by `clock`.
+    /// into the observer's latencies), seeing time by `clock` (`None`: the
+    /// store's time authority).
     pub(crate) fn over(
         config: Config,
         backend: Arc<dyn Store>,
-        clock: Arc<dyn Clock>,
+        clock: Option<Arc<dyn Clock>>,
     ) -> Result<Gate, BuildError> {
         config.validate().map_err(BuildError::Config)?;
         let observer = Arc::new(Observer::default());
         let store = store::stack(backend, observer.latencies().clone());
         let faults = store.faults().clone();
-        let guard = config.guard_builder(store).clock(clock).build()?;
+        let mut guard = config.guard_builder(store);
+        if let Some(clock) = clock {
+            guard = guard.clock(clock);
+        }
+        let guard = guard.build()?;
         Ok(Gate {
             permits: Semaphore::new(config.max_concurrent),
             guard,

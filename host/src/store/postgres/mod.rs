@@ -41,6 +41,7 @@ mod sql;
 use super::codec::{int, unavailable};
 use super::params::StoreUrl;
 use super::{Entry, InsertOutcome, ListQuery, OpenError, Record, Result, State, Store};
+use crate::clock::{Clock, SyncedClock, Syncing};
 use async_trait::async_trait;
 use deadpool_postgres::tokio_postgres::{self, Client, NoTls, Row, Statement, types::ToSql};
 use deadpool_postgres::{
@@ -59,6 +60,10 @@ pub struct PostgresStore {
     pool: Pool,
     sql: Arc<Sql>,
     timeout: Duration,
+    /// The server's clock, the store's time authority; kept synced while
+    /// any clone holds `_syncing`.
+    clock: Arc<SyncedClock>,
+    _syncing: Arc<Syncing>,
 }
 impl PostgresStore {
     /// The table layout this build reads and writes, kept in `idem_schema`.
@@ -69,7 +74,8 @@ impl PostgresStore {
     /// are replaced and each operation fails as unavailable meanwhile.
     #[allow(clippy::too_many_lines)] // one linear sequence: parse, set up the schema, open the pool
     pub async fn open(url: &str) -> Result<Self, OpenError> {
-        let url = StoreUrl::parse(url, &["pool", "table", "timeout_ms"])?;
+        let url = StoreUrl::parse(url, &["pool", "table", "timeout_ms", "clock_sync_ms"])?;
+        let clock_sync = url.clock_sync()?;
         let bad = |reason: String| OpenError::BadUrl {
             url: url.shown.clone(),
             reason,
@@ -186,7 +192,26 @@ impl PostgresStore {
             );
         }
         drop(opened);
-        Ok(PostgresStore { pool, sql, timeout })
+        // The time authority: the server's clock, read once now (a store
+        // whose clock is unknown fails every guard call closed) and every
+        // second after.
+        let clock = SyncedClock::new("the PostgreSQL server's clock (clock_timestamp())");
+        let read = {
+            let (pool, sql) = (pool.clone(), sql.clone());
+            move || server_time(pool.clone(), sql.clone(), timeout)
+        };
+        clock.read(read()).await;
+        if let Err(why) = clock.known() {
+            return Err(unreachable(why));
+        }
+        let syncing = Arc::new(clock.keep_synced(clock_sync, read));
+        Ok(PostgresStore {
+            pool,
+            sql,
+            timeout,
+            clock,
+            _syncing: syncing,
+        })
     }
 
     /// Runs one prepared statement on a pooled connection, within the timeout.
@@ -245,6 +270,27 @@ impl PostgresStore {
                 format!("no answer within {} ms", self.timeout.as_millis()),
             )),
         }
+    }
+}
+
+/// The server's time in milliseconds since the Unix epoch (the `now`
+/// statement), within `timeout`.
+async fn server_time(pool: Pool, sql: Arc<Sql>, timeout: Duration) -> Result<u64, String> {
+    let ask = async {
+        let client = pool.get().await.map_err(|e| e.to_string())?;
+        let statement = client
+            .prepare_cached(&sql.now)
+            .await
+            .map_err(|e| describe(&e))?;
+        let row = client
+            .query_one(&statement, &[])
+            .await
+            .map_err(|e| describe(&e))?;
+        u64::try_from(row.get::<_, i64>(0)).map_err(|e| e.to_string())
+    };
+    match tokio::time::timeout(timeout, ask).await {
+        Ok(done) => done,
+        Err(_) => Err(format!("no answer within {} ms", timeout.as_millis())),
     }
 }
 
@@ -351,11 +397,19 @@ impl Store for PostgresStore {
         Ok(replaced > 0)
     }
 
-    async fn delete(&self, key: &str, expected_version: Option<u64>) -> Result<bool> {
+    async fn delete(&self, key: &str, expected_version: Option<u64>, now_ms: u64) -> Result<bool> {
         let removed = self
-            .execute(&self.sql.delete, &[&key, &expected_version.map(int)])
+            .execute(
+                &self.sql.delete,
+                &[&key, &expected_version.map(int), &int(now_ms)],
+            )
             .await?;
         Ok(removed > 0)
+    }
+
+    /// The server's `clock_timestamp()`, read every second.
+    fn clock(&self) -> Arc<dyn Clock> {
+        self.clock.clone()
     }
 
     async fn list(&self, query: &ListQuery, now_ms: u64) -> Result<Vec<(String, Entry)>> {

@@ -1,8 +1,9 @@
 //! The connections to a server or a cluster, and sending a command on them
 //! within the timeout.
 
-use super::scripts::{CLAIM_EXPIRED, DELETE_AT, PURGE, REPLACE};
+use super::scripts::{CLAIM_EXPIRED, DELETE_AT, PURGE, REPLACE, TIME, evalsha};
 use super::{NAME, RedisStore, wrong_type};
+use crate::clock::{Clock, SyncedClock};
 use crate::store::codec::unavailable;
 use crate::store::params::StoreUrl;
 use crate::store::{OpenError, Result};
@@ -74,8 +75,10 @@ impl RedisStore {
                 "wait",
                 "wait_ms",
                 "cas",
+                "clock_sync_ms",
             ],
         )?;
+        let clock_sync = url.clock_sync()?;
         let connections = url.number("connections", 4, 1, 64)? as usize;
         let prefix = url.get("prefix").unwrap_or("idem:").to_owned();
         let timeout = url.timeout()?;
@@ -151,7 +154,7 @@ impl RedisStore {
             }
             // Loaded now so that the first claim is one round trip too (on a
             // cluster, `SCRIPT LOAD` goes to every node).
-            for script in [&*CLAIM_EXPIRED, &*REPLACE, &*DELETE_AT, &*PURGE] {
+            for script in [&*CLAIM_EXPIRED, &*REPLACE, &*DELETE_AT, &*PURGE, &*TIME] {
                 script
                     .load_async(&mut conns[0])
                     .await
@@ -169,8 +172,27 @@ impl RedisStore {
                 .map_err(|_| {
                     unreachable(format!("no answer within {} ms", (timeout * 2).as_millis()))
                 })??;
+        let conns: Arc<[Conn]> = conns.into();
+        // The time authority: the server's clock, read once now (a store
+        // whose clock is unknown fails every guard call closed) and every
+        // second after.
+        let clock = SyncedClock::new(if cluster.is_some() {
+            "the Redis Cluster's clock (TIME on the node of the prefix's clock key)"
+        } else {
+            "the Redis server's clock (TIME)"
+        });
+        let clock_key = format!("{prefix}\u{1}clock");
+        let read = {
+            let (conns, key) = (conns.clone(), clock_key);
+            move || server_time(conns[0].clone(), key.clone(), timeout)
+        };
+        clock.read(read()).await;
+        if let Err(why) = clock.known() {
+            return Err(unreachable(why));
+        }
+        let syncing = Arc::new(clock.keep_synced(clock_sync, read));
         Ok(RedisStore {
-            conns: conns.into(),
+            conns,
             next: Arc::new(AtomicUsize::new(0)),
             prefix,
             timeout,
@@ -178,6 +200,8 @@ impl RedisStore {
             wait,
             seen: native.then(Default::default),
             purge: Arc::default(),
+            clock,
+            _syncing: syncing,
         })
     }
 
@@ -284,6 +308,31 @@ impl RedisStore {
     }
 }
 
+/// The server's time in milliseconds since the Unix epoch: `time.lua` on
+/// `key`, within `timeout`.
+async fn server_time(mut conn: Conn, key: String, timeout: Duration) -> Result<u64, String> {
+    let cmd = evalsha(&TIME, key.as_bytes());
+    let ask = async {
+        match cmd.query_async::<(u64, u64)>(&mut conn).await {
+            Err(e) if e.kind() == ErrorKind::Server(ServerErrorKind::NoScript) => {
+                TIME.load_async(&mut conn).await?;
+                cmd.query_async::<(u64, u64)>(&mut conn).await
+            }
+            done => done,
+        }
+    };
+    match tokio::time::timeout(timeout, ask).await {
+        Ok(Ok((seconds, micros))) => Ok(time_ms(seconds, micros)),
+        Ok(Err(e)) => Err(e.to_string()),
+        Err(_) => Err(format!("no answer within {} ms", timeout.as_millis())),
+    }
+}
+
+/// `TIME`'s reply in milliseconds since the Unix epoch.
+fn time_ms(seconds: u64, micros: u64) -> u64 {
+    seconds.saturating_mul(1_000).saturating_add(micros / 1_000)
+}
+
 /// The node URLs of a `redis+cluster://[USERINFO@]HOST:PORT[,HOST:PORT…][/0][?…]`
 /// URL, or `None` for any other URL (a lone server's).
 fn cluster_nodes(driver_url: &str) -> Result<Option<Vec<String>>, String> {
@@ -334,6 +383,24 @@ async fn has_ifeq(conn: &mut Conn, prefix: &str) -> redis::RedisResult<bool> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The layout's vectors (`wit/store-layout/vectors.json`, `time`).
+    #[test]
+    fn time_replies_read_as_the_layout_says() {
+        let text = include_str!("../../../../wit/store-layout/vectors.json");
+        let doc: serde_json::Value = serde_json::from_str(text).unwrap();
+        let cases = doc["time"]["redis_time"].as_array().unwrap();
+        assert!(!cases.is_empty());
+        for case in cases {
+            let n = |v: &serde_json::Value| v.as_str().unwrap().parse::<u64>().unwrap();
+            let reply = case["reply"].as_array().unwrap();
+            assert_eq!(
+                time_ms(n(&reply[0]), n(&reply[1])),
+                n(&case["ms"]),
+                "{case}"
+            );
+        }
+    }
 
     #[test]
     fn cluster_urls_name_every_node_with_the_same_credentials() {

@@ -76,6 +76,7 @@ mod value;
 
 use super::codec::{corrupt, unavailable};
 use super::{Entry, InsertOutcome, ListQuery, Record, Result, State, Store, StoreError};
+use crate::clock::{Clock, SyncedClock, Syncing};
 use async_trait::async_trait;
 use connect::{Conn, Wait};
 use redis::Value;
@@ -107,6 +108,10 @@ pub struct RedisStore {
     seen: Option<Arc<Mutex<Seen>>>,
     /// Where `purge_expired` goes on from (see [`scan::PurgeCursor`]).
     purge: Arc<tokio::sync::Mutex<scan::PurgeCursor>>,
+    /// The server's clock, the store's time authority; kept synced while
+    /// any clone holds `_syncing`.
+    clock: Arc<SyncedClock>,
+    _syncing: Arc<Syncing>,
 }
 
 /// Per full key, the version and bytes of the unfinished record last seen.
@@ -307,23 +312,22 @@ impl Store for RedisStore {
         }
     }
 
-    async fn delete(&self, key: &str, expected_version: Option<u64>) -> Result<bool> {
+    async fn delete(&self, key: &str, expected_version: Option<u64>, now_ms: u64) -> Result<bool> {
         let full = self.full_key(key);
         self.forget(&full);
-        let removed = match expected_version {
-            None => {
-                let mut cmd = redis::cmd("DEL");
-                cmd.arg(&full);
-                self.send(key, &cmd, None, false).await?
-            }
-            Some(v) => {
-                let mut cmd = evalsha(&DELETE_AT, full.as_bytes());
-                cmd.arg(v);
-                let reply: Value = self.send(key, &cmd, Some(&DELETE_AT), false).await?;
-                number(&reply).unwrap_or(0)
-            }
+        let mut cmd = evalsha(&DELETE_AT, full.as_bytes());
+        match expected_version {
+            Some(v) => cmd.arg(v),
+            None => cmd.arg(""),
         };
-        Ok(removed > 0)
+        cmd.arg(now_ms);
+        let reply: Value = self.send(key, &cmd, Some(&DELETE_AT), false).await?;
+        Ok(number(&reply).unwrap_or(0) > 0)
+    }
+
+    /// The server's `TIME` (`time.lua`), read every second.
+    fn clock(&self) -> Arc<dyn Clock> {
+        self.clock.clone()
     }
 
     /// Scans the keys under the prefix (up to `LIST_SCAN_MAX`, a million; on a

@@ -25,13 +25,18 @@ pub(super) static REPLACE: LazyLock<Script> = LazyLock::new(|| {
     ))
 });
 
-/// Deletes the record only at the version ARGV[1]; a key that holds no
-/// record is left alone.
+/// Deletes the record only if it is live at ARGV[2] and (unless ARGV[1] is
+/// empty) at the version ARGV[1]; a key that holds no record is left alone.
 pub(super) static DELETE_AT: LazyLock<Script> = LazyLock::new(|| {
     Script::new(include_str!(
         "../../../../wit/store-layout/redis/delete_at.lua"
     ))
 });
+
+/// The server's `TIME`, asked on one key so that a cluster answers from
+/// the node that holds its slot: `{seconds, microseconds}`.
+pub(super) static TIME: LazyLock<Script> =
+    LazyLock::new(|| Script::new(include_str!("../../../../wit/store-layout/redis/time.lua")));
 
 /// Deletes those of KEYS whose record expired at or before ARGV[1], at most ARGV[2].
 pub(super) static PURGE: LazyLock<Script> =

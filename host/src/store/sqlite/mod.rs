@@ -45,6 +45,7 @@
 //! # drop(store);
 //! ```
 
+mod clock;
 mod crowd;
 mod row;
 mod schema;
@@ -52,6 +53,7 @@ mod writer;
 
 use super::codec::{int, unavailable};
 use super::{Entry, InsertOutcome, ListQuery, OpenError, Record, Result, State, Store};
+use crate::clock::Clock;
 use async_trait::async_trait;
 use crowd::{Crowd, may_block_in_place, try_lock};
 use row::{COLUMNS, decode, prefix_end};
@@ -133,6 +135,8 @@ struct Inner {
     writer: Option<std::thread::JoinHandle<()>>,
     side: Arc<WriteSide>,
     readers: Mutex<Vec<Connection>>,
+    /// The file's time authority (`clock.rs`).
+    clock: Arc<dyn Clock>,
     /// Writes and reads under way, to tell a lone caller from a crowd.
     writing: Crowd,
     reading: Crowd,
@@ -192,6 +196,7 @@ impl SqliteStore {
         .map_err(|e| fail(e.to_string()))?;
         setup_writer(&conn, &options).map_err(fail)?;
         migrate(&conn).map_err(fail)?;
+        let clock = clock::anchor(&conn).map_err(fail)?;
 
         let (writes, queue) = mpsc::channel(QUEUE);
         let side = Arc::new(WriteSide {
@@ -211,6 +216,7 @@ impl SqliteStore {
                 writer: Some(thread),
                 side,
                 readers: Mutex::new(Vec::new()),
+                clock,
                 writing: Crowd::default(),
                 reading: Crowd::default(),
             }),
@@ -367,17 +373,22 @@ impl Store for SqliteStore {
         }
     }
 
-    async fn delete(&self, key: &str, expected_version: Option<u64>) -> Result<bool> {
+    async fn delete(&self, key: &str, expected_version: Option<u64>, now_ms: u64) -> Result<bool> {
         match self
             .write(Write::Delete {
                 key: key.to_owned(),
                 expected_version,
+                now_ms,
             })
             .await?
         {
             Written::Delete(deleted) => Ok(deleted),
             _ => unreachable!("the writer answers in kind"),
         }
+    }
+
+    fn clock(&self) -> Arc<dyn Clock> {
+        self.inner.clock.clone()
     }
 
     async fn list(&self, query: &ListQuery, now_ms: u64) -> Result<Vec<(String, Entry)>> {

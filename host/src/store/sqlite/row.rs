@@ -51,7 +51,8 @@ pub(super) mod sql {
         set_record!(),
         " WHERE key = ?1 AND version = ?2 AND expires_at_ms > ?13"
     );
-    pub const DELETE: &str = "DELETE FROM records WHERE key = ?1 AND (?2 IS NULL OR version = ?2)";
+    pub const DELETE: &str = "DELETE FROM records WHERE key = ?1 AND (?2 IS NULL OR version = ?2) \
+                              AND expires_at_ms > ?3";
     pub const PURGE: &str = "DELETE FROM records WHERE rowid IN
          (SELECT rowid FROM records WHERE expires_at_ms <= ?1 LIMIT ?2)";
 }

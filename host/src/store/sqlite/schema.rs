@@ -7,7 +7,7 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 /// The schema this build writes, kept in `PRAGMA user_version`.
-const SCHEMA_VERSION: i64 = 2;
+const SCHEMA_VERSION: i64 = 3;
 
 /// Marks the file as idem's (`PRAGMA application_id`, ASCII "idem").
 const APPLICATION_ID: i64 = 0x6964_656d;
@@ -37,6 +37,9 @@ const MIGRATIONS: &[&str] = &[
     ALTER TABLE records ADD COLUMN phase TEXT;
     ALTER TABLE records ADD COLUMN checkpoint BLOB;
 ",
+    // Contract 0.3: the file's time authority (`clock.rs`). The records
+    // are as 0.2 wrote them.
+    super::clock::SCHEMA,
 ];
 
 pub(super) fn setup_writer(conn: &Connection, options: &SqliteOptions) -> Result<(), String> {

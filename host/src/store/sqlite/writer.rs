@@ -39,6 +39,7 @@ pub(super) enum Write {
     Delete {
         key: String,
         expected_version: Option<u64>,
+        now_ms: u64,
     },
     Purge {
         now_ms: u64,
@@ -219,10 +220,13 @@ fn apply(conn: &Connection, write: &Write) -> Result<Result<Written>, rusqlite::
         Write::Delete {
             key,
             expected_version,
+            now_ms,
         } => {
-            let deleted = conn
-                .prepare_cached(sql::DELETE)?
-                .execute(params![key, expected_version.map(int)])?;
+            let deleted = conn.prepare_cached(sql::DELETE)?.execute(params![
+                key,
+                expected_version.map(int),
+                int(*now_ms)
+            ])?;
             Ok(Written::Delete(deleted > 0))
         }
         Write::Purge { now_ms, limit } => {
@@ -230,6 +234,9 @@ fn apply(conn: &Connection, write: &Write) -> Result<Result<Written>, rusqlite::
                 int(*now_ms),
                 i64::try_from(*limit).unwrap_or(i64::MAX)
             ])?;
+            // The latest time the file has seen: a later boot's anchor starts no earlier.
+            conn.prepare_cached(super::clock::RAISE_HIGH)?
+                .execute(params![int(*now_ms)])?;
             Ok(Written::Purge(purged))
         }
     })

@@ -85,6 +85,7 @@ async fn limits_on_bodies_and_responses() {
         max_response_bytes: 16 * 1024,
         lease: Duration::from_secs(1),
         upstream_timeout: Duration::from_millis(500),
+        store_timeout: Duration::from_millis(500),
         ..Config::default()
     })
     .await;
@@ -132,6 +133,7 @@ async fn a_response_the_store_could_not_record_is_not_given_out() {
     let h = start(Config {
         lease: Duration::from_secs(1),
         upstream_timeout: Duration::from_millis(500),
+        store_timeout: Duration::from_millis(500),
         ..Config::default()
     })
     .await;
