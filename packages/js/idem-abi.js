@@ -36,8 +36,8 @@
 // module's own (read from its type, import, function and export sections): a
 // component whose types moved is refused at load, not mis-read at run time.
 // Moving to the next contract: edit the mirror, `VERSION`, and the few
-// lift/lower functions that name fields. `examples/python/idem_abi.py` is the
-// same binding for Python.
+// lift/lower functions that name fields. `packages/python/src/idem_guard/abi.py`
+// is the same binding for Python.
 
 import { readFileSync } from 'node:fs';
 
