@@ -20,9 +20,30 @@
 // bytes a body parser mounted before it kept: express.json({ verify: keepRawBody }).
 //
 // It only uses Node's req/res, so it never imports express.
+//
+// What it stores: what the request's handler answered. In an Express app a
+// client error (4xx) written before the request reached a route (Express
+// sets `req.route` as it dispatches to one) — a 404 for no route, or the
+// refusal of an app-wide middleware mounted after this one: authentication,
+// a rate limiter, validation — is passed through unstored and the key
+// released, so the corrected retry under the same key runs (Stripe saves no
+// result for a request that failed before it ran). A handler mounted with
+// `app.use` (a GraphQL server, a proxy) is outside any route too: its 2xx and
+// 3xx are stored as usual. Validation inside a route
+// (`app.post('/orders', validate, handler)`) runs after `req.route` is set:
+// mount the middleware after it in that route to keep its answers unstored
+// (`app.post('/orders', express.json({ verify: keepRawBody }), validate,
+// idempotency({ guard }), handler)`). `storeBeforeRoute: true` stores every
+// response, as before. On plain node:http (no `req.app`) whatever answers
+// after the middleware is the handler.
+//
+// What it tells clients: a 503 says that nothing ran (or that the outcome is
+// not known yet) and when to retry, never what the store is or how it failed;
+// the guard's logger (`Guard.load({ logger })`) gets that.
 
+import cluster from 'node:cluster';
 import { createHash } from 'node:crypto';
-import { fingerprint, GuardError, NotRecordedError } from './index.js';
+import { fingerprint, GuardError, NotRecordedError, processLocal } from './index.js';
 
 /** The longest key a client may send: the store key adds a 16-character client scope and a `/`. */
 export const MAX_KEY_BYTES = 200;
@@ -165,6 +186,10 @@ class TimedOut extends Error {}
  * - `timeoutMs` (20 000): a route that has not ended its response by then gets a 504; the key is released.
  * - `parseBody` (default: JSON for `application/json` and `+json`, else the Buffer): what `req.body` becomes
  *   when the middleware read the body itself (a parser that throws makes the answer a 400, nothing claimed).
+ * - `storeBeforeRoute` (false): store a client error (4xx) written before the request reached an Express route
+ *   (see the module's comment) instead of passing it through and releasing the key.
+ * - `allowProcessLocalStore` (false): accept a guard over MemoryStore in a `node:cluster` worker, where each
+ *   worker would keep keys of its own (refused by default: a repeat that reaches another worker would run again).
  */
 export function idempotency({
   guard,
@@ -178,8 +203,17 @@ export function idempotency({
   storeServerErrors = false,
   timeoutMs = 20_000,
   parseBody = jsonOrRaw,
+  storeBeforeRoute = false,
+  allowProcessLocalStore = false,
 } = {}) {
   if (!guard) throw new TypeError('idempotency({ guard }): a Guard is required');
+  if (cluster.isWorker && processLocal(guard.store) && !allowProcessLocalStore) {
+    throw new Error(
+      'idempotency(): the guard keeps its keys in this process (MemoryStore) and this is one of several node:cluster workers, ' +
+        'so a repeat that reaches another worker would run again. Use a shared store (RedisStore, PostgresStore), ' +
+        'or pass allowProcessLocalStore: true if each key always reaches the same worker.',
+    );
+  }
   const guarded = new Set(methods.map((m) => m.toUpperCase()));
   const keyName = keyHeader.toLowerCase();
   const printed = fingerprintHeaders.map((h) => h.toLowerCase());
@@ -229,6 +263,8 @@ export function idempotency({
       result = await guard.run(key, fp, (fence) => {
         req.idempotency = { key: parsed.key, storeKey: key, fence };
         return runRoute(req, res, next, timeoutMs, (response) => {
+          // A client error written before any route took the request (Express sets req.route as it dispatches to one).
+          if (!storeBeforeRoute && response.status >= 400 && req.app !== undefined && req.route === undefined) throw new Unstored(response);
           if (response.status >= 500 && !storeServerErrors) throw new Unstored(response);
           if (size(response) > guard.policy.maxResponseBytes) {
             // The route ran; its answer is too large to keep, so this problem is
@@ -245,11 +281,12 @@ export function idempotency({
       if (e instanceof Unstored) return send(res, e.response);
       if (e instanceof TimedOut) return send(res, problem('upstream-timeout', `the handler did not answer within ${timeoutMs} ms`));
       if (e instanceof NotRecordedError) {
+        // Why (a store error, a taken-over claim) is the guard logger's; the client learns what to do.
         return send(
           res,
           problem(
             'response-not-recorded',
-            `the handler ran the request, but its response could not be recorded (${e.error.message}), so it is not given out: a replay could contradict it. Retry after ${leaseSecs * 1000} ms: the retry gets the recorded outcome, or, once the key's lease has run out, runs the request again`,
+            `the request ran, but its outcome could not be recorded, so it is not given out: a replay could contradict it. Retry after ${leaseSecs} s: the retry gets the recorded outcome, or, once the key's lease has run out, runs the request again`,
             leaseSecs,
           ),
         );
@@ -278,7 +315,8 @@ export function idempotency({
           ),
         );
       default:
-        return send(res, problem('store-unavailable', `the request was not forwarded: ${result.message}`, 1));
+        // The store's name and error are the guard logger's (Guard.load({ logger })), never the client's.
+        return send(res, problem('store-unavailable', 'the request was not run: its outcome could not be checked. Retry after 1 s', 1));
     }
   };
 }

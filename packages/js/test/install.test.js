@@ -56,11 +56,11 @@ test('the package is ESM with exports, types and no runtime dependencies', () =>
   assert.deepEqual(manifest.exports['./redis'], { types: './redis.d.ts', default: './redis.js' });
   assert.deepEqual(manifest.exports['./postgres'], { types: './postgres.d.ts', default: './postgres.js' });
   assert.equal(manifest.dependencies, undefined);
-  assert.deepEqual(manifest.peerDependenciesMeta, { express: { optional: true }, pg: { optional: true } });
+  assert.deepEqual(manifest.peerDependenciesMeta, { '@opentelemetry/api': { optional: true }, express: { optional: true }, pg: { optional: true } });
   const installed = join(app, 'node_modules', '@idem', 'guard');
   assert.deepEqual(readdirSync(installed).sort(), [
     'README.md', 'express.d.ts', 'express.js', 'fingerprint.js', 'idem-abi.js', 'idem-guard.wasm', 'index.d.ts', 'index.js',
-    'journal.js', 'layout.js', 'package.json', 'postgres.d.ts', 'postgres.js', 'redis.d.ts', 'redis.js', 'resp.js', 'store-layout',
+    'journal.js', 'layout.js', 'package.json', 'postgres.d.ts', 'postgres.js', 'redis.d.ts', 'redis.js', 'resp.js', 'store-layout', 'telemetry.js',
   ]);
   assert.deepEqual(readFileSync(join(installed, 'idem-guard.wasm')), readFileSync(join(pkg, 'idem-guard.wasm')));
   // The layout's files as they are in wit/store-layout/.
@@ -308,7 +308,7 @@ async function main(): Promise<void> {
       const kind: 'unavailable' | 'invalid-input' | 'stale-claim' = e.kind;
       void kind;
     }
-    if (e instanceof NotRecordedError) void e.response.status;
+    if (e instanceof NotRecordedError) void [e.response?.status, e.value];
   }
   const fault = new StoreError('unavailable', 'down');
   void fault.payload.tag;
