@@ -17,7 +17,6 @@
 import type { AsyncGuard, Guard } from './index.js';
 
 declare global {
-  // biome-ignore lint/style/noNamespace: Express's own types are declared in this global namespace
   namespace Express {
     interface Request {
       /**

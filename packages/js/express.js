@@ -108,16 +108,16 @@ export function problem(slug, detail, retryAfterSecs) {
 export function idempotencyKey(raw) {
   let key = '';
   if (raw.startsWith('"')) {
-    if (raw.length < 2 || !raw.endsWith('"')) return { error: 'the quoted key has no closing \'"\'' };
+    if (raw.length < 2 || !raw.endsWith('"')) return { error: "the quoted key has no closing '\"'" };
     const inner = raw.slice(1, -1);
     for (let i = 0; i < inner.length; i++) {
       const c = inner.charCodeAt(i);
       if (c === 0x5c) {
         const next = inner[++i];
-        if (next !== '"' && next !== '\\') return { error: 'a quoted key may only escape \'"\' and \'\\\'' };
+        if (next !== '"' && next !== '\\') return { error: "a quoted key may only escape '\"' and '\\'" };
         key += next;
       } else if (c === 0x22) {
-        return { error: 'a quoted key contains an unescaped \'"\'' };
+        return { error: "a quoted key contains an unescaped '\"'" };
       } else if (c >= 0x20 && c <= 0x7e) {
         key += inner[i];
       } else {
@@ -262,7 +262,7 @@ export function idempotency({
     try {
       result = await guard.run(key, fp, (fence) => {
         req.idempotency = { key: parsed.key, storeKey: key, fence };
-        return runRoute(req, res, next, timeoutMs, (response) => {
+        return runRoute(res, next, timeoutMs, (response) => {
           // A client error written before any route took the request (Express sets req.route as it dispatches to one).
           if (!storeBeforeRoute && response.status >= 400 && req.app !== undefined && req.route === undefined) throw new Unstored(response);
           if (response.status >= 500 && !storeServerErrors) throw new Unstored(response);
@@ -325,7 +325,10 @@ class TooLarge extends Error {}
 
 /** `req.body` as express.json() would make it for JSON content types (undefined when empty), else the raw Buffer. */
 export function jsonOrRaw(raw, req) {
-  const type = String(req.headers['content-type'] ?? '').split(';')[0].trim().toLowerCase();
+  const type = String(req.headers['content-type'] ?? '')
+    .split(';')[0]
+    .trim()
+    .toLowerCase();
   if (type === 'application/json' || type.endsWith('+json')) return raw.length ? JSON.parse(raw.toString('utf8')) : undefined;
   return raw;
 }
@@ -369,7 +372,7 @@ const CAPTURED = ['writeHead', 'write', 'end', 'flushHeaders'];
  * nothing reaches the client until the claim is settled. Resolves to
  * `settle(response)` once the route has ended its response.
  */
-function runRoute(req, res, next, timeoutMs, settle) {
+function runRoute(res, next, timeoutMs, settle) {
   return new Promise((resolve, reject) => {
     const saved = CAPTURED.map((name) => [name, Object.hasOwn(res, name), res[name]]);
     const restore = () => {

@@ -180,7 +180,11 @@ export interface Logger {
 
 /** An OpenTelemetry `Tracer` (from `@opentelemetry/api`), as much of it as the guard calls. */
 export interface TracerLike {
-  startSpan(name: string, options?: object, context?: unknown): {
+  startSpan(
+    name: string,
+    options?: object,
+    context?: unknown,
+  ): {
     setAttribute(key: string, value: string | number | boolean): unknown;
     setStatus(status: { code: number; message?: string }): unknown;
     recordException(exception: Error): unknown;

@@ -551,7 +551,14 @@ export class Guard {
 
   #replayed(call, finish, span) {
     const traced = span === null ? null : (op, key) => span.storeCall(op, key);
-    return replay(this.#port, this.#store, () => this.#run(call), (why) => new GuardError('unavailable', `replay diverged: ${why}`), finish, traced);
+    return replay(
+      this.#port,
+      this.#store,
+      () => this.#run(call),
+      (why) => new GuardError('unavailable', `replay diverged: ${why}`),
+      finish,
+      traced,
+    );
   }
 
   /** `{ tag: 'proceed', val: claim } | { tag: 'replay', val: response } | { tag: 'in-flight', val: ms } | { tag: 'conflict' }` */

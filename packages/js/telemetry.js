@@ -82,7 +82,11 @@ export class RunSpan {
 
   /** A child span for one store call; returns the function that ends it (with the error, if any). */
   storeCall(op, key) {
-    const span = this.tracer.startSpan(`idem.store ${op}`, { kind: 2 /* SpanKind.CLIENT */, attributes: { 'idem.store.op': op, 'idem.key': key } }, this.context);
+    const span = this.tracer.startSpan(
+      `idem.store ${op}`,
+      { kind: 2 /* SpanKind.CLIENT */, attributes: { 'idem.store.op': op, 'idem.key': key } },
+      this.context,
+    );
     return (error) => {
       if (error !== undefined) {
         span.setAttribute('idem.store.error', error?.payload?.tag ?? 'host');
@@ -115,7 +119,8 @@ const LEVELS = ['debug', 'info', 'warn', 'error'];
 export function logWith(logger) {
   if (logger === undefined || logger === null) return null;
   if (typeof logger !== 'object' && typeof logger !== 'function') throw new TypeError('logger: expected an object with debug/info/warn/error methods');
-  if (!LEVELS.some((level) => typeof logger[level] === 'function')) throw new TypeError('logger: expected at least one of debug, info, warn, error as a method');
+  if (!LEVELS.some((level) => typeof logger[level] === 'function'))
+    throw new TypeError('logger: expected at least one of debug, info, warn, error as a method');
   return (level, message, fields) => {
     const method = logger[level];
     if (typeof method !== 'function') return;

@@ -3,12 +3,12 @@
 // response, the limits, a completion the store refuses, a route that never
 // answers.
 
-import { test } from 'node:test';
 import assert from 'node:assert/strict';
 import { createServer } from 'node:http';
+import { test } from 'node:test';
 import express from 'express';
-import { Guard, MemoryStore } from '../index.js';
 import { idempotency, idempotencyKey, keepRawBody, scopedKey } from '../express.js';
+import { Guard, MemoryStore } from '../index.js';
 
 async function serve(app, body) {
   const server = createServer(app);
@@ -21,8 +21,7 @@ async function serve(app, body) {
   }
 }
 
-const post = (url, key, body, headers = {}) =>
-  fetch(url, { method: 'POST', headers: { 'idempotency-key': key, ...headers }, body });
+const post = (url, key, body, headers = {}) => fetch(url, { method: 'POST', headers: { 'idempotency-key': key, ...headers }, body });
 
 function app(options, ...route) {
   const a = express();
@@ -127,12 +126,12 @@ test('a completion the store refuses is a 503 response-not-recorded, and the res
     const body = await r.json();
     assert.equal(body.type, 'https://idem.dev/problems/response-not-recorded');
     assert.ok(!JSON.stringify(body).includes('secret'));
-    assert.ok(!JSON.stringify(body).includes('disk full'), 'the store\'s error is the operator\'s, not the client\'s');
+    assert.ok(!JSON.stringify(body).includes('disk full'), "the store's error is the operator's, not the client's");
     assert.match(body.detail, /Retry after 2 s/);
   });
 });
 
-test('a 503 says retry and when, never what the store is or how it failed; the guard\'s logger gets that', async () => {
+test("a 503 says retry and when, never what the store is or how it failed; the guard's logger gets that", async () => {
   const store = new MemoryStore();
   const logged = [];
   const guard = Guard.load({ store, logger: { warn: (message, fields) => logged.push([message, fields]) } });
@@ -201,7 +200,7 @@ test('storeBeforeRoute: true stores those 4xx too: the retry gets the 401 replay
   assert.equal(runs.orders, 0);
 });
 
-test('mounted in a route after its body parser and validation, the validation\'s 400 is never claimed; the valid retry runs once', async () => {
+test("mounted in a route after its body parser and validation, the validation's 400 is never claimed; the valid retry runs once", async () => {
   const guard = Guard.load();
   let runs = 0;
   const a = express();

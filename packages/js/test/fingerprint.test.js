@@ -4,10 +4,10 @@
 // with the component on random requests (non-ASCII methods and header names
 // included).
 
-import { test } from 'node:test';
 import assert from 'node:assert/strict';
 import { readFileSync } from 'node:fs';
-import { fingerprint as nativeFingerprint, Guard, ManualClock, MemoryStore } from '../index.js';
+import { test } from 'node:test';
+import { Guard, ManualClock, MemoryStore, fingerprint as nativeFingerprint } from '../index.js';
 
 const encoder = new TextEncoder();
 
@@ -59,10 +59,28 @@ test('long, non-ASCII and large parts hash as the component hashes them, whichev
   const long = 'x'.repeat(200);
   const requests = [
     { method: 'pOsT', path: `/${long}`, headers: [['Content-Type', `${long}é`]], body: `${long}Σσ\u{1F600}` },
-    { method: 'post', path: '/a', headers: [['B', 'x'], ['a', 'y'], ['A', 'b'], ['Ä', 'z']], body: '\ud800 lone' },
+    {
+      method: 'post',
+      path: '/a',
+      headers: [
+        ['B', 'x'],
+        ['a', 'y'],
+        ['A', 'b'],
+        ['Ä', 'z'],
+      ],
+      body: '\ud800 lone',
+    },
     { method: 'PUT', path: '/', headers: [], body: Buffer.alloc(100_000, 7) }, // the scratch buffer grows
     { method: 'PUT', path: '/big', headers: [['content-type', 'application/octet-stream']], body: Buffer.alloc((1 << 20) + 1, 9) }, // part by part
-    { method: 'PUT', path: '/big-string', headers: [['X', 'y'], ['x', 'Y']], body: 'é'.repeat(400_000) }, // over 1 MiB as UTF-8
+    {
+      method: 'PUT',
+      path: '/big-string',
+      headers: [
+        ['X', 'y'],
+        ['x', 'Y'],
+      ],
+      body: 'é'.repeat(400_000),
+    }, // over 1 MiB as UTF-8
     { method: 'GET', path: '/after' }, // the scratch buffer after all that
   ];
   for (const request of requests) {

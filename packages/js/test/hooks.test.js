@@ -4,21 +4,23 @@
 // store's words for the operator and none for the client; a MemoryStore in a
 // node:cluster worker is warned about (Guard) and refused (Express).
 
-import { test } from 'node:test';
 import assert from 'node:assert/strict';
 import { execFileSync } from 'node:child_process';
 import { mkdtempSync, rmSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
+import { test } from 'node:test';
 import { fileURLToPath, pathToFileURL } from 'node:url';
 import { Guard, GuardError, ManualClock, MemoryStore, NotRecordedError, processLocal } from '../index.js';
 
 /** MemoryStore answered in a later turn of the event loop, as a network store is. */
 function asyncOver(inner) {
-  const later = (op) => async (...args) => {
-    await new Promise((resolve) => setImmediate(resolve));
-    return inner[op](...args);
-  };
+  const later =
+    (op) =>
+    async (...args) => {
+      await new Promise((resolve) => setImmediate(resolve));
+      return inner[op](...args);
+    };
   return { inner, async: true, get: later('get'), insert: later('insert'), replace: later('replace'), delete: later('delete') };
 }
 
@@ -66,10 +68,12 @@ for (const flavour of ['MemoryStore', 'an asynchronous store']) {
 test('what a non-response handler returned is on the error, and the message says what is wrong with it', async () => {
   const guard = Guard.load({ store: new MemoryStore(), clock: new ManualClock(1_000) });
   const value = { at: new Date(0) };
-  const error = await guard.run('k', 'fp', async () => value).then(
-    () => assert.fail('resolved'),
-    (e) => e,
-  );
+  const error = await guard
+    .run('k', 'fp', async () => value)
+    .then(
+      () => assert.fail('resolved'),
+      (e) => e,
+    );
   assert.equal(error.value, value);
   assert.equal(error.response, undefined);
   assert.match(error.message, /the handler returned an object without a numeric status, not a response/);

@@ -11,11 +11,11 @@
 // IDEM_TEST_REDIS_URL / IDEM_TEST_POSTGRES_URL set, as the other store
 // tests do: it fails without them, unless IDEM_TEST_SKIP_NETSTORES=1.
 
-import { test } from 'node:test';
 import assert from 'node:assert/strict';
 import { execFile } from 'node:child_process';
 import { mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
+import { test } from 'node:test';
 import { fileURLToPath } from 'node:url';
 import { promisify } from 'node:util';
 import { serverUrl, skipWithout } from '../testing/netstores.js';
@@ -35,13 +35,13 @@ function blocks(markdown, lang) {
   const lines = markdown.split('\n');
   const found = [];
   for (let i = 0; i < lines.length; i++) {
-    if (lines[i].trim() !== '```' + lang) continue;
+    if (lines[i].trim() !== `\`\`\`${lang}`) continue;
     const start = i;
     const code = [];
     for (i++; i < lines.length && lines[i].trim() !== '```'; i++) code.push(lines[i]);
     assert.ok(i < lines.length, `the block at line ${start + 1} is not closed`);
     const marker = /^<!--\s*snippet:\s*skip\b\s*(.*?)\s*-->$/.exec(lines[start - 1]?.trim() ?? '');
-    found.push({ line: start + 1, code: code.join('\n') + '\n', skip: marker ? marker[1] || 'marked skip' : null });
+    found.push({ line: start + 1, code: `${code.join('\n')}\n`, skip: marker ? marker[1] || 'marked skip' : null });
   }
   return found;
 }
@@ -72,7 +72,9 @@ for (const [readme, expected] of Object.entries(READMES)) {
           try {
             await run(process.execPath, [file], { cwd: dir, timeout: 60_000 });
           } catch (error) {
-            assert.fail(`${readme}:${block.line} failed on its ${attempt} run (exit ${error.code}):\n${error.stderr || error.message}\n--- the block:\n${block.code}`);
+            assert.fail(
+              `${readme}:${block.line} failed on its ${attempt} run (exit ${error.code}):\n${error.stderr || error.message}\n--- the block:\n${block.code}`,
+            );
           }
         }
       } finally {

@@ -7,16 +7,16 @@
 // span per store call; a failed run's status. And before a provider is
 // registered, or with `tracing: false`, no span is started at all.
 
-import { after, test } from 'node:test';
 import assert from 'node:assert/strict';
 import { createServer } from 'node:http';
+import { after, test } from 'node:test';
 import { context, trace } from '@opentelemetry/api';
 import { AsyncLocalStorageContextManager } from '@opentelemetry/context-async-hooks';
 import { OTLPTraceExporter } from '@opentelemetry/exporter-trace-otlp-http';
 import { BasicTracerProvider, SimpleSpanProcessor } from '@opentelemetry/sdk-trace-base';
 import express from 'express';
-import { Guard, ManualClock, MemoryStore } from '../index.js';
 import { idempotency } from '../express.js';
+import { Guard, ManualClock, MemoryStore } from '../index.js';
 import { Tracing } from '../telemetry.js';
 import { redisStore, skipWithout } from '../testing/netstores.js';
 
@@ -26,7 +26,7 @@ let receiver;
 let provider;
 
 /** An OTLP attribute value as a JS value. */
-function valueOf(v) {
+function attributeValue(v) {
   if ('stringValue' in v) return v.stringValue;
   if ('boolValue' in v) return v.boolValue;
   if ('intValue' in v) return Number(v.intValue);
@@ -47,7 +47,7 @@ function receive(body) {
           kind: s.kind,
           status: s.status?.code ?? 0,
           message: s.status?.message,
-          attributes: Object.fromEntries((s.attributes ?? []).map((a) => [a.key, valueOf(a.value)])),
+          attributes: Object.fromEntries((s.attributes ?? []).map((a) => [a.key, attributeValue(a.value)])),
         });
       }
     }
@@ -97,7 +97,7 @@ test('the receiver starts and the provider is registered', registered);
 const attrs = (span) => span.attributes;
 const named = (name, key) => received.filter((s) => s.name === name && s.attributes['idem.key'] === key);
 
-test('each run is one idem.run span, received over OTLP with its decision, fence and outcome; the handler\'s spans are its children', async () => {
+test("each run is one idem.run span, received over OTLP with its decision, fence and outcome; the handler's spans are its children", async () => {
   const store = new MemoryStore();
   const guard = Guard.load({ store, clock: new ManualClock(1_000_000), leaseMs: 1_000 });
   const app = trace.getTracer('shop');
@@ -141,10 +141,12 @@ test('each run is one idem.run span, received over OTLP with its decision, fence
 
 /** MemoryStore answered in a later turn of the event loop, as a network store is. */
 function asyncOver(inner) {
-  const later = (op) => async (...args) => {
-    await new Promise((resolve) => setImmediate(resolve));
-    return inner[op](...args);
-  };
+  const later =
+    (op) =>
+    async (...args) => {
+      await new Promise((resolve) => setImmediate(resolve));
+      return inner[op](...args);
+    };
   return { async: true, get: later('get'), insert: later('insert'), replace: later('replace'), delete: later('delete') };
 }
 
