@@ -8,7 +8,8 @@
 // - ```ts: written to a temporary .ts file inside this package and
 //   type-checked with the package's tsconfig.json (strict, no emit);
 // - ```sh: run with bash from the root of a scratch copy of the repository's
-//   files it can use (packages/js, wit/store-layout, scripts/), with
+//   files it can use (packages/js as a clone has it, wit/store-layout,
+//   scripts/), with
 //   IDEM_COMPONENT set to the component under test, so that build.sh packs
 //   it as it is (that build.sh builds the same bytes from guest/ alone,
 //   examples/run-polyglot-tests.sh checks).
@@ -21,10 +22,10 @@
 // tests do: it fails without them, unless IDEM_TEST_SKIP_NETSTORES=1.
 
 import assert from 'node:assert/strict';
-import { execFile, execFileSync } from 'node:child_process';
+import { execFile } from 'node:child_process';
 import { cpSync, existsSync, mkdirSync, mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
-import { dirname, join } from 'node:path';
+import { basename, dirname, join } from 'node:path';
 import { test } from 'node:test';
 import { fileURLToPath } from 'node:url';
 import { promisify } from 'node:util';
@@ -102,16 +103,16 @@ async function checkTs(where, block) {
 async function runSh(where, block) {
   const scratch = mkdtempSync(join(tmpdir(), 'idem-readme-sh-'));
   try {
-    // As git sees them (tracked or new, not ignored): no node_modules, gen/, or built component.
-    const files = execFileSync('git', ['ls-files', '-z', '--cached', '--others', '--exclude-standard', 'packages/js', 'wit/store-layout', 'scripts'], {
-      cwd: root,
-      encoding: 'utf8',
-    })
-      .split('\0')
-      .filter((f) => f && !f.includes('.readme-snippet-') && existsSync(join(root, f)));
-    for (const f of files) {
-      mkdirSync(dirname(join(scratch, f)), { recursive: true });
-      cpSync(join(root, f), join(scratch, f));
+    // The sources as a clone has them: nothing installed, transpiled, built or packed (this test may run
+    // in a copy of the repository without .git, as the top-level README's test makes one).
+    const built = new Set(['node_modules', 'gen', 'store-layout', 'idem-guard.wasm']);
+    const source = (path) => {
+      const name = basename(path);
+      return !built.has(name) && !name.startsWith('.readme-snippet-') && !name.endsWith('.tgz');
+    };
+    for (const dir of ['packages/js', 'wit/store-layout', 'scripts']) {
+      mkdirSync(dirname(join(scratch, dir)), { recursive: true });
+      cpSync(join(root, dir), join(scratch, dir), { recursive: true, filter: (path) => dir !== 'packages/js' || source(path) });
     }
     const component = process.env.IDEM_COMPONENT || join(pkg, 'idem-guard.wasm');
     assert.ok(existsSync(component), `no component at ${component}: run packages/js/build.sh first`);
