@@ -12,17 +12,7 @@ import { join } from 'node:path';
 import { test } from 'node:test';
 import { fileURLToPath, pathToFileURL } from 'node:url';
 import { Guard, GuardError, ManualClock, MemoryStore, NotRecordedError, processLocal } from '../index.js';
-
-/** MemoryStore answered in a later turn of the event loop, as a network store is. */
-function asyncOver(inner) {
-  const later =
-    (op) =>
-    async (...args) => {
-      await new Promise((resolve) => setImmediate(resolve));
-      return inner[op](...args);
-    };
-  return { inner, async: true, get: later('get'), insert: later('insert'), replace: later('replace'), delete: later('delete') };
-}
+import { asyncOver } from '../testing/async-store.js';
 
 /** A logger that keeps what it is told. */
 function recorder() {

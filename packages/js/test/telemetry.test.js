@@ -18,6 +18,7 @@ import express from 'express';
 import { idempotency } from '../express.js';
 import { Guard, ManualClock, MemoryStore } from '../index.js';
 import { Tracing } from '../telemetry.js';
+import { asyncOver } from '../testing/async-store.js';
 import { redisStore, skipWithout } from '../testing/netstores.js';
 
 /** The spans the receiver got, flattened: `{ name, traceId, spanId, parentSpanId, kind, status, attributes }`. */
@@ -138,17 +139,6 @@ test("each run is one idem.run span, received over OTLP with its decision, fence
   const [failed] = named('idem.run', 'order-3');
   assert.deepEqual([attrs(failed)['idem.outcome'], failed.status, failed.message], ['failed', 2, 'declined']);
 });
-
-/** MemoryStore answered in a later turn of the event loop, as a network store is. */
-function asyncOver(inner) {
-  const later =
-    (op) =>
-    async (...args) => {
-      await new Promise((resolve) => setImmediate(resolve));
-      return inner[op](...args);
-    };
-  return { async: true, get: later('get'), insert: later('insert'), replace: later('replace'), delete: later('delete') };
-}
 
 async function storeCallsAreChildren(store, key) {
   const guard = Guard.load({ store });
