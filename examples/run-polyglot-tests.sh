@@ -68,17 +68,33 @@ fi
 node_test_flags="--test-timeout=300000 --test-force-exit"
 
 echo "== JavaScript package @idem/guard (Node.js $(node --version))"
+if [[ -z "${component_as_is:-}" ]]; then
+  # The package builds without the Rust host: build.sh with no IDEM_COMPONENT
+  # takes the component from scripts/build-component.sh (guest/ alone), which
+  # must be byte for byte the one the idem binary wrote above.
+  IDEM_COMPONENT= bash "$root/packages/js/build.sh" "$target/js-from-guest" >/dev/null
+  cmp "$root/packages/js/idem-guard.wasm" "$component" \
+    || { echo "the component built from guest/ alone differs from idem component --out" >&2; exit 1; }
+  echo "guest-only build: the same $(wc -c <"$component") bytes as idem component --out"
+fi
 tarball="$(IDEM_COMPONENT="$component" bash "$root/packages/js/build.sh" "$target")"
 echo "packed $tarball"
 (
   # Its tests: the conformance scenarios through the lean binding and jco's
   # glue (the devDependency) and on RedisStore and PostgresStore, the guard's
   # own, the HTTP scenarios against the Express middleware (express is a
-  # devDependency) and `idem serve`, and an install of the tarball into an
-  # empty project, as a user does. The Redis and PostgreSQL tests fail without
-  # their servers' URLs (IDEM_TEST_SKIP_NETSTORES=1 skips them).
+  # devDependency) and `idem serve`, spans received over OTLP, every README
+  # block, and an install of the tarball into an empty project, as a user
+  # does. The Redis and PostgreSQL tests fail without their servers' URLs
+  # (IDEM_TEST_SKIP_NETSTORES=1 skips them). Before them, the package's
+  # habits: Biome (formatting and lint, warnings fail) and tsc over its
+  # declaration files and a typed Express consumer (test/types/), both pinned
+  # in its devDependencies.
   cd "$root/packages/js"
   npm ci --no-audit --no-fund --loglevel=error
+  npx --no-install biome ci --error-on-warnings --colors=off .
+  npx --no-install tsc -p .
+  echo "biome and tsc: clean"
   rm -rf gen
   npx --no-install jco transpile "$component" -o gen --name idem --instantiation sync --no-wasi-shim -q
   node --test $node_test_flags test/

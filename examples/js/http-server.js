@@ -3,13 +3,20 @@
 // for byte (marked `idempotent-replayed: true`), the same key with another
 // body is 422, a retry while the first is running is 409 with Retry-After,
 // and a failing store is 503 — nothing is charged unless the claim is held.
+// A 503 tells the client to retry and when, never what the store is or how
+// it failed: that goes to the log (`console.warn` here).
+//
+// Run as a server it keeps its keys in Redis (REDIS_URL, default
+// redis://127.0.0.1:6379), so that several processes behind one port share
+// them: a MemoryStore would let each process run a retry the others ran.
 //
 //   node http-server.js            # listens on PORT (default 8080)
 //   curl -XPOST -H 'Idempotency-Key: o-1' -d '{"sku":"A"}' localhost:8080/orders
 
 import { createServer } from 'node:http';
 import { fileURLToPath } from 'node:url';
-import { fingerprint, Guard, MemoryStore } from '@idem/guard';
+import { fingerprint, Guard, NotRecordedError } from '@idem/guard';
+import { RedisStore } from '@idem/guard/redis';
 
 async function readBody(req) {
   const chunks = [];
@@ -41,10 +48,15 @@ export function ordersHandler(guard, charge) {
         case 'conflict':
           return send(res, { status: 422, body: 'this Idempotency-Key was used with another request\n' });
         default:
-          return send(res, { status: 503, body: `idempotency store unavailable: ${result.message}\n` });
+          console.warn(`idempotency store unavailable for ${key}: ${result.message}`); // for the operator only
+          return send(res, { status: 503, headers: [['retry-after', '1']], body: 'not run: the idempotency store did not answer; retry in 1 s\n' });
       }
     } catch (e) {
-      return send(res, { status: e.kind === 'invalid-input' ? 400 : 500, body: `${e.message}\n` });
+      if (e instanceof NotRecordedError) {
+        console.warn(`charged ${key}, but the receipt was not recorded: ${e.error.message}`);
+        return send(res, { status: 503, headers: [['retry-after', '30']], body: 'the outcome is not recorded yet; retry in 30 s\n' });
+      }
+      return send(res, { status: e.kind === 'invalid-input' ? 400 : 500, body: e.kind === 'invalid-input' ? `${e.message}\n` : 'internal error\n' });
     }
   };
 }
@@ -56,7 +68,8 @@ function send(res, { status, headers = [], body }, extra = []) {
 }
 
 if (process.argv[1] === fileURLToPath(import.meta.url)) {
-  const guard = Guard.load({ store: new MemoryStore(), leaseMs: 30_000 });
+  const store = await RedisStore.open({ url: process.env.REDIS_URL ?? 'redis://127.0.0.1:6379', prefix: 'orders:' });
+  const guard = Guard.load({ store, leaseMs: 30_000, logger: console });
   let next = 1;
   const server = createServer(ordersHandler(guard, async (order) => ({ order: next++, ...order, charged: true })));
   server.listen(Number(process.env.PORT ?? 8080), () => console.log(`listening on ${server.address().port}`));

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Builds the npm package @idem/guard: writes the guard component into the
+# Builds the npm package @idem/guard: puts the guard component into the
 # package (idem-guard.wasm, next to index.js, where `Guard.load()` looks by
 # default), copies the on-store layout (wit/store-layout/: the Redis scripts
 # and PostgreSQL SQL that RedisStore and PostgresStore load) into
@@ -9,11 +9,13 @@
 #
 #   packages/js/build.sh [OUT_DIR]
 #
-# The component comes from `idem component --out`: with IDEM_COMPONENT set,
-# that file as it is; else with IDEM_BIN set, that idem binary; else
-# `cargo run -p idem` from the repository root (the component's bytes do not
-# depend on the idem build's profile). Needs npm; installs nothing: the
-# package has no dependencies (express and pg are optional peers).
+# The component: with IDEM_COMPONENT set, that file as it is; else
+# scripts/build-component.sh builds it from guest/ alone (the guest crate for
+# wasm32-wasip2, no host, no wasmtime: seconds once its dependencies are
+# built), byte for byte the component `idem component --out` writes. Needs
+# npm and, without IDEM_COMPONENT, the pinned Rust toolchain with the
+# wasm32-wasip2 target; installs nothing: the package has no dependencies
+# (express, pg and @opentelemetry/api are optional peers).
 set -euo pipefail
 
 pkg="$(cd "$(dirname "$0")" && pwd)"
@@ -24,11 +26,8 @@ wasm="$pkg/idem-guard.wasm"
 if [[ -n "${IDEM_COMPONENT:-}" ]]; then
   [[ -f "$IDEM_COMPONENT" ]] || { echo "no component at $IDEM_COMPONENT" >&2; exit 1; }
   cp "$IDEM_COMPONENT" "$wasm"
-elif [[ -n "${IDEM_BIN:-}" ]]; then
-  "$IDEM_BIN" component --out "$wasm" >&2
 else
-  # Exactly `cargo run -p idem -- …`: the README test's cargo stand-in knows this form.
-  (cd "$root" && cargo run -p idem -- component --out "$wasm" >&2)
+  bash "$root/scripts/build-component.sh" "$wasm" >&2
 fi
 
 # The layout as it is in wit/ (a stale copy would pack old scripts).

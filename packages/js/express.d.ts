@@ -2,8 +2,32 @@
 // own request and response; the types ask only for what it reads, so they
 // need neither @types/express nor @types/node, and an Express app's
 // req/res fit them.
+//
+// Two things make them hold in a typed Express app (test/types/ is such an
+// app, type-checked in CI):
+// - `Express.Request` is augmented with `idempotency` (below), so a route
+//   reads `req.idempotency?.fence` without a cast (an unguarded request —
+//   a GET, or one without a key when keys are optional — has none);
+// - `RequestLike` names no `body`: mounted inline
+//   (`app.post('/orders', idempotency({ guard }), handler)`), the middleware
+//   gives TypeScript nothing to infer the route's body type from, so
+//   `req.body` keeps Express's default (`any`) or the type the handler
+//   declares, instead of becoming `unknown`.
 
 import type { AsyncGuard, Guard } from './index.js';
+
+declare global {
+  namespace Express {
+    interface Request {
+      /**
+       * Set by `idempotency()` on a guarded request before the route runs: the
+       * client's key, the store key, the claim's fence. Absent on a request
+       * the middleware passes through unguarded.
+       */
+      idempotency?: IdempotencyInfo;
+    }
+  }
+}
 
 /** What the middleware reads from a request (an Express or Node request has all of it). */
 export interface RequestLike {
@@ -15,7 +39,6 @@ export interface RequestLike {
   idempotency?: IdempotencyInfo;
   /** The raw request body, as the middleware read and fingerprinted it. */
   rawBody?: Uint8Array;
-  body?: unknown;
 }
 
 export interface IdempotencyOptions {
@@ -41,6 +64,15 @@ export interface IdempotencyOptions {
   timeoutMs?: number;
   /** What `req.body` becomes when the middleware read the body itself (default `jsonOrRaw`); throwing makes the answer a 400. */
   parseBody?: (raw: Uint8Array, req: RequestLike) => unknown;
+  /**
+   * Store a client error (4xx) written before the request reached an Express
+   * route (a 404 for no route; the refusal of authentication, a rate limiter
+   * or validation mounted app-wide after the middleware) instead of passing
+   * it through and releasing the key (default false).
+   */
+  storeBeforeRoute?: boolean;
+  /** Accept a guard over MemoryStore in a `node:cluster` worker (refused by default: each worker would keep keys of its own). */
+  allowProcessLocalStore?: boolean;
 }
 
 /** What a guarded request carries for the route: the client's key, the store key, the claim's fence. */

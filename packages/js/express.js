@@ -20,9 +20,30 @@
 // bytes a body parser mounted before it kept: express.json({ verify: keepRawBody }).
 //
 // It only uses Node's req/res, so it never imports express.
+//
+// What it stores: what the request's handler answered. In an Express app a
+// client error (4xx) written before the request reached a route (Express
+// sets `req.route` as it dispatches to one) — a 404 for no route, or the
+// refusal of an app-wide middleware mounted after this one: authentication,
+// a rate limiter, validation — is passed through unstored and the key
+// released, so the corrected retry under the same key runs (Stripe saves no
+// result for a request that failed before it ran). A handler mounted with
+// `app.use` (a GraphQL server, a proxy) is outside any route too: its 2xx and
+// 3xx are stored as usual. Validation inside a route
+// (`app.post('/orders', validate, handler)`) runs after `req.route` is set:
+// mount the middleware after it in that route to keep its answers unstored
+// (`app.post('/orders', express.json({ verify: keepRawBody }), validate,
+// idempotency({ guard }), handler)`). `storeBeforeRoute: true` stores every
+// response, as before. On plain node:http (no `req.app`) whatever answers
+// after the middleware is the handler.
+//
+// What it tells clients: a 503 says that nothing ran (or that the outcome is
+// not known yet) and when to retry, never what the store is or how it failed;
+// the guard's logger (`Guard.load({ logger })`) gets that.
 
+import cluster from 'node:cluster';
 import { createHash } from 'node:crypto';
-import { fingerprint, GuardError, NotRecordedError } from './index.js';
+import { fingerprint, GuardError, NotRecordedError, processLocal } from './index.js';
 
 /** The longest key a client may send: the store key adds a 16-character client scope and a `/`. */
 export const MAX_KEY_BYTES = 200;
@@ -87,16 +108,16 @@ export function problem(slug, detail, retryAfterSecs) {
 export function idempotencyKey(raw) {
   let key = '';
   if (raw.startsWith('"')) {
-    if (raw.length < 2 || !raw.endsWith('"')) return { error: 'the quoted key has no closing \'"\'' };
+    if (raw.length < 2 || !raw.endsWith('"')) return { error: "the quoted key has no closing '\"'" };
     const inner = raw.slice(1, -1);
     for (let i = 0; i < inner.length; i++) {
       const c = inner.charCodeAt(i);
       if (c === 0x5c) {
         const next = inner[++i];
-        if (next !== '"' && next !== '\\') return { error: 'a quoted key may only escape \'"\' and \'\\\'' };
+        if (next !== '"' && next !== '\\') return { error: "a quoted key may only escape '\"' and '\\'" };
         key += next;
       } else if (c === 0x22) {
-        return { error: 'a quoted key contains an unescaped \'"\'' };
+        return { error: "a quoted key contains an unescaped '\"'" };
       } else if (c >= 0x20 && c <= 0x7e) {
         key += inner[i];
       } else {
@@ -131,13 +152,35 @@ export function scopedKey(client, key) {
   return `${scope}/${key}`;
 }
 
-/** Every value of a request header, in order (Node joins most duplicates into one string). */
-function values(req, name) {
-  const distinct = req.headersDistinct?.[name];
-  if (distinct) return distinct;
-  const v = req.headers[name];
-  if (v === undefined) return [];
-  return Array.isArray(v) ? v : [v];
+const NONE = Object.freeze([]);
+
+/**
+ * Every value of each header in `names` (lower case), in order, from one
+ * pass over Node's `rawHeaders` (which keeps duplicates that `req.headers`
+ * joins or drops): an object name → values. Without `rawHeaders` (a request
+ * that is not Node's), from `req.headers`.
+ */
+function headerValues(req, names) {
+  const out = {};
+  for (const name of names) out[name] = NONE;
+  const raw = req.rawHeaders;
+  if (!Array.isArray(raw)) {
+    for (const name of names) {
+      const v = req.headers[name];
+      if (v !== undefined) out[name] = Array.isArray(v) ? v : [v];
+    }
+    return out;
+  }
+  for (let i = 0; i < raw.length; i += 2) {
+    const name = raw[i];
+    for (const wanted of names) {
+      if (name.length === wanted.length && name.toLowerCase() === wanted) {
+        out[wanted] = out[wanted] === NONE ? [raw[i + 1]] : [...out[wanted], raw[i + 1]];
+        break;
+      }
+    }
+  }
+  return out;
 }
 
 /** Thrown from the route's run to release the key with this response (a 5xx not stored). */
@@ -165,6 +208,10 @@ class TimedOut extends Error {}
  * - `timeoutMs` (20 000): a route that has not ended its response by then gets a 504; the key is released.
  * - `parseBody` (default: JSON for `application/json` and `+json`, else the Buffer): what `req.body` becomes
  *   when the middleware read the body itself (a parser that throws makes the answer a 400, nothing claimed).
+ * - `storeBeforeRoute` (false): store a client error (4xx) written before the request reached an Express route
+ *   (see the module's comment) instead of passing it through and releasing the key.
+ * - `allowProcessLocalStore` (false): accept a guard over MemoryStore in a `node:cluster` worker, where each
+ *   worker would keep keys of its own (refused by default: a repeat that reaches another worker would run again).
  */
 export function idempotency({
   guard,
@@ -178,17 +225,30 @@ export function idempotency({
   storeServerErrors = false,
   timeoutMs = 20_000,
   parseBody = jsonOrRaw,
+  storeBeforeRoute = false,
+  allowProcessLocalStore = false,
 } = {}) {
   if (!guard) throw new TypeError('idempotency({ guard }): a Guard is required');
+  if (cluster.isWorker && processLocal(guard.store) && !allowProcessLocalStore) {
+    throw new Error(
+      'idempotency(): the guard keeps its keys in this process (MemoryStore) and this is one of several node:cluster workers, ' +
+        'so a repeat that reaches another worker would run again. Use a shared store (RedisStore, PostgresStore), ' +
+        'or pass allowProcessLocalStore: true if each key always reaches the same worker.',
+    );
+  }
   const guarded = new Set(methods.map((m) => m.toUpperCase()));
   const keyName = keyHeader.toLowerCase();
   const printed = fingerprintHeaders.map((h) => h.toLowerCase());
   const clientName = clientHeader?.toLowerCase();
+  // The headers each request is read for, in one pass.
+  const wanted = [...new Set([keyName, ...(clientName ? [clientName] : []), ...printed])];
   const leaseSecs = Math.max(1, Math.ceil(Number(guard.policy.leaseMs) / 1000));
+  const deadlines = new Deadlines(timeoutMs);
 
   return async function idempotencyMiddleware(req, res, next) {
     if (!guarded.has(req.method)) return next();
-    const sent = values(req, keyName);
+    const seen = headerValues(req, wanted);
+    const sent = seen[keyName];
     if (sent.length === 0) {
       if (!requireKey) return next();
       return send(res, problem('idempotency-key-missing', `this endpoint requires an ${keyName} header`));
@@ -198,7 +258,7 @@ export function idempotency({
     }
     const parsed = idempotencyKey(sent[0]);
     if (parsed.error) return send(res, problem('idempotency-key-malformed', parsed.error));
-    const client = clientName ? values(req, clientName)[0] : undefined;
+    const client = clientName ? seen[clientName][0] : undefined;
     const key = scopedKey(client, parsed.key);
 
     const readHere = !Buffer.isBuffer(req.rawBody) && !Buffer.isBuffer(req.body);
@@ -220,15 +280,18 @@ export function idempotency({
     const fp = fingerprint({
       method: req.method,
       path: req.originalUrl ?? req.url,
-      headers: printed.flatMap((name) => values(req, name).map((v) => [name, Buffer.from(v, 'latin1')])),
+      headers: printed.flatMap((name) => seen[name].map((v) => [name, Buffer.from(v, 'latin1')])),
       body,
     });
 
     let result;
+    let answered; // the route's answer, when it is what the guard stores
     try {
       result = await guard.run(key, fp, (fence) => {
         req.idempotency = { key: parsed.key, storeKey: key, fence };
-        return runRoute(req, res, next, timeoutMs, (response) => {
+        return runRoute(res, next, deadlines, (response) => {
+          // A client error written before any route took the request (Express sets req.route as it dispatches to one).
+          if (!storeBeforeRoute && response.status >= 400 && req.app !== undefined && req.route === undefined) throw new Unstored(response);
           if (response.status >= 500 && !storeServerErrors) throw new Unstored(response);
           if (size(response) > guard.policy.maxResponseBytes) {
             // The route ran; its answer is too large to keep, so this problem is
@@ -238,6 +301,7 @@ export function idempotency({
               `the handler ran the request, but its response was over the limit of ${guard.policy.maxResponseBytes} bytes (body plus headers) and was not kept; the key is done and this answer is what every repeat gets, so the request is never run again`,
             );
           }
+          answered = response;
           return response;
         });
       });
@@ -245,11 +309,12 @@ export function idempotency({
       if (e instanceof Unstored) return send(res, e.response);
       if (e instanceof TimedOut) return send(res, problem('upstream-timeout', `the handler did not answer within ${timeoutMs} ms`));
       if (e instanceof NotRecordedError) {
+        // Why (a store error, a taken-over claim) is the guard logger's; the client learns what to do.
         return send(
           res,
           problem(
             'response-not-recorded',
-            `the handler ran the request, but its response could not be recorded (${e.error.message}), so it is not given out: a replay could contradict it. Retry after ${leaseSecs * 1000} ms: the retry gets the recorded outcome, or, once the key's lease has run out, runs the request again`,
+            `the request ran, but its outcome could not be recorded, so it is not given out: a replay could contradict it. Retry after ${leaseSecs} s: the retry gets the recorded outcome, or, once the key's lease has run out, runs the request again`,
             leaseSecs,
           ),
         );
@@ -259,6 +324,8 @@ export function idempotency({
     }
     switch (result.outcome) {
       case 'executed':
+        // The stored response is the route's own (the same body) unless it was replaced by a problem.
+        if (answered !== undefined && result.response.body === answered.body) return sendAsWritten(res, result.response);
         return send(res, result.response);
       case 'replayed':
         return send(res, result.response, [[replayHeader, 'true']]);
@@ -278,7 +345,8 @@ export function idempotency({
           ),
         );
       default:
-        return send(res, problem('store-unavailable', `the request was not forwarded: ${result.message}`, 1));
+        // The store's name and error are the guard logger's (Guard.load({ logger })), never the client's.
+        return send(res, problem('store-unavailable', 'the request was not run: its outcome could not be checked. Retry after 1 s', 1));
     }
   };
 }
@@ -287,7 +355,10 @@ class TooLarge extends Error {}
 
 /** `req.body` as express.json() would make it for JSON content types (undefined when empty), else the raw Buffer. */
 export function jsonOrRaw(raw, req) {
-  const type = String(req.headers['content-type'] ?? '').split(';')[0].trim().toLowerCase();
+  const header = req.headers['content-type'];
+  if (header === undefined) return raw;
+  // The usual value as it comes, else the media type: before any `;`, trimmed, lower case.
+  const type = header === 'application/json' ? header : String(header).split(';')[0].trim().toLowerCase();
   if (type === 'application/json' || type.endsWith('+json')) return raw.length ? JSON.parse(raw.toString('utf8')) : undefined;
   return raw;
 }
@@ -307,16 +378,54 @@ async function rawBody(req, limit) {
       'idempotency: the request body was read before the middleware: mount it before body parsers, or keep the raw bytes with express.json({ verify: keepRawBody })',
     );
   }
-  const chunks = [];
-  let length = 0;
-  for await (const chunk of req) {
-    length += chunk.length;
-    if (length > limit) throw new TooLarge();
-    chunks.push(chunk);
-  }
-  req.rawBody = Buffer.concat(chunks);
+  req.rawBody = await readAll(req, limit);
   req._body = true;
   return req.rawBody;
+}
+
+/**
+ * The stream's bytes, at most `limit` (over it: a TooLarge rejection, and the
+ * rest is read and dropped, so the connection can carry the answer). Plain
+ * listeners: an async iterator over the request cost more than the guard's
+ * own work for a small body (measured, BENCHMARKS.md).
+ */
+function readAll(req, limit) {
+  return new Promise((resolve, reject) => {
+    const chunks = [];
+    let length = 0;
+    const onData = (chunk) => {
+      if (length > limit) return;
+      length += chunk.length;
+      if (length > limit) {
+        chunks.length = 0;
+        reject(new TooLarge());
+      } else {
+        chunks.push(chunk);
+      }
+    };
+    const onEnd = () => {
+      done();
+      if (length <= limit) resolve(chunks.length === 1 ? chunks[0] : Buffer.concat(chunks, length));
+    };
+    const onError = (e) => {
+      done();
+      reject(e);
+    };
+    const done = () => {
+      req.off('data', onData);
+      req.off('end', onEnd);
+      req.off('error', onError);
+      req.off('close', onClose);
+    };
+    // A client that goes away mid-body: no 'end' will come.
+    const onClose = () => {
+      if (!req.complete) onError(new Error('the client closed the connection before the request body ended'));
+    };
+    req.on('data', onData);
+    req.on('end', onEnd);
+    req.on('error', onError);
+    req.on('close', onClose);
+  });
 }
 
 /** A body parser's `verify` hook that keeps the raw bytes where the middleware looks for them. */
@@ -324,33 +433,77 @@ export function keepRawBody(req, _res, buf) {
   req.rawBody = Buffer.from(buf);
 }
 
-const CAPTURED = ['writeHead', 'write', 'end', 'flushHeaders'];
+/**
+ * The routes running under one middleware, each to be timed out `everyMs`
+ * after it started: one timer for all of them (armed for the oldest, the
+ * first due, since all share one timeout), not a timer per request. The
+ * timer is unref'd: it never keeps the process alive.
+ */
+class Deadlines {
+  #everyMs;
+  /** Insertion order is start order, so the first entry is always the first due. */
+  #running = new Set();
+  #timer = null;
+
+  constructor(everyMs) {
+    this.#everyMs = everyMs;
+  }
+
+  /** Watches a route; `expire()` is called if it is still running `everyMs` from now. */
+  add(expire) {
+    const watch = { due: Date.now() + this.#everyMs, expire };
+    this.#running.add(watch);
+    if (this.#timer === null) this.#arm(this.#everyMs);
+    return watch;
+  }
+
+  remove(watch) {
+    this.#running.delete(watch);
+  }
+
+  #arm(ms) {
+    this.#timer = setTimeout(() => this.#fire(), Math.max(1, ms));
+    this.#timer.unref?.();
+  }
+
+  #fire() {
+    this.#timer = null;
+    const now = Date.now();
+    for (const watch of this.#running) {
+      if (watch.due > now) return this.#arm(watch.due - now);
+      this.#running.delete(watch);
+      watch.expire();
+    }
+  }
+}
 
 /**
  * Calls the rest of the chain with `res` capturing what the route writes:
  * nothing reaches the client until the claim is settled. Resolves to
  * `settle(response)` once the route has ended its response.
  */
-function runRoute(req, res, next, timeoutMs, settle) {
+function runRoute(res, next, deadlines, settle) {
   return new Promise((resolve, reject) => {
-    const saved = CAPTURED.map((name) => [name, Object.hasOwn(res, name), res[name]]);
+    // Put back as own properties holding the same functions, never deleted:
+    // `delete` would turn `res` into a slow dictionary object for the rest of
+    // the request (measured: the biggest cost of the middleware before).
+    const saved = [res.writeHead, res.write, res.end, res.flushHeaders];
     const restore = () => {
-      for (const [name, own, fn] of saved) {
-        if (own) res[name] = fn;
-        else delete res[name];
-      }
+      res.writeHead = saved[0];
+      res.write = saved[1];
+      res.end = saved[2];
+      res.flushHeaders = saved[3];
     };
     const chunks = [];
     let done = false;
     const finish = (outcome) => {
       if (done) return;
       done = true;
-      clearTimeout(timer);
+      deadlines.remove(watch);
       restore();
       outcome();
     };
-    const timer = setTimeout(() => finish(() => reject(new TimedOut())), timeoutMs);
-    timer.unref?.();
+    const watch = deadlines.add(() => finish(() => reject(new TimedOut())));
     const chunk = (data, encoding) => {
       if (data === undefined || data === null || typeof data === 'function') return;
       chunks.push(Buffer.isBuffer(data) ? data : typeof data === 'string' ? Buffer.from(data, encoding || 'utf8') : Buffer.from(data));
@@ -380,7 +533,7 @@ function runRoute(req, res, next, timeoutMs, settle) {
       if (done) return res;
       chunk(data, typeof encoding === 'string' ? encoding : undefined);
       const callback = [data, encoding, cb].find((a) => typeof a === 'function');
-      const response = captured(res, Buffer.concat(chunks));
+      const response = captured(res, chunks.length === 1 ? chunks[0] : Buffer.concat(chunks));
       finish(() => {
         try {
           resolve(settle(response));
@@ -415,11 +568,30 @@ function size({ headers, body }) {
   return headers.reduce((n, [name, value]) => n + name.length + value.length, body.length);
 }
 
+/** Bytes as a Buffer over the same memory (no copy). */
+const buffer = (bytes) => (Buffer.isBuffer(bytes) ? bytes : Buffer.from(bytes.buffer, bytes.byteOffset, bytes.byteLength));
+
+/** A header value as Node writes it: bytes as latin-1, one char per byte. */
+const latin1 = (value) => (typeof value === 'string' ? value : buffer(value).latin1Slice(0, value.length));
+
 /** Writes a response (stored or a problem) on the real `res`, replacing any headers the route set. */
-function send(res, { status, headers = [], body }, extra = []) {
+function send(res, { status, headers = [], body }, extra) {
   if (res.headersSent) return res.end();
   for (const name of res.getHeaderNames()) res.removeHeader(name);
   res.statusCode = status;
-  for (const [name, value] of [...headers, ...extra]) res.appendHeader(name, typeof value === 'string' ? value : Buffer.from(value).toString('latin1'));
-  return res.end(Buffer.from(body ?? ''));
+  for (const [name, value] of headers) res.appendHeader(name, latin1(value));
+  if (extra !== undefined) for (const [name, value] of extra) res.appendHeader(name, value);
+  return res.end(body === undefined || body === null ? '' : buffer(body));
+}
+
+/**
+ * Sends the route's own answer, just stored: its headers are on `res`
+ * already (the route set them), so only the hop-by-hop ones go, as they
+ * never reach the store.
+ */
+function sendAsWritten(res, { status, body }) {
+  if (res.headersSent) return res.end();
+  for (const name of HOP_BY_HOP) if (res.hasHeader(name)) res.removeHeader(name);
+  res.statusCode = status;
+  return res.end(buffer(body));
 }

@@ -11,30 +11,144 @@
 //
 // Case mapping is ASCII-only; headers are sorted by name, then value,
 // byte-wise, duplicates kept.
+//
+// Written for the per-call cost (issue #43: within 1.2x one SHA-256 over the
+// same bytes; BENCHMARKS.md): the whole message is written once into a
+// scratch buffer this module keeps (the function is synchronous, so one
+// buffer serves every call) and hashed in one call, `crypto.hash` where Node
+// has it (20.12+). Short strings are written by a loop that also does the
+// case mapping; longer ones by Buffer's UTF-8 writer. A message over
+// SCRATCH_MAX bytes is not copied into the scratch buffer: its parts go to
+// an incremental hash, the body as it is.
 
-import { createHash } from 'node:crypto';
+import * as crypto from 'node:crypto';
 
-const encoder = new TextEncoder();
+const DOMAIN = 'idem-fingerprint-v1';
+/** The largest message written into the kept scratch buffer; a larger one is hashed part by part. */
+const SCRATCH_MAX = 1 << 20;
+/** Strings up to this many UTF-16 units are written by a JS loop; longer ones by Buffer's UTF-8 writer. */
+const SHORT = 128;
+const oneShot = typeof crypto.hash === 'function' ? crypto.hash : (alg, data, enc) => crypto.createHash(alg).update(data).digest(enc);
+const EMPTY = new Uint8Array(0);
 
-/** A string as UTF-8, or the bytes as they are. */
-function toBytes(v) {
-  if (v === undefined || v === null) return new Uint8Array();
-  return typeof v === 'string' ? encoder.encode(v) : Uint8Array.from(v);
+const NO_HEADERS = [];
+/** Where the message goes on after P(DOMAIN), which the scratch buffer always starts with. */
+const DOMAIN_END = 8 + DOMAIN.length;
+let scratch = Buffer.alloc(0);
+scratchFor(16 * 1024);
+
+/** A value as a string or bytes; absent is empty. */
+function bytesOf(v) {
+  if (v === undefined || v === null) return EMPTY;
+  if (typeof v === 'string' || v instanceof Uint8Array) return v;
+  if (Array.isArray(v)) return Uint8Array.from(v);
+  if (ArrayBuffer.isView(v)) return new Uint8Array(v.buffer, v.byteOffset, v.byteLength);
+  if (v instanceof ArrayBuffer) return new Uint8Array(v);
+  throw new TypeError(`expected a string or bytes, got ${typeof v}`);
 }
 
-function u64be(n) {
-  const b = Buffer.alloc(8);
-  b.writeBigUInt64BE(BigInt(n));
+/** The most bytes `v` (a string, as UTF-8, or bytes) takes: 3 per UTF-16 unit. */
+const most = (v) => (typeof v === 'string' ? 3 * v.length : v.length);
+
+/** `n` as 8 bytes big-endian at `at`. */
+function putLength(buf, at, n) {
+  const hi = n > 0xffffffff ? Math.floor(n / 0x1_0000_0000) : 0;
+  buf[at] = hi >>> 24;
+  buf[at + 1] = (hi >>> 16) & 0xff;
+  buf[at + 2] = (hi >>> 8) & 0xff;
+  buf[at + 3] = hi & 0xff;
+  buf[at + 4] = n >>> 24;
+  buf[at + 5] = (n >>> 16) & 0xff;
+  buf[at + 6] = (n >>> 8) & 0xff;
+  buf[at + 7] = n & 0xff;
+}
+
+/** P(s) for a string at `at`, as UTF-8; returns the end. A short ASCII string is written by a loop. */
+function putString(buf, at, s) {
+  const start = at + 8;
+  const chars = s.length;
+  if (chars <= SHORT) {
+    let i = 0;
+    for (; i < chars; i++) {
+      const c = s.charCodeAt(i);
+      if (c > 0x7f) break;
+      buf[start + i] = c;
+    }
+    if (i === chars) {
+      putLength(buf, at, chars);
+      return start + chars;
+    }
+  }
+  const n = buf.utf8Write(s, start, buf.length - start);
+  putLength(buf, at, n);
+  return start + n;
+}
+
+/** `putString` with the ASCII letters from `lo` to `lo + 25` shifted by `by`: upper(method), lower(name). */
+function putMapped(buf, at, s, lo, by) {
+  const end = putString(buf, at, s);
+  shift(buf, at + 8, end, lo, by);
+  return end;
+}
+
+/** P(bytes) at `at`; returns the end. */
+function putBytes(buf, at, v) {
+  const n = v.length;
+  putLength(buf, at, n);
+  at += 8;
+  if (n > 64) buf.set(v, at);
+  else for (let i = 0; i < n; i++) buf[at + i] = v[i]; // a short value: a loop beats `set`'s fixed cost
+  return at + n;
+}
+
+/** ASCII-only case mapping of `buf[from..to]` in place: bytes `lo`..`lo+25` shifted by `by`. */
+function shift(buf, from, to, lo, by) {
+  for (let i = from; i < to; i++) {
+    const b = buf[i];
+    if (b >= lo && b < lo + 26) buf[i] = b + by;
+  }
+}
+
+/** Bytes as UTF-8 (a string) or as they are. */
+const utf8 = (v) => (typeof v === 'string' ? Buffer.from(v, 'utf8') : v);
+
+/** Byte order of two lowered names (from `lowerName`: a string is ASCII, where JS order is byte order). */
+function compareNames(a, b) {
+  if (typeof a === 'string' && typeof b === 'string') return a < b ? -1 : a > b ? 1 : 0;
+  return Buffer.compare(utf8(a), utf8(b));
+}
+
+/** Byte order of two values, each a string or bytes. */
+function compare(a, b) {
+  if (typeof a === 'string' && typeof b === 'string' && isAscii(a) && isAscii(b)) return a < b ? -1 : a > b ? 1 : 0;
+  return Buffer.compare(utf8(a), utf8(b));
+}
+
+function isAscii(s) {
+  for (let i = 0; i < s.length; i++) if (s.charCodeAt(i) > 0x7f) return false;
+  return true;
+}
+
+/** A header name lower-cased (ASCII only), as a string or, when it is not ASCII, UTF-8 bytes. */
+function lowerName(name) {
+  if (isAscii(name)) return name.toLowerCase(); // ASCII: toLowerCase maps A-Z only
+  const b = Buffer.from(name, 'utf8');
+  shift(b, 0, b.length, 0x41, 0x20);
   return b;
 }
 
-/** ASCII-only case mapping of UTF-8 bytes: `from`..`from+25` shifted by `by`. */
-function asciiShift(bytes, from, by) {
-  return Uint8Array.from(bytes, (b) => (b >= from && b < from + 26 ? b + by : b));
+function checkName(name) {
+  if (typeof name !== 'string') throw new TypeError(`expected a header name string, got ${typeof name}`);
+  return name;
 }
 
-function compareBytes(a, b) {
-  return Buffer.compare(Buffer.from(a), Buffer.from(b));
+/** The scratch buffer, at least `size` bytes, starting with P(DOMAIN). */
+function scratchFor(size) {
+  if (scratch.length < size) {
+    scratch = Buffer.allocUnsafeSlow(Math.min(SCRATCH_MAX, Math.max(size, 2 * scratch.length)));
+    putString(scratch, 0, DOMAIN);
+  }
+  return scratch;
 }
 
 /**
@@ -42,23 +156,81 @@ function compareBytes(a, b) {
  * `{ method, path, headers?: [name, value][], body? }`, values and body as
  * strings (UTF-8) or bytes.
  */
-export function fingerprint({ method, path, headers = [], body }) {
-  const hash = createHash('sha256');
-  const part = (bytes) => {
-    hash.update(u64be(bytes.length));
+export function fingerprint(request) {
+  const method = request.method;
+  const path = request.path;
+  const headers = request.headers ?? NO_HEADERS;
+  const b = bytesOf(request.body);
+  if (typeof method !== 'string') throw new TypeError(`expected the method as a string, got ${typeof method}`);
+  if (typeof path !== 'string') throw new TypeError(`expected the path as a string, got ${typeof path}`);
+  const count = headers.length;
+  let size = DOMAIN_END + 8 + 3 * method.length + 8 + 3 * path.length + 16 + 8 + (typeof b === 'string' ? 3 * b.length : b.length);
+  // One header (the usual content-type) needs no sorting: it is written as it comes.
+  let name0;
+  let value0;
+  let pairs = null;
+  if (count === 1) {
+    const header = headers[0];
+    name0 = checkName(header[0]);
+    value0 = bytesOf(header[1]);
+    size += 16 + 3 * name0.length + (typeof value0 === 'string' ? 3 * value0.length : value0.length);
+  } else if (count > 1) {
+    pairs = new Array(count);
+    for (let i = 0; i < count; i++) {
+      const header = headers[i];
+      const pair = [lowerName(checkName(header[0])), bytesOf(header[1])];
+      size += 16 + most(pair[0]) + most(pair[1]);
+      pairs[i] = pair;
+    }
+    pairs.sort((x, y) => compareNames(x[0], y[0]) || compare(x[1], y[1]));
+  }
+  if (size > SCRATCH_MAX) return partwise(method, path, pairs ?? (count === 1 ? [[name0, value0]] : []), b);
+  const buf = scratchFor(size);
+
+  let at = putMapped(buf, DOMAIN_END, method, 0x61, -0x20); // upper(method)
+  at = putString(buf, at, path);
+  putLength(buf, at, 8);
+  putLength(buf, at + 8, count);
+  at += 16;
+  if (count === 1) {
+    at = putMapped(buf, at, name0, 0x41, 0x20); // lower(name)
+    at = typeof value0 === 'string' ? putString(buf, at, value0) : putBytes(buf, at, value0);
+  } else {
+    for (let i = 0; i < count; i++) {
+      const name = pairs[i][0];
+      const value = pairs[i][1];
+      at = typeof name === 'string' ? putString(buf, at, name) : putBytes(buf, at, name); // lowered by lowerName
+      at = typeof value === 'string' ? putString(buf, at, value) : putBytes(buf, at, value);
+    }
+  }
+  at = typeof b === 'string' ? putString(buf, at, b) : putBytes(buf, at, b);
+  return `sha256:${oneShot('sha256', new Uint8Array(buf.buffer, buf.byteOffset, at), 'hex')}`;
+}
+
+/** The same hash for a message too large for the scratch buffer: each part fed to an incremental hash, nothing copied whole. */
+function partwise(method, path, pairs, body) {
+  const hash = crypto.createHash('sha256');
+  const length = Buffer.alloc(8);
+  const part = (v) => {
+    const bytes = utf8(v);
+    putLength(length, 0, bytes.length);
+    hash.update(length);
     hash.update(bytes);
   };
-  const pairs = headers
-    .map(([name, value]) => [asciiShift(encoder.encode(name), 0x41, 0x20), toBytes(value)])
-    .sort((x, y) => compareBytes(x[0], y[0]) || compareBytes(x[1], y[1]));
-  part(encoder.encode('idem-fingerprint-v1'));
-  part(asciiShift(encoder.encode(method), 0x61, -0x20));
-  part(encoder.encode(path));
-  part(u64be(pairs.length));
+  const upper = Buffer.from(method, 'utf8');
+  shift(upper, 0, upper.length, 0x61, -0x20);
+  part(DOMAIN);
+  part(upper);
+  part(path);
+  const count = Buffer.alloc(8);
+  putLength(count, 0, pairs.length);
+  part(count);
   for (const [name, value] of pairs) {
-    part(name);
+    const lower = Buffer.from(utf8(name));
+    shift(lower, 0, lower.length, 0x41, 0x20);
+    part(lower);
     part(value);
   }
-  part(toBytes(body));
+  part(body);
   return `sha256:${hash.digest('hex')}`;
 }

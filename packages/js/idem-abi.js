@@ -36,8 +36,8 @@
 // module's own (read from its type, import, function and export sections): a
 // component whose types moved is refused at load, not mis-read at run time.
 // Moving to the next contract: edit the mirror, `VERSION`, and the few
-// lift/lower functions that name fields. `examples/python/idem_abi.py` is the
-// same binding for Python.
+// lift/lower functions that name fields. `packages/python/src/idem_guard/abi.py`
+// is the same binding for Python.
 
 import { readFileSync } from 'node:fs';
 
@@ -332,7 +332,8 @@ function coreSignatures(wasm) {
           at++; // reference type
           limits();
         } else if (kind === 0x02) limits();
-        else if (kind === 0x03) at += 2; // value type, mutability
+        else if (kind === 0x03)
+          at += 2; // value type, mutability
         else throw new AbiViolation(`unsupported import kind ${kind}`);
       }
     } else if (id === 3) {
@@ -577,7 +578,10 @@ class Instance {
       'store/replace': (params, ret) => this.#replace(params, ret),
     };
     const imports = {};
-    for (const [iface, name] of guest.imports) (imports[contract(iface)] ??= {})[name] = handlers[`${iface}/${name}`];
+    for (const [iface, name] of guest.imports) {
+      imports[contract(iface)] ??= {};
+      imports[contract(iface)][name] = handlers[`${iface}/${name}`];
+    }
     const e = new WebAssembly.Instance(guest.module, imports).exports;
     this.memory = e.memory;
     this.realloc = e.cabi_realloc;
@@ -733,6 +737,7 @@ class Instance {
       dataPtr = this.#putBytes(checkpoint.data);
       dataLen = checkpoint.data.length;
     }
+    // biome-ignore format: the 13 flat values of a claim, grouped as CLAIM.flat lists them
     return [
       kp, kl, fp, fl,
       checkedU64(claim.fence), checkedU64(claim.holder), checkedU64(claim.leaseUntilMs), checkedU64(claim.expiresAtMs),
@@ -925,6 +930,7 @@ class Instance {
     const lower = () => {
       const kp = this.#putString(key);
       const kl = this.#len;
+      // biome-ignore format: the key, the request parts, the policy: begin-request's flat parameters
       return this.beginRequestExport(
         kp, kl, ...this.#putParts(parts),
         checkedU64(policy.leaseMs), checkedU64(policy.retentionMs), checkedU32(policy.maxResponseBytes),

@@ -142,6 +142,56 @@ export interface Random {
   randomU64(): bigint;
 }
 
+/** What a `run` came to, as `onDecision` and the logger's fields give it. */
+export type RunOutcome = Outcome | 'failed' | 'not-recorded' | 'invalid-input';
+
+/**
+ * One `run`, as `onDecision` is told it (and the logger's fields): the key;
+ * what it came to (`failed`: the handler threw and the key was released;
+ * `not-recorded`: the handler ran but its response was not stored — the key
+ * stays claimed until its lease runs out; `invalid-input`: a bad key or
+ * fingerprint); `begin`'s decision when it made one; the claim's fence when
+ * it proceeded; milliseconds for the whole call and for the handler; why,
+ * for `unavailable`, `failed` and `not-recorded` (the store's own words:
+ * for logs and metrics, not for clients).
+ */
+export interface DecisionEvent {
+  key: string;
+  outcome: RunOutcome;
+  decision: Decision['tag'] | undefined;
+  fence?: bigint;
+  ms: number;
+  handlerMs?: number;
+  retryAfterMs?: number;
+  reason?: string;
+}
+
+/**
+ * Where a guard writes what went wrong and, at `debug`, every decision:
+ * console and winston fit as they are (`(message, fields)`); pino through
+ * `{ warn: (m, f) => log.warn(f, m), … }`. A missing level is dropped.
+ */
+export interface Logger {
+  debug?(message: string, fields: object): void;
+  info?(message: string, fields: object): void;
+  warn?(message: string, fields: object): void;
+  error?(message: string, fields: object): void;
+}
+
+/** An OpenTelemetry `Tracer` (from `@opentelemetry/api`), as much of it as the guard calls. */
+export interface TracerLike {
+  startSpan(
+    name: string,
+    options?: object,
+    context?: unknown,
+  ): {
+    setAttribute(key: string, value: string | number | boolean): unknown;
+    setStatus(status: { code: number; message?: string }): unknown;
+    recordException(exception: Error): unknown;
+    end(): void;
+  };
+}
+
 /** A binding that runs the component (default: the package's own, over its core module). */
 export interface GuestBinding {
   instantiate(store: Store, clock: { nowMs(): bigint }, random: Random): unknown;
@@ -172,6 +222,21 @@ export interface GuardOptions {
   component?: string;
   /** The binding that runs it (default: the package's lean canonical-ABI binding). */
   guest?: GuestBinding;
+  /**
+   * Where the guard says what went wrong — the store unavailable (warn), a
+   * response not recorded (error), a handler that threw (info), renewal and
+   * purge failures (warn) — and every decision (debug). Default: none.
+   */
+  logger?: Logger | null;
+  /** Called once per `run` with what it came to (for metrics); what it throws is ignored. */
+  onDecision?: ((event: DecisionEvent) => void) | null;
+  /**
+   * OpenTelemetry spans, one `idem.run` per `run` (and one child per store
+   * call over an asynchronous store): `true` (default) uses the global
+   * tracer provider of `@opentelemetry/api` when it is installed and one is
+   * registered, and costs nothing otherwise; `false` never; or the Tracer to use.
+   */
+  tracing?: boolean | TracerLike;
 }
 
 /** `GuardOptions` with an asynchronous store: `Guard.load` returns an `AsyncGuard`. */
@@ -296,12 +361,20 @@ export declare class GuardError extends Error {
   readonly detail: string;
 }
 
-/** The handler ran but its response could not be stored; a retry after the lease runs it again. */
+/**
+ * The handler ran but its response could not be stored: the store failed,
+ * the claim was taken over, or what it returned cannot be kept (over
+ * `maxResponseBytes`, or not a response: then `error` is a `GuardError`
+ * `invalid-input` and `response` undefined). The key is never released for
+ * it: a retry runs the handler again only after the lease has run out.
+ */
 export declare class NotRecordedError extends Error {
-  constructor(response: Response, error: Error);
+  constructor(response: Response | undefined, error: Error, value?: unknown);
   readonly name: 'NotRecordedError';
-  readonly response: Response;
+  readonly response: Response | undefined;
   readonly error: Error;
+  /** What the handler returned. */
+  readonly value: unknown;
 }
 
 /** A store failure as the guard sees it: thrown from a store function, the guard fails closed. */
@@ -347,6 +420,14 @@ export declare const systemRandom: Random;
 
 /** A response as the component stores it. */
 export declare function toResponse(response: ResponseInit): Response;
+
+/**
+ * Whether a store keeps its records in this process only (a MemoryStore, or
+ * a store that says `processLocal: true`): a guard over it in a
+ * `node:cluster` worker warns (`IDEM_PROCESS_LOCAL_STORE`), and the Express
+ * middleware refuses it there.
+ */
+export declare function processLocal(store: Store | AsyncStore): boolean;
 
 /**
  * The canonical fingerprint of `wit/guard.wit` (`sha256:` and 64 hex

@@ -41,10 +41,12 @@
 // `beginRequest` return Promises. A synchronous store (MemoryStore) is
 // called directly, as before.
 
+import cluster from 'node:cluster';
 import { getRandomValues } from 'node:crypto';
 import { fileURLToPath } from 'node:url';
-import { Failure, Guest } from './idem-abi.js';
+import { Failure, Guest, responseSize } from './idem-abi.js';
 import { JournalPort, replay } from './journal.js';
+import { logWith, RunSpan, Tracing } from './telemetry.js';
 
 export { fingerprint } from './fingerprint.js';
 
@@ -65,16 +67,20 @@ export class GuardError extends Error {
 }
 
 /**
- * The handler ran but its response could not be stored (store failure, too
- * large, or the claim was taken over). The key stays claimed until its lease
- * runs out; then a retry runs the handler again.
+ * The handler ran but its response could not be stored: the store failed,
+ * the claim was taken over, or what the handler returned cannot be kept
+ * (over `maxResponseBytes`, or not a response at all: `error` is then a
+ * `GuardError` `invalid-input` saying why, `response` undefined and `value`
+ * what it returned). The key is never released for it: it stays claimed
+ * until its lease runs out; only then does a retry run the handler again.
  */
 export class NotRecordedError extends Error {
-  constructor(response, error) {
+  constructor(response, error, value = response) {
     super(`the handler ran but its response was not recorded: ${error.message}`);
     this.name = 'NotRecordedError';
     this.response = response;
     this.error = error;
+    this.value = value;
   }
 }
 
@@ -345,6 +351,52 @@ function unavailable(e) {
   throw e;
 }
 
+/** A short description of a value that is not a response, for an error message. */
+function describe(value) {
+  if (value === null) return 'null';
+  if (Array.isArray(value)) return 'an array';
+  return typeof value === 'object' ? 'an object without a numeric status' : `a ${typeof value}`;
+}
+
+/**
+ * What a handler returned as the response `complete` stores; a GuardError
+ * `invalid-input` saying why when it is not one: `{ status, headers?, body? }`
+ * with status a whole number, headers `[name, string | bytes]` pairs and the
+ * body a string or bytes (the size and the status's range are the guest's to
+ * check: `complete` refuses them the same way).
+ */
+function responseOf(value) {
+  try {
+    if (value === null || typeof value !== 'object' || typeof value.status !== 'number') {
+      throw new TypeError(`the handler returned ${describe(value)}, not a response { status, headers?, body? }`);
+    }
+    const response = toResponse(value);
+    responseSize(response); // the shape the guest takes: status a u16, headers [string, bytes], body bytes
+    return response;
+  } catch (e) {
+    if (e instanceof TypeError || e instanceof RangeError) throw new GuardError('invalid-input', `cannot store the handler's response: ${e.message}`);
+    throw e;
+  }
+}
+
+/** The name `onDecision` and the span give what a `run` that threw came to. */
+function thrownOutcome(e) {
+  if (e instanceof NotRecordedError) return 'not-recorded';
+  if (e instanceof GuardError) return e.kind; // invalid-input
+  return 'failed';
+}
+
+/**
+ * Whether a store keeps its records in this process only (MemoryStore): a
+ * guard over it in a `node:cluster` worker shares no key with its siblings,
+ * so each worker would run a request the others ran.
+ */
+export function processLocal(store) {
+  return store instanceof MemoryStore || store?.processLocal === true;
+}
+
+let warnedLocal = false;
+
 /** `run`'s outcome for a decision other than `proceed`. */
 function notProceeding(decision) {
   switch (decision.tag) {
@@ -377,6 +429,10 @@ export class Guard {
   #instance = null;
   /** For an asynchronous store: the store, clock and random the instance sees, answered from journals. */
   #port = null;
+  /** `(level, message, fields)`, or null: no logger. */
+  #log = null;
+  #onDecision = null;
+  #tracing;
 
   /**
    * @param {object} options
@@ -392,6 +448,12 @@ export class Guard {
    *   (one with `purgeExpired`: MemoryStore, PostgresStore); 0 never (default 60 000)
    * @param {string} options.component the component file (default `$IDEM_COMPONENT`, else the package's own idem-guard.wasm)
    * @param {object} options.guest the binding that runs it (default `Guest.load(component)` from idem-abi.js)
+   * @param {object} options.logger `{ debug, info, warn, error }(message, fields)`: where the guard says what
+   *   went wrong (store unavailable, response not recorded, renewal and purge failures) and, at
+   *   debug, every decision (default: none)
+   * @param {function} options.onDecision `(event)`: called once per `run` with what it came to (metrics)
+   * @param {boolean|object} options.tracing OpenTelemetry spans: true (default: when `@opentelemetry/api` is
+   *   installed and a tracer provider registered), false (never), or a Tracer to use
    */
   static load(options = {}) {
     return new Guard(options);
@@ -408,6 +470,9 @@ export class Guard {
     purgeEveryMs = 60_000,
     component = process.env.IDEM_COMPONENT || DEFAULT_COMPONENT,
     guest = Guest.load(component),
+    logger = null,
+    onDecision = null,
+    tracing = true,
   } = {}) {
     if (!(Number.isInteger(purgeEveryMs) && purgeEveryMs >= 0)) {
       throw new RangeError(`purgeEveryMs ${purgeEveryMs} must be a whole number of milliseconds, 0 for never`);
@@ -424,10 +489,21 @@ export class Guard {
     /** Whether `begin`, `complete`, `release`, `renew`, `saveCheckpoint` and `beginRequest` return Promises. */
     this.async = isAsyncStore(store);
     if (this.async) this.#port = new JournalPort(this.#clock, random);
+    if (onDecision !== null && typeof onDecision !== 'function') throw new TypeError('onDecision: expected a function (event) => void');
+    this.#log = logWith(logger);
+    this.#onDecision = onDecision;
+    this.#tracing = new Tracing(tracing);
     this.#guard(); // fail at load, not at the first request, if the component is missing
+    if (processLocal(store) && cluster.isWorker && !warnedLocal) {
+      warnedLocal = true;
+      process.emitWarning(
+        'a Guard over MemoryStore in a node:cluster worker: each worker keeps its own keys, so a repeat that reaches another worker runs again. Use a shared store (RedisStore, PostgresStore).',
+        { code: 'IDEM_PROCESS_LOCAL_STORE' },
+      );
+    }
     /** What the purge has done: `{ everyMs, runs, purged, errors, lastPurged, lastError }` (everyMs 0: no purge). */
     this.purgeStats = { everyMs: 0, runs: 0, purged: 0, errors: 0, lastPurged: 0, lastError: null };
-    if (purgeEveryMs > 0 && typeof store.purgeExpired === 'function') this.#purger = new Purger(this, purgeEveryMs);
+    if (purgeEveryMs > 0 && typeof store.purgeExpired === 'function') this.#purger = new Purger(this, purgeEveryMs, this.#log);
   }
 
   /** Stops the guard's background work (the purge); calls still work, and `run` still renews its leases. */
@@ -458,8 +534,8 @@ export class Guard {
    * thrown GuardError), else replayed until the store has answered every
    * call (a Promise).
    */
-  #call(call, finish = checked) {
-    if (this.#port !== null) return this.#replayed(call, finish);
+  #call(call, finish = checked, span = null) {
+    if (this.#port !== null) return this.#replayed(call, finish, span);
     return finish(this.#run(call));
   }
 
@@ -473,22 +549,30 @@ export class Guard {
     }
   }
 
-  #replayed(call, finish) {
-    return replay(this.#port, this.#store, () => this.#run(call), (why) => new GuardError('unavailable', `replay diverged: ${why}`), finish);
+  #replayed(call, finish, span) {
+    const traced = span === null ? null : (op, key) => span.storeCall(op, key);
+    return replay(
+      this.#port,
+      this.#store,
+      () => this.#run(call),
+      (why) => new GuardError('unavailable', `replay diverged: ${why}`),
+      finish,
+      traced,
+    );
   }
 
   /** `{ tag: 'proceed', val: claim } | { tag: 'replay', val: response } | { tag: 'in-flight', val: ms } | { tag: 'conflict' }` */
-  begin(key, fingerprint) {
-    return this.#call((g) => g.begin(key, fingerprint, this.policy));
+  begin(key, fingerprint, span = null) {
+    return this.#call((g) => g.begin(key, fingerprint, this.policy), checked, span);
   }
 
-  complete(claim, response) {
+  complete(claim, response, span = null) {
     const stored = toResponse(response); // once, not once per replayed run
-    return this.#call((g) => g.complete(claim, stored, this.policy), nothing);
+    return this.#call((g) => g.complete(claim, stored, this.policy), nothing, span);
   }
 
-  release(claim) {
-    return this.#call((g) => g.release(claim), nothing);
+  release(claim, span = null) {
+    return this.#call((g) => g.release(claim), nothing, span);
   }
 
   /** Extends the claim's lease; returns the claim with its new fence. */
@@ -535,28 +619,131 @@ export class Guard {
    * use the latest claim (each write moves the fence). A handler that blocks
    * the event loop blocks the renewals too.
    *
+   * The handler is never run again because of what it returned: a value
+   * the guard cannot keep (not a response, or over `maxResponseBytes`) is
+   * not a reason to release the key. It stays claimed, as after a store
+   * failure, and `run` rejects with a `NotRecordedError`; only a handler that
+   * throws (or rejects) releases its key, for a retry.
+   *
    * Resolves to `{ outcome: 'executed' | 'replayed', response }`,
    * `{ outcome: 'in-flight', retryAfterMs }`, `{ outcome: 'conflict' }` or
    * `{ outcome: 'unavailable', message }` (the store failed: nothing ran).
    * Rejects with a `GuardError` of kind `invalid-input` for a bad key or
-   * fingerprint, a `NotRecordedError` if the response could not be stored,
-   * or the handler's own error (after releasing the claim).
+   * fingerprint, a `NotRecordedError` if the response could not be stored
+   * (the key stays claimed until its lease runs out), or the handler's own
+   * error (after releasing the claim).
+   *
+   * Observed when the guard has a `logger`, an `onDecision` callback, or an
+   * OpenTelemetry tracer provider (`telemetry.js`); otherwise none of that
+   * costs anything.
    */
-  async run(key, fingerprint, handler) {
-    // Two bodies: the awaits of the asynchronous one, even untaken, made the
-    // synchronous `run` a third slower (9.7 -> 13.1 µs a call, measured).
-    if (this.async) return this.#runAsync(key, fingerprint, handler);
+  run(key, fingerprint, handler) {
+    const tracer = this.#tracing.tracer();
+    if (tracer === null && this.#onDecision === null && this.#log === null) {
+      return this.async ? this.#runAsync(key, fingerprint, handler, null) : this.#runSync(key, fingerprint, handler, null);
+    }
+    return this.#runObserved(key, fingerprint, handler, tracer);
+  }
+
+  /**
+   * `run` with its span, its log lines and its `onDecision` event: the same
+   * bodies, told (through `seen`) the decision and the fence as they come.
+   */
+  async #runObserved(key, fingerprint, handler, tracer) {
+    const started = performance.now();
+    const seen = { span: tracer === null ? null : new RunSpan(tracer, key), decision: undefined, fence: undefined, handlerMs: undefined };
+    let outcome;
+    let result;
+    let error;
+    try {
+      result = await (this.async ? this.#runAsync(key, fingerprint, handler, seen) : this.#runSync(key, fingerprint, handler, seen));
+      outcome = result.outcome;
+      return result;
+    } catch (e) {
+      error = e;
+      outcome = thrownOutcome(e);
+      throw e;
+    } finally {
+      const ms = performance.now() - started;
+      const fields = { key, outcome, decision: seen.decision, ms };
+      if (seen.fence !== undefined) fields.fence = seen.fence;
+      if (seen.handlerMs !== undefined) fields.handlerMs = seen.handlerMs;
+      if (outcome === 'in-flight') fields.retryAfterMs = result.retryAfterMs;
+      if (outcome === 'unavailable') fields.reason = result.message;
+      else if (error !== undefined) fields.reason = String(error?.message ?? error);
+      this.#report(outcome, fields);
+      if (seen.span !== null) {
+        const span = seen.span;
+        if (seen.decision !== undefined) span.set('idem.decision', seen.decision);
+        if (seen.fence !== undefined) span.set('idem.fence', Number(seen.fence));
+        span.set('idem.replayed', outcome === 'replayed');
+        if (outcome === 'in-flight') span.set('idem.retry_after_ms', result.retryAfterMs);
+        span.end(outcome, outcome === 'unavailable' ? new Error(result.message) : error);
+      }
+    }
+  }
+
+  /** The log line and the `onDecision` event of one `run`. */
+  #report(outcome, fields) {
+    const log = this.#log;
+    if (log !== null) {
+      switch (outcome) {
+        case 'unavailable':
+          log('warn', `idem: the store did not answer for ${fields.key}; nothing ran (fail closed)`, fields);
+          break;
+        case 'not-recorded':
+          log('error', `idem: ${fields.key} ran but its response could not be recorded; the key stays claimed until its lease runs out`, fields);
+          break;
+        case 'failed':
+          log('info', `idem: the handler for ${fields.key} threw; the key is released for a retry`, fields);
+          break;
+        default:
+          log('debug', `idem: ${fields.key} ${outcome}`, fields);
+      }
+    }
+    if (this.#onDecision !== null) {
+      try {
+        this.#onDecision(fields);
+      } catch (e) {
+        log?.('warn', 'idem: onDecision threw; ignored', { key: fields.key, reason: String(e?.message ?? e) });
+      }
+    }
+  }
+
+  /** `seen.decision` and `seen.fence` from a decision. */
+  static #saw(seen, decision) {
+    seen.decision = decision.tag;
+    if (decision.tag === 'proceed') seen.fence = decision.val.fence;
+  }
+
+  /** The handler, within the run's span when there is one (so its own spans are children), timed when observed. */
+  static async #handle(seen, handler, fence, attempt) {
+    if (seen === null) return handler(fence, attempt);
+    const started = performance.now();
+    try {
+      return await (seen.span === null ? handler(fence, attempt) : seen.span.within(handler, fence, attempt));
+    } finally {
+      seen.handlerMs = performance.now() - started;
+    }
+  }
+
+  // Two bodies: the awaits of the asynchronous one, even untaken, made the
+  // synchronous `run` a third slower (9.7 -> 13.1 µs a call, measured).
+  // `seen` is null unless the run is observed (`#runObserved`).
+
+  async #runSync(key, fingerprint, handler, seen) {
     let decision;
     try {
       decision = this.begin(key, fingerprint);
     } catch (e) {
       return unavailable(e);
     }
+    if (seen !== null) Guard.#saw(seen, decision);
     if (decision.tag !== 'proceed') return notProceeding(decision);
     const held = this.#hold(decision.val);
-    let response;
+    let value;
     try {
-      response = toResponse(await handler(held.claim.fence, new Attempt(this, held)));
+      value = await Guard.#handle(seen, handler, held.claim.fence, new Attempt(this, held));
     } catch (e) {
       held.stop();
       try {
@@ -567,41 +754,49 @@ export class Guard {
       throw e;
     }
     held.stop();
+    // From here on the handler has run: nothing releases the key.
+    let response;
     try {
+      response = responseOf(value);
       this.complete(held.claim, response);
     } catch (e) {
-      throw new NotRecordedError(response, e);
+      throw new NotRecordedError(response, e, value);
     }
     return { outcome: 'executed', response };
   }
 
   /** `run` over an asynchronous store: each guard call awaited, and each write of the claim after the one in flight. */
-  async #runAsync(key, fingerprint, handler) {
+  async #runAsync(key, fingerprint, handler, seen) {
+    const span = seen?.span ?? null;
     let decision;
     try {
-      decision = await this.begin(key, fingerprint);
+      decision = await this.begin(key, fingerprint, span);
     } catch (e) {
       return unavailable(e);
     }
+    if (seen !== null) Guard.#saw(seen, decision);
     if (decision.tag !== 'proceed') return notProceeding(decision);
     const held = this.#hold(decision.val);
-    let response;
+    let value;
     try {
-      response = toResponse(await handler(held.claim.fence, new Attempt(this, held)));
+      value = await Guard.#handle(seen, handler, held.claim.fence, new Attempt(this, held));
     } catch (e) {
       try {
         await held.stop();
-        await this.release(held.claim);
+        await this.release(held.claim, span);
       } catch {
         // The lease runs out as after a crash.
       }
       throw e;
     }
+    // From here on the handler has run: nothing releases the key.
+    let response;
     try {
       await held.stop(); // a renewal in flight moves the fence the completion needs
-      await this.complete(held.claim, response);
+      response = responseOf(value);
+      await this.complete(held.claim, response, span);
     } catch (e) {
-      throw new NotRecordedError(response, e);
+      throw new NotRecordedError(response, e, value);
     }
     return { outcome: 'executed', response };
   }
@@ -609,7 +804,7 @@ export class Guard {
   /** Keeps renewing `claim`'s lease until `stop()`; `held.claim` is always the latest. */
   #hold(claim) {
     if (!this.renewLease) return new Held(claim, null, 0);
-    this.#renewer ??= new Renewer(this, Math.max(1, Math.floor(Number(this.policy.leaseMs) / 3)));
+    this.#renewer ??= new Renewer(this, Math.max(1, Math.floor(Number(this.policy.leaseMs) / 3)), this.#log);
     return this.#renewer.hold(claim);
   }
 }
@@ -635,8 +830,10 @@ class Purger {
   #timer;
   #running = false;
   #stopped = false;
+  #log;
 
-  constructor(guard, everyMs) {
+  constructor(guard, everyMs, log) {
+    this.#log = log;
     this.#guard = new WeakRef(guard);
     guard.purgeStats.everyMs = everyMs;
     this.#timer = setInterval(() => this.#run(), everyMs);
@@ -676,6 +873,7 @@ class Purger {
     if (error !== null) {
       stats.errors += 1;
       stats.lastError = error?.message ?? String(error);
+      this.#log?.('warn', 'idem: purging expired records failed; the next period tries again', { reason: stats.lastError, purged });
     }
   }
 }
@@ -693,10 +891,12 @@ class Renewer {
   #every;
   #held = new Set();
   #timer = null;
+  #log;
 
-  constructor(guard, everyMs) {
+  constructor(guard, everyMs, log) {
     this.#guard = guard;
     this.#every = everyMs;
+    this.#log = log;
   }
 
   hold(claim) {
@@ -744,7 +944,13 @@ class Renewer {
 
   #renewFailed(held, e) {
     // Unavailable: the lease may still hold, try at the next tick.
-    if (!(e instanceof GuardError && e.kind === 'unavailable')) this.#held.delete(held);
+    const retried = e instanceof GuardError && e.kind === 'unavailable';
+    if (!retried) this.#held.delete(held);
+    this.#log?.('warn', `idem: renewing the lease of ${held.claim.key} failed${retried ? '; trying again at the next tick' : '; no more renewals'}`, {
+      key: held.claim.key,
+      fence: held.claim.fence,
+      reason: String(e?.message ?? e),
+    });
   }
 }
 

@@ -22,7 +22,7 @@
 // so the store and the caller see plain responses as with idem-abi.js.
 
 import { readFileSync } from 'node:fs';
-import { Failure, responseSize, sameResponse, StoreFailure } from './idem-abi.js';
+import { Failure, responseSize, StoreFailure, sameResponse } from './idem-abi.js';
 
 /** The host side of `idem:guard/types`' `response`: a response `{ status, headers, body }` behind a handle. */
 class Response {

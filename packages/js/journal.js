@@ -53,10 +53,13 @@ export class Journal {
   /** Why the current run disagreed with the journal, or null. */
   diverged = null;
   #store;
+  /** `(op, key)` → the function that ends that call's span (with its error), or null: not traced. */
+  #traced;
 
-  /** A journal whose pending calls go to `store`. */
-  constructor(store) {
+  /** A journal whose pending calls go to `store` (each in a span of its own when `traced` is given). */
+  constructor(store, traced = null) {
     this.#store = store;
+    this.#traced = traced;
   }
 
   rewind() {
@@ -106,12 +109,20 @@ export class Journal {
    * a host bug and traps the instance on the next run.
    */
   #start(op, key, args) {
+    const end = this.#traced === null ? null : this.#traced(op, key);
     try {
       return Promise.resolve(this.#store[op](...args)).then(
-        (value) => ({ op, key, value }),
-        (error) => ({ op, key, error }),
+        (value) => {
+          end?.(value instanceof StoreFailure ? value : undefined);
+          return { op, key, value };
+        },
+        (error) => {
+          end?.(error);
+          return { op, key, error };
+        },
       );
     } catch (error) {
+      end?.(error);
       return Promise.resolve({ op, key, error });
     }
   }
@@ -184,10 +195,12 @@ export class JournalPort {
  * trap by throwing; a run that traps is not replayed (the trap is rethrown,
  * nothing more is sent to the store). `onDiverged(message)` makes the error for a
  * run that disagreed with the journal; `finish(value)` makes the last run's
- * value the call's (or throws), inside this one async function.
+ * value the call's (or throws), inside this one async function. `traced`,
+ * when given, is called as each store call starts, `(op, key)`, and returns
+ * the function called once it has settled (with its error, if any).
  */
-export async function replay(port, store, call, onDiverged, finish = (value) => value) {
-  const journal = new Journal(store);
+export async function replay(port, store, call, onDiverged, finish = (value) => value, traced = null) {
+  const journal = new Journal(store, traced);
   for (let run = 1; ; run++) {
     journal.rewind();
     port.journal = journal;

@@ -41,9 +41,9 @@
 // one. So a store needs no dependency.
 
 import { createHash } from 'node:crypto';
-import { check, Connection, pack, parseUrl, ReplyError } from './resp.js';
 import { StoreError } from './index.js';
 import { layoutFile } from './layout.js';
+import { Connection, check, pack, parseUrl, ReplyError } from './resp.js';
 
 const NAME = 'redis';
 /** How many records' bytes a store keeps for `SET … IFEQ` before it forgets them all (as the Rust store). */
@@ -337,7 +337,8 @@ export class RedisStore {
     this.#opening ??= Connection.open(this.#target, options).then(
       (conn) => {
         this.#opening = null;
-        return (this.#conn = conn);
+        this.#conn = conn;
+        return conn;
       },
       (e) => {
         this.#opening = null;
@@ -471,9 +472,7 @@ export class RedisStore {
   async delete(key, expectedVersion) {
     this.#seen?.delete(this.#full(key));
     const removed =
-      expectedVersion === undefined
-        ? this.#ok(key, await this.#send(['DEL', this.#full(key)]))
-        : await this.#eval(key, 'delete_at', [String(expectedVersion)]);
+      expectedVersion === undefined ? this.#ok(key, await this.#send(['DEL', this.#full(key)])) : await this.#eval(key, 'delete_at', [String(expectedVersion)]);
     return removed === 1;
   }
 }

@@ -306,7 +306,7 @@ export class Connection {
   }
 
   #read(chunk) {
-    let buf = this.#buffer === null ? chunk : Buffer.concat([this.#buffer, chunk]);
+    const buf = this.#buffer === null ? chunk : Buffer.concat([this.#buffer, chunk]);
     let at = 0;
     try {
       for (;;) {

@@ -3,12 +3,12 @@
 // answers and the same stored records. And what it refuses: a component whose
 // core signatures are not the WIT mirror's.
 
-import { test } from 'node:test';
 import assert from 'node:assert/strict';
 import { readFileSync } from 'node:fs';
+import { test } from 'node:test';
 import { fileURLToPath } from 'node:url';
-import { Guard, GuardError, ManualClock, MemoryStore, StoreError } from '../index.js';
 import { AbiViolation, BEGIN_RESULT, CLAIM, DECISION, ENTRY, EXPORTS, GET_RESULT, Guest, IMPORTS, INSERT_RESULT, PARAMS, RECORD } from '../idem-abi.js';
+import { Guard, GuardError, ManualClock, MemoryStore, StoreError } from '../index.js';
 import { jcoGuest } from '../jco-guest.js';
 
 const component = process.env.IDEM_COMPONENT || fileURLToPath(new URL('../idem-guard.wasm', import.meta.url));
@@ -121,10 +121,18 @@ test('random calls answer and store the same through both bindings', async () =>
     if (op === 'checkpoint' && answers[0][0] === 'ok') checkpointed += 1;
     const now = sides[0].clock.nowMs();
     const stored = keys.map((k) => sides[0].store.peek(k, now));
-    assert.deepEqual(stored, keys.map((k) => sides[1].store.peek(k, now)), `step ${step} (${op}): stored records`);
+    assert.deepEqual(
+      stored,
+      keys.map((k) => sides[1].store.peek(k, now)),
+      `step ${step} (${op}): stored records`,
+    );
     storedCheckpoints += stored.filter((e) => e?.record.checkpoint).length;
   }
-  assert.deepEqual(sides.map((s) => s.guard.replaced), [0, 0], 'no call trapped');
+  assert.deepEqual(
+    sides.map((s) => s.guard.replaced),
+    [0, 0],
+    'no call trapped',
+  );
   assert.ok(checkpointed >= 5 && storedCheckpoints > 0, `${checkpointed} checkpoints saved, ${storedCheckpoints} seen stored`);
 });
 
@@ -134,7 +142,12 @@ test('fingerprints agree through both bindings', async () => {
   const [lean, jco] = [undefined, await jcoGuest()].map((guest) => Guard.load({ guest, renewLease: false }));
   for (let i = 0; i < 50; i++) {
     const headers = Array.from({ length: int(5) }, () => [['a', 'B', 'ü', ''][int(4)], Uint8Array.from({ length: int(5) }, () => int(256))]);
-    const request = { method: ['get', 'POST', 'ß'][int(3)], path: `/p?${['', 'q=1', '日'][int(3)]}`, headers, body: Uint8Array.from({ length: int(30) }, () => int(256)) };
+    const request = {
+      method: ['get', 'POST', 'ß'][int(3)],
+      path: `/p?${['', 'q=1', '日'][int(3)]}`,
+      headers,
+      body: Uint8Array.from({ length: int(30) }, () => int(256)),
+    };
     assert.equal(lean.fingerprint(request), jco.fingerprint(request));
   }
 });
@@ -145,7 +158,10 @@ test('a component whose core signatures moved is refused at load', () => {
   // As if `get` had gained a parameter: the WIT mirror's no longer matches the guest's.
   IMPORTS['store/get'] = { params: [...get.params.slice(0, -1), 'i32', 'i32'], results: get.results };
   try {
-    assert.throws(() => new Guest(bytes), (e) => e instanceof AbiViolation && e.message.startsWith('store/get: core signature'));
+    assert.throws(
+      () => new Guest(bytes),
+      (e) => e instanceof AbiViolation && e.message.startsWith('store/get: core signature'),
+    );
   } finally {
     IMPORTS['store/get'] = get;
   }
@@ -190,9 +206,18 @@ test('values out of their WIT range fail closed instead of wrapping', () => {
   const guard = Guard.load({ store, clock: new ManualClock(1_000), renewLease: false });
   const claim = guard.begin('k', 'fp').val;
   // 65_736 would be 200 cut to a u16; -1n would be u64::MAX as an i64.
-  assert.throws(() => guard.complete(claim, { status: 65_536 + 200, body: 'x' }), (e) => e instanceof GuardError && e.kind === 'unavailable');
-  assert.throws(() => guard.complete({ ...claim, fence: -1n }, { status: 200, body: 'x' }), (e) => e instanceof GuardError && e.kind === 'unavailable');
-  assert.throws(() => guard.begin(42, 'fp'), (e) => e instanceof GuardError && e.kind === 'unavailable');
+  assert.throws(
+    () => guard.complete(claim, { status: 65_536 + 200, body: 'x' }),
+    (e) => e instanceof GuardError && e.kind === 'unavailable',
+  );
+  assert.throws(
+    () => guard.complete({ ...claim, fence: -1n }, { status: 200, body: 'x' }),
+    (e) => e instanceof GuardError && e.kind === 'unavailable',
+  );
+  assert.throws(
+    () => guard.begin(42, 'fp'),
+    (e) => e instanceof GuardError && e.kind === 'unavailable',
+  );
   assert.equal(store.peek('k', 1_000).record.state, 'processing', 'nothing was stored');
 });
 
@@ -321,14 +346,20 @@ test('no response handle is left after a call: replayed, stored, a store error, 
       get: () => undefined,
       insert: () => ({
         tag: 'existing',
-        val: { record: { fingerprint: 'fp', state: 'done', holder: 1n, leaseUntilMs: 0n, expiresAtMs: 9_000n, response: { status: 200, headers: [], body: 'text' } }, version: 2n },
+        val: {
+          record: { fingerprint: 'fp', state: 'done', holder: 1n, leaseUntilMs: 0n, expiresAtMs: 9_000n, response: { status: 200, headers: [], body: 'text' } },
+          version: 2n,
+        },
       }),
       replace: () => undefined,
     },
     clock,
     holders,
   );
-  assert.throws(() => bad.begin('k', 'fp', policy), (e) => e instanceof TypeError && /the body as a Uint8Array/.test(e.message));
+  assert.throws(
+    () => bad.begin('k', 'fp', policy),
+    (e) => e instanceof TypeError && /the body as a Uint8Array/.test(e.message),
+  );
   assert.equal(bad.handles, 0);
   // And a response given to complete that is not one never reaches the guest.
   assert.throws(() => instance.complete(second, { status: 200, headers: [['x', 'y']], body: new Uint8Array() }, policy), /a header value as a Uint8Array/);

@@ -9,16 +9,18 @@
 // IDEM_TEST_POSTGRES_URL, and fail without them unless
 // IDEM_TEST_SKIP_NETSTORES=1 (testing/netstores.js).
 
-import { after, test } from 'node:test';
 import assert from 'node:assert/strict';
 import { readdirSync, readFileSync } from 'node:fs';
+import { after, test } from 'node:test';
 import { isDeepStrictEqual } from 'node:util';
 import { Guard, GuardError, ManualClock, MemoryStore, NotRecordedError } from '../index.js';
 import { jcoGuest } from '../jco-guest.js';
 import { FaultyStore, postgresStore, redisStore, skipWithout } from '../testing/netstores.js';
 
 const dir = new URL('../../../conformance/', import.meta.url);
-const files = readdirSync(dir).filter((f) => f.endsWith('.json')).sort();
+const files = readdirSync(dir)
+  .filter((f) => f.endsWith('.json'))
+  .sort();
 const load = (file) => JSON.parse(readFileSync(new URL(file, dir), 'utf8'));
 const decoder = new TextDecoder();
 
@@ -187,9 +189,15 @@ class Host {
           },
         );
       case 'complete':
-        return attempt(() => g.complete(this.claim(step), response(step.response)), () => ({ ok: true }));
+        return attempt(
+          () => g.complete(this.claim(step), response(step.response)),
+          () => ({ ok: true }),
+        );
       case 'release':
-        return attempt(() => g.release(this.claim(step)), () => ({ ok: true }));
+        return attempt(
+          () => g.release(this.claim(step)),
+          () => ({ ok: true }),
+        );
       case 'renew':
         return attempt(
           () => g.renew(this.claim(step)),
@@ -230,7 +238,8 @@ class Host {
       case 'fingerprint': {
         const q = step.request;
         return attempt(
-          () => g.fingerprint({ method: text(q.method), path: text(q.path), headers: (q.headers ?? []).map(([n, v]) => [text(n), bytes(v)]), body: bytes(q.body) }),
+          () =>
+            g.fingerprint({ method: text(q.method), path: text(q.path), headers: (q.headers ?? []).map(([n, v]) => [text(n), bytes(v)]), body: bytes(q.body) }),
           (fingerprint) => ({ fingerprint }),
         );
       }
@@ -330,7 +339,11 @@ for (const file of files) {
 let postgres = null;
 after(async () => {
   // A store that did not open failed its tests already.
-  if (postgres) await postgres.then((store) => store.cleanUp(), () => {});
+  if (postgres)
+    await postgres.then(
+      (store) => store.cleanUp(),
+      () => {},
+    );
 });
 
 const netstores = {

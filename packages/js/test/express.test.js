@@ -3,12 +3,12 @@
 // response, the limits, a completion the store refuses, a route that never
 // answers.
 
-import { test } from 'node:test';
 import assert from 'node:assert/strict';
 import { createServer } from 'node:http';
+import { test } from 'node:test';
 import express from 'express';
-import { Guard, MemoryStore } from '../index.js';
 import { idempotency, idempotencyKey, keepRawBody, scopedKey } from '../express.js';
+import { Guard, MemoryStore } from '../index.js';
 
 async function serve(app, body) {
   const server = createServer(app);
@@ -21,8 +21,7 @@ async function serve(app, body) {
   }
 }
 
-const post = (url, key, body, headers = {}) =>
-  fetch(url, { method: 'POST', headers: { 'idempotency-key': key, ...headers }, body });
+const post = (url, key, body, headers = {}) => fetch(url, { method: 'POST', headers: { 'idempotency-key': key, ...headers }, body });
 
 function app(options, ...route) {
   const a = express();
@@ -127,7 +126,99 @@ test('a completion the store refuses is a 503 response-not-recorded, and the res
     const body = await r.json();
     assert.equal(body.type, 'https://idem.dev/problems/response-not-recorded');
     assert.ok(!JSON.stringify(body).includes('secret'));
+    assert.ok(!JSON.stringify(body).includes('disk full'), "the store's error is the operator's, not the client's");
+    assert.match(body.detail, /Retry after 2 s/);
   });
+});
+
+test("a 503 says retry and when, never what the store is or how it failed; the guard's logger gets that", async () => {
+  const store = new MemoryStore();
+  const logged = [];
+  const guard = Guard.load({ store, logger: { warn: (message, fields) => logged.push([message, fields]) } });
+  let runs = 0;
+  const a = app({ guard }, (req, res) => res.status(201).send(`run ${(runs += 1)}`));
+  await serve(a, async (url) => {
+    store.fault('insert', { kind: 'error', message: 'connect ECONNREFUSED redis-primary.internal:6379 (ioredis)' });
+    const r = await post(`${url}/orders`, 'k', 'x');
+    const text = await r.text();
+    assert.equal(r.status, 503);
+    assert.equal(r.headers.get('retry-after'), '1');
+    assert.deepEqual(JSON.parse(text), {
+      type: 'https://idem.dev/problems/store-unavailable',
+      title: 'The idempotency store is unavailable',
+      status: 503,
+      detail: 'the request was not run: its outcome could not be checked. Retry after 1 s',
+    });
+    for (const secret of ['ECONNREFUSED', 'redis', '6379', 'internal']) assert.ok(!text.includes(secret), `the 503 body names ${secret}`);
+    assert.equal(runs, 0);
+  });
+  assert.equal(logged.length, 1);
+  assert.match(logged[0][1].reason, /ECONNREFUSED redis-primary\.internal:6379/);
+});
+
+/** An app with the middleware app-wide, then an authentication middleware, then the route (and a catch-all app.use handler). */
+function appWithAuth(options, runs) {
+  const a = express();
+  a.set('env', 'test');
+  a.use(idempotency(options));
+  a.use((req, res, next) => (req.headers['x-api-token'] === 'secret' ? next() : res.status(401).json({ error: 'unauthorized' })));
+  a.post('/orders', (req, res) => res.status(201).send(`order ${(runs.orders += 1)}`));
+  a.use('/graphql', (req, res) => res.status(200).send(`graphql ${(runs.graphql += 1)}`)); // a handler outside any route
+  return a;
+}
+
+test('a 4xx written before the route (authentication, no such route) is not stored: the corrected retry under the same key runs', async () => {
+  const runs = { orders: 0, graphql: 0 };
+  await serve(appWithAuth({ guard: Guard.load() }, runs), async (url) => {
+    const refused = await post(`${url}/orders`, 'k', 'x');
+    assert.equal(refused.status, 401);
+    assert.equal(refused.headers.get('idempotent-replayed'), null);
+    const fixed = await post(`${url}/orders`, 'k', 'x', { 'x-api-token': 'secret' });
+    assert.deepEqual([fixed.status, await fixed.text()], [201, 'order 1']);
+    const again = await post(`${url}/orders`, 'k', 'x', { 'x-api-token': 'secret' });
+    assert.deepEqual([again.status, again.headers.get('idempotent-replayed'), await again.text()], [201, 'true', 'order 1']);
+    // No route for the path: Express's 404 is not stored either (the repeat is answered afresh, not replayed).
+    assert.equal((await post(`${url}/typo`, 'k2', 'x', { 'x-api-token': 'secret' })).status, 404);
+    const missing = await post(`${url}/typo`, 'k2', 'x', { 'x-api-token': 'secret' });
+    assert.deepEqual([missing.status, missing.headers.get('idempotent-replayed')], [404, null]);
+    // A handler mounted with app.use answers outside any route: its 2xx is stored as usual.
+    const first = await post(`${url}/graphql`, 'g', 'q', { 'x-api-token': 'secret' });
+    const repeat = await post(`${url}/graphql`, 'g', 'q', { 'x-api-token': 'secret' });
+    assert.deepEqual([await first.text(), await repeat.text(), repeat.headers.get('idempotent-replayed')], ['graphql 1', 'graphql 1', 'true']);
+  });
+  assert.deepEqual(runs, { orders: 1, graphql: 1 });
+});
+
+test('storeBeforeRoute: true stores those 4xx too: the retry gets the 401 replayed', async () => {
+  const runs = { orders: 0, graphql: 0 };
+  await serve(appWithAuth({ guard: Guard.load(), storeBeforeRoute: true }, runs), async (url) => {
+    assert.equal((await post(`${url}/orders`, 'k', 'x')).status, 401);
+    const retry = await post(`${url}/orders`, 'k', 'x', { 'x-api-token': 'secret' });
+    // The same key with another header (not fingerprinted) is the same request: the stored 401.
+    assert.deepEqual([retry.status, retry.headers.get('idempotent-replayed')], [401, 'true']);
+  });
+  assert.equal(runs.orders, 0);
+});
+
+test("mounted in a route after its body parser and validation, the validation's 400 is never claimed; the valid retry runs once", async () => {
+  const guard = Guard.load();
+  let runs = 0;
+  const a = express();
+  a.set('env', 'test');
+  const validate = (req, res, next) => (Number.isInteger(req.body?.cents) ? next() : res.status(400).json({ error: 'cents must be a whole number' }));
+  a.post('/orders', express.json({ verify: keepRawBody }), validate, idempotency({ guard }), (req, res) => {
+    runs += 1;
+    res.status(201).json({ cents: req.body.cents, run: runs });
+  });
+  await serve(a, async (url) => {
+    const json = { 'content-type': 'application/json' };
+    assert.equal((await post(`${url}/orders`, 'k', '{"cents": "ten"}', json)).status, 400);
+    assert.equal((await post(`${url}/orders`, 'k', '{bad json', json)).status, 400); // body-parser's own 400
+    const ok = await post(`${url}/orders`, 'k', '{"cents": 10}', json);
+    const again = await post(`${url}/orders`, 'k', '{"cents": 10}', json);
+    assert.deepEqual([ok.status, again.status, again.headers.get('idempotent-replayed')], [201, 201, 'true']);
+  });
+  assert.equal(runs, 1);
 });
 
 test('a route that never answers gets a 504 after timeoutMs, and its key is released', async () => {

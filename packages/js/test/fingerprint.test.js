@@ -4,10 +4,10 @@
 // with the component on random requests (non-ASCII methods and header names
 // included).
 
-import { test } from 'node:test';
 import assert from 'node:assert/strict';
 import { readFileSync } from 'node:fs';
-import { fingerprint as nativeFingerprint, Guard, ManualClock, MemoryStore } from '../index.js';
+import { test } from 'node:test';
+import { Guard, ManualClock, MemoryStore, fingerprint as nativeFingerprint } from '../index.js';
 
 const encoder = new TextEncoder();
 
@@ -49,4 +49,43 @@ test('the component and the native fingerprint agree on random requests', () => 
     const request = { method: word(5), path: word(12), headers, body: blob(40) };
     assert.equal(guard.fingerprint(request), nativeFingerprint(request), JSON.stringify(request));
   }
+});
+
+test('long, non-ASCII and large parts hash as the component hashes them, whichever way fingerprint.js writes them', () => {
+  // fingerprint.js writes short ASCII strings by a loop, longer or non-ASCII
+  // ones by Buffer's UTF-8 writer, keeps a scratch buffer that grows, and
+  // hashes a message over 1 MiB part by part: each path against the component.
+  const guard = Guard.load({ store: new MemoryStore(), clock: new ManualClock(1_000_000), maxResponseBytes: 4 << 20 });
+  const long = 'x'.repeat(200);
+  const requests = [
+    { method: 'pOsT', path: `/${long}`, headers: [['Content-Type', `${long}é`]], body: `${long}Σσ\u{1F600}` },
+    {
+      method: 'post',
+      path: '/a',
+      headers: [
+        ['B', 'x'],
+        ['a', 'y'],
+        ['A', 'b'],
+        ['Ä', 'z'],
+      ],
+      body: '\ud800 lone',
+    },
+    { method: 'PUT', path: '/', headers: [], body: Buffer.alloc(100_000, 7) }, // the scratch buffer grows
+    { method: 'PUT', path: '/big', headers: [['content-type', 'application/octet-stream']], body: Buffer.alloc((1 << 20) + 1, 9) }, // part by part
+    {
+      method: 'PUT',
+      path: '/big-string',
+      headers: [
+        ['X', 'y'],
+        ['x', 'Y'],
+      ],
+      body: 'é'.repeat(400_000),
+    }, // over 1 MiB as UTF-8
+    { method: 'GET', path: '/after' }, // the scratch buffer after all that
+  ];
+  for (const request of requests) {
+    assert.equal(nativeFingerprint(request), guard.fingerprint(request), `${request.method} ${request.path.slice(0, 20)}`);
+  }
+  assert.throws(() => nativeFingerprint({ method: 1, path: '/' }), /method as a string/);
+  assert.throws(() => nativeFingerprint({ method: 'GET', path: '/', headers: [[7, 'v']] }), /header name string/);
 });

@@ -4,8 +4,8 @@
 // handler run twice, and expired records are purged in the background.
 // (The examples' own tests are in examples/js/test.)
 
-import { test } from 'node:test';
 import assert from 'node:assert/strict';
+import { test } from 'node:test';
 import { Guard, GuardError, ManualClock, MemoryStore, NotRecordedError } from '../index.js';
 
 test('a host bug traps the instance: the call fails closed and the next call gets a fresh instance', () => {
@@ -13,7 +13,10 @@ test('a host bug traps the instance: the call fails closed and the next call get
   const guard = Guard.load({ store, clock: new ManualClock(1_000), leaseMs: 100, retentionMs: 10_000 });
   const claim = guard.begin('k', 'fp').val;
   store.fault('replace', { kind: 'trap', count: 1 });
-  assert.throws(() => guard.complete(claim, { status: 200, body: 'x' }), (e) => e instanceof GuardError && e.kind === 'unavailable' && e.detail.includes('instance replaced'));
+  assert.throws(
+    () => guard.complete(claim, { status: 200, body: 'x' }),
+    (e) => e instanceof GuardError && e.kind === 'unavailable' && e.detail.includes('instance replaced'),
+  );
   assert.equal(guard.replaced, 1);
   // The new instance works, and the trapped call wrote nothing: the claim still holds.
   assert.deepEqual(guard.begin('k', 'fp'), { tag: 'in-flight', val: 100n });
@@ -191,7 +194,7 @@ test('MemoryStore.purgeExpired frees at most `limit` records expired at `nowMs` 
   assert.equal(again.val.fence, 1n);
 });
 
-test('a guard purges its store\'s expired records every purgeEveryMs, in batches until one comes back short, until closed', async () => {
+test("a guard purges its store's expired records every purgeEveryMs, in batches until one comes back short, until closed", async () => {
   const store = new MemoryStore();
   const clock = new ManualClock(1_000);
   const guard = Guard.load({ store, clock, leaseMs: 10, retentionMs: 100, purgeEveryMs: 20 });

@@ -8,16 +8,16 @@
 // target/debug/idem in the repository ($CARGO_TARGET_DIR if set); without
 // one its scenarios are skipped, saying so.
 
-import { describe, test } from 'node:test';
 import assert from 'node:assert/strict';
 import { spawn } from 'node:child_process';
 import { existsSync } from 'node:fs';
 import { createServer } from 'node:http';
 import { join } from 'node:path';
+import { describe, test } from 'node:test';
 import { fileURLToPath } from 'node:url';
 import express from 'express';
-import { Guard, MemoryStore } from '../index.js';
 import { idempotency, scopedKey } from '../express.js';
+import { Guard, MemoryStore } from '../index.js';
 import { HandlerState, loadScenarios, play } from './http-scenarios.js';
 
 const scenarios = loadScenarios();
@@ -101,9 +101,7 @@ test('the runner fails a scenario whose expectation is changed', async () => {
 
 const root = fileURLToPath(new URL('../../..', import.meta.url));
 const targetDir = process.env.CARGO_TARGET_DIR || join(root, 'target');
-const idemBin = [process.env.IDEM_BIN, join(targetDir, 'release', 'idem'), join(targetDir, 'debug', 'idem')].find(
-  (p) => p && existsSync(p),
-);
+const idemBin = [process.env.IDEM_BIN, join(targetDir, 'release', 'idem'), join(targetDir, 'debug', 'idem')].find((p) => p && existsSync(p));
 
 /**
  * `idem serve` started with ARGS on free ports (port 0): resolves with the
@@ -152,11 +150,16 @@ async function gatewayTarget(config) {
   const upstreamUrl = await listen(upstream);
   const { child, exited, bound } = startIdem([
     'serve',
-    '--listen', '127.0.0.1:0',
-    '--upstream', upstreamUrl,
-    '--store', 'memory:',
-    '--admin-listen', '127.0.0.1:0',
-    '--require-key', String(config.require_key ?? false),
+    '--listen',
+    '127.0.0.1:0',
+    '--upstream',
+    upstreamUrl,
+    '--store',
+    'memory:',
+    '--admin-listen',
+    '127.0.0.1:0',
+    '--require-key',
+    String(config.require_key ?? false),
   ]);
   let url, admin;
   try {
@@ -192,8 +195,7 @@ test('an idem binary for the gateway scenarios, where one is required', { skip: 
   assert.ok(idemBin, `no idem binary at $IDEM_BIN (${process.env.IDEM_BIN}) or in ${targetDir}`);
 });
 
-describe('idem serve gateway', { skip: !idemBin && 'no idem binary (set IDEM_BIN, or build target/release/idem)' }, () =>
-  playAll(gatewayTarget));
+describe('idem serve gateway', { skip: !idemBin && 'no idem binary (set IDEM_BIN, or build target/release/idem)' }, () => playAll(gatewayTarget));
 
 // The middleware stores keys as the gateway does, so the two can share a store
 // and an operator finds a key under the same name in both.

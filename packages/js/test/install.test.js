@@ -14,12 +14,12 @@
 // declaration file names every export of its module. Needs the component and
 // the layout's files in the package: build.sh copies both.
 
-import { before, test } from 'node:test';
 import assert from 'node:assert/strict';
 import { execFileSync } from 'node:child_process';
 import { existsSync, mkdirSync, mkdtempSync, readdirSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
+import { before, test } from 'node:test';
 import { fileURLToPath } from 'node:url';
 import { dropTable, serverUrl, skipWithout, unique } from '../testing/netstores.js';
 
@@ -28,9 +28,7 @@ const manifest = JSON.parse(readFileSync(join(pkg, 'package.json'), 'utf8'));
 
 // A user's environment: none of the variables `npm test` sets for itself,
 // and no IDEM_COMPONENT (the installed package must find its own component).
-const env = Object.fromEntries(
-  Object.entries(process.env).filter(([name]) => !name.startsWith('npm_') && name !== 'IDEM_COMPONENT'),
-);
+const env = Object.fromEntries(Object.entries(process.env).filter(([name]) => !name.startsWith('npm_') && name !== 'IDEM_COMPONENT'));
 const sh = (cmd, args, cwd) => execFileSync(cmd, args, { cwd, env, encoding: 'utf8', stdio: ['ignore', 'pipe', 'pipe'] });
 
 let dir;
@@ -56,11 +54,27 @@ test('the package is ESM with exports, types and no runtime dependencies', () =>
   assert.deepEqual(manifest.exports['./redis'], { types: './redis.d.ts', default: './redis.js' });
   assert.deepEqual(manifest.exports['./postgres'], { types: './postgres.d.ts', default: './postgres.js' });
   assert.equal(manifest.dependencies, undefined);
-  assert.deepEqual(manifest.peerDependenciesMeta, { express: { optional: true }, pg: { optional: true } });
+  assert.deepEqual(manifest.peerDependenciesMeta, { '@opentelemetry/api': { optional: true }, express: { optional: true }, pg: { optional: true } });
   const installed = join(app, 'node_modules', '@idem', 'guard');
   assert.deepEqual(readdirSync(installed).sort(), [
-    'README.md', 'express.d.ts', 'express.js', 'fingerprint.js', 'idem-abi.js', 'idem-guard.wasm', 'index.d.ts', 'index.js',
-    'journal.js', 'layout.js', 'package.json', 'postgres.d.ts', 'postgres.js', 'redis.d.ts', 'redis.js', 'resp.js', 'store-layout',
+    'README.md',
+    'express.d.ts',
+    'express.js',
+    'fingerprint.js',
+    'idem-abi.js',
+    'idem-guard.wasm',
+    'index.d.ts',
+    'index.js',
+    'journal.js',
+    'layout.js',
+    'package.json',
+    'postgres.d.ts',
+    'postgres.js',
+    'redis.d.ts',
+    'redis.js',
+    'resp.js',
+    'store-layout',
+    'telemetry.js',
   ]);
   assert.deepEqual(readFileSync(join(installed, 'idem-guard.wasm')), readFileSync(join(pkg, 'idem-guard.wasm')));
   // The layout's files as they are in wit/store-layout/.
@@ -94,7 +108,10 @@ console.log(JSON.stringify({ charges, outcomes: [first.outcome, again.outcome], 
   assert.equal(got.charges, 1);
   assert.deepEqual(got.outcomes, ['executed', 'replayed']);
   assert.equal(got.bodies[1], got.bodies[0]);
-  assert.deepEqual(JSON.parse(Buffer.from(got.bodies[1], 'hex').toString()), { charge: 1, fence: JSON.parse(Buffer.from(got.bodies[0], 'hex').toString()).fence });
+  assert.deepEqual(JSON.parse(Buffer.from(got.bodies[1], 'hex').toString()), {
+    charge: 1,
+    fence: JSON.parse(Buffer.from(got.bodies[0], 'hex').toString()).fence,
+  });
   assert.equal(got.status, 201);
 });
 
@@ -169,7 +186,9 @@ function pinPeers(project, names) {
   writeFileSync(join(project, 'package-lock.json'), JSON.stringify(lock, null, 2));
 }
 
-test('with pg installed from the cache (and no Redis client), an installed package guards a call on Redis and on PostgreSQL', { skip: skipWithout('IDEM_TEST_REDIS_URL') || skipWithout('IDEM_TEST_POSTGRES_URL') }, async () => {
+test('with pg installed from the cache (and no Redis client), an installed package guards a call on Redis and on PostgreSQL', {
+  skip: skipWithout('IDEM_TEST_REDIS_URL') || skipWithout('IDEM_TEST_POSTGRES_URL'),
+}, async () => {
   const redisUrl = serverUrl('IDEM_TEST_REDIS_URL');
   const postgresUrl = serverUrl('IDEM_TEST_POSTGRES_URL');
   pinPeers(app, ['pg']);
@@ -204,7 +223,9 @@ console.log(JSON.stringify(out));
   );
   const name = unique();
   try {
-    const got = JSON.parse(execFileSync('node', ['netstores.js'], { cwd: app, env: { ...env, REDIS_URL: redisUrl, POSTGRES_URL: postgresUrl, NAME: name }, encoding: 'utf8' }));
+    const got = JSON.parse(
+      execFileSync('node', ['netstores.js'], { cwd: app, env: { ...env, REDIS_URL: redisUrl, POSTGRES_URL: postgresUrl, NAME: name }, encoding: 'utf8' }),
+    );
     for (const store of ['redis', 'postgres']) {
       assert.deepEqual(got[store], { async: true, charges: 1, outcomes: ['executed', 'replayed'], bodies: [`${store} fence 1`, `${store} fence 1`] }, store);
     }
@@ -218,11 +239,13 @@ console.log(JSON.stringify(out));
 });
 
 test('each declaration file names every export of its module, and nothing else', async () => {
-  for (const [module, types] of [['../index.js', 'index.d.ts'], ['../redis.js', 'redis.d.ts'], ['../postgres.js', 'postgres.d.ts']]) {
+  for (const [module, types] of [
+    ['../index.js', 'index.d.ts'],
+    ['../redis.js', 'redis.d.ts'],
+    ['../postgres.js', 'postgres.d.ts'],
+  ]) {
     const runtime = Object.keys(await import(module)).sort();
-    const declared = [...readFileSync(join(pkg, types), 'utf8').matchAll(/^export declare (?:class|const|function) (\w+)/gm)]
-      .map((m) => m[1])
-      .sort();
+    const declared = [...readFileSync(join(pkg, types), 'utf8').matchAll(/^export declare (?:class|const|function) (\w+)/gm)].map((m) => m[1]).sort();
     assert.deepEqual(declared, runtime, types);
   }
 });
@@ -231,16 +254,17 @@ const tsc = [join(pkg, 'node_modules', '.bin', 'tsc'), fileURLToPath(new URL('..
 
 test('express.d.ts names every export of express.js, and nothing else', async () => {
   const runtime = Object.keys(await import('../express.js')).sort();
-  const declared = [...readFileSync(join(pkg, 'express.d.ts'), 'utf8').matchAll(/^export declare (?:class|const|function) (\w+)/gm)]
-    .map((m) => m[1])
-    .sort();
+  const declared = [...readFileSync(join(pkg, 'express.d.ts'), 'utf8').matchAll(/^export declare (?:class|const|function) (\w+)/gm)].map((m) => m[1]).sort();
   assert.deepEqual(declared, runtime);
 });
 
 test('a TypeScript program type-checks against the installed types', { skip: !tsc && 'no tsc installed (npm ci in packages/js)' }, () => {
   writeFileSync(
     join(app, 'tsconfig.json'),
-    JSON.stringify({ compilerOptions: { strict: true, noEmit: true, module: 'nodenext', moduleResolution: 'nodenext', target: 'es2022', types: [] }, files: ['check.ts'] }),
+    JSON.stringify({
+      compilerOptions: { strict: true, noEmit: true, module: 'nodenext', moduleResolution: 'nodenext', target: 'es2022', types: [] },
+      files: ['check.ts'],
+    }),
   );
   writeFileSync(
     join(app, 'check.ts'),
@@ -308,7 +332,7 @@ async function main(): Promise<void> {
       const kind: 'unavailable' | 'invalid-input' | 'stale-claim' = e.kind;
       void kind;
     }
-    if (e instanceof NotRecordedError) void e.response.status;
+    if (e instanceof NotRecordedError) void [e.response?.status, e.value];
   }
   const fault = new StoreError('unavailable', 'down');
   void fault.payload.tag;

@@ -5,11 +5,11 @@
 // closed without touching the store again; and on Redis and PostgreSQL,
 // concurrent runs of one key run the handler once.
 
-import { test } from 'node:test';
 import assert from 'node:assert/strict';
+import { test } from 'node:test';
 import { fileURLToPath } from 'node:url';
-import { Guard, GuardError, ManualClock, MemoryStore, StoreError } from '../index.js';
 import { Guest } from '../idem-abi.js';
+import { Guard, GuardError, ManualClock, MemoryStore, StoreError } from '../index.js';
 import { FaultyStore, postgresStore, redisStore, skipWithout } from '../testing/netstores.js';
 
 const component = process.env.IDEM_COMPONENT || fileURLToPath(new URL('../idem-guard.wasm', import.meta.url));
@@ -46,10 +46,12 @@ function recording(log, async) {
     delete: (...args) => call('delete', args),
   };
   if (!async) return store;
-  const later = (op) => async (...args) => {
-    await new Promise((resolve) => setImmediate(resolve));
-    return call(op, args);
-  };
+  const later =
+    (op) =>
+    async (...args) => {
+      await new Promise((resolve) => setImmediate(resolve));
+      return call(op, args);
+    };
   return { inner, async: true, get: later('get'), insert: later('insert'), replace: later('replace'), delete: later('delete') };
 }
 
@@ -111,7 +113,10 @@ test('an asynchronous store sees each primitive once, in the order and with the 
   assert.deepEqual(got, expected);
   assert.deepEqual(async.log, sync.log);
   // The script did reach the store for every kind of call, the read-back after the lost reply included.
-  assert.ok(sync.log.some((l) => l.startsWith('get ')), sync.log.join('\n'));
+  assert.ok(
+    sync.log.some((l) => l.startsWith('get ')),
+    sync.log.join('\n'),
+  );
   assert.ok(sync.log.length >= 10);
 });
 
@@ -158,19 +163,28 @@ test('each run is handed a journaled response anew, keeps no handle past the run
   const guest = {
     instantiate(...args) {
       const instance = binding.instantiate(...args);
-      const noted = (name) => (...call) => {
-        try {
-          return instance[name](...call);
-        } finally {
-          runs.push(`${name} ${instance.handles}`);
-        }
-      };
+      const noted =
+        (name) =>
+        (...call) => {
+          try {
+            return instance[name](...call);
+          } finally {
+            runs.push(`${name} ${instance.handles}`);
+          }
+        };
       const names = ['begin', 'complete', 'release', 'renew', 'saveCheckpoint', 'fingerprint', 'beginRequest'];
       return Object.fromEntries(names.map((name) => [name, noted(name)]));
     },
   };
   const guard = Guard.load({ store, guest, clock: new ManualClock(1_000), renewLease: false });
-  const response = { status: 201, headers: [['x-a', '1'], ['x-b', Uint8Array.of(0xff)]], body: 'paid' };
+  const response = {
+    status: 201,
+    headers: [
+      ['x-a', '1'],
+      ['x-b', Uint8Array.of(0xff)],
+    ],
+    body: 'paid',
+  };
 
   // A lost reply: runs for the replace, the read-back, then the answer; the read-back's
   // response and complete's are each handed to a run anew, and compared (same-as).
@@ -186,7 +200,14 @@ test('each run is handed a journaled response anew, keeps no handle past the run
   assert.deepEqual(runs, ['begin 0', 'begin 0']);
   assert.equal(replay.tag, 'replay');
   assert.equal(replay.val, read.at(-1), 'the response the store answered with, itself');
-  assert.deepEqual(replay.val, { status: 201, headers: [['x-a', Uint8Array.of(0x31)], ['x-b', Uint8Array.of(0xff)]], body: Uint8Array.of(0x70, 0x61, 0x69, 0x64) });
+  assert.deepEqual(replay.val, {
+    status: 201,
+    headers: [
+      ['x-a', Uint8Array.of(0x31)],
+      ['x-b', Uint8Array.of(0xff)],
+    ],
+    body: Uint8Array.of(0x70, 0x61, 0x69, 0x64),
+  });
 });
 
 test('a store failure or a lost reply part-way through a call fails closed', async () => {
@@ -329,7 +350,10 @@ for (const [name, env, open] of [
       const outcomes = results.map((r) => r.outcome);
       assert.equal(executions, 1, outcomes.join(' '));
       assert.equal(outcomes.filter((o) => o === 'executed').length, 1);
-      assert.ok(outcomes.every((o) => ['executed', 'in-flight', 'replayed'].includes(o)), outcomes.join(' '));
+      assert.ok(
+        outcomes.every((o) => ['executed', 'in-flight', 'replayed'].includes(o)),
+        outcomes.join(' '),
+      );
       const again = await guard.run('same-key', 'fp', handler);
       assert.equal(again.outcome, 'replayed');
       assert.deepEqual(again.response, results.find((r) => r.outcome === 'executed').response);

@@ -8,13 +8,13 @@
 // runs nothing). The live tests need IDEM_TEST_REDIS_URL and
 // IDEM_TEST_POSTGRES_URL (testing/netstores.js).
 
-import { test } from 'node:test';
 import assert from 'node:assert/strict';
 import { readFileSync } from 'node:fs';
 import net from 'node:net';
+import { test } from 'node:test';
 import { Guard, ManualClock, StoreError } from '../index.js';
-import { decodeValue, encodeValue, RedisStore } from '../redis.js';
 import { decodeRow, PostgresStore, recordParams, SCHEMA_VERSION } from '../postgres.js';
+import { decodeValue, encodeValue, RedisStore } from '../redis.js';
 import { dropTable, postgresStore, redisStore, serverUrl, skipWithout, sql, unique } from '../testing/netstores.js';
 
 const vectors = JSON.parse(readFileSync(new URL('../../../wit/store-layout/vectors.json', import.meta.url), 'utf8'));
@@ -37,13 +37,17 @@ function record(r) {
 }
 
 /** The record as PostgreSQL gives it back: u64 times past 2^63 - 1 saturated. */
-const saturated = (r) => ({ ...r, leaseUntilMs: r.leaseUntilMs > I64_MAX ? I64_MAX : r.leaseUntilMs, expiresAtMs: r.expiresAtMs > I64_MAX ? I64_MAX : r.expiresAtMs });
+const saturated = (r) => ({
+  ...r,
+  leaseUntilMs: r.leaseUntilMs > I64_MAX ? I64_MAX : r.leaseUntilMs,
+  expiresAtMs: r.expiresAtMs > I64_MAX ? I64_MAX : r.expiresAtMs,
+});
 
 const isCorrupt = (key) => (e) => e instanceof StoreError && e.payload.tag === 'corrupt' && e.payload.val.includes(JSON.stringify(key));
 
 // --- the codecs, against the vectors ------------------------------------------
 
-test('vectors: each record encodes to the layout\'s Redis value and decodes back', () => {
+test("vectors: each record encodes to the layout's Redis value and decodes back", () => {
   assert.ok(vectors.records.length >= 5);
   for (const v of vectors.records) {
     const r = record(v.record);
@@ -67,17 +71,39 @@ test('vectors: corrupt Redis values are refused as corrupt, naming the key', () 
 function columns(p) {
   const bytea = (h) => (h === null ? null : hex(h));
   return [
-    p.version, p.fingerprint, p.state, p.lease_until_ms, p.expires_at_ms, p.status, p.header_names,
-    p.header_values === null ? null : p.header_values.map(bytea), bytea(p.body), p.holder, p.phase, bytea(p.checkpoint),
+    p.version,
+    p.fingerprint,
+    p.state,
+    p.lease_until_ms,
+    p.expires_at_ms,
+    p.status,
+    p.header_names,
+    p.header_values === null ? null : p.header_values.map(bytea),
+    bytea(p.body),
+    p.holder,
+    p.phase,
+    bytea(p.checkpoint),
   ];
 }
 
 test('vectors: each record as PostgreSQL parameters and columns', () => {
   for (const v of vectors.records) {
     const r = record(v.record);
-    const params = recordParams(r).map((x) => (typeof x === 'bigint' ? String(x) : x instanceof Uint8Array ? Buffer.from(x).toString('hex') : Array.isArray(x) ? x.map((y) => (y instanceof Uint8Array ? Buffer.from(y).toString('hex') : y)) : x));
+    const params = recordParams(r).map((x) =>
+      typeof x === 'bigint'
+        ? String(x)
+        : x instanceof Uint8Array
+          ? Buffer.from(x).toString('hex')
+          : Array.isArray(x)
+            ? x.map((y) => (y instanceof Uint8Array ? Buffer.from(y).toString('hex') : y))
+            : x,
+    );
     const p = v.postgres;
-    assert.deepEqual(params, [p.fingerprint, p.state, p.lease_until_ms, p.expires_at_ms, p.status, p.header_names, p.header_values, p.body, p.holder, p.phase, p.checkpoint], v.name);
+    assert.deepEqual(
+      params,
+      [p.fingerprint, p.state, p.lease_until_ms, p.expires_at_ms, p.status, p.header_names, p.header_values, p.body, p.holder, p.phase, p.checkpoint],
+      v.name,
+    );
     assert.deepEqual(decodeRow('k', columns(p)), { record: saturated(r), version: BigInt(v.version) }, v.name);
   }
 });
@@ -92,7 +118,7 @@ async function rawRedis() {
   return new Redis(serverUrl(REDIS));
 }
 
-test('Redis: a store writes each vector record byte for byte, and reads the vectors\' values back', { skip: skipWithout(REDIS) }, async () => {
+test("Redis: a store writes each vector record byte for byte, and reads the vectors' values back", { skip: skipWithout(REDIS) }, async () => {
   const store = await redisStore();
   const raw = await rawRedis();
   try {
@@ -150,7 +176,7 @@ test('Redis: an expired record Redis still holds is claimed at its version + 1; 
     assert.deepEqual(await store.insert('k', r, 0n), { tag: 'inserted', val: 1n });
     assert.equal(await store.replace('k', 1n, r, 0n), 2n);
     assert.equal(await store.replace('k', 1n, r, 0n), undefined);
-    assert.equal(await store.get('k', 1_000n), undefined, 'expired by the guard\'s clock');
+    assert.equal(await store.get('k', 1_000n), undefined, "expired by the guard's clock");
     assert.deepEqual(await store.insert('k', { ...r, expiresAtMs: 5_000n }, 1_000n), { tag: 'inserted', val: 3n });
     assert.equal(await store.replace('k', 3n, r, 5_000n), undefined, 'expired at the expected version');
     assert.equal(await store.delete('k', 2n), false);
@@ -193,7 +219,7 @@ async function runsNothingOnceHeld(store, p, message) {
   const guard = Guard.load({ store });
   p.hold();
   let runs = 0;
-  const r = await guard.run('k', 'fp', () => (runs += 1, { status: 200 }));
+  const r = await guard.run('k', 'fp', () => ((runs += 1), { status: 200 }));
   assert.equal(r.outcome, 'unavailable');
   assert.match(r.message, message);
   assert.equal(runs, 0);
@@ -269,12 +295,27 @@ test('PostgreSQL: a negative time or inconsistent response columns are corrupt, 
   }
 });
 
-test('PostgreSQL: purgeExpired deletes at most `limit` rows expired at `nowMs`, and a guard over the store purges them every period', { skip: skipWithout(POSTGRES) }, async () => {
+test('PostgreSQL: purgeExpired deletes at most `limit` rows expired at `nowMs`, and a guard over the store purges them every period', {
+  skip: skipWithout(POSTGRES),
+}, async () => {
   const store = await postgresStore();
   const count = async () => Number((await store.sql(`SELECT count(*) AS n FROM ${store.table}`)).rows[0].n);
-  const at = (expiresAtMs) => ({ fingerprint: 'fp', state: 'done', holder: 1n, leaseUntilMs: 0n, expiresAtMs, response: { status: 200, headers: [], body: new Uint8Array([1]) } });
+  const at = (expiresAtMs) => ({
+    fingerprint: 'fp',
+    state: 'done',
+    holder: 1n,
+    leaseUntilMs: 0n,
+    expiresAtMs,
+    response: { status: 200, headers: [], body: new Uint8Array([1]) },
+  });
   try {
-    for (const [key, expires] of [['a', 100n], ['b', 200n], ['c', 300n], ['live', 10_000n]]) await store.insert(key, at(expires), 0n);
+    for (const [key, expires] of [
+      ['a', 100n],
+      ['b', 200n],
+      ['c', 300n],
+      ['live', 10_000n],
+    ])
+      await store.insert(key, at(expires), 0n);
     assert.equal(await store.purgeExpired(99n, 10), 0, 'nothing has expired at 99');
     assert.equal(await store.purgeExpired(300n, 2), 2, 'at most the limit, the oldest expiry first');
     assert.equal((await store.sql(`SELECT key FROM ${store.table} ORDER BY key`)).rows.map((r) => r.key).join(), 'c,live');
@@ -317,7 +358,9 @@ test('PostgreSQL: the table name is checked, and a table of another schema versi
   }
 });
 
-test('PostgreSQL: a server that does not answer in time fails the call as unavailable, and the guard runs nothing', { skip: skipWithout(POSTGRES) }, async () => {
+test('PostgreSQL: a server that does not answer in time fails the call as unavailable, and the guard runs nothing', {
+  skip: skipWithout(POSTGRES),
+}, async () => {
   const url = new URL(serverUrl(POSTGRES));
   const p = await proxy(portOf(url.href) || 5432);
   url.host = `127.0.0.1:${p.port}`;
@@ -340,7 +383,12 @@ test('Redis: the Express middleware over RedisStore runs the route once and repl
   const server = createServer(
     express()
       .use(idempotency({ guard: Guard.load({ store }) }))
-      .post('/orders', (req, res) => res.status(201).type('text/plain').send(`run ${(runs += 1)}`)),
+      .post('/orders', (req, res) =>
+        res
+          .status(201)
+          .type('text/plain')
+          .send(`run ${(runs += 1)}`),
+      ),
   );
   let runs = 0;
   await new Promise((resolve) => server.listen(0, '127.0.0.1', resolve));

@@ -9,14 +9,14 @@
 // own until the store's claim is seen waiting on its lock, so the second
 // round trip is taken every time, not by chance.
 
-import { test } from 'node:test';
 import assert from 'node:assert/strict';
+import { test } from 'node:test';
 import { postgresStore, serverUrl, skipWithout } from '../testing/netstores.js';
 
 const NOW = 1_000_000n;
 const WINNER_HOLDER = 77n;
 
-test('postgres: a claim that loses the race gets the winner\'s record and writes nothing', { skip: skipWithout('IDEM_TEST_POSTGRES_URL') }, async () => {
+test("postgres: a claim that loses the race gets the winner's record and writes nothing", { skip: skipWithout('IDEM_TEST_POSTGRES_URL') }, async () => {
   const url = serverUrl('IDEM_TEST_POSTGRES_URL');
   const { default: pg } = await import('pg');
   // A timeout well above the wait: the claim must not give up while the winner holds the key.
@@ -33,21 +33,27 @@ test('postgres: a claim that loses the race gets the winner\'s record and writes
       `INSERT INTO ${table} (key, version, fingerprint, state, lease_until_ms, expires_at_ms, holder) VALUES ($1, 1, 'winner', 'processing', $2, $3, $4)`,
       [key, String(NOW + 30_000n), String(NOW + 3_600_000n), String(WINNER_HOLDER)],
     );
-    const { rows: [{ pid: winnerPid }] } = await winner.query('SELECT pg_backend_pid() AS pid');
+    const {
+      rows: [{ pid: winnerPid }],
+    } = await winner.query('SELECT pg_backend_pid() AS pid');
     const loser = { fingerprint: 'loser', state: 'processing', holder: 5n, leaseUntilMs: NOW + 30_000n, expiresAtMs: NOW + 3_600_000n };
     let finished = false;
-    const claim = store.insert(key, loser, NOW).finally(() => { finished = true; });
+    const claim = store.insert(key, loser, NOW).finally(() => {
+      finished = true;
+    });
     // Wait (no fixed sleep: CI machines are loaded) until the claim statement, on another backend, waits on a lock.
     const deadline = Date.now() + 30_000;
     for (;;) {
-      const { rows: [{ n }] } = await watch.query(
+      const {
+        rows: [{ n }],
+      } = await watch.query(
         `SELECT count(*)::int AS n FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid
           WHERE NOT l.granted AND a.datname = current_database() AND a.pid <> $1 AND a.query LIKE $2`,
         [winnerPid, `%${table}_try_claim%`],
       );
       if (n > 0) break;
       assert.ok(!finished, 'the claim finished without waiting on the winner');
-      assert.ok(Date.now() < deadline, 'the claim never waited on the winner\'s insert');
+      assert.ok(Date.now() < deadline, "the claim never waited on the winner's insert");
       await new Promise((resolve) => setTimeout(resolve, 10));
     }
     await winner.query('COMMIT');

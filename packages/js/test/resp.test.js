@@ -7,14 +7,14 @@
 // certificate of the test's own.
 // The scripted servers need nothing; the rest needs IDEM_TEST_REDIS_URL.
 
-import { after, test } from 'node:test';
 import assert from 'node:assert/strict';
 import { execFileSync } from 'node:child_process';
 import { mkdtempSync, readFileSync, rmSync } from 'node:fs';
 import net from 'node:net';
-import tls from 'node:tls';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
+import { after, test } from 'node:test';
+import tls from 'node:tls';
 import { Guard, StoreError } from '../index.js';
 import { encodeValue, RedisStore } from '../redis.js';
 import { Connection, ConnectionError, pack, parseUrl, ReplyError } from '../resp.js';
@@ -22,7 +22,9 @@ import { serverUrl, skipWithout, unique } from '../testing/netstores.js';
 
 const REDIS = 'IDEM_TEST_REDIS_URL';
 const closers = [];
-after(() => closers.forEach((close) => close()));
+after(() => {
+  for (const close of closers) close();
+});
 
 // --- the bytes ------------------------------------------------------------------
 
@@ -32,8 +34,7 @@ test('pack writes one RESP array of bulk strings: UTF-8 for strings, bytes as th
   const longUtf8 = 'é'.repeat(40); // past the byte-by-byte path: 80 bytes of UTF-8
   assert.equal(
     pack(['SET', 'clé', binary, '12', long, longUtf8]).toString('latin1'),
-    '*6\r\n$3\r\nSET\r\n$4\r\ncl\xc3\xa9\r\n$4\r\n\r\n\x00\xff\r\n$2\r\n12\r\n' +
-      `$70\r\n${long}\r\n$80\r\n${Buffer.from(longUtf8).toString('latin1')}\r\n`,
+    `*6\r\n$3\r\nSET\r\n$4\r\ncl\xc3\xa9\r\n$4\r\n\r\n\x00\xff\r\n$2\r\n12\r\n$70\r\n${long}\r\n$80\r\n${Buffer.from(longUtf8).toString('latin1')}\r\n`,
   );
   assert.equal(pack([]).toString('latin1'), '*0\r\n');
   assert.equal(pack(['']).toString('latin1'), '*1\r\n$0\r\n\r\n');
@@ -41,7 +42,14 @@ test('pack writes one RESP array of bulk strings: UTF-8 for strings, bytes as th
 
 test('parseUrl takes user, password, database and rediss; a URL it cannot use is refused naming what is wrong', () => {
   assert.deepEqual(parseUrl('redis://127.0.0.1:6379'), { host: '127.0.0.1', port: 6379, username: '', password: '', db: 0, tls: false });
-  assert.deepEqual(parseUrl('rediss://al%40ice:p%3Ass@cache.internal/7'), { host: 'cache.internal', port: 6379, username: 'al@ice', password: 'p:ss', db: 7, tls: true });
+  assert.deepEqual(parseUrl('rediss://al%40ice:p%3Ass@cache.internal/7'), {
+    host: 'cache.internal',
+    port: 6379,
+    username: 'al@ice',
+    password: 'p:ss',
+    db: 7,
+    tls: true,
+  });
   assert.deepEqual(parseUrl('redis://:secret@[::1]:7000'), { host: '::1', port: 7000, username: '', password: 'secret', db: 0, tls: false });
   assert.throws(() => parseUrl('http://127.0.0.1'), /scheme "http" is not redis or rediss/);
   assert.throws(() => parseUrl('redis://127.0.0.1/zero'), /database "zero" is not a number/);
@@ -168,11 +176,7 @@ test('AUTH and SELECT come from the URL, before any command; a refused AUTH fail
   const server = await scripted([b('+OK\r\n'), b('+OK\r\n'), b('+PONG\r\n')]);
   const conn = await Connection.open(parseUrl(`redis://alice:s3cret@127.0.0.1:${server.port}/5`), { timeoutMs: 500 });
   assert.equal(await conn.send(pack(['PING'])), 'PONG');
-  assert.deepEqual(server.got, [
-    '*3\r\n$4\r\nAUTH\r\n$5\r\nalice\r\n$6\r\ns3cret\r\n',
-    '*2\r\n$6\r\nSELECT\r\n$1\r\n5\r\n',
-    '*1\r\n$4\r\nPING\r\n',
-  ]);
+  assert.deepEqual(server.got, ['*3\r\n$4\r\nAUTH\r\n$5\r\nalice\r\n$6\r\ns3cret\r\n', '*2\r\n$6\r\nSELECT\r\n$1\r\n5\r\n', '*1\r\n$4\r\nPING\r\n']);
   conn.close();
   server.close();
 
@@ -187,14 +191,21 @@ test('AUTH and SELECT come from the URL, before any command; a refused AUTH fail
 test('RedisStore: an error reply such as READONLY fails the call unavailable and the next command connects afresh; NOSCRIPT does not', async () => {
   const sha = (name) => b(`$40\r\n${'0'.repeat(39)}${name}\r\n`);
   const server = await scripted([
-    sha(1), sha(2), sha(3), // SCRIPT LOAD at open
+    sha(1),
+    sha(2),
+    sha(3), // SCRIPT LOAD at open
     b("-READONLY You can't write against a read only replica.\r\n"),
     b('$-1\r\n'), // the GET after it, on a new connection
-    b('-NOSCRIPT No matching script.\r\n'), b('$40\r\n' + '0'.repeat(40) + '\r\n'), b(':0\r\n'), // a replace that reloads its script
+    b('-NOSCRIPT No matching script.\r\n'),
+    b(`$40\r\n${'0'.repeat(40)}\r\n`),
+    b(':0\r\n'), // a replace that reloads its script
   ]);
   const store = await RedisStore.open({ url: `redis://127.0.0.1:${server.port}`, timeoutMs: 500, cas: 'script' }); // no IFEQ probe
   const now = 1_000_000n;
-  await assert.rejects(store.insert('k', record(now), now), (e) => e instanceof StoreError && e.payload.tag === 'unavailable' && /READONLY/.test(e.payload.val));
+  await assert.rejects(
+    store.insert('k', record(now), now),
+    (e) => e instanceof StoreError && e.payload.tag === 'unavailable' && /READONLY/.test(e.payload.val),
+  );
   assert.equal(await store.get('k', now), undefined);
   assert.equal(server.connections(), 2, 'READONLY retired the connection');
   assert.equal(await store.replace('k', 1n, record(now), now), undefined);
@@ -256,10 +267,16 @@ function scriptedReply(server, reply) {
 }
 
 test('RedisStore: a URL it cannot use is refused at open, naming the problem', async () => {
-  await assert.rejects(RedisStore.open({ url: 'http://127.0.0.1:6379' }), /redis store: cannot open http:\/\/127\.0\.0\.1:6379: the URL's scheme "http" is not redis or rediss/);
+  await assert.rejects(
+    RedisStore.open({ url: 'http://127.0.0.1:6379' }),
+    /redis store: cannot open http:\/\/127\.0\.0\.1:6379: the URL's scheme "http" is not redis or rediss/,
+  );
   const closed = await scripted([]);
   closed.close();
-  await assert.rejects(RedisStore.open({ url: `redis://127.0.0.1:${closed.port}`, timeoutMs: 300 }), /redis store: cannot open redis:\/\/127\.0\.0\.1:\d+: (connect ECONNREFUSED|cannot connect)/);
+  await assert.rejects(
+    RedisStore.open({ url: `redis://127.0.0.1:${closed.port}`, timeoutMs: 300 }),
+    /redis store: cannot open redis:\/\/127\.0\.0\.1:\d+: (connect ECONNREFUSED|cannot connect)/,
+  );
 });
 
 // --- on the live server ------------------------------------------------------------
@@ -306,7 +323,9 @@ const until = async (done) => {
   for (let i = 0; i < 200 && !done(); i++) await new Promise((resolve) => setTimeout(resolve, 5));
 };
 
-test('RedisStore: a connection cut while idle is replaced by the next command; one cut with a command in flight fails it unavailable, unsent again', { skip: skipWithout(REDIS) }, async () => {
+test('RedisStore: a connection cut while idle is replaced by the next command; one cut with a command in flight fails it unavailable, unsent again', {
+  skip: skipWithout(REDIS),
+}, async () => {
   const url = live();
   const p = await proxy(Number(url.port || 6379));
   url.host = `127.0.0.1:${p.port}`;
@@ -334,7 +353,9 @@ test('RedisStore: a connection cut while idle is replaced by the next command; o
   }
 });
 
-test('RedisStore: a record far larger than one read (1 MiB of body through a 64 KiB read buffer) comes back byte for byte', { skip: skipWithout(REDIS) }, async () => {
+test('RedisStore: a record far larger than one read (1 MiB of body through a 64 KiB read buffer) comes back byte for byte', {
+  skip: skipWithout(REDIS),
+}, async () => {
   const store = await RedisStore.open({ url: serverUrl(REDIS), prefix: `${unique()}:` });
   const now = 1_000_000n;
   const body = new Uint8Array(1 << 20).map((_, i) => (i * 7919) % 251);
@@ -376,13 +397,32 @@ test('RedisStore: the database of the URL is the one written; a script the serve
   }
 });
 
-test('RedisStore over TLS (rediss://): a guarded call runs once and replays; a certificate it does not trust fails the open', { skip: skipWithout(REDIS) }, async () => {
+test('RedisStore over TLS (rediss://): a guarded call runs once and replays; a certificate it does not trust fails the open', {
+  skip: skipWithout(REDIS),
+}, async () => {
   const dir = mkdtempSync(join(tmpdir(), 'idem-tls-'));
   closers.push(() => rmSync(dir, { recursive: true, force: true }));
-  execFileSync('openssl', [
-    'req', '-x509', '-newkey', 'rsa:2048', '-nodes', '-days', '1', '-subj', '/CN=localhost',
-    '-addext', 'subjectAltName=DNS:localhost', '-keyout', join(dir, 'key.pem'), '-out', join(dir, 'cert.pem'),
-  ], { stdio: 'ignore' });
+  execFileSync(
+    'openssl',
+    [
+      'req',
+      '-x509',
+      '-newkey',
+      'rsa:2048',
+      '-nodes',
+      '-days',
+      '1',
+      '-subj',
+      '/CN=localhost',
+      '-addext',
+      'subjectAltName=DNS:localhost',
+      '-keyout',
+      join(dir, 'key.pem'),
+      '-out',
+      join(dir, 'cert.pem'),
+    ],
+    { stdio: 'ignore' },
+  );
   const cert = readFileSync(join(dir, 'cert.pem'));
   const p = await proxy(Number(live().port || 6379), { secure: { key: readFileSync(join(dir, 'key.pem')), cert } });
   const url = `rediss://localhost:${p.port}`;
@@ -405,7 +445,9 @@ test('RedisStore over TLS (rediss://): a guarded call runs once and replays; a c
   await assert.rejects(RedisStore.open({ url: `redis://localhost:${p.port}`, prefix, timeoutMs: 300 }), /redis store: cannot open redis:\/\/localhost:\d+: /);
 });
 
-test('RedisStore on Valkey: a guarded call with a checkpoint completes with SET … IFEQ and runs no script; bytes another writer changed are refused', { skip: skipWithout('IDEM_TEST_VALKEY_URL') }, async () => {
+test('RedisStore on Valkey: a guarded call with a checkpoint completes with SET … IFEQ and runs no script; bytes another writer changed are refused', {
+  skip: skipWithout('IDEM_TEST_VALKEY_URL'),
+}, async () => {
   const valkey = new URL(serverUrl('IDEM_TEST_VALKEY_URL'));
   const p = await proxy(Number(valkey.port || 6379));
   const url = new URL(valkey.href);

@@ -11,8 +11,8 @@
 // skipping them; IDEM_TEST_SKIP_NETSTORES=1 skips them instead, saying so.
 
 import { StoreError } from '../index.js';
-import { RedisStore } from '../redis.js';
 import { PostgresStore } from '../postgres.js';
+import { RedisStore } from '../redis.js';
 
 const SKIP = process.env.IDEM_TEST_SKIP_NETSTORES === '1';
 

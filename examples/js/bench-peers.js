@@ -1,0 +1,285 @@
+// @idem/guard against node-idempotency (@node-idempotency/core 1.0.11, the
+// peer issue #43 measured), side by side in one run: `guard.run` with the
+// real `fingerprint()` computed per call, and the Express middleware over
+// HTTP, against node-idempotency's `onRequest` + `onResponse` (which hash
+// each request's JSON body with BLAKE2s) and the same wrapped as Express
+// middleware — in memory (MemoryStore; node-idempotency's memory adapter)
+// and on the same Redis (RedisStore; its node-redis adapter), on new keys
+// and on replays. Beside them the floors: on Redis the bare RESP round trips
+// either must make (a new key: a claim, then a write of the response; a
+// replay: node-idempotency two, the guard one), over this package's own
+// connection (resp.js) with nothing decided; over HTTP, the same Express app
+// with no idempotency at all.
+//
+// Within each group the rows take turns every twentieth of the calls (the
+// order reversed every other round), so a busy machine slows them alike; the
+// median round is printed, wall-clock and this process's CPU time per call
+// (the HTTP rows' client runs in this process too), and each row over the
+// group's node-idempotency row. Keys go under `idembench_peers_{pid}:`,
+// removed afterwards.
+//
+//   node bench-peers.js [OPS] [ROUNDS] [GROUP_FILTER]
+//
+// with IDEM_TEST_REDIS_URL (default redis://127.0.0.1:6379).
+
+import http from 'node:http';
+import { fingerprint, Guard, MemoryStore } from '@idem/guard';
+import { idempotency } from '@idem/guard/express';
+import { RedisStore } from '@idem/guard/redis';
+import { Idempotency } from '@node-idempotency/core';
+import { MemoryStorageAdapter } from '@node-idempotency/storage-adapter-memory';
+import { RedisStorageAdapter } from '@node-idempotency/storage-adapter-redis';
+import express from 'express';
+import { Redis } from 'ioredis';
+import { Connection, pack, parseUrl } from '../../packages/js/resp.js';
+
+const ops = Number(process.argv[2] ?? 2_000);
+const rounds = Number(process.argv[3] ?? 5);
+const only = process.argv[4] ?? '';
+const url = process.env.IDEM_TEST_REDIS_URL || 'redis://127.0.0.1:6379';
+const prefix = `idembench_peers_${process.pid}:`;
+
+// One request and one response, the same for every row.
+const order = { sku: 'A-100', qty: 1, cents: 1000, currency: 'EUR' };
+const orderJson = JSON.stringify(order);
+const CONTENT_TYPE = 'application/json';
+const response = { status: 201, headers: [['content-type', CONTENT_TYPE]], body: '{"id":"ch_1","status":"paid"}' };
+
+// --- the in-process rows -------------------------------------------------------
+
+/** guard.run with the request's real fingerprint computed per call. */
+function guardRun(guard) {
+  return async (key) => {
+    const fp = fingerprint({ method: 'POST', path: '/orders', headers: [['content-type', CONTENT_TYPE]], body: orderJson });
+    return (await guard.run(key, fp, async () => response)).outcome;
+  };
+}
+
+/** node-idempotency as its NestJS interceptor uses it: onRequest, the handler, onResponse. */
+function nodeIdempotency(idem) {
+  return async (key) => {
+    const req = { method: 'POST', path: '/orders', headers: { 'idempotency-key': key, 'content-type': CONTENT_TYPE }, body: order };
+    const cached = await idem.onRequest(req);
+    if (cached !== undefined) return 'replayed';
+    await idem.onResponse(req, { body: response.body, additional: { status: 201, headers: { 'content-type': CONTENT_TYPE } } });
+    return 'executed';
+  };
+}
+
+// --- HTTP: Express apps --------------------------------------------------------
+
+/** node-idempotency as Express middleware: what its NestJS interceptor does, on Express's req/res. */
+function nodeIdempotencyMiddleware(idem) {
+  return async (req, res, next) => {
+    const request = { method: req.method, path: req.path, headers: req.headers, body: req.body };
+    let cached;
+    try {
+      cached = await idem.onRequest(request);
+    } catch (e) {
+      return res.status(e.code === 'REQUEST_IN_PROGRESS' ? 409 : 422).json({ error: e.message });
+    }
+    if (cached !== undefined) {
+      res.set(cached.additional?.headers ?? {});
+      res.set('idempotent-replayed', 'true');
+      return res.status(cached.additional?.status ?? 200).send(cached.body);
+    }
+    const send = res.send.bind(res);
+    res.send = (body) => {
+      idem.onResponse(request, { body, additional: { status: res.statusCode, headers: { 'content-type': res.get('content-type') } } }).then(
+        () => send(body),
+        next,
+      );
+      return res;
+    };
+    next();
+  };
+}
+
+const route = (req, res) => res.status(201).type(CONTENT_TYPE).send(response.body);
+
+function app(kind, options) {
+  const a = express();
+  a.set('env', 'production');
+  a.set('etag', false);
+  if (kind === 'idem') a.use(idempotency(options));
+  if (kind === 'node-idempotency') a.use(express.json(), nodeIdempotencyMiddleware(options));
+  if (kind === 'none') a.use(express.json());
+  a.post('/orders', route);
+  return a;
+}
+
+async function listen(a) {
+  const server = http.createServer(a);
+  await new Promise((resolve) => server.listen(0, '127.0.0.1', resolve));
+  return server;
+}
+
+const agent = new http.Agent({ keepAlive: true, maxSockets: 1 });
+
+/** One POST /orders with `key`, over a kept-alive connection; resolves to the status. */
+function post(port, key) {
+  return new Promise((resolve, reject) => {
+    const req = http.request(
+      { host: '127.0.0.1', port, method: 'POST', path: '/orders', agent, headers: { 'idempotency-key': key, 'content-type': CONTENT_TYPE, 'content-length': orderJson.length } },
+      (res) => {
+        res.resume();
+        res.on('end', () => resolve(res.statusCode));
+      },
+    );
+    req.on('error', reject);
+    req.end(orderJson);
+  });
+}
+
+const viaHttp = (server) => async (key) => {
+  const status = await post(server.address().port, key);
+  if (status !== 201) throw new Error(`status ${status}`);
+  return 'ok';
+};
+
+// --- the set-up ----------------------------------------------------------------
+
+const redisStore = await RedisStore.open({ url, prefix });
+const redisGuard = Guard.load({ store: redisStore });
+const memoryGuard = Guard.load({ store: new MemoryStore() });
+const redisAdapter = new RedisStorageAdapter({ url });
+await redisAdapter.connect();
+const nodeRedis = new Idempotency(redisAdapter, { cacheKeyPrefix: `${prefix}ni` });
+const nodeMemory = new Idempotency(new MemoryStorageAdapter(), {});
+const bare = await Connection.open(parseUrl(url), { timeoutMs: 2_000 });
+const value = Buffer.alloc(120, 1); // about a record's size
+
+/** The RESP round trips with nothing decided: a claim (SET NX) and a write (SET), or one read (GET). */
+const floorNew = async (key) => {
+  await bare.send(pack(['SET', `${prefix}f:${key}`, value, 'NX', 'PX', '86400000']));
+  await bare.send(pack(['SET', `${prefix}f:${key}`, value, 'PX', '86400000']));
+  return 'ok';
+};
+const floorRead = async () => {
+  await bare.send(pack(['GET', `${prefix}f:replayed`]));
+  return 'ok';
+};
+await floorNew('replayed');
+
+const servers = {
+  'idem memory': await listen(app('idem', { guard: Guard.load({ store: new MemoryStore() }) })),
+  'idem redis': await listen(app('idem', { guard: Guard.load({ store: await RedisStore.open({ url, prefix: `${prefix}h:` }) }) })),
+  'ni memory': await listen(app('node-idempotency', new Idempotency(new MemoryStorageAdapter(), {}))),
+  'ni redis': await listen(app('node-idempotency', new Idempotency(redisAdapter, { cacheKeyPrefix: `${prefix}hni` }))),
+  none: await listen(app('none')),
+};
+
+/** Each group: its rows, by name → `(tag) => (i) => a call`; `replay` rows repeat one completed key. */
+const fresh = (call) => (tag) => (i) => call(`${tag}${i}`);
+const replayed = (call) => (tag) => async () => call(`replayed-${tag.split('-')[0]}`); // one key per row, completed in warm-up
+
+const groups = {
+  'in memory, new key': {
+    '@idem/guard run + fingerprint': fresh(guardRun(memoryGuard)),
+    'node-idempotency': fresh(nodeIdempotency(nodeMemory)),
+  },
+  'in memory, replay': {
+    '@idem/guard run + fingerprint': replayed(guardRun(memoryGuard)),
+    'node-idempotency': replayed(nodeIdempotency(nodeMemory)),
+  },
+  'Redis, new key': {
+    '@idem/guard run + fingerprint': fresh(guardRun(redisGuard)),
+    'node-idempotency': fresh(nodeIdempotency(nodeRedis)),
+    'floor: SET NX + SET, bare RESP': fresh(floorNew),
+  },
+  'Redis, replay': {
+    '@idem/guard run + fingerprint': replayed(guardRun(redisGuard)),
+    'node-idempotency': replayed(nodeIdempotency(nodeRedis)),
+    'floor: one GET, bare RESP': () => floorRead,
+  },
+  'Express over HTTP, in memory, new key': {
+    '@idem/guard/express': fresh(viaHttp(servers['idem memory'])),
+    'node-idempotency': fresh(viaHttp(servers['ni memory'])),
+    'floor: Express, no idempotency': fresh(viaHttp(servers.none)),
+  },
+  'Express over HTTP, in memory, replay': {
+    '@idem/guard/express': replayed(viaHttp(servers['idem memory'])),
+    'node-idempotency': replayed(viaHttp(servers['ni memory'])),
+    'floor: Express, no idempotency': fresh(viaHttp(servers.none)),
+  },
+  'Express over HTTP, Redis, new key': {
+    '@idem/guard/express': fresh(viaHttp(servers['idem redis'])),
+    'node-idempotency': fresh(viaHttp(servers['ni redis'])),
+    'floor: Express, no idempotency': fresh(viaHttp(servers.none)),
+  },
+  'Express over HTTP, Redis, replay': {
+    '@idem/guard/express': replayed(viaHttp(servers['idem redis'])),
+    'node-idempotency': replayed(viaHttp(servers['ni redis'])),
+    'floor: Express, no idempotency': fresh(viaHttp(servers.none)),
+  },
+};
+
+/** Wall-clock and CPU microseconds `call` took over `from` to `to`. */
+async function timed(from, to, call) {
+  const cpu = process.cpuUsage();
+  const start = process.hrtime.bigint();
+  for (let i = from; i < to; i++) await call(i);
+  const wall = Number(process.hrtime.bigint() - start) / 1000;
+  const used = process.cpuUsage(cpu);
+  return [wall, used.user + used.system];
+}
+
+const results = {};
+const block = Math.max(1, Math.floor(ops / 20));
+try {
+  for (const [group, rows] of Object.entries(groups)) {
+    if (!group.includes(only)) continue;
+    results[group] = Object.fromEntries(Object.keys(rows).map((name) => [name, []]));
+    for (let r = 0; r < rounds; r++) {
+      const order = r % 2 === 0 ? Object.keys(rows) : Object.keys(rows).reverse();
+      const calls = Object.fromEntries(order.map((name, n) => [name, rows[name](`${r}-${n}-`)]));
+      const spent = Object.fromEntries(order.map((name) => [name, [0, 0]]));
+      for (const [n, name] of order.entries()) await timed(0, Math.max(1, Math.floor(ops / 5)), rows[name](`w${r}-${n}-`)); // warm-up
+      for (let start = 0; start < ops; start += block) {
+        for (const name of order) {
+          const [wall, cpu] = await timed(start, Math.min(ops, start + block), calls[name]);
+          spent[name][0] += wall;
+          spent[name][1] += cpu;
+        }
+      }
+      for (const name of order) results[group][name].push([spent[name][0] / ops, spent[name][1] / ops]);
+    }
+  }
+} finally {
+  for (const server of Object.values(servers)) {
+    server.closeAllConnections();
+    server.close();
+  }
+  agent.destroy();
+  const raw = new Redis(url);
+  for (const pattern of [`${prefix}*`, `*${prefix}*`]) {
+    let cursor = '0';
+    do {
+      const [next, keys] = await raw.scan(cursor, 'MATCH', pattern, 'COUNT', 5000);
+      if (keys.length) await raw.del(...keys);
+      cursor = next;
+    } while (cursor !== '0');
+  }
+  raw.disconnect();
+  bare.close?.();
+  await redisAdapter.disconnect();
+  await redisStore.close();
+}
+
+const load = (await import('node:fs')).readFileSync('/proc/loadavg', 'utf8').split(' ').slice(0, 3).join(' ');
+console.log(`node ${process.version}, ${ops} calls per row per round, median of ${rounds} rounds, load average ${load}`);
+const median = (xs) => [...xs].sort((a, b) => a - b)[Math.floor(xs.length / 2)];
+for (const [group, rows] of Object.entries(results)) {
+  console.log(`${group}:`);
+  const peer = rows['node-idempotency'];
+  const [peerWall, peerCpu] = [median(peer.map(([w]) => w)), median(peer.map(([, c]) => c))];
+  for (const [name, times] of Object.entries(rows)) {
+    const wall = median(times.map(([w]) => w));
+    const cpu = median(times.map(([, c]) => c));
+    console.log(
+      `  ${name.padEnd(34)} ${wall.toFixed(1).padStart(8)} µs/op ${cpu.toFixed(1).padStart(8)} cpu-µs/op   ` +
+        `${(wall / peerWall).toFixed(2)}x node-idempotency's wall, ${(cpu / peerCpu).toFixed(2)}x its cpu`,
+    );
+  }
+}
+process.exit(0);
