@@ -297,8 +297,8 @@ class Guard:
         path = Path(component or os.environ.get("IDEM_COMPONENT") or DEFAULT_COMPONENT)
         if not path.is_file():
             raise FileNotFoundError(
-                f"no guard component at {path}: write it with `idem component --out {path}` "
-                f"(`cargo run -p idem -- component --out {path}` in the repository; "
+                f"no guard component at {path}: build it with `scripts/build-component.sh {path}` "
+                f"(or `idem component --out {path}`; "
                 f"packages/python/build.sh puts it in the package), or set IDEM_COMPONENT to the file"
             )
         self._guest = _binding(binding).load(path)
