@@ -80,6 +80,7 @@ class AsyncGuard:
         store = options.get("store")
         self._replay: Optional[Replay] = None
         clock = options.get("clock") or SystemClock()
+        self.clock = clock  # the real one (the wrapped guard may be given a journal's)
         if store is not None and is_async_store(store):
             # The component is given the journal's store, clock and random; the real ones answer between runs.
             random = options.get("random") or SystemRandom()
@@ -165,7 +166,12 @@ class AsyncGuard:
         attempt)`, with an `AsyncAttempt`) at most once per key and fingerprint,
         awaiting it if it returns an awaitable, and replays its response to
         every repeat. Outcomes and exceptions are `Guard.run`'s; a cancelled
-        handler releases its claim like a failed one."""
+        handler releases its claim like a failed one. Each call ends in one
+        decision, logged, passed to `on_decision` and put on a span
+        (`idem_guard.observe`)."""
+        return await self.guard.observer.run_async(key, lambda: self._run(key, fingerprint, handler))
+
+    async def _run(self, key: str, fingerprint: str, handler: Callable[..., Awaitable[Response] | Response]) -> Outcome:
         try:
             kind, value = await self.begin(key, fingerprint)
         except GuardError as e:
@@ -193,7 +199,7 @@ class AsyncGuard:
             await self.complete(claim, response)
         except GuardError as e:
             raise NotRecorded(response, e) from e
-        return Outcome("executed", response=response)
+        return Outcome("executed", response=response, fence=value.fence)
 
 
 class _OnLoop:

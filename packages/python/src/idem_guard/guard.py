@@ -30,6 +30,7 @@ from __future__ import annotations
 import heapq
 import inspect
 import itertools
+import logging
 import os
 import secrets
 import threading
@@ -38,9 +39,12 @@ import types
 import weakref
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Optional
+from collections.abc import Iterable
+from typing import Any, Callable, Optional, Union
 
+from .observe import DecisionHook, Observer
 from .types import Checkpoint, Claim, Entry, Failure, Policy, Record, Response, StoreFault
+from .workers import fork_generation, warn, warn_if_shared_memory
 
 # The component's bytes ship inside the package (packages/python/build.sh writes them
 # there from `idem component --out`); IDEM_COMPONENT or `component=` override them.
@@ -55,6 +59,8 @@ class Outcome:
     response: Optional[Response] = None
     retry_after_ms: Optional[int] = None
     message: Optional[str] = None
+    #: The claim's fence when the handler ran (`executed`).
+    fence: Optional[int] = None
 
 
 class GuardError(Exception):
@@ -158,8 +164,12 @@ class MemoryStore(Faults):
         super().__init__()
         self._records: dict[str, Entry] = {}
         self._lock = threading.Lock()
+        self._generation = fork_generation()  # a fork after this makes a copy per process: warned at first use
 
     def _apply(self, primitive: str, operation: Callable[[], Any]) -> Any:
+        if self._generation != fork_generation():
+            self._generation = fork_generation()
+            warn(self, "this MemoryStore was made before an os.fork() and is used in the child")
         with self._lock:
             rule = self.take(primitive)
             if rule is None:
@@ -284,6 +294,9 @@ class Guard:
         binding: str = "static",
         random: Any = None,
         purge_every_ms: int = 60_000,
+        logger: Optional[logging.Logger] = None,
+        on_decision: Union[DecisionHook, Iterable[DecisionHook], None] = None,
+        tracing: Optional[bool] = None,
     ):
         if not isinstance(purge_every_ms, int) or isinstance(purge_every_ms, bool) or purge_every_ms < 0:
             raise ValueError(f"purge_every_ms {purge_every_ms!r} must be a whole number of milliseconds, 0 for never")
@@ -293,6 +306,9 @@ class Guard:
         self.policy = Policy(lease_ms, retention_ms, max_response_bytes)
         self.renew_lease = renew_lease
         self.replaced = 0
+        # Logging, metrics callbacks and spans on each decision (idem_guard.observe).
+        self.observer = Observer(logger, on_decision, tracing)
+        warn_if_shared_memory(self.store)
         self._lock = threading.Lock()
         path = Path(component or os.environ.get("IDEM_COMPONENT") or DEFAULT_COMPONENT)
         if not path.is_file():
@@ -387,7 +403,13 @@ class Guard:
         Raises `GuardError("invalid-input")` for a bad key or fingerprint,
         `NotRecorded` if the response could not be stored, or the handler's own
         exception (after releasing the claim).
+
+        Each call ends in one decision, logged, passed to `on_decision` and
+        put on a span as `idem_guard.observe` describes.
         """
+        return self.observer.run(key, lambda: self._run(key, fingerprint, handler))
+
+    def _run(self, key: str, fingerprint: str, handler: Callable[..., Response]) -> Outcome:
         try:
             kind, value = self.begin(key, fingerprint)
         except GuardError as e:
@@ -412,7 +434,7 @@ class Guard:
             self.complete(claim, response)
         except GuardError as e:
             raise NotRecorded(response, e) from e
-        return Outcome("executed", response=response)
+        return Outcome("executed", response=response, fence=value.fence)
 
 
 def _takes_attempt(handler: Callable[..., Any]) -> bool:
