@@ -296,7 +296,7 @@ class Guard:
         purge_every_ms: int = 60_000,
         logger: Optional[logging.Logger] = None,
         on_decision: Union[DecisionHook, Iterable[DecisionHook], None] = None,
-        tracing: Optional[bool] = None,
+        tracing: Any = None,
     ):
         if not isinstance(purge_every_ms, int) or isinstance(purge_every_ms, bool) or purge_every_ms < 0:
             raise ValueError(f"purge_every_ms {purge_every_ms!r} must be a whole number of milliseconds, 0 for never")

@@ -22,7 +22,8 @@ guard reports it three ways, each optional:
   `not-recorded` and `failed` (the handler's exception recorded). Without
   the package, or with no provider configured (the API's default proxy, or a
   no-op provider), no span is started: a guard costs one `isinstance` check.
-  `tracing=False` turns spans off whatever is installed.
+  `tracing=False` turns spans off whatever is installed; `tracing=` a
+  tracer provider uses that one instead of the global one.
 
     import logging
     from idem_guard import Guard
@@ -80,7 +81,7 @@ class Observer:
         self,
         logger: Optional[logging.Logger] = None,
         on_decision: Union[DecisionHook, Iterable[DecisionHook], None] = None,
-        tracing: Optional[bool] = None,
+        tracing: Any = None,
     ):
         self.logger = logger if logger is not None else LOGGER
         if on_decision is None:
@@ -93,6 +94,8 @@ class Observer:
                 if not callable(hook):
                     raise TypeError(f"on_decision takes callables; {hook!r} is not one")
         self.tracing = tracing is not False and _trace is not None
+        # `tracing=` a tracer provider: that one, instead of the global one.
+        self._given = None if tracing is None or isinstance(tracing, bool) else tracing
         self._provider: Any = None
         self._tracer: Any = None
 
@@ -100,7 +103,7 @@ class Observer:
         """The tracer of the configured provider, or None when no provider is configured."""
         if not self.tracing:
             return None
-        provider = _trace.get_tracer_provider()
+        provider = self._given if self._given is not None else _trace.get_tracer_provider()
         if provider is not self._provider:
             self._provider = provider
             if isinstance(provider, (_trace.ProxyTracerProvider, _trace.NoOpTracerProvider)):
