@@ -13,11 +13,11 @@ from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
-from test_http_conformance import exchange
 
 from idem_guard import AsyncGuard, Guard, MemoryStore
 from idem_guard.asgi import IdempotencyMiddleware
 from idem_guard.http import MalformedKey, idempotency_key, scoped_key
+from test_http_conformance import exchange
 
 
 def app_with(endpoint, guard: AsyncGuard, **options) -> Starlette:

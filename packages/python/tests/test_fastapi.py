@@ -14,10 +14,10 @@ from typing import Any
 import pytest
 from fastapi import BackgroundTasks, FastAPI, HTTPException
 from pydantic import BaseModel
-from test_http_conformance import Got, exchange
 
 from idem_guard import AsyncGuard, MemoryStore
 from idem_guard.fastapi import Idempotency
+from test_http_conformance import Got, exchange
 
 
 class Order(BaseModel):

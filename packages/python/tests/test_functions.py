@@ -148,19 +148,19 @@ def test_the_datetime_case_runs_once_and_replays_a_datetime() -> None:
     @idempotent_function(guard=Guard(), key="k")
     def charge(k: str) -> dict:
         effects.append(k)
-        return {"at": datetime.datetime(2026, 12, 7, 2, 30, tzinfo=datetime.timezone.utc), "cents": decimal.Decimal("10.05")}
+        return {"at": datetime.datetime(2026, 12, 7, 2, 30, tzinfo=datetime.UTC), "cents": decimal.Decimal("10.05")}
 
     first, again = charge("o-1"), charge("o-1")
     assert effects == ["o-1"]
-    assert first["at"] == datetime.datetime(2026, 12, 7, 2, 30, tzinfo=datetime.timezone.utc)
+    assert first["at"] == datetime.datetime(2026, 12, 7, 2, 30, tzinfo=datetime.UTC)
     assert again == {"at": "2026-12-07T02:30:00+00:00", "cents": "10.05"}  # -> dict: the JSON as it is
 
     @idempotent_function(guard=Guard(), key="k")
     def stamp(k: str) -> datetime.datetime:
         effects.append(k)
-        return datetime.datetime(2026, 12, 7, 2, 30, 1, 500, tzinfo=datetime.timezone.utc)
+        return datetime.datetime(2026, 12, 7, 2, 30, 1, 500, tzinfo=datetime.UTC)
 
-    assert stamp("s") == stamp("s") == datetime.datetime(2026, 12, 7, 2, 30, 1, 500, tzinfo=datetime.timezone.utc)
+    assert stamp("s") == stamp("s") == datetime.datetime(2026, 12, 7, 2, 30, 1, 500, tzinfo=datetime.UTC)
     assert isinstance(stamp("s"), datetime.datetime) and effects == ["o-1", "s"]
 
 
@@ -170,7 +170,7 @@ class Receipt:
     cents: decimal.Decimal
     at: datetime.date
     tags: tuple[str, ...]
-    kind: "Kind"
+    kind: Kind
 
 
 class Kind(enum.Enum):
@@ -242,7 +242,7 @@ def test_a_return_type_that_cannot_be_stored_is_refused_when_decorated() -> None
     class Holder:
         thing: Opaque
 
-    with pytest.raises(TypeError, match="field 'thing' of .*Holder"):
+    with pytest.raises(TypeError, match=r"field 'thing' of .*Holder"):
         idempotent_function(guard=Guard(), key="k")(_returns(Holder))
 
     # A custom encoder takes the responsibility: no check.
@@ -261,7 +261,7 @@ def test_a_forward_reference_is_checked_at_the_first_call_before_anything_runs()
     runs = []
 
     @idempotent_function(guard=Guard(), key="k")
-    def later(k: str) -> "NotYetDefined":  # noqa: F821 - defined below, after decoration
+    def later(k: str) -> NotYetDefined:
         runs.append(k)
         return NotYetDefined()
 
@@ -270,7 +270,7 @@ def test_a_forward_reference_is_checked_at_the_first_call_before_anything_runs()
 
     globals()["NotYetDefined"] = NotYetDefined
     try:
-        with pytest.raises(TypeError, match="returns .*NotYetDefined"):
+        with pytest.raises(TypeError, match=r"returns .*NotYetDefined"):
             later("k")
         assert runs == []
     finally:

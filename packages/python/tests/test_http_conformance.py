@@ -12,7 +12,7 @@ import copy
 import json
 import re
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 from urllib.parse import unquote
 
 import pytest
@@ -108,19 +108,19 @@ class Got:
         self.headers = headers
         self.body = body
 
-    def header(self, name: str) -> Optional[str]:
+    def header(self, name: str) -> str | None:
         """All values of `name`, joined with ", " as fetch does; None if absent."""
         values = [v.decode("latin-1") for n, v in self.headers if n.decode("latin-1").lower() == name]
         return ", ".join(values) if values else None
 
 
-def key_value(key: Any) -> Optional[str]:
+def key_value(key: Any) -> str | None:
     if key is None or isinstance(key, str):
         return key
     return key["repeat"] * key["times"]
 
 
-async def exchange(app: Any, spec: dict, handler: Optional[dict]) -> Got:
+async def exchange(app: Any, spec: dict, handler: dict | None) -> Got:
     """One request through the app, as an ASGI server would make it."""
     headers = [(n.lower().encode("latin-1"), v.encode("latin-1")) for n, v in (spec.get("headers") or {}).items()]
     if (key := key_value(spec.get("key"))) is not None:

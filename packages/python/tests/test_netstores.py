@@ -19,14 +19,15 @@ import socket
 import threading
 import time
 import urllib.parse
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 import pytest
-from stores import RUN, AsyncFaulty, Faulty, server_url, unique
-from test_conformance import FILES, load, run_scenario
 
 from idem_guard import AsyncGuard, Guard, GuardError, ManualClock, Response
 from idem_guard.types import Record, StoreFault
+from stores import RUN, AsyncFaulty, Faulty, server_url, unique
+from test_conformance import FILES, load, run_scenario
 
 redis = pytest.importorskip("redis")
 psycopg = pytest.importorskip("psycopg")
@@ -459,7 +460,7 @@ def test_guards_over_postgres_purge_its_expired_rows_sync_and_async(tables: Tabl
     with PostgresStore(tables.url, table=table) as store:
         guard = Guard(store=store, clock=clock, lease_ms=10, retention_ms=100, purge_every_ms=20)
         for key in ("x", "y"):
-            kind, claim = guard.begin(key, "fp")
+            _kind, claim = guard.begin(key, "fp")
             guard.complete(claim, Response(201, [], key.encode()))
         clock.advance(200)
         # Waited for by its count: rows are gone a moment before the run that deleted them is counted.
@@ -471,7 +472,7 @@ def test_guards_over_postgres_purge_its_expired_rows_sync_and_async(tables: Tabl
         store = await AsyncPostgresStore.open(tables.url, table=table)
         guard = AsyncGuard(store=store, clock=clock, lease_ms=10, retention_ms=100, purge_every_ms=20)
         try:
-            kind, claim = await guard.begin("z", "fp")
+            _kind, claim = await guard.begin("z", "fp")
             await guard.complete(claim, Response(201, [], b"z"))
             clock.advance(200)
             deadline = time.monotonic() + 10
@@ -599,8 +600,8 @@ def http_scenarios() -> list[str]:
 
 @pytest.mark.parametrize("name", http_scenarios())
 def test_the_asgi_middleware_plays_the_http_scenario_on_async_redis(redis_url: str, name: str) -> None:
-    from test_http_conformance import load as load_http
     from test_http_conformance import Target, play
+    from test_http_conformance import load as load_http
 
     scenario = load_http(name)
 
@@ -613,8 +614,8 @@ def test_the_asgi_middleware_plays_the_http_scenario_on_async_redis(redis_url: s
 
 @pytest.mark.parametrize("name", http_scenarios())
 def test_the_asgi_middleware_plays_the_http_scenario_on_async_postgres(tables: Tables, scenario_table: str, name: str) -> None:
-    from test_http_conformance import load as load_http
     from test_http_conformance import Target, play
+    from test_http_conformance import load as load_http
 
     scenario = load_http(name)
     tables.sql(f"DELETE FROM {scenario_table}")

@@ -56,15 +56,28 @@ import ctypes
 import itertools
 import struct
 import weakref
+from collections.abc import Callable, Sequence
 from ctypes import POINTER
 from functools import cache, wraps
 from pathlib import Path
-from typing import Any, Callable, Optional, Sequence
+from typing import Any
 
 import wasmtime
 from wasmtime import _bindings as capi  # wasmtime-py's ctypes prototypes of wasmtime's C API
 
-from .types import Checkpoint, Claim, Entry, Failure, Policy, Record, Response, StoreFault, response_size, same_response, status_u16
+from .types import (
+    Checkpoint,
+    Claim,
+    Entry,
+    Failure,
+    Policy,
+    Record,
+    Response,
+    StoreFault,
+    response_size,
+    same_response,
+    status_u16,
+)
 
 VERSION = "0.2.0"
 
@@ -104,7 +117,7 @@ class Str(Type):
 
     size, align, flat = 8, 4, ("i32", "i32")
 
-    def __init__(self, element: Optional[Type] = None):
+    def __init__(self, element: Type | None = None):
         self.element = element
 
 
@@ -131,7 +144,7 @@ def _join(a: str, b: str) -> str:
 class Variant(Type):
     """A variant, enum, option or result: a discriminant, then the payload at the largest case alignment."""
 
-    def __init__(self, *cases: tuple[str, Optional[Type]]):
+    def __init__(self, *cases: tuple[str, Type | None]):
         self.cases = tuple(name for name, _ in cases)
         self.payloads = tuple(ty for _, ty in cases)
         self.disc = 1 if len(cases) <= 256 else 2 if len(cases) <= 65536 else 4
@@ -160,7 +173,7 @@ def Option(ty: Type) -> Variant:
     return Variant(("none", None), ("some", ty))
 
 
-def Result(ok: Optional[Type], err: Optional[Type]) -> Variant:
+def Result(ok: Type | None, err: Type | None) -> Variant:
     return Variant(("ok", ok), ("err", err))
 
 
@@ -181,19 +194,19 @@ def _flat_params(params: Sequence[Type]) -> list[str]:
     return ["i32"] if len(flat) > MAX_FLAT_PARAMS else flat
 
 
-def export_signature(params: Sequence[Type], result: Optional[Type]) -> tuple[list[str], list[str]]:
+def export_signature(params: Sequence[Type], result: Type | None) -> tuple[list[str], list[str]]:
     """`flatten_functype` for a lifted export: results over one core value come back through a pointer."""
     flat = _flat_params(params)
     results = list(result.flat) if result else []
     return flat, (["i32"] if len(results) > MAX_FLAT_RESULTS else results)
 
 
-def import_signature(params: Sequence[Type], result: Optional[Type]) -> tuple[list[str], list[str]]:
+def import_signature(params: Sequence[Type], result: Type | None) -> tuple[list[str], list[str]]:
     """`flatten_functype` for a lowered import: results over one core value go to a pointer the guest passes last."""
     flat = _flat_params(params)
     results = list(result.flat) if result else []
     if len(results) > MAX_FLAT_RESULTS:
-        return flat + ["i32"], []
+        return [*flat, "i32"], []
     return flat, results
 
 
@@ -371,7 +384,7 @@ class Guest:
 
     @classmethod
     @cache  # compiled once per file, for the life of the process
-    def load(cls, path: Path) -> "Guest":
+    def load(cls, path: Path) -> Guest:
         return cls(Path(path).read_bytes())
 
     def __init__(self, component: bytes):
@@ -406,7 +419,7 @@ class Guest:
         if actual != (params, results):
             raise AbiViolation(f"{name}: core signature {actual}, the WIT mirror says {(params, results)}")
 
-    def instantiate(self, store: Any, clock: Any, random: Any) -> "Instance":
+    def instantiate(self, store: Any, clock: Any, random: Any) -> Instance:
         return Instance(self, store, clock, random)
 
 
@@ -548,7 +561,7 @@ class Instance:
         self.store, self.clock, self.random = store, clock, random
         self._wasmtime = wasmtime.Store(ENGINE)
         self._ctx = self._store_ctx = _address(self._wasmtime._context())
-        self._pending: Optional[BaseException] = None
+        self._pending: BaseException | None = None
         self._trap = POINTER(capi.wasm_trap_t)()
         self._trap_ref = ctypes.addressof(self._trap)
         self.handles = Handles()
@@ -564,7 +577,7 @@ class Instance:
             ("store", "replace"): Instance._replace,
         }
         funcs = []
-        for imp, (iface, name) in zip(guest.module.imports, guest.imports):
+        for imp, (iface, name) in zip(guest.module.imports, guest.imports, strict=False):
             env = next(_next_env)
             _HOST_FUNCS[env] = (weakref.ref(self), handlers[(iface, name)], _flat(IMPORTS[(iface, name)][0]))
             func = capi.wasmtime_func_t()
@@ -648,7 +661,7 @@ class Instance:
                 raise AbiViolation(f"cabi_realloc returned {ptr}, beyond memory ({self._size} bytes)")
             mem[ptr : ptr + len(data)] = data
 
-    def _checkpoint_params(self, writes: list, c: Optional[Checkpoint]) -> tuple[int, ...]:
+    def _checkpoint_params(self, writes: list, c: Checkpoint | None) -> tuple[int, ...]:
         """`option<checkpoint>`'s five flat values."""
         if c is None:
             return (0, 0, 0, 0, 0)
@@ -666,7 +679,7 @@ class Instance:
             *self._checkpoint_params(writes, c.checkpoint),
         )
 
-    def _put_checkpoint(self, writes: list, out: bytearray, at: int, c: Optional[Checkpoint]) -> None:
+    def _put_checkpoint(self, writes: list, out: bytearray, at: int, c: Checkpoint | None) -> None:
         """`option<checkpoint>` into `out` at `at`."""
         out[at] = c is not None
         if c is not None:
@@ -701,7 +714,7 @@ class Instance:
         except UnicodeDecodeError as e:
             raise AbiViolation(f"string at {ptr} is not UTF-8: {e}") from e
 
-    def _checkpoint(self, mem: memoryview, at: int) -> Optional[Checkpoint]:
+    def _checkpoint(self, mem: memoryview, at: int) -> Checkpoint | None:
         """`option<checkpoint>` at `at`."""
         if OPTION_CHECKPOINT.case(mem[at]) == "none":
             return None
@@ -762,7 +775,7 @@ class Instance:
         self._flush(writes)
         return self._decision("begin-request", params)
 
-    def _unit(self, name: str, params: tuple[int, ...]) -> Optional[Failure]:
+    def _unit(self, name: str, params: tuple[int, ...]) -> Failure | None:
         ret = self._call(name, *params)
         mem = self._view()
         failure = None if UNIT_RESULT.case(mem[ret]) == "ok" else self._failure(mem, ret + _UNIT_ERR)
@@ -770,7 +783,7 @@ class Instance:
         return failure
 
     @clears_handles
-    def complete(self, claim: Claim, response: Response, policy: Policy) -> Optional[Failure]:
+    def complete(self, claim: Claim, response: Response, policy: Policy) -> Failure | None:
         writes: list = []
 
         def fill(out: bytearray, at: tuple[int, ...]) -> None:
@@ -783,7 +796,7 @@ class Instance:
         return self._unit("complete", (params,))
 
     @clears_handles
-    def release(self, claim: Claim) -> Optional[Failure]:
+    def release(self, claim: Claim) -> Failure | None:
         writes: list = []
         params = self._claim_params(writes, claim)
         self._flush(writes)
@@ -836,7 +849,7 @@ class Instance:
 
     # The imports of wit/clock.wit, wit/random.wit and wit/store.wit.
 
-    def _host_call(self: Optional["Instance"], caller: Any, values: Any, handler: Callable[..., None], params: struct.Struct) -> int:
+    def _host_call(self: Instance | None, caller: Any, values: Any, handler: Callable[..., None], params: struct.Struct) -> int:
         """Runs an import: its flat parameters unpacked; a host exception becomes a trap
         (raised again from the export call that was running)."""
         if self is None:
@@ -848,7 +861,7 @@ class Instance:
             else:  # clock and random only write their result
                 handler(self, values, ())
             return 0
-        except BaseException as e:
+        except BaseException as e:  # noqa: BLE001 - any exception of a host function becomes a trap, re-raised after the call
             self._pending = e
             return _trap(f"host function raised {type(e).__name__}: {e}")
         finally:
@@ -881,7 +894,7 @@ class Instance:
             raise AbiViolation(f"{ty.size} bytes at {ptr} are misaligned (to {ty.align}) or beyond memory ({self._size} bytes)")
         return ptr
 
-    def _record(self, mem: memoryview, at: int, response: Optional[Response]) -> Record:
+    def _record(self, mem: memoryview, at: int, response: Response | None) -> Record:
         """`record` at `at` (RECORD's layout), with the response that goes with it."""
         fp, fl, state, holder, lease_until_ms, expires_at_ms = _RECORD_HEAD.unpack_from(mem, at)
         checkpoint = self._checkpoint(mem, at + _CHECKPOINT_IN_RECORD)

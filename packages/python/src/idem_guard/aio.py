@@ -31,7 +31,8 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import inspect
-from typing import Any, Awaitable, Callable, Optional
+from collections.abc import Awaitable, Callable
+from typing import Any
 
 from .guard import (
     PURGES,
@@ -73,12 +74,12 @@ class AsyncGuard:
     """
 
     @classmethod
-    def load(cls, **options: Any) -> "AsyncGuard":
+    def load(cls, **options: Any) -> AsyncGuard:
         return cls(**options)
 
-    def __init__(self, *, store_blocks: Optional[bool] = None, renew_lease: bool = True, **options: Any):
+    def __init__(self, *, store_blocks: bool | None = None, renew_lease: bool = True, **options: Any):
         store = options.get("store")
-        self._replay: Optional[Replay] = None
+        self._replay: Replay | None = None
         clock = options.get("clock") or SystemClock()
         self.clock = clock  # the real one (the wrapped guard may be given a journal's)
         if store is not None and is_async_store(store):
@@ -97,9 +98,9 @@ class AsyncGuard:
         # A synchronous store is purged by the wrapped guard. An asynchronous
         # one by the same purge thread (`PURGES`), each batch run on the loop
         # of this guard's calls: added at the first call, when a loop runs.
-        self._purge_stats: Optional[PurgeStats] = None
-        self._on_loop: Optional[_OnLoop] = None
-        self._purge: Optional[int] = None
+        self._purge_stats: PurgeStats | None = None
+        self._on_loop: _OnLoop | None = None
+        self._purge: int | None = None
         every_ms = options.get("purge_every_ms", 60_000)
         if self._replay is not None and every_ms > 0 and callable(getattr(store, "purge_expired", None)):
             self._purge_stats = PurgeStats()
@@ -209,7 +210,7 @@ class _OnLoop:
 
     def __init__(self, purge: Callable[[int, int], Awaitable[int]]):
         self.purge = purge
-        self.loop: Optional[asyncio.AbstractEventLoop] = None
+        self.loop: asyncio.AbstractEventLoop | None = None
 
     def __call__(self, now_ms: int, limit: int) -> int:
         if self.loop is None:

@@ -29,7 +29,7 @@ import asyncio
 import inspect
 import logging
 from collections.abc import Awaitable, Callable, Iterable, MutableMapping
-from typing import Any, Optional, Union
+from typing import Any
 from urllib.parse import quote
 
 from .aio import AsyncAttempt, AsyncGuard
@@ -52,7 +52,7 @@ class _Unstored(Exception):
     """Raised in the guarded run to release the key with this response (a 5xx not stored);
     with `forget` (the claim's holder), the released record is deleted too."""
 
-    def __init__(self, response: Response, forget: Optional[int] = None):
+    def __init__(self, response: Response, forget: int | None = None):
         super().__init__(f"the app answered {response.status}; not stored")
         self.response = response
         self.forget = forget
@@ -88,7 +88,7 @@ class HttpGuard:
         key_header: str = "idempotency-key",
         replay_header: str = "idempotent-replayed",
         fingerprint_headers: Iterable[str] = ("content-type",),
-        client_header: Optional[str] = "authorization",
+        client_header: str | None = "authorization",
         max_request_bytes: int = 1 << 20,
         store_server_errors: bool = False,
         timeout_s: float = 20.0,
@@ -108,7 +108,7 @@ class HttpGuard:
         self.store_server_errors = store_server_errors
         self.timeout_s = timeout_s
 
-    def key_of(self, headers: list[tuple[bytes, bytes]]) -> Union[None, str, Response]:
+    def key_of(self, headers: list[tuple[bytes, bytes]]) -> str | Response | None:
         """The request's key; None without one (guarded only with `require_key`, answered 400);
         a problem `Response` for a malformed or repeated header."""
         sent = [v for n, v in headers if n == self.key_header]
@@ -152,7 +152,7 @@ class HttpGuard:
             extension: dict[str, Any] = {"key": key, "store_key": scoped, "fence": fence, "store": True}
             try:
                 response = await asyncio.wait_for(run(extension), self.timeout_s)
-            except asyncio.TimeoutError as e:
+            except TimeoutError as e:
                 raise _TimedOut() from e
             if extension.get("store") is False:
                 raise _Unstored(response, forget=attempt.claim.holder)
@@ -298,7 +298,7 @@ class IdempotencyMiddleware:
                 return {"type": "http.request", "body": body, "more_body": False}
             return await receive()  # the client's disconnect, when it comes
 
-        start: Optional[Message] = None
+        start: Message | None = None
         chunks: list[bytes] = []
 
         async def capture(message: Message) -> None:

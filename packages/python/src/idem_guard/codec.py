@@ -182,7 +182,7 @@ def decode_as(value: Any, tp: Any) -> Any:
         args = typing.get_args(tp)
         if isinstance(value, list) and origin in (list, tuple, set, frozenset):
             if origin is tuple and args and (len(args) != 2 or args[1] is not Ellipsis):
-                return tuple(decode_as(v, a) for v, a in zip(value, args))
+                return tuple(decode_as(v, a) for v, a in zip(value, args, strict=False))
             item = args[0] if args else Any
             return origin(decode_as(v, item) for v in value)
         if isinstance(value, dict) and origin is dict and len(args) == 2:

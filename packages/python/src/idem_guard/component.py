@@ -27,9 +27,10 @@ table the static binding uses (`idem_guard.abi`), holding the `Response`.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from functools import cache
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any
 
 import wasmtime
 from wasmtime import component as wc
@@ -38,7 +39,19 @@ from wasmtime.component import ResourceAny, ResourceHost, ResourceType, Variant
 from wasmtime.component._types import OptionType
 
 from .abi import ENGINE, Handles, clears_handles
-from .types import Checkpoint, Claim, Entry, Failure, Policy, Record, Response, StoreFault, response_size, same_response, status_u16
+from .types import (
+    Checkpoint,
+    Claim,
+    Entry,
+    Failure,
+    Policy,
+    Record,
+    Response,
+    StoreFault,
+    response_size,
+    same_response,
+    status_u16,
+)
 
 
 def _untagged_option_classes(self: OptionType, s: set) -> None:
@@ -132,13 +145,13 @@ class Guest:
 
     @classmethod
     @cache  # compiled once per file, for the life of the process
-    def load(cls, path: Path) -> "Guest":
+    def load(cls, path: Path) -> Guest:
         return cls(wc.Component.from_file(ENGINE, str(path)))
 
     def __init__(self, component: wc.Component):
         self.component = component
 
-    def instantiate(self, store: Any, clock: Any, random: Any) -> "Instance":
+    def instantiate(self, store: Any, clock: Any, random: Any) -> Instance:
         return Instance(self, store, clock, random)
 
 

@@ -58,7 +58,7 @@ import functools
 import inspect
 from collections.abc import Awaitable, Callable
 from contextvars import ContextVar
-from typing import Annotated, Any, Optional
+from typing import Annotated, Any
 
 try:
     from fastapi import APIRouter, Depends, FastAPI, Header, Request
@@ -115,7 +115,7 @@ class Idempotency:
 
             app.add_exception_handler(RequestValidationError, validation_error)
 
-    def header_dependency(self, required: Optional[bool] = None) -> Callable[..., Any]:
+    def header_dependency(self, required: bool | None = None) -> Callable[..., Any]:
         """The `Idempotency-Key` header as a dependency, so the OpenAPI schema shows it:
         required when `required` (default: `require_key`). Its value is not used: the
         key is read before FastAPI runs, and a missing one answered 400 there."""
@@ -129,7 +129,7 @@ class Idempotency:
             "with another request is 422, a repeat while the first runs 409 with Retry-After. 1 to 200 printable "
             "ASCII characters." + (" Required." if required else " Optional: without it the request is not guarded.")
         )
-        annotation: Any = str if required else Optional[str]
+        annotation: Any = str if required else str | None
 
         async def idempotency_key(**values: Any) -> Any:
             return next(iter(values.values()), None)
@@ -188,7 +188,7 @@ class Idempotency:
         answer = await pending.task
         return sendable if answer is captured else _http(answer)
 
-    async def _rendered(self, request: Request, error: Exception) -> Optional[HttpResponse]:
+    async def _rendered(self, request: Request, error: Exception) -> HttpResponse | None:
         """The app's answer to an exception the endpoint (or FastAPI) raised, rendered by its
         handler; None to let it propagate (releasing the key)."""
         if isinstance(error, RequestValidationError) and not self.store_validation_errors:
@@ -245,7 +245,7 @@ class _Pending:
         self.idem, self.request, self.key, self.headers = idem, request, key, headers
         self.entered = False  # the endpoint's wrapper ran: the request passed validation
         self.answered = False  # the wrapper returned the guard's own answer (replay, 409, 422, 503)
-        self.task: Optional[asyncio.Task[Response]] = None  # HttpGuard.decide, run beside FastAPI's handler
+        self.task: asyncio.Task[Response] | None = None  # HttpGuard.decide, run beside FastAPI's handler
         loop = asyncio.get_running_loop()
         self.value: asyncio.Future[tuple[str, Any]] = loop.create_future()  # the endpoint's value, or its rendered exception
         self.final: asyncio.Future[Response] = loop.create_future()  # the response FastAPI rendered from it
@@ -292,7 +292,7 @@ class _Pending:
         return _http(answer)
 
 
-_PENDING: ContextVar[Optional[_Pending]] = ContextVar("idem_guard_fastapi_pending", default=None)
+_PENDING: ContextVar[_Pending | None] = ContextVar("idem_guard_fastapi_pending", default=None)
 
 
 def _endpoint(endpoint: Callable[..., Any]) -> Callable[..., Any]:
@@ -300,7 +300,7 @@ def _endpoint(endpoint: Callable[..., Any]) -> Callable[..., Any]:
     FastAPI reads the parameters through `functools.wraps`, so the schema is the endpoint's."""
     if inspect.isgeneratorfunction(endpoint) or inspect.isasyncgenfunction(endpoint):
         raise TypeError(f"{endpoint.__qualname__} streams its response (a generator): it cannot be stored, so it cannot be guarded")
-    is_async = inspect.iscoroutinefunction(endpoint) or inspect.iscoroutinefunction(getattr(endpoint, "__call__", None))
+    is_async = inspect.iscoroutinefunction(endpoint) or inspect.iscoroutinefunction(type(endpoint).__call__)
 
     @functools.wraps(endpoint)
     async def guarded(*args: Any, **kwargs: Any) -> Any:

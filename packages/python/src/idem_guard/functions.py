@@ -60,7 +60,7 @@ import inspect
 import json
 import typing
 from collections.abc import Awaitable, Callable, Sequence
-from typing import Any, Optional, ParamSpec, TypeVar, Union, cast
+from typing import Any, ParamSpec, TypeVar, cast
 
 from . import codec
 from .aio import AsyncGuard
@@ -166,7 +166,7 @@ def _return_type(fn: Callable[..., Any]) -> tuple[bool, Any]:
     code = getattr(fn, "__code__", None)
     cells = getattr(fn, "__closure__", None) or ()
     local: dict[str, Any] = {}
-    for name, cell in zip(code.co_freevars if code is not None else (), cells):
+    for name, cell in zip(code.co_freevars if code is not None else (), cells, strict=False):
         try:
             local[name] = cell.cell_contents
         except ValueError:  # a cell not filled yet
@@ -184,7 +184,7 @@ def _unstorable_response(error: Exception) -> Response:
     return Response(500, [("content-type", b"application/json"), UNSTORABLE], body.encode())
 
 
-def _unstorable_reason(response: Response) -> Optional[str]:
+def _unstorable_reason(response: Response) -> str | None:
     if response.status != 500 or UNSTORABLE not in response.headers:
         return None
     try:
@@ -195,15 +195,15 @@ def _unstorable_reason(response: Response) -> Optional[str]:
 
 def idempotent_function(
     *,
-    guard: Union[Guard, AsyncGuard],
-    data_keyword_argument: Optional[str] = None,
-    key: Union[str, Callable[..., Any], None] = None,
-    payload: Optional[Sequence[str]] = None,
-    namespace: Optional[str] = None,
+    guard: Guard | AsyncGuard,
+    data_keyword_argument: str | None = None,
+    key: str | Callable[..., Any] | None = None,
+    payload: Sequence[str] | None = None,
+    namespace: str | None = None,
     raise_on_no_idempotency_key: bool = False,
-    fence_keyword_argument: Optional[str] = None,
-    encode: Optional[Callable[[Any], bytes]] = None,
-    decode: Optional[Callable[[bytes], Any]] = None,
+    fence_keyword_argument: str | None = None,
+    encode: Callable[[Any], bytes] | None = None,
+    decode: Callable[[bytes], Any] | None = None,
 ) -> Callable[[Callable[P, R]], Callable[P, R]]:
     """Makes a function run at most once per key while the guard retains the
     key (24 h by default); repeats get the stored return value.
@@ -267,7 +267,7 @@ def idempotent_function(
                 return decode(body)
             return codec.decode_as(json.loads(body), return_type())
 
-        def prepare(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Optional[tuple[str, str]]:
+        def prepare(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[str, str] | None:
             """The store key and fingerprint of a call, or None to run it unguarded."""
             return_type()
             bound = signature.bind(*args, **kwargs)
@@ -295,7 +295,7 @@ def idempotent_function(
             """What the handler got: the function's value, and why it could not be encoded, if so."""
 
             value: Any = None
-            unstorable: Optional[Exception] = None
+            unstorable: Exception | None = None
 
             def stored(self, value: Any) -> Response:
                 self.value = value
@@ -362,7 +362,7 @@ def idempotent_function(
 
 
 def idempotent(
-    *, guard: Union[Guard, AsyncGuard], key: Union[Callable[[Any], Any], None] = None, **options: Any
+    *, guard: Guard | AsyncGuard, key: Callable[[Any], Any] | None = None, **options: Any
 ) -> Callable[[Callable[P, R]], Callable[P, R]]:
     """`idempotent_function` for a handler whose first parameter is the event
     (Powertools' `@idempotent` for `handler(event, context)`): the event is the

@@ -37,10 +37,10 @@ import threading
 import time
 import types
 import weakref
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from collections.abc import Iterable
-from typing import Any, Callable, Optional, Union
+from typing import Any
 
 from .observe import DecisionHook, Observer
 from .types import Checkpoint, Claim, Entry, Failure, Policy, Record, Response, StoreFault
@@ -56,11 +56,11 @@ class Outcome:
     """What `Guard.run` did: `executed`, `replayed`, `in-flight`, `conflict` or `unavailable`."""
 
     kind: str
-    response: Optional[Response] = None
-    retry_after_ms: Optional[int] = None
-    message: Optional[str] = None
+    response: Response | None = None
+    retry_after_ms: int | None = None
+    message: str | None = None
     #: The claim's fence when the handler ran (`executed`).
-    fence: Optional[int] = None
+    fence: int | None = None
 
 
 class GuardError(Exception):
@@ -121,7 +121,7 @@ class Faults:
     def __init__(self) -> None:
         self._faults: dict[str, dict] = {}
 
-    def fault(self, primitive: str, kind: str, message: str = "injected fault", count: Optional[int] = None) -> None:
+    def fault(self, primitive: str, kind: str, message: str = "injected fault", count: int | None = None) -> None:
         if primitive not in ("get", "insert", "replace", "delete"):
             raise ValueError(f"unknown store primitive {primitive!r}; expected get, insert, replace or delete")
         if kind not in ("error", "lost", "trap"):
@@ -131,7 +131,7 @@ class Faults:
     def clear_faults(self) -> None:
         self._faults.clear()
 
-    def take(self, primitive: str) -> Optional[dict]:
+    def take(self, primitive: str) -> dict | None:
         """The rule for this call of `primitive`, or None; counted down."""
         rule = self._faults.get(primitive)
         if rule is not None and rule["count"] is not None:
@@ -178,13 +178,13 @@ class MemoryStore(Faults):
             operation()
             raise self.lost(primitive)
 
-    def _live(self, key: str, now_ms: int) -> Optional[Entry]:
+    def _live(self, key: str, now_ms: int) -> Entry | None:
         entry = self._records.get(key)
         if entry is not None and now_ms < entry.record.expires_at_ms:
             return entry
         return None
 
-    def get(self, key: str, now_ms: int) -> Optional[Entry]:
+    def get(self, key: str, now_ms: int) -> Entry | None:
         return self._apply("get", lambda: self._live(key, now_ms))
 
     def insert(self, key: str, record: Record, now_ms: int) -> int | Entry:
@@ -202,8 +202,8 @@ class MemoryStore(Faults):
 
         return self._apply("insert", op)
 
-    def replace(self, key: str, expected_version: int, record: Record, now_ms: int) -> Optional[int]:
-        def op() -> Optional[int]:
+    def replace(self, key: str, expected_version: int, record: Record, now_ms: int) -> int | None:
+        def op() -> int | None:
             live = self._live(key, now_ms)
             if live is None or live.version != expected_version:
                 return None
@@ -212,7 +212,7 @@ class MemoryStore(Faults):
 
         return self._apply("replace", op)
 
-    def delete(self, key: str, expected_version: Optional[int]) -> bool:
+    def delete(self, key: str, expected_version: int | None) -> bool:
         def op() -> bool:
             entry = self._records.get(key)
             if entry is None or (expected_version is not None and entry.version != expected_version):
@@ -222,7 +222,7 @@ class MemoryStore(Faults):
 
         return self._apply("delete", op)
 
-    def peek(self, key: str, now_ms: int) -> Optional[Entry]:
+    def peek(self, key: str, now_ms: int) -> Entry | None:
         """The live record and its version, bypassing faults: for tests and operators."""
         return self._live(key, now_ms)
 
@@ -279,7 +279,7 @@ class Guard:
     """
 
     @classmethod
-    def load(cls, **options: Any) -> "Guard":
+    def load(cls, **options: Any) -> Guard:
         return cls(**options)
 
     def __init__(
@@ -290,12 +290,12 @@ class Guard:
         retention_ms: int = 24 * 60 * 60 * 1000,
         max_response_bytes: int = 1 << 20,
         renew_lease: bool = True,
-        component: Optional[os.PathLike | str] = None,
+        component: os.PathLike | str | None = None,
         binding: str = "static",
         random: Any = None,
         purge_every_ms: int = 60_000,
-        logger: Optional[logging.Logger] = None,
-        on_decision: Union[DecisionHook, Iterable[DecisionHook], None] = None,
+        logger: logging.Logger | None = None,
+        on_decision: DecisionHook | Iterable[DecisionHook] | None = None,
         tracing: Any = None,
     ):
         if not isinstance(purge_every_ms, int) or isinstance(purge_every_ms, bool) or purge_every_ms < 0:
@@ -323,7 +323,7 @@ class Guard:
         self._instantiate()  # fail at load, not at the first request
         # What the purge has done; `every_ms` 0 when this guard does not purge.
         self.purge_stats = PurgeStats()
-        self._purge: Optional[int] = None
+        self._purge: int | None = None
         if purge_every_ms > 0 and callable(getattr(self.store, "purge_expired", None)):
             self._purge = PURGES.add(self, purge_every_ms, self.store.purge_expired, self.clock, self.purge_stats)
 
@@ -462,7 +462,7 @@ def _refused(e: GuardError) -> Outcome:
     return Outcome("unavailable", message=e.detail)
 
 
-def _not_run(kind: str, value: Any) -> Optional[Outcome]:
+def _not_run(kind: str, value: Any) -> Outcome | None:
     """`run`'s outcome for a decision that runs nothing; None for `proceed`."""
     if kind == "replay":
         return Outcome("replayed", response=value)
@@ -491,7 +491,7 @@ class ClaimView:
         return self._held.claim.fence
 
     @property
-    def checkpoint(self) -> Optional[Checkpoint]:
+    def checkpoint(self) -> Checkpoint | None:
         """The key's last recovery point, or None: on entry, how far an earlier
         attempt whose lease ran out (or that failed and released) got — None on
         a fresh claim; after `save_checkpoint`, the one just saved."""
@@ -502,7 +502,7 @@ class Attempt(ClaimView):
     """What `Guard.run` hands a handler that takes it: the claim as it stands,
     the recovery point to continue from, and the call that records the next."""
 
-    def __init__(self, guard: Guard, held: "_Held"):
+    def __init__(self, guard: Guard, held: _Held):
         super().__init__(held)
         self._guard = guard
 
@@ -519,7 +519,7 @@ class Attempt(ClaimView):
 class _Held:
     """A claim whose lease may be renewed meanwhile; `stop()` returns the latest claim."""
 
-    def __init__(self, claim: Claim, renewer: Optional["_Renewer"] = None, due: float = 0.0):
+    def __init__(self, claim: Claim, renewer: _Renewer | None = None, due: float = 0.0):
         self.claim = claim
         self.due = due  # time.monotonic() of the next renewal
         self.stopped = False
@@ -557,9 +557,9 @@ class PurgeStats:
     purged: int = 0
     errors: int = 0
     last_purged: int = 0
-    last_error: Optional[str] = None
+    last_error: str | None = None
 
-    def count(self, purged: int, error: Optional[Exception]) -> None:
+    def count(self, purged: int, error: Exception | None) -> None:
         """Counts one run: `purged` records freed before it ended, and why it failed, if it did."""
         self.runs += 1
         self.purged += purged
@@ -587,10 +587,10 @@ class _Purges:
     def __init__(self) -> None:
         self._cond = threading.Condition()
         # (due, token, guard, period, (purge, clock, stats)): the earliest due first.
-        self._heap: list[tuple[float, int, "weakref.ref[Any]", float, tuple]] = []
+        self._heap: list[tuple[float, int, weakref.ref[Any], float, tuple]] = []
         self._closed: set[int] = set()
         self._tokens = itertools.count()
-        self._thread: Optional[threading.Thread] = None
+        self._thread: threading.Thread | None = None
 
     def add(self, guard: Any, every_ms: int, purge: Callable[[int, int], int], clock: Any, stats: PurgeStats) -> int:
         """Purges every `every_ms` while `guard` lives, with `purge(now_ms, limit)` at `clock`'s time,
@@ -611,7 +611,7 @@ class _Purges:
             self._closed.add(token)
             self._cond.notify()
 
-    def _next(self) -> Optional[tuple[int, tuple]]:
+    def _next(self) -> tuple[int, tuple] | None:
         """The next guard's token and `(purge, clock, stats)`, rescheduled, once it is due; None when no guard is left."""
         with self._cond:
             while True:
@@ -667,7 +667,7 @@ class _Renewer:
         self.every = max(1, guard.policy.lease_ms // 3) / 1000
         self._cond = threading.Condition()
         self._held: dict[int, _Held] = {}
-        self._thread: Optional[threading.Thread] = None
+        self._thread: threading.Thread | None = None
 
     def hold(self, claim: Claim) -> _Held:
         held = _Held(claim, self, time.monotonic() + self.every)

@@ -45,7 +45,8 @@ functions (`AsyncRedisStore`, `AsyncPostgresStore`, or a store of your own)::
 from __future__ import annotations
 
 import threading
-from typing import Any, Callable, Optional
+from collections.abc import Callable
+from typing import Any
 
 from .guard import GuardError
 from .types import StoreFault
@@ -65,19 +66,19 @@ class Journal:
     answered (then `value` is None)."""
 
     def __init__(self) -> None:
-        self.entries: list[tuple[str, tuple, Optional[StoreFault], Any]] = []
+        self.entries: list[tuple[str, tuple, StoreFault | None, Any]] = []
         self.runs = 0
         # Per run:
         self.position = 0
-        self.pending: Optional[tuple[str, tuple]] = None
-        self.diverged: Optional[str] = None
+        self.pending: tuple[str, tuple] | None = None
+        self.diverged: str | None = None
 
     def start(self) -> None:
         self.runs += 1
         self.position = 0
         self.pending = None
 
-    def _next(self, name: str, args: tuple) -> Optional[tuple]:
+    def _next(self, name: str, args: tuple) -> tuple | None:
         """The recorded entry at this position (checked against `name` and `args`), or None past the end."""
         if self.position >= len(self.entries):
             return None
@@ -115,7 +116,7 @@ class Journal:
             raise entry[2]
         return entry[3]
 
-    def answer(self, name: str, args: tuple, fault: Optional[StoreFault], value: Any) -> None:
+    def answer(self, name: str, args: tuple, fault: StoreFault | None, value: Any) -> None:
         """Appends the store's answer to the pending call."""
         self.entries.append((name, args, fault, value))
 
@@ -126,7 +127,7 @@ def _shown(args: tuple) -> str:
 
 
 class _Current(threading.local):
-    journal: Optional[Journal] = None
+    journal: Journal | None = None
 
 
 class _Store:
@@ -187,7 +188,7 @@ class Replay:
         self.store = _Store(self._current)
         self.clock = self.random = _Inputs(self._current, clock, random)
 
-    def _run(self, journal: Journal, method: Callable[..., Any], args: tuple) -> tuple[Any, Optional[GuardError]]:
+    def _run(self, journal: Journal, method: Callable[..., Any], args: tuple) -> tuple[Any, GuardError | None]:
         journal.start()
         self._current.journal = journal
         try:

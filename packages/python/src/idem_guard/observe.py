@@ -38,7 +38,7 @@ import logging
 import time
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Optional, TypeVar, Union
+from typing import TYPE_CHECKING, Any, TypeVar
 
 if TYPE_CHECKING:
     from .guard import Outcome
@@ -64,9 +64,9 @@ class Decision:
     key: str
     decision: str
     duration_ms: float
-    fence: Optional[int] = None
-    reason: Optional[str] = None
-    retry_after_ms: Optional[int] = None
+    fence: int | None = None
+    reason: str | None = None
+    retry_after_ms: int | None = None
 
 
 DecisionHook = Callable[[Decision], Any]
@@ -79,8 +79,8 @@ class Observer:
 
     def __init__(
         self,
-        logger: Optional[logging.Logger] = None,
-        on_decision: Union[DecisionHook, Iterable[DecisionHook], None] = None,
+        logger: logging.Logger | None = None,
+        on_decision: DecisionHook | Iterable[DecisionHook] | None = None,
         tracing: Any = None,
     ):
         self.logger = logger if logger is not None else LOGGER
@@ -114,21 +114,21 @@ class Observer:
                 self._tracer = provider.get_tracer("idem_guard", __version__)
         return self._tracer
 
-    def run(self, key: str, call: Callable[[], "Outcome"]) -> "Outcome":
+    def run(self, key: str, call: Callable[[], Outcome]) -> Outcome:
         tracer = self.tracer()
         if tracer is None:
             return self._timed(key, call, None)
         with tracer.start_as_current_span("idem.run", record_exception=False, set_status_on_exception=False) as span:
             return self._timed(key, call, span)
 
-    async def run_async(self, key: str, call: Callable[[], Awaitable["Outcome"]]) -> "Outcome":
+    async def run_async(self, key: str, call: Callable[[], Awaitable[Outcome]]) -> Outcome:
         tracer = self.tracer()
         if tracer is None:
             return await self._timed_async(key, call, None)
         with tracer.start_as_current_span("idem.run", record_exception=False, set_status_on_exception=False) as span:
             return await self._timed_async(key, call, span)
 
-    def _timed(self, key: str, call: Callable[[], "Outcome"], span: Any) -> "Outcome":
+    def _timed(self, key: str, call: Callable[[], Outcome], span: Any) -> Outcome:
         start = time.perf_counter_ns()
         try:
             outcome = call()
@@ -138,7 +138,7 @@ class Observer:
         self._report(key, start, outcome, span)
         return outcome
 
-    async def _timed_async(self, key: str, call: Callable[[], Awaitable["Outcome"]], span: Any) -> "Outcome":
+    async def _timed_async(self, key: str, call: Callable[[], Awaitable[Outcome]], span: Any) -> Outcome:
         start = time.perf_counter_ns()
         try:
             outcome = await call()
@@ -148,7 +148,7 @@ class Observer:
         self._report(key, start, outcome, span)
         return outcome
 
-    def _report(self, key: str, start: int, outcome: "Outcome", span: Any) -> None:
+    def _report(self, key: str, start: int, outcome: Outcome, span: Any) -> None:
         self._emit(
             Decision(
                 key,
@@ -173,7 +173,7 @@ class Observer:
         reason = str(error.error.detail) if isinstance(error, NotRecorded) else f"{type(error).__name__}: {error}"
         self._emit(Decision(key, kind, (time.perf_counter_ns() - start) / 1e6, None, reason), span, error)
 
-    def _emit(self, decision: Decision, span: Any, error: Optional[BaseException]) -> None:
+    def _emit(self, decision: Decision, span: Any, error: BaseException | None) -> None:
         level = _LEVELS.get(decision.decision, logging.DEBUG)
         if self.logger.isEnabledFor(level):
             extra = {
@@ -189,7 +189,7 @@ class Observer:
         for hook in self.hooks:
             try:
                 hook(decision)
-            except Exception:  # noqa: BLE001 - a metrics bug must not change the call's outcome
+            except Exception:
                 self.logger.exception("idem on_decision hook %r raised on %s", hook, decision)
         if span is not None:
             span.set_attribute("idem.key", decision.key)

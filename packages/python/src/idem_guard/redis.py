@@ -44,19 +44,19 @@ import hashlib
 import inspect
 import os
 import select
-import socket
 import struct
 import threading
-from typing import Any, Generator, Optional
+from collections.abc import Generator
+from typing import Any
 
 try:
     import redis as _redis
     import redis.asyncio as _aredis
+    from redis._parsers.base import BaseParser
     from redis.asyncio.retry import Retry as _AsyncRetry
     from redis.backoff import NoBackoff
-    from redis._parsers.base import BaseParser
-    from redis.exceptions import InvalidResponse, NoScriptError, RedisError, ResponseError
     from redis.exceptions import ConnectionError as _ConnectionError
+    from redis.exceptions import InvalidResponse, NoScriptError, RedisError, ResponseError
     from redis.exceptions import TimeoutError as _TimeoutError
     from redis.retry import Retry
 except ImportError as e:  # pragma: no cover - depends on the environment
@@ -122,7 +122,7 @@ def encode(version: int, record: Record) -> bytes:
     return bytes(out)
 
 
-def header(value: bytes) -> Optional[tuple[int, int, int]]:
+def header(value: bytes) -> tuple[int, int, int] | None:
     """The header's length with its newline, the version and the expiry; None if it does not decode."""
     end = value.find(b"\n", 0, HEADER_MAX)
     if end < 0:
@@ -226,7 +226,7 @@ def decode(key: str, value: bytes) -> Entry:
 class _Script:
     """`EVALSHA` of one of the layout's scripts on one key."""
 
-    __slots__ = ("name", "key", "args")
+    __slots__ = ("args", "key", "name")
 
     def __init__(self, name: str, key: str, *args: Any):
         self.name, self.key, self.args = name, key, args
@@ -247,7 +247,7 @@ class _Probe:
 class _Set:
     """`SET key value NX GET PX ttl`: the claim."""
 
-    __slots__ = ("key", "value", "ttl")
+    __slots__ = ("key", "ttl", "value")
 
     def __init__(self, key: str, value: bytes, ttl: int):
         self.key, self.value, self.ttl = key, value, ttl
@@ -272,7 +272,7 @@ class _Layout:
         grace_ms: int = DEFAULT_GRACE_MS,
         timeout_ms: int = DEFAULT_TIMEOUT_MS,
         client: Any = None,
-        max_connections: Optional[int] = None,
+        max_connections: int | None = None,
         cas: str = "auto",
     ):
         if grace_ms < 0 or timeout_ms < 1:
@@ -282,7 +282,7 @@ class _Layout:
         # SET … IFEQ (Valkey 8.1+): whether the server has it (None: not asked yet, at the first
         # completion of a record whose bytes are known), and those bytes, `full key -> (version, value)`,
         # of every unfinished record the store last wrote or read.
-        self._native: Optional[bool] = None if cas == "auto" else False
+        self._native: bool | None = None if cas == "auto" else False
         self._seen: dict[str, tuple[int, bytes]] = {}
         self._seen_lock = threading.Lock()
         self.prefix = prefix
@@ -312,7 +312,7 @@ class _Layout:
         """What a store sets up once it has its client."""
 
     @property
-    def native_cas(self) -> Optional[bool]:
+    def native_cas(self) -> bool | None:
         """Whether completions use the server's `SET … IFEQ` rather than the script
         (None until the first completion of a record whose bytes the store knows asks the server)."""
         return self._native
@@ -329,7 +329,7 @@ class _Layout:
                 self._seen.clear()
             self._seen[full] = (version, value)
 
-    def _recall(self, full: str, version: int) -> Optional[bytes]:
+    def _recall(self, full: str, version: int) -> bytes | None:
         """The bytes of the record at `version`, when known; taken out, so a concurrent replace of the key runs the script."""
         with self._seen_lock:
             known = self._seen.get(full)
@@ -408,7 +408,7 @@ class _Layout:
             raise _corrupt(key, _HEADLESS)
         raise StoreFault("unavailable", f"{NAME}: unexpected reply to the replace script: {reply!r}")
 
-    def _delete(self, key: str, expected_version: Optional[int]) -> _Steps:
+    def _delete(self, key: str, expected_version: int | None) -> _Steps:
         with self._seen_lock:
             self._seen.pop(self.prefix + key, None)
         if expected_version is None:
@@ -477,7 +477,7 @@ def _exchange(sock: Any, command: bytes) -> Any:
             if end != len(data):  # one command, one reply: anything more is out of step
                 raise InvalidResponse(f"{len(data) - end} bytes after the reply")
             return value
-    except socket.timeout as e:
+    except TimeoutError as e:
         raise _TimeoutError("Timeout talking to the server") from e
     except OSError as e:
         raise _ConnectionError(f"Error talking to the server: {e}") from e
@@ -675,7 +675,7 @@ class AsyncRedisStore(_Layout, AsyncSteps):
 
     aclose = close
 
-    async def __aenter__(self) -> "AsyncRedisStore":
+    async def __aenter__(self) -> AsyncRedisStore:
         return self
 
     async def __aexit__(self, *_exc: Any) -> None:

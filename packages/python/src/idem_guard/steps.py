@@ -15,7 +15,8 @@ awaiting each command)::
 
 from __future__ import annotations
 
-from typing import Any, Generator, Optional
+from collections.abc import Generator
+from typing import Any
 
 from .types import Entry, Record
 
@@ -36,16 +37,16 @@ class Steps:
         except StopIteration as done:
             return done.value
 
-    def get(self, key: str, now_ms: int) -> Optional[Entry]:
+    def get(self, key: str, now_ms: int) -> Entry | None:
         return self._run(key, self._get(key, now_ms))
 
     def insert(self, key: str, record: Record, now_ms: int) -> int | Entry:
         return self._run(key, self._insert(key, record, now_ms))
 
-    def replace(self, key: str, expected_version: int, record: Record, now_ms: int) -> Optional[int]:
+    def replace(self, key: str, expected_version: int, record: Record, now_ms: int) -> int | None:
         return self._run(key, self._replace(key, expected_version, record, now_ms))
 
-    def delete(self, key: str, expected_version: Optional[int]) -> bool:
+    def delete(self, key: str, expected_version: int | None) -> bool:
         return self._run(key, self._delete(key, expected_version))
 
     def close(self) -> None:
@@ -72,14 +73,14 @@ class AsyncSteps:
         except StopIteration as done:
             return done.value
 
-    async def get(self, key: str, now_ms: int) -> Optional[Entry]:
+    async def get(self, key: str, now_ms: int) -> Entry | None:
         return await self._run(key, self._get(key, now_ms))
 
     async def insert(self, key: str, record: Record, now_ms: int) -> int | Entry:
         return await self._run(key, self._insert(key, record, now_ms))
 
-    async def replace(self, key: str, expected_version: int, record: Record, now_ms: int) -> Optional[int]:
+    async def replace(self, key: str, expected_version: int, record: Record, now_ms: int) -> int | None:
         return await self._run(key, self._replace(key, expected_version, record, now_ms))
 
-    async def delete(self, key: str, expected_version: Optional[int]) -> bool:
+    async def delete(self, key: str, expected_version: int | None) -> bool:
         return await self._run(key, self._delete(key, expected_version))

@@ -22,7 +22,7 @@ import logging
 import multiprocessing
 import os
 import warnings
-from typing import Any, Optional
+from typing import Any
 
 __all__ = ["fork_generation", "warn_if_shared_memory", "worker_sign"]
 
@@ -45,7 +45,7 @@ def fork_generation() -> int:
     return _generation
 
 
-def worker_sign() -> Optional[str]:
+def worker_sign() -> str | None:
     """Why this process looks like one of several workers, or None."""
     concurrency = os.environ.get("WEB_CONCURRENCY", "")
     if concurrency.isdigit() and int(concurrency) > 1:
