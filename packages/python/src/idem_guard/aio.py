@@ -31,7 +31,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import inspect
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 from .guard import (
@@ -104,7 +104,7 @@ class AsyncGuard:
         every_ms = options.get("purge_every_ms", 60_000)
         if self._replay is not None and every_ms > 0 and callable(getattr(store, "purge_expired", None)):
             self._purge_stats = PurgeStats()
-            self._on_loop = _OnLoop(store.purge_expired)
+            self._on_loop = _OnLoop(store.purge_expired)  # type: ignore[union-attr]  # checked just above
             self._purge = PURGES.add(self, every_ms, self._on_loop, clock, self._purge_stats)
 
     @property
@@ -140,7 +140,8 @@ class AsyncGuard:
 
     async def begin(self, key: str, fingerprint: str) -> tuple[str, Any]:
         """`("proceed", Claim)`, `("replay", Response)`, `("in-flight", ms)` or `("conflict", None)`."""
-        return await self._call(self.guard.begin, key, fingerprint)
+        decision: tuple[str, Any] = await self._call(self.guard.begin, key, fingerprint)
+        return decision
 
     async def complete(self, claim: Claim, response: Response) -> None:
         await self._call(self.guard.complete, claim, response)
@@ -149,18 +150,22 @@ class AsyncGuard:
         await self._call(self.guard.release, claim)
 
     async def renew(self, claim: Claim) -> Claim:
-        return await self._call(self.guard.renew, claim)
+        renewed: Claim = await self._call(self.guard.renew, claim)
+        return renewed
 
     async def save_checkpoint(self, claim: Claim, checkpoint: Checkpoint) -> Claim:
-        return await self._call(self.guard.save_checkpoint, claim, checkpoint)
+        saved: Claim = await self._call(self.guard.save_checkpoint, claim, checkpoint)
+        return saved
 
     async def begin_request(
-        self, key: str, method: str, path: str, headers: list[tuple[str, bytes]] = (), body: bytes = b""
+        self, key: str, method: str, path: str, headers: Sequence[tuple[str, bytes]] = (), body: bytes = b""
     ) -> tuple[str, Any]:
-        return await self._call(self.guard.begin_request, key, method, path, headers, body)
+        decision: tuple[str, Any] = await self._call(self.guard.begin_request, key, method, path, headers, body)
+        return decision
 
-    async def fingerprint(self, method: str, path: str, headers: list[tuple[str, bytes]] = (), body: bytes = b"") -> str:
-        return await self._call(self.guard.fingerprint, method, path, headers, body)
+    async def fingerprint(self, method: str, path: str, headers: Sequence[tuple[str, bytes]] = (), body: bytes = b"") -> str:
+        printed: str = await self._call(self.guard.fingerprint, method, path, headers, body)
+        return printed
 
     async def run(self, key: str, fingerprint: str, handler: Callable[..., Awaitable[Response] | Response]) -> Outcome:
         """`Guard.run` for asyncio: runs `handler(fence)` (or `handler(fence,
@@ -215,12 +220,16 @@ class _OnLoop:
     def __call__(self, now_ms: int, limit: int) -> int:
         if self.loop is None:
             return 0  # no call yet: nothing has been written
-        done = asyncio.run_coroutine_threadsafe(self.purge(now_ms, limit), self.loop)
+        done: concurrent.futures.Future[int] = asyncio.run_coroutine_threadsafe(_coroutine(self.purge(now_ms, limit)), self.loop)
         try:
             return done.result(PURGE_WAIT_S)
         except concurrent.futures.TimeoutError:
             done.cancel()
             raise
+
+
+async def _coroutine(awaitable: Awaitable[int]) -> int:
+    return await awaitable
 
 
 def is_async_store(store: Any) -> bool:
@@ -235,7 +244,8 @@ class AsyncAttempt(ClaimView):
         """Records that the operation got as far as `phase`, with `data` to
         continue from, and extends the lease (see `Attempt.save_checkpoint`).
         Raises `GuardError` (`stale-claim`: taken over; `invalid-input`; `unavailable`)."""
-        return await self._held.save_checkpoint(Checkpoint(phase, _bytes(data)))
+        saved: Claim = await self._held.save_checkpoint(Checkpoint(phase, _bytes(data)))
+        return saved
 
 
 class _AsyncHeld:

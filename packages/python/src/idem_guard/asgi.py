@@ -29,7 +29,7 @@ import asyncio
 import inspect
 import logging
 from collections.abc import Awaitable, Callable, Iterable, MutableMapping
-from typing import Any
+from typing import Any, TypedDict, Unpack
 from urllib.parse import quote
 
 from .aio import AsyncAttempt, AsyncGuard
@@ -37,7 +37,7 @@ from .guard import GuardError, NotRecorded
 from .http import HOP_BY_HOP, MalformedKey, idempotency_key, problem, response_size, scoped_key
 from .types import Response
 
-__all__ = ["HttpGuard", "IdempotencyMiddleware"]
+__all__ = ["HOP_BY_HOP", "HttpGuard", "HttpOptions", "IdempotencyMiddleware"]
 
 LOGGER = logging.getLogger("idem_guard")
 
@@ -72,6 +72,20 @@ class _TooLarge(Exception):
 
 class _Disconnected(Exception):
     pass
+
+
+class HttpOptions(TypedDict, total=False):
+    """`HttpGuard`'s (and so `IdempotencyMiddleware`'s) options, for checkers: a misspelt one is an error."""
+
+    require_key: bool
+    methods: Iterable[str]
+    key_header: str
+    replay_header: str
+    fingerprint_headers: Iterable[str]
+    client_header: str | None
+    max_request_bytes: int
+    store_server_errors: bool
+    timeout_s: float
 
 
 class HttpGuard:
@@ -254,7 +268,7 @@ class IdempotencyMiddleware:
     FastAPI's validation errors).
     """
 
-    def __init__(self, app: ASGIApp, guard: AsyncGuard, **options: Any):
+    def __init__(self, app: ASGIApp, guard: AsyncGuard, **options: Unpack[HttpOptions]) -> None:
         self.app = app
         self.http = HttpGuard(guard, **options)
         self.guard = guard

@@ -129,13 +129,13 @@ def _unstorable(tp: Any, seen: set[int]) -> str | None:
         return None
     if origin is not None:
         if origin in (list, tuple, set, frozenset, dict) or (
-            isinstance(origin, type) and issubclass(origin, (typing.Sequence, typing.Mapping, typing.AbstractSet))  # type: ignore[arg-type]
+            isinstance(origin, type) and issubclass(origin, (typing.Sequence, typing.Mapping, typing.AbstractSet))
             and not issubclass(origin, (bytes, bytearray))
         ):
             for arg in typing.get_args(tp):
                 if arg is not Ellipsis and (why := _unstorable(arg, seen)) is not None:
                     return why
-            if origin is dict or (isinstance(origin, type) and issubclass(origin, typing.Mapping)):  # type: ignore[arg-type]
+            if origin is dict or (isinstance(origin, type) and issubclass(origin, typing.Mapping)):
                 args = typing.get_args(tp)
                 if args and args[0] not in (str, Any) and not (isinstance(args[0], type) and issubclass(args[0], (str, int, float, bool))):
                     return f"a mapping's keys must be text (or numbers): {_name(args[0])}"
@@ -176,8 +176,8 @@ def decode_as(value: Any, tp: Any) -> Any:
     if origin is typing.Annotated:
         return decode_as(value, typing.get_args(tp)[0])
     if origin in (Union, types.UnionType):
-        args = [a for a in typing.get_args(tp) if a is not type(None)]
-        return decode_as(value, args[0]) if len(args) == 1 else value
+        options = [a for a in typing.get_args(tp) if a is not type(None)]
+        return decode_as(value, options[0]) if len(options) == 1 else value
     if origin is not None:
         args = typing.get_args(tp)
         if isinstance(value, list) and origin in (list, tuple, set, frozenset):

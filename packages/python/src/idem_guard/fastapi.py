@@ -58,7 +58,7 @@ import functools
 import inspect
 from collections.abc import Awaitable, Callable
 from contextvars import ContextVar
-from typing import Annotated, Any
+from typing import Annotated, Any, Unpack
 
 try:
     from fastapi import APIRouter, Depends, FastAPI, Header, Request
@@ -71,7 +71,7 @@ except ImportError as e:  # pragma: no cover - depends on the environment
     raise ImportError("idem_guard.fastapi needs FastAPI: pip install fastapi") from e
 
 from .aio import AsyncGuard
-from .asgi import HOP_BY_HOP, HttpGuard, IdempotencyMiddleware, _target
+from .asgi import HOP_BY_HOP, HttpGuard, HttpOptions, IdempotencyMiddleware, _target
 from .types import Response
 
 __all__ = ["Idempotency", "unstored"]
@@ -91,7 +91,7 @@ ExceptionHandler = Callable[[Request, Exception], Awaitable[HttpResponse]]
 class Idempotency:
     """The options of a guard for FastAPI routes or apps; see the module's doc."""
 
-    def __init__(self, guard: AsyncGuard, *, store_validation_errors: bool = False, **options: Any):
+    def __init__(self, guard: AsyncGuard, *, store_validation_errors: bool = False, **options: Unpack[HttpOptions]) -> None:
         self.http = HttpGuard(guard, **options)
         self.guard = guard
         self.options = options
@@ -111,7 +111,9 @@ class Idempotency:
 
             async def validation_error(request: Request, exc: Exception) -> HttpResponse:
                 unstored(request)
-                return await previous(request, exc)  # type: ignore[no-any-return,operator]
+                answer = previous(request, exc)
+                response: HttpResponse = await answer if inspect.isawaitable(answer) else answer
+                return response
 
             app.add_exception_handler(RequestValidationError, validation_error)
 
@@ -284,7 +286,8 @@ class _Pending:
             return await self.final  # what FastAPI renders of it, handed over by the route handler
 
         self.task = asyncio.ensure_future(self.decide(run))
-        await asyncio.wait([self.task, self.value], return_when=asyncio.FIRST_COMPLETED)
+        waited: list[asyncio.Future[Any]] = [self.task, self.value]
+        await asyncio.wait(waited, return_when=asyncio.FIRST_COMPLETED)
         if self.value.done():
             return self.value.result()[1]
         answer = self.task.result()  # the endpoint's own exception, if it raised one (the key released)

@@ -309,8 +309,8 @@ def idempotent_function(
         def answer(store_key: str, outcome: Outcome, ran: Ran) -> Any:
             if outcome.kind == "executed":
                 if ran.unstorable is not None:
-                    reason = f"{type(ran.unstorable).__name__}: {ran.unstorable}"
-                    raise ResultNotStored(store_key, reason, ran.value, ran_here=True) from ran.unstorable
+                    failure = f"{type(ran.unstorable).__name__}: {ran.unstorable}"
+                    raise ResultNotStored(store_key, failure, ran.value, ran_here=True) from ran.unstorable
                 return ran.value
             if outcome.kind == "replayed":
                 assert outcome.response is not None

@@ -37,10 +37,10 @@ import threading
 import time
 import types
 import weakref
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from .observe import DecisionHook, Observer
 from .types import Checkpoint, Claim, Entry, Failure, Policy, Record, Response, StoreFault
@@ -49,6 +49,7 @@ from .workers import fork_generation, warn, warn_if_shared_memory
 # The component's bytes ship inside the package (packages/python/build.sh writes them
 # there from `idem component --out`); IDEM_COMPONENT or `component=` override them.
 DEFAULT_COMPONENT = Path(__file__).resolve().parent / "idem-guard.wasm"
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -119,7 +120,7 @@ class Faults:
     `lost` around its own operation."""
 
     def __init__(self) -> None:
-        self._faults: dict[str, dict] = {}
+        self._faults: dict[str, dict[str, Any]] = {}
 
     def fault(self, primitive: str, kind: str, message: str = "injected fault", count: int | None = None) -> None:
         if primitive not in ("get", "insert", "replace", "delete"):
@@ -131,7 +132,7 @@ class Faults:
     def clear_faults(self) -> None:
         self._faults.clear()
 
-    def take(self, primitive: str) -> dict | None:
+    def take(self, primitive: str) -> dict[str, Any] | None:
         """The rule for this call of `primitive`, or None; counted down."""
         rule = self._faults.get(primitive)
         if rule is not None and rule["count"] is not None:
@@ -141,7 +142,7 @@ class Faults:
         return rule
 
     @staticmethod
-    def before(primitive: str, rule: dict) -> None:
+    def before(primitive: str, rule: dict[str, Any]) -> None:
         """Raises what `rule` injects before the operation (`error`, `trap`); returns for `lost`."""
         if rule["kind"] == "error":
             raise StoreFault("unavailable", f"{rule['message']} (injected on {primitive})")
@@ -166,7 +167,7 @@ class MemoryStore(Faults):
         self._lock = threading.Lock()
         self._generation = fork_generation()  # a fork after this makes a copy per process: warned at first use
 
-    def _apply(self, primitive: str, operation: Callable[[], Any]) -> Any:
+    def _apply(self, primitive: str, operation: Callable[[], T]) -> T:
         if self._generation != fork_generation():
             self._generation = fork_generation()
             warn(self, "this MemoryStore was made before an os.fork() and is used in the child")
@@ -290,7 +291,7 @@ class Guard:
         retention_ms: int = 24 * 60 * 60 * 1000,
         max_response_bytes: int = 1 << 20,
         renew_lease: bool = True,
-        component: os.PathLike | str | None = None,
+        component: os.PathLike[str] | str | None = None,
         binding: str = "static",
         random: Any = None,
         purge_every_ms: int = 60_000,
@@ -354,7 +355,8 @@ class Guard:
 
     def begin(self, key: str, fingerprint: str) -> tuple[str, Any]:
         """`("proceed", Claim)`, `("replay", Response)`, `("in-flight", ms)` or `("conflict", None)`."""
-        return self._call("begin", key, fingerprint, self.policy)
+        decision: tuple[str, Any] = self._call("begin", key, fingerprint, self.policy)
+        return decision
 
     def complete(self, claim: Claim, response: Response) -> None:
         self._call("complete", claim, _normalized(response), self.policy)
@@ -364,22 +366,28 @@ class Guard:
 
     def renew(self, claim: Claim) -> Claim:
         """Extends the claim's lease; returns it with its new fence."""
-        return self._call("renew", claim, self.policy)
+        renewed: Claim = self._call("renew", claim, self.policy)
+        return renewed
 
     def save_checkpoint(self, claim: Claim, checkpoint: Checkpoint) -> Claim:
         """Records a recovery point for the claim and extends its lease; returns
         the claim with its new fence and this checkpoint. A later takeover's
         claim carries it."""
-        return self._call("save_checkpoint", claim, Checkpoint(checkpoint.phase, _bytes(checkpoint.data)), self.policy)
+        saved: Claim = self._call("save_checkpoint", claim, Checkpoint(checkpoint.phase, _bytes(checkpoint.data)), self.policy)
+        return saved
 
     def begin_request(
-        self, key: str, method: str, path: str, headers: list[tuple[str, bytes]] = (), body: bytes = b""
+        self, key: str, method: str, path: str, headers: Sequence[tuple[str, bytes]] = (), body: bytes = b""
     ) -> tuple[str, Any]:
         """`begin` with the canonical fingerprint of the request, in one call."""
-        return self._call("begin_request", key, method, path, [(n, _bytes(v)) for n, v in headers], _bytes(body), self.policy)
+        decision: tuple[str, Any] = self._call(
+            "begin_request", key, method, path, [(n, _bytes(v)) for n, v in headers], _bytes(body), self.policy
+        )
+        return decision
 
-    def fingerprint(self, method: str, path: str, headers: list[tuple[str, bytes]] = (), body: bytes = b"") -> str:
-        return self._call("fingerprint", method, path, [(n, bytes(v)) for n, v in headers], bytes(body))
+    def fingerprint(self, method: str, path: str, headers: Sequence[tuple[str, bytes]] = (), body: bytes = b"") -> str:
+        printed: str = self._call("fingerprint", method, path, [(n, bytes(v)) for n, v in headers], bytes(body))
+        return printed
 
     def run(self, key: str, fingerprint: str, handler: Callable[..., Response]) -> Outcome:
         """Runs `handler(fence)` at most once per key and fingerprint within the
@@ -478,24 +486,25 @@ class ClaimView:
     `AsyncAttempt` share it. `held` is anything with a `claim` attribute that
     renewals and checkpoints keep current."""
 
-    def __init__(self, held):
+    def __init__(self, held: Any):
         self._held = held
 
     @property
     def claim(self) -> Claim:
         """The claim as it stands: renewals and checkpoints move its fence."""
-        return self._held.claim
+        claim: Claim = self._held.claim
+        return claim
 
     @property
     def fence(self) -> int:
-        return self._held.claim.fence
+        return self.claim.fence
 
     @property
     def checkpoint(self) -> Checkpoint | None:
         """The key's last recovery point, or None: on entry, how far an earlier
         attempt whose lease ran out (or that failed and released) got — None on
         a fresh claim; after `save_checkpoint`, the one just saved."""
-        return self._held.claim.checkpoint
+        return self.claim.checkpoint
 
 
 class Attempt(ClaimView):
@@ -513,7 +522,8 @@ class Attempt(ClaimView):
         running. It also extends the lease; renewals and the completion go on
         from the claim it returns. Raises `GuardError` (`stale-claim`: taken
         over; `invalid-input`; `unavailable`)."""
-        return self._held.save_checkpoint(self._guard, Checkpoint(phase, _bytes(data)))
+        saved: Claim = self._held.save_checkpoint(self._guard, Checkpoint(phase, _bytes(data)))
+        return saved
 
 
 class _Held:
@@ -545,6 +555,8 @@ class _Held:
 
 # Records one purge asks of a store at most; a period asks again until a batch comes back short.
 PURGE_BATCH = 1_000
+# What the purge thread holds for one guard: its store's purge, its clock, its stats.
+_PurgeJob = tuple[Callable[[int, int], int], Any, "PurgeStats"]
 
 
 @dataclass
@@ -587,7 +599,7 @@ class _Purges:
     def __init__(self) -> None:
         self._cond = threading.Condition()
         # (due, token, guard, period, (purge, clock, stats)): the earliest due first.
-        self._heap: list[tuple[float, int, weakref.ref[Any], float, tuple]] = []
+        self._heap: list[tuple[float, int, weakref.ref[Any], float, _PurgeJob]] = []
         self._closed: set[int] = set()
         self._tokens = itertools.count()
         self._thread: threading.Thread | None = None
@@ -611,7 +623,7 @@ class _Purges:
             self._closed.add(token)
             self._cond.notify()
 
-    def _next(self) -> tuple[int, tuple] | None:
+    def _next(self) -> tuple[int, _PurgeJob] | None:
         """The next guard's token and `(purge, clock, stats)`, rescheduled, once it is due; None when no guard is left."""
         with self._cond:
             while True:

@@ -66,11 +66,11 @@ class Journal:
     answered (then `value` is None)."""
 
     def __init__(self) -> None:
-        self.entries: list[tuple[str, tuple, StoreFault | None, Any]] = []
+        self.entries: list[tuple[str, tuple[Any, ...], StoreFault | None, Any]] = []
         self.runs = 0
         # Per run:
         self.position = 0
-        self.pending: tuple[str, tuple] | None = None
+        self.pending: tuple[str, tuple[Any, ...]] | None = None
         self.diverged: str | None = None
 
     def start(self) -> None:
@@ -78,7 +78,7 @@ class Journal:
         self.position = 0
         self.pending = None
 
-    def _next(self, name: str, args: tuple) -> tuple | None:
+    def _next(self, name: str, args: tuple[Any, ...]) -> tuple[Any, ...] | None:
         """The recorded entry at this position (checked against `name` and `args`), or None past the end."""
         if self.position >= len(self.entries):
             return None
@@ -104,7 +104,7 @@ class Journal:
         self.position += 1
         return value
 
-    def store(self, name: str, args: tuple) -> Any:
+    def store(self, name: str, args: tuple[Any, ...]) -> Any:
         """A store primitive: the recorded answer, else `unavailable` (the first unknown one becomes `pending`)."""
         if self.pending is not None:
             raise StoreFault("unavailable", f"not asked yet: waits for {self.pending[0]} (journal replay)")
@@ -116,12 +116,12 @@ class Journal:
             raise entry[2]
         return entry[3]
 
-    def answer(self, name: str, args: tuple, fault: StoreFault | None, value: Any) -> None:
+    def answer(self, name: str, args: tuple[Any, ...], fault: StoreFault | None, value: Any) -> None:
         """Appends the store's answer to the pending call."""
         self.entries.append((name, args, fault, value))
 
 
-def _shown(args: tuple) -> str:
+def _shown(args: tuple[Any, ...]) -> str:
     text = repr(args)
     return text if len(text) <= 120 else text[:117] + "...)"
 
@@ -188,7 +188,7 @@ class Replay:
         self.store = _Store(self._current)
         self.clock = self.random = _Inputs(self._current, clock, random)
 
-    def _run(self, journal: Journal, method: Callable[..., Any], args: tuple) -> tuple[Any, GuardError | None]:
+    def _run(self, journal: Journal, method: Callable[..., Any], args: tuple[Any, ...]) -> tuple[Any, GuardError | None]:
         journal.start()
         self._current.journal = journal
         try:

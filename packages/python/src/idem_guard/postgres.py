@@ -137,7 +137,7 @@ def decode_row(key: str, row: Sequence[Any], at: int = 0) -> Entry:
 # A primitive yields `(statement name, parameters)` and receives `(rows,
 # rowcount)`; the sync and the async store only run the statements.
 
-_Steps = Generator[tuple[str, list], tuple[list, int], Any]
+_Steps = Generator[tuple[str, list[Any]], tuple[list[Any], int], Any]
 
 
 class _Layout:
@@ -149,11 +149,11 @@ class _Layout:
         self._sql = {name: layout.postgres_statement(name, table) for name in STATEMENTS}
         self._schema = layout.postgres_schema(table)
 
-    def _connect_options(self) -> dict:
+    def _connect_options(self) -> dict[str, Any]:
         # libpq's connect_timeout is in whole seconds, at least 2.
         return {"connect_timeout": max(2, math.ceil(self.timeout_ms / 1000))}
 
-    def _pool_options(self) -> dict:
+    def _pool_options(self) -> dict[str, Any]:
         # Autocommit: each statement is its own transaction, as the layout
         # assumes. prepare_threshold=0: every statement is prepared on a
         # connection at its first use. RawCursor: the layout's `$1` placeholders.
@@ -163,7 +163,7 @@ class _Layout:
             "cursor_factory": psycopg.RawCursor,
         }
 
-    def _checked_version(self, found: tuple | None) -> None:
+    def _checked_version(self, found: tuple[Any, ...] | None) -> None:
         if found is None or found[0] != SCHEMA_VERSION:
             version = None if found is None else found[0]
             raise StoreFault(
@@ -287,9 +287,10 @@ class PostgresStore(_Layout, Steps):
         `purge`: the oldest expiry first, rows another session holds skipped)
         and returns how many. A `Guard` over this store calls it every
         `purge_every_ms`."""
-        return self._run("", self._purge(now_ms, limit))
+        purged: int = self._run("", self._purge(now_ms, limit))
+        return purged
 
-    def _send(self, command: tuple[str, list], _key: str) -> tuple[list, int]:
+    def _send(self, command: tuple[str, list[Any]], _key: str) -> tuple[list[Any], int]:
         name, params = command
         try:
             with self.pool.connection() as conn:
@@ -353,9 +354,10 @@ class AsyncPostgresStore(_Layout, AsyncSteps):
 
     async def purge_expired(self, now_ms: int, limit: int) -> int:
         """`PostgresStore.purge_expired`, awaited; an `AsyncGuard` over this store calls it every `purge_every_ms`."""
-        return await self._run("", self._purge(now_ms, limit))
+        purged: int = await self._run("", self._purge(now_ms, limit))
+        return purged
 
-    async def _send(self, command: tuple[str, list], _key: str) -> tuple[list, int]:
+    async def _send(self, command: tuple[str, list[Any]], _key: str) -> tuple[list[Any], int]:
         if self.pool is None:
             raise StoreFault("unavailable", f"{NAME}: the store is not open (await AsyncPostgresStore.open(url))")
         name, params = command

@@ -23,7 +23,24 @@ from .types import Entry, Record
 Commands = Generator[Any, Any, Any]
 
 
-class Steps:
+class _Primitives:
+    """The primitives a layout writes once, as generators of commands (`idem_guard.redis._Layout`,
+    `idem_guard.postgres._Layout`)."""
+
+    def _get(self, key: str, now_ms: int) -> Commands:
+        raise NotImplementedError
+
+    def _insert(self, key: str, record: Record, now_ms: int) -> Commands:
+        raise NotImplementedError
+
+    def _replace(self, key: str, expected_version: int, record: Record, now_ms: int) -> Commands:
+        raise NotImplementedError
+
+    def _delete(self, key: str, expected_version: int | None) -> Commands:
+        raise NotImplementedError
+
+
+class Steps(_Primitives):
     """`get`, `insert`, `replace` and `delete`, each the primitive's commands sent one by one."""
 
     def _send(self, command: Any, key: str) -> Any:
@@ -38,16 +55,20 @@ class Steps:
             return done.value
 
     def get(self, key: str, now_ms: int) -> Entry | None:
-        return self._run(key, self._get(key, now_ms))
+        value: Entry | None = self._run(key, self._get(key, now_ms))
+        return value
 
     def insert(self, key: str, record: Record, now_ms: int) -> int | Entry:
-        return self._run(key, self._insert(key, record, now_ms))
+        value: int | Entry = self._run(key, self._insert(key, record, now_ms))
+        return value
 
     def replace(self, key: str, expected_version: int, record: Record, now_ms: int) -> int | None:
-        return self._run(key, self._replace(key, expected_version, record, now_ms))
+        value: int | None = self._run(key, self._replace(key, expected_version, record, now_ms))
+        return value
 
     def delete(self, key: str, expected_version: int | None) -> bool:
-        return self._run(key, self._delete(key, expected_version))
+        value: bool = self._run(key, self._delete(key, expected_version))
+        return value
 
     def close(self) -> None:
         raise NotImplementedError
@@ -59,7 +80,7 @@ class Steps:
         self.close()
 
 
-class AsyncSteps:
+class AsyncSteps(_Primitives):
     """`Steps` for asyncio: `await store.get(...)` and so on, each command awaited (`async def _send`)."""
 
     async def _send(self, command: Any, key: str) -> Any:
@@ -74,13 +95,17 @@ class AsyncSteps:
             return done.value
 
     async def get(self, key: str, now_ms: int) -> Entry | None:
-        return await self._run(key, self._get(key, now_ms))
+        value: Entry | None = await self._run(key, self._get(key, now_ms))
+        return value
 
     async def insert(self, key: str, record: Record, now_ms: int) -> int | Entry:
-        return await self._run(key, self._insert(key, record, now_ms))
+        value: int | Entry = await self._run(key, self._insert(key, record, now_ms))
+        return value
 
     async def replace(self, key: str, expected_version: int, record: Record, now_ms: int) -> int | None:
-        return await self._run(key, self._replace(key, expected_version, record, now_ms))
+        value: int | None = await self._run(key, self._replace(key, expected_version, record, now_ms))
+        return value
 
     async def delete(self, key: str, expected_version: int | None) -> bool:
-        return await self._run(key, self._delete(key, expected_version))
+        value: bool = await self._run(key, self._delete(key, expected_version))
+        return value
