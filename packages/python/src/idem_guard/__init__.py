@@ -48,6 +48,7 @@ from .guard import (
     SystemClock,
     SystemRandom,
 )
+from .observe import Decision
 from .types import Checkpoint, Claim, Entry, Record, Response, StoreFault
 
 __version__ = "0.2.0"
@@ -60,6 +61,7 @@ __all__ = [
     "Attempt",
     "Checkpoint",
     "Claim",
+    "Decision",
     "Entry",
     "Guard",
     "GuardError",

@@ -405,10 +405,11 @@ class Guest:
         self.imports = []
         for imp in module.imports:
             iface = imp.module.split("/")[-1].removesuffix(f"@{VERSION}")
-            if imp.module != contract(iface) or (iface, imp.name) not in IMPORTS:
+            if imp.module != contract(iface) or (iface, imp.name or "") not in IMPORTS:
                 raise AbiViolation(f"the component imports {imp.module} {imp.name}, which this binding does not provide")
-            self._check({imp.name: imp.type}, imp.name, *IMPORTS[(iface, imp.name)])
-            self.imports.append((iface, imp.name))
+            name = imp.name or ""
+            self._check({name: imp.type}, name, *IMPORTS[(iface, name)])
+            self.imports.append((iface, name))
 
     @staticmethod
     def _check(types: dict[str, Any], name: str, params: list[str], results: list[str]) -> None:
@@ -426,12 +427,12 @@ class Guest:
 # --- host functions through wasmtime's unchecked C API ---------------------
 
 # env -> (the instance, weakly: the dict must not keep it alive, its handler, the handler's flat parameters)
-_HOST_FUNCS: dict[int, tuple[weakref.ref, Callable[..., None], struct.Struct]] = {}
+_HOST_FUNCS: dict[int, tuple[weakref.ref[Any], Callable[..., None], struct.Struct]] = {}
 _next_env = itertools.count(1)
 
 
 # `wasmtime_func_unchecked_callback_t`, with its pointers as plain ints.
-@ctypes.CFUNCTYPE(ctypes.c_size_t, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t)
+@ctypes.CFUNCTYPE(ctypes.c_size_t, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t)  # type: ignore[untyped-decorator]
 def _trampoline(env: int, caller: int, values: int, count: int) -> int:
     try:
         instance, handler, params = _HOST_FUNCS[env]
@@ -440,7 +441,7 @@ def _trampoline(env: int, caller: int, values: int, count: int) -> int:
     return Instance._host_call(instance(), caller, values, handler, params)
 
 
-@ctypes.CFUNCTYPE(None, ctypes.c_void_p)
+@ctypes.CFUNCTYPE(None, ctypes.c_void_p)  # type: ignore[untyped-decorator]
 def _finalize(env: int) -> None:
     _HOST_FUNCS.pop(env, None)  # the wasmtime Store holding the function was dropped
 
@@ -454,7 +455,7 @@ def _c(name: str, restype: Any, *argtypes: Any) -> Any:
 
     `PYFUNCTYPE` keeps the GIL across the call: the calls are microseconds
     long, and this halves ctypes' cost against wasmtime-py's own prototypes."""
-    return ctypes.PYFUNCTYPE(restype, *argtypes)((name, capi.dll))
+    return ctypes.PYFUNCTYPE(restype, *argtypes)((name, capi.dll))  # type: ignore[attr-defined]
 
 
 _P = ctypes.c_void_p
@@ -585,7 +586,7 @@ class Instance:
                 self._ctx, _address(imp.type.ptr()), _address(_trampoline), env, _address(_finalize), ctypes.addressof(func)
             )
             funcs.append(wasmtime.Func._from_raw(func))
-        exports = wasmtime.Instance(self._wasmtime, guest.module, funcs).exports(self._wasmtime)
+        exports: Any = wasmtime.Instance(self._wasmtime, guest.module, funcs).exports(self._wasmtime)
         self._memory_export = exports["memory"]
         self._memory = ctypes.addressof(self._memory_export._memory)
         self._size = -1
@@ -616,7 +617,8 @@ class Instance:
         export = self._exports[name]
         export.params.pack_into(export.view, 0, *params)
         self._invoke(export)
-        return _U32.unpack_from(export.view)[0]
+        result: int = _U32.unpack_from(export.view)[0]
+        return result
 
     def _post(self, name: str, ret: int) -> None:
         export = self._exports["post-" + name]
@@ -634,7 +636,7 @@ class Instance:
 
     # Lowering: Python values into memory the guest owns. Allocations first, then one view, then the writes.
 
-    def _put(self, writes: list, data: bytes, align: int = 1) -> tuple[int, int]:
+    def _put(self, writes: list[Any], data: bytes, align: int = 1) -> tuple[int, int]:
         """Allocates room for `data` (`cabi_realloc(0, 0, align, len)`: memory the
         guest then owns) and queues its write for `_flush`; the pointer and length."""
         n = len(data)
@@ -647,27 +649,27 @@ class Instance:
         writes.append((ptr, data))
         return ptr, n
 
-    def _put_headers(self, writes: list, headers: Sequence[tuple[str, bytes]]) -> tuple[int, int]:
+    def _put_headers(self, writes: list[Any], headers: Sequence[tuple[str, bytes]]) -> tuple[int, int]:
         array = bytearray(HEADER.size * len(headers))
         for i, (name, value) in enumerate(headers):
             _HEADER.pack_into(array, i * HEADER.size, *self._put(writes, name.encode()), *self._put(writes, bytes(value)))
         ptr, _ = self._put(writes, bytes(array), HEADER.align)
         return ptr, len(headers)
 
-    def _flush(self, writes: list) -> None:
+    def _flush(self, writes: list[Any]) -> None:
         mem = self._view()
         for ptr, data in writes:
             if ptr + len(data) > self._size:
                 raise AbiViolation(f"cabi_realloc returned {ptr}, beyond memory ({self._size} bytes)")
             mem[ptr : ptr + len(data)] = data
 
-    def _checkpoint_params(self, writes: list, c: Checkpoint | None) -> tuple[int, ...]:
+    def _checkpoint_params(self, writes: list[Any], c: Checkpoint | None) -> tuple[int, ...]:
         """`option<checkpoint>`'s five flat values."""
         if c is None:
             return (0, 0, 0, 0, 0)
         return (1, *self._put(writes, c.phase.encode()), *self._put(writes, bytes(c.data)))
 
-    def _claim_params(self, writes: list, c: Claim) -> tuple[int, ...]:
+    def _claim_params(self, writes: list[Any], c: Claim) -> tuple[int, ...]:
         """A claim's 13 flat values (CLAIM.flat)."""
         return (
             *self._put(writes, c.key.encode()),
@@ -679,20 +681,20 @@ class Instance:
             *self._checkpoint_params(writes, c.checkpoint),
         )
 
-    def _put_checkpoint(self, writes: list, out: bytearray, at: int, c: Checkpoint | None) -> None:
+    def _put_checkpoint(self, writes: list[Any], out: bytearray, at: int, c: Checkpoint | None) -> None:
         """`option<checkpoint>` into `out` at `at`."""
         out[at] = c is not None
         if c is not None:
             _CHECKPOINT.pack_into(out, at + _CHECKPOINT_IN_OPTION, *self._checkpoint_params(writes, c)[1:])
 
-    def _put_claim(self, writes: list, out: bytearray, at: int, c: Claim) -> None:
+    def _put_claim(self, writes: list[Any], out: bytearray, at: int, c: Claim) -> None:
         """A claim into `out` at `at` (CLAIM's layout)."""
         flat = self._claim_params(writes, c)
         _CLAIM.pack_into(out, at, *flat[:9])
         if c.checkpoint is not None:
             _CHECKPOINT.pack_into(out, at + CLAIM.offset["checkpoint"] + _CHECKPOINT_IN_OPTION, *flat[9:])
 
-    def _put_params(self, writes: list, name: str, fill: Callable[[bytearray, tuple[int, ...]], None]) -> int:
+    def _put_params(self, writes: list[Any], name: str, fill: Callable[[bytearray, tuple[int, ...]], None]) -> int:
         """A function's parameters stored as their tuple (over 16 flat values): the pointer to pass."""
         ty = PARAMS[name]
         out = bytearray(ty.size)
@@ -750,11 +752,12 @@ class Instance:
             else:
                 value = (tag, None)
         self._post(name, ret)
-        return value
+        decision: tuple[str, Any] | Failure = value
+        return decision
 
     @clears_handles
     def begin(self, key: str, fingerprint: str, policy: Policy) -> tuple[str, Any] | Failure:
-        writes: list = []
+        writes: list[Any] = []
         params = (*self._put(writes, key.encode()), *self._put(writes, fingerprint.encode()), *policy)
         self._flush(writes)
         return self._decision("begin", params)
@@ -763,7 +766,7 @@ class Instance:
     def begin_request(
         self, key: str, method: str, path: str, headers: Sequence[tuple[str, bytes]], body: bytes, policy: Policy
     ) -> tuple[str, Any] | Failure:
-        writes: list = []
+        writes: list[Any] = []
         params = (
             *self._put(writes, key.encode()),
             *self._put(writes, method.encode()),
@@ -784,7 +787,7 @@ class Instance:
 
     @clears_handles
     def complete(self, claim: Claim, response: Response, policy: Policy) -> Failure | None:
-        writes: list = []
+        writes: list[Any] = []
 
         def fill(out: bytearray, at: tuple[int, ...]) -> None:
             self._put_claim(writes, out, at[0], claim)
@@ -797,7 +800,7 @@ class Instance:
 
     @clears_handles
     def release(self, claim: Claim) -> Failure | None:
-        writes: list = []
+        writes: list[Any] = []
         params = self._claim_params(writes, claim)
         self._flush(writes)
         return self._unit("release", params)
@@ -813,14 +816,14 @@ class Instance:
 
     @clears_handles
     def renew(self, claim: Claim, policy: Policy) -> Claim | Failure:
-        writes: list = []
+        writes: list[Any] = []
         params = (*self._claim_params(writes, claim), *policy)
         self._flush(writes)
         return self._claim_result("renew", params)
 
     @clears_handles
     def save_checkpoint(self, claim: Claim, checkpoint: Checkpoint, policy: Policy) -> Claim | Failure:
-        writes: list = []
+        writes: list[Any] = []
 
         def fill(out: bytearray, at: tuple[int, ...]) -> None:
             self._put_claim(writes, out, at[0], claim)
@@ -833,7 +836,7 @@ class Instance:
 
     @clears_handles
     def fingerprint(self, method: str, path: str, headers: Sequence[tuple[str, bytes]], body: bytes) -> str:
-        writes: list = []
+        writes: list[Any] = []
         params = (
             *self._put(writes, method.encode()),
             *self._put(writes, path.encode()),
@@ -867,24 +870,24 @@ class Instance:
         finally:
             self._ctx = self._store_ctx
 
-    def _now_ms(self, values: int, _params: tuple) -> None:
+    def _now_ms(self, values: int, _params: tuple[Any, ...]) -> None:
         ctypes.c_uint64.from_address(values).value = self.clock.now_ms()
 
-    def _random_u64(self, values: int, _params: tuple) -> None:
+    def _random_u64(self, values: int, _params: tuple[Any, ...]) -> None:
         ctypes.c_uint64.from_address(values).value = self.random.random_u64()
 
     # wit/types.wit's `response`: its methods take the handle as a borrow.
 
-    def _response_drop(self, _values: int, params: tuple) -> None:
+    def _response_drop(self, _values: int, params: tuple[Any, ...]) -> None:
         self.handles.take(params[0])
 
-    def _response_status(self, values: int, params: tuple) -> None:
+    def _response_status(self, values: int, params: tuple[Any, ...]) -> None:
         ctypes.c_uint32.from_address(values).value = status_u16(self.handles.borrow(params[0]))
 
-    def _response_size(self, values: int, params: tuple) -> None:
+    def _response_size(self, values: int, params: tuple[Any, ...]) -> None:
         ctypes.c_uint64.from_address(values).value = response_size(self.handles.borrow(params[0]))
 
-    def _response_same_as(self, values: int, params: tuple) -> None:
+    def _response_same_as(self, values: int, params: tuple[Any, ...]) -> None:
         this, other = params
         ctypes.c_uint32.from_address(values).value = same_response(self.handles.borrow(this), self.handles.borrow(other))
 
@@ -900,18 +903,18 @@ class Instance:
         checkpoint = self._checkpoint(mem, at + _CHECKPOINT_IN_RECORD)
         return Record(self._string(mem, fp, fl), STATE.case(state), holder, lease_until_ms, expires_at_ms, response, checkpoint)
 
-    def _store_error(self, writes: list, ret: int, result: Variant, fault: StoreFault) -> None:
+    def _store_error(self, writes: list[Any], ret: int, result: Variant, fault: StoreFault) -> None:
         case = STORE_ERROR.cases.index(fault.kind)
         message = self._put(writes, str(fault).encode())
         writes.append((ret, struct.pack("<B", result.cases.index("err"))))
         writes.append((ret + result.payload, struct.pack("<B", case)))
         writes.append((ret + result.payload + STORE_ERROR.payload, _PTR_LEN.pack(*message)))
 
-    def _get(self, _values: Any, params: tuple) -> None:
+    def _get(self, _values: Any, params: tuple[Any, ...]) -> None:
         kp, kl, now_ms, ret = params
         mem = self._view()
         self._at(ret, GET_RESULT)
-        writes: list = []
+        writes: list[Any] = []
         try:
             entry = self.store.get(self._string(mem, kp, kl), now_ms)
         except StoreFault as fault:
@@ -931,7 +934,7 @@ class Instance:
         self._at(ret, result)
         return mem
 
-    def _insert(self, _values: Any, params: tuple) -> None:
+    def _insert(self, _values: Any, params: tuple[Any, ...]) -> None:
         kp, kl, fp, fl, state, holder, lease_until_ms, expires_at_ms, has_checkpoint, pp, pl, dp, dl, now_ms, ret = params
         mem = self._view()
         self._at(ret, INSERT_RESULT)
@@ -941,7 +944,7 @@ class Instance:
         # The guard inserts only `processing` records: no response goes with them.
         record = Record(self._string(mem, fp, fl), STATE.case(state), holder, lease_until_ms, expires_at_ms, None, checkpoint)
         key = self._string(mem, kp, kl)
-        writes: list = []
+        writes: list[Any] = []
         try:
             outcome = self.store.insert(key, record, now_ms)
         except StoreFault as fault:
@@ -955,7 +958,7 @@ class Instance:
                 writes.append((ret, _OK_U64.pack(0, INSERT_OUTCOME.cases.index("inserted"), outcome)))
         self._flush(writes)
 
-    def _lower_entry(self, writes: list, entry: Entry) -> bytes:
+    def _lower_entry(self, writes: list[Any], entry: Entry) -> bytes:
         """`entry` as it sits in memory (ENTRY.size bytes); its strings and lists
         allocated, its response (the `Record`'s) given a handle."""
         r = entry.record
@@ -968,7 +971,7 @@ class Instance:
         _VERSION.pack_into(out, ENTRY.offset["version"], entry.version)
         return bytes(out)
 
-    def _replace(self, _values: Any, params: tuple) -> None:
+    def _replace(self, _values: Any, params: tuple[Any, ...]) -> None:
         ptr, ret = params
         mem = self._store_params(ptr, ret, _REPLACE_PARAMS, REPLACE_RESULT)
         key = self._string(mem, *_PTR_LEN.unpack_from(mem, ptr + _REPLACE_KEY))
@@ -977,7 +980,7 @@ class Instance:
         response = self.handles.borrow(handle) if OPTION_RESPONSE.case(has_response) == "some" else None
         record = self._record(mem, ptr + _REPLACE_RECORD, response)
         (now_ms,) = _VERSION.unpack_from(mem, ptr + _REPLACE_NOW)
-        writes: list = []
+        writes: list[Any] = []
         try:
             version = self.store.replace(key, expected_version, record, now_ms)
         except StoreFault as fault:

@@ -74,12 +74,15 @@ def default(value: Any) -> Any:
     )
 
 
+# Made once: json.dumps with options builds an encoder per call.
+_COMPACT = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False, allow_nan=False, default=default)
+_CANONICAL = json.JSONEncoder(sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False, default=default)
+
+
 def dumps(value: Any, *, sort_keys: bool = False) -> bytes:
     """Compact JSON of `value` as UTF-8, the module's types included; `Unstorable` when it cannot be."""
     try:
-        text = json.dumps(
-            value, sort_keys=sort_keys, separators=(",", ":"), ensure_ascii=False, allow_nan=False, default=default
-        )
+        text = (_CANONICAL if sort_keys else _COMPACT).encode(value)
     except Unstorable:
         raise
     except (TypeError, ValueError) as e:  # NaN, a circular reference, a key json refuses

@@ -149,6 +149,8 @@ class Observer:
         return outcome
 
     def _report(self, key: str, start: int, outcome: Outcome, span: Any) -> None:
+        if span is None and not self.hooks and not self.logger.isEnabledFor(_LEVELS.get(outcome.kind, logging.DEBUG)):
+            return  # nobody listens: no Decision built (the usual case, on the hot path)
         self._emit(
             Decision(
                 key,
