@@ -101,6 +101,11 @@ echo "== Python package and host ($(python3.11 --version))"
   dev="$root/packages/python/requirements-dev.txt"
   "$venv/bin/pip" download --quiet --disable-pip-version-check --no-deps --dest "$wheels" -r "$dev"
   "$venv/bin/pip" install --quiet --disable-pip-version-check --no-index --find-links "$wheels" -r "$dev"
+  # The linters, pinned in requirements-dev.txt and configured in pyproject.toml:
+  # Ruff on the package, its tests and the Python examples; mypy --strict on the
+  # package and a typed FastAPI consumer (tests/typed_fastapi_app.py).
+  (cd "$root/packages/python" && "$venv/bin/ruff" check . ../../examples/python ../../examples/interop \
+    && "$venv/bin/mypy")
   # The idem-guard wheel, with $component inside; the tests import it installed.
   "$root/packages/python/build.sh" "" "$wheels"
   "$venv/bin/pip" install --quiet --disable-pip-version-check --no-deps --force-reinstall \
