@@ -886,3 +886,72 @@ def test_the_async_redis_store_loads_a_script_the_server_lost_in_the_same_round_
             assert Forgetful.batches == [["SET"], ["EVALSHA"], ["SCRIPT", "EVALSHA"]], Forgetful.batches
 
     asyncio.run(main())
+
+
+def test_async_redis_calls_start_inside_the_run_that_asks_for_them(redis_url: str) -> None:
+    """AsyncRedisStore says `eager_start`: the journal starts a pending call the moment the
+    guest asks for it, so its command is written before that run even ends (its round trip
+    overlaps the rest of the run). A store without it is called after the run."""
+
+    class Spied(AsyncRedisStore):
+        async def _pipeline(self, batch: tuple[tuple[Any, ...], ...]) -> list[Any]:
+            self.sent.append(str(batch[0][0]))
+            return await super()._pipeline(batch)
+
+    class Lazy(Spied):
+        eager_start = False
+
+    async def sent_by_run_end(kind: type[Spied]) -> list[list[str]]:
+        async with kind(redis_url, prefix=unique("eager") + ":") as store:
+            store.sent = []
+            guard = AsyncGuard(store=store)
+            seen: list[list[str]] = []
+            replay = guard._replay
+            assert replay is not None
+            run = replay._run
+
+            def noted(*args: Any) -> Any:
+                result = run(*args)
+                seen.append(list(store.sent))
+                return result
+
+            replay._run = noted  # type: ignore[method-assign]
+            outcome = await guard.run("k", "fp", lambda fence: Response(201, [], b"ok"))
+            assert outcome.kind == "executed"
+            return seen
+
+    eager, lazy = asyncio.run(sent_by_run_end(Spied)), asyncio.run(sent_by_run_end(Lazy))
+    assert eager[0] == ["SET"], eager  # begin's claim was on the wire when its first run ended
+    assert lazy[0] == [], lazy
+    assert eager[-1] == lazy[-1], (eager, lazy)  # the same commands either way (claim, IFEQ probe, completion)
+
+
+def test_an_async_guard_call_cancelled_while_its_started_store_call_waits_leaves_nothing_behind(
+    redis_url: str,
+) -> None:
+    url = urllib.parse.urlsplit(redis_url)
+    proxy = SilentProxy(url.port or 6379)
+
+    async def main() -> None:
+        async with AsyncRedisStore(f"redis://127.0.0.1:{proxy.port}", prefix=unique("acancel") + ":", timeout_ms=60_000) as store:
+            guard = AsyncGuard(store=store)
+            assert (await guard.run("warm", "fp", lambda fence: Response(200))).kind == "executed"
+            (conn,) = store._idle
+            proxy.silence()
+            ran: list[int] = []
+            task = asyncio.ensure_future(guard.run("k", "fp", lambda fence: ran.append(fence) or Response(200)))
+            for _ in range(500):  # until the claim's SET is on the wire and waits for a reply that never comes
+                if not store._idle:
+                    break
+                await asyncio.sleep(0.01)
+            task.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await task
+            assert ran == [] and conn._reader is None, "the store call was cancelled with its guard call and its connection dropped"
+            others = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+            assert others == [], others
+
+    try:
+        asyncio.run(main())
+    finally:
+        proxy.close()

@@ -44,8 +44,10 @@ functions (`AsyncRedisStore`, `AsyncPostgresStore`, or a store of your own)::
 
 from __future__ import annotations
 
+import asyncio
+import inspect
 import threading
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable, Coroutine, Generator
 from typing import Any
 
 from .guard import GuardError
@@ -63,11 +65,15 @@ class Diverged(Exception):
 class Journal:
     """The imports of one guard call, in the order the guest made them:
     `(name, args, fault, value)`, where `fault` is the `StoreFault` the store
-    answered (then `value` is None)."""
+    answered (then `value` is None). With `start`, the pending call is started
+    on the store the moment the guest asks for it (`started`), so its round trip
+    overlaps the rest of the run, as a synchronous host's would."""
 
-    def __init__(self) -> None:
+    def __init__(self, start: Callable[[str, tuple[Any, ...]], Awaitable[Any]] | None = None) -> None:
         self.entries: list[tuple[str, tuple[Any, ...], StoreFault | None, Any]] = []
         self.runs = 0
+        self._start = start
+        self.started: Awaitable[Any] | None = None
         # Per run:
         self.position = 0
         self.pending: tuple[str, tuple[Any, ...]] | None = None
@@ -111,6 +117,8 @@ class Journal:
         entry = self._next(name, args)
         if entry is None:
             self.pending = (name, args)
+            if self._start is not None:
+                self.started = self._start(name, args)
             raise StoreFault("unavailable", f"{name} is asked of the store before the call is run again (journal replay)")
         if entry[2] is not None:
             raise entry[2]
@@ -173,6 +181,71 @@ class _Inputs:
         return self._fresh("random-u64", self._random.random_u64)
 
 
+def _forget(started: Awaitable[Any]) -> None:
+    """Cancels a started store call nobody will await, and retrieves its outcome when it ends."""
+    if isinstance(started, asyncio.Future):
+        started.cancel()
+        started.add_done_callback(lambda f: f.cancelled() or f.exception())
+
+
+def _abandoned(started: Awaitable[Any]) -> Awaitable[Any]:
+    """Waits for a store call whose answer is not wanted (the replay diverged), ignoring its outcome."""
+    return asyncio.gather(started, return_exceptions=True)
+
+
+class _Resumed:
+    """Awaits what a coroutine stepped by hand suspended on, as its task would: a
+    future (marked blocking again, as `Future.__await__` does) or a bare yield."""
+
+    __slots__ = ("yielded",)
+
+    def __init__(self, yielded: Any):
+        self.yielded = yielded
+
+    def __await__(self) -> Generator[Any, None, None]:
+        if self.yielded is None:
+            yield None
+        elif not self.yielded.done():
+            self.yielded._asyncio_future_blocking = True
+            yield self.yielded
+
+
+async def _resumed(coro: Coroutine[Any, Any, Any], yielded: Any) -> Any:
+    """Drives `coro` on from its first suspension (`_eager`), cancellation passed on."""
+    while True:
+        try:
+            await _Resumed(yielded)
+        except asyncio.CancelledError as cancelled:
+            try:
+                yielded = coro.throw(cancelled)
+            except StopIteration as done:
+                return done.value
+            continue
+        try:
+            yielded = coro.send(None)
+        except StopIteration as done:
+            return done.value
+
+
+def _eager(awaitable: Awaitable[Any]) -> Awaitable[Any]:
+    """Runs a coroutine now, up to its first suspension (a command written, its reply
+    awaited), and the rest as a task: Python 3.12's eager tasks, for 3.11."""
+    loop = asyncio.get_running_loop()
+    if not inspect.iscoroutine(awaitable):
+        return asyncio.ensure_future(awaitable)
+    try:
+        yielded = awaitable.send(None)
+    except StopIteration as done:
+        future: asyncio.Future[Any] = loop.create_future()
+        future.set_result(done.value)
+        return future
+    except Exception as error:  # noqa: BLE001 - the store's answer (a StoreFault) or its bug, given to the await
+        future = loop.create_future()
+        future.set_exception(error)
+        return future
+    return loop.create_task(_resumed(awaitable, yielded))
+
+
 class Replay:
     """Runs guard calls over an asynchronous store by journal replay.
 
@@ -184,9 +257,16 @@ class Replay:
 
     def __init__(self, store: Any, clock: Any, random: Any):
         self.target = store
+        # A store whose primitives do nothing bound to the current task before their first
+        # suspension (`AsyncRedisStore`) says so with `eager_start = True`: its calls are then
+        # started inside the run that asks for them (`_eager`).
+        self._start = self._eager_start if getattr(store, "eager_start", False) is True else None
         self._current = _Current()
         self.store = _Store(self._current)
         self.clock = self.random = _Inputs(self._current, clock, random)
+
+    def _eager_start(self, name: str, args: tuple[Any, ...]) -> Awaitable[Any]:
+        return _eager(getattr(self.target, name)(*args))
 
     def _run(self, journal: Journal, method: Callable[..., Any], args: tuple[Any, ...]) -> tuple[Any, GuardError | None]:
         journal.start()
@@ -201,10 +281,20 @@ class Replay:
     async def call(self, method: Callable[..., Any], *args: Any) -> Any:
         """`method(*args)` (a `Guard` method: it returns or raises `GuardError`), replayed until the
         journal answers every import it makes."""
-        journal = Journal()
+        journal = Journal(self._start)
+        try:
+            return await self._replayed(journal, method, args)
+        finally:
+            if journal.started is not None:  # left behind by a call that ended another way
+                _forget(journal.started)
+
+    async def _replayed(self, journal: Journal, method: Callable[..., Any], args: tuple[Any, ...]) -> Any:
         while True:
             value, error = self._run(journal, method, args)
             if journal.diverged is not None:
+                if journal.started is not None:
+                    started, journal.started = journal.started, None
+                    await _abandoned(started)
                 raise GuardError("unavailable", f"the guard's replay diverged from its journal: {journal.diverged}")
             if journal.pending is None:
                 if journal.position != len(journal.entries):
@@ -217,8 +307,9 @@ class Replay:
                     raise error
                 return value
             name, pending_args = journal.pending
+            started, journal.started = journal.started, None
             try:
-                answer = await getattr(self.target, name)(*pending_args)
+                answer = await (started if started is not None else getattr(self.target, name)(*pending_args))
             except StoreFault as fault:
                 journal.answer(name, pending_args, fault, None)
             except Exception as bug:  # not a store error: a bug, which a sync host would trap on

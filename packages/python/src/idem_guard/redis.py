@@ -703,11 +703,14 @@ class AsyncRedisStore(_Layout, AsyncSteps):
     `StreamReader` — no pool checkout, lock, hooks or response callbacks per
     command. Concurrent calls each take an idle connection of the store's
     (a new one from the client's pool when none is idle). Each exchange is
-    bounded by `timeout_ms` (`asyncio.timeout`); a connection that failed, timed
-    out or was cancelled mid-reply is dropped. Connections belong to the event
+    bounded by `timeout_ms` (a timer that closes the connection); a connection
+    that failed, timed out or was cancelled mid-reply is dropped. Connections belong to the event
     loop that opened them: on another loop the store opens new ones."""
 
     _client_class, _retry_class = _aredis.Redis, _AsyncRetry
+    # Its primitives bind nothing to the current task before their first suspension, so
+    # AsyncGuard starts each one inside the run that asks for it (idem_guard.journal).
+    eager_start = True
 
     def _opened(self) -> None:
         self._pool = getattr(self.client, "connection_pool", None)
@@ -738,11 +741,19 @@ class AsyncRedisStore(_Layout, AsyncSteps):
                     _drop(conn)  # the server closed it while it sat idle: connected again before the command
                 await conn.connect()
                 reader = conn._reader
+            # A deadline of the connection's own, not asyncio.timeout: the store's calls may be
+            # started inside the guard's run (`eager_start`), before they have a task of their own.
+            writer = conn._writer
+            expired = [False]
+            timer = asyncio.get_running_loop().call_later(self._timeout_s, _expire, writer, expired)
             try:
-                async with asyncio.timeout(self._timeout_s):
-                    replies = await _aexchange(reader, conn._writer, b"".join(_pack(args) for args in batch), len(batch))
-            except TimeoutError as e:
-                raise _TimeoutError("Timeout talking to the server") from e
+                replies = await _aexchange(reader, writer, b"".join(_pack(args) for args in batch), len(batch))
+            except _ConnectionError as e:
+                if expired[0]:
+                    raise _TimeoutError("Timeout talking to the server") from e
+                raise
+            finally:
+                timer.cancel()
             replies = replies if len(batch) > 1 else [replies]
             if any(isinstance(r, ResponseError) and not isinstance(r, NoScriptError) for r in replies):
                 await conn.disconnect()  # the next command connects afresh (READONLY, LOADING)
@@ -781,6 +792,12 @@ class AsyncRedisStore(_Layout, AsyncSteps):
 
     async def __aexit__(self, *_exc: object) -> None:
         await self.close()
+
+
+def _expire(writer: asyncio.StreamWriter, expired: list[bool]) -> None:
+    """A command's deadline passed: its connection is closed at once, which ends the wait for the reply."""
+    expired[0] = True
+    writer.transport.abort()
 
 
 def _drop(conn: Any) -> None:
