@@ -293,8 +293,8 @@ class Replay:
             value, error = self._run(journal, method, args)
             if journal.diverged is not None:
                 if journal.started is not None:
-                    started, journal.started = journal.started, None
-                    await _abandoned(started)
+                    abandoned, journal.started = journal.started, None
+                    await _abandoned(abandoned)
                 raise GuardError("unavailable", f"the guard's replay diverged from its journal: {journal.diverged}")
             if journal.pending is None:
                 if journal.position != len(journal.entries):
@@ -307,9 +307,10 @@ class Replay:
                     raise error
                 return value
             name, pending_args = journal.pending
-            started, journal.started = journal.started, None
+            pending_call: Awaitable[Any] | None = journal.started
+            journal.started = None
             try:
-                answer = await (started if started is not None else getattr(self.target, name)(*pending_args))
+                answer = await (pending_call if pending_call is not None else getattr(self.target, name)(*pending_args))
             except StoreFault as fault:
                 journal.answer(name, pending_args, fault, None)
             except Exception as bug:  # not a store error: a bug, which a sync host would trap on
