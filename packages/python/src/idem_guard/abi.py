@@ -47,9 +47,9 @@ What it takes from wasmtime-py beyond its public API, exercised by every
 test: the library handle and C types of `wasmtime._bindings`, `Func._from_raw`, `Func._func`,
 `Memory._memory`, `Store._context()`, `FuncType.ptr()`, `Trap._from_ptr`,
 `WasmtimeError._from_ptr` and `Trap._consume`. Why not the public API: a call
-into the guest through `wasmtime.Func.__call__` costs about 58 times this
-binding's unchecked call (2.7 against 155 µs, measured side by side), and a
-begin+complete makes twelve crossings. These internals held from wasmtime-py
+into the guest through `wasmtime.Func.__call__` costs about 80 times this
+binding's unchecked call (1.8 against 145–163 µs, side by side:
+`examples/python/bench_crossing.py`), and a begin+complete makes twelve crossings. These internals held from wasmtime-py
 40 to 51 (tested), so the dependency is a range (`wasmtime>=40,<52`), its
 floor checked in CI; a release past it is refused until tested.
 """
