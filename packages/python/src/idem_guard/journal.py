@@ -69,11 +69,11 @@ class Journal:
     on the store the moment the guest asks for it (`started`), so its round trip
     overlaps the rest of the run, as a synchronous host's would."""
 
-    def __init__(self, start: Callable[[str, tuple[Any, ...]], Awaitable[Any]] | None = None) -> None:
+    def __init__(self, start: Callable[[str, tuple[Any, ...]], _Started] | None = None) -> None:
         self.entries: list[tuple[str, tuple[Any, ...], StoreFault | None, Any]] = []
         self.runs = 0
         self._start = start
-        self.started: Awaitable[Any] | None = None
+        self.started: _Started | None = None
         # Per run:
         self.position = 0
         self.pending: tuple[str, tuple[Any, ...]] | None = None
@@ -181,16 +181,42 @@ class _Inputs:
         return self._fresh("random-u64", self._random.random_u64)
 
 
-def _forget(started: Awaitable[Any]) -> None:
-    """Cancels a started store call nobody will await, and retrieves its outcome when it ends."""
-    if isinstance(started, asyncio.Future):
-        started.cancel()
-        started.add_done_callback(lambda f: f.cancelled() or f.exception())
+class _Started:
+    """A store call run up to its first suspension inside a guard's run (`_eager`): its
+    answer if it already has one, else the coroutine and what it waits on, driven on by
+    whoever awaits `answer()` — in the guard call's own task, so no task is made for it."""
 
+    __slots__ = ("coro", "error", "value", "yielded")
 
-def _abandoned(started: Awaitable[Any]) -> Awaitable[Any]:
-    """Waits for a store call whose answer is not wanted (the replay diverged), ignoring its outcome."""
-    return asyncio.gather(started, return_exceptions=True)
+    def __init__(self, coro: Coroutine[Any, Any, Any] | None, yielded: Any = None, value: Any = None, error: Exception | None = None):
+        self.coro, self.yielded, self.value, self.error = coro, yielded, value, error
+
+    async def answer(self) -> Any:
+        coro, self.coro = self.coro, None
+        if coro is None:
+            if self.error is not None:
+                raise self.error
+            return self.value
+        yielded = self.yielded
+        while True:
+            try:
+                await _Resumed(yielded)
+            except asyncio.CancelledError as cancelled:  # the guard call was cancelled: so is the store call
+                try:
+                    yielded = coro.throw(cancelled)
+                except StopIteration as done:
+                    return done.value
+                continue
+            try:
+                yielded = coro.send(None)
+            except StopIteration as done:
+                return done.value
+
+    def forget(self) -> None:
+        """Ends a store call nobody will await: the coroutine is closed (its `finally`s run)."""
+        coro, self.coro = self.coro, None
+        if coro is not None:
+            coro.close()
 
 
 class _Resumed:
@@ -210,40 +236,23 @@ class _Resumed:
             yield self.yielded
 
 
-async def _resumed(coro: Coroutine[Any, Any, Any], yielded: Any) -> Any:
-    """Drives `coro` on from its first suspension (`_eager`), cancellation passed on."""
-    while True:
-        try:
-            await _Resumed(yielded)
-        except asyncio.CancelledError as cancelled:
-            try:
-                yielded = coro.throw(cancelled)
-            except StopIteration as done:
-                return done.value
-            continue
-        try:
-            yielded = coro.send(None)
-        except StopIteration as done:
-            return done.value
-
-
-def _eager(awaitable: Awaitable[Any]) -> Awaitable[Any]:
-    """Runs a coroutine now, up to its first suspension (a command written, its reply
-    awaited), and the rest as a task: Python 3.12's eager tasks, for 3.11."""
-    loop = asyncio.get_running_loop()
+def _eager(awaitable: Awaitable[Any]) -> _Started:
+    """Runs a store call now, up to its first suspension (a command written, its reply
+    awaited); the rest runs when the guard call awaits it (Python 3.12's eager tasks,
+    for 3.11, without a task)."""
     if not inspect.iscoroutine(awaitable):
-        return asyncio.ensure_future(awaitable)
+        return _Started(_awaited(awaitable))
     try:
         yielded = awaitable.send(None)
     except StopIteration as done:
-        future: asyncio.Future[Any] = loop.create_future()
-        future.set_result(done.value)
-        return future
+        return _Started(None, value=done.value)
     except Exception as error:  # noqa: BLE001 - the store's answer (a StoreFault) or its bug, given to the await
-        future = loop.create_future()
-        future.set_exception(error)
-        return future
-    return loop.create_task(_resumed(awaitable, yielded))
+        return _Started(None, error=error)
+    return _Started(awaitable, yielded)
+
+
+async def _awaited(awaitable: Awaitable[Any]) -> Any:
+    return await awaitable
 
 
 class Replay:
@@ -265,7 +274,7 @@ class Replay:
         self.store = _Store(self._current)
         self.clock = self.random = _Inputs(self._current, clock, random)
 
-    def _eager_start(self, name: str, args: tuple[Any, ...]) -> Awaitable[Any]:
+    def _eager_start(self, name: str, args: tuple[Any, ...]) -> _Started:
         return _eager(getattr(self.target, name)(*args))
 
     def _run(self, journal: Journal, method: Callable[..., Any], args: tuple[Any, ...]) -> tuple[Any, GuardError | None]:
@@ -286,7 +295,7 @@ class Replay:
             return await self._replayed(journal, method, args)
         finally:
             if journal.started is not None:  # left behind by a call that ended another way
-                _forget(journal.started)
+                journal.started.forget()
 
     async def _replayed(self, journal: Journal, method: Callable[..., Any], args: tuple[Any, ...]) -> Any:
         while True:
@@ -294,7 +303,7 @@ class Replay:
             if journal.diverged is not None:
                 if journal.started is not None:
                     abandoned, journal.started = journal.started, None
-                    await _abandoned(abandoned)
+                    abandoned.forget()
                 raise GuardError("unavailable", f"the guard's replay diverged from its journal: {journal.diverged}")
             if journal.pending is None:
                 if journal.position != len(journal.entries):
@@ -307,10 +316,9 @@ class Replay:
                     raise error
                 return value
             name, pending_args = journal.pending
-            pending_call: Awaitable[Any] | None = journal.started
-            journal.started = None
+            pending_call, journal.started = journal.started, None
             try:
-                answer = await (pending_call if pending_call is not None else getattr(self.target, name)(*pending_args))
+                answer = await (pending_call.answer() if pending_call is not None else getattr(self.target, name)(*pending_args))
             except StoreFault as fault:
                 journal.answer(name, pending_args, fault, None)
             except Exception as bug:  # not a store error: a bug, which a sync host would trap on
