@@ -52,6 +52,7 @@ from .guard import (
     _takes_attempt,
 )
 from .journal import Replay
+from .observe import AsyncTracedStore, Observer
 from .types import Checkpoint, Claim, Response
 
 # How long the purge thread waits for one batch on the loop.
@@ -85,7 +86,8 @@ class AsyncGuard:
         if store is not None and is_async_store(store):
             # The component is given the journal's store, clock and random; the real ones answer between runs.
             random = options.get("random") or SystemRandom()
-            self._replay = Replay(store, clock, random)
+            observed = options.get("tracing") is not False and Observer(tracing=options.get("tracing")).tracing
+            self._replay = Replay(AsyncTracedStore(store) if observed else store, clock, random)
             options.update(store=self._replay.store, clock=self._replay.clock, random=self._replay.random)
         # The wrapped guard's own renewal thread stays off: the tasks below renew.
         self.guard = Guard(renew_lease=False, **options)
@@ -122,7 +124,10 @@ class AsyncGuard:
 
     @property
     def store(self) -> Any:
-        return self._replay.target if self._replay is not None else self.guard.store
+        if self._replay is None:
+            return self.guard.store
+        target = self._replay.target
+        return target.inner if isinstance(target, AsyncTracedStore) else target
 
     @property
     def replays(self) -> bool:

@@ -42,7 +42,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
-from .observe import DecisionHook, Observer
+from .observe import DecisionHook, Observer, TracedStore
 from .types import Checkpoint, Claim, Entry, Failure, Policy, Record, Response, StoreFault
 from .workers import fork_generation, warn, warn_if_shared_memory
 
@@ -50,6 +50,20 @@ from .workers import fork_generation, warn, warn_if_shared_memory
 # there from `idem component --out`); IDEM_COMPONENT or `component=` override them.
 DEFAULT_COMPONENT = Path(__file__).resolve().parent / "idem-guard.wasm"
 T = TypeVar("T")
+
+# Objects whose locks and threads a forked child must not inherit: a lock another thread held
+# at the fork stays held for ever in the child (a guard made before gunicorn's fork, say).
+# Each gets new ones in the child (`_after_fork`).
+_FORK_RESETS: weakref.WeakSet[Any] = weakref.WeakSet()
+
+
+def _reset_after_fork() -> None:
+    for resettable in list(_FORK_RESETS):
+        resettable._after_fork()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_reset_after_fork)
 
 
 @dataclass(frozen=True)
@@ -166,6 +180,10 @@ class MemoryStore(Faults):
         self._records: dict[str, Entry] = {}
         self._lock = threading.Lock()
         self._generation = fork_generation()  # a fork after this makes a copy per process: warned at first use
+        _FORK_RESETS.add(self)
+
+    def _after_fork(self) -> None:
+        self._lock = threading.Lock()
 
     def _apply(self, primitive: str, operation: Callable[[], T]) -> T:
         if self._generation != fork_generation():
@@ -310,7 +328,12 @@ class Guard:
         # Logging, metrics callbacks and spans on each decision (idem_guard.observe).
         self.observer = Observer(logger, on_decision, tracing)
         warn_if_shared_memory(self.store)
+        # What the component calls: the store, with a span per primitive when calls may be traced
+        # (a journal's store is not: AsyncGuard traces the real store behind it).
+        traced = self.observer.tracing and not getattr(self.store, "journaled", False)
+        self._store_seen = TracedStore(self.store) if traced else self.store
         self._lock = threading.Lock()
+        _FORK_RESETS.add(self)
         path = Path(component or os.environ.get("IDEM_COMPONENT") or DEFAULT_COMPONENT)
         if not path.is_file():
             raise FileNotFoundError(
@@ -328,6 +351,12 @@ class Guard:
         if purge_every_ms > 0 and callable(getattr(self.store, "purge_expired", None)):
             self._purge = PURGES.add(self, purge_every_ms, self.store.purge_expired, self.clock, self.purge_stats)
 
+    def _after_fork(self) -> None:
+        self._lock = threading.Lock()
+        renewer = getattr(self, "_renewer", None)
+        if renewer is not None:
+            renewer._after_fork()
+
     def close(self) -> None:
         """Stops the guard's background work (the purge); calls still work, and `run` still renews leases."""
         if self._purge is not None:
@@ -337,7 +366,7 @@ class Guard:
     def _instantiate(self) -> Any:
         if self._instance is None:
             # Each instance has a wasmtime Store of its own; a trapped one is dropped whole.
-            self._instance = self._guest.instantiate(self.store, self.clock, self.random)
+            self._instance = self._guest.instantiate(self._store_seen, self.clock, self.random)
         return self._instance
 
     def _call(self, name: str, *args: Any) -> Any:
@@ -598,6 +627,7 @@ class _Purges:
 
     def __init__(self) -> None:
         self._cond = threading.Condition()
+        _FORK_RESETS.add(self)
         # (due, token, guard, period, (purge, clock, stats)): the earliest due first.
         self._heap: list[tuple[float, int, weakref.ref[Any], float, _PurgeJob]] = []
         self._closed: set[int] = set()
@@ -617,6 +647,14 @@ class _Purges:
                 self._thread.start()
             self._cond.notify()
         return token
+
+    def _after_fork(self) -> None:
+        """In a forked child: the thread did not come along; one starts again for the guards it had."""
+        self._cond = threading.Condition()
+        self._thread = None
+        if self._heap:
+            self._thread = threading.Thread(target=self._run, name="idem-purge", daemon=True)
+            self._thread.start()
 
     def remove(self, token: int) -> None:
         with self._cond:
@@ -680,6 +718,12 @@ class _Renewer:
         self._cond = threading.Condition()
         self._held: dict[int, _Held] = {}
         self._thread: threading.Thread | None = None
+
+    def _after_fork(self) -> None:
+        """In a forked child: no claim of the parent's is held here, and its thread did not come along."""
+        self._cond = threading.Condition()
+        self._held = {}
+        self._thread = None
 
     def hold(self, claim: Claim) -> _Held:
         held = _Held(claim, self, time.monotonic() + self.every)

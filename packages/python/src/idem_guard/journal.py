@@ -141,6 +141,8 @@ class _Current(threading.local):
 class _Store:
     """The store the component sees: answers from the current journal."""
 
+    journaled = True  # the guard traces the real store behind it, not these answers
+
     def __init__(self, current: _Current):
         self._current = current
 

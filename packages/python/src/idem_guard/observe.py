@@ -19,7 +19,11 @@ guard reports it three ways, each optional:
   `idem.run`, current while the handler runs (so its own spans nest under it),
   with `idem.key`, `idem.decision`, `idem.fence`, `idem.replayed` and, for a
   409, `idem.retry_after_ms`; its status is ERROR for `unavailable`,
-  `not-recorded` and `failed` (the handler's exception recorded). Without
+  `not-recorded` and `failed` (the handler's exception recorded). Each store
+  primitive the call made is a child span, `idem.store.get`, `.insert`,
+  `.replace` or `.delete`, with `idem.key`, its latency, and ERROR with the
+  exception when the store failed (over an asynchronous store, each primitive
+  once, though the journal runs each export twice). Without
   the package, or with no provider configured (the API's default proxy, or a
   no-op provider), no span is started: a guard costs one `isinstance` check.
   `tracing=False` turns spans off whatever is installed; `tracing=` a
@@ -37,6 +41,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Awaitable, Callable, Iterable
+from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -48,10 +53,14 @@ try:  # the `otel` extra: the API only; an SDK (or any provider) configures wher
 except ImportError:  # pragma: no cover - depends on the environment
     _trace = None  # type: ignore[assignment]
 
-__all__ = ["Decision", "DecisionHook", "Observer"]
+__all__ = ["AsyncTracedStore", "Decision", "DecisionHook", "Observer", "TracedStore"]
 
 LOGGER = logging.getLogger("idem_guard")
 T = TypeVar("T")
+
+# The tracer of the guarded call under way in this context, while its span is current: a
+# traced store makes a child span per primitive it answers (`TracedStore`).
+_TRACER: ContextVar[Any] = ContextVar("idem_guard_tracer", default=None)
 
 
 @dataclass(frozen=True)
@@ -119,14 +128,22 @@ class Observer:
         if tracer is None:
             return self._timed(key, call, None)
         with tracer.start_as_current_span("idem.run", record_exception=False, set_status_on_exception=False) as span:
-            return self._timed(key, call, span)
+            token = _TRACER.set(tracer)
+            try:
+                return self._timed(key, call, span)
+            finally:
+                _TRACER.reset(token)
 
     async def run_async(self, key: str, call: Callable[[], Awaitable[Outcome]]) -> Outcome:
         tracer = self.tracer()
         if tracer is None:
             return await self._timed_async(key, call, None)
         with tracer.start_as_current_span("idem.run", record_exception=False, set_status_on_exception=False) as span:
-            return await self._timed_async(key, call, span)
+            token = _TRACER.set(tracer)
+            try:
+                return await self._timed_async(key, call, span)
+            finally:
+                _TRACER.reset(token)
 
     def _timed(self, key: str, call: Callable[[], Outcome], span: Any) -> Outcome:
         start = time.perf_counter_ns()
@@ -205,3 +222,64 @@ class Observer:
                 if error is not None:
                     span.record_exception(error)
                 span.set_status(_trace.Status(_trace.StatusCode.ERROR, decision.reason or decision.decision))
+
+
+def _store_span(tracer: Any, name: str, key: Any) -> Any:
+    return tracer.start_as_current_span(
+        f"idem.store.{name}", attributes={"idem.key": str(key)}, record_exception=True, set_status_on_exception=True
+    )
+
+
+class TracedStore:
+    """A synchronous store whose primitives, called within a traced guard call, each make a
+    child span `idem.store.{get,insert,replace,delete}` (its latency, `idem.key`, ERROR with
+    the exception when the store fails); outside one they are the store's own calls. Any
+    other attribute is the store's."""
+
+    def __init__(self, store: Any):
+        self.inner = store
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+    def _traced(self, name: str, args: tuple[Any, ...]) -> Any:
+        tracer = _TRACER.get()
+        if tracer is None:
+            return getattr(self.inner, name)(*args)
+        with _store_span(tracer, name, args[0]):
+            return getattr(self.inner, name)(*args)
+
+    def get(self, *args: Any) -> Any:
+        return self._traced("get", args)
+
+    def insert(self, *args: Any) -> Any:
+        return self._traced("insert", args)
+
+    def replace(self, *args: Any) -> Any:
+        return self._traced("replace", args)
+
+    def delete(self, *args: Any) -> Any:
+        return self._traced("delete", args)
+
+
+class AsyncTracedStore(TracedStore):
+    """`TracedStore` for an asynchronous store: each primitive awaited within its span."""
+
+    async def _atraced(self, name: str, args: tuple[Any, ...]) -> Any:
+        tracer = _TRACER.get()
+        if tracer is None:
+            return await getattr(self.inner, name)(*args)
+        with _store_span(tracer, name, args[0]):
+            return await getattr(self.inner, name)(*args)
+
+    async def get(self, *args: Any) -> Any:
+        return await self._atraced("get", args)
+
+    async def insert(self, *args: Any) -> Any:
+        return await self._atraced("insert", args)
+
+    async def replace(self, *args: Any) -> Any:
+        return await self._atraced("replace", args)
+
+    async def delete(self, *args: Any) -> Any:
+        return await self._atraced("delete", args)
