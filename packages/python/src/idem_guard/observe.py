@@ -23,11 +23,13 @@ guard reports it three ways, each optional:
   primitive the call made is a child span, `idem.store.get`, `.insert`,
   `.replace` or `.delete`, with `idem.key`, its latency, and ERROR with the
   exception when the store failed (over an asynchronous store, each primitive
-  once, though the journal runs each export twice). Without
-  the package, or with no provider configured (the API's default proxy, or a
-  no-op provider), no span is started: a guard costs one `isinstance` check.
-  `tracing=False` turns spans off whatever is installed; `tracing=` a
-  tracer provider uses that one instead of the global one.
+  once, though the journal runs each export twice). Without the package,
+  nothing is wrapped or checked. With it but no provider configured (the API's
+  default proxy, or a no-op provider), no span is started: a call costs one
+  `isinstance` check, and each store primitive a context-variable read (the
+  store the component sees is wrapped in `TracedStore`). `tracing=False` turns
+  it all off whatever is installed; `tracing=` a tracer provider uses that one
+  instead of the global one.
 
     import logging
     from idem_guard import Guard
