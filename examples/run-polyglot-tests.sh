@@ -117,12 +117,29 @@ echo "== Python package and host ($(python3.11 --version))"
   dev="$root/packages/python/requirements-dev.txt"
   "$venv/bin/pip" download --quiet --disable-pip-version-check --no-deps --dest "$wheels" -r "$dev"
   "$venv/bin/pip" install --quiet --disable-pip-version-check --no-index --find-links "$wheels" -r "$dev"
+  # The linters, pinned in requirements-dev.txt and configured in pyproject.toml:
+  # Ruff on the package, its tests and the Python examples; mypy --strict on the
+  # package and a typed FastAPI consumer (tests/typed_fastapi_app.py).
+  (cd "$root/packages/python" && "$venv/bin/ruff" check . ../../examples/python ../../examples/interop \
+    && "$venv/bin/mypy")
   # The idem-guard wheel, with $component inside; the tests import it installed.
   "$root/packages/python/build.sh" "" "$wheels"
   "$venv/bin/pip" install --quiet --disable-pip-version-check --no-deps --force-reinstall \
     "$wheels/idem_guard-0.2.0-py3-none-any.whl"
   (cd "$root/packages/python" && IDEM_WHEELHOUSE="$wheels" \
     "$venv/bin/python" -m pytest -q -p no:cacheprovider tests)
+  # The oldest wasmtime-py the package accepts (pyproject.toml: wasmtime>=40,<52),
+  # under the static binding's tests, in a venv of its own. (The dynamic binding,
+  # wasmtime-py's component API, is the tests' reference and needs 51.)
+  floor="$target/polyglot-venv-wasmtime-floor"
+  floor_reqs="$root/packages/python/requirements-wasmtime-floor.txt"
+  [[ -x "$floor/bin/python" ]] || python3.11 -m venv "$floor"
+  "$floor/bin/pip" download --quiet --disable-pip-version-check --no-deps --dest "$wheels" -r "$floor_reqs"
+  "$floor/bin/pip" install --quiet --disable-pip-version-check --no-index --find-links "$wheels" -r "$floor_reqs"
+  "$floor/bin/pip" install --quiet --disable-pip-version-check --no-deps --force-reinstall \
+    "$wheels/idem_guard-0.2.0-py3-none-any.whl"
+  (cd "$root/packages/python" && "$floor/bin/python" -m pytest -q -p no:cacheprovider \
+    tests/test_abi.py tests/test_conformance.py tests/test_host.py -k "not dynamic and not both_bindings")
   (cd "$root/examples/python" && "$venv/bin/python" -m pytest -q -p no:cacheprovider)
 )
 

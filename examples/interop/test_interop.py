@@ -57,7 +57,7 @@ class Upstream:
         upstream = self
 
         class Handler(http.server.BaseHTTPRequestHandler):
-            def do_POST(self) -> None:  # noqa: N802 (http.server's name)
+            def do_POST(self) -> None:
                 length = int(self.headers.get("content-length", 0))
                 self.rfile.read(length)
                 key = self.headers.get("idempotency-key", "")
@@ -182,9 +182,7 @@ def hosts(request):
     if kind == "redis":
         url = need("IDEM_TEST_REDIS_URL")
         prefix = f"{run}:"
-        from idem_guard.redis import RedisStore
-
-        from idem_guard.redis import AsyncRedisStore
+        from idem_guard.redis import AsyncRedisStore, RedisStore
 
         py_store = RedisStore(url, prefix=prefix)
         gateway_url = f"{url}{'&' if '?' in url else '?'}prefix={prefix}"
@@ -195,9 +193,7 @@ def hosts(request):
 
     else:
         url = need("IDEM_TEST_POSTGRES_URL")
-        from idem_guard.postgres import PostgresStore
-
-        from idem_guard.postgres import AsyncPostgresStore
+        from idem_guard.postgres import AsyncPostgresStore, PostgresStore
 
         py_store = PostgresStore(url, table=run)
         gateway_url = f"{url}{'&' if '?' in url else '?'}table={run}"
@@ -243,7 +239,7 @@ def fingerprint_of(python: Guard, body: bytes) -> str:
 
 
 def test_a_node_claim_is_in_flight_everywhere_then_replayed_byte_for_byte(hosts):
-    kind, gateway, node, python, upstream, _, _ = hosts
+    _kind, gateway, node, python, upstream, _, _ = hosts
     body = b'{"order":"n-1","cents":1000}'
     fp = fingerprint_of(python, body)
 
@@ -267,7 +263,7 @@ def test_a_node_claim_is_in_flight_everywhere_then_replayed_byte_for_byte(hosts)
 
 
 def test_a_gateway_response_is_replayed_by_node_and_python(hosts):
-    kind, gateway, node, python, upstream, _, _ = hosts
+    _kind, gateway, node, python, upstream, _, _ = hosts
     body = b'{"order":"g-1","cents":500}'
     fp = fingerprint_of(python, body)
     upstream.delay = 1.0
@@ -293,7 +289,7 @@ def test_a_gateway_response_is_replayed_by_node_and_python(hosts):
 
 
 def test_a_takeover_across_languages_raises_the_fence_and_refuses_the_stale_holder(hosts):
-    kind, gateway, node, python, upstream, py_store, _ = hosts
+    _kind, gateway, node, python, upstream, py_store, _ = hosts
     body = b'{"order":"t-1"}'
     fp = fingerprint_of(python, body)
     short = Guard(store=py_store, lease_ms=200, renew_lease=False)
@@ -349,7 +345,7 @@ def through_python(app, key: str, body: bytes):
 
 
 def test_the_gateway_and_the_asgi_middleware_replay_each_others_responses(hosts):
-    kind, gateway, node, python, upstream, py_store, open_async = hosts
+    _kind, gateway, _node, _python, upstream, py_store, open_async = hosts
     body = b'{"order":"m-1","cents":1000}'
 
     # The gateway first: its record, read by the Python store and replayed by the middleware.

@@ -16,10 +16,14 @@ under `idembench_{pid}_`, removed afterwards.
   in between).
 - raw: redis-py's `SET key v NX PX` then `SET key v PX` (sync and asyncio): the
   two round trips any claim-then-complete needs, with nothing decided.
+- raw asyncio streams: the same two commands written on an `asyncio` stream
+  and read back with no client at all: the floor under any asyncio client.
+- decorator: idem_guard's `@idempotent_function` on a new payload over
+  `RedisStore` (the key is the payload's hash, as Powertools' is by default).
 - powertools: AWS Lambda Powertools' `@idempotent_function` over its
   `RedisCachePersistenceLayer` on the same Redis (local cache off), when
   `aws-lambda-powertools` (and `boto3`, which it imports) is installed:
-  `pip install aws-lambda-powertools==3.37.0 boto3`.
+  `pip install -r requirements-bench.txt` (pinned).
 - PostgreSQL: `Guard` over `PostgresStore` next to a raw prepared
   `INSERT … ON CONFLICT DO NOTHING` then `UPDATE` on a table of its own.
 """
@@ -31,12 +35,14 @@ import os
 import statistics
 import sys
 import time
-from typing import Any, Callable
+import urllib.parse
+from collections.abc import Callable
+from typing import Any
 
 import redis
 import redis.asyncio as aredis
 
-from idem_guard import AsyncGuard, Guard, Response
+from idem_guard import AsyncGuard, Guard, Response, idempotent_function
 from idem_guard.redis import AsyncRedisStore, RedisStore
 
 ops = int(sys.argv[1]) if len(sys.argv) > 1 else 2_000
@@ -110,16 +116,81 @@ def main() -> None:
 
         return call
 
+    url = urllib.parse.urlsplit(redis_url)
+    streams = loop.run_until_complete(asyncio.open_connection(url.hostname or "127.0.0.1", url.port or 6379))
+
+    def stream_pair(tag: str) -> Callable[[int], Any]:
+        reader, writer = streams
+
+        async def call(i: int) -> None:
+            key = f"{prefix}rs:{tag}{i}".encode()
+            writer.write(b"*6\r\n$3\r\nSET\r\n$%d\r\n%b\r\n$%d\r\n%b\r\n$2\r\nNX\r\n$2\r\nPX\r\n$8\r\n86400000\r\n" % (len(key), key, len(value), value))
+            assert await reader.readexactly(5) == b"+OK\r\n"
+            writer.write(b"*5\r\n$3\r\nSET\r\n$%d\r\n%b\r\n$%d\r\n%b\r\n$2\r\nPX\r\n$8\r\n86400000\r\n" % (len(key), key, len(value), value))
+            assert await reader.readexactly(5) == b"+OK\r\n"
+
+        return call
+
+    decorated_guard = Guard(store=RedisStore(redis_url, prefix=prefix + "d:"))
+
+    @idempotent_function(guard=decorated_guard, data_keyword_argument="order")
+    def pay_idem(order: dict[str, Any]) -> dict[str, Any]:
+        return {"status": 200, "body": "paid"}
+
+    def decorated(tag: str) -> Callable[[int], None]:
+        def call(i: int) -> None:
+            pay_idem(order={"id": f"{prefix}{tag}{i}", "sku": "A", "qty": 1})
+
+        return call
+
+    # The floor under AsyncGuard's row: its component calls and journal replays over an
+    # asynchronous store that answers from memory (no I/O): add the streams row for the round trips.
+    from idem_guard import MemoryStore
+
+    class MemoryAsync:
+        def __init__(self) -> None:
+            self.m = MemoryStore()
+
+        async def get(self, *a: Any) -> Any:
+            return self.m.get(*a)
+
+        async def insert(self, *a: Any) -> Any:
+            return self.m.insert(*a)
+
+        async def replace(self, *a: Any) -> Any:
+            return self.m.replace(*a)
+
+        async def delete(self, *a: Any) -> Any:
+            return self.m.delete(*a)
+
+    mguard = AsyncGuard(store=MemoryAsync())
+
+    def amemory(tag: str) -> Callable[[int], Any]:
+        async def call(i: int) -> None:
+            kind, claim = await mguard.begin(f"{tag}{i}", "sku=A&qty=1")
+            assert kind == "proceed", kind
+            await mguard.complete(claim, response)
+
+        return call
+
     rows: dict[str, Callable[[str], Callable[[int], Any]]] = {
         "redis raw SET NX + SET (redis-py)": raw_pair,
         "redis Guard begin+complete": guarded(guard),
         "redis raw SET NX + SET (asyncio)": araw_pair,
+        "redis raw SET NX + SET (asyncio streams)": stream_pair,
         "redis AsyncGuard begin+complete": aguarded,
+        "memory AsyncGuard begin+complete (async store, no I/O)": amemory,
+        "redis idem_guard @idempotent_function": decorated,
     }
-    asynchronous = {"redis raw SET NX + SET (asyncio)", "redis AsyncGuard begin+complete"}
+    asynchronous = {
+        "redis raw SET NX + SET (asyncio)",
+        "redis raw SET NX + SET (asyncio streams)",
+        "redis AsyncGuard begin+complete",
+        "memory AsyncGuard begin+complete (async store, no I/O)",
+    }
 
     try:
-        from aws_lambda_powertools.utilities.idempotency import IdempotencyConfig, idempotent_function
+        from aws_lambda_powertools.utilities import idempotency as powertools
         from aws_lambda_powertools.utilities.idempotency.persistence.redis import RedisCachePersistenceLayer
     except ImportError:
         print("(aws-lambda-powertools not installed: no Powertools row)")
@@ -130,9 +201,9 @@ def main() -> None:
         warnings.filterwarnings("ignore", message="Couldn't determine the remaining time")
         layer = RedisCachePersistenceLayer(client=redis.Redis.from_url(redis_url))
         # Its records expire on their own a minute after the run.
-        config = IdempotencyConfig(use_local_cache=False, expires_after_seconds=60)
+        config = powertools.IdempotencyConfig(use_local_cache=False, expires_after_seconds=60)
 
-        @idempotent_function(data_keyword_argument="order", persistence_store=layer, config=config)
+        @powertools.idempotent_function(data_keyword_argument="order", persistence_store=layer, config=config)
         def pay(order: dict) -> dict:
             return {"status": 200, "body": "paid"}
 
@@ -200,6 +271,8 @@ def main() -> None:
         store.close()
         loop.run_until_complete(astore.close())
         loop.run_until_complete(araw.aclose())
+        streams[1].close()
+        decorated_guard.store.close()
         loop.close()
         if pg is not None:
             pg.close()
@@ -221,8 +294,10 @@ def main() -> None:
         cpu = statistics.median(c for _, c in times) / 1000
         raw_row = "postgres raw INSERT + UPDATE" if name.startswith("postgres") else baseline[name in asynchronous]
         ratio = f"{wall[name] / wall[raw_row]:.2f}x its raw row" if raw_row in wall else ""
+        if name == "redis idem_guard @idempotent_function" and "redis Powertools @idempotent_function" in wall:
+            ratio += f", {wall[name] / wall['redis Powertools @idempotent_function']:.2f}x Powertools'"
         print(
-            f"python  {name:<36} {ops:>6} ops  {wall[name]:>8.1f} µs/op  {cpu:>7.1f} cpu-µs/op  "
+            f"python  {name:<54} {ops:>6} ops  {wall[name]:>8.1f} µs/op  {cpu:>7.1f} cpu-µs/op  "
             f"(median of {rounds})  {ratio}"
         )
 

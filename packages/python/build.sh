@@ -1,14 +1,16 @@
 #!/usr/bin/env bash
 # Builds the idem-guard wheel: writes the guard component into the package
-# (src/idem_guard/idem-guard.wasm, the bytes `idem component --out` writes)
-# and packs it with the Python sources and the on-store layout's scripts and
-# SQL (wit/store-layout/, as idem_guard/store_layout/). Prints the wheel's path.
+# (src/idem_guard/idem-guard.wasm) and packs it with the Python sources and the
+# on-store layout's scripts and SQL (wit/store-layout/, as
+# idem_guard/store_layout/). Prints the wheel's path.
 #
 #   packages/python/build.sh [IDEM_BIN] [OUT_DIR]
 #
 # The component comes from $IDEM_COMPONENT if set (copied as it is), else from
-# `IDEM_BIN component --out`, else from `cargo run -p idem -- component --out`
-# in the repository. OUT_DIR defaults to $CARGO_TARGET_DIR/wheels (target/wheels).
+# `IDEM_BIN component --out` when IDEM_BIN is given, else from
+# scripts/build-component.sh: the guest crate alone for wasm32-wasip2, no Rust
+# host compiled (the bytes `idem component --out` writes). OUT_DIR defaults to
+# $CARGO_TARGET_DIR/wheels (target/wheels).
 # The wheel is built offline (pip wheel --no-index --no-build-isolation) with the
 # setuptools pinned in build-requirements.txt, installed once into a venv of its
 # own under the target directory (that one step needs the package index).
@@ -28,7 +30,7 @@ if [[ -n "${IDEM_COMPONENT:-}" ]]; then
 elif [[ -n "$idem_bin" ]]; then
   "$idem_bin" component --out "$wasm"
 else
-  (cd "$root" && cargo run -p idem -- component --out "$wasm")
+  bash "$root/scripts/build-component.sh" "$wasm" >/dev/null
 fi
 
 venv="$target/python-build-venv"

@@ -14,7 +14,8 @@ from __future__ import annotations
 
 import itertools
 import os
-from typing import Any, Callable, Optional
+from collections.abc import Callable
+from typing import Any
 
 import pytest
 
@@ -120,7 +121,7 @@ class AsyncFaulty(Faults):
 class AsyncMemory:
     """A MemoryStore behind coroutine functions: an asynchronous store that answers at once."""
 
-    def __init__(self, inner: Optional[MemoryStore] = None):
+    def __init__(self, inner: MemoryStore | None = None):
         self.inner = inner if inner is not None else MemoryStore()
 
     async def get(self, *args: Any) -> Any:

@@ -15,8 +15,8 @@ from typing import Any
 
 import pytest
 
-from idem_guard import abi as idem_abi
 from idem_guard import DEFAULT_COMPONENT, Checkpoint, Guard, GuardError, ManualClock, MemoryStore, Response, StoreFault
+from idem_guard import abi as idem_abi
 
 COMPONENT = Path(os.environ.get("IDEM_COMPONENT") or DEFAULT_COMPONENT)
 
@@ -134,7 +134,7 @@ def test_fingerprints_agree_through_both_bindings() -> None:
 def test_a_component_whose_core_signatures_moved_is_refused_at_load(monkeypatch: pytest.MonkeyPatch) -> None:
     # As if `get` had gained a parameter: the WIT mirror's no longer matches the guest's.
     params, results = idem_abi.IMPORTS[("store", "get")]
-    monkeypatch.setitem(idem_abi.IMPORTS, ("store", "get"), (params[:-1] + ["i32", "i32"], results))
+    monkeypatch.setitem(idem_abi.IMPORTS, ("store", "get"), ([*params[:-1], "i32", "i32"], results))
     with pytest.raises(idem_abi.AbiViolation, match="get: core signature"):
         idem_abi.Guest(COMPONENT.read_bytes())
     with pytest.raises(idem_abi.AbiViolation, match="not a component"):

@@ -13,11 +13,11 @@ from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
-from test_http_conformance import exchange
 
 from idem_guard import AsyncGuard, Guard, MemoryStore
 from idem_guard.asgi import IdempotencyMiddleware
 from idem_guard.http import MalformedKey, idempotency_key, scoped_key
+from test_http_conformance import exchange
 
 
 def app_with(endpoint, guard: AsyncGuard, **options) -> Starlette:
@@ -173,3 +173,37 @@ def test_keys_parse_as_the_gateway_parses_them_and_scopes_hash_the_client() -> N
     alice, bob = scoped_key(b"Bearer alice", "k"), scoped_key(b"Bearer bob", "k")
     assert alice != bob and len(alice) == 18 and "alice" not in alice
     assert alice == "9d7cce461e4b2f09/k"  # the gateway's (packages/js/test/http-conformance.test.js asks it)
+
+
+def test_one_starlette_route_is_guarded_by_wrapping_its_endpoint() -> None:
+    """Per route in Starlette: the middleware wraps one route's ASGI app; the others are untouched."""
+    from starlette.routing import request_response
+
+    runs: list[str] = []
+
+    async def create(request: Request) -> Response:
+        runs.append("create")
+        return JSONResponse({"n": len(runs)}, status_code=201)
+
+    async def other(request: Request) -> Response:
+        runs.append("other")
+        return JSONResponse({"n": len(runs)}, status_code=201)
+
+    guard = AsyncGuard()
+    app = Starlette(
+        routes=[
+            Route("/orders", IdempotencyMiddleware(request_response(create), guard=guard), methods=["POST"]),
+            Route("/other", other, methods=["POST"]),
+        ]
+    )
+
+    async def main() -> None:
+        first, again = await post(app, "k"), await post(app, "k")
+        assert (first.status, again.status, again.header("idempotent-replayed")) == (201, 201, "true")
+        assert again.body == first.body
+        spec = {"method": "POST", "path": "/other", "key": "k", "body": "x"}
+        assert (await exchange(app, spec, None)).header("idempotent-replayed") is None
+        assert (await exchange(app, spec, None)).header("idempotent-replayed") is None
+
+    asyncio.run(main())
+    assert runs == ["create", "other", "other"]

@@ -220,7 +220,7 @@ def test_an_async_guard_over_an_asynchronous_store_purges_it_on_its_loop_until_c
         left, purged = len(store.inner), guard.purge_stats.purged
         guard.close()
         runs = guard.purge_stats.runs
-        kind, claim = await guard.begin("after", "fp")
+        _kind, claim = await guard.begin("after", "fp")
         await guard.complete(claim, Response(200, [], b"x"))
         clock.advance(1_000)
         await asyncio.sleep(0.1)
@@ -236,7 +236,7 @@ def test_an_async_guard_over_a_memory_store_purges_from_the_wrapped_guards_threa
 
     async def main() -> AsyncGuard:
         guard = AsyncGuard(store=store, clock=clock, lease_ms=10, retention_ms=100, purge_every_ms=20)
-        kind, claim = await guard.begin("k", "fp")
+        _kind, claim = await guard.begin("k", "fp")
         await guard.complete(claim, Response(200, [], b"x"))
         return guard
 

@@ -10,10 +10,9 @@ import asyncio
 import copy
 import json
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 import pytest
-from stores import AsyncFaulty, AsyncMemory
 
 from idem_guard import (
     AsyncAttempt,
@@ -28,6 +27,7 @@ from idem_guard import (
     NotRecorded,
     Response,
 )
+from stores import AsyncFaulty, AsyncMemory
 
 CONFORMANCE = Path(__file__).resolve().parents[3] / "conformance"
 FILES = sorted(p.name for p in CONFORMANCE.glob("*.json"))
@@ -67,7 +67,7 @@ def response_json(r: Response) -> dict:
     }
 
 
-def checkpoint_json(c: Optional[Checkpoint]) -> Optional[dict]:
+def checkpoint_json(c: Checkpoint | None) -> dict | None:
     """A checkpoint in a result: None, or `{"phase", "data_hex"}`."""
     return None if c is None else {"phase": c.phase, "data_hex": c.data.hex()}
 
@@ -86,7 +86,7 @@ def error_json(e: GuardError) -> dict:
     return {"error": e.kind, "message": e.detail}
 
 
-def check_checkpoint(name: str, want: Optional[dict], actual: Any) -> Optional[str]:
+def check_checkpoint(name: str, want: dict | None, actual: Any) -> str | None:
     """A checkpoint expectation (null or `{"phase", "data"?}`, data compared as bytes) against `checkpoint_json`'s form."""
     expected = None if want is None else {"phase": text(want["phase"]), "data_hex": data(want.get("data")).hex()}
     if actual != expected:
@@ -94,7 +94,7 @@ def check_checkpoint(name: str, want: Optional[dict], actual: Any) -> Optional[s
     return None
 
 
-def check(expect: dict, actual: dict, claims: dict[str, Claim]) -> Optional[str]:
+def check(expect: dict, actual: dict, claims: dict[str, Claim]) -> str | None:
     """Checks every field of `expect` against `actual`, as conformance/README.md says; `claims` are the kept claims."""
     for name, want in expect.items():
         if name in ("holder_of", "holder_not_of"):
@@ -139,7 +139,7 @@ class Host:
         binding: str = "static",
         store: Any = None,
         asynchronous: bool = False,
-        loop: Optional[asyncio.AbstractEventLoop] = None,
+        loop: asyncio.AbstractEventLoop | None = None,
     ):
         self.clock = ManualClock(scenario["clock_ms"])
         self.store = store if store is not None else MemoryStore()
@@ -152,7 +152,7 @@ class Host:
             max_response_bytes=p["max_response_bytes"],
             binding=binding,
         )
-        self.loop: Optional[asyncio.AbstractEventLoop] = loop
+        self.loop: asyncio.AbstractEventLoop | None = loop
         self._own_loop = loop is None and asynchronous
         if self._own_loop:
             self.loop = asyncio.new_event_loop()
@@ -171,7 +171,7 @@ class Host:
         entry = self.store.peek(key, self.clock.now_ms())
         return self.loop.run_until_complete(entry) if self.loop is not None else entry
 
-    def step(self, step: dict) -> Optional[dict]:
+    def step(self, step: dict) -> dict | None:
         g, op = self.guard, step["op"]
         try:
             if op == "clock":
@@ -329,7 +329,7 @@ def run_scenario(scenario: dict, binding: str = "static", **host: Any) -> int:
     return checked
 
 
-def mutate(expect: Optional[dict]) -> Optional[dict]:
+def mutate(expect: dict | None) -> dict | None:
     """A plausible wrong answer for an expectation (as the Rust runner's `mutate`)."""
     if not expect:
         return None

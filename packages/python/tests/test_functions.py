@@ -5,7 +5,12 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import datetime
+import decimal
+import enum
 import json
+import uuid
+from typing import Any
 
 import pytest
 
@@ -17,6 +22,7 @@ from idem_guard import (
     MemoryStore,
     NotRecorded,
     PayloadMismatch,
+    ResultNotStored,
     StoreUnavailable,
     idempotent,
     idempotent_function,
@@ -114,17 +120,175 @@ def test_an_exception_releases_the_key_and_a_retry_runs() -> None:
     assert len(attempts) == 2
 
 
-def test_a_value_json_cannot_encode_raises_after_the_run_and_releases_the_key() -> None:
+def test_a_value_json_cannot_encode_is_stored_as_a_failure_and_never_runs_again() -> None:
+    guard = Guard()
     attempts = []
 
-    @idempotent_function(guard=Guard(), key="k")
+    @idempotent_function(guard=guard, key="k")
     def makes(k: str) -> object:
         attempts.append(k)
         return object() if len(attempts) == 1 else "fine"
 
-    with pytest.raises(TypeError, match="not JSON-serialisable"):
+    with pytest.raises(ResultNotStored, match="not JSON-serialisable") as first:
         makes("k")
-    assert makes("k") == "fine"
+    assert first.value.value is not None  # the call that ran gets the value it made
+    with pytest.raises(ResultNotStored, match="earlier call") as again:
+        makes("k")
+    assert again.value.value is None
+    assert attempts == ["k"]  # never run a second time because of what it returned
+    stored = guard.store.peek(first.value.key, guard.clock.now_ms()).record.response
+    assert (stored.status, stored.headers) == (500, [("content-type", b"application/json"), ("idem-result", b"unstorable")])
+    assert json.loads(stored.body)["error"].startswith("Unstorable: object is not JSON-serialisable")
+
+
+def test_the_datetime_case_runs_once_and_replays_a_datetime() -> None:
+    """Issue #46: `{"at": datetime.now()}` ran, failed to encode, released its key, and ran again."""
+    effects = []
+
+    @idempotent_function(guard=Guard(), key="k")
+    def charge(k: str) -> dict:
+        effects.append(k)
+        return {"at": datetime.datetime(2026, 12, 7, 2, 30, tzinfo=datetime.UTC), "cents": decimal.Decimal("10.05")}
+
+    first, again = charge("o-1"), charge("o-1")
+    assert effects == ["o-1"]
+    assert first["at"] == datetime.datetime(2026, 12, 7, 2, 30, tzinfo=datetime.UTC)
+    assert again == {"at": "2026-12-07T02:30:00+00:00", "cents": "10.05"}  # -> dict: the JSON as it is
+
+    @idempotent_function(guard=Guard(), key="k")
+    def stamp(k: str) -> datetime.datetime:
+        effects.append(k)
+        return datetime.datetime(2026, 12, 7, 2, 30, 1, 500, tzinfo=datetime.UTC)
+
+    assert stamp("s") == stamp("s") == datetime.datetime(2026, 12, 7, 2, 30, 1, 500, tzinfo=datetime.UTC)
+    assert isinstance(stamp("s"), datetime.datetime) and effects == ["o-1", "s"]
+
+
+@dataclasses.dataclass(frozen=True)
+class Receipt:
+    id: uuid.UUID
+    cents: decimal.Decimal
+    at: datetime.date
+    tags: tuple[str, ...]
+    kind: Kind
+
+
+class Kind(enum.Enum):
+    CARD = "card"
+    BANK = "bank"
+
+
+def test_the_common_types_replay_as_the_annotated_type() -> None:
+    runs = []
+
+    @idempotent_function(guard=Guard(), key="k")
+    def pay(k: str) -> Receipt:
+        runs.append(k)
+        return Receipt(uuid.UUID(int=7), decimal.Decimal("0.10"), datetime.date(2026, 1, 2), ("a", "b"), Kind.BANK)
+
+    @idempotent_function(guard=Guard(), key="k")
+    def ids(k: str) -> list[uuid.UUID]:
+        runs.append(k)
+        return [uuid.UUID(int=1), uuid.UUID(int=2)]
+
+    first = pay("p")
+    assert pay("p") == first and isinstance(pay("p").cents, decimal.Decimal)
+    assert ids("i") == ids("i") == [uuid.UUID(int=1), uuid.UUID(int=2)]
+    assert runs == ["p", "i"]
+
+
+def test_pydantic_models_are_stored_and_replayed_as_models() -> None:
+    pydantic = pytest.importorskip("pydantic")
+
+    class Order(pydantic.BaseModel):
+        id: uuid.UUID
+        at: datetime.datetime
+        total: decimal.Decimal
+
+    runs = []
+    guard = AsyncGuard()
+
+    @idempotent_function(guard=guard, key="k")
+    async def place(k: str) -> Order:
+        runs.append(k)
+        return Order(id=uuid.UUID(int=3), at=datetime.datetime(2026, 5, 1, 12), total=decimal.Decimal("9.99"))
+
+    async def main() -> None:
+        first, again = await place("o"), await place("o")
+        assert again == first and isinstance(again, Order)
+
+    asyncio.run(main())
+    assert runs == ["o"]
+
+
+class Opaque:
+    pass
+
+
+def test_a_return_type_that_cannot_be_stored_is_refused_when_decorated() -> None:
+    with pytest.raises(TypeError, match=r"returns Opaque, which the decorator cannot store.*encode="):
+
+        @idempotent_function(guard=Guard(), key="k")
+        def f(k: str) -> Opaque:
+            return Opaque()
+
+    with pytest.raises(TypeError, match="bytes are not JSON"):
+
+        @idempotent_function(guard=Guard(), key="k")
+        def g(k: str) -> dict[str, bytes]:
+            return {}
+
+    @dataclasses.dataclass
+    class Holder:
+        thing: Opaque
+
+    with pytest.raises(TypeError, match=r"field 'thing' of .*Holder"):
+        idempotent_function(guard=Guard(), key="k")(_returns(Holder))
+
+    # A custom encoder takes the responsibility: no check.
+    idempotent_function(guard=Guard(), key="k", encode=lambda v: b"x", decode=lambda b: None)(_returns(Opaque))
+
+
+def _returns(tp: type) -> Any:
+    def f(k: str) -> Any:
+        return tp()
+
+    f.__annotations__["return"] = tp
+    return f
+
+
+def test_a_forward_reference_is_checked_at_the_first_call_before_anything_runs() -> None:
+    runs = []
+
+    @idempotent_function(guard=Guard(), key="k")
+    def later(k: str) -> NotYetDefined:
+        runs.append(k)
+        return NotYetDefined()
+
+    class NotYetDefined:
+        pass
+
+    globals()["NotYetDefined"] = NotYetDefined
+    try:
+        with pytest.raises(TypeError, match=r"returns .*NotYetDefined"):
+            later("k")
+        assert runs == []
+    finally:
+        del globals()["NotYetDefined"]
+
+
+def test_a_nan_under_a_float_annotation_is_stored_as_a_failure() -> None:
+    runs = []
+
+    @idempotent_function(guard=Guard(), key="k")
+    def ratio(k: str) -> float:
+        runs.append(k)
+        return float("nan")
+
+    for _ in range(3):
+        with pytest.raises(ResultNotStored, match="Out of range float values"):
+            ratio("r")
+    assert runs == ["r"]
 
 
 def test_store_down_raises_unavailable_and_nothing_runs() -> None:

@@ -13,8 +13,9 @@ import random
 import threading
 import time
 import weakref
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import pytest
 
@@ -86,7 +87,8 @@ def test_the_component_and_the_native_fingerprint_agree_on_random_requests() -> 
     rng = random.Random(16)
     alphabet = "aAzZ-_/?=&é ÖöΣσ\u00e9x0\x7f"
     for _ in range(300):
-        word = lambda n: "".join(rng.choice(alphabet) for _ in range(rng.randint(0, n)))
+        def word(n):
+            return "".join(rng.choice(alphabet) for _ in range(rng.randint(0, n)))
         headers = [(word(6), rng.randbytes(rng.randint(0, 4))) for _ in range(rng.randint(0, 4))]
         if headers and rng.random() < 0.3:
             headers.append((headers[0][0].swapcase(), headers[0][1]))

@@ -1,6 +1,7 @@
 """The HTTP conformance scenarios (conformance/http/*.json, format in
 conformance/README.md) against `idem_guard.asgi.IdempotencyMiddleware` in a
-Starlette app, driven in process through ASGI. The JavaScript package plays
+Starlette app, and against FastAPI guarded per route (`idem_guard.fastapi`'s
+route class) and app-wide (`Idempotency.install`), driven in process through ASGI. The JavaScript package plays
 the same files against its Express middleware and the `idem serve` gateway
 (packages/js/test/http-conformance.test.js)."""
 
@@ -11,7 +12,7 @@ import copy
 import json
 import re
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 from urllib.parse import unquote
 
 import pytest
@@ -59,18 +60,39 @@ class Handler:
         )
 
 
+METHODS = ["GET", "POST", "PATCH", "PUT", "DELETE"]
+# How the app is guarded: the ASGI middleware in Starlette, a FastAPI route class, the middleware in FastAPI.
+KINDS = ("starlette", "fastapi-route", "fastapi-app")
+
+
 class Target:
-    """A Starlette app with the middleware over an AsyncGuard on `store`: a
+    """An app guarded by an AsyncGuard on `store` (`kind`, one of KINDS): a
     MemoryStore by default, or any store with its `fault` and `clear_faults`
     (tests/stores.py's `AsyncFaulty` around a network store)."""
 
-    def __init__(self, config: dict, store: Any = None) -> None:
+    def __init__(self, config: dict, store: Any = None, kind: str = "starlette") -> None:
         self.store = store if store is not None else MemoryStore()
         self.handler = Handler()
-        route = Route("/{path:path}", self.handler.__call__, methods=["GET", "POST", "PATCH", "PUT", "DELETE"])
-        middleware = IdempotencyMiddleware
-        options = {"guard": AsyncGuard(store=self.store), "require_key": config.get("require_key", False)}
-        self.app = Starlette(routes=[route], middleware=[Middleware(middleware, **options)])
+        guard = AsyncGuard(store=self.store)
+        require_key = config.get("require_key", False)
+        if kind == "starlette":
+            route = Route("/{path:path}", self.handler.__call__, methods=METHODS)
+            options = {"guard": guard, "require_key": require_key}
+            self.app: Any = Starlette(routes=[route], middleware=[Middleware(IdempotencyMiddleware, **options)])
+            return
+        from fastapi import FastAPI
+
+        from idem_guard.fastapi import Idempotency
+
+        idem = Idempotency(guard, require_key=require_key)
+        self.app = FastAPI()
+        if kind == "fastapi-route":
+            router = idem.router()
+            router.add_api_route("/{path:path}", self.handler.__call__, methods=METHODS)
+            self.app.include_router(router)
+        else:
+            self.app.router.add_api_route("/{path:path}", self.handler.__call__, methods=METHODS)
+            idem.install(self.app)
 
     def store_down(self) -> None:
         self.store.fault("get", kind="error", message="store down")
@@ -86,19 +108,19 @@ class Got:
         self.headers = headers
         self.body = body
 
-    def header(self, name: str) -> Optional[str]:
+    def header(self, name: str) -> str | None:
         """All values of `name`, joined with ", " as fetch does; None if absent."""
         values = [v.decode("latin-1") for n, v in self.headers if n.decode("latin-1").lower() == name]
         return ", ".join(values) if values else None
 
 
-def key_value(key: Any) -> Optional[str]:
+def key_value(key: Any) -> str | None:
     if key is None or isinstance(key, str):
         return key
     return key["repeat"] * key["times"]
 
 
-async def exchange(app: Any, spec: dict, handler: Optional[dict]) -> Got:
+async def exchange(app: Any, spec: dict, handler: dict | None) -> Got:
     """One request through the app, as an ASGI server would make it."""
     headers = [(n.lower().encode("latin-1"), v.encode("latin-1")) for n, v in (spec.get("headers") or {}).items()]
     if (key := key_value(spec.get("key"))) is not None:
@@ -249,10 +271,11 @@ def test_there_are_http_scenarios() -> None:
     assert len(FILES) >= 8, FILES
 
 
+@pytest.mark.parametrize("kind", KINDS)
 @pytest.mark.parametrize("name", FILES)
-def test_starlette_plays_the_scenario(name: str) -> None:
+def test_the_app_plays_the_scenario(name: str, kind: str) -> None:
     scenario = load(name)
-    assert asyncio.run(play(scenario, Target(scenario.get("config") or {}))) > 0
+    assert asyncio.run(play(scenario, Target(scenario.get("config") or {}, kind=kind))) > 0
 
 
 def test_the_runner_fails_a_scenario_whose_expectation_is_changed() -> None:

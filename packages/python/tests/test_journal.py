@@ -8,14 +8,15 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import pytest
-from stores import AsyncFaulty, AsyncMemory, Faulty, Recording
 
 from idem_guard import AsyncGuard, Checkpoint, Guard, GuardError, ManualClock, MemoryStore, Response
 from idem_guard.journal import Diverged, Journal
 from idem_guard.types import Record, StoreFault
+from stores import AsyncFaulty, AsyncMemory, Faulty, Recording
 
 
 class Counted:
@@ -53,7 +54,7 @@ def story(call: Callable[..., Any], faults: Any, time: ManualClock) -> list:
     note("complete", a, Response(201, [("etag", b"1")], b"paid"))
     note("begin", "a", "fp")  # replay
     note("begin", "a", "other")  # conflict
-    _, b = note("begin", "b", "fp")
+    _, _b = note("begin", "b", "fp")
     note("begin", "b", "fp")  # in flight
     time.advance(1_000)  # b's lease runs out
     _, b2 = note("begin", "b", "fp")  # takeover

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 import pytest
 
@@ -35,10 +35,10 @@ def record(v: dict) -> Record:
 def columns(row: dict) -> list[Any]:
     """A vector's `postgres` columns after `version`, as psycopg passes and returns them."""
 
-    def num(s: Optional[str]) -> Optional[int]:
+    def num(s: str | None) -> int | None:
         return None if s is None else int(s)
 
-    def blob(h: Optional[str]) -> Optional[bytes]:
+    def blob(h: str | None) -> bytes | None:
         return None if h is None else bytes.fromhex(h)
 
     return [

@@ -19,17 +19,20 @@ import socket
 import threading
 import time
 import urllib.parse
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any, ClassVar
 
 import pytest
-from stores import RUN, AsyncFaulty, Faulty, server_url, unique
-from test_conformance import FILES, load, run_scenario
 
 from idem_guard import AsyncGuard, Guard, GuardError, ManualClock, Response
 from idem_guard.types import Record, StoreFault
+from stores import RUN, AsyncFaulty, Faulty, server_url, unique
+from test_conformance import FILES, load, run_scenario
 
 redis = pytest.importorskip("redis")
 psycopg = pytest.importorskip("psycopg")
+
+import redis.asyncio as aredis  # noqa: E402
 
 from idem_guard.postgres import AsyncPostgresStore, PostgresStore  # noqa: E402
 from idem_guard.redis import AsyncRedisStore, RedisStore, encode  # noqa: E402
@@ -251,9 +254,9 @@ class Spied(RedisStore):
         super()._opened()
         self.sent: list[str] = []
 
-    def _command(self, args: tuple) -> Any:
-        self.sent.append(" ".join(str(a) for a in args if not isinstance(a, bytes)))
-        return super()._command(args)
+    def _pipeline(self, batch: tuple[tuple[Any, ...], ...]) -> list[Any]:
+        self.sent.extend(" ".join(str(a) for a in args if not isinstance(a, bytes)) for args in batch)
+        return super()._pipeline(batch)
 
 
 def checkpointed(fence: int, attempt: Any) -> Response:
@@ -459,7 +462,7 @@ def test_guards_over_postgres_purge_its_expired_rows_sync_and_async(tables: Tabl
     with PostgresStore(tables.url, table=table) as store:
         guard = Guard(store=store, clock=clock, lease_ms=10, retention_ms=100, purge_every_ms=20)
         for key in ("x", "y"):
-            kind, claim = guard.begin(key, "fp")
+            _kind, claim = guard.begin(key, "fp")
             guard.complete(claim, Response(201, [], key.encode()))
         clock.advance(200)
         # Waited for by its count: rows are gone a moment before the run that deleted them is counted.
@@ -471,7 +474,7 @@ def test_guards_over_postgres_purge_its_expired_rows_sync_and_async(tables: Tabl
         store = await AsyncPostgresStore.open(tables.url, table=table)
         guard = AsyncGuard(store=store, clock=clock, lease_ms=10, retention_ms=100, purge_every_ms=20)
         try:
-            kind, claim = await guard.begin("z", "fp")
+            _kind, claim = await guard.begin("z", "fp")
             await guard.complete(claim, Response(201, [], b"z"))
             clock.advance(200)
             deadline = time.monotonic() + 10
@@ -599,8 +602,8 @@ def http_scenarios() -> list[str]:
 
 @pytest.mark.parametrize("name", http_scenarios())
 def test_the_asgi_middleware_plays_the_http_scenario_on_async_redis(redis_url: str, name: str) -> None:
-    from test_http_conformance import load as load_http
     from test_http_conformance import Target, play
+    from test_http_conformance import load as load_http
 
     scenario = load_http(name)
 
@@ -613,8 +616,8 @@ def test_the_asgi_middleware_plays_the_http_scenario_on_async_redis(redis_url: s
 
 @pytest.mark.parametrize("name", http_scenarios())
 def test_the_asgi_middleware_plays_the_http_scenario_on_async_postgres(tables: Tables, scenario_table: str, name: str) -> None:
-    from test_http_conformance import load as load_http
     from test_http_conformance import Target, play
+    from test_http_conformance import load as load_http
 
     scenario = load_http(name)
     tables.sql(f"DELETE FROM {scenario_table}")
@@ -766,3 +769,189 @@ def test_a_redis_store_gives_the_connections_it_used_back_to_a_client_it_was_giv
         assert client.ping() is True, "the store kept the client's one connection"
     finally:
         client.close()
+
+
+# --- AsyncRedisStore's own socket path: the same hostile servers as RedisStore's ---
+
+
+def test_a_redis_server_that_goes_silent_fails_the_async_store_closed_within_its_timeout(redis_url: str) -> None:
+    url = urllib.parse.urlsplit(redis_url)
+    proxy = SilentProxy(url.port or 6379)
+
+    async def main() -> None:
+        async with AsyncRedisStore(f"redis://127.0.0.1:{proxy.port}", prefix=unique("asilent") + ":", timeout_ms=300) as store:
+            guard = AsyncGuard(store=store)
+            assert (await guard.run("before", "fp", lambda fence: Response(200))).kind == "executed"
+            proxy.silence()
+            ran: list[int] = []
+            started = time.monotonic()
+            outcome = await guard.run("after", "fp", lambda fence: ran.append(fence) or Response(200))
+            took = time.monotonic() - started
+            assert outcome.kind == "unavailable" and ran == [], outcome
+            assert "Timeout" in (outcome.message or ""), outcome
+            assert took < 10, f"the store answered after {took:.1f} s"
+
+    try:
+        asyncio.run(main())
+    finally:
+        proxy.close()
+
+
+def test_an_async_redis_connection_the_server_closed_while_idle_is_opened_again(redis_url: str, raw_redis: Any) -> None:
+    async def main() -> None:
+        async with AsyncRedisStore(redis_url, prefix=unique("akilled") + ":") as store:
+            assert await store.insert("k", record(), NOW) == 1
+            (conn,) = store._idle
+            (killed,) = await store._pipeline((("CLIENT", "ID"),))
+            assert raw_redis.client_kill_filter(_id=killed) == 1
+            for _ in range(200):  # the loop sees the server's close once it reads the socket
+                if conn._reader.at_eof():
+                    break
+                await asyncio.sleep(0.01)
+            assert await store.get("k", NOW) == (record(), 1)
+            assert store._idle == [conn] and (await store._pipeline((("CLIENT", "ID"),)))[0] != killed
+
+    asyncio.run(main())
+
+
+@pytest.mark.parametrize("protocol", [2, 3])
+def test_the_async_redis_store_reads_replies_in_resp2_and_resp3_and_in_pieces(redis_url: str, protocol: int) -> None:
+    body = bytes(range(256)) * 4096
+    big = Record("fp", "done", 7, NOW + 1_000, NOW + 10_000, Response(200, [("etag", b"\x00")], body))
+
+    async def main() -> None:
+        client = aredis.Redis.from_url(redis_url, protocol=protocol)
+        async with AsyncRedisStore(client=client, prefix=unique(f"aresp{protocol}") + ":") as store:
+            assert await store.get("k", NOW) is None
+            assert await store.insert("k", record(), NOW) == 1
+            assert await store.insert("k", record(), NOW) == (record(), 1)
+            assert await store.replace("k", 1, big, NOW) == 2 and await store.get("k", NOW) == (big, 2)
+            assert await store.insert("k", record(NOW + 20_000), NOW + 10_000) == 3, "claim_expired's array reply"
+            await client.hset(store.prefix + "h", "field", "value")
+            with pytest.raises(StoreFault, match="not a string"):
+                await store.get("h", NOW)
+            assert await store.delete("k", 3) is True and await store.delete("k", None) is False
+        await client.aclose()
+
+    asyncio.run(main())
+
+
+def test_an_async_redis_command_cancelled_mid_read_drops_its_connection(redis_url: str, raw_redis: Any) -> None:
+    prefix = unique("acancelled") + ":"
+    raw_redis.set(prefix + "a", encode(1, record(state="done")))
+
+    async def main() -> None:
+        async with AsyncRedisStore(redis_url, prefix=prefix) as store:
+            assert await store.get("a", NOW) is not None
+            (conn,) = store._idle
+            reader = conn._reader
+            original = reader.read
+            entered = asyncio.Event()
+
+            async def stalled(n: int) -> bytes:
+                entered.set()
+                await asyncio.Event().wait()  # never: the reply stays unread
+                return await original(n)
+
+            reader.read = stalled
+            task = asyncio.ensure_future(store.get("a", NOW))
+            await entered.wait()
+            task.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await task
+            assert conn._reader is None, "dropped at once, so no later command reads GET a's reply"
+            assert await store.get("b", NOW) is None, "the reply to GET a was taken for GET b's"
+
+    asyncio.run(main())
+
+
+def test_the_async_redis_store_loads_a_script_the_server_lost_in_the_same_round_trip(redis_url: str) -> None:
+    from redis.exceptions import NoScriptError
+
+    class Forgetful(AsyncRedisStore):
+        """Answers the first EVALSHA NOSCRIPT itself (no SCRIPT FLUSH on a server other tests share)."""
+
+        batches: ClassVar[list[list[str]]] = []
+
+        async def _pipeline(self, batch: tuple[tuple[Any, ...], ...]) -> list[Any]:
+            self.batches.append([str(args[0]) for args in batch])
+            if batch[0][0] == "EVALSHA" and len(self.batches) == 2:
+                return [NoScriptError("No matching script. Please use EVAL.")]
+            return await super()._pipeline(batch)
+
+    async def main() -> None:
+        async with Forgetful(redis_url, prefix=unique("anoscript") + ":", cas="script") as store:
+            assert await store.insert("k", record(), NOW) == 1
+            assert await store.replace("k", 1, record(state="done"), NOW) == 2
+            assert Forgetful.batches == [["SET"], ["EVALSHA"], ["SCRIPT", "EVALSHA"]], Forgetful.batches
+
+    asyncio.run(main())
+
+
+def test_async_redis_calls_start_inside_the_run_that_asks_for_them(redis_url: str) -> None:
+    """AsyncRedisStore says `eager_start`: the journal starts a pending call the moment the
+    guest asks for it, so its command is written before that run even ends (its round trip
+    overlaps the rest of the run). A store without it is called after the run."""
+
+    class Spied(AsyncRedisStore):
+        async def _pipeline(self, batch: tuple[tuple[Any, ...], ...]) -> list[Any]:
+            self.sent.append(str(batch[0][0]))
+            return await super()._pipeline(batch)
+
+    class Lazy(Spied):
+        eager_start = False
+
+    async def sent_by_run_end(kind: type[Spied]) -> list[list[str]]:
+        async with kind(redis_url, prefix=unique("eager") + ":") as store:
+            store.sent = []
+            guard = AsyncGuard(store=store)
+            seen: list[list[str]] = []
+            replay = guard._replay
+            assert replay is not None
+            run = replay._run
+
+            def noted(*args: Any) -> Any:
+                result = run(*args)
+                seen.append(list(store.sent))
+                return result
+
+            replay._run = noted  # type: ignore[method-assign]
+            outcome = await guard.run("k", "fp", lambda fence: Response(201, [], b"ok"))
+            assert outcome.kind == "executed"
+            return seen
+
+    eager, lazy = asyncio.run(sent_by_run_end(Spied)), asyncio.run(sent_by_run_end(Lazy))
+    assert eager[0] == ["SET"], eager  # begin's claim was on the wire when its first run ended
+    assert lazy[0] == [], lazy
+    assert eager[-1] == lazy[-1], (eager, lazy)  # the same commands either way (claim, IFEQ probe, completion)
+
+
+def test_an_async_guard_call_cancelled_while_its_started_store_call_waits_leaves_nothing_behind(
+    redis_url: str,
+) -> None:
+    url = urllib.parse.urlsplit(redis_url)
+    proxy = SilentProxy(url.port or 6379)
+
+    async def main() -> None:
+        async with AsyncRedisStore(f"redis://127.0.0.1:{proxy.port}", prefix=unique("acancel") + ":", timeout_ms=60_000) as store:
+            guard = AsyncGuard(store=store)
+            assert (await guard.run("warm", "fp", lambda fence: Response(200))).kind == "executed"
+            (conn,) = store._idle
+            proxy.silence()
+            ran: list[int] = []
+            task = asyncio.ensure_future(guard.run("k", "fp", lambda fence: ran.append(fence) or Response(200)))
+            for _ in range(500):  # until the claim's SET is on the wire and waits for a reply that never comes
+                if not store._idle:
+                    break
+                await asyncio.sleep(0.01)
+            task.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await task
+            assert ran == [] and conn._reader is None, "the store call was cancelled with its guard call and its connection dropped"
+            others = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+            assert others == [], others
+
+    try:
+        asyncio.run(main())
+    finally:
+        proxy.close()

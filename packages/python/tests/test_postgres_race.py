@@ -15,12 +15,13 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
-from typing import Any, Callable, Iterator
+from collections.abc import Callable, Iterator
+from typing import Any
 
 import pytest
-from stores import server_url, unique
 
 from idem_guard.types import Entry, Record
+from stores import server_url, unique
 
 psycopg = pytest.importorskip("psycopg")
 
@@ -66,7 +67,7 @@ def race(url: str, t: str, key: str, claim: Callable[[], Any]) -> Any:
         def run() -> None:
             try:
                 result["value"] = claim()
-            except BaseException as e:  # noqa: BLE001 - reported below
+            except BaseException as e:
                 result["error"] = e
 
         thread = threading.Thread(target=run)

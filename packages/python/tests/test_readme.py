@@ -1,7 +1,9 @@
 """Every ```python block of packages/python/README.md and examples/README.md
 runs as written (issue #17): each runs in a fresh subprocess of this
 interpreter, twice (a second run finds the keys the first left on a shared
-server, and replays), and must exit 0. A block marked
+server, and replays), and must exit 0. Every ```sh block of
+packages/python/README.md runs too, once, with bash from the repository's
+root and this interpreter's scripts (ruff, mypy) first on PATH. A block marked
 `<!-- snippet: skip — why -->` on the line above its fence is counted but
 not run. The number of blocks each README holds is asserted, so removing a
 fence cannot make this pass.
@@ -15,6 +17,7 @@ it fails without them, unless IDEM_TEST_SKIP_NETSTORES=1.
 
 from __future__ import annotations
 
+import os
 import re
 import subprocess
 import sys
@@ -28,9 +31,11 @@ ROOT = Path(__file__).resolve().parents[3]
 
 # README (relative to the repository root) -> how many ```python blocks it holds.
 READMES = {
-    "packages/python/README.md": 2,
+    "packages/python/README.md": 6,
     "examples/README.md": 5,
 }
+# README -> how many ```sh blocks it holds (run by test_readme_shell_block_runs_as_written).
+SHELL_READMES = {"packages/python/README.md": 3}
 
 SERVERS = (("redis://", "IDEM_TEST_REDIS_URL"), ("postgres://", "IDEM_TEST_POSTGRES_URL"))
 SKIP = re.compile(r"^<!--\s*snippet:\s*skip\b\s*(.*?)\s*-->$")
@@ -88,3 +93,30 @@ def test_readme_block_runs_as_written(readme: str, line: int, code: str, skip: s
             f"{readme}:{line} failed on its {attempt} run (exit {done.returncode}):\n"
             f"{done.stderr}\n--- the block:\n{code}"
         )
+
+
+def _shell(readme: str) -> list[tuple[int, str, str | None]]:
+    return blocks((ROOT / readme).read_text(), "sh")
+
+
+@pytest.mark.parametrize("readme", sorted(SHELL_READMES))
+def test_readme_holds_the_expected_shell_blocks(readme: str) -> None:
+    found = _shell(readme)
+    assert len(found) == SHELL_READMES[readme], f"{readme}: expected {SHELL_READMES[readme]} ```sh blocks, found {len(found)}"
+
+
+SHELL_CASES = [
+    pytest.param(readme, line, code, skip, id=f"{readme}:{line}:sh")
+    for readme in sorted(SHELL_READMES)
+    for line, code, skip in _shell(readme)
+]
+
+
+@pytest.mark.parametrize(("readme", "line", "code", "skip"), SHELL_CASES)
+def test_readme_shell_block_runs_as_written(readme: str, line: int, code: str, skip: str | None) -> None:
+    if skip is not None:
+        pytest.skip(skip)
+    scripts = str(Path(sys.executable).parent)
+    env = {**os.environ, "PATH": scripts + os.pathsep + os.environ.get("PATH", "")}
+    done = subprocess.run(["bash", "-euo", "pipefail", "-c", code], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, f"{readme}:{line} failed (exit {done.returncode}):\n{done.stdout}\n{done.stderr}\n--- the block:\n{code}"

@@ -16,9 +16,9 @@ import sys
 from pathlib import Path
 
 import pytest
-from stores import server_url, unique
 
 import idem_guard
+from stores import server_url, unique
 
 PACKAGE = Path(__file__).resolve().parents[1]
 

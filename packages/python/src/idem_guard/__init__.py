@@ -30,6 +30,7 @@ from .functions import (
     IdempotencyError,
     IdempotencyKeyMissing,
     PayloadMismatch,
+    ResultNotStored,
     StoreUnavailable,
     idempotent,
     idempotent_function,
@@ -47,6 +48,7 @@ from .guard import (
     SystemClock,
     SystemRandom,
 )
+from .observe import Decision
 from .types import Checkpoint, Claim, Entry, Record, Response, StoreFault
 
 __version__ = "0.2.0"
@@ -59,6 +61,7 @@ __all__ = [
     "Attempt",
     "Checkpoint",
     "Claim",
+    "Decision",
     "Entry",
     "Guard",
     "GuardError",
@@ -72,6 +75,7 @@ __all__ = [
     "PurgeStats",
     "Record",
     "Response",
+    "ResultNotStored",
     "StoreFault",
     "StoreUnavailable",
     "SystemClock",

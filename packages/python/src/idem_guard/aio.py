@@ -31,7 +31,8 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import inspect
-from typing import Any, Awaitable, Callable, Optional
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any
 
 from .guard import (
     PURGES,
@@ -51,6 +52,7 @@ from .guard import (
     _takes_attempt,
 )
 from .journal import Replay
+from .observe import AsyncTracedStore, Observer
 from .types import Checkpoint, Claim, Response
 
 # How long the purge thread waits for one batch on the loop.
@@ -73,17 +75,19 @@ class AsyncGuard:
     """
 
     @classmethod
-    def load(cls, **options: Any) -> "AsyncGuard":
+    def load(cls, **options: Any) -> AsyncGuard:
         return cls(**options)
 
-    def __init__(self, *, store_blocks: Optional[bool] = None, renew_lease: bool = True, **options: Any):
+    def __init__(self, *, store_blocks: bool | None = None, renew_lease: bool = True, **options: Any):
         store = options.get("store")
-        self._replay: Optional[Replay] = None
+        self._replay: Replay | None = None
         clock = options.get("clock") or SystemClock()
+        self.clock = clock  # the real one (the wrapped guard may be given a journal's)
         if store is not None and is_async_store(store):
             # The component is given the journal's store, clock and random; the real ones answer between runs.
             random = options.get("random") or SystemRandom()
-            self._replay = Replay(store, clock, random)
+            observed = options.get("tracing") is not False and Observer(tracing=options.get("tracing")).tracing
+            self._replay = Replay(AsyncTracedStore(store) if observed else store, clock, random)
             options.update(store=self._replay.store, clock=self._replay.clock, random=self._replay.random)
         # The wrapped guard's own renewal thread stays off: the tasks below renew.
         self.guard = Guard(renew_lease=False, **options)
@@ -96,13 +100,13 @@ class AsyncGuard:
         # A synchronous store is purged by the wrapped guard. An asynchronous
         # one by the same purge thread (`PURGES`), each batch run on the loop
         # of this guard's calls: added at the first call, when a loop runs.
-        self._purge_stats: Optional[PurgeStats] = None
-        self._on_loop: Optional[_OnLoop] = None
-        self._purge: Optional[int] = None
+        self._purge_stats: PurgeStats | None = None
+        self._on_loop: _OnLoop | None = None
+        self._purge: int | None = None
         every_ms = options.get("purge_every_ms", 60_000)
         if self._replay is not None and every_ms > 0 and callable(getattr(store, "purge_expired", None)):
             self._purge_stats = PurgeStats()
-            self._on_loop = _OnLoop(store.purge_expired)
+            self._on_loop = _OnLoop(store.purge_expired)  # type: ignore[union-attr]  # checked just above
             self._purge = PURGES.add(self, every_ms, self._on_loop, clock, self._purge_stats)
 
     @property
@@ -120,7 +124,10 @@ class AsyncGuard:
 
     @property
     def store(self) -> Any:
-        return self._replay.target if self._replay is not None else self.guard.store
+        if self._replay is None:
+            return self.guard.store
+        target = self._replay.target
+        return target.inner if isinstance(target, AsyncTracedStore) else target
 
     @property
     def replays(self) -> bool:
@@ -138,7 +145,8 @@ class AsyncGuard:
 
     async def begin(self, key: str, fingerprint: str) -> tuple[str, Any]:
         """`("proceed", Claim)`, `("replay", Response)`, `("in-flight", ms)` or `("conflict", None)`."""
-        return await self._call(self.guard.begin, key, fingerprint)
+        decision: tuple[str, Any] = await self._call(self.guard.begin, key, fingerprint)
+        return decision
 
     async def complete(self, claim: Claim, response: Response) -> None:
         await self._call(self.guard.complete, claim, response)
@@ -147,25 +155,34 @@ class AsyncGuard:
         await self._call(self.guard.release, claim)
 
     async def renew(self, claim: Claim) -> Claim:
-        return await self._call(self.guard.renew, claim)
+        renewed: Claim = await self._call(self.guard.renew, claim)
+        return renewed
 
     async def save_checkpoint(self, claim: Claim, checkpoint: Checkpoint) -> Claim:
-        return await self._call(self.guard.save_checkpoint, claim, checkpoint)
+        saved: Claim = await self._call(self.guard.save_checkpoint, claim, checkpoint)
+        return saved
 
     async def begin_request(
-        self, key: str, method: str, path: str, headers: list[tuple[str, bytes]] = (), body: bytes = b""
+        self, key: str, method: str, path: str, headers: Sequence[tuple[str, bytes]] = (), body: bytes = b""
     ) -> tuple[str, Any]:
-        return await self._call(self.guard.begin_request, key, method, path, headers, body)
+        decision: tuple[str, Any] = await self._call(self.guard.begin_request, key, method, path, headers, body)
+        return decision
 
-    async def fingerprint(self, method: str, path: str, headers: list[tuple[str, bytes]] = (), body: bytes = b"") -> str:
-        return await self._call(self.guard.fingerprint, method, path, headers, body)
+    async def fingerprint(self, method: str, path: str, headers: Sequence[tuple[str, bytes]] = (), body: bytes = b"") -> str:
+        printed: str = await self._call(self.guard.fingerprint, method, path, headers, body)
+        return printed
 
     async def run(self, key: str, fingerprint: str, handler: Callable[..., Awaitable[Response] | Response]) -> Outcome:
         """`Guard.run` for asyncio: runs `handler(fence)` (or `handler(fence,
         attempt)`, with an `AsyncAttempt`) at most once per key and fingerprint,
         awaiting it if it returns an awaitable, and replays its response to
         every repeat. Outcomes and exceptions are `Guard.run`'s; a cancelled
-        handler releases its claim like a failed one."""
+        handler releases its claim like a failed one. Each call ends in one
+        decision, logged, passed to `on_decision` and put on a span
+        (`idem_guard.observe`)."""
+        return await self.guard.observer.run_async(key, lambda: self._run(key, fingerprint, handler))
+
+    async def _run(self, key: str, fingerprint: str, handler: Callable[..., Awaitable[Response] | Response]) -> Outcome:
         try:
             kind, value = await self.begin(key, fingerprint)
         except GuardError as e:
@@ -193,7 +210,7 @@ class AsyncGuard:
             await self.complete(claim, response)
         except GuardError as e:
             raise NotRecorded(response, e) from e
-        return Outcome("executed", response=response)
+        return Outcome("executed", response=response, fence=value.fence)
 
 
 class _OnLoop:
@@ -203,17 +220,21 @@ class _OnLoop:
 
     def __init__(self, purge: Callable[[int, int], Awaitable[int]]):
         self.purge = purge
-        self.loop: Optional[asyncio.AbstractEventLoop] = None
+        self.loop: asyncio.AbstractEventLoop | None = None
 
     def __call__(self, now_ms: int, limit: int) -> int:
         if self.loop is None:
             return 0  # no call yet: nothing has been written
-        done = asyncio.run_coroutine_threadsafe(self.purge(now_ms, limit), self.loop)
+        done: concurrent.futures.Future[int] = asyncio.run_coroutine_threadsafe(_coroutine(self.purge(now_ms, limit)), self.loop)
         try:
             return done.result(PURGE_WAIT_S)
         except concurrent.futures.TimeoutError:
             done.cancel()
             raise
+
+
+async def _coroutine(awaitable: Awaitable[int]) -> int:
+    return await awaitable
 
 
 def is_async_store(store: Any) -> bool:
@@ -228,7 +249,8 @@ class AsyncAttempt(ClaimView):
         """Records that the operation got as far as `phase`, with `data` to
         continue from, and extends the lease (see `Attempt.save_checkpoint`).
         Raises `GuardError` (`stale-claim`: taken over; `invalid-input`; `unavailable`)."""
-        return await self._held.save_checkpoint(Checkpoint(phase, _bytes(data)))
+        saved: Claim = await self._held.save_checkpoint(Checkpoint(phase, _bytes(data)))
+        return saved
 
 
 class _AsyncHeld:

@@ -27,9 +27,10 @@ table the static binding uses (`idem_guard.abi`), holding the `Response`.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from functools import cache
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any
 
 import wasmtime
 from wasmtime import component as wc
@@ -38,10 +39,22 @@ from wasmtime.component import ResourceAny, ResourceHost, ResourceType, Variant
 from wasmtime.component._types import OptionType
 
 from .abi import ENGINE, Handles, clears_handles
-from .types import Checkpoint, Claim, Entry, Failure, Policy, Record, Response, StoreFault, response_size, same_response, status_u16
+from .types import (
+    Checkpoint,
+    Claim,
+    Entry,
+    Failure,
+    Policy,
+    Record,
+    Response,
+    StoreFault,
+    response_size,
+    same_response,
+    status_u16,
+)
 
 
-def _untagged_option_classes(self: OptionType, s: set) -> None:
+def _untagged_option_classes(self: OptionType, s: set[Any]) -> None:
     # wasmtime-py (50.0.1, and still 51.0.0) says an untagged option's `none`
     # case may be any `object`. Inside an untagged `result<option<T>, E>` (the store's
     # `replace`) that makes the `ok` case claim every value, so a host
@@ -56,7 +69,7 @@ def _untagged_option_classes(self: OptionType, s: set) -> None:
         self.payload.add_classes(s)
 
 
-OptionType.add_classes = _untagged_option_classes  # type: ignore[method-assign]
+OptionType.add_classes = _untagged_option_classes  # type: ignore[method-assign,assignment]
 
 GUARD_ERRORS = ("unavailable", "invalid-input", "stale-claim")
 VERSION = "0.2.0"
@@ -83,7 +96,7 @@ def _to_checkpoint(c: Any) -> Any:
     return None if c is None else _wit(phase=c.phase, data=bytes(c.data))
 
 
-def _claim(r: WitRecord) -> Claim:
+def _claim(r: Any) -> Claim:  # a wasmtime.component.Record: its fields are attributes set at run time
     return Claim(
         r.key, r.fingerprint, r.fence, r.holder, _get(r, "lease_until_ms"), _get(r, "expires_at_ms"), _checkpoint(r.checkpoint)
     )
@@ -108,7 +121,7 @@ def _to_policy(p: Policy) -> WitRecord:
     return _wit(lease_ms=p.lease_ms, retention_ms=p.retention_ms, max_response_bytes=p.max_response_bytes)
 
 
-def _record(r: WitRecord, response: Any) -> Record:
+def _record(r: Any, response: Any) -> Record:
     """A WIT record and the response that goes with it, as the store keeps them."""
     return Record(
         r.fingerprint, r.state, r.holder, _get(r, "lease_until_ms"), _get(r, "expires_at_ms"), response, _checkpoint(r.checkpoint)
@@ -120,10 +133,11 @@ def _result(value: Any) -> Any:
     if isinstance(value, Variant):
         if value.tag == "ok":
             return value.payload
+        error: Any = value.payload  # an err's payload is the guard-error variant; a guard-error's, its detail
         if value.tag == "err":
-            return Failure(value.payload.tag, value.payload.payload)
+            return Failure(error.tag, error.payload)
         if value.tag in GUARD_ERRORS:
-            return Failure(value.tag, value.payload)
+            return Failure(value.tag, str(error))
     return value
 
 
@@ -132,13 +146,13 @@ class Guest:
 
     @classmethod
     @cache  # compiled once per file, for the life of the process
-    def load(cls, path: Path) -> "Guest":
+    def load(cls, path: Path) -> Guest:
         return cls(wc.Component.from_file(ENGINE, str(path)))
 
     def __init__(self, component: wc.Component):
         self.component = component
 
-    def instantiate(self, store: Any, clock: Any, random: Any) -> "Instance":
+    def instantiate(self, store: Any, clock: Any, random: Any) -> Instance:
         return Instance(self, store, clock, random)
 
 
@@ -153,7 +167,9 @@ class Instance:
         iface = instance.get_export_index(self._wasmtime, f"idem:guard/guard@{VERSION}")
         self._funcs = {}
         for name in ("begin", "complete", "release", "renew", "save-checkpoint", "fingerprint", "begin-request"):
-            func = instance.get_func(self._wasmtime, instance.get_export_index(self._wasmtime, name, iface))
+            index = instance.get_export_index(self._wasmtime, name, iface)
+            assert index is not None, f"the component does not export guard.{name}"
+            func = instance.get_func(self._wasmtime, index)
             assert func is not None, f"the component does not export guard.{name}"
             self._funcs[name] = func
 
@@ -276,4 +292,5 @@ class Instance:
     @clears_handles
     def fingerprint(self, method: str, path: str, headers: Sequence[tuple[str, bytes]], body: bytes) -> str:
         parts = _wit(method=method, path=path, headers=[(n, bytes(v)) for n, v in headers], body=bytes(body))
-        return self._funcs["fingerprint"](self._wasmtime, parts)
+        printed: str = self._funcs["fingerprint"](self._wasmtime, parts)
+        return printed

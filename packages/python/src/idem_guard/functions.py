@@ -15,13 +15,25 @@
     charge(order={"id": "o-1", "cents": 5})      # raises PayloadMismatch
 
 What is stored. The function's return value, encoded by `encode` (default:
-`json.dumps(value, ensure_ascii=False, allow_nan=False, separators=(",", ":"))`
-as UTF-8), as the response `200`, `content-type: application/json`, that
-body. A replay returns `decode(body)` (default `json.loads`), so a tuple comes
-back as a list and a dataclass as whatever `encode` made of it; the first call
-returns the function's own value. A value `encode` refuses raises its
-`TypeError`/`ValueError` after the function ran, and the key is released (a
-retry runs the function again), as Powertools does.
+compact JSON as UTF-8, with datetime, date, time, Decimal, UUID, Enum,
+dataclasses and Pydantic models encoded as `idem_guard.codec` says), as the
+response `200`, `content-type: application/json`, that body. A replay returns
+`decode(body)`: by default the JSON decoded back to the function's return
+annotation where it names those types (a `-> datetime` function replays a
+`datetime`, a `-> Order` dataclass or model an `Order`), else what
+`json.loads` gives (a tuple comes back as a list). The first call returns the
+function's own value.
+
+A function never runs twice because of what it returned. With the default
+encoder, a return annotation it cannot store is refused when the function is
+decorated (`TypeError`, naming the type; an annotation that cannot be resolved
+then is checked at the first call, before anything runs). A value that still
+cannot be encoded at run time (under `-> Any`, or a NaN) is stored as a
+failure: the function ran, so its key is done, and this call and every repeat
+within the retention raise `ResultNotStored` (the first one carries the value
+in `.value`); the function is not run again for that key. A failed encoding is
+stored as status 500, `content-type: application/json`,
+`idem-result: unstorable`, body `{"error": "..."}`.
 
 The key: `key` names an argument whose value is the key, or is a callable
 given the data argument (`data_keyword_argument`), or all the arguments when
@@ -32,20 +44,25 @@ canonical JSON. The store key is `namespace#key`, namespace the function's
 
 The fingerprint: the SHA-256 of the canonical JSON (keys sorted, no
 whitespace, UTF-8, no NaN) of `{name: value}` for the `payload` arguments
-(default: the data argument, else every argument but `self`/`cls`).
-Dataclasses are encoded as dicts; anything else that `json` cannot encode
-raises `TypeError` before anything is claimed.
+(default: the data argument, else every argument but `self`/`cls`), the
+types above encoded as they are stored; anything else raises `TypeError`
+before anything is claimed.
+
+Types: the decorated function keeps its signature (`ParamSpec`): a checker
+sees `charge(order: dict) -> dict`, and an async function stays awaitable.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import hashlib
 import inspect
 import json
-from typing import Any, Callable, Optional, Sequence, Union
+import typing
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any, ParamSpec, TypeVar, cast
 
+from . import codec
 from .aio import AsyncGuard
 from .guard import Guard, Outcome
 from .types import Response
@@ -55,11 +72,18 @@ __all__ = [
     "IdempotencyError",
     "IdempotencyKeyMissing",
     "PayloadMismatch",
+    "ResultNotStored",
     "StoreUnavailable",
     "canonical_json",
     "idempotent",
     "idempotent_function",
 ]
+
+P = ParamSpec("P")
+R = TypeVar("R")
+
+#: The header that marks a stored failure to encode the function's result.
+UNSTORABLE = ("idem-result", b"unstorable")
 
 
 class IdempotencyError(Exception):
@@ -101,39 +125,86 @@ class IdempotencyKeyMissing(IdempotencyError):
     """The key came out as None and `raise_on_no_idempotency_key` is set (Powertools' `IdempotencyKeyError`)."""
 
 
-def _default(value: Any) -> Any:
-    if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        return dataclasses.asdict(value)
-    raise TypeError(f"{type(value).__name__} is not JSON-serialisable; pass encode= (or payload= to leave it out)")
+class ResultNotStored(Exception):
+    """The function ran for this key, but its result could not be encoded, so a
+    failure was stored in its place: this call and every repeat within the
+    retention raise this, and the function does not run again for the key.
+    `value` is the function's result on the call that ran it (None on a repeat);
+    `reason` says why it could not be encoded."""
+
+    def __init__(self, key: str, reason: str, value: Any = None, ran_here: bool = False):
+        when = "" if ran_here else " on an earlier call"
+        super().__init__(
+            f"the function ran for key {key!r}{when}, but its result could not be stored ({reason}); "
+            "it is not run again for this key: fix the return type (or pass encode=), then use a new key"
+        )
+        self.key = key
+        self.reason = reason
+        self.value = value
 
 
 def canonical_json(value: Any) -> bytes:
-    """Keys sorted, no whitespace, UTF-8, no NaN or infinities; dataclasses as dicts."""
-    return json.dumps(
-        value, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False, default=_default
-    ).encode()
+    """Keys sorted, no whitespace, UTF-8, no NaN or infinities; the types of `idem_guard.codec` encoded as it says."""
+    try:
+        return codec.dumps(value, sort_keys=True)
+    except codec.Unstorable as e:
+        raise TypeError(f"{e} (or payload= to leave the argument out of the fingerprint)") from e
 
 
 def _encode(value: Any) -> bytes:
-    return json.dumps(value, separators=(",", ":"), ensure_ascii=False, allow_nan=False, default=_default).encode()
+    return codec.dumps(value)
 
 
 def _decode(body: bytes) -> Any:
     return json.loads(body)
 
 
+def _return_type(fn: Callable[..., Any]) -> tuple[bool, Any]:
+    """(resolved, the return annotation): not resolved while a forward reference names nothing yet.
+    Names are looked up in the function's module and in the variables its body closes over (a class
+    defined in an enclosing function and used in the body resolves)."""
+    code = getattr(fn, "__code__", None)
+    cells = getattr(fn, "__closure__", None) or ()
+    local: dict[str, Any] = {}
+    for name, cell in zip(code.co_freevars if code is not None else (), cells, strict=False):
+        try:
+            local[name] = cell.cell_contents
+        except ValueError:  # a cell not filled yet
+            pass
+    try:
+        hints = typing.get_type_hints(fn, localns=local, include_extras=True)
+    except (NameError, AttributeError, TypeError):
+        return False, Any
+    tp = hints.get("return", Any)
+    return True, tp
+
+
+def _unstorable_response(error: Exception) -> Response:
+    body = json.dumps({"error": f"{type(error).__name__}: {error}"}, separators=(",", ":"), ensure_ascii=False)
+    return Response(500, [("content-type", b"application/json"), UNSTORABLE], body.encode())
+
+
+def _unstorable_reason(response: Response) -> str | None:
+    if response.status != 500 or UNSTORABLE not in response.headers:
+        return None
+    try:
+        return str(json.loads(response.body)["error"])
+    except (ValueError, KeyError, TypeError):
+        return "unknown"
+
+
 def idempotent_function(
     *,
-    guard: Union[Guard, AsyncGuard],
-    data_keyword_argument: Optional[str] = None,
-    key: Union[str, Callable[..., Any], None] = None,
-    payload: Optional[Sequence[str]] = None,
-    namespace: Optional[str] = None,
+    guard: Guard | AsyncGuard,
+    data_keyword_argument: str | None = None,
+    key: str | Callable[..., Any] | None = None,
+    payload: Sequence[str] | None = None,
+    namespace: str | None = None,
     raise_on_no_idempotency_key: bool = False,
-    fence_keyword_argument: Optional[str] = None,
-    encode: Callable[[Any], bytes] = _encode,
-    decode: Callable[[bytes], Any] = _decode,
-) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    fence_keyword_argument: str | None = None,
+    encode: Callable[[Any], bytes] | None = None,
+    decode: Callable[[bytes], Any] | None = None,
+) -> Callable[[Callable[P, R]], Callable[P, R]]:
     """Makes a function run at most once per key while the guard retains the
     key (24 h by default); repeats get the stored return value.
 
@@ -141,13 +212,17 @@ def idempotent_function(
     raise: `AlreadyInProgress` (another call holds the key; `retry_after`),
     `PayloadMismatch` (the key was used with another payload), `StoreUnavailable`
     (the function did not run). An exception from the function releases the key
-    and propagates, so a retry runs it again; `NotRecorded` means it ran but its
-    result could not be stored. A key that comes out None runs the function
-    unguarded, or raises `IdempotencyKeyMissing` with `raise_on_no_idempotency_key`.
-    `fence_keyword_argument` names a parameter that receives the claim's fence.
+    and propagates, so a retry runs it again; `NotRecorded` means it ran but the
+    store could not record its result (the key stays claimed until its lease runs
+    out); `ResultNotStored` that it ran but its result could not be encoded (a
+    failure is stored: it never runs again for that key). A key that comes out
+    None runs the function unguarded, or raises `IdempotencyKeyMissing` with
+    `raise_on_no_idempotency_key`. `fence_keyword_argument` names a parameter
+    that receives the claim's fence. `encode`/`decode` replace the JSON codec
+    (and its check of the return annotation).
     """
 
-    def decorate(fn: Callable[..., Any]) -> Callable[..., Any]:
+    def decorate(fn: Callable[P, R]) -> Callable[P, R]:
         signature = inspect.signature(fn)
         names = list(signature.parameters)
         for what, name in (("data_keyword_argument", data_keyword_argument), ("fence_keyword_argument", fence_keyword_argument)):
@@ -170,12 +245,51 @@ def idempotent_function(
             hashed = [data_keyword_argument]
         else:
             hashed = [n for n in names if n not in ("self", "cls") and n != fence_keyword_argument]
+        encoder = encode if encode is not None else _encode
+        # The return type: checked now when it can be resolved, else at the first call.
+        returns: list[Any] = []
 
-        def prepare(args: tuple, kwargs: dict) -> Optional[tuple[str, str]]:
-            """The store key and fingerprint of a call, or None to run it unguarded."""
-            bound = signature.bind(*args, **kwargs)
+        def return_type() -> Any:
+            if not returns:
+                resolved, tp = _return_type(fn)
+                if encode is None:
+                    codec.check_storable(tp, f"{fn.__module__}.{fn.__qualname__}")
+                if not resolved:
+                    return Any  # a forward reference not defined yet: tried again next call
+                returns.append(tp)
+            return returns[0]
+
+        if _return_type(fn)[0]:
+            return_type()
+
+        def decoded(body: bytes) -> Any:
+            if decode is not None:
+                return decode(body)
+            return codec.decode_as(json.loads(body), return_type())
+
+        # Binding the call's arguments to names without inspect.Signature.bind (a tenth of the
+        # decorator's cost) when the parameters are plain: positional-or-keyword, no *args or **kwargs.
+        plain = all(p.kind is p.POSITIONAL_OR_KEYWORD for p in signature.parameters.values())
+        defaults = {n: p.default for n, p in signature.parameters.items() if p.default is not p.empty}
+
+        def bind(args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[str, Any]:
+            if plain and len(args) <= len(names):
+                arguments = dict(zip(names, args, strict=False))
+                if not arguments.keys() & kwargs.keys() and kwargs.keys() <= signature.parameters.keys():
+                    arguments.update(kwargs)
+                    if len(arguments) == len(names):
+                        return arguments
+                    if all(n in arguments or n in defaults for n in names):
+                        return {n: arguments[n] if n in arguments else defaults[n] for n in names}
+            bound = signature.bind(*args, **kwargs)  # raises the TypeError a bad call deserves
             bound.apply_defaults()
-            arguments = bound.arguments
+            return dict(bound.arguments)
+
+        def prepare(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[str, str] | None:
+            """The store key and fingerprint of a call, or None to run it unguarded."""
+            if not returns:
+                return_type()
+            arguments = bind(args, kwargs)
             content = canonical_json({name: arguments[name] for name in hashed})
             fingerprint = "sha256:" + hashlib.sha256(content).hexdigest()
             if isinstance(key, str):
@@ -191,67 +305,88 @@ def idempotent_function(
             text = value if isinstance(value, str) else canonical_json(value).decode()
             return f"{prefix}#{text}", fingerprint
 
-        def fenced(kwargs: dict, fence: int) -> dict:
+        def fenced(kwargs: dict[str, Any], fence: int) -> dict[str, Any]:
             return {**kwargs, fence_keyword_argument: fence} if fence_keyword_argument else kwargs
 
-        def answer(store_key: str, outcome: Outcome, ran: list) -> Any:
+        class Ran:
+            """What the handler got: the function's value, and why it could not be encoded, if so."""
+
+            value: Any = None
+            unstorable: Exception | None = None
+
+            def stored(self, value: Any) -> Response:
+                self.value = value
+                try:
+                    body = encoder(value)
+                except Exception as e:  # noqa: BLE001 - any encoder's failure is stored, never a release
+                    self.unstorable = e
+                    return _unstorable_response(e)
+                return Response(200, [("content-type", b"application/json")], body)
+
+        def answer(store_key: str, outcome: Outcome, ran: Ran) -> Any:
             if outcome.kind == "executed":
-                return ran[0]
+                if ran.unstorable is not None:
+                    failure = f"{type(ran.unstorable).__name__}: {ran.unstorable}"
+                    raise ResultNotStored(store_key, failure, ran.value, ran_here=True) from ran.unstorable
+                return ran.value
             if outcome.kind == "replayed":
-                return decode(outcome.response.body)
+                assert outcome.response is not None
+                reason = _unstorable_reason(outcome.response)
+                if reason is not None:
+                    raise ResultNotStored(store_key, reason)
+                return decoded(outcome.response.body)
             if outcome.kind == "in-flight":
-                raise AlreadyInProgress(store_key, outcome.retry_after_ms)
+                raise AlreadyInProgress(store_key, outcome.retry_after_ms or 0)
             if outcome.kind == "conflict":
                 raise PayloadMismatch(store_key)
             raise StoreUnavailable(store_key, outcome.message or "")
 
-        def stored(value: Any) -> Response:
-            return Response(200, [("content-type", b"application/json")], encode(value))
-
         if is_async:
+            async_fn = cast(Callable[..., Awaitable[Any]], fn)
+            async_guard = cast(AsyncGuard, guard)
 
             @functools.wraps(fn)
             async def async_wrapper(*args: Any, **kwargs: Any) -> Any:
                 call = prepare(args, kwargs)
                 if call is None:
-                    return await fn(*args, **kwargs)
-                ran: list = []
+                    return await async_fn(*args, **kwargs)
+                ran = Ran()
 
                 async def handler(fence: int) -> Response:
-                    ran.append(await fn(*args, **fenced(kwargs, fence)))
-                    return stored(ran[0])
+                    return ran.stored(await async_fn(*args, **fenced(kwargs, fence)))
 
-                return answer(call[0], await guard.run(call[0], call[1], handler), ran)
+                return answer(call[0], await async_guard.run(call[0], call[1], handler), ran)
 
-            return async_wrapper
+            return cast(Callable[P, R], async_wrapper)
+
+        sync_guard = cast(Guard, guard)
 
         @functools.wraps(fn)
         def wrapper(*args: Any, **kwargs: Any) -> Any:
             call = prepare(args, kwargs)
             if call is None:
                 return fn(*args, **kwargs)
-            ran: list = []
+            ran = Ran()
 
             def handler(fence: int) -> Response:
-                ran.append(fn(*args, **fenced(kwargs, fence)))
-                return stored(ran[0])
+                return ran.stored(fn(*args, **fenced(kwargs, fence)))
 
-            return answer(call[0], guard.run(call[0], call[1], handler), ran)
+            return answer(call[0], sync_guard.run(call[0], call[1], handler), ran)
 
-        return wrapper
+        return cast(Callable[P, R], wrapper)
 
     return decorate
 
 
 def idempotent(
-    *, guard: Union[Guard, AsyncGuard], key: Union[Callable[[Any], Any], None] = None, **options: Any
-) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    *, guard: Guard | AsyncGuard, key: Callable[[Any], Any] | None = None, **options: Any
+) -> Callable[[Callable[P, R]], Callable[P, R]]:
     """`idempotent_function` for a handler whose first parameter is the event
     (Powertools' `@idempotent` for `handler(event, context)`): the event is the
     payload, and `key=lambda event: event["order_id"]` picks the key from it
     (default: the event's hash)."""
 
-    def decorate(fn: Callable[..., Any]) -> Callable[..., Any]:
+    def decorate(fn: Callable[P, R]) -> Callable[P, R]:
         params = list(inspect.signature(fn).parameters)
         if not params:
             raise TypeError(f"{fn.__qualname__} takes no event parameter")

@@ -30,21 +30,40 @@ from __future__ import annotations
 import heapq
 import inspect
 import itertools
+import logging
 import os
 import secrets
 import threading
 import time
 import types
 import weakref
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import Any, TypeVar
 
+from .observe import DecisionHook, Observer, TracedStore
 from .types import Checkpoint, Claim, Entry, Failure, Policy, Record, Response, StoreFault
+from .workers import fork_generation, warn, warn_if_shared_memory
 
 # The component's bytes ship inside the package (packages/python/build.sh writes them
 # there from `idem component --out`); IDEM_COMPONENT or `component=` override them.
 DEFAULT_COMPONENT = Path(__file__).resolve().parent / "idem-guard.wasm"
+T = TypeVar("T")
+
+# Objects whose locks and threads a forked child must not inherit: a lock another thread held
+# at the fork stays held for ever in the child (a guard made before gunicorn's fork, say).
+# Each gets new ones in the child (`_after_fork`).
+_FORK_RESETS: weakref.WeakSet[Any] = weakref.WeakSet()
+
+
+def _reset_after_fork() -> None:
+    for resettable in list(_FORK_RESETS):
+        resettable._after_fork()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_reset_after_fork)
 
 
 @dataclass(frozen=True)
@@ -52,9 +71,11 @@ class Outcome:
     """What `Guard.run` did: `executed`, `replayed`, `in-flight`, `conflict` or `unavailable`."""
 
     kind: str
-    response: Optional[Response] = None
-    retry_after_ms: Optional[int] = None
-    message: Optional[str] = None
+    response: Response | None = None
+    retry_after_ms: int | None = None
+    message: str | None = None
+    #: The claim's fence when the handler ran (`executed`).
+    fence: int | None = None
 
 
 class GuardError(Exception):
@@ -113,9 +134,9 @@ class Faults:
     `lost` around its own operation."""
 
     def __init__(self) -> None:
-        self._faults: dict[str, dict] = {}
+        self._faults: dict[str, dict[str, Any]] = {}
 
-    def fault(self, primitive: str, kind: str, message: str = "injected fault", count: Optional[int] = None) -> None:
+    def fault(self, primitive: str, kind: str, message: str = "injected fault", count: int | None = None) -> None:
         if primitive not in ("get", "insert", "replace", "delete"):
             raise ValueError(f"unknown store primitive {primitive!r}; expected get, insert, replace or delete")
         if kind not in ("error", "lost", "trap"):
@@ -125,7 +146,7 @@ class Faults:
     def clear_faults(self) -> None:
         self._faults.clear()
 
-    def take(self, primitive: str) -> Optional[dict]:
+    def take(self, primitive: str) -> dict[str, Any] | None:
         """The rule for this call of `primitive`, or None; counted down."""
         rule = self._faults.get(primitive)
         if rule is not None and rule["count"] is not None:
@@ -135,7 +156,7 @@ class Faults:
         return rule
 
     @staticmethod
-    def before(primitive: str, rule: dict) -> None:
+    def before(primitive: str, rule: dict[str, Any]) -> None:
         """Raises what `rule` injects before the operation (`error`, `trap`); returns for `lost`."""
         if rule["kind"] == "error":
             raise StoreFault("unavailable", f"{rule['message']} (injected on {primitive})")
@@ -158,8 +179,16 @@ class MemoryStore(Faults):
         super().__init__()
         self._records: dict[str, Entry] = {}
         self._lock = threading.Lock()
+        self._generation = fork_generation()  # a fork after this makes a copy per process: warned at first use
+        _FORK_RESETS.add(self)
 
-    def _apply(self, primitive: str, operation: Callable[[], Any]) -> Any:
+    def _after_fork(self) -> None:
+        self._lock = threading.Lock()
+
+    def _apply(self, primitive: str, operation: Callable[[], T]) -> T:
+        if self._generation != fork_generation():
+            self._generation = fork_generation()
+            warn(self, "this MemoryStore was made before an os.fork() and is used in the child")
         with self._lock:
             rule = self.take(primitive)
             if rule is None:
@@ -168,13 +197,13 @@ class MemoryStore(Faults):
             operation()
             raise self.lost(primitive)
 
-    def _live(self, key: str, now_ms: int) -> Optional[Entry]:
+    def _live(self, key: str, now_ms: int) -> Entry | None:
         entry = self._records.get(key)
         if entry is not None and now_ms < entry.record.expires_at_ms:
             return entry
         return None
 
-    def get(self, key: str, now_ms: int) -> Optional[Entry]:
+    def get(self, key: str, now_ms: int) -> Entry | None:
         return self._apply("get", lambda: self._live(key, now_ms))
 
     def insert(self, key: str, record: Record, now_ms: int) -> int | Entry:
@@ -192,8 +221,8 @@ class MemoryStore(Faults):
 
         return self._apply("insert", op)
 
-    def replace(self, key: str, expected_version: int, record: Record, now_ms: int) -> Optional[int]:
-        def op() -> Optional[int]:
+    def replace(self, key: str, expected_version: int, record: Record, now_ms: int) -> int | None:
+        def op() -> int | None:
             live = self._live(key, now_ms)
             if live is None or live.version != expected_version:
                 return None
@@ -202,7 +231,7 @@ class MemoryStore(Faults):
 
         return self._apply("replace", op)
 
-    def delete(self, key: str, expected_version: Optional[int]) -> bool:
+    def delete(self, key: str, expected_version: int | None) -> bool:
         def op() -> bool:
             entry = self._records.get(key)
             if entry is None or (expected_version is not None and entry.version != expected_version):
@@ -212,7 +241,7 @@ class MemoryStore(Faults):
 
         return self._apply("delete", op)
 
-    def peek(self, key: str, now_ms: int) -> Optional[Entry]:
+    def peek(self, key: str, now_ms: int) -> Entry | None:
         """The live record and its version, bypassing faults: for tests and operators."""
         return self._live(key, now_ms)
 
@@ -269,7 +298,7 @@ class Guard:
     """
 
     @classmethod
-    def load(cls, **options: Any) -> "Guard":
+    def load(cls, **options: Any) -> Guard:
         return cls(**options)
 
     def __init__(
@@ -280,10 +309,13 @@ class Guard:
         retention_ms: int = 24 * 60 * 60 * 1000,
         max_response_bytes: int = 1 << 20,
         renew_lease: bool = True,
-        component: Optional[os.PathLike | str] = None,
+        component: os.PathLike[str] | str | None = None,
         binding: str = "static",
         random: Any = None,
         purge_every_ms: int = 60_000,
+        logger: logging.Logger | None = None,
+        on_decision: DecisionHook | Iterable[DecisionHook] | None = None,
+        tracing: Any = None,
     ):
         if not isinstance(purge_every_ms, int) or isinstance(purge_every_ms, bool) or purge_every_ms < 0:
             raise ValueError(f"purge_every_ms {purge_every_ms!r} must be a whole number of milliseconds, 0 for never")
@@ -293,12 +325,20 @@ class Guard:
         self.policy = Policy(lease_ms, retention_ms, max_response_bytes)
         self.renew_lease = renew_lease
         self.replaced = 0
+        # Logging, metrics callbacks and spans on each decision (idem_guard.observe).
+        self.observer = Observer(logger, on_decision, tracing)
+        warn_if_shared_memory(self.store)
+        # What the component calls: the store, with a span per primitive when calls may be traced
+        # (a journal's store is not: AsyncGuard traces the real store behind it).
+        traced = self.observer.tracing and not getattr(self.store, "journaled", False)
+        self._store_seen = TracedStore(self.store) if traced else self.store
         self._lock = threading.Lock()
+        _FORK_RESETS.add(self)
         path = Path(component or os.environ.get("IDEM_COMPONENT") or DEFAULT_COMPONENT)
         if not path.is_file():
             raise FileNotFoundError(
-                f"no guard component at {path}: write it with `idem component --out {path}` "
-                f"(`cargo run -p idem -- component --out {path}` in the repository; "
+                f"no guard component at {path}: build it with `scripts/build-component.sh {path}` "
+                f"(or `idem component --out {path}`; "
                 f"packages/python/build.sh puts it in the package), or set IDEM_COMPONENT to the file"
             )
         self._guest = _binding(binding).load(path)
@@ -307,9 +347,15 @@ class Guard:
         self._instantiate()  # fail at load, not at the first request
         # What the purge has done; `every_ms` 0 when this guard does not purge.
         self.purge_stats = PurgeStats()
-        self._purge: Optional[int] = None
+        self._purge: int | None = None
         if purge_every_ms > 0 and callable(getattr(self.store, "purge_expired", None)):
             self._purge = PURGES.add(self, purge_every_ms, self.store.purge_expired, self.clock, self.purge_stats)
+
+    def _after_fork(self) -> None:
+        self._lock = threading.Lock()
+        renewer = getattr(self, "_renewer", None)
+        if renewer is not None:
+            renewer._after_fork()
 
     def close(self) -> None:
         """Stops the guard's background work (the purge); calls still work, and `run` still renews leases."""
@@ -320,7 +366,7 @@ class Guard:
     def _instantiate(self) -> Any:
         if self._instance is None:
             # Each instance has a wasmtime Store of its own; a trapped one is dropped whole.
-            self._instance = self._guest.instantiate(self.store, self.clock, self.random)
+            self._instance = self._guest.instantiate(self._store_seen, self.clock, self.random)
         return self._instance
 
     def _call(self, name: str, *args: Any) -> Any:
@@ -338,7 +384,8 @@ class Guard:
 
     def begin(self, key: str, fingerprint: str) -> tuple[str, Any]:
         """`("proceed", Claim)`, `("replay", Response)`, `("in-flight", ms)` or `("conflict", None)`."""
-        return self._call("begin", key, fingerprint, self.policy)
+        decision: tuple[str, Any] = self._call("begin", key, fingerprint, self.policy)
+        return decision
 
     def complete(self, claim: Claim, response: Response) -> None:
         self._call("complete", claim, _normalized(response), self.policy)
@@ -348,22 +395,28 @@ class Guard:
 
     def renew(self, claim: Claim) -> Claim:
         """Extends the claim's lease; returns it with its new fence."""
-        return self._call("renew", claim, self.policy)
+        renewed: Claim = self._call("renew", claim, self.policy)
+        return renewed
 
     def save_checkpoint(self, claim: Claim, checkpoint: Checkpoint) -> Claim:
         """Records a recovery point for the claim and extends its lease; returns
         the claim with its new fence and this checkpoint. A later takeover's
         claim carries it."""
-        return self._call("save_checkpoint", claim, Checkpoint(checkpoint.phase, _bytes(checkpoint.data)), self.policy)
+        saved: Claim = self._call("save_checkpoint", claim, Checkpoint(checkpoint.phase, _bytes(checkpoint.data)), self.policy)
+        return saved
 
     def begin_request(
-        self, key: str, method: str, path: str, headers: list[tuple[str, bytes]] = (), body: bytes = b""
+        self, key: str, method: str, path: str, headers: Sequence[tuple[str, bytes]] = (), body: bytes = b""
     ) -> tuple[str, Any]:
         """`begin` with the canonical fingerprint of the request, in one call."""
-        return self._call("begin_request", key, method, path, [(n, _bytes(v)) for n, v in headers], _bytes(body), self.policy)
+        decision: tuple[str, Any] = self._call(
+            "begin_request", key, method, path, [(n, _bytes(v)) for n, v in headers], _bytes(body), self.policy
+        )
+        return decision
 
-    def fingerprint(self, method: str, path: str, headers: list[tuple[str, bytes]] = (), body: bytes = b"") -> str:
-        return self._call("fingerprint", method, path, [(n, bytes(v)) for n, v in headers], bytes(body))
+    def fingerprint(self, method: str, path: str, headers: Sequence[tuple[str, bytes]] = (), body: bytes = b"") -> str:
+        printed: str = self._call("fingerprint", method, path, [(n, bytes(v)) for n, v in headers], bytes(body))
+        return printed
 
     def run(self, key: str, fingerprint: str, handler: Callable[..., Response]) -> Outcome:
         """Runs `handler(fence)` at most once per key and fingerprint within the
@@ -387,7 +440,13 @@ class Guard:
         Raises `GuardError("invalid-input")` for a bad key or fingerprint,
         `NotRecorded` if the response could not be stored, or the handler's own
         exception (after releasing the claim).
+
+        Each call ends in one decision, logged, passed to `on_decision` and
+        put on a span as `idem_guard.observe` describes.
         """
+        return self.observer.run(key, lambda: self._run(key, fingerprint, handler))
+
+    def _run(self, key: str, fingerprint: str, handler: Callable[..., Response]) -> Outcome:
         try:
             kind, value = self.begin(key, fingerprint)
         except GuardError as e:
@@ -412,7 +471,7 @@ class Guard:
             self.complete(claim, response)
         except GuardError as e:
             raise NotRecorded(response, e) from e
-        return Outcome("executed", response=response)
+        return Outcome("executed", response=response, fence=value.fence)
 
 
 def _takes_attempt(handler: Callable[..., Any]) -> bool:
@@ -440,7 +499,7 @@ def _refused(e: GuardError) -> Outcome:
     return Outcome("unavailable", message=e.detail)
 
 
-def _not_run(kind: str, value: Any) -> Optional[Outcome]:
+def _not_run(kind: str, value: Any) -> Outcome | None:
     """`run`'s outcome for a decision that runs nothing; None for `proceed`."""
     if kind == "replay":
         return Outcome("replayed", response=value)
@@ -456,31 +515,32 @@ class ClaimView:
     `AsyncAttempt` share it. `held` is anything with a `claim` attribute that
     renewals and checkpoints keep current."""
 
-    def __init__(self, held):
+    def __init__(self, held: Any):
         self._held = held
 
     @property
     def claim(self) -> Claim:
         """The claim as it stands: renewals and checkpoints move its fence."""
-        return self._held.claim
+        claim: Claim = self._held.claim
+        return claim
 
     @property
     def fence(self) -> int:
-        return self._held.claim.fence
+        return self.claim.fence
 
     @property
-    def checkpoint(self) -> Optional[Checkpoint]:
+    def checkpoint(self) -> Checkpoint | None:
         """The key's last recovery point, or None: on entry, how far an earlier
         attempt whose lease ran out (or that failed and released) got — None on
         a fresh claim; after `save_checkpoint`, the one just saved."""
-        return self._held.claim.checkpoint
+        return self.claim.checkpoint
 
 
 class Attempt(ClaimView):
     """What `Guard.run` hands a handler that takes it: the claim as it stands,
     the recovery point to continue from, and the call that records the next."""
 
-    def __init__(self, guard: Guard, held: "_Held"):
+    def __init__(self, guard: Guard, held: _Held):
         super().__init__(held)
         self._guard = guard
 
@@ -491,13 +551,14 @@ class Attempt(ClaimView):
         running. It also extends the lease; renewals and the completion go on
         from the claim it returns. Raises `GuardError` (`stale-claim`: taken
         over; `invalid-input`; `unavailable`)."""
-        return self._held.save_checkpoint(self._guard, Checkpoint(phase, _bytes(data)))
+        saved: Claim = self._held.save_checkpoint(self._guard, Checkpoint(phase, _bytes(data)))
+        return saved
 
 
 class _Held:
     """A claim whose lease may be renewed meanwhile; `stop()` returns the latest claim."""
 
-    def __init__(self, claim: Claim, renewer: Optional["_Renewer"] = None, due: float = 0.0):
+    def __init__(self, claim: Claim, renewer: _Renewer | None = None, due: float = 0.0):
         self.claim = claim
         self.due = due  # time.monotonic() of the next renewal
         self.stopped = False
@@ -523,6 +584,8 @@ class _Held:
 
 # Records one purge asks of a store at most; a period asks again until a batch comes back short.
 PURGE_BATCH = 1_000
+# What the purge thread holds for one guard: its store's purge, its clock, its stats.
+_PurgeJob = tuple[Callable[[int, int], int], Any, "PurgeStats"]
 
 
 @dataclass
@@ -535,9 +598,9 @@ class PurgeStats:
     purged: int = 0
     errors: int = 0
     last_purged: int = 0
-    last_error: Optional[str] = None
+    last_error: str | None = None
 
-    def count(self, purged: int, error: Optional[Exception]) -> None:
+    def count(self, purged: int, error: Exception | None) -> None:
         """Counts one run: `purged` records freed before it ended, and why it failed, if it did."""
         self.runs += 1
         self.purged += purged
@@ -564,11 +627,12 @@ class _Purges:
 
     def __init__(self) -> None:
         self._cond = threading.Condition()
+        _FORK_RESETS.add(self)
         # (due, token, guard, period, (purge, clock, stats)): the earliest due first.
-        self._heap: list[tuple[float, int, "weakref.ref[Any]", float, tuple]] = []
+        self._heap: list[tuple[float, int, weakref.ref[Any], float, _PurgeJob]] = []
         self._closed: set[int] = set()
         self._tokens = itertools.count()
-        self._thread: Optional[threading.Thread] = None
+        self._thread: threading.Thread | None = None
 
     def add(self, guard: Any, every_ms: int, purge: Callable[[int, int], int], clock: Any, stats: PurgeStats) -> int:
         """Purges every `every_ms` while `guard` lives, with `purge(now_ms, limit)` at `clock`'s time,
@@ -584,12 +648,20 @@ class _Purges:
             self._cond.notify()
         return token
 
+    def _after_fork(self) -> None:
+        """In a forked child: the thread did not come along; one starts again for the guards it had."""
+        self._cond = threading.Condition()
+        self._thread = None
+        if self._heap:
+            self._thread = threading.Thread(target=self._run, name="idem-purge", daemon=True)
+            self._thread.start()
+
     def remove(self, token: int) -> None:
         with self._cond:
             self._closed.add(token)
             self._cond.notify()
 
-    def _next(self) -> Optional[tuple[int, tuple]]:
+    def _next(self) -> tuple[int, _PurgeJob] | None:
         """The next guard's token and `(purge, clock, stats)`, rescheduled, once it is due; None when no guard is left."""
         with self._cond:
             while True:
@@ -645,7 +717,13 @@ class _Renewer:
         self.every = max(1, guard.policy.lease_ms // 3) / 1000
         self._cond = threading.Condition()
         self._held: dict[int, _Held] = {}
-        self._thread: Optional[threading.Thread] = None
+        self._thread: threading.Thread | None = None
+
+    def _after_fork(self) -> None:
+        """In a forked child: no claim of the parent's is held here, and its thread did not come along."""
+        self._cond = threading.Condition()
+        self._held = {}
+        self._thread = None
 
     def hold(self, claim: Claim) -> _Held:
         held = _Held(claim, self, time.monotonic() + self.every)

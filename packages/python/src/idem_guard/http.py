@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-from typing import Optional
 
 from .types import Response
 
@@ -82,7 +81,7 @@ def idempotency_key(raw: bytes) -> str:
     return text.decode("ascii")
 
 
-def scoped_key(client: Optional[bytes], key: str) -> str:
+def scoped_key(client: bytes | None, key: str) -> str:
     """The store key, as the gateway builds it: the first 16 hex digits of the
     SHA-256 of the client header's value (`anon` without one), `/`, the key.
     One client never sees another's response, and no secret is stored."""
@@ -90,7 +89,7 @@ def scoped_key(client: Optional[bytes], key: str) -> str:
     return f"{scope}/{key}"
 
 
-def problem(slug: str, detail: str, retry_after_s: Optional[int] = None) -> Response:
+def problem(slug: str, detail: str, retry_after_s: int | None = None) -> Response:
     """A problem (RFC 9457) as the gateway renders it: `application/problem+json`
     with `type`, `title`, `status` and `detail`, and `retry-after` in whole
     seconds where a retry may work."""

@@ -44,8 +44,11 @@ functions (`AsyncRedisStore`, `AsyncPostgresStore`, or a store of your own)::
 
 from __future__ import annotations
 
+import asyncio
+import inspect
 import threading
-from typing import Any, Callable, Optional
+from collections.abc import Awaitable, Callable, Coroutine, Generator
+from typing import Any
 
 from .guard import GuardError
 from .types import StoreFault
@@ -62,22 +65,26 @@ class Diverged(Exception):
 class Journal:
     """The imports of one guard call, in the order the guest made them:
     `(name, args, fault, value)`, where `fault` is the `StoreFault` the store
-    answered (then `value` is None)."""
+    answered (then `value` is None). With `start`, the pending call is started
+    on the store the moment the guest asks for it (`started`), so its round trip
+    overlaps the rest of the run, as a synchronous host's would."""
 
-    def __init__(self) -> None:
-        self.entries: list[tuple[str, tuple, Optional[StoreFault], Any]] = []
+    def __init__(self, start: Callable[[str, tuple[Any, ...]], _Started] | None = None) -> None:
+        self.entries: list[tuple[str, tuple[Any, ...], StoreFault | None, Any]] = []
         self.runs = 0
+        self._start = start
+        self.started: _Started | None = None
         # Per run:
         self.position = 0
-        self.pending: Optional[tuple[str, tuple]] = None
-        self.diverged: Optional[str] = None
+        self.pending: tuple[str, tuple[Any, ...]] | None = None
+        self.diverged: str | None = None
 
     def start(self) -> None:
         self.runs += 1
         self.position = 0
         self.pending = None
 
-    def _next(self, name: str, args: tuple) -> Optional[tuple]:
+    def _next(self, name: str, args: tuple[Any, ...]) -> tuple[Any, ...] | None:
         """The recorded entry at this position (checked against `name` and `args`), or None past the end."""
         if self.position >= len(self.entries):
             return None
@@ -103,34 +110,38 @@ class Journal:
         self.position += 1
         return value
 
-    def store(self, name: str, args: tuple) -> Any:
+    def store(self, name: str, args: tuple[Any, ...]) -> Any:
         """A store primitive: the recorded answer, else `unavailable` (the first unknown one becomes `pending`)."""
         if self.pending is not None:
             raise StoreFault("unavailable", f"not asked yet: waits for {self.pending[0]} (journal replay)")
         entry = self._next(name, args)
         if entry is None:
             self.pending = (name, args)
+            if self._start is not None:
+                self.started = self._start(name, args)
             raise StoreFault("unavailable", f"{name} is asked of the store before the call is run again (journal replay)")
         if entry[2] is not None:
             raise entry[2]
         return entry[3]
 
-    def answer(self, name: str, args: tuple, fault: Optional[StoreFault], value: Any) -> None:
+    def answer(self, name: str, args: tuple[Any, ...], fault: StoreFault | None, value: Any) -> None:
         """Appends the store's answer to the pending call."""
         self.entries.append((name, args, fault, value))
 
 
-def _shown(args: tuple) -> str:
+def _shown(args: tuple[Any, ...]) -> str:
     text = repr(args)
     return text if len(text) <= 120 else text[:117] + "...)"
 
 
 class _Current(threading.local):
-    journal: Optional[Journal] = None
+    journal: Journal | None = None
 
 
 class _Store:
     """The store the component sees: answers from the current journal."""
+
+    journaled = True  # the guard traces the real store behind it, not these answers
 
     def __init__(self, current: _Current):
         self._current = current
@@ -172,6 +183,80 @@ class _Inputs:
         return self._fresh("random-u64", self._random.random_u64)
 
 
+class _Started:
+    """A store call run up to its first suspension inside a guard's run (`_eager`): its
+    answer if it already has one, else the coroutine and what it waits on, driven on by
+    whoever awaits `answer()` — in the guard call's own task, so no task is made for it."""
+
+    __slots__ = ("coro", "error", "value", "yielded")
+
+    def __init__(self, coro: Coroutine[Any, Any, Any] | None, yielded: Any = None, value: Any = None, error: Exception | None = None):
+        self.coro, self.yielded, self.value, self.error = coro, yielded, value, error
+
+    async def answer(self) -> Any:
+        coro, self.coro = self.coro, None
+        if coro is None:
+            if self.error is not None:
+                raise self.error
+            return self.value
+        yielded = self.yielded
+        while True:
+            try:
+                await _Resumed(yielded)
+            except asyncio.CancelledError as cancelled:  # the guard call was cancelled: so is the store call
+                try:
+                    yielded = coro.throw(cancelled)
+                except StopIteration as done:
+                    return done.value
+                continue
+            try:
+                yielded = coro.send(None)
+            except StopIteration as done:
+                return done.value
+
+    def forget(self) -> None:
+        """Ends a store call nobody will await: the coroutine is closed (its `finally`s run)."""
+        coro, self.coro = self.coro, None
+        if coro is not None:
+            coro.close()
+
+
+class _Resumed:
+    """Awaits what a coroutine stepped by hand suspended on, as its task would: a
+    future (marked blocking again, as `Future.__await__` does) or a bare yield."""
+
+    __slots__ = ("yielded",)
+
+    def __init__(self, yielded: Any):
+        self.yielded = yielded
+
+    def __await__(self) -> Generator[Any, None, None]:
+        if self.yielded is None:
+            yield None
+        elif not self.yielded.done():
+            self.yielded._asyncio_future_blocking = True
+            yield self.yielded
+
+
+def _eager(awaitable: Awaitable[Any]) -> _Started:
+    """Runs a store call now, up to its first suspension (a command written, its reply
+    awaited); the rest runs when the guard call awaits it (Python 3.12's eager tasks,
+    for 3.11, without a task)."""
+    if not inspect.iscoroutine(awaitable):
+        return _Started(_awaited(awaitable))
+    try:
+        yielded = awaitable.send(None)
+    except StopIteration as done:
+        return _Started(None, value=done.value)
+    except Exception as error:  # noqa: BLE001 - the store's answer (a StoreFault) or its bug, given to the await
+        return _Started(None, error=error)
+    return _Started(awaitable, yielded)
+
+
+async def _awaited(awaitable: Awaitable[Any]) -> Any:
+    return await awaitable
+
+
 class Replay:
     """Runs guard calls over an asynchronous store by journal replay.
 
@@ -183,11 +268,18 @@ class Replay:
 
     def __init__(self, store: Any, clock: Any, random: Any):
         self.target = store
+        # A store whose primitives do nothing bound to the current task before their first
+        # suspension (`AsyncRedisStore`) says so with `eager_start = True`: its calls are then
+        # started inside the run that asks for them (`_eager`).
+        self._start = self._eager_start if getattr(store, "eager_start", False) is True else None
         self._current = _Current()
         self.store = _Store(self._current)
         self.clock = self.random = _Inputs(self._current, clock, random)
 
-    def _run(self, journal: Journal, method: Callable[..., Any], args: tuple) -> tuple[Any, Optional[GuardError]]:
+    def _eager_start(self, name: str, args: tuple[Any, ...]) -> _Started:
+        return _eager(getattr(self.target, name)(*args))
+
+    def _run(self, journal: Journal, method: Callable[..., Any], args: tuple[Any, ...]) -> tuple[Any, GuardError | None]:
         journal.start()
         self._current.journal = journal
         try:
@@ -200,10 +292,20 @@ class Replay:
     async def call(self, method: Callable[..., Any], *args: Any) -> Any:
         """`method(*args)` (a `Guard` method: it returns or raises `GuardError`), replayed until the
         journal answers every import it makes."""
-        journal = Journal()
+        journal = Journal(self._start)
+        try:
+            return await self._replayed(journal, method, args)
+        finally:
+            if journal.started is not None:  # left behind by a call that ended another way
+                journal.started.forget()
+
+    async def _replayed(self, journal: Journal, method: Callable[..., Any], args: tuple[Any, ...]) -> Any:
         while True:
             value, error = self._run(journal, method, args)
             if journal.diverged is not None:
+                if journal.started is not None:
+                    abandoned, journal.started = journal.started, None
+                    abandoned.forget()
                 raise GuardError("unavailable", f"the guard's replay diverged from its journal: {journal.diverged}")
             if journal.pending is None:
                 if journal.position != len(journal.entries):
@@ -216,8 +318,9 @@ class Replay:
                     raise error
                 return value
             name, pending_args = journal.pending
+            pending_call, journal.started = journal.started, None
             try:
-                answer = await getattr(self.target, name)(*pending_args)
+                answer = await (pending_call.answer() if pending_call is not None else getattr(self.target, name)(*pending_args))
             except StoreFault as fault:
                 journal.answer(name, pending_args, fault, None)
             except Exception as bug:  # not a store error: a bug, which a sync host would trap on

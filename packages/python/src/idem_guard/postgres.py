@@ -40,7 +40,8 @@ from __future__ import annotations
 
 import asyncio
 import math
-from typing import Any, Generator, Optional, Sequence
+from collections.abc import Generator, Sequence
+from typing import Any
 
 try:
     import psycopg
@@ -57,7 +58,7 @@ from . import layout
 from .steps import AsyncSteps, Steps
 from .types import Checkpoint, Entry, Record, Response, StoreFault
 
-__all__ = ["AsyncPostgresStore", "PostgresStore", "SCHEMA_VERSION", "decode_row", "record_params"]
+__all__ = ["SCHEMA_VERSION", "AsyncPostgresStore", "PostgresStore", "decode_row", "record_params"]
 
 NAME = "postgres"
 SCHEMA_VERSION = 2
@@ -118,7 +119,7 @@ def decode_row(key: str, row: Sequence[Any], at: int = 0) -> Entry:
     elif None not in (status, names, values, body) and len(names) == len(values) and None not in names and None not in values:
         if not 0 <= status <= 0xFFFF:
             raise _corrupt(key, f"has status {status}: out of range")
-        response = Response(status, [(n, bytes(v)) for n, v in zip(names, values)], bytes(body))
+        response = Response(status, [(n, bytes(v)) for n, v in zip(names, values, strict=False)], bytes(body))
     else:
         raise _corrupt(key, "has response columns that are inconsistent (status, header names/values, body)")
     if phase is None and data is None:
@@ -136,7 +137,7 @@ def decode_row(key: str, row: Sequence[Any], at: int = 0) -> Entry:
 # A primitive yields `(statement name, parameters)` and receives `(rows,
 # rowcount)`; the sync and the async store only run the statements.
 
-_Steps = Generator[tuple[str, list], tuple[list, int], Any]
+_Steps = Generator[tuple[str, list[Any]], tuple[list[Any], int], Any]
 
 
 class _Layout:
@@ -148,11 +149,11 @@ class _Layout:
         self._sql = {name: layout.postgres_statement(name, table) for name in STATEMENTS}
         self._schema = layout.postgres_schema(table)
 
-    def _connect_options(self) -> dict:
+    def _connect_options(self) -> dict[str, Any]:
         # libpq's connect_timeout is in whole seconds, at least 2.
         return {"connect_timeout": max(2, math.ceil(self.timeout_ms / 1000))}
 
-    def _pool_options(self) -> dict:
+    def _pool_options(self) -> dict[str, Any]:
         # Autocommit: each statement is its own transaction, as the layout
         # assumes. prepare_threshold=0: every statement is prepared on a
         # connection at its first use. RawCursor: the layout's `$1` placeholders.
@@ -162,7 +163,7 @@ class _Layout:
             "cursor_factory": psycopg.RawCursor,
         }
 
-    def _checked_version(self, found: Optional[tuple]) -> None:
+    def _checked_version(self, found: tuple[Any, ...] | None) -> None:
         if found is None or found[0] != SCHEMA_VERSION:
             version = None if found is None else found[0]
             raise StoreFault(
@@ -203,7 +204,7 @@ class _Layout:
         return min(expected_version + 1, U64_MAX) if count > 0 else None
 
     @staticmethod
-    def _delete(key: str, expected_version: Optional[int]) -> _Steps:
+    def _delete(key: str, expected_version: int | None) -> _Steps:
         _, count = yield "delete", [key, None if expected_version is None else sql_int(expected_version)]
         return count > 0
 
@@ -229,7 +230,7 @@ class _DeadlineConnection(psycopg.Connection):
 
     deadline_s = 4.0
 
-    def wait(self, gen: Any, interval: float = _WAIT_INTERVAL, timeout: Optional[float] = None) -> Any:
+    def wait(self, gen: Any, interval: float = _WAIT_INTERVAL, timeout: float | None = None) -> Any:
         return super().wait(gen, interval, self.deadline_s if timeout is None else timeout)
 
 
@@ -278,7 +279,7 @@ class PostgresStore(_Layout, Steps):
             self.pool.close()
             raise self._fault(e) from e
 
-    def _configure(self, conn: "psycopg.Connection") -> None:
+    def _configure(self, conn: psycopg.Connection) -> None:
         conn.execute(f"SET statement_timeout = {self.timeout_ms}")
 
     def purge_expired(self, now_ms: int, limit: int) -> int:
@@ -286,9 +287,10 @@ class PostgresStore(_Layout, Steps):
         `purge`: the oldest expiry first, rows another session holds skipped)
         and returns how many. A `Guard` over this store calls it every
         `purge_every_ms`."""
-        return self._run("", self._purge(now_ms, limit))
+        purged: int = self._run("", self._purge(now_ms, limit))
+        return purged
 
-    def _send(self, command: tuple[str, list], _key: str) -> tuple[list, int]:
+    def _send(self, command: tuple[str, list[Any]], _key: str) -> tuple[list[Any], int]:
         name, params = command
         try:
             with self.pool.connection() as conn:
@@ -311,10 +313,10 @@ class AsyncPostgresStore(_Layout, AsyncSteps):
         super().__init__(table, timeout_ms)
         self.url = url
         self._max_size = max(1, pool)
-        self.pool: Optional[psycopg_pool.AsyncConnectionPool] = None
+        self.pool: psycopg_pool.AsyncConnectionPool | None = None
 
     @classmethod
-    async def open(cls, url: str, **options: Any) -> "AsyncPostgresStore":
+    async def open(cls, url: str, **options: Any) -> AsyncPostgresStore:
         store = cls(url, **options)
         await store._open()
         return store
@@ -347,14 +349,15 @@ class AsyncPostgresStore(_Layout, AsyncSteps):
             await self.pool.close()
             raise self._fault(e) from e
 
-    async def _configure(self, conn: "psycopg.AsyncConnection") -> None:
+    async def _configure(self, conn: psycopg.AsyncConnection) -> None:
         await conn.execute(f"SET statement_timeout = {self.timeout_ms}")
 
     async def purge_expired(self, now_ms: int, limit: int) -> int:
         """`PostgresStore.purge_expired`, awaited; an `AsyncGuard` over this store calls it every `purge_every_ms`."""
-        return await self._run("", self._purge(now_ms, limit))
+        purged: int = await self._run("", self._purge(now_ms, limit))
+        return purged
 
-    async def _send(self, command: tuple[str, list], _key: str) -> tuple[list, int]:
+    async def _send(self, command: tuple[str, list[Any]], _key: str) -> tuple[list[Any], int]:
         if self.pool is None:
             raise StoreFault("unavailable", f"{NAME}: the store is not open (await AsyncPostgresStore.open(url))")
         name, params = command
@@ -376,7 +379,7 @@ class AsyncPostgresStore(_Layout, AsyncSteps):
 
     aclose = close
 
-    async def __aenter__(self) -> "AsyncPostgresStore":
+    async def __aenter__(self) -> AsyncPostgresStore:
         if self.pool is None:
             await self._open()
         return self

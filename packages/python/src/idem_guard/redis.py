@@ -40,23 +40,24 @@ naming the key.
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import inspect
 import os
 import select
-import socket
 import struct
 import threading
-from typing import Any, Generator, Optional
+from collections.abc import Generator
+from typing import Any
 
 try:
     import redis as _redis
     import redis.asyncio as _aredis
+    from redis._parsers.base import BaseParser
     from redis.asyncio.retry import Retry as _AsyncRetry
     from redis.backoff import NoBackoff
-    from redis._parsers.base import BaseParser
-    from redis.exceptions import InvalidResponse, NoScriptError, RedisError, ResponseError
     from redis.exceptions import ConnectionError as _ConnectionError
+    from redis.exceptions import InvalidResponse, NoScriptError, RedisError, ResponseError
     from redis.exceptions import TimeoutError as _TimeoutError
     from redis.retry import Retry
 except ImportError as e:  # pragma: no cover - depends on the environment
@@ -122,7 +123,7 @@ def encode(version: int, record: Record) -> bytes:
     return bytes(out)
 
 
-def header(value: bytes) -> Optional[tuple[int, int, int]]:
+def header(value: bytes) -> tuple[int, int, int] | None:
     """The header's length with its newline, the version and the expiry; None if it does not decode."""
     end = value.find(b"\n", 0, HEADER_MAX)
     if end < 0:
@@ -155,10 +156,12 @@ class _Reader:
         return self.take(1, what)[0]
 
     def u16(self, what: str) -> int:
-        return _U16.unpack(self.take(2, what))[0]
+        value: int = _U16.unpack(self.take(2, what))[0]
+        return value
 
     def u64(self, what: str) -> int:
-        return _U64.unpack(self.take(8, what))[0]
+        value: int = _U64.unpack(self.take(8, what))[0]
+        return value
 
     def blob(self, what: str) -> bytes:
         (n,) = _U32.unpack(self.take(4, f"the length of {what}"))
@@ -226,7 +229,7 @@ def decode(key: str, value: bytes) -> Entry:
 class _Script:
     """`EVALSHA` of one of the layout's scripts on one key."""
 
-    __slots__ = ("name", "key", "args")
+    __slots__ = ("args", "key", "name")
 
     def __init__(self, name: str, key: str, *args: Any):
         self.name, self.key, self.args = name, key, args
@@ -247,13 +250,14 @@ class _Probe:
 class _Set:
     """`SET key value NX GET PX ttl`: the claim."""
 
-    __slots__ = ("key", "value", "ttl")
+    __slots__ = ("key", "ttl", "value")
 
     def __init__(self, key: str, value: bytes, ttl: int):
         self.key, self.value, self.ttl = key, value, ttl
 
 
 _Steps = Generator[Any, Any, Any]
+_Batches = Generator[tuple[tuple[Any, ...], ...], list[Any], Any]
 _HEADLESS = 'has no "{version} {expires_at_ms}" header'
 
 
@@ -272,7 +276,7 @@ class _Layout:
         grace_ms: int = DEFAULT_GRACE_MS,
         timeout_ms: int = DEFAULT_TIMEOUT_MS,
         client: Any = None,
-        max_connections: Optional[int] = None,
+        max_connections: int | None = None,
         cas: str = "auto",
     ):
         if grace_ms < 0 or timeout_ms < 1:
@@ -282,7 +286,7 @@ class _Layout:
         # SET … IFEQ (Valkey 8.1+): whether the server has it (None: not asked yet, at the first
         # completion of a record whose bytes are known), and those bytes, `full key -> (version, value)`,
         # of every unfinished record the store last wrote or read.
-        self._native: Optional[bool] = None if cas == "auto" else False
+        self._native: bool | None = None if cas == "auto" else False
         self._seen: dict[str, tuple[int, bytes]] = {}
         self._seen_lock = threading.Lock()
         self.prefix = prefix
@@ -312,7 +316,7 @@ class _Layout:
         """What a store sets up once it has its client."""
 
     @property
-    def native_cas(self) -> Optional[bool]:
+    def native_cas(self) -> bool | None:
         """Whether completions use the server's `SET … IFEQ` rather than the script
         (None until the first completion of a record whose bytes the store knows asks the server)."""
         return self._native
@@ -329,7 +333,7 @@ class _Layout:
                 self._seen.clear()
             self._seen[full] = (version, value)
 
-    def _recall(self, full: str, version: int) -> Optional[bytes]:
+    def _recall(self, full: str, version: int) -> bytes | None:
         """The bytes of the record at `version`, when known; taken out, so a concurrent replace of the key runs the script."""
         with self._seen_lock:
             known = self._seen.get(full)
@@ -408,7 +412,7 @@ class _Layout:
             raise _corrupt(key, _HEADLESS)
         raise StoreFault("unavailable", f"{NAME}: unexpected reply to the replace script: {reply!r}")
 
-    def _delete(self, key: str, expected_version: Optional[int]) -> _Steps:
+    def _delete(self, key: str, expected_version: int | None) -> _Steps:
         with self._seen_lock:
             self._seen.pop(self.prefix + key, None)
         if expected_version is None:
@@ -417,13 +421,40 @@ class _Layout:
             removed = yield _Script("delete_at", self.prefix + key, expected_version)
         return isinstance(removed, int) and removed > 0
 
+    def _batches(self, command: Any) -> _Batches:
+        """One command of a primitive as what goes over the wire: yields batches of
+        commands (argument tuples, written at once and answered in order), is sent
+        their replies (an error reply as redis-py's exception, not raised), and
+        returns the reply the primitive gets. A script the server does not hold
+        (`NOSCRIPT`) is loaded and run again in one batch. Written once for the sync
+        and the async store, which only carry the batches out (`_pipeline`)."""
+        if isinstance(command, _Probe):
+            (probed,) = yield (command.args,)
+            if isinstance(probed, ResponseError):
+                return False
+            return True
+        if isinstance(command, _Set):
+            args: tuple[Any, ...] = ("SET", command.key, command.value, "NX", "GET", "PX", command.ttl)
+        elif isinstance(command, _Script):
+            args = ("EVALSHA", self._shas[command.name], 1, command.key, *command.args)
+        else:
+            args = tuple(command)
+        (reply,) = yield (args,)
+        if isinstance(reply, NoScriptError):
+            loaded, reply = yield (("SCRIPT", "LOAD", self._scripts[command.name]), args)
+            if isinstance(loaded, ResponseError):
+                raise loaded
+        if isinstance(reply, ResponseError):
+            raise reply
+        return reply
+
     def _fault(self, error: Exception, key: str) -> StoreFault:
         if isinstance(error, ResponseError) and "WRONGTYPE" in str(error):
             return _corrupt(key, "is a Redis value that is not a string: not an idem record")
         return StoreFault("unavailable", f"{NAME}: {type(error).__name__}: {error}")
 
 
-def _pack(args: tuple) -> bytes:
+def _pack(args: tuple[Any, ...]) -> bytes:
     """A command as RESP, an array of bulk strings: what redis-py's packer
     writes for these arguments (str as UTF-8, the layout's encoding of keys;
     int in decimal; bytes as they are), in one join."""
@@ -456,10 +487,10 @@ class _Incomplete(Exception):
     """The reply does not end in the bytes read so far."""
 
 
-def _exchange(sock: Any, command: bytes) -> Any:
-    """Sends a packed command and reads its one reply (an error reply comes
-    back as redis-py's exception for it, not raised). Socket failures are
-    redis-py's `TimeoutError` and `ConnectionError`."""
+def _exchange(sock: Any, command: bytes, count: int = 1) -> Any:
+    """Sends packed commands and reads their `count` replies (one reply, or a
+    list of `count`; an error reply comes back as redis-py's exception for it,
+    not raised). Socket failures are redis-py's `TimeoutError` and `ConnectionError`."""
     try:
         sock.sendall(command)
         data = b""
@@ -468,19 +499,50 @@ def _exchange(sock: Any, command: bytes) -> Any:
             if not more:
                 raise _ConnectionError("Connection closed by server.")
             data += more
-            try:
-                value, end = _parse(data, 0)
-            except _Incomplete:
-                continue
-            except ValueError as e:  # a length or an integer that is not one
-                raise InvalidResponse(f"a reply that is not RESP: {e}") from e
-            if end != len(data):  # one command, one reply: anything more is out of step
-                raise InvalidResponse(f"{len(data) - end} bytes after the reply")
-            return value
-    except socket.timeout as e:
+            replies = _replies(data, count)
+            if replies is not _INCOMPLETE:
+                return replies
+    except TimeoutError as e:
         raise _TimeoutError("Timeout talking to the server") from e
     except OSError as e:
         raise _ConnectionError(f"Error talking to the server: {e}") from e
+
+
+async def _aexchange(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, command: bytes, count: int = 1) -> Any:
+    """`_exchange` over asyncio streams: the commands in one write, their replies
+    parsed in place from what the stream has read."""
+    try:
+        writer.write(command)
+        data = b""
+        while True:
+            more = await reader.read(_READ)
+            if not more:
+                raise _ConnectionError("Connection closed by server.")
+            data += more
+            replies = _replies(data, count)
+            if replies is not _INCOMPLETE:
+                return replies
+    except OSError as e:
+        raise _ConnectionError(f"Error talking to the server: {e}") from e
+
+
+_INCOMPLETE = object()
+
+
+def _replies(data: bytes, count: int) -> Any:
+    """The `count` replies in `data` (one reply when `count` is 1), or `_INCOMPLETE` while one is."""
+    at, replies = 0, []
+    try:
+        for _ in range(count):
+            value, at = _parse(data, at)
+            replies.append(value)
+    except _Incomplete:
+        return _INCOMPLETE
+    except ValueError as e:  # a length or an integer that is not one
+        raise InvalidResponse(f"a reply that is not RESP: {e}") from e
+    if at != len(data):  # so many commands, so many replies: anything more is out of step
+        raise InvalidResponse(f"{len(data) - at} bytes after the reply")
+    return replies[0] if count == 1 else replies
 
 
 def _parse(data: bytes, at: int) -> tuple[Any, int]:
@@ -523,10 +585,11 @@ def _parse(data: bytes, at: int) -> tuple[Any, int]:
 
 def _error(message: bytes) -> ResponseError:
     """The exception redis-py raises for this error reply (`NoScriptError` for `NOSCRIPT`, ...)."""
-    return BaseParser.parse_error(message.decode("utf-8", "replace"))
+    error: ResponseError = BaseParser.parse_error(message.decode("utf-8", "replace"))  # type: ignore[no-untyped-call]
+    return error
 
 
-def _pool_args(pool: Any) -> tuple:
+def _pool_args(pool: Any) -> tuple[str, ...]:
     """`get_connection`'s arguments: none since redis-py 5.3, a command name before."""
     if pool is None:
         return ()
@@ -550,51 +613,46 @@ class RedisStore(_Layout, Steps):
     def _opened(self) -> None:
         self._pool = getattr(self.client, "connection_pool", None)
         self._pool_args = _pool_args(self._pool)
-        self._idle: list = []  # connections taken from the pool, kept for the next command
+        self._idle: list[Any] = []  # connections taken from the pool, kept for the next command
         self._pid = os.getpid()
 
     def _send(self, command: Any, key: str) -> Any:
-        if isinstance(command, _Probe):
-            try:
-                self._command(command.args)
-            except ResponseError:
-                return False
-            except RedisError as e:
-                raise self._fault(e, key) from e
-            return True
-        if isinstance(command, _Set):
-            args: tuple = ("SET", command.key, command.value, "NX", "GET", "PX", command.ttl)
-        elif isinstance(command, _Script):
-            args = ("EVALSHA", self._shas[command.name], 1, command.key, *command.args)
-        else:
-            args = tuple(command)
+        batches = self._batches(command)
         try:
-            try:
-                return self._command(args)
-            except NoScriptError:
-                self._command(("SCRIPT", "LOAD", self._scripts[command.name]))
-                return self._command(args)
+            batch = next(batches)
+            while True:
+                batch = batches.send(self._pipeline(batch))
+        except StopIteration as done:
+            return done.value
         except RedisError as e:
             raise self._fault(e, key) from e
 
-    def _command(self, args: tuple) -> Any:
-        """One command on a connection of the store's own, its reply as the
-        server sent it. redis-py's connection opens the socket (address,
-        TLS, AUTH, SELECT, protocol); the command and its reply go over that
-        socket directly (`_pack`, `_read_reply`): no pool checkout, lock,
+    def _command(self, args: tuple[Any, ...]) -> Any:
+        """One command, its reply (an error reply raised): for tests and operators."""
+        (reply,) = self._pipeline((args,))
+        if isinstance(reply, ResponseError):
+            raise reply
+        return reply
+
+    def _pipeline(self, batch: tuple[tuple[Any, ...], ...]) -> list[Any]:
+        """A batch of commands on a connection of the store's own, their replies
+        as the server sent them. redis-py's connection opens the socket (address,
+        TLS, AUTH, SELECT, protocol); the commands and replies go over that
+        socket directly (`_pack`, `_exchange`): no pool checkout, lock,
         observability hooks, retry or response callbacks per command, which
         cost more client-side time than the round trip itself
         (`examples/python/bench_stores.py`). A connection that failed, timed
         out or was interrupted mid-reply is dropped, so no later command
         reads its stale reply."""
         if self._pool is None:  # a client without one pool (a cluster client): its own path
-            return self.client.execute_command(*args)
+            return [_executed(self.client.execute_command, args) for args in batch]
         conn = self._checkout()
         try:
             if conn._sock is None:
                 conn.connect()
-            reply = _exchange(conn._sock, _pack(args))
-            if isinstance(reply, ResponseError) and not isinstance(reply, NoScriptError):
+            replies = _exchange(conn._sock, b"".join(_pack(args) for args in batch), len(batch))
+            replies = replies if len(batch) > 1 else [replies]
+            if any(isinstance(r, ResponseError) and not isinstance(r, NoScriptError) for r in replies):
                 # In step, but the server may be one to leave (READONLY after a
                 # failover, LOADING): the next command connects afresh, as
                 # redis-py's own connections do for the errors they act on.
@@ -604,9 +662,7 @@ class RedisStore(_Layout, Steps):
             raise
         finally:
             self._idle.append(conn)
-        if isinstance(reply, ResponseError):
-            raise reply
-        return reply
+        return replies
 
     def _checkout(self) -> Any:
         """An idle connection of the store's, or a new one from the client's pool.
@@ -620,7 +676,7 @@ class RedisStore(_Layout, Steps):
         try:
             conn = self._idle.pop()
         except IndexError:
-            return self._pool.get_connection(*self._pool_args)  # connected and checked by the pool
+            return self._pool.get_connection(*self._pool_args)  # type: ignore[union-attr]  # None takes another path
         sock = conn._sock
         if sock is not None and _readable(sock):
             conn.disconnect()  # connected again before the command
@@ -632,51 +688,138 @@ class RedisStore(_Layout, Steps):
         idle, self._idle = self._idle, []
         if self._pid == os.getpid():
             for conn in idle:
-                self._pool.release(conn)
+                self._pool.release(conn)  # type: ignore[union-attr]  # idle only with a pool
         if self._owned:
             self.client.close()
 
 
 class AsyncRedisStore(_Layout, AsyncSteps):
-    """The store primitives on a Redis server through `redis.asyncio`, for
-    `AsyncGuard`: `await store.get(...)` and so on. Options as `RedisStore`'s
-    (`client=` an existing `redis.asyncio.Redis`). Use it from one event loop."""
+    """The store primitives on a Redis server for `AsyncGuard`: `await
+    store.get(...)` and so on. Options as `RedisStore`'s (`client=` an existing
+    `redis.asyncio.Redis`). Like `RedisStore`, it sends its commands itself:
+    redis-py's asyncio connection opens the stream (address, TLS, AUTH, SELECT,
+    protocol), then each batch of commands is one write on its
+    `asyncio.StreamWriter` and the replies are parsed in place from its
+    `StreamReader` — no pool checkout, lock, hooks or response callbacks per
+    command. Concurrent calls each take an idle connection of the store's
+    (a new one from the client's pool when none is idle). Each exchange is
+    bounded by `timeout_ms` (a timer that closes the connection); a connection
+    that failed, timed out or was cancelled mid-reply is dropped. Connections belong to the event
+    loop that opened them: on another loop the store opens new ones."""
 
     _client_class, _retry_class = _aredis.Redis, _AsyncRetry
+    # Its primitives bind nothing to the current task before their first suspension, so
+    # AsyncGuard starts each one inside the run that asks for it (idem_guard.journal).
+    eager_start = True
+
+    def _opened(self) -> None:
+        self._pool = getattr(self.client, "connection_pool", None)
+        self._idle: list[Any] = []
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._timeout_s = self.timeout_ms / 1000
 
     async def _send(self, command: Any, key: str) -> Any:
-        c = self.client
-        if isinstance(command, _Probe):
-            try:
-                await c.execute_command(*command.args)
-            except ResponseError:
-                return False
-            except RedisError as e:
-                raise self._fault(e, key) from e
-            return True
+        batches = self._batches(command)
         try:
-            if isinstance(command, _Set):
-                return await c.set(command.key, command.value, nx=True, get=True, px=command.ttl)
-            if isinstance(command, _Script):
-                sha = self._shas[command.name]
-                try:
-                    return await c.execute_command("EVALSHA", sha, 1, command.key, *command.args)
-                except NoScriptError:
-                    await c.execute_command("SCRIPT", "LOAD", self._scripts[command.name])
-                    return await c.execute_command("EVALSHA", sha, 1, command.key, *command.args)
-            return await c.execute_command(*command)
+            batch = next(batches)
+            while True:
+                batch = batches.send(await self._pipeline(batch))
+        except StopIteration as done:
+            return done.value
         except RedisError as e:
             raise self._fault(e, key) from e
 
+    async def _pipeline(self, batch: tuple[tuple[Any, ...], ...]) -> list[Any]:
+        """`RedisStore._pipeline` over asyncio streams."""
+        if self._pool is None:  # a client without one pool (a cluster client): its own path
+            return [await _aexecuted(self.client.execute_command, args) for args in batch]
+        conn = await self._checkout()
+        try:
+            reader = conn._reader
+            if reader is None or reader.at_eof():
+                if reader is not None:
+                    _drop(conn)  # the server closed it while it sat idle: connected again before the command
+                await conn.connect()
+                reader = conn._reader
+            # A deadline of the connection's own, not asyncio.timeout: the store's calls may be
+            # started inside the guard's run (`eager_start`), before they have a task of their own.
+            writer = conn._writer
+            expired = [False]
+            timer = asyncio.get_running_loop().call_later(self._timeout_s, _expire, writer, expired)
+            try:
+                replies = await _aexchange(reader, writer, b"".join(_pack(args) for args in batch), len(batch))
+            except _ConnectionError as e:
+                if expired[0]:
+                    raise _TimeoutError("Timeout talking to the server") from e
+                raise
+            finally:
+                timer.cancel()
+            replies = replies if len(batch) > 1 else [replies]
+            if any(isinstance(r, ResponseError) and not isinstance(r, NoScriptError) for r in replies):
+                await conn.disconnect()  # the next command connects afresh (READONLY, LOADING)
+        except BaseException:
+            _drop(conn)  # a timeout, a cancellation, a broken reply: one may be left unread
+            raise
+        finally:
+            self._idle.append(conn)
+        return replies
+
+    async def _checkout(self) -> Any:
+        loop = asyncio.get_running_loop()
+        if loop is not self._loop:  # the streams of another loop cannot be used on this one
+            for conn in self._idle:
+                _drop(conn)
+            self._idle, self._loop = [], loop
+        if self._idle:
+            return self._idle.pop()
+        assert self._pool is not None
+        return await self._pool.get_connection()
+
     async def close(self) -> None:
-        """Closes the connections (only those the store opened itself)."""
+        """Gives its connections back to the client's pool, and closes them
+        (only those of a client the store opened itself)."""
+        idle, self._idle = self._idle, []
+        if self._pool is not None and self._loop is asyncio.get_running_loop():
+            for conn in idle:
+                await self._pool.release(conn)
         if self._owned:
             await self.client.aclose()
 
     aclose = close
 
-    async def __aenter__(self) -> "AsyncRedisStore":
+    async def __aenter__(self) -> AsyncRedisStore:
         return self
 
-    async def __aexit__(self, *_exc: Any) -> None:
+    async def __aexit__(self, *_exc: object) -> None:
         await self.close()
+
+
+def _expire(writer: asyncio.StreamWriter, expired: list[bool]) -> None:
+    """A command's deadline passed: its connection is closed at once, which ends the wait for the reply."""
+    expired[0] = True
+    writer.transport.abort()
+
+
+def _drop(conn: Any) -> None:
+    """Closes a connection's stream at once (no await: it may be mid-cancellation)."""
+    writer = conn._writer
+    conn._reader = conn._writer = None
+    if writer is not None:
+        try:
+            writer.close()
+        except RuntimeError:  # its loop is closed: the socket went with it
+            pass
+
+
+def _executed(execute: Any, args: tuple[Any, ...]) -> Any:
+    try:
+        return execute(*args)
+    except ResponseError as e:
+        return e
+
+
+async def _aexecuted(execute: Any, args: tuple[Any, ...]) -> Any:
+    try:
+        return await execute(*args)
+    except ResponseError as e:
+        return e

@@ -15,14 +15,32 @@ awaiting each command)::
 
 from __future__ import annotations
 
-from typing import Any, Generator, Optional
+from collections.abc import Generator
+from typing import Any
 
 from .types import Entry, Record
 
 Commands = Generator[Any, Any, Any]
 
 
-class Steps:
+class _Primitives:
+    """The primitives a layout writes once, as generators of commands (`idem_guard.redis._Layout`,
+    `idem_guard.postgres._Layout`)."""
+
+    def _get(self, key: str, now_ms: int) -> Commands:
+        raise NotImplementedError
+
+    def _insert(self, key: str, record: Record, now_ms: int) -> Commands:
+        raise NotImplementedError
+
+    def _replace(self, key: str, expected_version: int, record: Record, now_ms: int) -> Commands:
+        raise NotImplementedError
+
+    def _delete(self, key: str, expected_version: int | None) -> Commands:
+        raise NotImplementedError
+
+
+class Steps(_Primitives):
     """`get`, `insert`, `replace` and `delete`, each the primitive's commands sent one by one."""
 
     def _send(self, command: Any, key: str) -> Any:
@@ -36,17 +54,21 @@ class Steps:
         except StopIteration as done:
             return done.value
 
-    def get(self, key: str, now_ms: int) -> Optional[Entry]:
-        return self._run(key, self._get(key, now_ms))
+    def get(self, key: str, now_ms: int) -> Entry | None:
+        value: Entry | None = self._run(key, self._get(key, now_ms))
+        return value
 
     def insert(self, key: str, record: Record, now_ms: int) -> int | Entry:
-        return self._run(key, self._insert(key, record, now_ms))
+        value: int | Entry = self._run(key, self._insert(key, record, now_ms))
+        return value
 
-    def replace(self, key: str, expected_version: int, record: Record, now_ms: int) -> Optional[int]:
-        return self._run(key, self._replace(key, expected_version, record, now_ms))
+    def replace(self, key: str, expected_version: int, record: Record, now_ms: int) -> int | None:
+        value: int | None = self._run(key, self._replace(key, expected_version, record, now_ms))
+        return value
 
-    def delete(self, key: str, expected_version: Optional[int]) -> bool:
-        return self._run(key, self._delete(key, expected_version))
+    def delete(self, key: str, expected_version: int | None) -> bool:
+        value: bool = self._run(key, self._delete(key, expected_version))
+        return value
 
     def close(self) -> None:
         raise NotImplementedError
@@ -58,7 +80,7 @@ class Steps:
         self.close()
 
 
-class AsyncSteps:
+class AsyncSteps(_Primitives):
     """`Steps` for asyncio: `await store.get(...)` and so on, each command awaited (`async def _send`)."""
 
     async def _send(self, command: Any, key: str) -> Any:
@@ -72,14 +94,18 @@ class AsyncSteps:
         except StopIteration as done:
             return done.value
 
-    async def get(self, key: str, now_ms: int) -> Optional[Entry]:
-        return await self._run(key, self._get(key, now_ms))
+    async def get(self, key: str, now_ms: int) -> Entry | None:
+        value: Entry | None = await self._run(key, self._get(key, now_ms))
+        return value
 
     async def insert(self, key: str, record: Record, now_ms: int) -> int | Entry:
-        return await self._run(key, self._insert(key, record, now_ms))
+        value: int | Entry = await self._run(key, self._insert(key, record, now_ms))
+        return value
 
-    async def replace(self, key: str, expected_version: int, record: Record, now_ms: int) -> Optional[int]:
-        return await self._run(key, self._replace(key, expected_version, record, now_ms))
+    async def replace(self, key: str, expected_version: int, record: Record, now_ms: int) -> int | None:
+        value: int | None = await self._run(key, self._replace(key, expected_version, record, now_ms))
+        return value
 
-    async def delete(self, key: str, expected_version: Optional[int]) -> bool:
-        return await self._run(key, self._delete(key, expected_version))
+    async def delete(self, key: str, expected_version: int | None) -> bool:
+        value: bool = await self._run(key, self._delete(key, expected_version))
+        return value

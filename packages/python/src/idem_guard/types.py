@@ -18,7 +18,7 @@ store. The response methods the guest calls (`status`, `size`, `same-as`) are
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import NamedTuple, Optional
+from typing import NamedTuple
 
 
 @dataclass(frozen=True)
@@ -56,7 +56,7 @@ def same_response(a: Response, b: Response) -> bool:
         a.status == b.status
         and a.body == b.body
         and len(a.headers) == len(b.headers)
-        and all(na == nb and va == vb for (na, va), (nb, vb) in zip(a.headers, b.headers))
+        and all(na == nb and va == vb for (na, va), (nb, vb) in zip(a.headers, b.headers, strict=False))
     )
 
 
@@ -83,7 +83,7 @@ class Claim:
     holder: int
     lease_until_ms: int
     expires_at_ms: int
-    checkpoint: Optional[Checkpoint] = None
+    checkpoint: Checkpoint | None = None
 
 
 class Policy(NamedTuple):
@@ -104,8 +104,8 @@ class Record(NamedTuple):
     holder: int
     lease_until_ms: int
     expires_at_ms: int
-    response: Optional[Response]
-    checkpoint: Optional[Checkpoint] = None
+    response: Response | None
+    checkpoint: Checkpoint | None = None
 
 
 class Entry(NamedTuple):
