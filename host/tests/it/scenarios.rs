@@ -442,12 +442,31 @@ impl Host {
         }
     }
 
+    /// The step's named claim, with the fields its `with` replaces (a
+    /// claim as a careless or hostile caller passes it back).
     fn claim(&self, step: &Value) -> Result<Claim, String> {
         let name = step["claim"].as_str().ok_or("needs claim")?;
-        self.claims
+        let mut claim = self
+            .claims
             .get(name)
             .cloned()
-            .ok_or_else(|| format!("no claim named {name:?}"))
+            .ok_or_else(|| format!("no claim named {name:?}"))?;
+        if let Some(with) = step["with"].as_object() {
+            for (field, value) in with {
+                let number = || {
+                    value
+                        .as_str()
+                        .and_then(|v| v.parse::<u64>().ok())
+                        .ok_or_else(|| format!("with.{field}: a u64 as a decimal string"))
+                };
+                match field.as_str() {
+                    "holder" => claim.holder = number()?,
+                    "fence" => claim.fence = number()?,
+                    other => return Err(format!("with.{other}: not a field a step replaces")),
+                }
+            }
+        }
+        Ok(claim)
     }
 
     /// What a renewal or a checkpoint returned; a new claim is kept under
