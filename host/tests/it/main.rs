@@ -4,6 +4,7 @@
 #![allow(clippy::pedantic)]
 
 mod admin_contract;
+mod clock;
 mod cluster;
 mod conformance;
 mod console;

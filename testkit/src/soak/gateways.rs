@@ -3,6 +3,7 @@
 
 use super::chaos::{FaultState, Spell};
 use super::check::Stored;
+use super::clock::WallClock;
 use super::{Soak, lock};
 use anyhow::{Context, bail};
 use axum::body::Body;
@@ -19,7 +20,8 @@ use std::time::{Duration, Instant};
 pub(super) struct Process(pub(super) std::process::Child);
 
 impl Process {
-    pub(super) fn spawn(args: &[String]) -> anyhow::Result<Process> {
+    /// `idem ARGS…`, its wall clock `clock` when given.
+    pub(super) fn spawn(args: &[String], clock: Option<&WallClock>) -> anyhow::Result<Process> {
         let exe = std::env::current_exe().context("find the idem-testkit executable")?;
         let mut command = Command::new(exe);
         command
@@ -32,6 +34,9 @@ impl Process {
             if name.to_string_lossy().starts_with("IDEM_") {
                 command.env_remove(name);
             }
+        }
+        if let Some(clock) = clock {
+            clock.apply(&mut command);
         }
         let child = command
             .spawn()
@@ -131,11 +136,13 @@ pub(super) struct Gateway {
     pub(super) in_flight: Mutex<HashMap<usize, u32>>,
     /// Counters of the processes killed so far.
     pub(super) earlier: Mutex<Totals>,
+    /// Its wall clock, skewed and stepped (`--skew`, `--clock-steps`).
+    pub(super) clock: Option<WallClock>,
 }
 
 impl Gateway {
     pub(super) fn start(&self) -> anyhow::Result<()> {
-        *lock(&self.process) = Some(Process::spawn(&self.args)?);
+        *lock(&self.process) = Some(Process::spawn(&self.args, self.clock.as_ref())?);
         *lock(&self.faults) = FaultState::default();
         Ok(())
     }

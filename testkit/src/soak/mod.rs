@@ -25,6 +25,7 @@
 mod chaos;
 mod check;
 mod clients;
+mod clock;
 mod gateways;
 mod report;
 
@@ -34,6 +35,7 @@ use axum::http::{HeaderValue, Request};
 use chaos::{Upset, share_of, upsets};
 use check::{OrderLog, Reuse, Stored, check};
 use clients::{Plan, Tally, bump, get, plans};
+use clock::WallClock;
 use gateways::{Gateway, Process, free_ports};
 use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
@@ -79,6 +81,15 @@ pub struct Args {
     /// Start no new orders after this long; the orders started are still finished and checked.
     #[arg(long, default_value = "10m", value_parser = idem::server::parse_duration)]
     duration_limit: Duration,
+    /// How far gateway 1's wall clock runs ahead of gateway 0's, for the
+    /// whole run (libfaketime; `0s` for none). Many leases: the guard must
+    /// judge time by the store's clock, not the gateways'.
+    #[arg(long, default_value = "90s", value_parser = idem::server::parse_duration)]
+    skew: Duration,
+    /// How many times a gateway's wall clock steps an hour (forward, then
+    /// back), at even steps through the orders, alternating gateways.
+    #[arg(long, default_value_t = 2)]
+    clock_steps: usize,
 }
 
 /// How long a client waits for one answer before it gives up on the request.
@@ -113,6 +124,8 @@ struct Soak {
     upstream_timeout: Duration,
     tally: Tally,
     killed_in_flight: Mutex<HashSet<usize>>,
+    /// Where the gateways' wall clocks are kept (`clock.rs`), removed at the end.
+    clock_dir: Option<std::path::PathBuf>,
 }
 
 pub async fn run(args: Args) -> anyhow::Result<()> {
@@ -168,6 +181,11 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         "store faults (error, timeout, delay, lost reply) switched on and off at random on both gateways."
     );
     println!(
+        "wall clocks: gateway 1 {} s ahead of gateway 0; {} steps of an hour (libfaketime).",
+        args.skew.as_secs(),
+        args.clock_steps
+    );
+    println!(
         "latency spikes of {}–{} % of the lease on insert and replace; gateways stopped with SIGSTOP past their lease.",
         SPIKE_PERCENT.start(),
         SPIKE_PERCENT.end()
@@ -196,6 +214,8 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         orders_planned: args.orders,
         kills_planned: args.kills,
         pauses_planned: args.pauses,
+        steps_planned: args.clock_steps,
+        skew: args.skew,
         lease: args.lease,
         orders: &orders,
         elapsed: started.elapsed(),
@@ -223,16 +243,25 @@ impl Soak {
     /// Starts the ledger and both gateways and waits until they answer.
     async fn start(args: &Args, stock_at_start: i64, run_id: u32) -> anyhow::Result<Soak> {
         let [ledger_port, proxy_0, admin_0, proxy_1, admin_1] = free_ports()?;
-        let ledger = Process::spawn(&[
-            "ledger".into(),
-            "--listen".into(),
-            format!("127.0.0.1:{ledger_port}"),
-            "--stock".into(),
-            stock_at_start.to_string(),
-            "--latency".into(),
-            format!("{}ms", ledger_latency(args).as_millis()),
-        ])?;
+        let ledger = Process::spawn(
+            &[
+                "ledger".into(),
+                "--listen".into(),
+                format!("127.0.0.1:{ledger_port}"),
+                "--stock".into(),
+                stock_at_start.to_string(),
+                "--latency".into(),
+                format!("{}ms", ledger_latency(args).as_millis()),
+            ],
+            None,
+        )?;
         let upstream_timeout = upstream_timeout(args.lease);
+        let skew_s = i64::try_from(args.skew.as_secs()).context("--skew is too large")?;
+        let clock_dir = (skew_s != 0 || args.clock_steps > 0)
+            .then(|| std::env::temp_dir().join(format!("idem-soak-clocks-{run_id:08x}")));
+        if let Some(dir) = &clock_dir {
+            std::fs::create_dir_all(dir).with_context(|| format!("create {}", dir.display()))?;
+        }
         let mut gateways = Vec::new();
         for (index, (proxy, admin)) in [(proxy_0, admin_0), (proxy_1, admin_1)]
             .into_iter()
@@ -273,6 +302,14 @@ impl Soak {
                 paused: Mutex::default(),
                 in_flight: Mutex::default(),
                 earlier: Mutex::default(),
+                // Gateway 1 runs `--skew` ahead of gateway 0.
+                clock: clock_dir
+                    .as_deref()
+                    .map(|dir| {
+                        let offset = if index == 1 { skew_s } else { 0 };
+                        WallClock::new(dir, &index.to_string(), offset)
+                    })
+                    .transpose()?,
             };
             gateway.start()?;
             gateways.push(Arc::new(gateway));
@@ -287,6 +324,7 @@ impl Soak {
             upstream_timeout,
             tally: Tally::default(),
             killed_in_flight: Mutex::default(),
+            clock_dir,
         };
         soak.wait_ready(&format!("{}/ledger", soak.ledger_url))
             .await
@@ -313,7 +351,11 @@ impl Soak {
         let mut clients = self.spawn_clients(args.concurrency, plans, &stop_starting);
         let stop_faults = Arc::new(AtomicBool::new(false));
         let faults = self.spawn_faults(seed, &stop_faults);
-        let mut upsets_left = upsets(args.kills, args.pauses, args.orders, seed);
+        let mut upsets_left = upsets(
+            [args.kills, args.pauses, args.clock_steps],
+            args.orders,
+            seed,
+        );
         let mut kill_rng = fastrand::Rng::with_seed(seed ^ 0x0000_0b17);
         let mut crashing: Option<tokio::task::JoinHandle<anyhow::Result<()>>> = None;
         let mut logs = Vec::new();
@@ -346,6 +388,12 @@ impl Soak {
                         tokio::spawn(async move {
                             soak.pause(&soak.gateways[gateway], started, paused).await
                         })
+                    }
+                    Upset::Step { forward } => {
+                        let by_s = if forward { 3_600 } else { -3_600 };
+                        tokio::spawn(
+                            async move { soak.step(&soak.gateways[gateway], started, by_s) },
+                        )
                     }
                 });
             }
@@ -490,5 +538,8 @@ impl Soak {
             drop(lock(&gateway.process).take());
         }
         drop(lock(&self.ledger).take());
+        if let Some(dir) = &self.clock_dir {
+            let _ = std::fs::remove_dir_all(dir);
+        }
     }
 }

@@ -17,6 +17,8 @@ pub(super) struct Figures<'a> {
     pub(super) orders_planned: usize,
     pub(super) kills_planned: usize,
     pub(super) pauses_planned: usize,
+    pub(super) steps_planned: usize,
+    pub(super) skew: Duration,
     pub(super) lease: Duration,
     pub(super) orders: &'a [OrderLog],
     pub(super) elapsed: Duration,
@@ -82,6 +84,12 @@ pub(super) fn print_figures(f: &Figures) {
         "  pauses            {} of {} planned (kill -STOP of a gateway for 1.2–2 leases, then kill -CONT); {at_pause} orders had a request at a stopped gateway",
         get(&t.pauses),
         f.pauses_planned
+    );
+    println!(
+        "  wall clocks       gateway 1 {} s ahead of gateway 0 throughout; {} of {} planned steps of an hour (libfaketime: the gateways' CLOCK_REALTIME only)",
+        f.skew.as_secs(),
+        get(&t.clock_steps),
+        f.steps_planned
     );
     println!(
         "  latency spikes    {} switched on (a delay of {}–{} % of the {:.1}s lease on insert or replace, on some of the calls)",
