@@ -26,7 +26,7 @@ pub use keys::{
     DEFAULT_LIMIT, KeyDetail, KeyInfo, KeyListParams, KeyPage, KeyQuery, KeyState, MAX_LIMIT,
     Order, Sort, StoredResponse,
 };
-pub use stats::{Latency, Outcomes, Pool, Purge, Stats};
+pub use stats::{Clock, Latency, Outcomes, Pool, Purge, Stats};
 
 use serde::{Deserialize, Serialize};
 

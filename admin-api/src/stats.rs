@@ -18,6 +18,26 @@ pub struct Stats {
     pub pool: Pool,
     /// `None` when no purger runs (a store that purges itself).
     pub purge: Option<Purge>,
+    /// The time the guard judges leases and retention by.
+    pub clock: Clock,
+}
+
+/// The guard's clock: the store's time authority (`wit/clock.wit`).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct Clock {
+    /// What the time is taken from, e.g. "the Redis server's clock (TIME)".
+    pub authority: String,
+    /// Its time now, milliseconds since the Unix epoch.
+    pub now_ms: u64,
+    /// The bound on its error against the authority, once it knows it;
+    /// `None` before its first reading (every guard call then answers 503).
+    pub error_ms: Option<u64>,
+    /// Why the time is not known yet, when it is not.
+    pub unknown: Option<String>,
+    /// How far this host's wall clock is ahead of it (negative: behind).
+    /// Decisions never read the wall clock: this is for operators.
+    pub wall_offset_ms: i64,
 }
 
 /// One counter per [`Outcome`].

@@ -50,6 +50,14 @@ const STATS: &[&str] = &[
     "store_latency_us",
     "pool",
     "purge",
+    "clock",
+];
+const CLOCK: &[&str] = &[
+    "authority",
+    "now_ms",
+    "error_ms",
+    "unknown",
+    "wall_offset_ms",
 ];
 const OUTCOMES: &[&str] = &[
     "executed",
@@ -274,6 +282,7 @@ async fn every_admin_answer_decodes_into_the_contract_with_todays_fields() {
     }
     assert_fields(&stats["store_latency_us"], LATENCY);
     assert_fields(&stats["pool"], POOL);
+    assert_fields(&stats["clock"], CLOCK);
     if !stats["purge"].is_null() {
         assert_fields(&stats["purge"], PURGE);
     }

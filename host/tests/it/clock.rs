@@ -151,23 +151,15 @@ struct Gateway {
 
 impl Gateway {
     fn start(store: &str, upstream: u16, fake: &FakeTime, flags: &[&str]) -> Gateway {
-        let mut command = Command::new(IDEM);
-        command.args([
-            "serve",
-            "--listen",
-            "127.0.0.1:0",
-            "--admin-listen",
-            "off",
-            "--store",
-            store,
-            "--upstream",
-            &format!("http://127.0.0.1:{upstream}"),
-            "--require-key",
-            "true",
-        ]);
-        command.args(flags);
-        fake.apply(&mut command);
-        let (proc, [port]) = idem_harness::spawn_bound(command, ["idem serve: http://"]);
+        let (proc, [port]) = idem_harness::spawn_bound(
+            serve(
+                store,
+                upstream,
+                fake,
+                &[&["--admin-listen", "off"], flags].concat(),
+            ),
+            ["idem serve: http://"],
+        );
         Gateway { port, proc }
     }
 
@@ -180,6 +172,25 @@ impl Gateway {
         let (port, key, order) = (self.port, key.to_owned(), order.to_owned());
         tokio::spawn(async move { post_order(port, &key, &order).await })
     }
+}
+
+/// `idem serve` on `store` in front of `upstream`, on port 0, its wall clock `fake`'s.
+fn serve(store: &str, upstream: u16, fake: &FakeTime, flags: &[&str]) -> Command {
+    let mut command = Command::new(IDEM);
+    command.args([
+        "serve",
+        "--listen",
+        "127.0.0.1:0",
+        "--store",
+        store,
+        "--upstream",
+        &format!("http://127.0.0.1:{upstream}"),
+        "--require-key",
+        "true",
+    ]);
+    command.args(flags);
+    fake.apply(&mut command);
+    command
 }
 
 /// `POST /orders` for `order` under the idempotency key `key`.
@@ -435,3 +446,44 @@ async fn a_step_back_mid_request_holds_no_key_past_its_lease(dir: &Path, store: 
     assert_eq!(upstream.runs("o-2").len(), 2);
 }
 on_stores!(a_step_back_mid_request_holds_no_key_past_its_lease: sqlite, redis);
+
+/// An operator sees the guard's time authority, its error bound, and how
+/// far the host's wall clock is from it: here an hour ahead, by libfaketime.
+async fn stats_name_the_authority_and_the_wall_clocks_offset(dir: &Path, store: &str) {
+    let (_upstream, up) = Upstream::start().await;
+    // Opened first on the real clock: a new SQLite file is anchored at the
+    // wall clock of the first process to open it.
+    drop(idem::store::open(store).await.unwrap());
+    let fake = FakeTime::new(dir, "a");
+    fake.set(3_600);
+    let (_proc, [_proxy, admin]) = idem_harness::spawn_bound(
+        serve(store, up, &fake, &["--admin-listen", "127.0.0.1:0"]),
+        ["idem serve: http://", "admin API: http://"],
+    );
+    let stats: idem_admin_api::Stats =
+        serde_json::from_slice(&http(admin, "GET", "/v1/stats", &[], "").await.body).unwrap();
+    let clock = stats.clock;
+    let (want, bound_ms) = if store.starts_with("sqlite:") {
+        ("SQLite file", 0)
+    } else {
+        ("Redis server's clock", 1_000)
+    };
+    assert!(clock.authority.contains(want), "{clock:?}");
+    assert!(
+        clock.error_ms.is_some_and(|e| e <= bound_ms),
+        "known, within its bound: {clock:?}"
+    );
+    let off = clock.wall_offset_ms - 3_600_000;
+    assert!(
+        off.abs() < 10_000,
+        "the wall clock an hour ahead: {clock:?}"
+    );
+    let metrics = http(admin, "GET", "/metrics", &[], "").await;
+    let text = String::from_utf8_lossy(&metrics.body);
+    assert!(text.contains("\nidem_clock_known 1\n"), "{text}");
+    assert!(
+        text.contains("\nidem_wall_clock_offset_seconds 3"),
+        "{text}"
+    );
+}
+on_stores!(stats_name_the_authority_and_the_wall_clocks_offset: sqlite, redis);

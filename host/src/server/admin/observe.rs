@@ -64,6 +64,7 @@ pub(super) async fn stats(State(admin): State<Admin>) -> Response {
             in_use: pool.in_use,
         },
         purge: guard.purge_stats(),
+        clock: clock_stats(guard.clock().as_ref()),
         ..api::Stats::default()
     };
     for verdict in Verdict::ALL {
@@ -71,6 +72,17 @@ pub(super) async fn stats(State(admin): State<Admin>) -> Response {
         *stats.rates_per_s.get_mut(verdict) = observer.rate(verdict);
     }
     json(&stats)
+}
+
+fn clock_stats(clock: &dyn crate::clock::Clock) -> api::Clock {
+    let known = clock.known();
+    api::Clock {
+        authority: clock.authority(),
+        now_ms: clock.now_ms(),
+        error_ms: known.as_ref().ok().copied(),
+        unknown: known.err(),
+        wall_offset_ms: crate::clock::wall_offset_ms(clock),
+    }
 }
 
 pub(super) async fn events(State(admin): State<Admin>) -> Response {
@@ -168,6 +180,14 @@ pub(super) async fn metrics(State(admin): State<Admin>) -> Response {
         ("idem_pool_in_use", "gauge", "Guard component instances serving a call now.", pool.in_use.to_string()),
         ("idem_uptime_seconds", "gauge", "Seconds since the gateway started.", observer.uptime().as_secs().to_string()),
     ];
+    let clock = clock_stats(admin.gateway.guard().clock().as_ref());
+    #[allow(clippy::cast_precision_loss)] // milliseconds as seconds: exact to 2^53 ms
+    #[rustfmt::skip]
+    single.extend([
+        ("idem_clock_known", "gauge", "1 once the guard's clock (the store's time authority) has been read, else 0: every guard call answers 503.", u8::from(clock.error_ms.is_some()).to_string()),
+        ("idem_clock_error_seconds", "gauge", "The bound on the guard clock's error against the store's time authority.", clock.error_ms.map_or(f64::NAN, |ms| ms as f64 / 1e3).to_string()),
+        ("idem_wall_clock_offset_seconds", "gauge", "How far this host's wall clock is ahead of the store's time authority (decisions never read it).", (clock.wall_offset_ms as f64 / 1e3).to_string()),
+    ]);
     // Only where the guard runs a purger: not with the purge off, nor on Redis, which expires keys itself.
     if let Some(purge) = admin.gateway.guard().purge_stats() {
         let took = Duration::from_micros(purge.last_took_us).as_secs_f64();
