@@ -170,6 +170,16 @@ test('a component whose core signatures moved is refused at load', () => {
   assert.equal(Object.keys(EXPORTS).length, 7);
 });
 
+test('the 0.3 guest imports what the binding lowers and no more: not the response constructor, headers, body, nor store.delete', () => {
+  const imported = new Guest(readFileSync(component)).imports.map(([iface, name]) => `${iface}/${name}`).sort();
+  assert.deepEqual(imported, Object.keys(IMPORTS).sort());
+  for (const unused of ['types/[constructor]response', 'types/[method]response.headers', 'types/[method]response.body', 'store/delete']) {
+    assert.ok(!imported.includes(unused), unused);
+  }
+  // A `result<bool, store-error>` comes back through a pointer, as the guest's core signature says (checked at load).
+  assert.deepEqual(IMPORTS['store/replace'].results, []);
+});
+
 test('the layouts are the canonical ABI’s', () => {
   // Offsets jco 1.35 generates for the same WIT (gen/idem.js reads a claim from begin's result at
   // +16..+88, writes complete's parameters into 104 bytes: the claim at 0, the response's handle at
