@@ -25,3 +25,4 @@ mod seed;
 mod sqlite;
 mod store_open;
 mod support;
+mod upgrade;
