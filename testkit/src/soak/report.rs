@@ -147,7 +147,7 @@ pub(super) fn print_figures(f: &Figures) {
         println!("    … and {} more", r.violations.len() - 20);
     }
     println!(
-        "soak: orders={} requests={} crashes={} fault_toggles={toggles} faults_injected={injected} duplicates_prevented={duplicates_prevented} reexecuted={} violations={} pauses={} spikes={} answers_checked={} overlapping_runs={}",
+        "soak: orders={} requests={} crashes={} fault_toggles={toggles} faults_injected={injected} duplicates_prevented={duplicates_prevented} reexecuted={} violations={} pauses={} spikes={} answers_checked={} overlapping_runs={} clock_steps={} skew_s={}",
         f.orders.len(),
         get(&t.sent),
         get(&t.kills),
@@ -157,5 +157,7 @@ pub(super) fn print_figures(f: &Figures) {
         get(&t.spikes_on),
         r.answers_checked,
         r.overlapping_runs,
+        get(&t.clock_steps),
+        f.skew.as_secs(),
     );
 }

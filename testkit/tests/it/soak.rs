@@ -5,8 +5,9 @@
 //! check (every order applied at most once, every 2xx charged exactly once,
 //! every stored response matching the ledger, no key giving two different
 //! 2xx bodies, no two runs of a key overlapping but as a refused takeover)
-//! and must really have crashed, paused and injected faults. Redis runs
-//! with a 1 s lease, PostgreSQL with 2 s. The checker itself is tested with
+//! and must really have crashed, paused and injected faults, with gateway
+//! 1's wall clock 90 s ahead of gateway 0's and each stepped an hour
+//! (libfaketime). Redis runs with a 1 s lease, PostgreSQL with 2 s. The checker itself is tested with
 //! broken books in `src/soak/check/tests.rs`.
 //!
 //! About 25 s per store with the debug build on a busy 2-core machine.
@@ -88,6 +89,11 @@ fn soak(store_url: &str, lease: &str) {
     assert!(
         figure("pauses") >= 1 && figure("spikes") >= 1,
         "no gateway was paused, or no latency spike switched on:\n{}",
+        report()
+    );
+    assert!(
+        figure("clock_steps") >= 1 && figure("skew_s") >= 60,
+        "the gateways' wall clocks were not skewed and stepped:\n{}",
         report()
     );
     assert!(
