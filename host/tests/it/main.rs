@@ -4,6 +4,7 @@
 #![allow(clippy::pedantic)]
 
 mod admin_contract;
+mod admin_token;
 mod cluster;
 mod conformance;
 mod console;
@@ -22,5 +23,6 @@ mod sandbox;
 mod scenarios;
 mod seed;
 mod sqlite;
+mod stays_up;
 mod store_open;
 mod support;

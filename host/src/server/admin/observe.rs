@@ -64,6 +64,8 @@ pub(super) async fn stats(State(admin): State<Admin>) -> Response {
             in_use: pool.in_use,
         },
         purge: guard.purge_stats(),
+        store_connection: admin.gateway.store_connection().snapshot(),
+        slots: admin.gateway.gate().slots(),
         ..api::Stats::default()
     };
     for verdict in Verdict::ALL {
@@ -157,7 +159,32 @@ pub(super) async fn metrics(State(admin): State<Admin>) -> Response {
         ]
         .map(|(q, us)| (format!("{{quantile=\"{q}\"}}"), seconds(us))),
     );
+    let slots = admin.gateway.gate().slots();
+    let by_class = |value: fn(&api::SlotUse) -> u64| {
+        [("guarded", &slots.guarded), ("unguarded", &slots.unguarded)]
+            .map(|(class, slot)| (format!("{{class=\"{class}\"}}"), value(slot).to_string()))
+    };
+    family(
+        "idem_requests_in_progress",
+        "gauge",
+        "Requests holding a slot now, by class: guarded, or forwarded unguarded (no key, or a method not guarded).",
+        &by_class(|s| s.in_use),
+    );
+    family(
+        "idem_request_slots",
+        "gauge",
+        "Slots by class: --max-concurrent (guarded), --max-concurrent-unguarded.",
+        &by_class(|s| s.limit),
+    );
+    family(
+        "idem_requests_refused_total",
+        "counter",
+        "Requests answered 503 because every slot of their class was taken.",
+        &by_class(|s| s.refused),
+    );
     // The metrics of one sample each: name, type, help, value.
+    let connection = admin.gateway.store_connection().snapshot();
+    let connected = u8::from(connection.state == api::ConnectionState::Connected);
     let injected = admin.gateway.faults().injected();
     #[rustfmt::skip] // a table: one metric a line
     let mut single = vec![
@@ -167,6 +194,8 @@ pub(super) async fn metrics(State(admin): State<Admin>) -> Response {
         ("idem_pool_idle", "gauge", "Guard component instances ready for a call.", pool.idle.to_string()),
         ("idem_pool_in_use", "gauge", "Guard component instances serving a call now.", pool.in_use.to_string()),
         ("idem_uptime_seconds", "gauge", "Seconds since the gateway started.", observer.uptime().as_secs().to_string()),
+        ("idem_store_connected", "gauge", "1 once the store is open; 0 while the gateway is still trying to open it (guarded requests get 503).", connected.to_string()),
+        ("idem_store_connect_attempts_total", "counter", "Attempts to open the store, the one that succeeded included.", connection.attempts.to_string()),
     ];
     // Only where the guard runs a purger: not with the purge off, nor on Redis, which expires keys itself.
     if let Some(purge) = admin.gateway.guard().purge_stats() {
