@@ -27,6 +27,7 @@ mod check;
 mod clients;
 mod gateways;
 mod report;
+mod slow;
 
 use anyhow::{Context, bail};
 use axum::body::Body;
@@ -40,6 +41,7 @@ use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
 use idem::ledger::Books;
 use report::{Figures, print_figures};
+use slow::{SlowTally, UNGUARDED_SLOTS};
 use std::collections::HashSet;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -79,6 +81,10 @@ pub struct Args {
     /// Start no new orders after this long; the orders started are still finished and checked.
     #[arg(long, default_value = "10m", value_parser = idem::server::parse_duration)]
     duration_limit: Duration,
+    /// Keyless slow clients beside the orders (spread over the gateways, each
+    /// holding an unguarded slot with a body it never finishes); 0 for none.
+    #[arg(long, default_value_t = 48)]
+    slow_clients: usize,
 }
 
 /// How long a client waits for one answer before it gives up on the request.
@@ -112,6 +118,7 @@ struct Soak {
     lease: Duration,
     upstream_timeout: Duration,
     tally: Tally,
+    slow: SlowTally,
     killed_in_flight: Mutex<HashSet<usize>>,
 }
 
@@ -168,6 +175,10 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         "store faults (error, timeout, delay, lost reply) switched on and off at random on both gateways."
     );
     println!(
+        "{} keyless slow clients beside the orders (bodies never finished; {UNGUARDED_SLOTS} unguarded slots a gateway).",
+        args.slow_clients
+    );
+    println!(
         "latency spikes of {}–{} % of the lease on insert and replace; gateways stopped with SIGSTOP past their lease.",
         SPIKE_PERCENT.start(),
         SPIKE_PERCENT.end()
@@ -186,9 +197,18 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
     let stored = soak.stored_all(&orders).await;
     soak.stop();
 
-    let report = check(&orders, &books, stock_at_start, &stored);
+    let mut report = check(&orders, &books, stock_at_start, &stored);
+    let shut_out = totals.guarded_refused;
+    if shut_out > 0 {
+        report.violations.push(format!(
+            "slots: {shut_out} keyed requests were refused for want of a slot, beside {} slow keyless clients",
+            args.slow_clients
+        ));
+    }
     print_figures(&Figures {
         tally: &soak.tally,
+        slow: &soak.slow,
+        slow_clients: args.slow_clients,
         totals: &totals,
         injected_by_gateway: &injected_by_gateway,
         books: &books,
@@ -248,8 +268,12 @@ impl Soak {
                 &format!("http://127.0.0.1:{ledger_port}"),
                 "--store",
                 &args.store,
+                // Keyless requests are forwarded, unguarded: the slow clients'
+                // way in. Every order the soak places has a key.
                 "--require-key",
-                "true",
+                "false",
+                "--max-concurrent-unguarded",
+                &UNGUARDED_SLOTS.to_string(),
                 "--lease",
                 &format!("{}ms", args.lease.as_millis()),
                 "--upstream-timeout",
@@ -282,6 +306,7 @@ impl Soak {
             lease: args.lease,
             upstream_timeout,
             tally: Tally::default(),
+            slow: SlowTally::default(),
             killed_in_flight: Mutex::default(),
         };
         soak.wait_ready(&format!("{}/ledger", soak.ledger_url))
@@ -309,6 +334,7 @@ impl Soak {
         let mut clients = self.spawn_clients(args.concurrency, plans, &stop_starting);
         let stop_faults = Arc::new(AtomicBool::new(false));
         let faults = self.spawn_faults(seed, &stop_faults);
+        let mut slow = self.spawn_slow_clients(args.slow_clients, &stop_faults);
         let mut upsets_left = upsets(args.kills, args.pauses, args.orders, seed);
         let mut kill_rng = fastrand::Rng::with_seed(seed ^ 0x0000_0b17);
         let mut crashing: Option<tokio::task::JoinHandle<anyhow::Result<()>>> = None;
@@ -367,6 +393,9 @@ impl Soak {
         }
         stop_faults.store(true, Ordering::Relaxed);
         faults.await.context("the fault task panicked")?;
+        while let Some(done) = slow.join_next().await {
+            done.context("a slow client panicked")?;
+        }
         logs.sort_by_key(|(index, _)| *index);
         Ok(logs)
     }
