@@ -87,7 +87,7 @@ pub fn token_from(
 ) -> Result<Option<String>, String> {
     match (token, file) {
         (Some(_), Some(file)) => Err(format!(
-            "--token and --token-file ({}) both give the admin token; give one",
+            "--token (or IDEM_ADMIN_TOKEN) and --token-file (or IDEM_ADMIN_TOKEN_FILE, here {}) both give the admin token; give one",
             file.display()
         )),
         (token, None) => Ok(token),

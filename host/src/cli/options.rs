@@ -251,7 +251,7 @@ impl ServeOptions {
         };
         let admin_token = match (self.admin_token, self.admin_token_file) {
             (Some(_), Some(file)) => bail!(
-                "--admin-token and --admin-token-file ({}) both give the admin token; give one",
+                "--admin-token (or IDEM_ADMIN_TOKEN) and --admin-token-file (or IDEM_ADMIN_TOKEN_FILE, here {}) both give the admin token; give one",
                 file.display()
             ),
             (token, None) => token,

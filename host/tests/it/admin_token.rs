@@ -126,7 +126,8 @@ fn weak_or_missing_tokens_off_loopback_stop_the_gateway_naming_the_rule() {
         &[],
     ));
     assert!(
-        err.contains("--admin-token and --admin-token-file") && err.contains("give one"),
+        err.contains("--admin-token (or IDEM_ADMIN_TOKEN) and --admin-token-file")
+            && err.contains("give one"),
         "{err}"
     );
     let missing = dir.path().join("no-such-file");

@@ -255,7 +255,7 @@ fn a_console_without_the_admin_token_says_how_to_pass_it() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(
         !out.status.success()
-            && err.contains("--token and --token-file")
+            && err.contains("--token (or IDEM_ADMIN_TOKEN) and --token-file")
             && err.contains("give one"),
         "{err}"
     );

@@ -7,6 +7,7 @@
 //! that are done still replay, and a new key fails closed, never forwarded.
 //! And the memory store on an address others reach is warned about.
 
+use crate::cluster::redis_cli;
 use crate::hostile::Stack;
 use crate::netstores::postgres::{drop_table, raw, table, with};
 use crate::netstores::{closed_port, host_port, via};
@@ -253,7 +254,7 @@ impl OwnRedis {
             let mut proc = Proc(child);
             let deadline = Instant::now() + Duration::from_secs(30);
             while Instant::now() < deadline && proc.0.try_wait().unwrap().is_none() {
-                if OwnRedis::cli(port, &["ping"]).trim() == "PONG" {
+                if redis_cli(port, &["ping"]).trim() == "PONG" {
                     return Some(OwnRedis {
                         port,
                         _server: proc,
@@ -264,15 +265,6 @@ impl OwnRedis {
             let _ = proc.0.kill();
         }
         panic!("no redis-server of the test's own started");
-    }
-
-    fn cli(port: u16, args: &[&str]) -> String {
-        let out = Command::new("redis-cli")
-            .args(["-h", "127.0.0.1", "-p", &port.to_string()])
-            .args(args)
-            .output()
-            .expect("run redis-cli");
-        String::from_utf8_lossy(&out.stdout).into_owned()
     }
 }
 
@@ -291,15 +283,15 @@ async fn replays_go_on_when_redis_is_demoted_to_a_replica() {
         &stack,
         async || {
             let port = nowhere.port().to_string();
-            let said = OwnRedis::cli(redis.port, &["replicaof", "127.0.0.1", &port]);
+            let said = redis_cli(redis.port, &["replicaof", "127.0.0.1", &port]);
             assert_eq!(said.trim(), "OK");
-            let role = OwnRedis::cli(redis.port, &["role"]);
+            let role = redis_cli(redis.port, &["role"]);
             assert!(role.starts_with("slave"), "{role}");
-            let refused = OwnRedis::cli(redis.port, &["set", "probe", "1"]);
+            let refused = redis_cli(redis.port, &["set", "probe", "1"]);
             assert!(refused.contains("READONLY"), "{refused}");
         },
         async || {
-            let said = OwnRedis::cli(redis.port, &["replicaof", "no", "one"]);
+            let said = redis_cli(redis.port, &["replicaof", "no", "one"]);
             assert_eq!(said.trim(), "OK");
         },
     )

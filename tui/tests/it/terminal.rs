@@ -318,7 +318,7 @@ fn bad_arguments_are_refused_before_touching_the_terminal() {
         .unwrap();
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(
-        !out.status.success() && err.contains("--token and --token-file"),
+        !out.status.success() && err.contains("--token (or IDEM_ADMIN_TOKEN) and --token-file"),
         "{err}"
     );
     let out = Command::new(BIN)
