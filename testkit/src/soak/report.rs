@@ -3,8 +3,8 @@
 
 use super::check::{OrderLog, Report, Reuse};
 use super::clients::{Tally, get};
-use super::slow::{SlowTally, UNGUARDED_SLOTS};
 use super::gateways::Totals;
+use super::slow::{SlowTally, UNGUARDED_SLOTS};
 use super::{MAX_TRIES, SPIKE_PERCENT};
 use idem::ledger::Books;
 use std::time::Duration;
