@@ -41,7 +41,7 @@ use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
 use idem::ledger::Books;
 use report::{Figures, print_figures};
-use slow::{SlowTally, UNGUARDED_SLOTS};
+use slow::{SlowTally, UNGUARDED_SLOTS, shut_out};
 use std::collections::HashSet;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -198,13 +198,9 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
     soak.stop();
 
     let mut report = check(&orders, &books, stock_at_start, &stored);
-    let shut_out = totals.guarded_refused;
-    if shut_out > 0 {
-        report.violations.push(format!(
-            "slots: {shut_out} keyed requests were refused for want of a slot, beside {} slow keyless clients",
-            args.slow_clients
-        ));
-    }
+    report
+        .violations
+        .extend(shut_out(&totals, args.slow_clients));
     print_figures(&Figures {
         tally: &soak.tally,
         slow: &soak.slow,

@@ -12,7 +12,7 @@
 
 use super::Soak;
 use super::clients::bump;
-use super::gateways::Gateway;
+use super::gateways::{Gateway, Totals};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
@@ -25,7 +25,7 @@ pub(super) const UNGUARDED_SLOTS: usize = 16;
 
 /// How long a slow client waits for its answer: the body deadline (2 s of
 /// grace, then the minimum rate) and a loaded machine's slack.
-const ANSWER_WITHIN: Duration = Duration::from_secs(60);
+const ANSWER_WITHIN: Duration = Duration::from_mins(1);
 
 /// What the slow clients were told.
 #[derive(Default)]
@@ -39,6 +39,17 @@ pub(super) struct SlowTally {
     pub(super) other: AtomicU64,
     /// No answer: the gateway was killed or stopped, or the connection broke.
     pub(super) broken: AtomicU64,
+}
+
+/// The violation, if any keyed request was refused for want of a slot
+/// (in every gateway process's counts, killed ones included).
+pub(super) fn shut_out(totals: &Totals, slow_clients: usize) -> Option<String> {
+    let refused = totals.guarded_refused;
+    (refused > 0).then(|| {
+        format!(
+            "slots: {refused} keyed requests were refused for want of a slot, beside {slow_clients} slow keyless clients"
+        )
+    })
 }
 
 impl Soak {
