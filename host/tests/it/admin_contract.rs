@@ -51,6 +51,8 @@ const STATS: &[&str] = &[
     "pool",
     "purge",
     "clock",
+    "store_connection",
+    "slots",
 ];
 const CLOCK: &[&str] = &[
     "authority",
@@ -59,6 +61,9 @@ const CLOCK: &[&str] = &[
     "unknown",
     "wall_offset_ms",
 ];
+const STORE_CONNECTION: &[&str] = &["state", "since_ms", "attempts", "last_error"];
+const SLOTS: &[&str] = &["guarded", "unguarded"];
+const SLOT_USE: &[&str] = &["in_use", "limit", "refused"];
 const OUTCOMES: &[&str] = &[
     "executed",
     "replayed",
@@ -286,7 +291,20 @@ async fn every_admin_answer_decodes_into_the_contract_with_todays_fields() {
     if !stats["purge"].is_null() {
         assert_fields(&stats["purge"], PURGE);
     }
+    assert_fields(&stats["store_connection"], STORE_CONNECTION);
+    assert_fields(&stats["slots"], SLOTS);
+    for class in ["guarded", "unguarded"] {
+        assert_fields(&stats["slots"][class], SLOT_USE);
+    }
     let stats: api::Stats = decode(&stats);
+    assert_eq!(
+        stats.store_connection.state,
+        api::ConnectionState::Connected
+    );
+    assert_eq!(
+        (stats.slots.guarded.limit, stats.slots.unguarded.limit),
+        (1024, 1024)
+    );
     assert_eq!(
         (
             stats.store.as_str(),

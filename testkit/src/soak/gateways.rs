@@ -107,11 +107,16 @@ pub(super) fn free_ports<const N: usize>() -> anyhow::Result<[u16; N]> {
 pub(super) struct Totals {
     pub(super) injected: u64,
     pub(super) outcomes: BTreeMap<String, u64>,
+    /// Requests answered 503 for want of a slot: guarded, unguarded.
+    pub(super) guarded_refused: u64,
+    pub(super) unguarded_refused: u64,
 }
 
 impl Totals {
     pub(super) fn add(&mut self, other: &Totals) {
         self.injected += other.injected;
+        self.guarded_refused += other.guarded_refused;
+        self.unguarded_refused += other.unguarded_refused;
         for (name, n) in &other.outcomes {
             *self.outcomes.entry(name.clone()).or_default() += n;
         }
@@ -190,14 +195,15 @@ impl Soak {
         if let Ok((200, faults)) = self.admin_json(gateway, "GET", "/v1/faults", None).await {
             totals.injected = faults["injected"].as_u64().unwrap_or(0);
         }
-        if let Ok((200, stats)) = self.admin_json(gateway, "GET", "/v1/stats", None).await
-            && let Some(outcomes) = stats["outcomes"].as_object()
-        {
-            for (name, n) in outcomes {
+        if let Ok((200, stats)) = self.admin_json(gateway, "GET", "/v1/stats", None).await {
+            for (name, n) in stats["outcomes"].as_object().into_iter().flatten() {
                 totals
                     .outcomes
                     .insert(name.clone(), n.as_u64().unwrap_or(0));
             }
+            let refused = |class: &str| stats["slots"][class]["refused"].as_u64().unwrap_or(0);
+            totals.guarded_refused = refused("guarded");
+            totals.unguarded_refused = refused("unguarded");
         }
         totals
     }

@@ -28,6 +28,7 @@ mod clients;
 mod clock;
 mod gateways;
 mod report;
+mod slow;
 
 use anyhow::{Context, bail};
 use axum::body::Body;
@@ -42,6 +43,7 @@ use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
 use idem::ledger::Books;
 use report::{Figures, print_figures};
+use slow::{SlowTally, UNGUARDED_SLOTS, shut_out};
 use std::collections::HashSet;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -90,6 +92,10 @@ pub struct Args {
     /// back), at even steps through the orders, alternating gateways.
     #[arg(long, default_value_t = 2)]
     clock_steps: usize,
+    /// Keyless slow clients beside the orders (spread over the gateways, each
+    /// holding an unguarded slot with a body it never finishes); 0 for none.
+    #[arg(long, default_value_t = 48)]
+    slow_clients: usize,
 }
 
 /// How long a client waits for one answer before it gives up on the request.
@@ -123,6 +129,7 @@ struct Soak {
     lease: Duration,
     upstream_timeout: Duration,
     tally: Tally,
+    slow: SlowTally,
     killed_in_flight: Mutex<HashSet<usize>>,
     /// Where the gateways' wall clocks are kept (`clock.rs`), removed at the end.
     clock_dir: Option<std::path::PathBuf>,
@@ -154,6 +161,54 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
     let stock_at_start = i64::try_from(args.orders).context("--orders is too large")? * 10;
 
     let soak = Arc::new(Soak::start(&args, stock_at_start, run_id).await?);
+    print_plan(&args, &soak, seed);
+
+    let started = Instant::now();
+    let logs = soak.drive(&args, &plans, seed, started).await?;
+    println!(
+        "{:>6.1}s {} orders done; faults off, waiting a lease for held claims",
+        started.elapsed().as_secs_f64(),
+        logs.len()
+    );
+    let orders = soak.settle(&args, &plans, logs).await?;
+    let (totals, injected_by_gateway) = soak.all_totals().await;
+    let books = soak.books().await?;
+    let stored = soak.stored_all(&orders).await;
+    soak.stop();
+
+    let mut report = check(&orders, &books, stock_at_start, &stored);
+    report
+        .violations
+        .extend(shut_out(&totals, args.slow_clients));
+    print_figures(&Figures {
+        tally: &soak.tally,
+        slow: &soak.slow,
+        slow_clients: args.slow_clients,
+        totals: &totals,
+        injected_by_gateway: &injected_by_gateway,
+        books: &books,
+        report: &report,
+        orders_planned: args.orders,
+        kills_planned: args.kills,
+        pauses_planned: args.pauses,
+        steps_planned: args.clock_steps,
+        skew: args.skew,
+        lease: args.lease,
+        orders: &orders,
+        elapsed: started.elapsed(),
+    });
+    if !report.violations.is_empty() {
+        bail!(
+            "soak FAILED: {} violations (seed {seed})",
+            report.violations.len()
+        );
+    }
+    println!("soak passed: no violations (seed {seed})");
+    Ok(())
+}
+
+/// What the run will do: its settings, the processes' addresses and the chaos.
+fn print_plan(args: &Args, soak: &Soak, seed: u64) {
     println!(
         "idem soak: {} orders, seed {seed}, store {}, lease {:?}, {} kills",
         args.orders, args.store, args.lease, args.kills
@@ -161,7 +216,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
     println!(
         "  upstream timeout {:?}, ledger latency {:?} (slow orders {}–{} % of the lease more), {} pauses",
         soak.upstream_timeout,
-        ledger_latency(&args),
+        ledger_latency(args),
         SLOW_ORDER_PERCENT.start(),
         SLOW_ORDER_PERCENT.end(),
         args.pauses
@@ -186,48 +241,14 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         args.clock_steps
     );
     println!(
+        "{} keyless slow clients beside the orders (bodies never finished; {UNGUARDED_SLOTS} unguarded slots a gateway).",
+        args.slow_clients
+    );
+    println!(
         "latency spikes of {}–{} % of the lease on insert and replace; gateways stopped with SIGSTOP past their lease.",
         SPIKE_PERCENT.start(),
         SPIKE_PERCENT.end()
     );
-
-    let started = Instant::now();
-    let logs = soak.drive(&args, &plans, seed, started).await?;
-    println!(
-        "{:>6.1}s {} orders done; faults off, waiting a lease for held claims",
-        started.elapsed().as_secs_f64(),
-        logs.len()
-    );
-    let orders = soak.settle(&args, &plans, logs).await?;
-    let (totals, injected_by_gateway) = soak.all_totals().await;
-    let books = soak.books().await?;
-    let stored = soak.stored_all(&orders).await;
-    soak.stop();
-
-    let report = check(&orders, &books, stock_at_start, &stored);
-    print_figures(&Figures {
-        tally: &soak.tally,
-        totals: &totals,
-        injected_by_gateway: &injected_by_gateway,
-        books: &books,
-        report: &report,
-        orders_planned: args.orders,
-        kills_planned: args.kills,
-        pauses_planned: args.pauses,
-        steps_planned: args.clock_steps,
-        skew: args.skew,
-        lease: args.lease,
-        orders: &orders,
-        elapsed: started.elapsed(),
-    });
-    if !report.violations.is_empty() {
-        bail!(
-            "soak FAILED: {} violations (seed {seed})",
-            report.violations.len()
-        );
-    }
-    println!("soak passed: no violations (seed {seed})");
-    Ok(())
 }
 
 /// The gateways' upstream timeout: below the lease, as `idem serve` requires.
@@ -277,8 +298,12 @@ impl Soak {
                 &format!("http://127.0.0.1:{ledger_port}"),
                 "--store",
                 &args.store,
+                // Keyless requests are forwarded, unguarded: the slow clients'
+                // way in. Every order the soak places has a key.
                 "--require-key",
-                "true",
+                "false",
+                "--max-concurrent-unguarded",
+                &UNGUARDED_SLOTS.to_string(),
                 "--lease",
                 &format!("{}ms", args.lease.as_millis()),
                 // Half the lease: a renewal lands inside the lease even
@@ -323,6 +348,7 @@ impl Soak {
             lease: args.lease,
             upstream_timeout,
             tally: Tally::default(),
+            slow: SlowTally::default(),
             killed_in_flight: Mutex::default(),
             clock_dir,
         };
@@ -356,6 +382,7 @@ impl Soak {
             args.orders,
             seed,
         );
+        let mut slow = self.spawn_slow_clients(args.slow_clients, &stop_faults);
         let mut kill_rng = fastrand::Rng::with_seed(seed ^ 0x0000_0b17);
         let mut crashing: Option<tokio::task::JoinHandle<anyhow::Result<()>>> = None;
         let mut logs = Vec::new();
@@ -419,6 +446,9 @@ impl Soak {
         }
         stop_faults.store(true, Ordering::Relaxed);
         faults.await.context("the fault task panicked")?;
+        while let Some(done) = slow.join_next().await {
+            done.context("a slow client panicked")?;
+        }
         logs.sort_by_key(|(index, _)| *index);
         Ok(logs)
     }

@@ -4,12 +4,15 @@
 use super::check::{OrderLog, Report, Reuse};
 use super::clients::{Tally, get};
 use super::gateways::Totals;
+use super::slow::{SlowTally, UNGUARDED_SLOTS};
 use super::{MAX_TRIES, SPIKE_PERCENT};
 use idem::ledger::Books;
 use std::time::Duration;
 
 pub(super) struct Figures<'a> {
     pub(super) tally: &'a Tally,
+    pub(super) slow: &'a SlowTally,
+    pub(super) slow_clients: usize,
     pub(super) totals: &'a Totals,
     pub(super) injected_by_gateway: &'a [u64],
     pub(super) books: &'a Books,
@@ -98,6 +101,18 @@ pub(super) fn print_figures(f: &Figures) {
         SPIKE_PERCENT.end(),
         f.lease.as_secs_f64()
     );
+    let s = f.slow;
+    println!(
+        "  slow clients      {} keyless, {} requests: {} cut with 408, {} refused 503 ({UNGUARDED_SLOTS} unguarded slots a gateway; the gateways refused {}), {} other answers, {} unanswered (a gateway killed or stopped); keyed requests refused for want of a slot: {}",
+        f.slow_clients,
+        get(&s.sent),
+        get(&s.cut),
+        get(&s.shed),
+        f.totals.unguarded_refused,
+        get(&s.other),
+        get(&s.broken),
+        f.totals.guarded_refused,
+    );
     println!(
         "  duplicates        {duplicates_prevented} prevented ({} replays + {} 409s); {} reused keys refused with 422",
         get(&t.replayed),
@@ -147,7 +162,7 @@ pub(super) fn print_figures(f: &Figures) {
         println!("    … and {} more", r.violations.len() - 20);
     }
     println!(
-        "soak: orders={} requests={} crashes={} fault_toggles={toggles} faults_injected={injected} duplicates_prevented={duplicates_prevented} reexecuted={} violations={} pauses={} spikes={} answers_checked={} overlapping_runs={} clock_steps={} skew_s={}",
+        "soak: orders={} requests={} crashes={} fault_toggles={toggles} faults_injected={injected} duplicates_prevented={duplicates_prevented} reexecuted={} violations={} pauses={} spikes={} answers_checked={} overlapping_runs={} slow_cut={} slow_shed={} guarded_refused={} clock_steps={} skew_s={}",
         f.orders.len(),
         get(&t.sent),
         get(&t.kills),
@@ -157,6 +172,9 @@ pub(super) fn print_figures(f: &Figures) {
         get(&t.spikes_on),
         r.answers_checked,
         r.overlapping_runs,
+        get(&s.cut),
+        get(&s.shed),
+        f.totals.guarded_refused,
         get(&t.clock_steps),
         f.skew.as_secs(),
     );
