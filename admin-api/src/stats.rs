@@ -18,6 +18,20 @@ pub struct Stats {
     pub pool: Pool,
     /// `None` when no purger runs (a store that purges itself).
     pub purge: Option<Purge>,
+    /// Which gateway answers.
+    pub gateway: GatewayInfo,
+}
+
+/// The gateway behind the admin API: what the console names it by.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct GatewayInfo {
+    /// `idem serve --name`; without one, its proxy's address.
+    pub name: String,
+    /// Where its proxy listens (`ip:port`); `""` before it serves.
+    pub listen: String,
+    /// The `idem` version it runs.
+    pub version: String,
 }
 
 /// One counter per [`Outcome`].

@@ -209,6 +209,8 @@ impl App {
                     .clone_from(&event.rule);
                 self.activity.log.push(LogLine::Fault(event));
             }
+            Update::Event(event) => self.activity.log.push(event),
+            Update::History(_) => {}
             Update::Connected => {
                 let was_lost = !matches!(
                     self.connection,

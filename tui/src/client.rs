@@ -320,6 +320,7 @@ pub fn decode_event(event: &SseEvent) -> Option<Update> {
     match Event::decode(&event.event, &event.data)? {
         Event::Decision(decision) => Some(Update::Decision(decision)),
         Event::Fault(fault) => Some(Update::Fault(fault)),
+        other => Some(Update::Event(other)),
     }
 }
 

@@ -345,7 +345,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         if !fault_on && !fault_done && progress >= 0.4 {
             let rule = FaultRule::error("injected: connection refused").with_probability(0.3);
             gateway.faults().set(Op::Insert, rule.clone())?;
-            gateway.observer().fault_changed(Op::Insert, rule);
+            gateway.observer().fault_changed(Op::Insert, rule, None);
             fault_on = true;
             say!(
                 quiet,
@@ -357,7 +357,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
             gateway.faults().clear(Op::Insert);
             gateway
                 .observer()
-                .fault_changed(Op::Insert, FaultRule::default());
+                .fault_changed(Op::Insert, FaultRule::default(), None);
             fault_on = false;
             fault_done = true;
             say!(quiet, "{:>5.1}s store fault OFF", elapsed.as_secs_f64());

@@ -36,7 +36,7 @@ pub struct IdempotencyLayer {
 
 impl IdempotencyLayer {
     pub fn new(config: Config, store: Arc<dyn Store>) -> Result<Self, BuildError> {
-        let gate = Gate::over(config, store, Arc::new(SystemClock))?;
+        let gate = Gate::over(config, store, Arc::new(SystemClock), None)?;
         Ok(IdempotencyLayer {
             gate: Arc::new(gate),
         })

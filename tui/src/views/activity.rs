@@ -4,7 +4,7 @@
 // Rates are shown to a tenth: a float there loses nothing anyone could see.
 #![allow(clippy::cast_precision_loss, clippy::cast_sign_loss)]
 
-use crate::api::{DecisionEvent, FaultEvent, Outcome, Outcomes, Stats};
+use crate::api::{Event, Outcome, Outcomes, Stats};
 use crate::format::{clock, micros, truncate_middle};
 use crate::keymap::{Binding, also, bind};
 use crate::theme::{BOLD, DIM, LABEL, block, fault_style, outcome_style};
@@ -52,12 +52,8 @@ pub const BINDINGS: &[Binding<ActivityAction>] = &[
 
 pub const HINTS: &str = "↑↓ scroll · p pause · G follow · c clear log · ? help · q quit ";
 
-/// One line of the decision log.
-#[derive(Clone, Debug, PartialEq)]
-pub enum LogLine {
-    Decision(DecisionEvent),
-    Fault(FaultEvent),
-}
+/// One line of the decision log: any event of the stream.
+pub type LogLine = Event;
 
 /// The decision log: the newest [`LOG_LINES`], and where the operator reads.
 #[derive(Clone, Debug, Default, PartialEq)]
@@ -282,6 +278,7 @@ fn log_line(line: &LogLine) -> Line<'static> {
                 ),
             ])
         }
+        LogLine::Admin(_) | LogLine::Renewal(_) | LogLine::StoreError(_) => Line::from(""),
         LogLine::Fault(f) => Line::from(vec![
             Span::styled(clock(f.ts_ms), DIM),
             " ".into(),

@@ -108,6 +108,7 @@ fn decision(
         status,
         latency_us: 300 + i * 700,
         detail: detail.map(Into::into),
+        fence: None,
     })
 }
 
@@ -326,6 +327,7 @@ fn faults_panel() {
         ts_ms: NOW - 100,
         op: Op::Insert,
         rule: faults.faults.insert.clone(),
+        by: None,
     }));
     app.apply(decision(
         30,

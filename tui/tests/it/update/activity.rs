@@ -38,6 +38,7 @@ fn the_decision_log_scrolls_and_pauses() {
             status: None,
             latency_us: 1,
             detail: None,
+            fence: None,
         }));
     };
     for i in 0..50 {
@@ -84,6 +85,7 @@ fn history_and_log_stay_bounded() {
             status: None,
             latency_us: 1,
             detail: None,
+            fence: None,
         };
         app.apply(Update::Decision(event));
     }

@@ -228,6 +228,7 @@ fn fault_events_update_the_table_and_the_log() {
         ts_ms: NOW,
         op: Op::Replace,
         rule: rule.clone(),
+        by: None,
     }));
     assert_eq!(app.faults.current.faults.replace, rule);
     assert_eq!(app.activity.log.lines.len(), 1);

@@ -301,6 +301,7 @@ fn the_last_decision_is_kept_for_keys_on_screen_only() {
             status: None,
             latency_us: 1,
             detail: None,
+            fence: None,
         })
     };
     app.apply(decide("order-003", Outcome::Executed));

@@ -34,6 +34,8 @@ pub fn row(key: &str, state: KeyState, i: u64) -> KeyInfo {
         fingerprint: format!("{:016x}", (i + 1).wrapping_mul(0x9e37_79b9_7f4a_7c15)),
         status: (!processing).then_some(201),
         replays: i % 4,
+        holder: String::new(),
+        held_here: false,
     }
 }
 
