@@ -4,6 +4,7 @@
 #![allow(clippy::pedantic)]
 
 mod admin_contract;
+mod cli;
 mod cluster;
 mod conformance;
 mod console;
@@ -16,6 +17,7 @@ mod ledger;
 mod metrics;
 mod model;
 mod netstores;
+mod observe;
 mod proxy;
 mod readme;
 mod sandbox;

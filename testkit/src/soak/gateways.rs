@@ -33,6 +33,9 @@ impl Process {
                 command.env_remove(name);
             }
         }
+        // A gateway logs a line per request at info: thousands a second
+        // here, on the soak's own stderr. Its warnings (store failures) stay.
+        command.env("RUST_LOG", "warn");
         let child = command
             .spawn()
             .with_context(|| format!("start idem {}", args.join(" ")))?;
