@@ -26,3 +26,4 @@ mod seed;
 mod sqlite;
 mod store_open;
 mod support;
+mod traces;
