@@ -1,15 +1,15 @@
 //! The admin API client, and the tasks that feed the console.
 //!
 //! [`Session::start`] spawns three tasks: a poller (keys page, stats,
-//! faults, the watched key's detail — once a second and at once when the
-//! console asks), the event stream reader (decisions and fault changes as
-//! they happen, reconnecting by itself), and the command runner (operator
-//! actions). They report through one bounded channel of [`Update`]s, so the
+//! faults, the watched key's detail and the open history — once a second
+//! and at once when the console asks), the event stream reader (decisions,
+//! fault changes, operators' actions as they happen, reconnecting by
+//! itself), and the command runner (operator actions). They report through one bounded channel of [`Update`]s, so the
 //! console's memory stays flat however busy the server is.
 
 use crate::api::{
-    Event, FaultRule, Faults, KEEP_ALIVE, KeyDetail, KeyInfo, KeyPage, Op, Problem, SetFaults,
-    Stats,
+    Event, FaultRule, Faults, KEEP_ALIVE, KeyDetail, KeyHistory, KeyInfo, KeyPage, Op, Problem,
+    SetFaults, Stats,
 };
 use crate::protocol::{Command, KeyQuery, Update};
 use futures_util::StreamExt;
@@ -176,6 +176,12 @@ impl Client {
         }
     }
 
+    /// What the gateway kept of `key`'s history.
+    pub async fn history(&self, key: &str) -> Result<KeyHistory, ClientError> {
+        self.get_json(self.url(&["v1", "keys", key, "history"]))
+            .await
+    }
+
     pub async fn release(&self, key: &str) -> Result<KeyInfo, ClientError> {
         let body = self
             .send(self.request(Method::POST, self.url(&["v1", "keys", key, "release"])))
@@ -337,13 +343,17 @@ impl Session {
         let (commands, mut commands_rx) = mpsc::unbounded_channel::<Command>();
         let (query_tx, query_rx) = watch::channel(query);
         let (watch_tx, watch_rx) = watch::channel::<Option<String>>(None);
+        let (history_tx, history_rx) = watch::channel::<Option<String>>(None);
         let wake = Arc::new(Notify::new());
         let mut tasks = JoinSet::new();
 
         tasks.spawn(poll(
             client.clone(),
             query_rx,
-            watch_rx,
+            Watched {
+                detail: watch_rx,
+                history: history_rx,
+            },
             wake.clone(),
             updates_tx.clone(),
         ));
@@ -358,6 +368,11 @@ impl Session {
                     }
                     Command::Watch(key) => {
                         watch_tx.send_replace(key);
+                        wake.notify_one();
+                        continue;
+                    }
+                    Command::History(key) => {
+                        history_tx.send_replace(key);
                         wake.notify_one();
                         continue;
                     }
@@ -408,10 +423,17 @@ fn report<T>(result: Result<T, ClientError>, done: String) -> Update {
     }
 }
 
+/// The keys the poller reads besides the page: the detail pane's, the
+/// open history's.
+struct Watched {
+    detail: watch::Receiver<Option<String>>,
+    history: watch::Receiver<Option<String>>,
+}
+
 async fn poll(
     client: Client,
     query: watch::Receiver<KeyQuery>,
-    watched: watch::Receiver<Option<String>>,
+    watched: Watched,
     wake: Arc<Notify>,
     updates: mpsc::Sender<Update>,
 ) {
@@ -424,7 +446,14 @@ async fn poll(
             () = wake.notified() => {}
         }
         let query = query.borrow().clone();
-        let watched = watched.borrow().clone();
+        let history_of = watched.history.borrow().clone();
+        let watched = watched.detail.borrow().clone();
+        let history = async {
+            match &history_of {
+                Some(key) => client.history(key).await.map(Some),
+                None => Ok(None),
+            }
+        };
         let detail = async {
             match &watched {
                 Some(key) => client
@@ -435,10 +464,16 @@ async fn poll(
                 None => Ok(None),
             }
         };
-        let polled = tokio::try_join!(client.keys(&query), client.stats(), client.faults(), detail);
+        let polled = tokio::try_join!(
+            client.keys(&query),
+            client.stats(),
+            client.faults(),
+            detail,
+            history
+        );
         let batch = match polled {
-            Ok((page, stats, faults, detail)) => {
-                let mut batch = Vec::with_capacity(5);
+            Ok((page, stats, faults, detail, history)) => {
+                let mut batch = Vec::with_capacity(6);
                 if !connected {
                     batch.push(Update::Connected);
                     connected = true;
@@ -453,6 +488,7 @@ async fn poll(
                     Some(Err(gone)) => batch.push(Update::DetailGone(gone)),
                     None => {}
                 }
+                batch.extend(history.map(Update::History));
                 batch
             }
             // Retrying cannot fix a refused token: say so, and keep polling

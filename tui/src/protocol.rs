@@ -18,6 +18,8 @@ pub enum Command {
     Query(KeyQuery),
     /// Poll this key's detail from now on (`None`: stop).
     Watch(Option<String>),
+    /// Poll this key's history from now on (`None`: stop).
+    History(Option<String>),
     Release(String),
     Expire(String),
     Delete(String),
