@@ -35,20 +35,23 @@ pub(crate) fn admin_path(key: &str) -> String {
 /// 7. the operator releases it; 8. the order again: it takes the key
 ///    over (fence above 1) and runs, 201.
 pub(crate) async fn script(proxy: u16, admin: u16, key: &str) -> Vec<u16> {
-    let post = |body: String| async move {
-        let headers = [
-            ("Idempotency-Key", key),
-            ("Content-Type", "application/json"),
-        ];
-        http(proxy, "POST", "/orders", &headers, &body).await.status
-    };
+    let mut statuses = script_to_503(proxy, admin, key).await;
+    let path = format!("{}/release", admin_path(key));
+    statuses.push(http(admin, "POST", &path, &[], "").await.status);
+    statuses.push(place(proxy, key, 1).await);
+    statuses
+}
+
+/// Steps 1 to 6 of [`script`]: up to the 503 that leaves the key held by
+/// a claim no one runs.
+pub(crate) async fn script_to_503(proxy: u16, admin: u16, key: &str) -> Vec<u16> {
     let act = |method: &'static str, path: String, body: &'static str| async move {
         http(admin, method, &path, &[], body).await.status
     };
     vec![
-        post(order(key, 1)).await,
-        post(order(key, 1)).await,
-        post(order(key, 2)).await,
+        place(proxy, key, 1).await,
+        place(proxy, key, 1).await,
+        place(proxy, key, 2).await,
         act("POST", format!("{}/expire", admin_path(key)), "").await,
         act(
             "PUT",
@@ -56,10 +59,19 @@ pub(crate) async fn script(proxy: u16, admin: u16, key: &str) -> Vec<u16> {
             r#"{"faults":{"insert":{"kind":"lost","count":1}}}"#,
         )
         .await,
-        post(order(key, 1)).await,
-        act("POST", format!("{}/release", admin_path(key)), "").await,
-        post(order(key, 1)).await,
+        place(proxy, key, 1).await,
     ]
+}
+
+/// `POST /orders` of [`order`] `qty` under `key`: the status.
+pub(crate) async fn place(proxy: u16, key: &str, qty: u32) -> u16 {
+    let headers = [
+        ("Idempotency-Key", key),
+        ("Content-Type", "application/json"),
+    ];
+    http(proxy, "POST", "/orders", &headers, &order(key, qty))
+        .await
+        .status
 }
 
 /// The statuses [`script`] gets.

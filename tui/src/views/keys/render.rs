@@ -280,7 +280,8 @@ impl KeysView {
         let label = |t: &str| Span::styled(format!("{t:<12}"), LABEL);
         let mut lines = record_lines(info, now);
         if info.state == KeyState::Processing {
-            lines.push(self.holder_line(info));
+            // Under the lease: who holds it matters as much as until when.
+            lines.insert(4, self.holder_line(info));
         }
         match detail.map(|d| &d.response) {
             None => lines.push(Line::from(Span::styled(
@@ -354,7 +355,7 @@ impl KeysView {
                 Style::new().fg(Color::Green),
             ),
             _ => Span::styled(
-                " · another host's, or no one's: no request of this gateway runs it",
+                " · another host's, or no one's (not run here)",
                 Style::new().fg(Color::Yellow),
             ),
         };

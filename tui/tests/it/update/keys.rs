@@ -466,3 +466,41 @@ fn status_lines_fade() {
     });
     assert_eq!(status(&app), "");
 }
+
+#[test]
+fn the_detail_pane_says_which_gateway_holds_a_processing_key() {
+    let mut app = loaded(0, None);
+    let mut stats = idem_tui::api::Stats::default();
+    stats.gateway.name = "gw-1".into();
+    stats.gateway.listen = "127.0.0.1:8080".into();
+    app.apply(Update::Stats(stats));
+    let mut here = row("order-here", KeyState::Processing, 0);
+    here.holder = "00000000000000ab".into();
+    here.held_here = true;
+    let mut away = row("order-away", KeyState::Processing, 1);
+    away.holder = "00000000000000cd".into();
+    let query = app.keys.query.clone();
+    app.apply(Update::Keys {
+        query,
+        page: KeyPage {
+            now_ms: NOW,
+            keys: vec![here, away],
+            next: None,
+            total: Some(2),
+        },
+    });
+    press(&mut app, KeyCode::Enter);
+    let screen = super::screen(&app, 120, 40);
+    assert!(
+        screen.contains(
+            "holder      0x00000000000000ab · held by this gateway (gw-1 · 127.0.0.1:8080)"
+        ),
+        "{screen}"
+    );
+    ch(&mut app, 'j');
+    let screen = super::screen(&app, 120, 40);
+    assert!(
+        screen.contains("0x00000000000000cd · another host's, or no one's (not run here)"),
+        "{screen}"
+    );
+}
