@@ -51,11 +51,13 @@ pub struct Observer {
     traces: Option<Arc<Traces>>,
 }
 
-/// The newest events, for keys' histories.
+/// The newest events, for keys' histories, each with its place in the
+/// order they happened in (times are only to the millisecond).
 struct History {
     capacity: usize,
-    events: VecDeque<Event>,
-    faults: VecDeque<Event>,
+    events: VecDeque<(u64, Event)>,
+    faults: VecDeque<(u64, Event)>,
+    next: u64,
 }
 
 #[derive(Default)]
@@ -87,6 +89,7 @@ impl Observer {
                 capacity: history_events,
                 events: VecDeque::new(),
                 faults: VecDeque::new(),
+                next: 0,
             }),
             running: Mutex::default(),
             gateway: Mutex::new(GatewayInfo {
@@ -209,12 +212,14 @@ impl Observer {
                 if ring.len() >= cap {
                     ring.pop_front();
                 }
+                let seq = history.next;
+                history.next += 1;
                 // Sent below only while someone listens: clone only then.
                 if self.events.receiver_count() == 0 {
-                    ring.push_back(event);
+                    ring.push_back((seq, event));
                     return;
                 }
-                ring.push_back(event.clone());
+                ring.push_back((seq, event.clone()));
             }
         }
         if self.events.receiver_count() > 0 {
@@ -226,31 +231,29 @@ impl Observer {
     /// fault changes made between its first and its last.
     pub fn history(&self, key: &str) -> idem_admin_api::KeyHistory {
         let history = self.history.lock().unwrap_or_else(PoisonError::into_inner);
-        let mut events: Vec<Event> = history
+        let mut events: Vec<&(u64, Event)> = history
             .events
             .iter()
-            .filter(|e| e.key() == Some(key))
-            .cloned()
+            .filter(|(_, e)| e.key() == Some(key))
             .collect();
-        if let (Some(first), Some(last)) = (events.first(), events.last()) {
-            let (from, to) = (first.ts_ms(), last.ts_ms());
-            let faults: Vec<Event> = history
-                .faults
-                .iter()
-                .filter(|f| (from..=to).contains(&f.ts_ms()))
-                .cloned()
-                .collect();
-            if !faults.is_empty() {
-                events.extend(faults);
-                // Stable: events of one millisecond keep their order.
-                events.sort_by_key(Event::ts_ms);
+        if let (Some((first, _)), Some((last, _))) = (events.first(), events.last()) {
+            let during = (*first)..=(*last);
+            let before = events.len();
+            events.extend(
+                history
+                    .faults
+                    .iter()
+                    .filter(|(seq, _)| during.contains(seq)),
+            );
+            if events.len() > before {
+                events.sort_by_key(|(seq, _)| *seq);
             }
         }
         idem_admin_api::KeyHistory {
             key: key.to_owned(),
-            events,
+            events: events.into_iter().map(|(_, e)| e.clone()).collect(),
             kept: history.capacity as u64,
-            since_ms: history.events.front().map(Event::ts_ms),
+            since_ms: history.events.front().map(|(_, e)| e.ts_ms()),
         }
     }
 
@@ -457,30 +460,13 @@ mod tests {
     #[test]
     fn replay_counts_are_bounded_and_counted() {
         let o = Observer::default();
-        o.decided(
-            "a",
-            Verdict::Replayed,
-            Some(200),
-            Duration::ZERO,
-            None,
-            None,
-        );
-        o.decided(
-            "a",
-            Verdict::Replayed,
-            Some(200),
-            Duration::ZERO,
-            None,
-            None,
-        );
-        o.decided(
-            "b",
-            Verdict::Executed,
-            Some(200),
-            Duration::ZERO,
-            None,
-            Some(1),
-        );
+        for (key, verdict) in [
+            ("a", Verdict::Replayed),
+            ("a", Verdict::Replayed),
+            ("b", Verdict::Executed),
+        ] {
+            o.decided(key, verdict, Some(200), Duration::ZERO, None, None);
+        }
         assert_eq!((o.replays("a"), o.replays("b")), (2, 0));
         assert_eq!(
             (o.count(Verdict::Replayed), o.count(Verdict::Executed)),
@@ -489,5 +475,72 @@ mod tests {
         assert!(o.rate(Verdict::Replayed) > 0.0);
         o.forget_replays("a");
         assert_eq!(o.replays("a"), 0);
+    }
+
+    /// A key's history: its own events, the fault changes between its
+    /// first and its last, the newest `history_events` of all keys.
+    #[test]
+    fn a_keys_history_is_its_events_and_the_faults_meanwhile() {
+        let o = Observer::new(3, None);
+        o.fault_changed(Op::Insert, FaultRule::error("before"), None);
+        o.decided(
+            "k",
+            Verdict::Executed,
+            Some(201),
+            Duration::ZERO,
+            None,
+            Some(1),
+        );
+        o.fault_changed(
+            Op::Insert,
+            FaultRule::error("during"),
+            Some("127.0.0.1:1".into()),
+        );
+        o.decided(
+            "other",
+            Verdict::Executed,
+            Some(201),
+            Duration::ZERO,
+            None,
+            Some(1),
+        );
+        o.decided(
+            "k",
+            Verdict::Replayed,
+            Some(201),
+            Duration::ZERO,
+            None,
+            None,
+        );
+        let history = o.history("k");
+        let names: Vec<&str> = history.events.iter().map(Event::name).collect();
+        assert_eq!(names, ["decision", "fault", "decision"]);
+        assert_eq!(history.kept, 3);
+        // Three more events of another key push k's out.
+        for _ in 0..3 {
+            o.decided(
+                "other",
+                Verdict::Replayed,
+                Some(201),
+                Duration::ZERO,
+                None,
+                None,
+            );
+        }
+        assert!(o.history("k").events.is_empty());
+        assert!(Observer::new(0, None).history("k").events.is_empty());
+    }
+
+    #[test]
+    fn a_claim_runs_here_until_its_guard_drops() {
+        let o = Arc::new(Observer::default());
+        let running = o.running("k", 7);
+        assert!(o.runs("k", 7) && !o.runs("k", 8));
+        // A takeover by this gateway's newer claim outlives the old one's guard.
+        let newer = o.running("k", 8);
+        drop(running);
+        assert!(o.runs("k", 8));
+        drop(newer);
+        assert!(!o.runs("k", 8));
     }
 }
