@@ -23,7 +23,7 @@
 
 use super::events::Verdict;
 use crate::store::{Op, StoreError};
-use axum::http::{HeaderMap, HeaderName, HeaderValue, request};
+use axum::http::{HeaderMap, HeaderName, HeaderValue, Request};
 use opentelemetry::propagation::{Extractor, Injector, TextMapPropagator};
 use opentelemetry::trace::{Span, SpanKind, Status, TraceContextExt, Tracer};
 use opentelemetry::{Context, KeyValue};
@@ -52,17 +52,17 @@ impl Traces {
     /// Starts the server span of a guarded request, as a child of the
     /// caller's `traceparent` if it sent a valid one; the context to run
     /// the request in.
-    pub(crate) fn request(&self, parts: &request::Parts) -> Context {
+    pub(crate) fn request<B>(&self, req: &Request<B>) -> Context {
         let parent = self
             .propagator
-            .extract_with_context(&Context::new(), &Headers(&parts.headers));
+            .extract_with_context(&Context::new(), &Headers(req.headers()));
         let span = self
             .tracer
             .span_builder("idem.request")
             .with_kind(SpanKind::Server)
             .with_attributes([
-                KeyValue::new("http.request.method", parts.method.as_str().to_owned()),
-                KeyValue::new("url.path", parts.uri.path().to_owned()),
+                KeyValue::new("http.request.method", req.method().as_str().to_owned()),
+                KeyValue::new("url.path", req.uri().path().to_owned()),
             ])
             .start_with_context(&self.tracer, &parent);
         parent.with_span(span)

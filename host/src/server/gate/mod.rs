@@ -129,9 +129,7 @@ impl Gate {
         let Some(traces) = self.observer.traces() else {
             return self.guarded(req, exec).await;
         };
-        let (parts, body) = req.into_parts();
-        let cx = traces.request(&parts);
-        let req = Request::from_parts(parts, body);
+        let cx = traces.request(&req);
         let response = self.guarded(req, exec).with_context(cx.clone()).await;
         Traces::responded(&cx, response.status().as_u16());
         response
