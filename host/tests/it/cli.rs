@@ -31,3 +31,38 @@ fn an_error_is_its_chain_of_causes_without_a_backtrace() {
         "one line: what failed, then why"
     );
 }
+
+#[test]
+fn a_bad_log_format_or_filter_is_refused_naming_it() {
+    for (args, env, says) in [
+        (
+            &["--log-format", "xml"][..],
+            None,
+            "error: --log-format: unknown log format \"xml\"; expected text or json",
+        ),
+        (
+            &[][..],
+            Some("idem::request=loud"),
+            "error: RUST_LOG=\"idem::request=loud\" is not a log filter",
+        ),
+    ] {
+        let mut idem = Command::new(IDEM);
+        idem.args([
+            "serve",
+            "--store",
+            "memory:",
+            "--upstream",
+            "http://127.0.0.1:1",
+        ])
+        .args(["--listen", "127.0.0.1:0", "--admin-listen", "off"])
+        .args(args);
+        match env {
+            Some(filter) => idem.env("RUST_LOG", filter),
+            None => idem.env_remove("RUST_LOG"),
+        };
+        let out = idem.output().unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{stderr}");
+        assert!(stderr.starts_with(says), "{stderr}");
+    }
+}
