@@ -44,6 +44,16 @@ pub struct KeyInfo {
     pub status: Option<u16>,
     /// Times the gateway replayed the key's response.
     pub replays: u64,
+    /// The holder id of the claim that wrote the record, as 16 hex digits
+    /// (`""` for a record a 0.1 host wrote, without one). Each claim draws
+    /// its own: two claims of one key never share it.
+    #[serde(default)]
+    pub holder: String,
+    /// Whether that claim is one this gateway is running right now (its
+    /// request is inside this gateway); `false` for a claim another gateway
+    /// runs, or one whose holder is gone (crashed, or the lease lapsed).
+    #[serde(default)]
+    pub held_here: bool,
 }
 
 /// `GET /v1/keys`: one page.

@@ -1,5 +1,5 @@
 //! The admin API v1's contract: every request and response body of
-//! `/v1/keys`, `/v1/faults`, `/v1/stats` and `/v1/events` as a serde type,
+//! `/v1/keys` (and a key's history), `/v1/faults`, `/v1/stats` and `/v1/events` as a serde type,
 //! and the fault rules' one text form. The gateway (`idem::server::admin`)
 //! serializes them, the console (`idem-tui`) and its test fake decode and
 //! send them, so the three cannot drift apart. No I/O and no engine: the
@@ -19,7 +19,10 @@ mod faults;
 mod keys;
 mod stats;
 
-pub use events::{DecisionEvent, Event, FaultEvent, KEEP_ALIVE, Outcome};
+pub use events::{
+    AdminAction, AdminEvent, DecisionEvent, Event, FaultEvent, KEEP_ALIVE, KeyHistory, Outcome,
+    RenewalEvent, StoreErrorEvent,
+};
 pub use fault_rule::{FaultKind, FaultRule, MAX_LATENCY_MS, Op, ParseFaultError};
 pub use faults::{FaultSet, Faults, SetFaults};
 pub use keys::{
@@ -27,7 +30,8 @@ pub use keys::{
     Order, Sort, StoredResponse,
 };
 pub use stats::{
-    Clock, ConnectionState, Latency, Outcomes, Pool, Purge, SlotUse, Slots, Stats, StoreConnection,
+    Clock, ConnectionState, GatewayInfo, Latency, Outcomes, Pool, Purge, SlotUse, Slots, Stats,
+    StoreConnection,
 };
 
 use serde::{Deserialize, Serialize};

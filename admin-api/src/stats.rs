@@ -24,6 +24,8 @@ pub struct Stats {
     pub store_connection: StoreConnection,
     /// Requests handled now, by class, against their limits.
     pub slots: Slots,
+    /// Which gateway answers.
+    pub gateway: GatewayInfo,
 }
 
 /// The guard's clock: the store's time authority (`wit/clock.wit`).
@@ -93,6 +95,18 @@ pub struct SlotUse {
     pub limit: u64,
     /// Requests answered 503 since start because every slot was taken.
     pub refused: u64,
+}
+
+/// The gateway behind the admin API: what the console names it by.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct GatewayInfo {
+    /// `idem serve --name`; without one, its proxy's address.
+    pub name: String,
+    /// Where its proxy listens (`ip:port`); `""` before it serves.
+    pub listen: String,
+    /// The `idem` version it runs.
+    pub version: String,
 }
 
 /// One counter per [`Outcome`].

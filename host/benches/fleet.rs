@@ -59,7 +59,10 @@ fn spawn_gateway(store: &str, upstream: SocketAddr) -> (SocketAddr, Proc) {
     let mut idem = Command::new(env!("CARGO_BIN_EXE_idem"));
     idem.args(["serve", "--store", store, "--max-concurrent", "4096"])
         .args(["--listen", "127.0.0.1:0", "--admin-listen", "off"])
-        .args(["--upstream", &format!("http://{upstream}")]);
+        .args(["--upstream", &format!("http://{upstream}")])
+        // A line per request at info would be re-printed here, thousands a
+        // second; the gateway bench measures what logging costs.
+        .env("RUST_LOG", "warn");
     let (gateway, [port]) = spawn_bound(idem, ["idem serve: http://"]);
     (([127, 0, 0, 1], port).into(), gateway)
 }

@@ -42,6 +42,42 @@ struct Args {
     /// Also write the results as Markdown here.
     #[arg(long, value_name = "FILE")]
     out: Option<std::path::PathBuf>,
+    /// Measure each gateway row twice, side by side: with its log off, and
+    /// with `idem serve`'s log lines at info (one per request) written to
+    /// this file (e.g. /tmp/gateway-bench.log; /dev/null still formats and
+    /// writes each line).
+    #[arg(long, value_name = "FILE")]
+    log_file: Option<std::path::PathBuf>,
+}
+
+/// Switches the gateways' log between off and info (a reloadable filter in
+/// front of `idem serve`'s text format, written to `--log-file`).
+struct Logs(
+    tracing_subscriber::reload::Handle<tracing_subscriber::EnvFilter, tracing_subscriber::Registry>,
+);
+
+impl Logs {
+    fn install(path: &std::path::Path) -> anyhow::Result<Logs> {
+        use tracing_subscriber::layer::SubscriberExt as _;
+        use tracing_subscriber::util::SubscriberInitExt as _;
+        let file =
+            std::fs::File::create(path).with_context(|| format!("create {}", path.display()))?;
+        let (filter, handle) =
+            tracing_subscriber::reload::Layer::new(tracing_subscriber::EnvFilter::new("off"));
+        tracing_subscriber::registry()
+            .with(filter)
+            .with(
+                tracing_subscriber::fmt::layer()
+                    .with_writer(Arc::new(file))
+                    .with_ansi(false),
+            )
+            .try_init()?;
+        Ok(Logs(handle))
+    }
+
+    fn set(&self, level: &str) {
+        let _ = self.0.reload(tracing_subscriber::EnvFilter::new(level));
+    }
 }
 
 #[allow(clippy::too_many_lines)] // one measured run, top to bottom
@@ -51,6 +87,7 @@ fn main() -> anyhow::Result<()> {
 }
 
 async fn run(args: Args) -> anyhow::Result<()> {
+    let logs = args.log_file.as_deref().map(Logs::install).transpose()?;
     let (stop_tx, stop) = watch::channel(false);
     let ledger = Ledger::new(i64::MAX / 2, Duration::ZERO);
     let ledger_listener = TcpListener::bind("127.0.0.1:0").await?;
@@ -134,16 +171,24 @@ async fn run(args: Args) -> anyhow::Result<()> {
         let name = store.name();
         let (addr, gateway) = start_gateway(store, ledger_addr, stop.clone()).await?;
         gateways.push(gateway);
-        measure_both(
-            &format!("gateway ({name}), new keys"),
-            Target::one(addr, "/orders", Keys::New),
-        )
-        .await?;
-        measure_both(
-            &format!("gateway ({name}), replays"),
-            Target::one(addr, "/orders", Keys::Replay),
-        )
-        .await?;
+        for (what, keys) in [("new keys", Keys::New), ("replays", Keys::Replay)] {
+            // Side by side: its log off, then at info (with --log-file).
+            let levels: &[(&str, &str)] = if logs.is_some() {
+                &[("off", ", log off"), ("info", ", log at info")]
+            } else {
+                &[("off", "")]
+            };
+            for (level, suffix) in levels {
+                if let Some(logs) = &logs {
+                    logs.set(level);
+                }
+                measure_both(
+                    &format!("gateway ({name}), {what}{suffix}"),
+                    Target::one(addr, "/orders", keys),
+                )
+                .await?;
+            }
+        }
         if let Some(dir) = cleanup {
             gateways.push(tokio::spawn(async move {
                 let _ = std::fs::remove_dir_all(dir);

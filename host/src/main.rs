@@ -1,5 +1,5 @@
 //! The `idem` command; all of it is [`idem::cli`].
 
-fn main() -> anyhow::Result<()> {
+fn main() -> std::process::ExitCode {
     idem::cli::main()
 }

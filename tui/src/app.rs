@@ -22,6 +22,10 @@ use crate::views::faults::FaultsView;
 use crate::views::keys::KeysView;
 use crate::views::{Confirm, Effects, Field, Input, KeyVerb, MAX_INPUT, Severity, View};
 
+/// How long a status line stays, by severity: news goes after 5 s, an
+/// error after 10 s (or when the next line replaces it).
+pub const STATUS_MS: (u64, u64) = (5_000, 10_000);
+
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Connection {
     Connecting,
@@ -53,7 +57,10 @@ pub struct App {
     pub help: bool,
     pub confirm: Option<Confirm>,
     pub input: Option<Input>,
+    /// The status line: what the console last said. It fades: see [`STATUS_MS`].
     pub status: Option<(String, Severity)>,
+    /// When the status line was said (local clock).
+    pub status_since_ms: u64,
     /// A line the embedding program puts at the top of the footer's status
     /// when nothing else is said (`idem demo`: "the run is over…").
     pub banner: Option<String>,
@@ -78,6 +85,7 @@ impl App {
             confirm: None,
             input: None,
             status: None,
+            status_since_ms: local_ms,
             banner: None,
             should_quit: false,
             was_connected: false,
@@ -161,6 +169,15 @@ impl App {
             Action::Tick { local_ms } => {
                 self.local_ms = local_ms;
                 self.keys.tick(local_ms);
+                if let Some((_, severity)) = &self.status {
+                    let lasts = match severity {
+                        Severity::Info => STATUS_MS.0,
+                        Severity::Error => STATUS_MS.1,
+                    };
+                    if local_ms.saturating_sub(self.status_since_ms) >= lasts {
+                        self.status = None;
+                    }
+                }
             }
         }
         vec![]
@@ -174,8 +191,8 @@ impl App {
             confirm,
             input,
         } = effects;
-        if status.is_some() {
-            self.status = status;
+        if let Some((text, severity)) = status {
+            self.say(text, severity);
         }
         if confirm.is_some() {
             self.confirm = confirm;
@@ -197,7 +214,10 @@ impl App {
                 self.faults.current = faults;
                 self.faults.loaded = true;
             }
-            Update::Stats(stats) => self.activity.stats(stats),
+            Update::Stats(stats) => {
+                self.keys.gateway.clone_from(&stats.gateway);
+                self.activity.stats(stats);
+            }
             Update::Decision(event) => {
                 self.keys.decision(&event.key, event.outcome);
                 self.activity.log.push(LogLine::Decision(event));
@@ -210,6 +230,8 @@ impl App {
                     .clone_from(&event.rule);
                 self.activity.log.push(LogLine::Fault(event));
             }
+            Update::Event(event) => self.activity.log.push(event),
+            Update::History(history) => self.keys.history(history),
             Update::Connected => {
                 let was_lost = !matches!(
                     self.connection,
@@ -224,7 +246,7 @@ impl App {
                     } else {
                         "connected"
                     };
-                    self.status = Some((text.into(), Severity::Info));
+                    self.say(text, Severity::Info);
                 }
                 self.was_connected = true;
             }
@@ -248,10 +270,16 @@ impl App {
             Update::Unauthorized { status, detail } => {
                 self.connection = Connection::Unauthorized { status, detail };
             }
-            Update::Done(text) => self.status = Some((text, Severity::Info)),
-            Update::Failed(text) => self.status = Some((text, Severity::Error)),
+            Update::Done(text) => self.say(text, Severity::Info),
+            Update::Failed(text) => self.say(text, Severity::Error),
         }
         vec![]
+    }
+
+    /// Puts `text` on the status line from now (it fades: [`STATUS_MS`]).
+    pub fn say(&mut self, text: impl Into<String>, severity: Severity) {
+        self.status = Some((text.into(), severity));
+        self.status_since_ms = self.local_ms;
     }
 
     /// What to tell an operator whose token the server refuses.

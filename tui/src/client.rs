@@ -1,15 +1,15 @@
 //! The admin API client, and the tasks that feed the console.
 //!
 //! [`Session::start`] spawns three tasks: a poller (keys page, stats,
-//! faults, the watched key's detail — once a second and at once when the
-//! console asks), the event stream reader (decisions and fault changes as
-//! they happen, reconnecting by itself), and the command runner (operator
-//! actions). They report through one bounded channel of [`Update`]s, so the
+//! faults, the watched key's detail and the open history — once a second
+//! and at once when the console asks), the event stream reader (decisions,
+//! fault changes, operators' actions as they happen, reconnecting by
+//! itself), and the command runner (operator actions). They report through one bounded channel of [`Update`]s, so the
 //! console's memory stays flat however busy the server is.
 
 use crate::api::{
-    Event, FaultRule, Faults, KEEP_ALIVE, KeyDetail, KeyInfo, KeyPage, Op, Problem, SetFaults,
-    Stats,
+    Event, FaultRule, Faults, KEEP_ALIVE, KeyDetail, KeyHistory, KeyInfo, KeyPage, Op, Problem,
+    SetFaults, Stats,
 };
 use crate::protocol::{Command, KeyQuery, Update};
 use futures_util::StreamExt;
@@ -176,6 +176,12 @@ impl Client {
         }
     }
 
+    /// What the gateway kept of `key`'s history.
+    pub async fn history(&self, key: &str) -> Result<KeyHistory, ClientError> {
+        self.get_json(self.url(&["v1", "keys", key, "history"]))
+            .await
+    }
+
     pub async fn release(&self, key: &str) -> Result<KeyInfo, ClientError> {
         let body = self
             .send(self.request(Method::POST, self.url(&["v1", "keys", key, "release"])))
@@ -320,6 +326,7 @@ pub fn decode_event(event: &SseEvent) -> Option<Update> {
     match Event::decode(&event.event, &event.data)? {
         Event::Decision(decision) => Some(Update::Decision(decision)),
         Event::Fault(fault) => Some(Update::Fault(fault)),
+        other => Some(Update::Event(other)),
     }
 }
 
@@ -336,13 +343,17 @@ impl Session {
         let (commands, mut commands_rx) = mpsc::unbounded_channel::<Command>();
         let (query_tx, query_rx) = watch::channel(query);
         let (watch_tx, watch_rx) = watch::channel::<Option<String>>(None);
+        let (history_tx, history_rx) = watch::channel::<Option<String>>(None);
         let wake = Arc::new(Notify::new());
         let mut tasks = JoinSet::new();
 
         tasks.spawn(poll(
             client.clone(),
             query_rx,
-            watch_rx,
+            Watched {
+                detail: watch_rx,
+                history: history_rx,
+            },
             wake.clone(),
             updates_tx.clone(),
         ));
@@ -357,6 +368,11 @@ impl Session {
                     }
                     Command::Watch(key) => {
                         watch_tx.send_replace(key);
+                        wake.notify_one();
+                        continue;
+                    }
+                    Command::History(key) => {
+                        history_tx.send_replace(key);
                         wake.notify_one();
                         continue;
                     }
@@ -407,10 +423,17 @@ fn report<T>(result: Result<T, ClientError>, done: String) -> Update {
     }
 }
 
+/// The keys the poller reads besides the page: the detail pane's, the
+/// open history's.
+struct Watched {
+    detail: watch::Receiver<Option<String>>,
+    history: watch::Receiver<Option<String>>,
+}
+
 async fn poll(
     client: Client,
     query: watch::Receiver<KeyQuery>,
-    watched: watch::Receiver<Option<String>>,
+    watched: Watched,
     wake: Arc<Notify>,
     updates: mpsc::Sender<Update>,
 ) {
@@ -423,7 +446,14 @@ async fn poll(
             () = wake.notified() => {}
         }
         let query = query.borrow().clone();
-        let watched = watched.borrow().clone();
+        let history_of = watched.history.borrow().clone();
+        let watched = watched.detail.borrow().clone();
+        let history = async {
+            match &history_of {
+                Some(key) => client.history(key).await.map(Some),
+                None => Ok(None),
+            }
+        };
         let detail = async {
             match &watched {
                 Some(key) => client
@@ -434,9 +464,14 @@ async fn poll(
                 None => Ok(None),
             }
         };
-        let (keys, stats, faults, detail) =
-            tokio::join!(client.keys(&query), client.stats(), client.faults(), detail);
-        let batch = match polled(query, keys, stats, faults, detail) {
+        let (keys, stats, faults, detail, history) = tokio::join!(
+            client.keys(&query),
+            client.stats(),
+            client.faults(),
+            detail,
+            history
+        );
+        let batch = match polled(query, keys, stats, faults, detail, history) {
             Ok(mut batch) => {
                 if !connected {
                     batch.insert(0, Update::Connected);
@@ -479,6 +514,7 @@ fn polled(
     stats: Result<Stats, ClientError>,
     faults: Result<Faults, ClientError>,
     detail: Result<Option<Result<KeyDetail, String>>, ClientError>,
+    history: Result<Option<KeyHistory>, ClientError>,
 ) -> Result<Vec<Update>, ClientError> {
     let mut batch = vec![Update::Stats(stats?), Update::Faults(faults?)];
     match keys {
@@ -492,6 +528,11 @@ fn polled(
     match detail {
         Ok(Some(Ok(detail))) => batch.push(Update::Detail(detail)),
         Ok(Some(Err(gone))) => batch.push(Update::DetailGone(gone)),
+        Ok(None) | Err(ClientError::Refused { status: 503, .. }) => {}
+        Err(e) => return Err(e),
+    }
+    match history {
+        Ok(Some(history)) => batch.push(Update::History(history)),
         Ok(None) | Err(ClientError::Refused { status: 503, .. }) => {}
         Err(e) => return Err(e),
     }

@@ -91,6 +91,59 @@ pub fn truncate(text: &str, width: usize) -> String {
     }
 }
 
+/// `text` cut to at most `width` characters at a word's end, the cut marked
+/// with `…`: a reason cut short never ends mid-word. (A first word longer
+/// than `width` is cut inside it.)
+pub fn truncate_words(text: &str, width: usize) -> String {
+    if text.chars().count() <= width {
+        return text.to_owned();
+    }
+    let room = width.saturating_sub(1);
+    let head: String = text.chars().take(room + 1).collect();
+    let cut = match head.rfind(' ') {
+        Some(at) if at > 0 => head[..at].trim_end().to_owned(),
+        _ => head.chars().take(room).collect(),
+    };
+    format!("{cut}…")
+}
+
+/// `text` in lines of at most `width` characters, broken at spaces (a word
+/// longer than a line is broken inside it). Nothing is dropped.
+pub fn wrap(text: &str, width: usize) -> Vec<String> {
+    let width = width.max(1);
+    let mut lines = Vec::new();
+    let mut line = String::new();
+    for word in text.split(' ') {
+        let mut word = word.to_owned();
+        loop {
+            let len = line.chars().count();
+            let need = word.chars().count() + usize::from(len > 0);
+            if len + need <= width {
+                if len > 0 {
+                    line.push(' ');
+                }
+                line.push_str(&word);
+                break;
+            }
+            if len > 0 {
+                lines.push(std::mem::take(&mut line));
+                continue;
+            }
+            // A word longer than a whole line.
+            let head: String = word.chars().take(width).collect();
+            word = word.chars().skip(width).collect();
+            lines.push(head);
+            if word.is_empty() {
+                break;
+            }
+        }
+    }
+    if !line.is_empty() || lines.is_empty() {
+        lines.push(line);
+    }
+    lines
+}
+
 /// `text` cut to `width` characters in the middle, so that both ends stay:
 /// keys that share a long start (`order-2026-12-03-…`) still differ where
 /// they end.
@@ -135,6 +188,26 @@ mod tests {
         assert_eq!(date_time(0), "1970-01-01 00:00:00.000");
         assert_eq!(date_time(1_764_669_600_123), "2025-12-02 10:00:00.123");
         assert_eq!(date_time(951_782_400_000), "2000-02-29 00:00:00.000");
+    }
+
+    #[test]
+    fn words_are_cut_and_wrapped_whole() {
+        let reason = "store unavailable: insert failed for key anon/order-1";
+        assert_eq!(truncate_words(reason, 30), "store unavailable: insert…");
+        assert_eq!(truncate_words("short", 30), "short");
+        assert_eq!(truncate_words("abcdefghij", 5), "abcd…");
+        let lines = wrap(reason, 20);
+        assert_eq!(
+            lines,
+            [
+                "store unavailable:",
+                "insert failed for",
+                "key anon/order-1"
+            ]
+        );
+        assert_eq!(lines.join(" "), reason, "nothing dropped");
+        assert_eq!(wrap("abcdefghij", 4), ["abcd", "efgh", "ij"]);
+        assert_eq!(wrap("", 4), [""]);
     }
 
     #[test]

@@ -2,7 +2,9 @@
 //! reports [`Update`]s, the state answers with [`Command`]s. Neither side
 //! imports the other; both import this.
 
-use crate::api::{DecisionEvent, FaultEvent, FaultRule, Faults, KeyDetail, KeyPage, Op, Stats};
+use crate::api::{
+    DecisionEvent, Event, FaultEvent, FaultRule, Faults, KeyDetail, KeyHistory, KeyPage, Op, Stats,
+};
 pub use crate::api::{KeyQuery, Order, Sort};
 
 /// Rows per page asked of the server: a screenful or two. The server pages
@@ -16,6 +18,8 @@ pub enum Command {
     Query(KeyQuery),
     /// Poll this key's detail from now on (`None`: stop).
     Watch(Option<String>),
+    /// Poll this key's history from now on (`None`: stop).
+    History(Option<String>),
     Release(String),
     Expire(String),
     Delete(String),
@@ -47,6 +51,11 @@ pub enum Update {
     Stats(Stats),
     Decision(DecisionEvent),
     Fault(FaultEvent),
+    /// Any other event of the stream: an operator's action, a renewal, a
+    /// store error.
+    Event(Event),
+    /// The history of the key whose history is open.
+    History(KeyHistory),
     Connected,
     /// The server cannot be reached (or answers garbage); the client retries.
     Disconnected(String),

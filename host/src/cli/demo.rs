@@ -231,27 +231,44 @@ fn order_json(key: &str, qty: i64) -> String {
     serde_json::json!({"order": key, "sku": "A", "qty": qty, "cents": 1250 * qty}).to_string()
 }
 
-#[allow(clippy::too_many_lines, clippy::single_match_else)] // the demo's script, read top to bottom
-/// `println!` unless the console owns the terminal.
+/// A line on stdout. A stdout that went away (`idem demo | head`) is no
+/// error: the run goes on unseen to its check and its clean-up, and its
+/// exit code still says whether every order ran exactly once.
+macro_rules! out {
+    ($($arg:tt)*) => {{
+        use std::io::Write as _;
+        let _ = writeln!(std::io::stdout(), $($arg)*);
+    }};
+}
+
+/// [`out!`] unless the console owns the terminal.
 macro_rules! say {
     ($quiet:expr, $($arg:tt)*) => {
         if !$quiet {
-            println!($($arg)*);
+            out!($($arg)*);
         }
     };
 }
 
+/// The demo's own directory (its SQLite file), removed however the run
+/// ends: success, a failed check, an error, a panic.
+struct TempDir(std::path::PathBuf);
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
 #[allow(clippy::too_many_lines, clippy::single_match_else)] // one scripted run, top to bottom
 pub async fn run(args: Args) -> anyhow::Result<()> {
-    let (store_url, temp_dir) = match args.store {
+    let (store_url, _temp_dir) = match args.store {
         Some(url) => (url, None),
         None => {
             let dir = std::env::temp_dir().join(format!("idem-demo-{}", std::process::id()));
             std::fs::create_dir_all(&dir).with_context(|| format!("create {}", dir.display()))?;
-            (
-                format!("sqlite:{}", dir.join("idem-demo.db").display()),
-                Some(dir),
-            )
+            let url = format!("sqlite:{}", dir.join("idem-demo.db").display());
+            (url, Some(TempDir(dir)))
         }
     };
     let store = crate::store::open(&store_url).await?;
@@ -292,19 +309,20 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         wait_stop(stop_rx.clone()),
     ));
 
-    println!(
+    out!(
         "idem demo: {} orders over {:?} through the gateway (store: {store_url})",
-        args.orders, args.duration
+        args.orders,
+        args.duration
     );
-    println!("  ledger   http://{ledger_addr}/ledger");
-    println!("  gateway  http://{proxy_addr}/orders");
-    println!(
+    out!("  ledger   http://{ledger_addr}/ledger");
+    out!("  gateway  http://{proxy_addr}/orders");
+    out!(
         "  admin    http://{admin_addr}/v1/stats   (events: /v1/events, keys: /v1/keys, metrics: /metrics)"
     );
-    println!(
+    out!(
         "clients: retries after lost responses, duplicates, 4 concurrent copies, keys reused for other payloads, impatient retries;"
     );
-    println!("the store fails 30% of inserts from 40% to 55% of the run.");
+    out!("the store fails 30% of inserts from 40% to 55% of the run.");
 
     // In a terminal, the operator console opens on the demo; the per-second
     // lines would garble it, so they are left to the console's own views.
@@ -315,7 +333,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
     if quiet {
         // Before the console takes the screen: a line printed after would
         // land inside it.
-        println!("opening the operator console (q quits it; the summary follows)");
+        out!("opening the operator console (q quits it; the summary follows)");
     }
     let console = quiet.then(|| {
         let url = format!("http://{admin_addr}");
@@ -347,7 +365,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         if !fault_on && !fault_done && progress >= 0.4 {
             let rule = FaultRule::error("injected: connection refused").with_probability(0.3);
             gateway.faults().set(Op::Insert, rule.clone())?;
-            gateway.observer().fault_changed(Op::Insert, rule);
+            gateway.observer().fault_changed(Op::Insert, rule, None);
             fault_on = true;
             say!(
                 quiet,
@@ -359,7 +377,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
             gateway.faults().clear(Op::Insert);
             gateway
                 .observer()
-                .fault_changed(Op::Insert, FaultRule::default());
+                .fault_changed(Op::Insert, FaultRule::default(), None);
             fault_on = false;
             fault_done = true;
             say!(quiet, "{:>5.1}s store fault OFF", elapsed.as_secs_f64());
@@ -403,16 +421,16 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
             .context("the console panicked")?
             .context("the operator console failed")?;
     }
-    println!(
+    out!(
         "{:>5.1}s all orders answered: {}",
         answered_in.as_secs_f64(),
         seen.line()
     );
-    println!("{SEEN_LEGEND}");
+    out!("{SEEN_LEGEND}");
 
     let books = ledger.books();
     let verdict = check(&books, args.orders, stock - order_count);
-    println!(
+    out!(
         "ledger: orders={} executions={} reservations={} charges={} stock={} (started with {stock})",
         books.executions.len(),
         books.executions.values().sum::<u64>(),
@@ -421,17 +439,14 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         books.stock
     );
     if args.linger && verdict.is_ok() {
-        println!("serving on; Ctrl-C to stop");
+        out!("serving on; Ctrl-C to stop");
         let _ = tokio::signal::ctrl_c().await;
     }
     let _ = stop_tx.send(true);
     let _ = gateway_task.await;
     let _ = ledger_task.await;
-    if let Some(dir) = temp_dir {
-        let _ = std::fs::remove_dir_all(dir);
-    }
     verdict?;
-    println!("exactly-once check passed: every order executed exactly once");
+    out!("exactly-once check passed: every order executed exactly once");
     Ok(())
 }
 

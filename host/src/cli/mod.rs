@@ -14,11 +14,13 @@ use std::path::PathBuf;
 
 mod demo;
 mod options;
+mod telemetry;
 
 #[derive(Parser)]
 #[command(
     name = "idem",
-    version,
+    // The crate's version, which is the workspace's: it moves with every release.
+    version = env!("CARGO_PKG_VERSION"),
     about = "The idempotency layer: a guard in a WebAssembly component"
 )]
 pub struct Cli {
@@ -88,9 +90,18 @@ enum Command {
     },
 }
 
-/// Parses this process's arguments and runs the command.
-pub fn main() -> anyhow::Result<()> {
-    run(Cli::parse())
+/// Parses this process's arguments and runs the command. An error is
+/// printed with its chain of causes (`error: what: why`) and exits 1; never
+/// with a backtrace, whatever `RUST_BACKTRACE` says (a backtrace locates a
+/// bug in the program, not a mistake in its input).
+pub fn main() -> std::process::ExitCode {
+    match run(Cli::parse()) {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            std::process::ExitCode::FAILURE
+        }
+    }
 }
 
 /// Runs one parsed command to its end (`serve` and `ledger`: until a

@@ -2,6 +2,7 @@
 //! optional TOML file with the same names (`lease = "30s"`), in that order
 //! of precedence.
 
+use super::telemetry::{self, LogFormat};
 use crate::server::{Config, InFlight, Profile, StorePolicy, parse_duration};
 use anyhow::{Context, bail};
 use serde::Deserialize;
@@ -112,6 +113,15 @@ pub struct ServeOptions {
     /// How long shutdown waits for in-flight requests [default: 30s].
     #[arg(long, env = "IDEM_DRAIN_TIMEOUT")]
     pub drain_timeout: Option<String>,
+    /// Events kept in memory for keys' histories (the console's `h`) [default: 10000; 0 for none].
+    #[arg(long, env = "IDEM_HISTORY_EVENTS")]
+    pub history_events: Option<usize>,
+    /// What the admin API and the console call this gateway [default: its proxy's address].
+    #[arg(long, env = "IDEM_NAME", value_name = "NAME")]
+    pub name: Option<String>,
+    /// Log lines on stderr as `text` or `json`, one per line; levels by RUST_LOG [default: text, RUST_LOG=info].
+    #[arg(long, env = "IDEM_LOG_FORMAT", value_name = "FORMAT")]
+    pub log_format: Option<String>,
 }
 
 /// What `idem serve` runs.
@@ -121,6 +131,8 @@ pub struct Serve {
     pub store: String,
     pub admin_listen: Option<String>,
     pub admin_token: Option<String>,
+    pub name: String,
+    pub log_format: LogFormat,
     pub config: Config,
 }
 
@@ -171,7 +183,10 @@ impl ServeOptions {
                 min_body_rate,
                 max_event_listeners,
                 purge_interval,
-                drain_timeout
+                drain_timeout,
+                history_events,
+                name,
+                log_format
             );
         }
         let d = Config::default();
@@ -241,7 +256,14 @@ impl ServeOptions {
             max_event_listeners: self.max_event_listeners.unwrap_or(d.max_event_listeners),
             purge_interval: duration("purge-interval", self.purge_interval, d.purge_interval)?,
             drain_timeout: duration("drain-timeout", self.drain_timeout, d.drain_timeout)?,
+            history_events: self.history_events.unwrap_or(d.history_events),
             ..d
+        };
+        let log_format = match self.log_format.as_deref() {
+            None => LogFormat::Text,
+            Some(f) => f
+                .parse()
+                .map_err(|e| anyhow::anyhow!("--log-format: {e}"))?,
         };
         config.validate().map_err(|e| anyhow::anyhow!("{e}"))?;
         let Some(upstream) = self.upstream else {
@@ -267,6 +289,8 @@ impl ServeOptions {
                 None => Some("127.0.0.1:9090".into()),
             },
             admin_token,
+            name: self.name.unwrap_or_default(),
+            log_format,
             config,
         })
     }
@@ -283,6 +307,8 @@ pub(crate) fn read_token_file(file: &std::path::Path) -> anyhow::Result<String> 
 /// Runs the gateway until Ctrl-C or SIGTERM.
 pub async fn serve(options: ServeOptions) -> anyhow::Result<()> {
     let serve = options.resolve()?;
+    telemetry::init_logs(serve.log_format)?;
+    let traces = telemetry::traces_from_env()?;
     raise_file_limit(serve.config.max_connections);
     // Listening first, the admin token checked with its listener: a bad one
     // stops the gateway before anything else, and clients wait in the
@@ -306,9 +332,13 @@ pub async fn serve(options: ServeOptions) -> anyhow::Result<()> {
     // its state, answering 503 until it is open.
     let (store, connection) = crate::store::connect(&serve.store)?;
     first_attempt(&connection, serve.config.store_timeout).await?;
-    let gateway = crate::server::Gateway::builder(serve.config, store, &serve.upstream)
+    let mut builder = crate::server::Gateway::builder(serve.config, store, &serve.upstream)
         .store_connection(connection.clone())
-        .build()?;
+        .name(serve.name.clone());
+    if let Some(traces) = &traces {
+        builder = builder.tracer(traces.tracer());
+    }
+    let gateway = builder.build()?;
     let listening = proxy.local_addr()?;
     if serve.store.starts_with("memory:") && !listening.ip().is_loopback() {
         eprintln!(
@@ -327,8 +357,15 @@ pub async fn serve(options: ServeOptions) -> anyhow::Result<()> {
         );
     }
     let reporting = tokio::spawn(report_connection(connection));
+    if let Some(traces) = &traces {
+        tracing::info!(target: "idem::traces", endpoint = %traces.endpoint, "exporting traces over OTLP/HTTP");
+    }
     crate::server::run(gateway, proxy, admin, shutdown_signal()).await;
     reporting.abort();
+    if let Some(traces) = traces {
+        // Flushing blocks on the exporter's thread: not on a runtime worker.
+        let _ = tokio::task::spawn_blocking(move || traces.shutdown()).await;
+    }
     eprintln!("idem serve: stopped");
     Ok(())
 }

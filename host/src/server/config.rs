@@ -126,7 +126,16 @@ pub struct Config {
     pub purge_interval: Duration,
     /// How long shutdown waits for in-flight requests.
     pub drain_timeout: Duration,
+    /// Events (decisions, renewals, store errors, operators' actions) kept
+    /// in memory for keys' histories (`GET /v1/keys/{key}/history`); the
+    /// oldest go first. 0 keeps none.
+    pub history_events: usize,
 }
+
+/// Events kept for keys' histories by default: about 2 MB.
+pub const DEFAULT_HISTORY_EVENTS: usize = 10_000;
+/// The most events `history-events` may keep (about 200 MB).
+pub const MAX_HISTORY_EVENTS: usize = 1_000_000;
 
 impl Default for Config {
     fn default() -> Self {
@@ -157,6 +166,7 @@ impl Default for Config {
             max_event_listeners: 64,
             purge_interval: Duration::from_mins(1),
             drain_timeout: Duration::from_secs(30),
+            history_events: DEFAULT_HISTORY_EVENTS,
         }
     }
 }
@@ -221,6 +231,12 @@ impl Config {
             return Err(format!(
                 "max-response-bytes {} is under the minimum of {MIN_RESPONSE_BYTES}, which the gateway's own stored answers need",
                 self.max_response_bytes
+            ));
+        }
+        if self.history_events > MAX_HISTORY_EVENTS {
+            return Err(format!(
+                "history-events {} is over the limit of {MAX_HISTORY_EVENTS}",
+                self.history_events
             ));
         }
         if self.key_header.is_empty() || self.replay_header.is_empty() {

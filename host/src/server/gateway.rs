@@ -9,6 +9,7 @@ use crate::store::{Connection, FaultHandle, Store};
 use axum::Router;
 use axum::body::Body;
 use axum::extract::{Request, State};
+use opentelemetry_sdk::trace::SdkTracer;
 use std::sync::Arc;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
@@ -39,6 +40,8 @@ pub struct GatewayBuilder {
     upstream: String,
     clock: Option<Arc<dyn Clock>>,
     connection: Connection,
+    tracer: Option<SdkTracer>,
+    name: String,
 }
 
 impl GatewayBuilder {
@@ -59,11 +62,29 @@ impl GatewayBuilder {
         self
     }
 
+    /// Traces every guarded request with `tracer` (see
+    /// [`super::traces`]; default: no traces, at no cost).
+    #[must_use]
+    pub fn tracer(mut self, tracer: SdkTracer) -> Self {
+        self.tracer = Some(tracer);
+        self
+    }
+
+    /// What the admin API and the console call this gateway (default: its
+    /// proxy's address).
+    #[must_use]
+    pub fn name(mut self, name: impl Into<String>) -> Self {
+        self.name = name.into();
+        self
+    }
+
     pub fn build(self) -> Result<Gateway, BuildError> {
         self.config.validate().map_err(BuildError::Config)?;
         let upstream = Upstream::new(&self.upstream).map_err(BuildError::Upstream)?;
+        let gate = Gate::over(self.config, self.store, self.clock, self.tracer)?;
+        gate.observer.set_name(&self.name);
         Ok(Gateway {
-            gate: Arc::new(Gate::over(self.config, self.store, self.clock)?),
+            gate: Arc::new(gate),
             upstream,
             connection: self.connection,
         })
@@ -80,6 +101,8 @@ impl Gateway {
             upstream: upstream.to_owned(),
             clock: None,
             connection: Connection::connected(),
+            tracer: None,
+            name: String::new(),
         }
     }
 
@@ -128,6 +151,9 @@ pub async fn run(
     shutdown: impl Future<Output = ()>,
 ) {
     let (stop_tx, stop) = watch::channel(false);
+    if let Ok(addr) = proxy.local_addr() {
+        gateway.observer().set_listen(&addr.to_string());
+    }
     let config = gateway.gate.config.clone();
     let limits = serve::HttpLimits::from(&config);
     let mut tasks = tokio::task::JoinSet::new();

@@ -35,7 +35,7 @@ pub struct IdempotencyLayer {
 
 impl IdempotencyLayer {
     pub fn new(config: Config, store: Arc<dyn Store>) -> Result<Self, BuildError> {
-        let gate = Gate::over(config, store, None)?;
+        let gate = Gate::over(config, store, None, None)?;
         Ok(IdempotencyLayer {
             gate: Arc::new(gate),
         })

@@ -34,6 +34,8 @@ mod poll_again;
 pub mod proxy;
 #[cfg(feature = "engine")]
 pub mod serve;
+#[cfg(feature = "engine")]
+pub mod traces;
 
 pub use config::{Config, InFlight, Profile, StorePolicy, parse_duration};
 pub use problem::Problem;
@@ -50,3 +52,5 @@ pub use gateway::{BuildError, Gateway, GatewayBuilder, run};
 pub use layer::IdempotencyLayer;
 #[cfg(feature = "engine")]
 pub use proxy::Upstream;
+#[cfg(feature = "engine")]
+pub use traces::Traces;

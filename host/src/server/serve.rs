@@ -5,6 +5,7 @@
 
 use super::poll_again::PollAgain;
 use axum::Router;
+use axum::extract::ConnectInfo;
 use hyper::server::conn::http1;
 use hyper_util::rt::{TokioIo, TokioTimer};
 use hyper_util::server::graceful::GracefulShutdown;
@@ -13,6 +14,7 @@ use std::sync::Arc;
 use std::time::Duration;
 use tokio::net::TcpListener;
 use tokio::sync::{Semaphore, watch};
+use tower::ServiceExt as _;
 
 /// Limits on what a client may send before a request is routed.
 #[derive(Clone, Copy, Debug)]
@@ -68,13 +70,19 @@ pub async fn serve(
         };
         tokio::select! {
             accepted = listener.accept() => {
-                let Ok((stream, _peer)) = accepted else {
+                let Ok((stream, peer)) = accepted else {
                     // Out of file descriptors or similar: back off briefly rather than spin.
                     tokio::time::sleep(Duration::from_millis(10)).await;
                     continue;
                 };
                 let _ = stream.set_nodelay(true);
-                let service = TowerToHyperService::new(router.clone());
+                // The client's address, for handlers that say who asked (the admin API's audit).
+                let service = TowerToHyperService::new(router.clone().map_request(
+                    move |mut req: hyper::Request<hyper::body::Incoming>| {
+                        req.extensions_mut().insert(ConnectInfo(peer));
+                        req
+                    },
+                ));
                 let connection = builder.serve_connection(TokioIo::new(stream), service);
                 let connection = graceful.watch(connection);
                 tokio::spawn(PollAgain::new(async move {

@@ -66,9 +66,16 @@ pub trait Hook: Clone + Send + Sync + 'static {
         Plan::Run
     }
 
-    /// After each call: how long it took, waits included (with
+    /// After each call on `key`: how long it took, waits included (with
     /// [`Hook::TIMES`], else `None`), and whether it failed.
-    fn after(&self, _op: Op, _took: Option<Duration>, _outcome: Result<(), &StoreError>) {}
+    fn after(
+        &self,
+        _op: Op,
+        _key: &str,
+        _took: Option<Duration>,
+        _outcome: Result<(), &StoreError>,
+    ) {
+    }
 
     /// Whether [`Hook::before`] might plan a wait now. The sync side cannot
     /// wait: it runs a `Delay` at once and fails a `Fail` at once.
@@ -102,7 +109,7 @@ impl<S, H: Hook> Hooked<S, H> {
         &self.hook
     }
 
-    async fn run<T>(&self, op: Op, call: impl Future<Output = Result<T>>) -> Result<T> {
+    async fn run<T>(&self, op: Op, key: &str, call: impl Future<Output = Result<T>>) -> Result<T> {
         let started = H::TIMES.then(Instant::now);
         let out = match self.hook.before(op) {
             Plan::Run => call.await,
@@ -119,12 +126,12 @@ impl<S, H: Hook> Hooked<S, H> {
                 Err(unavailable(self.store, reason))
             }
         };
-        self.after(op, started, &out);
+        self.after(op, key, started, &out);
         out
     }
 
     /// [`Hooked::run`] on the sync side, which cannot wait: see [`Hook::would_wait`].
-    fn run_now<T>(&self, op: Op, call: impl FnOnce() -> Result<T>) -> Result<T> {
+    fn run_now<T>(&self, op: Op, key: &str, call: impl FnOnce() -> Result<T>) -> Result<T> {
         let started = H::TIMES.then(Instant::now);
         let out = match self.hook.before(op) {
             Plan::Run | Plan::Delay(_) => call(),
@@ -134,13 +141,13 @@ impl<S, H: Hook> Hooked<S, H> {
                 Err(unavailable(self.store, reason))
             }
         };
-        self.after(op, started, &out);
+        self.after(op, key, started, &out);
         out
     }
 
-    fn after<T>(&self, op: Op, started: Option<Instant>, out: &Result<T>) {
+    fn after<T>(&self, op: Op, key: &str, started: Option<Instant>, out: &Result<T>) {
         let took = started.map(|s| s.elapsed());
-        self.hook.after(op, took, out.as_ref().map(|_| ()));
+        self.hook.after(op, key, took, out.as_ref().map(|_| ()));
     }
 }
 
@@ -150,10 +157,11 @@ async fn sleep(wait: Duration) {
     }
 }
 
-/// Each call runs through the hook, on the inner store.
+/// Each call runs through the hook, on the inner store. Every operation's
+/// first argument is its key.
 macro_rules! through_the_hook {
-    ($self:tt, $op:expr, $to:ident($($arg:expr),*)) => {
-        $self.run($op, $self.inner.$to($($arg),*)).await
+    ($self:tt, $op:expr, $to:ident($key:expr $(, $arg:expr)*)) => {
+        $self.run($op, $key, $self.inner.$to($key $(, $arg)*)).await
     };
 }
 
@@ -192,8 +200,8 @@ hand_on! {
 
 /// The same on the sync side, which cannot wait: see [`Hook::would_wait`].
 macro_rules! through_the_hook_now {
-    ($self:tt, $op:expr, $to:ident($($arg:expr),*)) => {
-        $self.run_now($op, || $self.inner.$to($($arg),*))
+    ($self:tt, $op:expr, $to:ident($key:expr $(, $arg:expr)*)) => {
+        $self.run_now($op, $key, || $self.inner.$to($key $(, $arg)*))
     };
 }
 

@@ -85,7 +85,7 @@ pub use sqlite::{SqliteOptions, SqliteStore, Synchronous};
 #[cfg(feature = "engine")]
 pub use stack::{Stack, stack};
 #[cfg(feature = "engine")]
-pub use timing::{Latencies, Percentiles, Timed};
+pub use timing::{CallListener, Latencies, Percentiles, Timed, Timing};
 
 #[cfg(feature = "engine")]
 use crate::clock::Clock;

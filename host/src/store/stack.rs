@@ -1,7 +1,7 @@
 //! The store a gateway guards with, built in this one place for the proxy
 //! and the in-process layer alike, so that its type says what it is.
 
-use super::{FaultHandle, Faulty, Latencies, ReadFallback, Store, Timed};
+use super::{CallListener, FaultHandle, Faulty, Latencies, ReadFallback, Store, Timed};
 use std::sync::Arc;
 
 /// The backend, whose refused claims of live keys are answered from a read
@@ -12,10 +12,14 @@ use std::sync::Arc;
 pub type Stack = Timed<Faulty<ReadFallback<Arc<dyn Store>>>>;
 
 /// Builds the [`Stack`] over `backend`: no fault set yet, operations timed
-/// into `latencies`.
-pub fn stack(backend: Arc<dyn Store>, latencies: Latencies) -> Stack {
+/// into `latencies` and told to `listener`.
+pub fn stack(
+    backend: Arc<dyn Store>,
+    latencies: Latencies,
+    listener: Option<Arc<dyn CallListener>>,
+) -> Stack {
     let (faulty, _faults) = Faulty::new(ReadFallback::new(backend));
-    Timed::new(faulty, latencies)
+    Timed::new(faulty, latencies, listener)
 }
 
 impl Stack {
@@ -25,6 +29,6 @@ impl Stack {
     }
 
     pub fn latencies(&self) -> &Latencies {
-        self.hook()
+        self.hook().latencies()
     }
 }

@@ -1,6 +1,7 @@
 //! Timing as a hook: `Timed<S>` records how long each atomic operation of
 //! `S` took into its [`Latencies`], which the gateway's stats and metrics
-//! read as percentiles.
+//! read as percentiles, and tells a [`CallListener`] (the gateway's
+//! observer: failure logs, a key's history, trace spans) of each call.
 
 use super::hooked::{Hook, Hooked};
 use super::{Op, Store, StoreError};
@@ -62,22 +63,52 @@ impl Latencies {
     }
 }
 
-impl Hook for Latencies {
+/// Hears of every atomic call of a [`Timed`] store once it is over: which
+/// operation, on which key, how long it took and whether it failed. It runs
+/// on the caller's thread, inside the call's trace context.
+pub trait CallListener: Send + Sync + 'static {
+    fn called(&self, op: Op, key: &str, took: Duration, outcome: Result<(), &StoreError>);
+}
+
+/// The hook of a [`Timed`] store: where its timings go, and who hears of
+/// each call.
+#[derive(Clone)]
+pub struct Timing {
+    latencies: Latencies,
+    listener: Option<Arc<dyn CallListener>>,
+}
+
+impl Timing {
+    pub fn latencies(&self) -> &Latencies {
+        &self.latencies
+    }
+}
+
+impl Hook for Timing {
     const TIMES: bool = true;
 
-    fn after(&self, _op: Op, took: Option<Duration>, _outcome: Result<(), &StoreError>) {
-        if let Some(took) = took {
-            self.record(took);
+    fn after(&self, op: Op, key: &str, took: Option<Duration>, outcome: Result<(), &StoreError>) {
+        let Some(took) = took else { return };
+        self.latencies.record(took);
+        if let Some(listener) = &self.listener {
+            listener.called(op, key, took, outcome);
         }
     }
 }
 
-/// A store whose atomic operations are timed into [`Latencies`].
-pub type Timed<S> = Hooked<S, Latencies>;
+/// A store whose atomic operations are timed into [`Latencies`] and told to
+/// a [`CallListener`].
+pub type Timed<S> = Hooked<S, Timing>;
 
 impl<S: Store> Timed<S> {
-    pub fn new(inner: S, latencies: Latencies) -> Self {
-        Hooked::wrap(inner, latencies)
+    pub fn new(inner: S, latencies: Latencies, listener: Option<Arc<dyn CallListener>>) -> Self {
+        Hooked::wrap(
+            inner,
+            Timing {
+                latencies,
+                listener,
+            },
+        )
     }
 }
 

@@ -30,6 +30,9 @@ const KEY_INFO: &[&str] = &[
     "fingerprint",
     "status",
     "replays",
+    // Issue 47: who holds the claim.
+    "holder",
+    "held_here",
 ];
 const KEY_PAGE: &[&str] = &["now_ms", "keys", "next", "total"];
 const STORED_RESPONSE: &[&str] = &[
@@ -53,6 +56,7 @@ const STATS: &[&str] = &[
     "clock",
     "store_connection",
     "slots",
+    "gateway",
 ];
 const CLOCK: &[&str] = &[
     "authority",
@@ -64,6 +68,8 @@ const CLOCK: &[&str] = &[
 const STORE_CONNECTION: &[&str] = &["state", "since_ms", "attempts", "last_error"];
 const SLOTS: &[&str] = &["guarded", "unguarded"];
 const SLOT_USE: &[&str] = &["in_use", "limit", "refused"];
+const GATEWAY_INFO: &[&str] = &["name", "listen", "version"];
+const KEY_HISTORY: &[&str] = &["key", "events", "kept", "since_ms"];
 const OUTCOMES: &[&str] = &[
     "executed",
     "replayed",
@@ -84,7 +90,15 @@ const PURGE: &[&str] = &[
     "every_ms",
 ];
 const PROBLEM: &[&str] = &["type", "title", "status", "detail"];
-const DECISION_EVENT: &[&str] = &["ts_ms", "key", "outcome", "status", "latency_us", "detail"];
+const DECISION_EVENT: &[&str] = &[
+    "ts_ms",
+    "key",
+    "outcome",
+    "status",
+    "latency_us",
+    "detail",
+    "fence",
+];
 const FAULT_EVENT: &[&str] = &[
     "ts_ms",
     "op",
@@ -93,7 +107,19 @@ const FAULT_EVENT: &[&str] = &[
     "probability",
     "count",
     "message",
+    "by",
 ];
+const ADMIN_EVENT: &[&str] = &["ts_ms", "action", "key", "by", "fence", "version"];
+
+/// The fields of the event named `name`.
+fn event_fields(name: &str) -> &'static [&'static str] {
+    match name {
+        "decision" => DECISION_EVENT,
+        "fault" => FAULT_EVENT,
+        "admin" => ADMIN_EVENT,
+        other => panic!("an event this test does not expect: {other}"),
+    }
+}
 
 fn fields(value: &Value) -> BTreeSet<&str> {
     value
@@ -278,6 +304,25 @@ async fn every_admin_answer_decodes_into_the_contract_with_todays_fields() {
     let (status, deleted) = admin(&h, "DELETE", "/v1/keys/anon%2Fcontract-held", "").await;
     assert_eq!((status, deleted), (204, Value::Null));
 
+    // A key's history: its decisions, the fault change made meanwhile and
+    // the operator's expiry, each event tagged with its name.
+    let (status, history) = admin(&h, "GET", "/v1/keys/anon%2Fcontract-done/history", "").await;
+    assert_eq!(status, 200);
+    assert_fields(&history, KEY_HISTORY);
+    for event in history["events"].as_array().unwrap() {
+        let name = event["event"].as_str().unwrap();
+        let mut expected = event_fields(name).to_vec();
+        expected.push("event");
+        assert_fields(event, &expected);
+    }
+    let history: api::KeyHistory = decode(&history);
+    let names: Vec<&str> = history.events.iter().map(api::Event::name).collect();
+    assert_eq!(
+        names,
+        ["decision", "decision", "fault", "admin"],
+        "{history:?}"
+    );
+
     // Stats.
     let (status, stats) = admin(&h, "GET", "/v1/stats", "").await;
     assert_eq!(status, 200);
@@ -288,6 +333,7 @@ async fn every_admin_answer_decodes_into_the_contract_with_todays_fields() {
     assert_fields(&stats["store_latency_us"], LATENCY);
     assert_fields(&stats["pool"], POOL);
     assert_fields(&stats["clock"], CLOCK);
+    assert_fields(&stats["gateway"], GATEWAY_INFO);
     if !stats["purge"].is_null() {
         assert_fields(&stats["purge"], PURGE);
     }
@@ -328,14 +374,7 @@ async fn every_admin_answer_decodes_into_the_contract_with_todays_fields() {
         let (head, data) = event.split_once("\ndata: ").unwrap();
         let name = head.strip_prefix("event: ").unwrap();
         let json: Value = serde_json::from_str(data).unwrap();
-        assert_fields(
-            &json,
-            if name == "decision" {
-                DECISION_EVENT
-            } else {
-                FAULT_EVENT
-            },
-        );
+        assert_fields(&json, event_fields(name));
         let event = api::Event::decode(name, data)
             .unwrap_or_else(|| panic!("event {name} does not decode: {data}"));
         assert_eq!(event.name(), name);

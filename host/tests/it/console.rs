@@ -167,6 +167,10 @@ fn console_at_80x24_tells_two_clients_apart_searches_and_flips_the_insert_fault(
         "{screen}"
     );
     tmux.keys(&["e"]);
+    tmux.wait_for("the draft, not applied", |s| {
+        s.contains("not applied: Enter applies it")
+    });
+    tmux.keys(&["Enter"]);
     tmux.wait_for("the insert fault on", |s| s.contains("insert → error"));
     let mut n = 100;
     let mut statuses = Vec::new();
@@ -197,6 +201,77 @@ fn console_at_80x24_tells_two_clients_apart_searches_and_flips_the_insert_fault(
         2
     );
 
+    tmux.quit();
+}
+
+/// The scripted sequence on one key, seen as an operator at 80×24 sees it:
+/// the key held by a claim no one runs after a lost reply (the detail pane
+/// says so), released from the console, taken over by the retry; then its
+/// history, opened from its row, tells the whole story newest last.
+#[test]
+fn at_80x24_a_keys_history_tells_the_scripted_sequence() {
+    let (_ledger, _serve, proxy, admin) = serve(&["--name", "gw-1"]);
+    let key = idem_harness::unique("h");
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    let statuses = runtime.block_on(crate::observe::script_to_503(proxy, admin, &key));
+    assert_eq!(statuses, crate::observe::SCRIPTED[..6]);
+
+    let tmux = console("history", "", admin);
+    tmux.wait_for("the console", |s| s.contains("● connected"));
+    let own = key.split_once('-').unwrap().1; // the search matches inside the key
+    tmux.keys(&["/", own, "Enter"]);
+    tmux.wait_for("the key found", |s| {
+        key_cells(s).len() == 1 && s.contains("PROCESSING")
+    });
+    // Held, but not by a request of this gateway: the reply was lost.
+    tmux.keys(&["Enter"]);
+    tmux.wait_for("who holds the key", |s| {
+        s.contains("holder") && s.contains("another host's, or no one's (not run here)")
+    });
+    tmux.keys(&["r"]);
+    tmux.wait_for_text("Release the lease of");
+    tmux.keys(&["y"]);
+    tmux.wait_for("the release", |s| s.contains("released the lease of"));
+    assert_eq!(runtime.block_on(crate::observe::place(proxy, &key, 1)), 201);
+
+    tmux.keys(&["Escape", "h"]);
+    let labels = [
+        "NEW KEY",
+        "REPLAY",
+        "CONFLICT",
+        "EXPIRE",
+        "FAULT",
+        "STORE ERROR",
+        "UNAVAILABLE",
+        "RELEASE",
+        "TAKEOVER",
+    ];
+    let screen = tmux.wait_for("the key's history", |s| {
+        s.contains("History") && labels.iter().all(|l| s.contains(l))
+    });
+    let rows: Vec<usize> = labels
+        .iter()
+        .map(|l| screen.lines().position(|row| row.contains(l)).unwrap())
+        .collect();
+    assert!(
+        rows.windows(2).all(|w| w[0] < w[1]),
+        "newest last:\n{screen}"
+    );
+    assert!(screen.contains("9 events"), "{screen}");
+    assert!(screen.contains("insert: 1*lost"), "the fault: {screen}");
+    assert!(screen.contains(" 503 "), "{screen}");
+    assert!(
+        screen.contains("(injected; the operation was applied)"),
+        "the 503's reason, whole: {screen}"
+    );
+    assert!(
+        screen
+            .lines()
+            .filter(|l| l.contains("by an operator at 127.0.0.1:"))
+            .count()
+            == 2,
+        "the expiry and the release, with who did them: {screen}"
+    );
     tmux.quit();
 }
 

@@ -446,7 +446,13 @@ struct SlowInserts {
 }
 
 impl Hook for SlowInserts {
-    fn after(&self, op: Op, _took: Option<Duration>, _outcome: Result<(), &StoreError>) {
+    fn after(
+        &self,
+        op: Op,
+        _key: &str,
+        _took: Option<Duration>,
+        _outcome: Result<(), &StoreError>,
+    ) {
         if op == Op::Insert {
             self.clock.advance(Duration::from_millis(self.slow_ms));
         }

@@ -5,6 +5,7 @@
 
 mod admin_contract;
 mod admin_token;
+mod cli;
 mod clock;
 mod cluster;
 mod conformance;
@@ -18,6 +19,7 @@ mod ledger;
 mod metrics;
 mod model;
 mod netstores;
+mod observe;
 mod proxy;
 mod readme;
 mod sandbox;
@@ -27,4 +29,5 @@ mod sqlite;
 mod stays_up;
 mod store_open;
 mod support;
+mod traces;
 mod upgrade;

@@ -9,7 +9,8 @@
 //!   test shares with others;
 //! - [`server_url`]: the URL of a test server; a test without one fails unless skipping is asked for;
 //! - [`spawn_bound`]: a server process started on port 0, and the ports it
-//!   says it bound; [`Proc`] kills it on drop.
+//!   says it bound; [`Proc`] kills it on drop; [`spawn_logged`] keeps its
+//!   stderr lines too ([`Lines`]).
 //!
 //! ```
 //! let a = idem_harness::unique("order");
@@ -20,7 +21,7 @@
 mod process;
 mod tmux;
 
-pub use process::{Proc, spawn_bound};
+pub use process::{Lines, Proc, spawn_bound, spawn_logged};
 pub use tmux::Tmux;
 
 use std::sync::atomic::{AtomicUsize, Ordering};

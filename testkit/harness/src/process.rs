@@ -3,7 +3,7 @@
 
 use std::io::{BufRead, BufReader};
 use std::process::{Child, Command, Stdio};
-use std::sync::mpsc;
+use std::sync::{Arc, Mutex, PoisonError, mpsc};
 use std::time::{Duration, Instant};
 
 /// How long [`spawn_bound`] waits for the lines: a debug build of `idem`
@@ -42,9 +42,58 @@ impl Drop for Proc {
 ///
 /// Panics, naming the command and the line, if the process does not print
 /// each line within 90 s.
-pub fn spawn_bound<const N: usize>(
+pub fn spawn_bound<const N: usize>(command: Command, lines: [&'static str; N]) -> (Proc, [u16; N]) {
+    spawn(command, lines, None)
+}
+
+/// Every stderr line of a process started by [`spawn_logged`], as they
+/// come. Clones share them.
+#[derive(Clone, Default)]
+pub struct Lines(Arc<Mutex<Vec<String>>>);
+
+impl Lines {
+    /// The lines so far.
+    pub fn all(&self) -> Vec<String> {
+        self.0
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+    }
+
+    /// The lines, once `pred` holds on them; fails after 40 s, showing them
+    /// and naming `what` was awaited.
+    pub fn wait_for(&self, what: &str, pred: impl Fn(&[String]) -> bool) -> Vec<String> {
+        let deadline = Instant::now() + Duration::from_secs(40);
+        loop {
+            let lines = self.all();
+            if pred(&lines) {
+                return lines;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "timed out waiting for {what}; the lines:\n{}",
+                lines.join("\n")
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+}
+
+/// [`spawn_bound`], keeping every stderr line for the caller to read (a
+/// test of what a server logs).
+pub fn spawn_logged<const N: usize>(
+    command: Command,
+    lines: [&'static str; N],
+) -> (Proc, [u16; N], Lines) {
+    let kept = Lines::default();
+    let (proc, ports) = spawn(command, lines, Some(kept.clone()));
+    (proc, ports, kept)
+}
+
+fn spawn<const N: usize>(
     mut command: Command,
     lines: [&'static str; N],
+    kept: Option<Lines>,
 ) -> (Proc, [u16; N]) {
     let mut child = command
         .stdout(Stdio::null())
@@ -66,6 +115,12 @@ pub fn spawn_bound<const N: usize>(
                 }
             }
             eprintln!("{line}");
+            if let Some(kept) = &kept {
+                kept.0
+                    .lock()
+                    .unwrap_or_else(PoisonError::into_inner)
+                    .push(line);
+            }
         }
     });
     let deadline = Instant::now() + BIND_TIMEOUT;

@@ -38,6 +38,9 @@ impl Process {
         if let Some(clock) = clock {
             clock.apply(&mut command);
         }
+        // A gateway logs a line per request at info: thousands a second
+        // here, on the soak's own stderr. Its warnings (store failures) stay.
+        command.env("RUST_LOG", "warn");
         let child = command
             .spawn()
             .with_context(|| format!("start idem {}", args.join(" ")))?;

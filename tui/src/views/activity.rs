@@ -1,13 +1,15 @@
 //! The activity view: outcomes per second, store latency, and the decision
-//! log, which scrolls and pauses. The faults view shows the log's tail too.
+//! log, which scrolls, pauses, shows one kind of line (`f`) and opens its
+//! bottom line in full (`Enter`: the whole key, every field, the whole
+//! reason). The faults view shows the log's tail too.
 
 // Rates are shown to a tenth: a float there loses nothing anyone could see.
 #![allow(clippy::cast_precision_loss, clippy::cast_sign_loss)]
 
-use crate::api::{DecisionEvent, FaultEvent, Outcome, Outcomes, Stats};
-use crate::format::{clock, micros, truncate_middle};
+use crate::api::{Event, Outcome, Outcomes, Stats};
+use crate::format::{clock, date_time, micros, truncate_middle, truncate_words, wrap};
 use crate::keymap::{Binding, also, bind};
-use crate::theme::{BOLD, DIM, LABEL, block, fault_style, outcome_style};
+use crate::theme::{ALERT, BOLD, DIM, LABEL, SELECTED, block, fault_style, outcome_style};
 use crate::views::keys::split_key;
 use crossterm::event::KeyCode;
 use ratatui::buffer::Buffer;
@@ -32,6 +34,11 @@ pub enum ActivityAction {
     Oldest,
     Follow,
     Pause,
+    /// The next kind of line to show only.
+    NextFilter,
+    /// Opens (or closes) the bottom line in full.
+    Expand,
+    Collapse,
 }
 
 use ActivityAction as A;
@@ -47,17 +54,63 @@ pub const BINDINGS: &[Binding<ActivityAction>] = &[
     bind(&[K::Home, K::Char('g')], A::Oldest, "g / G", "oldest / newest (follow)"),
     also(&[K::End, K::Char('G')], A::Follow),
     bind(&[K::Char('p'), K::Char(' ')], A::Pause, "p Space", "pause / follow the log"),
+    bind(&[K::Char('f')], A::NextFilter, "f", "show one kind of line"),
+    bind(&[K::Enter], A::Expand, "Enter / Esc", "line in full / close"),
+    also(&[K::Esc], A::Collapse),
     bind(&[K::Char('c')], A::ClearLog, "c", "clear the decision log"),
 ];
 
-pub const HINTS: &str = "↑↓ scroll · p pause · G follow · c clear log · ? help · q quit ";
+pub const HINTS: &str = "↑↓ scroll · f filter · Enter full line · p pause · G follow · ? help ";
 
-/// One line of the decision log.
-#[derive(Clone, Debug, PartialEq)]
-pub enum LogLine {
-    Decision(DecisionEvent),
-    Fault(FaultEvent),
+/// Which lines the log shows.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum LogFilter {
+    #[default]
+    All,
+    /// Decisions with this outcome.
+    Outcome(Outcome),
+    /// Operators' actions and fault changes.
+    Operators,
+    /// Store errors and lease renewals.
+    Store,
 }
+
+impl LogFilter {
+    /// In the order `f` goes through them.
+    pub const ALL: [LogFilter; 9] = [
+        LogFilter::All,
+        LogFilter::Outcome(Outcome::Executed),
+        LogFilter::Outcome(Outcome::Replayed),
+        LogFilter::Outcome(Outcome::InFlight),
+        LogFilter::Outcome(Outcome::Conflict),
+        LogFilter::Outcome(Outcome::Unavailable),
+        LogFilter::Outcome(Outcome::Invalid),
+        LogFilter::Operators,
+        LogFilter::Store,
+    ];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            LogFilter::All => "all",
+            LogFilter::Outcome(o) => o.as_str(),
+            LogFilter::Operators => "operators and faults",
+            LogFilter::Store => "store errors and renewals",
+        }
+    }
+
+    pub fn shows(self, line: &LogLine) -> bool {
+        match (self, line) {
+            (LogFilter::All, _)
+            | (LogFilter::Operators, LogLine::Admin(_) | LogLine::Fault(_))
+            | (LogFilter::Store, LogLine::StoreError(_) | LogLine::Renewal(_)) => true,
+            (LogFilter::Outcome(o), LogLine::Decision(d)) => d.outcome == o,
+            _ => false,
+        }
+    }
+}
+
+/// One line of the decision log: any event of the stream.
+pub type LogLine = Event;
 
 /// The decision log: the newest [`LOG_LINES`], and where the operator reads.
 #[derive(Clone, Debug, Default, PartialEq)]
@@ -69,6 +122,10 @@ pub struct Log {
     pub paused: bool,
     /// Lines that arrived while the operator was not following.
     pub unseen: usize,
+    /// Which lines show; `back` counts only those.
+    pub filter: LogFilter,
+    /// Whether the bottom line on screen shows in full, under the log.
+    pub expanded: bool,
 }
 
 impl Log {
@@ -76,19 +133,32 @@ impl Log {
         if self.lines.len() == LOG_LINES {
             self.lines.pop_front();
         }
+        let shown = self.filter.shows(&line);
         self.lines.push_back(line);
-        if self.back > 0 || self.paused {
-            self.back = (self.back + 1).min(self.lines.len().saturating_sub(1));
+        if shown && (self.back > 0 || self.paused || self.expanded) {
+            self.back = (self.back + 1).min(self.shown().len().saturating_sub(1));
             self.unseen += 1;
         }
     }
 
+    /// The lines the filter shows, oldest first.
+    pub fn shown(&self) -> Vec<&LogLine> {
+        self.lines.iter().filter(|l| self.filter.shows(l)).collect()
+    }
+
+    /// The line at the bottom of the screen: the one `Enter` opens.
+    pub fn selected(&self) -> Option<&LogLine> {
+        let shown = self.shown();
+        let at = shown.len().checked_sub(1 + self.back)?;
+        shown.get(at).copied()
+    }
+
     fn following(&self) -> bool {
-        self.back == 0 && !self.paused
+        self.back == 0 && !self.paused && !self.expanded
     }
 
     fn scroll(&mut self, up: isize) {
-        let max = self.lines.len().saturating_sub(1);
+        let max = self.shown().len().saturating_sub(1);
         self.back = self.back.saturating_add_signed(up).min(max);
         if self.back == 0 && !self.paused {
             self.unseen = 0;
@@ -134,6 +204,18 @@ impl ActivityView {
                     log.scroll(isize::MIN);
                 }
             }
+            A::NextFilter => {
+                let i = LogFilter::ALL
+                    .iter()
+                    .position(|f| *f == log.filter)
+                    .unwrap_or(0);
+                log.filter = LogFilter::ALL[(i + 1) % LogFilter::ALL.len()];
+                log.back = 0;
+                log.unseen = 0;
+            }
+            // While a line is open, the log holds still under it.
+            A::Expand => log.expanded = !log.expanded && log.selected().is_some(),
+            A::Collapse => log.expanded = false,
         }
     }
 
@@ -254,44 +336,151 @@ impl ActivityView {
     }
 }
 
-fn log_line(line: &LogLine) -> Line<'static> {
+/// A store key as the log shows it: the client's own key, tagged with its
+/// scope's start.
+fn short_key(store_key: &str) -> String {
+    let (scope, key) = split_key(store_key);
+    let label = if scope.is_empty() {
+        key.to_owned()
+    } else {
+        format!("{} {key}", scope.chars().take(4).collect::<String>())
+    };
+    truncate_middle(&label, 24)
+}
+
+/// One line of the log, `width` cells wide: a reason that does not fit is
+/// cut at a word's end, marked `…` (`Enter` shows it whole).
+fn log_line(line: &LogLine, width: usize) -> Line<'static> {
+    let time = Span::styled(clock(line.ts_ms()), DIM);
+    let tag = |text: &str, style: Style| Span::styled(format!(" {text:<11}"), style);
+    // What the time, the tag and a key take: 12 + 12 + 25.
+    let rest = |used: usize, text: &str| -> Span<'static> {
+        Span::raw(truncate_words(text, width.saturating_sub(used)))
+    };
     match line {
         LogLine::Decision(d) => {
-            // The client's own key, tagged with its scope's start.
-            let (scope, key) = split_key(&d.key);
-            let label = if scope.is_empty() {
-                key.to_owned()
-            } else {
-                format!("{} {key}", scope.chars().take(4).collect::<String>())
-            };
-            Line::from(vec![
-                Span::styled(clock(d.ts_ms), DIM),
-                " ".into(),
-                Span::styled(
-                    format!("{:<11}", d.outcome.as_str().to_uppercase()),
-                    outcome_style(d.outcome),
-                ),
-                Span::raw(format!(" {:<24}", truncate_middle(&label, 24))),
+            let mut spans = vec![
+                time,
+                tag(&d.outcome.as_str().to_uppercase(), outcome_style(d.outcome)),
+                Span::raw(format!(" {:<24}", short_key(&d.key))),
                 Span::raw(d.status.map_or("   —".to_owned(), |s| format!(" {s:>3}"))),
                 Span::styled(format!(" {:>8}", micros(d.latency_us)), DIM),
-                Span::raw(
-                    d.detail
-                        .as_ref()
-                        .map(|t| format!("  {t}"))
-                        .unwrap_or_default(),
-                ),
-            ])
+            ];
+            if let Some(detail) = &d.detail {
+                spans.push(rest(12 + 12 + 25 + 4 + 9 + 2, &format!("  {detail}")));
+            }
+            Line::from(spans)
         }
+        LogLine::Admin(a) => Line::from(vec![
+            time,
+            tag(
+                &a.action.as_str().to_uppercase(),
+                Style::new()
+                    .fg(Color::LightBlue)
+                    .add_modifier(Modifier::BOLD),
+            ),
+            Span::raw(format!(" {:<24}", short_key(&a.key))),
+            rest(12 + 12 + 25, &format!(" by {} (operator)", a.by)),
+        ]),
+        LogLine::Renewal(r) => Line::from(vec![
+            time,
+            tag("RENEWAL", Style::new().fg(Color::Yellow)),
+            Span::raw(format!(" {:<24}", short_key(&r.key))),
+            Span::styled(" lease renewed", DIM),
+        ]),
+        LogLine::StoreError(e) => Line::from(vec![
+            time,
+            tag("STORE ERROR", ALERT),
+            Span::raw(format!(" {:<24}", short_key(&e.key))),
+            rest(12 + 12 + 25, &format!(" {}: {}", e.op, e.error)),
+        ]),
         LogLine::Fault(f) => Line::from(vec![
-            Span::styled(clock(f.ts_ms), DIM),
-            " ".into(),
-            Span::styled(
-                format!("{:<11}", "FAULT"),
+            time,
+            tag(
+                "FAULT",
                 fault_style(f.rule.kind).add_modifier(Modifier::REVERSED),
             ),
-            Span::raw(format!(" {} → {}", f.op, f.rule)),
+            rest(
+                12 + 12,
+                &format!(
+                    " {} → {}{}",
+                    f.op,
+                    f.rule,
+                    f.by.as_deref()
+                        .map_or(String::new(), |by| format!(" (by {by})"))
+                ),
+            ),
         ]),
     }
+}
+
+/// A line in full: every field, the whole key and the whole text, wrapped
+/// to `width`.
+fn full_lines(line: &LogLine, width: usize) -> Vec<Line<'static>> {
+    let field = |name: &str, value: String| -> Vec<Line<'static>> {
+        wrap(&value, width.saturating_sub(10))
+            .into_iter()
+            .enumerate()
+            .map(|(i, part)| {
+                let label = if i == 0 { name } else { "" };
+                Line::from(vec![
+                    Span::styled(format!("{label:<10}"), LABEL),
+                    Span::raw(part),
+                ])
+            })
+            .collect()
+    };
+    let mut lines = field("at", format!("{} UTC", date_time(line.ts_ms())));
+    match line {
+        LogLine::Decision(d) => {
+            let status = d.status.map_or("—".to_owned(), |s| s.to_string());
+            let fence = d.fence.map_or(String::new(), |f| format!(" · fence {f}"));
+            lines.extend(field(
+                "decision",
+                format!(
+                    "{} · status {status} · {}{fence}",
+                    d.outcome.as_str(),
+                    micros(d.latency_us)
+                ),
+            ));
+            lines.extend(field("key", d.key.clone()));
+            if let Some(detail) = &d.detail {
+                lines.extend(field("reason", detail.clone()));
+            }
+        }
+        LogLine::Admin(a) => {
+            lines.extend(field(
+                "action",
+                format!("{} (an operator)", a.action.as_str()),
+            ));
+            lines.extend(field("key", a.key.clone()));
+            lines.extend(field("by", a.by.clone()));
+            lines.extend(field(
+                "before",
+                format!("fence {}, version {}", a.fence, a.version),
+            ));
+        }
+        LogLine::Renewal(r) => {
+            lines.extend(field(
+                "renewal",
+                "the lease of a claim this gateway runs".into(),
+            ));
+            lines.extend(field("key", r.key.clone()));
+        }
+        LogLine::StoreError(e) => {
+            lines.extend(field("store", format!("{} failed", e.op)));
+            lines.extend(field("key", e.key.clone()));
+            lines.extend(field("error", e.error.clone()));
+        }
+        LogLine::Fault(f) => {
+            lines.extend(field("fault", format!("{} → {}", f.op, f.rule)));
+            lines.extend(field(
+                "by",
+                f.by.clone().unwrap_or_else(|| "in process".to_owned()),
+            ));
+        }
+    }
+    lines
 }
 
 impl Widget for &Log {
@@ -300,8 +489,20 @@ impl Widget for &Log {
             Span::styled(" Decisions ", BOLD),
             Span::styled("· newest last ", DIM),
         ];
+        if self.filter != LogFilter::All {
+            title.push(Span::styled(
+                format!("· only {} (f) ", self.filter.name()),
+                Style::new().fg(Color::Cyan).add_modifier(Modifier::BOLD),
+            ));
+        }
         if !self.following() {
-            let state = if self.paused { "paused" } else { "scrolled" };
+            let state = if self.expanded {
+                "held open"
+            } else if self.paused {
+                "paused"
+            } else {
+                "scrolled"
+            };
             title.push(Span::styled(
                 format!("· {state}, {} new · G follows ", self.unseen),
                 Style::new().fg(Color::Yellow).add_modifier(Modifier::BOLD),
@@ -310,14 +511,45 @@ impl Widget for &Log {
         let outer = block(Line::from(title));
         let inner = outer.inner(area);
         outer.render(area, buf);
-        let rows = usize::from(inner.height);
-        let end = self.lines.len().saturating_sub(self.back);
+        let width = usize::from(inner.width);
+        // The open line takes the bottom of the log, leaving two lines above.
+        let log_area = match self.selected().filter(|_| self.expanded) {
+            Some(line) => {
+                let full = full_lines(line, width);
+                let height = (full.len() as u16 + 1).min(inner.height.saturating_sub(2));
+                let [log_area, full_area] =
+                    Layout::vertical([Constraint::Min(0), Constraint::Length(height)]).areas(inner);
+                let mut text = vec![Line::from(Span::styled("─".repeat(width), DIM))];
+                text.extend(full);
+                Paragraph::new(text).render(full_area, buf);
+                log_area
+            }
+            None => inner,
+        };
+        let shown = self.shown();
+        let rows = usize::from(log_area.height);
+        let back = self.back.min(shown.len().saturating_sub(1));
+        let end = shown.len().saturating_sub(back);
         let start = end.saturating_sub(rows);
-        let lines: Vec<Line> = self.lines.range(start..end).map(log_line).collect();
+        let mut lines: Vec<Line> = shown[start..end]
+            .iter()
+            .map(|line| log_line(line, width))
+            .collect();
+        // The line Enter opens is marked while the log is not following.
+        if !self.following()
+            && let Some(last) = lines.last_mut()
+        {
+            *last = std::mem::take(last).patch_style(SELECTED);
+        }
         if lines.is_empty() {
-            Line::from(Span::styled("no decisions yet", DIM)).render(inner, buf);
+            let why = if self.lines.is_empty() {
+                "no decisions yet".to_owned()
+            } else {
+                format!("no {} lines yet (f shows another kind)", self.filter.name())
+            };
+            Line::from(Span::styled(why, DIM)).render(log_area, buf);
         } else {
-            Paragraph::new(lines).render(inner, buf);
+            Paragraph::new(lines).render(log_area, buf);
         }
     }
 }

@@ -1,5 +1,9 @@
 //! The faults view: the store decorator's rule for each operation, edited
-//! from the keyboard and sent at once.
+//! from the keyboard. A change is a draft until `Enter` applies it (`Esc`
+//! discards it), so a rule goes live whole — its count and probability set —
+//! never half-made on its first key press. Turning a fault off (`o`, or
+//! `Space` on a fault that is on) applies at once: taking a fault away is
+//! always safe. A whole rule typed with `R` applies on its own `Enter`.
 //!
 //! ```
 //! use idem_tui::api::Op;
@@ -46,6 +50,10 @@ pub enum FaultsAction {
     EditMessage,
     /// The whole rule as text, in the grammar the gateway parses.
     EditRule,
+    /// Sends the draft.
+    Apply,
+    /// Drops the draft.
+    Discard,
 }
 
 use FaultsAction as A;
@@ -75,6 +83,8 @@ pub const BINDINGS: &[Binding<FaultsAction>] = &[
     bind(&[K::Char('C')], A::EditCount, "C / M", "type count / message"),
     also(&[K::Char('M')], A::EditMessage),
     bind(&[K::Char('R')], A::EditRule, "R", "type the whole rule"),
+    bind(&[K::Enter], A::Apply, "Enter / Esc", "apply / drop the draft"),
+    also(&[K::Esc], A::Discard),
 ];
 
 /// Each fault kind with the key that sets it, in the key table's order:
@@ -87,7 +97,7 @@ fn kind_keys() -> impl Iterator<Item = (char, FaultKind)> {
 }
 
 pub const HINTS: &str =
-    "o e t d l kind · Space on/off · +- latency · [] prob · <> count · ? help · q quit ";
+    "o e t d l kind · +- latency · [] prob · <> count · Enter apply · Esc discard · ? help ";
 
 const INJECTED_BY: &str = "injected by idem-tui";
 
@@ -96,6 +106,8 @@ pub struct FaultsView {
     pub current: Faults,
     pub loaded: bool,
     pub selected: usize,
+    /// A rule being made for an operation, not sent until `Enter`.
+    pub draft: Option<(Op, FaultRule)>,
 }
 
 impl Default for FaultsView {
@@ -105,6 +117,7 @@ impl Default for FaultsView {
             loaded: false,
             // Opens on insert: the operation every claim goes through.
             selected: op_index(Op::Insert),
+            draft: None,
         }
     }
 }
@@ -118,97 +131,73 @@ impl FaultsView {
         Op::ALL[self.selected.min(Op::ALL.len() - 1)]
     }
 
+    /// The rule shown for `op`: its draft, or the rule in force.
+    pub fn shown(&self, op: Op) -> &FaultRule {
+        match &self.draft {
+            Some((draft_op, rule)) if *draft_op == op => rule,
+            _ => self.current.faults.rule(op),
+        }
+    }
+
     pub fn update(&mut self, action: FaultsAction) -> Effects {
         let last = Op::ALL.len() - 1;
         let op = self.selected_op();
-        let rule = self.current.faults.rule(op).clone();
+        let rule = self.shown(op).clone();
         if let Some(why) = pointless(action, op, &rule) {
             return Effects::say(why, Severity::Error);
         }
+        let moved = |view: &mut FaultsView, to: usize| {
+            if to == view.selected {
+                return Effects::none();
+            }
+            view.selected = to;
+            match view.draft.take() {
+                Some((op, rule)) => Effects::say(
+                    format!("{op}: draft {rule} discarded (not applied)"),
+                    Severity::Error,
+                ),
+                None => Effects::none(),
+            }
+        };
         match action {
-            A::Up => self.selected = self.selected.saturating_sub(1),
-            A::Down => self.selected = (self.selected + 1).min(last),
-            A::Home => self.selected = 0,
-            A::End => self.selected = last,
-            A::SetKind(kind) => {
-                return self.edit(|rule| {
-                    rule.kind = kind;
-                    if kind.uses_latency() && rule.latency_ms == 0 {
-                        rule.latency_ms = 500;
-                    }
-                    if kind == FaultKind::Error && rule.message.is_empty() {
-                        rule.message = INJECTED_BY.into();
-                    }
-                });
-            }
-            A::Toggle => {
-                return self.edit(|rule| {
-                    rule.kind = if rule.kind == FaultKind::Off {
-                        FaultKind::Error
-                    } else {
-                        FaultKind::Off
-                    };
-                    if rule.kind == FaultKind::Error && rule.message.is_empty() {
-                        rule.message = INJECTED_BY.into();
-                    }
-                });
-            }
-            A::LatencyUp => {
-                return self.edit(|r| r.latency_ms = (r.latency_ms + 100).min(MAX_LATENCY_MS));
-            }
-            A::LatencyDown => {
-                return self.edit(|r| r.latency_ms = r.latency_ms.saturating_sub(100));
-            }
-            A::ProbabilityUp => {
-                return self.edit(|r| {
-                    r.probability = (((r.probability * 10.0).round() + 1.0) / 10.0).min(1.0);
-                });
-            }
-            A::ProbabilityDown => {
-                return self.edit(|r| {
-                    r.probability = (((r.probability * 10.0).round() - 1.0) / 10.0).max(0.0);
-                });
-            }
-            A::CountUp => return self.edit(|r| r.count = Some(r.count.map_or(1, |n| n + 1))),
-            A::CountDown => {
-                return self.edit(|r| {
-                    r.count = match r.count {
-                        None | Some(0 | 1) => None,
-                        Some(n) => Some(n - 1),
-                    };
-                });
-            }
+            A::Up => moved(self, self.selected.saturating_sub(1)),
+            A::Down => moved(self, (self.selected + 1).min(last)),
+            A::Home => moved(self, 0),
+            A::End => moved(self, last),
+            A::Apply => self.apply(),
+            A::Discard => match self.draft.take() {
+                Some((op, rule)) => {
+                    Effects::say(format!("{op}: draft {rule} discarded"), Severity::Info)
+                }
+                None => Effects::none(),
+            },
             A::EditLatency => {
-                return Effects::prompt(Input::new(
-                    Field::Latency(op),
-                    rule.latency_ms.to_string(),
-                ));
+                Effects::prompt(Input::new(Field::Latency(op), rule.latency_ms.to_string()))
             }
-            A::EditProbability => {
-                return Effects::prompt(Input::new(
-                    Field::Probability(op),
-                    percent(rule.probability),
-                ));
-            }
-            A::EditCount => {
-                return Effects::prompt(Input::new(
-                    Field::Count(op),
-                    rule.count.map_or("unlimited".to_owned(), |n| n.to_string()),
-                ));
-            }
-            A::EditMessage => {
-                return Effects::prompt(Input::new(Field::Message(op), rule.message));
-            }
-            A::EditRule => {
-                return Effects::prompt(Input::new(Field::Rule(op), rule.to_string()));
-            }
+            A::EditProbability => Effects::prompt(Input::new(
+                Field::Probability(op),
+                percent(rule.probability),
+            )),
+            A::EditCount => Effects::prompt(Input::new(
+                Field::Count(op),
+                rule.count.map_or("unlimited".to_owned(), |n| n.to_string()),
+            )),
+            A::EditMessage => Effects::prompt(Input::new(Field::Message(op), rule.message)),
+            A::EditRule => Effects::prompt(Input::new(Field::Rule(op), rule.to_string())),
+            A::SetKind(_)
+            | A::Toggle
+            | A::LatencyUp
+            | A::LatencyDown
+            | A::ProbabilityUp
+            | A::ProbabilityDown
+            | A::CountUp
+            | A::CountDown => self.edit(|rule| adjust(action, rule)),
         }
-        Effects::none()
     }
 
-    /// Changes the selected operation's rule and sends it at once. The
-    /// table shows the change right away; the server's answer (or its
-    /// refusal) has the last word.
+    /// Changes the selected operation's draft (made from the rule in force
+    /// at its first change). A change back to the rule in force drops the
+    /// draft; a change to `off` applies at once.
     fn edit(&mut self, change: impl FnOnce(&mut FaultRule)) -> Effects {
         if !self.loaded {
             return Effects::say(
@@ -217,11 +206,30 @@ impl FaultsView {
             );
         }
         let op = self.selected_op();
-        let mut rule = self.current.faults.rule(op).clone();
+        let mut rule = self.shown(op).clone();
         change(&mut rule);
         if &rule == self.current.faults.rule(op) {
+            self.draft = None;
             return Effects::none();
         }
+        if rule.kind == FaultKind::Off {
+            self.draft = Some((op, rule));
+            return self.apply();
+        }
+        let said = format!("{op}: draft {rule} — Enter applies it, Esc discards it");
+        self.draft = Some((op, rule));
+        Effects::say(said, Severity::Info)
+    }
+
+    /// Sends the draft. The table shows it as in force at once; the server's
+    /// answer (or its refusal) has the last word.
+    fn apply(&mut self) -> Effects {
+        let Some((op, rule)) = self.draft.take() else {
+            return Effects::say(
+                "no draft to apply: change a fault first (e t d l, + - [ ] < >)",
+                Severity::Error,
+            );
+        };
         self.current.faults.rule_mut(op).clone_from(&rule);
         let mut effects = Effects::commands(vec![Command::SetFault(op, rule.clone())]);
         let unused = if GUARD_OPS.contains(&op) {
@@ -276,8 +284,16 @@ impl FaultsView {
             }
             Field::Rule(op) => {
                 self.selected = op_index(op);
+                // The whole rule, typed and entered: its Enter is the confirmation.
                 match text.parse::<FaultRule>() {
-                    Ok(rule) => self.edit(|r| *r = rule),
+                    Ok(rule) if &rule == self.current.faults.rule(op) => {
+                        self.draft = None;
+                        Effects::none()
+                    }
+                    Ok(rule) => {
+                        self.draft = Some((op, rule));
+                        self.apply()
+                    }
                     Err(e) => refuse(e.to_string()),
                 }
             }
@@ -291,6 +307,57 @@ impl FaultsView {
             .filter(|op| self.current.faults.rule(**op).kind != FaultKind::Off)
             .map(|op| format!("{op} {}", self.current.faults.rule(*op).kind.as_str()))
             .collect()
+    }
+}
+
+impl FaultsView {
+    /// The draft, and that it is not in force yet.
+    fn draft_line(&self) -> Line<'static> {
+        match &self.draft {
+            Some((op, rule)) => Line::from(vec![
+                Span::styled(format!(" ✎ {op}: {rule} "), fault_style(rule.kind)),
+                Span::styled("not applied: Enter applies it, Esc discards it", BOLD),
+            ]),
+            None => Line::default(),
+        }
+    }
+}
+
+/// What a key that edits a rule does to it.
+fn adjust(action: FaultsAction, rule: &mut FaultRule) {
+    match action {
+        A::SetKind(kind) => {
+            rule.kind = kind;
+            if kind.uses_latency() && rule.latency_ms == 0 {
+                rule.latency_ms = 500;
+            }
+        }
+        A::Toggle => {
+            rule.kind = if rule.kind == FaultKind::Off {
+                FaultKind::Error
+            } else {
+                FaultKind::Off
+            };
+        }
+        A::LatencyUp => rule.latency_ms = (rule.latency_ms + 100).min(MAX_LATENCY_MS),
+        A::LatencyDown => rule.latency_ms = rule.latency_ms.saturating_sub(100),
+        A::ProbabilityUp => {
+            rule.probability = (((rule.probability * 10.0).round() + 1.0) / 10.0).min(1.0);
+        }
+        A::ProbabilityDown => {
+            rule.probability = (((rule.probability * 10.0).round() - 1.0) / 10.0).max(0.0);
+        }
+        A::CountUp => rule.count = Some(rule.count.map_or(1, |n| n + 1)),
+        A::CountDown => {
+            rule.count = match rule.count {
+                None | Some(0 | 1) => None,
+                Some(n) => Some(n - 1),
+            };
+        }
+        _ => {}
+    }
+    if rule.kind == FaultKind::Error && rule.message.is_empty() {
+        rule.message = INJECTED_BY.into();
     }
 }
 
@@ -332,9 +399,15 @@ impl Widget for &FaultsView {
         let header =
             Row::new(["OP", "FAULT", "LATENCY", "PROBABILITY", "COUNT", "RULE"]).style(LABEL);
         let rows = Op::ALL.iter().enumerate().map(|(i, op)| {
-            let rule = self.current.faults.rule(*op);
+            let rule = self.shown(*op);
+            let drafted = self.draft.as_ref().is_some_and(|(d, _)| d == op);
             let on = rule.kind != FaultKind::Off;
-            let kind = format!("{} {}", if on { "●" } else { "○" }, rule.kind.as_str());
+            let mark = match (drafted, on) {
+                (true, _) => "✎",
+                (false, true) => "●",
+                (false, false) => "○",
+            };
+            let kind = format!("{mark} {}", rule.kind.as_str());
             let latency = if rule.kind.uses_latency() || !on {
                 format!("{:>6}ms", rule.latency_ms)
             } else {
@@ -354,7 +427,11 @@ impl Widget for &FaultsView {
                     rule.count
                         .map_or("     ∞".to_owned(), |n| format!("{n:>6}")),
                 ),
-                Cell::from(Span::styled(rule.to_string(), DIM)),
+                Cell::from(if drafted {
+                    Span::styled(format!("{rule} (draft)"), fault_style(rule.kind))
+                } else {
+                    Span::styled(rule.to_string(), DIM)
+                }),
             ]);
             if i == self.selected {
                 row.style(SELECTED)
@@ -393,7 +470,7 @@ impl Widget for &FaultsView {
             buf,
         );
         let op = self.selected_op();
-        let current = self.current.faults.rule(op).kind;
+        let current = self.shown(op).kind;
         let mut choice = vec![Span::styled(format!(" {op}: "), LABEL)];
         for (key, kind) in kind_keys() {
             let text = format!("[{key}] {}", kind.as_str());
@@ -414,6 +491,6 @@ impl Widget for &FaultsView {
             " The guard calls get, insert and replace; *delete: admin API only.",
             DIM,
         ));
-        Paragraph::new(vec![Line::default(), Line::from(choice), note]).render(keys_area, buf);
+        Paragraph::new(vec![self.draft_line(), Line::from(choice), note]).render(keys_area, buf);
     }
 }

@@ -5,6 +5,7 @@
 
 pub mod activity;
 pub mod faults;
+pub mod history;
 pub mod keys;
 
 use crate::api::{MAX_LATENCY_MS, Op};

@@ -72,6 +72,7 @@ impl Shared {
             status: Some(200),
             latency_us: 420,
             detail: None,
+            fence: None,
         };
         let _ = self.events.send(Event::Decision(event));
     }
@@ -232,6 +233,8 @@ fn info(key: &str, s: &Stored, now: u64) -> KeyInfo {
         fingerprint: s.fingerprint.clone(),
         status: s.response.as_ref().map(|r| r.status),
         replays: s.replays,
+        holder: String::new(),
+        held_here: false,
     }
 }
 
@@ -372,6 +375,7 @@ async fn set_faults(State(shared): State<Arc<Shared>>, body: String) -> Response
             ts_ms: now_ms(),
             op,
             rule,
+            by: None,
         };
         let _ = shared.events.send(Event::Fault(event));
     }

@@ -108,6 +108,7 @@ fn decision(
         status,
         latency_us: 300 + i * 700,
         detail: detail.map(Into::into),
+        fence: None,
     })
 }
 
@@ -326,6 +327,7 @@ fn faults_panel() {
         ts_ms: NOW - 100,
         op: Op::Insert,
         rule: faults.faults.insert.clone(),
+        by: None,
     }));
     app.apply(decision(
         30,
@@ -597,5 +599,89 @@ fn keys_the_store_cannot_list_keep_the_last_page_and_say_why() {
     assert!(
         !text.contains("disconnected") && !text.contains("connection lost"),
         "the admin API answers: {text}"
+    );
+}
+
+/// A key's history at the smallest size: the scripted sequence, newest
+/// last, a 503's reason whole under it.
+#[test]
+fn history_of_a_key() {
+    use idem_tui::api::{AdminAction, AdminEvent, Event, KeyHistory, StoreErrorEvent};
+    let mut app = loaded(3, None);
+    let key = app.keys.rows[0].key.clone();
+    app.update(Action::Keys(KeysAction::History));
+    let at = |i: u64| NOW - 60_000 + i * 1_000;
+    let decided =
+        |i: u64, outcome: Outcome, status: u16, fence: Option<u64>, detail: Option<&str>| {
+            Event::Decision(DecisionEvent {
+                ts_ms: at(i),
+                key: key.clone(),
+                outcome,
+                status: Some(status),
+                latency_us: 1_200,
+                detail: detail.map(Into::into),
+                fence,
+            })
+        };
+    let admin = |i: u64, action: AdminAction| {
+        Event::Admin(AdminEvent {
+            ts_ms: at(i),
+            action,
+            key: key.clone(),
+            by: "127.0.0.1:41234".into(),
+            fence: 1,
+            version: 2,
+        })
+    };
+    let lost =
+        "memory store unavailable: reply to insert lost (injected; the operation was applied)";
+    app.apply(Update::History(KeyHistory {
+        key: key.clone(),
+        events: vec![
+            decided(0, Outcome::Executed, 201, Some(1), None),
+            decided(1, Outcome::Replayed, 201, None, None),
+            decided(2, Outcome::Conflict, 422, None, None),
+            admin(3, AdminAction::Expire),
+            Event::Fault(FaultEvent {
+                ts_ms: at(4),
+                op: Op::Insert,
+                rule: "1*lost".parse().unwrap(),
+                by: Some("127.0.0.1:41240".into()),
+            }),
+            Event::StoreError(StoreErrorEvent {
+                ts_ms: at(5),
+                key: key.clone(),
+                op: Op::Insert,
+                error: lost.into(),
+            }),
+            decided(
+                5,
+                Outcome::Unavailable,
+                503,
+                None,
+                Some(&format!(
+                    "the store failed: insert failed for key {key:?}: {lost}"
+                )),
+            ),
+            admin(6, AdminAction::Release),
+            decided(7, Outcome::Executed, 201, Some(5), None),
+        ],
+        kept: 10_000,
+        since_ms: Some(at(0)),
+    }));
+    let buf = snapshot(&app, "history", 80, 24);
+    assert_colours(
+        &buf,
+        &[
+            ("NEW KEY", Color::Green),
+            ("CONFLICT", Color::Magenta),
+            ("UNAVAILABLE", Color::Red),
+            ("RELEASE", Color::LightBlue),
+        ],
+    );
+    let text = rows(&buf).join("\n");
+    assert!(
+        text.contains("(injected; the operation was applied)"),
+        "the reason whole:\n{text}"
     );
 }

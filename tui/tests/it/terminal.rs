@@ -42,6 +42,7 @@ fn line_with<'a>(screen: &'a str, text: &str) -> &'a str {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[allow(clippy::too_many_lines)] // one session at the console, top to bottom
 async fn keys_appear_a_fault_is_flipped_from_the_keyboard_and_q_restores_the_terminal() {
     let fake = Fake::with_keys(&[
         ("order", 200, KeyState::Processing),
@@ -77,11 +78,23 @@ async fn keys_appear_a_fault_is_flipped_from_the_keyboard_and_q_restores_the_ter
         "{later}"
     );
 
-    // Flip the insert fault on with its key: the PUT reaches the server and
-    // the change comes back through the event stream.
+    // Flip the insert fault on with its key: a draft, shown and not sent;
+    // Enter applies it: the PUT reaches the server and the change comes
+    // back through the event stream.
     tmux.keys(&["2"]);
     tmux.wait_for_text("Store faults");
     tmux.keys(&["e"]);
+    let screen = tmux.wait_for_text("not applied: Enter applies it");
+    assert!(
+        line_with(&screen, "│insert").contains("✎ error"),
+        "{screen}"
+    );
+    assert!(
+        !fake.shared.requests().iter().any(|r| r.starts_with("PUT")),
+        "a draft is not sent: {:?}",
+        fake.shared.requests()
+    );
+    tmux.keys(&["Enter"]);
     let put = wait_for_request(&fake, "PUT /v1/faults", |r| r.starts_with("PUT /v1/faults")).await;
     let body: serde_json::Value =
         serde_json::from_str(put.strip_prefix("PUT /v1/faults ").unwrap()).unwrap();

@@ -36,6 +36,12 @@ impl Admin {
             fingerprint: r.fingerprint.clone(),
             status: r.response.as_ref().map(|resp| resp.status),
             replays: self.gateway.observer().replays(key),
+            holder: if r.holder == 0 {
+                String::new()
+            } else {
+                format!("{:016x}", r.holder)
+            },
+            held_here: processing && self.gateway.observer().runs(key, r.holder),
         }
     }
 }
@@ -203,21 +209,61 @@ pub(super) fn no_key(key: &str) -> Response {
     )
 }
 
-pub(super) async fn delete_key(State(admin): State<Admin>, Path(key): Path<String>) -> Response {
+/// `GET /v1/keys/{key}/history`: what this gateway saw happen to the key
+/// (a key it never saw has an empty history, not a 404: another gateway may
+/// have served it).
+pub(super) async fn key_history(State(admin): State<Admin>, Path(key): Path<String>) -> Response {
+    json(&admin.gateway.observer().history(&key))
+}
+
+pub(super) async fn delete_key(
+    State(admin): State<Admin>,
+    Caller(by): Caller,
+    Path(key): Path<String>,
+) -> Response {
+    // The record as it was, for the audit trail (a delete answers nothing else).
+    let store = admin.gateway.guard().store();
     let now = admin.now_ms();
-    match admin.gateway.guard().store().delete(&key, None, now).await {
+    let before = match store.get(&key, now).await {
+        Ok(Some(entry)) => Some(entry),
+        Ok(None) => return refused(&by, AdminAction::Delete, &key, no_key(&key)),
+        Err(e) => return refused(&by, AdminAction::Delete, &key, unavailable(&e)),
+    };
+    match store.delete(&key, None, now).await {
         Ok(true) => {
-            admin.gateway.observer().forget_replays(&key);
+            let observer = admin.gateway.observer();
+            observer.forget_replays(&key);
+            let (fence, version) = before.map_or((0, 0), |e| {
+                (admin.key_info(&key, &e, admin.now_ms()).fence, e.version)
+            });
+            observer.admin_action(AdminAction::Delete, &key, &by, fence, version);
             StatusCode::NO_CONTENT.into_response()
         }
-        Ok(false) => no_key(&key),
-        Err(e) => unavailable(&e),
+        Ok(false) => refused(&by, AdminAction::Delete, &key, no_key(&key)),
+        Err(e) => refused(&by, AdminAction::Delete, &key, unavailable(&e)),
     }
 }
 
+/// An operator's action that changed nothing, logged with why.
+pub(super) fn refused(by: &str, action: AdminAction, key: &str, response: Response) -> Response {
+    tracing::info!(
+        target: "idem::admin",
+        action = action.as_str(),
+        key,
+        by,
+        status = response.status().as_u16(),
+        "operator's action refused"
+    );
+    response
+}
+
 #[allow(clippy::result_large_err)] // the error is the response itself
-pub(super) async fn release_key(State(admin): State<Admin>, Path(key): Path<String>) -> Response {
-    rewrite(&admin, &key, |record, now| {
+pub(super) async fn release_key(
+    State(admin): State<Admin>,
+    Caller(by): Caller,
+    Path(key): Path<String>,
+) -> Response {
+    rewrite(&admin, &by, AdminAction::Release, &key, |record, now| {
         if record.state != KeyState::Processing {
             return Err(problem(
                 StatusCode::CONFLICT,
@@ -231,8 +277,12 @@ pub(super) async fn release_key(State(admin): State<Admin>, Path(key): Path<Stri
 }
 
 #[allow(clippy::result_large_err)]
-pub(super) async fn expire_key(State(admin): State<Admin>, Path(key): Path<String>) -> Response {
-    rewrite(&admin, &key, |record, now| {
+pub(super) async fn expire_key(
+    State(admin): State<Admin>,
+    Caller(by): Caller,
+    Path(key): Path<String>,
+) -> Response {
+    rewrite(&admin, &by, AdminAction::Expire, &key, |record, now| {
         record.expires_at_ms = now;
         record.lease_until_ms = record.lease_until_ms.min(now);
         Ok(())
@@ -242,9 +292,12 @@ pub(super) async fn expire_key(State(admin): State<Admin>, Path(key): Path<Strin
 
 /// Reads a key's record, changes it, and writes it back only if no one
 /// wrote in between (version check), so an operator never clobbers a
-/// request that is completing.
+/// request that is completing. The change, made `by` the caller, goes on
+/// the audit trail; a refusal is logged.
 pub(super) async fn rewrite(
     admin: &Admin,
+    by: &str,
+    action: AdminAction,
     key: &str,
     change: impl FnOnce(&mut crate::Record, u64) -> Result<(), Response>,
 ) -> Response {
@@ -252,22 +305,32 @@ pub(super) async fn rewrite(
     let now = admin.now_ms();
     let entry = match store.get(key, now).await {
         Ok(Some(entry)) => entry,
-        Ok(None) => return no_key(key),
-        Err(e) => return unavailable(&e),
+        Ok(None) => return refused(by, action, key, no_key(key)),
+        Err(e) => return refused(by, action, key, unavailable(&e)),
     };
     let mut record = entry.record.clone();
     if let Err(response) = change(&mut record, now) {
-        return response;
+        return refused(by, action, key, response);
     }
     match store.replace(key, entry.version, record.clone(), now).await {
         Ok(true) => {
+            let fence = admin.key_info(key, &entry, now).fence;
+            admin
+                .gateway
+                .observer()
+                .admin_action(action, key, by, fence, entry.version);
             let version = entry.version + 1;
             json(&admin.key_info(key, &Entry { record, version }, now))
         }
-        Ok(false) => problem(
-            StatusCode::CONFLICT,
-            format!("key {key:?} changed while it was being rewritten; try again"),
+        Ok(false) => refused(
+            by,
+            action,
+            key,
+            problem(
+                StatusCode::CONFLICT,
+                format!("key {key:?} changed while it was being rewritten; try again"),
+            ),
         ),
-        Err(e) => unavailable(&e),
+        Err(e) => refused(by, action, key, unavailable(&e)),
     }
 }

@@ -10,16 +10,16 @@
 mod keys;
 mod observe;
 
-use keys::{delete_key, expire_key, get_key, list_keys, release_key};
+use keys::{delete_key, expire_key, get_key, key_history, list_keys, release_key};
 use observe::{events, get_faults, metrics, put_faults, stats};
 
 use super::Gateway;
-use super::events::{Event, Verdict};
+use super::events::{AdminAction, Event, Verdict};
 use crate::store::{Entry, ListQuery, Op, State as KeyState};
 use axum::Json;
 use axum::Router;
 use axum::body::Body;
-use axum::extract::{Path, Query, Request, State};
+use axum::extract::{ConnectInfo, Path, Query, Request, State};
 use axum::http::{HeaderValue, StatusCode, header};
 use axum::middleware::{self, Next};
 use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
@@ -30,6 +30,7 @@ use idem_admin_api as api;
 use serde::Serialize;
 use sha2::{Digest, Sha256};
 use std::convert::Infallible;
+use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::net::TcpListener;
@@ -136,6 +137,7 @@ pub fn router(gateway: Gateway, token: Option<Arc<str>>, stop: watch::Receiver<b
     Router::new()
         .route("/v1/keys", get(list_keys))
         .route("/v1/keys/{key}", get(get_key).delete(delete_key))
+        .route("/v1/keys/{key}/history", get(key_history))
         .route("/v1/keys/{key}/release", post(release_key))
         .route("/v1/keys/{key}/expire", post(expire_key))
         .route("/v1/faults", get(get_faults).put(put_faults))
@@ -152,6 +154,29 @@ pub fn router(gateway: Gateway, token: Option<Arc<str>>, stop: watch::Receiver<b
         .with_state(admin)
 }
 
+/// Who sent an admin request: the client's address (`ip:port`) as the
+/// accept loop saw it; `in process` for a request that came through no
+/// listener (a test calling the router).
+pub(super) struct Caller(pub(super) String);
+
+impl<S: Send + Sync> axum::extract::FromRequestParts<S> for Caller {
+    type Rejection = Infallible;
+
+    async fn from_request_parts(
+        parts: &mut axum::http::request::Parts,
+        _state: &S,
+    ) -> Result<Self, Self::Rejection> {
+        Ok(Caller(caller(&parts.extensions)))
+    }
+}
+
+fn caller(extensions: &axum::http::Extensions) -> String {
+    extensions.get::<ConnectInfo<SocketAddr>>().map_or_else(
+        || "in process".to_owned(),
+        |ConnectInfo(peer)| peer.to_string(),
+    )
+}
+
 async fn authorize(State(admin): State<Admin>, req: Request, next: Next) -> Response {
     if let Some(token) = &admin.token {
         let given = req
@@ -159,6 +184,13 @@ async fn authorize(State(admin): State<Admin>, req: Request, next: Next) -> Resp
             .get(header::AUTHORIZATION)
             .and_then(|v| v.as_bytes().strip_prefix(b"Bearer "));
         if !given.is_some_and(|given| same_secret(given, token.as_bytes())) {
+            tracing::warn!(
+                target: "idem::admin",
+                method = %req.method(),
+                path = req.uri().path(),
+                by = caller(req.extensions()),
+                "admin request refused: no valid bearer token"
+            );
             let mut response = problem(
                 StatusCode::UNAUTHORIZED,
                 "a valid bearer token is required: Authorization: Bearer TOKEN",

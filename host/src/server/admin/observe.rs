@@ -20,8 +20,15 @@ pub(super) async fn get_faults(State(admin): State<Admin>) -> Response {
     json(&faults(&admin))
 }
 
-pub(super) async fn put_faults(State(admin): State<Admin>, body: axum::body::Bytes) -> Response {
-    let bad = |why: String| problem(StatusCode::BAD_REQUEST, why);
+pub(super) async fn put_faults(
+    State(admin): State<Admin>,
+    Caller(by): Caller,
+    body: axum::body::Bytes,
+) -> Response {
+    let bad = |why: String| {
+        tracing::info!(target: "idem::admin", action = "fault", by, %why, "fault change refused");
+        problem(StatusCode::BAD_REQUEST, why)
+    };
     let set = match api::SetFaults::from_json(&body) {
         Ok(set) => set,
         Err(why) => return bad(why),
@@ -43,7 +50,10 @@ pub(super) async fn put_faults(State(admin): State<Admin>, body: axum::body::Byt
         }
     }
     for (op, rule) in changes {
-        admin.gateway.observer().fault_changed(op, rule);
+        admin
+            .gateway
+            .observer()
+            .fault_changed(op, rule, Some(by.clone()));
     }
     json(&faults(&admin))
 }
@@ -67,6 +77,7 @@ pub(super) async fn stats(State(admin): State<Admin>) -> Response {
         clock: clock_stats(guard.clock().as_ref()),
         store_connection: admin.gateway.store_connection().snapshot(),
         slots: admin.gateway.gate().slots(),
+        gateway: observer.gateway(),
         ..api::Stats::default()
     };
     for verdict in Verdict::ALL {

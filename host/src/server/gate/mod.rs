@@ -20,6 +20,7 @@ use super::events::{Observer, Verdict};
 use super::parse::{HOP_BY_HOP, fingerprinted_headers, idempotency_key};
 pub use super::parse::{MAX_KEY_BYTES, strip_hop_by_hop};
 use super::problem::Problem;
+use super::traces::Traces;
 use crate::clock::Clock;
 use crate::guard::{Guard, Settle, Settled};
 use crate::store::{self, FaultHandle, Store};
@@ -31,6 +32,8 @@ use futures_util::FutureExt;
 use http_body_util::{BodyExt, Limited};
 use idem_admin_api as api;
 use idem_guest::model::{Claim, Decision, GuardError, Response as Stored};
+use opentelemetry::context::FutureExt as _;
+use opentelemetry_sdk::trace::SdkTracer;
 use std::collections::HashMap;
 use std::panic::AssertUnwindSafe;
 use std::pin::Pin;
@@ -81,10 +84,15 @@ impl Gate {
         config: Config,
         backend: Arc<dyn Store>,
         clock: Option<Arc<dyn Clock>>,
+        tracer: Option<SdkTracer>,
     ) -> Result<Gate, BuildError> {
         config.validate().map_err(BuildError::Config)?;
-        let observer = Arc::new(Observer::default());
-        let store = store::stack(backend, observer.latencies().clone());
+        let observer = Arc::new(Observer::new(
+            config.history_events,
+            tracer.map(|t| Arc::new(Traces::new(t, backend.name()))),
+        ));
+        let listener: Arc<dyn store::CallListener> = observer.clone();
+        let store = store::stack(backend, observer.latencies().clone(), Some(listener));
         let faults = store.faults().clone();
         let mut guard = config.guard_builder(store);
         if let Some(clock) = clock {
@@ -129,8 +137,8 @@ impl Gate {
     }
 
     /// Handles one request: `exec` forwards it (to the upstream, or to the
-    /// inner service) and is called at most once.
-    #[allow(clippy::too_many_lines)] // one request's path through the guard, read top to bottom
+    /// inner service) and is called at most once. With traces on, a guarded
+    /// request runs inside its span (see [`Traces`]).
     pub async fn handle<F, Fut>(self: &Arc<Self>, req: Request<Body>, exec: F) -> HttpResponse
     where
         F: FnOnce(Request<Body>) -> Fut + Send + 'static,
@@ -139,6 +147,21 @@ impl Gate {
         if !self.config.guards(req.method().as_str()) {
             return self.pass_through(req, exec).await;
         }
+        let Some(traces) = self.observer.traces() else {
+            return self.guarded(req, exec).await;
+        };
+        let cx = traces.request(&req);
+        let response = self.guarded(req, exec).with_context(cx.clone()).await;
+        Traces::responded(&cx, response.status().as_u16());
+        response
+    }
+
+    #[allow(clippy::too_many_lines)] // one request's path through the guard, read top to bottom
+    async fn guarded<F, Fut>(self: &Arc<Self>, req: Request<Body>, exec: F) -> HttpResponse
+    where
+        F: FnOnce(Request<Body>) -> Fut + Send + 'static,
+        Fut: Future<Output = Result<HttpResponse, Problem>> + Send + 'static,
+    {
         let started = Instant::now();
         let key = match client_key(req.headers(), &self.config) {
             Ok(Some(key)) => key,
@@ -222,6 +245,7 @@ impl Gate {
                         Verdict::Replayed,
                         Some(stored.status),
                         started.elapsed(),
+                        None,
                         None,
                     );
                     return response;
@@ -367,6 +391,10 @@ impl Gate {
         F: FnOnce(Request<Body>) -> Fut,
         Fut: Future<Output = Result<HttpResponse, Problem>>,
     {
+        let fence = claim.fence;
+        // A claim this gateway runs until its upstream call is over (the
+        // admin API says so; a write to it meanwhile is a renewal).
+        let running = self.observer.running(&scoped, claim.holder);
         let settled = self
             .guard
             .execute(claim, self.config.upstream_timeout, |fence| {
@@ -374,7 +402,20 @@ impl Gate {
                     HeaderName::from_static(FENCE_HEADER),
                     HeaderValue::from(fence.0),
                 );
-                self.forward(req, exec)
+                let traces = self.observer.traces();
+                let upstream = traces.map(|t| {
+                    let method = req.method().as_str().to_owned();
+                    t.upstream(&method, fence.0, req.headers_mut())
+                });
+                let forwarded = self.forward(req, exec);
+                async move {
+                    let settle = forwarded.await;
+                    drop(running);
+                    if let Some(cx) = upstream {
+                        Traces::upstream_done(&cx, settle_status(&settle));
+                    }
+                    settle
+                }
             })
             .await;
         self.wake(&scoped);
@@ -420,7 +461,7 @@ impl Gate {
                 let problem = Problem::StoreUnavailable(format!(
                     "the key's claim could not be kept for the request: {e}"
                 ));
-                return self.refuse(&scoped, Verdict::Unavailable, problem, started);
+                return self.refuse_claimed(&scoped, problem, started, Some(fence));
             }
         };
         self.observer.decided(
@@ -429,6 +470,7 @@ impl Gate {
             Some(response.status().as_u16()),
             started.elapsed(),
             detail,
+            Some(fence),
         );
         response
     }
@@ -530,6 +572,29 @@ impl Gate {
         problem: Problem,
         started: Instant,
     ) -> HttpResponse {
+        self.refuse_with(scoped, verdict, problem, started, None)
+    }
+
+    /// A 503 for a request that had claimed the key under `fence`.
+    fn refuse_claimed(
+        &self,
+        scoped: &str,
+        problem: Problem,
+        started: Instant,
+        fence: Option<u64>,
+    ) -> HttpResponse {
+        self.refuse_with(scoped, Verdict::Unavailable, problem, started, fence)
+    }
+
+    #[allow(clippy::needless_pass_by_value)]
+    fn refuse_with(
+        &self,
+        scoped: &str,
+        verdict: Verdict,
+        problem: Problem,
+        started: Instant,
+        fence: Option<u64>,
+    ) -> HttpResponse {
         let response = problem.clone().into_response(self.config.profile);
         let detail = match &problem {
             Problem::KeyMismatch => None,
@@ -541,6 +606,7 @@ impl Gate {
             Some(response.status().as_u16()),
             started.elapsed(),
             detail,
+            fence,
         );
         response
     }
@@ -598,6 +664,18 @@ impl Slots {
             in_use: self.limit.saturating_sub(self.free.available_permits()) as u64,
             limit: self.limit as u64,
             refused: self.refused.load(Ordering::Relaxed),
+        }
+    }
+}
+
+/// What the upstream answered, as its span records it.
+fn settle_status(settle: &Settle<Unstored>) -> Result<u16, String> {
+    match settle {
+        Settle::Complete(stored)
+        | Settle::Release(Unstored::Response(stored))
+        | Settle::Hold(Unstored::Response(stored)) => Ok(stored.status),
+        Settle::Release(Unstored::Problem(problem)) | Settle::Hold(Unstored::Problem(problem)) => {
+            Err(problem.detail())
         }
     }
 }

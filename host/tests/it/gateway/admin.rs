@@ -301,3 +301,80 @@ async fn decisions_stream_as_server_sent_events_and_metrics() {
     assert!(stats["rates_per_s"]["executed"].as_f64().unwrap() > 0.0);
     h.shutdown().await;
 }
+
+/// A claim whose request runs in this gateway is `held_here`, with its
+/// holder id; its lease renewals, while the upstream works, are in the
+/// key's history; once it is done, nothing holds it.
+#[tokio::test]
+async fn a_claim_running_here_is_held_here_and_its_renewals_are_in_its_history() {
+    // The lease does not cover the upstream's time plus a store call: the
+    // claim is renewed every third of it (3 s) while `/slow` waits.
+    let config = Config {
+        lease: Duration::from_secs(9),
+        upstream_timeout: Duration::from_secs(8),
+        store_timeout: Duration::from_secs(2),
+        ..Config::default()
+    };
+    let mut h = start(config).await;
+    let stats = h.admin_get("/v1/stats").await.json();
+    assert_eq!(stats["gateway"]["listen"], h.proxy.to_string());
+    assert_eq!(
+        stats["gateway"]["name"],
+        h.proxy.to_string(),
+        "unnamed: its address"
+    );
+    assert_eq!(stats["gateway"]["version"], env!("CARGO_PKG_VERSION"));
+
+    let slow = h.spawn_slow("k-held");
+    h.arrivals.recv().await.unwrap();
+    let held = h.admin_get("/v1/keys/anon%2Fk-held").await.json();
+    assert_eq!(held["state"], "processing");
+    assert_eq!(held["held_here"], true, "{held}");
+    let holder = held["holder"].as_str().unwrap();
+    assert!(
+        holder.len() == 16 && holder.chars().all(|c| c.is_ascii_hexdigit()),
+        "{holder}"
+    );
+
+    let deadline = std::time::Instant::now() + Duration::from_secs(7);
+    let history = loop {
+        let history = h.admin_get("/v1/keys/anon%2Fk-held/history").await.json();
+        let renewed = history["events"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|e| e["event"] == "renewal" && e["key"] == "anon/k-held");
+        if renewed {
+            break history;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no renewal: {history}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    h.upstream.go.add_permits(1);
+    assert_eq!(slow.await.unwrap().status, 200);
+    let done = h.admin_get("/v1/keys/anon%2Fk-held").await.json();
+    assert_eq!(
+        (done["state"].as_str(), done["held_here"].as_bool()),
+        (Some("done"), Some(false))
+    );
+    assert_eq!(
+        done["holder"], holder,
+        "the record keeps the holder that wrote it"
+    );
+    let events: Vec<String> = h.admin_get("/v1/keys/anon%2Fk-held/history").await.json()["events"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e["event"].as_str().unwrap().to_owned())
+        .collect();
+    assert_eq!(
+        events.last().map(String::as_str),
+        Some("decision"),
+        "{history}"
+    );
+    assert!(events.iter().filter(|e| *e == "renewal").count() >= 1);
+    h.shutdown().await;
+}

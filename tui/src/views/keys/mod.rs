@@ -10,8 +10,9 @@
 
 mod render;
 
+use super::history::HistoryPane;
 use super::{Confirm, Effects, Field, Input, KeyVerb, Severity};
-use crate::api::{KeyDetail, KeyInfo, KeyPage, KeyState, Outcome};
+use crate::api::{GatewayInfo, KeyDetail, KeyHistory, KeyInfo, KeyPage, KeyState, Outcome};
 use crate::keymap::{Binding, also, bind};
 use crate::protocol::{Command, KeyQuery, Order, Sort};
 use crate::theme::lapsed;
@@ -38,7 +39,11 @@ pub enum KeysAction {
     ToggleDetail,
     DetailScrollUp,
     DetailScrollDown,
+    /// Copies the store key, which the admin API names the key by.
     Copy,
+    /// Copies the key the client sent.
+    CopyClientKey,
+    History,
     AskRelease,
     AskExpire,
     AskDelete,
@@ -62,9 +67,11 @@ pub const BINDINGS: &[Binding<KeysAction>] = &[
     bind(&[K::Char('/')], A::Search, "/", "search the client's key"),
     bind(&[K::Esc], A::Back, "Esc", "back (pane, filters)"),
     bind(&[K::Enter], A::ToggleDetail, "Enter", "detail pane (full key)"),
-    bind(&[K::Char('K')], A::DetailScrollUp, "J K", "scroll the detail pane"),
+    bind(&[K::Char('h')], A::History, "h", "the key's history"),
+    bind(&[K::Char('K')], A::DetailScrollUp, "J K", "scroll detail, history"),
     also(&[K::Char('J')], A::DetailScrollDown),
-    bind(&[K::Char('c'), K::Char('y')], A::Copy, "c y", "copy the key (OSC 52)"),
+    bind(&[K::Char('y')], A::Copy, "y / c", "copy store / client key"),
+    also(&[K::Char('c')], A::CopyClientKey),
     bind(&[K::Char('r')], A::AskRelease, "r / e / d", "release, expire, delete"),
     also(&[K::Char('e')], A::AskExpire),
     also(&[K::Char('d'), K::Delete], A::AskDelete),
@@ -72,7 +79,7 @@ pub const BINDINGS: &[Binding<KeysAction>] = &[
 
 /// The footer's reminder of the most used keys.
 pub const HINTS: &str =
-    "↑↓ move · / search · f state · Enter detail · r e d act · ? help · q quit ";
+    "↑↓ move · / search · Enter detail · h history · r e d act · ? help · q quit ";
 
 /// Which keys the table shows.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -146,6 +153,10 @@ pub struct KeysView {
     pub local_ms: u64,
     /// The server's clock minus ours, from the last page of keys.
     pub clock_offset_ms: i64,
+    /// The selected key's history, while it is open (it takes the view).
+    pub history: Option<HistoryPane>,
+    /// The gateway behind the admin API, to say a claim is its own.
+    pub gateway: GatewayInfo,
 }
 
 impl KeysView {
@@ -172,6 +183,36 @@ impl KeysView {
     }
 
     pub fn update(&mut self, action: KeysAction) -> Effects {
+        if let Some(pane) = &mut self.history {
+            // The history takes the view: moves scroll it, Esc and h close it.
+            let page = self.page_rows.get().max(1).cast_signed();
+            match action {
+                A::Up | A::DetailScrollUp => pane.scroll(1),
+                A::Down | A::DetailScrollDown => pane.scroll(-1),
+                A::PageUp => pane.scroll(page),
+                A::PageDown => pane.scroll(-page),
+                A::Home => pane.scroll(isize::MAX / 2),
+                A::End => pane.back = 0,
+                A::Back | A::History => {
+                    self.history = None;
+                    return Effects::commands(vec![Command::History(None)]);
+                }
+                A::Copy | A::CopyClientKey | A::AskRelease | A::AskExpire | A::AskDelete => {
+                    return self.on_key(action);
+                }
+                _ => {
+                    return Effects::say(
+                        "the history is open: h or Esc closes it",
+                        Severity::Error,
+                    );
+                }
+            }
+            return Effects::none();
+        }
+        self.on_key(action)
+    }
+
+    fn on_key(&mut self, action: KeysAction) -> Effects {
         match action {
             A::Up | A::Down | A::PageUp | A::PageDown | A::Home | A::End => self.navigate(action),
             A::NextSort => {
@@ -243,25 +284,59 @@ impl KeysView {
                     )
                 }
             }
-            A::Copy => self.copy(),
+            A::Copy => self.copy(true),
+            A::CopyClientKey => self.copy(false),
+            A::History => match self.selected_key() {
+                Some(row) => {
+                    let key = row.key.clone();
+                    self.history = Some(HistoryPane::new(key.clone()));
+                    Effects::commands(vec![Command::History(Some(key))])
+                }
+                None => Effects::say("no key selected", Severity::Error),
+            },
             A::AskRelease => self.ask(KeyVerb::Release),
             A::AskExpire => self.ask(KeyVerb::Expire),
             A::AskDelete => self.ask(KeyVerb::Delete),
         }
     }
 
-    fn copy(&self) -> Effects {
-        match self.selected_key() {
-            Some(row) => {
-                let (_, key) = split_key(&row.key);
-                let mut effects = Effects::commands(vec![Command::Copy(key.to_owned())]);
-                effects.status = Some((
-                    format!("copied {key:?} to the clipboard (OSC 52); Enter shows it in full"),
-                    Severity::Info,
-                ));
-                effects
-            }
-            None => Effects::say("no key selected", Severity::Error),
+    /// Copies the selected row's store key (`store`), which the admin API
+    /// names it by (`/v1/keys/` + the key, its `/` as `%2F`), or the key its
+    /// client sent.
+    fn copy(&self, store: bool) -> Effects {
+        let key = match &self.history {
+            Some(pane) => pane.key.as_str(),
+            None => match self.selected_key() {
+                Some(row) => row.key.as_str(),
+                None => return Effects::say("no key selected", Severity::Error),
+            },
+        };
+        let (text, said) = if store {
+            (
+                key.to_owned(),
+                format!(
+                    "copied the store key {key:?} (admin API: /v1/keys/{})",
+                    key.replace('%', "%25").replace('/', "%2F")
+                ),
+            )
+        } else {
+            let (_, client) = split_key(key);
+            (
+                client.to_owned(),
+                format!("copied the client's key {client:?}"),
+            )
+        };
+        let mut effects = Effects::commands(vec![Command::Copy(text)]);
+        effects.status = Some((said, Severity::Info));
+        effects
+    }
+
+    /// A key's history arrived from the server.
+    pub fn history(&mut self, history: KeyHistory) {
+        if let Some(pane) = &mut self.history
+            && pane.key == history.key
+        {
+            pane.history = Some(history);
         }
     }
 

@@ -57,6 +57,10 @@ fn tag(scope: &str, len: usize) -> String {
 
 impl Widget for &KeysView {
     fn render(self, area: Rect, buf: &mut Buffer) {
+        if let Some(history) = &self.history {
+            history.render(area, buf);
+            return;
+        }
         let (table_area, detail_area) = if self.detail_open {
             let [t, d] =
                 Layout::vertical([Constraint::Percentage(50), Constraint::Min(0)]).areas(area);
@@ -278,6 +282,10 @@ impl KeysView {
         let info = detail.map_or(row, |d| &d.info);
         let label = |t: &str| Span::styled(format!("{t:<12}"), LABEL);
         let mut lines = record_lines(info, now);
+        if info.state == KeyState::Processing {
+            // Under the lease: who holds it matters as much as until when.
+            lines.insert(4, self.holder_line(info));
+        }
         match detail.map(|d| &d.response) {
             None => lines.push(Line::from(Span::styled(
                 "loading the stored response…",
@@ -326,6 +334,35 @@ impl KeysView {
                 .title_bottom(Line::from(Span::styled(scrolled, DIM)).right_aligned()),
             )
             .render(area, buf);
+    }
+}
+
+impl KeysView {
+    /// Who holds a processing key's claim: this gateway (its request runs
+    /// here), or another host or no one.
+    fn holder_line(&self, info: &KeyInfo) -> Line<'static> {
+        let label = Span::styled(format!("{:<12}", "holder"), LABEL);
+        if info.holder.is_empty() {
+            return Line::from(vec![label, Span::styled("— (written by a 0.1 host)", DIM)]);
+        }
+        let id = Span::raw(format!("0x{}", info.holder));
+        let gateway = &self.gateway;
+        let here = if gateway.listen.is_empty() || gateway.name == gateway.listen {
+            format!("this gateway ({})", gateway.name)
+        } else {
+            format!("this gateway ({} · {})", gateway.name, gateway.listen)
+        };
+        let whose = match info.state {
+            KeyState::Processing if info.held_here => Span::styled(
+                format!(" · held by {here}: its request runs"),
+                Style::new().fg(Color::Green),
+            ),
+            _ => Span::styled(
+                " · another host's, or no one's (not run here)",
+                Style::new().fg(Color::Yellow),
+            ),
+        };
+        Line::from(vec![label, id, whose])
     }
 }
 

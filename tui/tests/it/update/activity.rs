@@ -1,9 +1,9 @@
 //! The activity view: the decision log and the history behind the charts.
 
-use super::{ch, key, loaded};
+use super::{ch, key, loaded, press};
 use crossterm::event::KeyCode;
 use idem_tui::action::{Action, from_key};
-use idem_tui::api::{DecisionEvent, Outcome, Stats};
+use idem_tui::api::{AdminAction, AdminEvent, DecisionEvent, Event, Outcome, Stats};
 use idem_tui::app::App;
 use idem_tui::protocol::Update;
 use idem_tui::views::View;
@@ -38,6 +38,7 @@ fn the_decision_log_scrolls_and_pauses() {
             status: None,
             latency_us: 1,
             detail: None,
+            fence: None,
         }));
     };
     for i in 0..50 {
@@ -84,6 +85,7 @@ fn history_and_log_stay_bounded() {
             status: None,
             latency_us: 1,
             detail: None,
+            fence: None,
         };
         app.apply(Update::Decision(event));
     }
@@ -100,4 +102,116 @@ fn history_and_log_stay_bounded() {
     ch(&mut app, '3');
     ch(&mut app, 'c');
     assert!(app.activity.log.lines.is_empty());
+}
+
+fn decided(i: u64, outcome: Outcome, detail: Option<&str>) -> Update {
+    Update::Decision(DecisionEvent {
+        ts_ms: i,
+        key: format!("anon/k-{i}"),
+        outcome,
+        status: Some(503),
+        latency_us: 1,
+        detail: detail.map(Into::into),
+        fence: None,
+    })
+}
+
+#[test]
+fn the_log_shows_one_kind_of_line_and_opens_its_bottom_line_in_full() {
+    let mut app = loaded(1, None);
+    app.update(Action::ShowView(View::Activity));
+    for (code, action) in [
+        (KeyCode::Char('f'), ActivityAction::NextFilter),
+        (KeyCode::Enter, ActivityAction::Expand),
+        (KeyCode::Esc, ActivityAction::Collapse),
+    ] {
+        assert_eq!(
+            from_key(app.mode(), app.view, key(code)),
+            Some(Action::Activity(action)),
+            "activity view: {code:?}"
+        );
+    }
+    let reason = "store unavailable: the store failed: insert failed for key \"anon/k-3\": memory store unavailable: injected on insert";
+    app.apply(decided(1, Outcome::Executed, None));
+    app.apply(decided(2, Outcome::Replayed, None));
+    app.apply(decided(3, Outcome::Unavailable, Some(reason)));
+    app.apply(decided(4, Outcome::Executed, None));
+    app.apply(Update::Event(Event::Admin(AdminEvent {
+        ts_ms: 5,
+        action: AdminAction::Release,
+        key: "anon/k-3".into(),
+        by: "127.0.0.1:5555".into(),
+        fence: 1,
+        version: 1,
+    })));
+    let keys = |app: &App| -> Vec<String> {
+        app.activity
+            .log
+            .shown()
+            .iter()
+            .map(|l| l.key().unwrap_or_default().to_owned())
+            .collect()
+    };
+    assert_eq!(keys(&app).len(), 5);
+    // f: executed, replayed, in flight, conflict, unavailable.
+    ch(&mut app, 'f');
+    assert_eq!(keys(&app), ["anon/k-1", "anon/k-4"], "only executions");
+    for _ in 0..4 {
+        ch(&mut app, 'f');
+    }
+    assert_eq!(
+        keys(&app),
+        ["anon/k-3"],
+        "only refusals for want of the store"
+    );
+    // Enter opens the bottom line in full: the whole reason, word for word.
+    press(&mut app, KeyCode::Enter);
+    assert!(app.activity.log.expanded);
+    let screen = super::screen(&app, 80, 24);
+    let shown: String = screen.split_whitespace().collect::<Vec<_>>().join(" ");
+    assert!(
+        shown.contains("reason store unavailable: the store failed: insert failed for key")
+            && shown.contains("injected on insert"),
+        "{screen}"
+    );
+    // New lines do not move the open one.
+    app.apply(decided(6, Outcome::Unavailable, Some("later")));
+    assert_eq!(
+        app.activity.log.selected().and_then(|l| l.key()),
+        Some("anon/k-3")
+    );
+    press(&mut app, KeyCode::Esc);
+    assert!(!app.activity.log.expanded);
+    ch(&mut app, 'f');
+    ch(&mut app, 'f');
+    assert_eq!(keys(&app), ["anon/k-3"], "operators' actions");
+    ch(&mut app, 'f');
+    ch(&mut app, 'f');
+    assert_eq!(keys(&app).len(), 6, "all again");
+}
+
+#[test]
+fn a_reason_cut_short_ends_at_a_word() {
+    let mut app = loaded(1, None);
+    app.update(Action::ShowView(View::Activity));
+    app.apply(decided(
+        1,
+        Outcome::Unavailable,
+        Some("store unavailable: insert failed for key anon/order-1 because the connection was refused"),
+    ));
+    let screen = super::screen(&app, 120, 40);
+    let line = screen
+        .lines()
+        .find(|l| l.contains("UNAVAILABLE"))
+        .unwrap()
+        .trim_end_matches(['│', ' ']);
+    let cut = line.rsplit("  ").next().unwrap();
+    assert!(cut.ends_with('…'), "{line}");
+    let kept = cut.trim_end_matches('…');
+    assert!(
+        "store unavailable: insert failed for key anon/order-1 because the connection was refused"
+            .split(' ')
+            .any(|w| kept.ends_with(w)),
+        "cut after a whole word: {kept:?}"
+    );
 }

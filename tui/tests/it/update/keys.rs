@@ -3,8 +3,8 @@
 
 use super::{NOW, assert_prompt_opened, ch, draw_at, loaded, page, press, row, status, type_text};
 use crossterm::event::KeyCode;
-use idem_tui::action::Mode;
-use idem_tui::api::{DecisionEvent, KeyDetail, KeyPage, KeyState, Outcome};
+use idem_tui::action::{Action, Mode};
+use idem_tui::api::{DecisionEvent, Event, KeyDetail, KeyHistory, KeyPage, KeyState, Outcome};
 use idem_tui::protocol::{Command, KeyQuery, Order, Sort, Update};
 use idem_tui::views::KeyVerb;
 use idem_tui::views::keys::StateFilter;
@@ -301,6 +301,7 @@ fn the_last_decision_is_kept_for_keys_on_screen_only() {
             status: None,
             latency_us: 1,
             detail: None,
+            fence: None,
         })
     };
     app.apply(decide("order-003", Outcome::Executed));
@@ -349,7 +350,7 @@ fn the_lapsed_filter_keeps_the_claims_whose_lease_ran_out() {
 }
 
 #[test]
-fn the_selected_key_is_copied_as_the_client_sent_it() {
+fn y_copies_the_store_key_the_admin_api_needs_and_c_the_clients() {
     let mut app = loaded(0, None);
     let query = app.keys.query.clone();
     app.apply(Update::Keys {
@@ -361,9 +362,17 @@ fn the_selected_key_is_copied_as_the_client_sent_it() {
             total: Some(1),
         },
     });
+    assert_eq!(
+        ch(&mut app, 'y'),
+        vec![Command::Copy("d747bee75cd0ee92/order-7".into())]
+    );
+    assert!(
+        status(&app).contains("/v1/keys/d747bee75cd0ee92%2Forder-7"),
+        "says how the admin API names it: {:?}",
+        app.status
+    );
     assert_eq!(ch(&mut app, 'c'), vec![Command::Copy("order-7".into())]);
-    assert!(status(&app).contains("copied \"order-7\""));
-    assert_eq!(ch(&mut app, 'y'), vec![Command::Copy("order-7".into())]);
+    assert!(status(&app).contains("copied the client's key \"order-7\""));
     let mut empty = loaded(0, None);
     assert_eq!(ch(&mut empty, 'c'), vec![]);
     assert!(status(&empty).contains("no key selected"));
@@ -382,4 +391,116 @@ fn confirmations_warn_that_a_retry_runs_the_request_again() {
             verb.warning()
         );
     }
+}
+
+#[test]
+fn h_opens_the_selected_keys_history_polled_until_closed() {
+    let mut app = loaded(3, None);
+    let key = app.keys.rows[1].key.clone();
+    ch(&mut app, 'j');
+    assert_eq!(ch(&mut app, 'h'), vec![Command::History(Some(key.clone()))]);
+    let pane = app.keys.history.as_ref().expect("open");
+    assert_eq!(
+        (pane.key.as_str(), pane.history.is_none()),
+        (key.as_str(), true)
+    );
+    // Another key's history (a late answer) is not shown.
+    app.apply(Update::History(KeyHistory {
+        key: "other".into(),
+        ..KeyHistory::default()
+    }));
+    assert!(app.keys.history.as_ref().unwrap().history.is_none());
+    let history = KeyHistory {
+        key: key.clone(),
+        events: vec![Event::Decision(DecisionEvent {
+            ts_ms: NOW,
+            key: key.clone(),
+            outcome: Outcome::Executed,
+            status: Some(201),
+            latency_us: 900,
+            detail: None,
+            fence: Some(1),
+        })],
+        kept: 10_000,
+        since_ms: Some(NOW),
+    };
+    app.apply(Update::History(history.clone()));
+    assert_eq!(app.keys.history.as_ref().unwrap().history, Some(history));
+    assert!(super::screen(&app, 80, 24).contains("NEW KEY"));
+    // Moves scroll it; other keys say how to close it; y still copies its key.
+    assert_eq!(ch(&mut app, 'k'), vec![]);
+    assert_eq!(app.keys.history.as_ref().unwrap().back, 1);
+    ch(&mut app, 's');
+    assert!(status(&app).contains("h or Esc closes it"));
+    assert_eq!(ch(&mut app, 'y'), vec![Command::Copy(key.clone())]);
+    assert_eq!(press(&mut app, KeyCode::Esc), vec![Command::History(None)]);
+    assert!(app.keys.history.is_none());
+    ch(&mut app, 'h');
+    assert_eq!(
+        ch(&mut app, 'h'),
+        vec![Command::History(None)],
+        "h closes it too"
+    );
+}
+
+#[test]
+fn status_lines_fade() {
+    let mut app = loaded(1, None);
+    ch(&mut app, 'y');
+    assert!(status(&app).contains("copied"));
+    app.update(Action::Tick {
+        local_ms: NOW + 4_900,
+    });
+    assert!(status(&app).contains("copied"), "still there after 4.9 s");
+    app.update(Action::Tick {
+        local_ms: NOW + 5_000,
+    });
+    assert_eq!(status(&app), "", "news fades after 5 s");
+    app.apply(Update::Failed("403: no".into()));
+    app.update(Action::Tick {
+        local_ms: NOW + 14_900,
+    });
+    assert_eq!(status(&app), "403: no", "an error stays 10 s");
+    app.update(Action::Tick {
+        local_ms: NOW + 15_000,
+    });
+    assert_eq!(status(&app), "");
+}
+
+#[test]
+fn the_detail_pane_says_which_gateway_holds_a_processing_key() {
+    let mut app = loaded(0, None);
+    let mut stats = idem_tui::api::Stats::default();
+    stats.gateway.name = "gw-1".into();
+    stats.gateway.listen = "127.0.0.1:8080".into();
+    app.apply(Update::Stats(stats));
+    let mut here = row("order-here", KeyState::Processing, 0);
+    here.holder = "00000000000000ab".into();
+    here.held_here = true;
+    let mut away = row("order-away", KeyState::Processing, 1);
+    away.holder = "00000000000000cd".into();
+    let query = app.keys.query.clone();
+    app.apply(Update::Keys {
+        query,
+        page: KeyPage {
+            now_ms: NOW,
+            keys: vec![here, away],
+            next: None,
+            total: Some(2),
+        },
+    });
+    press(&mut app, KeyCode::Enter);
+    let screen = super::screen(&app, 120, 40);
+    assert!(
+        screen.contains(
+            "holder      0x00000000000000ab · held by this gateway (gw-1 · 127.0.0.1:8080)"
+        ),
+        "{screen}"
+    );
+    ch(&mut app, 'j');
+    let screen = super::screen(&app, 120, 40);
+    assert!(
+        screen.contains("0x00000000000000cd · another host's, or no one's (not run here)"),
+        "{screen}"
+    );
 }

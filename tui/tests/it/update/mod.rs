@@ -34,6 +34,8 @@ pub fn row(key: &str, state: KeyState, i: u64) -> KeyInfo {
         fingerprint: format!("{:016x}", (i + 1).wrapping_mul(0x9e37_79b9_7f4a_7c15)),
         status: (!processing).then_some(201),
         replays: i % 4,
+        holder: String::new(),
+        held_here: false,
     }
 }
 
@@ -65,6 +67,15 @@ pub fn draw_at(app: &App, width: u16, height: u16) -> Buffer {
     let mut buf = Buffer::empty(area);
     app.render(area, &mut buf);
     buf
+}
+
+/// The screen's text at `width`×`height`, one line a row.
+pub fn screen(app: &App, width: u16, height: u16) -> String {
+    let buf = draw_at(app, width, height);
+    (0..height)
+        .map(|y| (0..width).map(|x| buf[(x, y)].symbol()).collect::<String>())
+        .collect::<Vec<_>>()
+        .join("\n")
 }
 
 /// A console that has loaded `n` keys (and faults), at a fixed clock,
@@ -159,8 +170,9 @@ fn every_binding_maps_to_its_action() {
         (KeyCode::Delete, A::Keys(K::AskDelete)),
         (KeyCode::Char('K'), A::Keys(K::DetailScrollUp)),
         (KeyCode::Char('J'), A::Keys(K::DetailScrollDown)),
-        (KeyCode::Char('c'), A::Keys(K::Copy)),
+        (KeyCode::Char('c'), A::Keys(K::CopyClientKey)),
         (KeyCode::Char('y'), A::Keys(K::Copy)),
+        (KeyCode::Char('h'), A::Keys(K::History)),
     ];
     for (code, action) in keys {
         assert_eq!(
