@@ -295,8 +295,12 @@ def test_a_takeover_across_languages_raises_the_fence_and_refuses_the_stale_hold
     short = Guard(store=py_store, lease_ms=200, renew_lease=False)
     tag, stale = short.begin("anon/t-1", fp)
     assert tag == "proceed"
-    # The Python worker "crashes": it never completes. After its lease:
-    time.sleep(0.3)
+    # The Python worker "crashes": it never completes. After its lease, by the store's clock
+    # (every host's time authority), with a margin for the hosts' error bounds:
+    deadline = time.monotonic() + 30
+    while py_store.clock.now_ms() < stale.lease_until_ms + 100:
+        assert time.monotonic() < deadline, "the store's clock did not pass the lease"
+        time.sleep(0.01)
     taken = node(op="begin", key="anon/t-1", fingerprint=fp)
     assert taken["tag"] == "proceed"
     assert int(taken["fence"]) > stale.fence
@@ -351,7 +355,7 @@ def test_the_gateway_and_the_asgi_middleware_replay_each_others_responses(hosts)
     # The gateway first: its record, read by the Python store and replayed by the middleware.
     status, _, sent = gateway.post("g-m", body)
     assert status == 201 and upstream.calls["g-m"] == 1
-    entry = py_store.get("anon/g-m", time.time_ns() // 1_000_000)
+    entry = py_store.get("anon/g-m", py_store.clock.now_ms())
     assert entry is not None and entry.record.state == "done" and entry.record.response.body == sent, entry
 
     async def python_side():
