@@ -8,7 +8,8 @@
 #
 #   examples/run-polyglot-tests.sh [REPO_ROOT]
 #
-# Needs: cargo, Node.js >= 20.14 (--test-force-exit) with npm, Python 3.11, and for the packages'
+# Needs: cargo, Node.js >= 20.14 (--test-force-exit) with npm, Python 3.11 (with libfaketime, the
+# Debian package faketime, for the Python package's clock tests), and for the packages'
 # store tests and the interop test Redis and PostgreSQL: it runs
 # scripts/services.sh, which starts the local ones (and Valkey, for the
 # stores' SET … IFEQ), and names them in IDEM_TEST_REDIS_URL,

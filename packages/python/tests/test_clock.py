@@ -388,3 +388,35 @@ def test_the_process_clock_is_shared_by_threads() -> None:
     for t in threads:
         t.join()
     assert len(set(seen)) == 1, "one anchor for the process"
+
+
+FORKED = r"""
+import os, time
+from idem_guard import SyncedClock
+from idem_guard.clock import boot_ms
+
+class Server:
+    def time(self):
+        return 1_765_000_000_000 + boot_ms()
+
+server = Server()
+clock = SyncedClock("a test server's clock", 100)
+clock.keep_synced(server.time)
+pid = os.fork()
+if pid == 0:
+    # The parent's syncing thread did not come along: the child's own takes readings.
+    start, deadline = clock.readings, time.monotonic() + 30
+    while clock.readings < start + 3:
+        if time.monotonic() > deadline:
+            os._exit(3)
+        time.sleep(0.01)
+    os._exit(0 if abs(clock.now_ms() - server.time()) <= clock.known() else 4)
+_, status = os.waitpid(pid, 0)
+raise SystemExit(os.waitstatus_to_exitcode(status))
+"""
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="no os.fork here")
+def test_a_forked_child_keeps_its_synced_clock_synced() -> None:
+    done = subprocess.run([sys.executable, "-c", FORKED], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, (done.returncode, done.stderr[-2000:])

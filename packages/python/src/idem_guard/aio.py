@@ -66,7 +66,11 @@ class AsyncGuard:
     """An idempotency guard for asyncio: `await guard.run(key, fingerprint, handler)`.
 
     Takes `Guard`'s options, plus `store_blocks`: whether a synchronous
-    store's calls can block (default: every store but `MemoryStore`). An
+    store's calls can block (default: every store but `MemoryStore`). Its
+    clock is the store's (`store.clock`) unless `clock=` is given; a store
+    with `async open_clock()` (`AsyncRedisStore`, `AsyncPostgresStore`) has
+    it awaited before each call, which reads the server's clock the first
+    time and keeps it synced from a task of the running loop. An
     asynchronous store (`AsyncRedisStore`, `AsyncPostgresStore`: primitives
     that are coroutine functions) is awaited between the replays of each
     call (`idem_guard.journal`) and never blocks the loop. Lease renewal, on by

@@ -33,12 +33,13 @@ unknown::
 from __future__ import annotations
 
 import asyncio
-import os
 import threading
 import time
 import weakref
 from collections.abc import Awaitable, Callable
 from typing import Any
+
+from .workers import reset_after_fork
 
 __all__ = [
     "CLOCK_SYNC_MS",
@@ -214,7 +215,7 @@ class SyncedClock:
         self._thread: threading.Thread | None = None
         self._ask: Callable[[], Any] | None = None
         self._task: asyncio.Task[None] | None = None
-        _CLOCKS.add(self)
+        reset_after_fork(self)  # a forked child starts its syncing thread again
 
     # --- readings ------------------------------------------------------------
 
@@ -392,15 +393,3 @@ async def _sync_task(ref: weakref.ref[SyncedClock], method: weakref.WeakMethod[A
         await clock.aread(ask)
         del clock, ask
 
-
-# Every synced clock of the process: a forked child starts their threads again.
-_CLOCKS: weakref.WeakSet[SyncedClock] = weakref.WeakSet()
-
-
-def _reset_after_fork() -> None:
-    for clock in list(_CLOCKS):
-        clock._after_fork()
-
-
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_reset_after_fork)

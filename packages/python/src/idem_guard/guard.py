@@ -23,6 +23,10 @@ WIT written once in Python, tens of microseconds a call; `idem_guard.component`
 (`binding="dynamic"`) goes through wasmtime-py's component API, milliseconds a
 call, and serves as the reference the tests check the static one against.
 Stores and callers see the same values either way (`idem_guard.types`).
+
+Time is the store's: a guard judges leases and retention by `store.clock`,
+the store's time authority (`idem_guard.clock`, wit/clock.wit), never by
+this host's wall clock.
 """
 
 from __future__ import annotations
@@ -45,27 +49,13 @@ from typing import Any, TypeVar
 from .clock import LocalClock, clock_error
 from .observe import DecisionHook, Observer, TracedStore
 from .types import Checkpoint, Claim, Entry, Failure, Policy, Record, Response, StoreFault
-from .workers import fork_generation, warn, warn_if_shared_memory
+from .workers import fork_generation, reset_after_fork, warn, warn_if_shared_memory
 
 # The component's bytes ship inside the package (packages/python/build.sh writes them
 # there from `idem component --out`); IDEM_COMPONENT or `component=` override them.
 DEFAULT_COMPONENT = Path(__file__).resolve().parent / "idem-guard.wasm"
 T = TypeVar("T")
 U64_MAX = (1 << 64) - 1
-
-# Objects whose locks and threads a forked child must not inherit: a lock another thread held
-# at the fork stays held for ever in the child (a guard made before gunicorn's fork, say).
-# Each gets new ones in the child (`_after_fork`).
-_FORK_RESETS: weakref.WeakSet[Any] = weakref.WeakSet()
-
-
-def _reset_after_fork() -> None:
-    for resettable in list(_FORK_RESETS):
-        resettable._after_fork()
-
-
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_reset_after_fork)
 
 
 @dataclass(frozen=True)
@@ -166,7 +156,7 @@ class MemoryStore(Faults):
         self._records: dict[str, Entry] = {}
         self._lock = threading.Lock()
         self._generation = fork_generation()  # a fork after this makes a copy per process: warned at first use
-        _FORK_RESETS.add(self)
+        reset_after_fork(self)
 
     def _after_fork(self) -> None:
         self._lock = threading.Lock()
@@ -375,7 +365,7 @@ class Guard:
         traced = self.observer.tracing and not getattr(self.store, "journaled", False)
         self._store_seen = TracedStore(self.store) if traced else self.store
         self._lock = threading.Lock()
-        _FORK_RESETS.add(self)
+        reset_after_fork(self)
         path = Path(component or os.environ.get("IDEM_COMPONENT") or DEFAULT_COMPONENT)
         if not path.is_file():
             raise FileNotFoundError(
@@ -672,7 +662,7 @@ class _Purges:
 
     def __init__(self) -> None:
         self._cond = threading.Condition()
-        _FORK_RESETS.add(self)
+        reset_after_fork(self)
         # (due, token, guard, period, (purge, clock, stats)): the earliest due first.
         self._heap: list[tuple[float, int, weakref.ref[Any], float, _PurgeJob]] = []
         self._closed: set[int] = set()

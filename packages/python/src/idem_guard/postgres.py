@@ -25,6 +25,12 @@ one of the layout's named statements (`statements.sql`), prepared on each
 connection at its first use: one round trip (a claim that lost a race to a
 concurrent claimer takes a second, `settle`).
 
+The guard's clock is the store's (`store.clock`, a `SyncedClock`: the time
+authority of wit/clock.wit): the server's `clock_timestamp()` (the layout's
+`now` statement), read when the store opens and every `clock_sync_ms` after
+(default 1 000), on a daemon thread (`AsyncPostgresStore`: a task of the
+loop that opened it), carried between readings by the boot clock.
+
 Failures: a refused connection, a timeout (`timeout_ms`, default 2000: the
 pool's wait, the connect, and the server's `statement_timeout`; and twice
 `timeout_ms` as the client's own deadline on every answer, for a server that

@@ -25,10 +25,20 @@ of the record at the expected version (those of every unfinished record it
 last wrote or read, at most 65,536 keys: a completion after its own claim
 always does). Other bytes mean another writer came between: refused, as the
 script would. `cas="script"` always runs the script; `store.native_cas` says
-which. Expiry is compared with the guard's `now_ms`, never the
-server's clock; every write sets `PX` to the record's remaining life by the
+which. Expiry is compared with the `now_ms` the guard passes, never a clock
+a script reads; every write sets `PX` to the record's remaining life by the
 guard's clock plus `grace_ms` (default 60 000), so Redis frees the space by
 itself.
+
+The guard's clock is the store's (`store.clock`, a `SyncedClock`: the time
+authority of wit/clock.wit): the server's `TIME`, through the layout's
+`time.lua` on the key `{prefix}\x01clock` (on a cluster, the node of that
+slot), read when `RedisStore` opens (`AsyncRedisStore`: at its first guard
+call, or `async with`) and every `clock_sync_ms` after (default 1 000), on a
+daemon thread or a task of the event loop, and carried between readings by
+the boot clock. So every host on the server judges leases by one clock,
+whatever its own wall clock says. Until it has been read once, every guard
+call fails closed naming why.
 
 Failures: a refused connection, a timeout (`timeout_ms`, default 2000) or any
 error reply is `StoreFault("unavailable")`, and the guard fails closed;
