@@ -32,6 +32,7 @@ from idem_guard import (
     LocalClock,
     ManualClock,
     MemoryStore,
+    Record,
     Response,
     SyncedClock,
 )
@@ -57,6 +58,8 @@ def test_a_synced_clock_is_unknown_until_read_then_carried_by_the_boot_clock() -
     clock = SyncedClock("a test server's clock")
     with pytest.raises(ClockUnknown, match=r"^a test server's clock has not been read yet$"):
         clock.known()
+    with pytest.raises(ClockUnknown):
+        clock.now_ms()  # never a guess
     assert not clock.read(lambda: (_ for _ in ()).throw(ConnectionRefusedError("refused")))
     with pytest.raises(ClockUnknown, match=r"has not been read yet \(reading it failed: ConnectionRefusedError: refused\)"):
         clock.known()
@@ -212,6 +215,20 @@ def test_an_async_guard_fails_closed_until_its_stores_clock_is_read() -> None:
     message, kind = asyncio.run(main())
     assert message == "the store's clock is not known: a test server's clock has not been read yet" and kind == "executed"
     assert store.peek("k", store.clock.now_ms()) is not None
+
+
+def test_a_guard_does_not_purge_while_its_stores_clock_is_unknown() -> None:
+    store = ServerStore()
+    store.insert("old", Record("fp", "processing", 1, 5, 10, None), 0)
+    guard = Guard(store=store, renew_lease=False, purge_every_ms=10)
+    try:
+        poll(lambda: guard.purge_stats.errors >= 1, "a purge run that could not tell the time")
+        assert guard.purge_stats.purged == 0 and len(store) == 1
+        assert guard.purge_stats.last_error == "the store's clock is not known: a test server's clock has not been read yet"
+        store.clock.adopt(1_765_000_000_000, boot_ms(), boot_ms())
+        poll(lambda: len(store) == 0, "the expired record purged once the clock is known")
+    finally:
+        guard.close()
 
 
 def test_a_store_without_a_clock_is_refused_naming_the_fix() -> None:

@@ -287,6 +287,9 @@ class SyncedClock:
             return self._error_now(at_ms)
 
     def now_ms(self) -> int:
+        """The server's time now; `ClockUnknown` before the first reading (never a guess)."""
+        if not self._anchored:
+            raise self._unknown()
         return self.at(boot_ms())
 
     @property
@@ -298,9 +301,12 @@ class SyncedClock:
         """The error bound now, in milliseconds; `ClockUnknown` saying why before the first reading."""
         if self._anchored:
             return self.error_at(boot_ms())
+        raise self._unknown()
+
+    def _unknown(self) -> ClockUnknown:
         with self._lock:
             why = self._failure
-        raise ClockUnknown(f"{self.authority} has not been read yet" + (f" (reading it failed: {why})" if why else ""))
+        return ClockUnknown(f"{self.authority} has not been read yet" + (f" (reading it failed: {why})" if why else ""))
 
     # --- keeping it synced ---------------------------------------------------
 
