@@ -18,6 +18,7 @@ Run by examples/run-polyglot-tests.sh in the polyglot venv.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import http.server
 import io
 import json
@@ -165,9 +166,14 @@ class Node:
 
     def close(self) -> None:
         try:
-            self(op="close")
+            if self.proc.poll() is None:
+                self(op="close")
         finally:
-            self.proc.wait(timeout=10)
+            try:
+                self.proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
 
 
 def wire(r: Response) -> dict:
@@ -202,25 +208,33 @@ def hosts(request):
         async def open_async():
             return await AsyncPostgresStore.open(url, table=run)
 
-    upstream = Upstream()
-    gateway = Gateway(gateway_url, upstream)
-    node = Node()
-    assert node(op="open", leaseMs=LEASE_MS, **node_open) == {"ok": True}
-    python = Guard(store=py_store, lease_ms=LEASE_MS, renew_lease=False)
-    yield kind, gateway, node, python, upstream, py_store, open_async
-    node.close()
-    gateway.close()
-    upstream.close()
-    py_store.close()
+    # Whatever was started is stopped, and the run's keys or table removed, even when a host
+    # fails to start (no gateway or Node.js process is left behind).
+    with contextlib.ExitStack() as started:
+        started.callback(_forget, kind, url, run)
+        started.callback(py_store.close)
+        upstream = Upstream()
+        started.callback(upstream.close)
+        gateway = Gateway(gateway_url, upstream)
+        started.callback(gateway.close)
+        node = Node()
+        started.callback(node.close)
+        assert node(op="open", leaseMs=LEASE_MS, **node_open) == {"ok": True}
+        python = Guard(store=py_store, lease_ms=LEASE_MS, renew_lease=False)
+        yield kind, gateway, node, python, upstream, py_store, open_async
+
+
+def _forget(kind: str, url: str, run: str) -> None:
+    """Removes the run's table, or its keys."""
     if kind == "postgres":
         _drop(url, run)
-    else:
-        import redis
+        return
+    import redis
 
-        with redis.Redis.from_url(url) as r:
-            keys = list(r.scan_iter(match=f"{prefix}*"))
-            if keys:
-                r.delete(*keys)
+    with redis.Redis.from_url(url) as r:
+        keys = list(r.scan_iter(match=f"{run}:*"))
+        if keys:
+            r.delete(*keys)
 
 
 def _drop(url: str, table: str) -> None:
