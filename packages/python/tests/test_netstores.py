@@ -392,12 +392,19 @@ def test_eight_threads_of_guard_run_on_one_redis_key_run_the_handler_once(redis_
 
 
 def test_twenty_concurrent_async_runs_on_one_redis_key_run_the_handler_once(redis_url: str) -> None:
-    async def main() -> tuple[list[int], list[str]]:
-        async with AsyncRedisStore(redis_url, prefix=unique("tasks") + ":") as store:
-            return await run_concurrently(AsyncGuard(store=store), "k", 20)
+    async def main() -> tuple[list[int], list[str], int]:
+        # No periodic reading during the test (an hour): only the first ones are counted.
+        store = AsyncRedisStore(redis_url, prefix=unique("tasks") + ":", clock_sync_ms=3_600_000)
+        try:
+            # The first calls, all at once: they share one reading of the server's clock.
+            ran, kinds = await run_concurrently(AsyncGuard(store=store), "k", 20)
+            return ran, kinds, store.clock.readings
+        finally:
+            await store.close()
 
-    ran, kinds = asyncio.run(main())
+    ran, kinds, readings = asyncio.run(main())
     assert ran == [1] and sorted(kinds) == ["executed"] + ["in-flight"] * 19, kinds
+    assert readings == 1, "one reading for the burst of first calls"
 
 
 # --- PostgreSQL ---------------------------------------------------------------

@@ -215,6 +215,7 @@ class SyncedClock:
         self._thread: threading.Thread | None = None
         self._ask: Callable[[], Any] | None = None
         self._task: asyncio.Task[None] | None = None
+        self._pending: asyncio.Task[bool] | None = None  # a first reading under way (`first_reading`)
         reset_after_fork(self)  # a forked child starts its syncing thread again
 
     # --- readings ------------------------------------------------------------
@@ -270,6 +271,17 @@ class SyncedClock:
             return False
         self.adopt(server_ms, sent, boot_ms())
         return True
+
+    async def first_reading(self, ask: Callable[[], Awaitable[int]]) -> None:
+        """Reads with `await ask()` unless the clock has been read: concurrent callers on
+        one loop share the reading under way (one round trip for a burst of first calls)."""
+        if self._anchored:
+            return
+        loop = asyncio.get_running_loop()
+        pending = self._pending
+        if pending is None or pending.done() or pending.get_loop() is not loop:
+            pending = self._pending = loop.create_task(self.aread(ask), name="idem-clock-read")
+        await asyncio.shield(pending)
 
     # --- the time ------------------------------------------------------------
 
@@ -330,7 +342,7 @@ class SyncedClock:
         if stopped:
             self._stop.set()
         self._thread = None
-        self._task = None
+        self._task = self._pending = None
         self._start_thread()
 
     def keep_synced_async(self, ask: Callable[[], Awaitable[int]]) -> None:

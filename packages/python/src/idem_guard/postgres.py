@@ -392,8 +392,7 @@ class AsyncPostgresStore(_Layout, AsyncSteps):
         `AsyncGuard` awaits it before each call."""
         if self.pool is None:
             return  # not open: the calls fail as unavailable anyway
-        if not self.clock.anchored:
-            await self.clock.aread(self.server_time)
+        await self.clock.first_reading(self.server_time)
         self.clock.keep_synced_async(self.server_time)
 
     async def _configure(self, conn: psycopg.AsyncConnection) -> None:

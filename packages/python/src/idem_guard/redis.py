@@ -754,8 +754,7 @@ class AsyncRedisStore(_Layout, AsyncSteps):
         guard call fails closed naming why, and the next call tries again), and keeps it synced
         every `clock_sync_ms` from a task of the running loop. `AsyncGuard` awaits it before
         each call; `async with` the store awaits it too."""
-        if not self.clock.anchored:
-            await self.clock.aread(self.server_time)
+        await self.clock.first_reading(self.server_time)
         self.clock.keep_synced_async(self.server_time)
 
     async def _send(self, command: Any, key: str) -> Any:
