@@ -8,7 +8,8 @@
 #
 #   examples/run-polyglot-tests.sh [REPO_ROOT]
 #
-# Needs: cargo, Node.js >= 20.14 (--test-force-exit) with npm, Python 3.11, and for the packages'
+# Needs: cargo, Node.js >= 20.14 (--test-force-exit) with npm, Python 3.11 (with libfaketime, the
+# Debian package faketime, for the Python package's clock tests), and for the packages'
 # store tests and the interop test Redis and PostgreSQL: it runs
 # scripts/services.sh, which starts the local ones (and Valkey, for the
 # stores' SET … IFEQ), and names them in IDEM_TEST_REDIS_URL,
@@ -125,7 +126,7 @@ echo "== Python package and host ($(python3.11 --version))"
   # The idem-guard wheel, with $component inside; the tests import it installed.
   "$root/packages/python/build.sh" "" "$wheels"
   "$venv/bin/pip" install --quiet --disable-pip-version-check --no-deps --force-reinstall \
-    "$wheels/idem_guard-0.2.0-py3-none-any.whl"
+    "$wheels/idem_guard-0.3.0-py3-none-any.whl"
   (cd "$root/packages/python" && IDEM_WHEELHOUSE="$wheels" \
     "$venv/bin/python" -m pytest -q -p no:cacheprovider tests)
   # The oldest wasmtime-py the package accepts (pyproject.toml: wasmtime>=40,<52),
@@ -137,7 +138,7 @@ echo "== Python package and host ($(python3.11 --version))"
   "$floor/bin/pip" download --quiet --disable-pip-version-check --no-deps --dest "$wheels" -r "$floor_reqs"
   "$floor/bin/pip" install --quiet --disable-pip-version-check --no-index --find-links "$wheels" -r "$floor_reqs"
   "$floor/bin/pip" install --quiet --disable-pip-version-check --no-deps --force-reinstall \
-    "$wheels/idem_guard-0.2.0-py3-none-any.whl"
+    "$wheels/idem_guard-0.3.0-py3-none-any.whl"
   (cd "$root/packages/python" && "$floor/bin/python" -m pytest -q -p no:cacheprovider \
     tests/test_abi.py tests/test_conformance.py tests/test_host.py -k "not dynamic and not both_bindings")
   (cd "$root/examples/python" && "$venv/bin/python" -m pytest -q -p no:cacheprovider)

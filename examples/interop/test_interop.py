@@ -18,6 +18,7 @@ Run by examples/run-polyglot-tests.sh in the polyglot venv.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import http.server
 import io
 import json
@@ -165,9 +166,14 @@ class Node:
 
     def close(self) -> None:
         try:
-            self(op="close")
+            if self.proc.poll() is None:
+                self(op="close")
         finally:
-            self.proc.wait(timeout=10)
+            try:
+                self.proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
 
 
 def wire(r: Response) -> dict:
@@ -202,25 +208,33 @@ def hosts(request):
         async def open_async():
             return await AsyncPostgresStore.open(url, table=run)
 
-    upstream = Upstream()
-    gateway = Gateway(gateway_url, upstream)
-    node = Node()
-    assert node(op="open", leaseMs=LEASE_MS, **node_open) == {"ok": True}
-    python = Guard(store=py_store, lease_ms=LEASE_MS, renew_lease=False)
-    yield kind, gateway, node, python, upstream, py_store, open_async
-    node.close()
-    gateway.close()
-    upstream.close()
-    py_store.close()
+    # Whatever was started is stopped, and the run's keys or table removed, even when a host
+    # fails to start (no gateway or Node.js process is left behind).
+    with contextlib.ExitStack() as started:
+        started.callback(_forget, kind, url, run)
+        started.callback(py_store.close)
+        upstream = Upstream()
+        started.callback(upstream.close)
+        gateway = Gateway(gateway_url, upstream)
+        started.callback(gateway.close)
+        node = Node()
+        started.callback(node.close)
+        assert node(op="open", leaseMs=LEASE_MS, **node_open) == {"ok": True}
+        python = Guard(store=py_store, lease_ms=LEASE_MS, renew_lease=False)
+        yield kind, gateway, node, python, upstream, py_store, open_async
+
+
+def _forget(kind: str, url: str, run: str) -> None:
+    """Removes the run's table, or its keys."""
     if kind == "postgres":
         _drop(url, run)
-    else:
-        import redis
+        return
+    import redis
 
-        with redis.Redis.from_url(url) as r:
-            keys = list(r.scan_iter(match=f"{prefix}*"))
-            if keys:
-                r.delete(*keys)
+    with redis.Redis.from_url(url) as r:
+        keys = list(r.scan_iter(match=f"{run}:*"))
+        if keys:
+            r.delete(*keys)
 
 
 def _drop(url: str, table: str) -> None:
@@ -295,8 +309,12 @@ def test_a_takeover_across_languages_raises_the_fence_and_refuses_the_stale_hold
     short = Guard(store=py_store, lease_ms=200, renew_lease=False)
     tag, stale = short.begin("anon/t-1", fp)
     assert tag == "proceed"
-    # The Python worker "crashes": it never completes. After its lease:
-    time.sleep(0.3)
+    # The Python worker "crashes": it never completes. After its lease, by the store's clock
+    # (every host's time authority), with a margin for the hosts' error bounds:
+    deadline = time.monotonic() + 30
+    while py_store.clock.now_ms() < stale.lease_until_ms + 100:
+        assert time.monotonic() < deadline, "the store's clock did not pass the lease"
+        time.sleep(0.01)
     taken = node(op="begin", key="anon/t-1", fingerprint=fp)
     assert taken["tag"] == "proceed"
     assert int(taken["fence"]) > stale.fence
@@ -351,7 +369,7 @@ def test_the_gateway_and_the_asgi_middleware_replay_each_others_responses(hosts)
     # The gateway first: its record, read by the Python store and replayed by the middleware.
     status, _, sent = gateway.post("g-m", body)
     assert status == 201 and upstream.calls["g-m"] == 1
-    entry = py_store.get("anon/g-m", time.time_ns() // 1_000_000)
+    entry = py_store.get("anon/g-m", py_store.clock.now_ms())
     assert entry is not None and entry.record.state == "done" and entry.record.response.body == sent, entry
 
     async def python_side():

@@ -150,6 +150,7 @@ def main() -> None:
     class MemoryAsync:
         def __init__(self) -> None:
             self.m = MemoryStore()
+            self.clock = self.m.clock  # its time authority: the process's
 
         async def get(self, *a: Any) -> Any:
             return self.m.get(*a)

@@ -58,12 +58,12 @@ cp -r "$root/wit/store-layout/README.md" "$root/wit/store-layout/redis" "$root/w
 "$venv/bin/python" -m pip wheel --quiet --disable-pip-version-check --no-deps --no-index --no-build-isolation \
   --wheel-dir "$out" "$stage"
 
-wheel="$out/idem_guard-0.2.0-py3-none-any.whl"
+wheel="$out/idem_guard-0.3.0-py3-none-any.whl"
 "$venv/bin/python" - "$wheel" <<'PY'
 import sys, zipfile
 names = zipfile.ZipFile(sys.argv[1]).namelist()
 assert "idem_guard/idem-guard.wasm" in names, f"{sys.argv[1]} lacks the component: {names}"
-for shared in ("redis/replace.lua", "redis/claim_expired.lua", "redis/delete_at.lua", "postgres/schema.sql", "postgres/statements.sql"):
+for shared in ("redis/replace.lua", "redis/claim_expired.lua", "redis/delete_at.lua", "redis/time.lua", "postgres/schema.sql", "postgres/statements.sql"):
     assert f"idem_guard/store_layout/{shared}" in names, f"{sys.argv[1]} lacks the layout's {shared}: {names}"
 PY
 echo "$wheel"

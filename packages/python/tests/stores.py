@@ -55,11 +55,13 @@ def server_url(var: str) -> str:
 
 
 class Faulty(Faults):
-    """A synchronous store with faults injected around its primitives; `peek` bypasses them."""
+    """A synchronous store with faults injected around its primitives; `peek` bypasses them.
+    Its time authority is the store's (`clock`)."""
 
     def __init__(self, inner: Any):
         super().__init__()
         self.inner = inner
+        self.clock = inner.clock
 
     def _apply(self, primitive: str, *args: Any) -> Any:
         rule = self.take(primitive)
@@ -87,11 +89,13 @@ class Faulty(Faults):
 
 
 class AsyncFaulty(Faults):
-    """An asynchronous store with faults injected around its primitives; `await peek(...)` bypasses them."""
+    """An asynchronous store with faults injected around its primitives; `await peek(...)` bypasses them.
+    Its time authority is the store's (`clock`)."""
 
     def __init__(self, inner: Any):
         super().__init__()
         self.inner = inner
+        self.clock = inner.clock
 
     async def _apply(self, primitive: str, *args: Any) -> Any:
         rule = self.take(primitive)
@@ -123,6 +127,7 @@ class AsyncMemory:
 
     def __init__(self, inner: MemoryStore | None = None):
         self.inner = inner if inner is not None else MemoryStore()
+        self.clock = self.inner.clock
 
     async def get(self, *args: Any) -> Any:
         return self.inner.get(*args)
@@ -145,6 +150,7 @@ class Recording:
 
     def __init__(self, inner: Any, asynchronous: bool = False):
         self.inner = inner
+        self.clock = inner.clock
         self.calls: list[tuple] = []
         for name in PRIMITIVES:
             setattr(self, name, self._async(name) if asynchronous else self._sync(name))

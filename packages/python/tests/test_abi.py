@@ -166,6 +166,41 @@ def test_the_layouts_are_the_canonical_abis() -> None:
     assert idem_abi.IMPORTS[("types", "[method]response.same-as")] == (["i32", "i32"], ["i32"])
     assert idem_abi.IMPORTS[("types", "[resource-drop]response")] == (["i32"], [])
     assert idem_abi.EXPORTS["complete"][0] == ["i32"] and len(idem_abi.EXPORTS["renew"][0]) == 16
+    # 0.3: replace answers `result<bool, store-error>`: the bool at 4 (the error's alignment), 16 bytes.
+    assert (idem_abi.REPLACE_RESULT.size, idem_abi.REPLACE_RESULT.payload) == (16, 4)
+
+
+def test_the_03_guard_imports_neither_delete_nor_the_responses_constructor_or_bytes() -> None:
+    # What the component's core module imports, checked at load against the WIT mirror: the
+    # constructor, `headers` and `body` of wit/types.wit are for a store written as a component,
+    # and `delete` is the operators' (a host store never needs the first three from the guard).
+    assert sorted(idem_abi.Guest(COMPONENT.read_bytes()).imports) == [
+        ("clock", "now-ms"),
+        ("random", "random-u64"),
+        ("store", "get"),
+        ("store", "insert"),
+        ("store", "replace"),
+        ("types", "[method]response.same-as"),
+        ("types", "[method]response.size"),
+        ("types", "[method]response.status"),
+        ("types", "[resource-drop]response"),
+    ]
+
+
+class OldReplace(MemoryStore):
+    """A store written for 0.2: `replace` answers the new version or None."""
+
+    def replace(self, key: str, expected_version: int, record: Any, now_ms: int) -> Any:
+        return expected_version + 1 if super().replace(key, expected_version, record, now_ms) else None
+
+
+@pytest.mark.parametrize("binding", ["static", "dynamic"])
+def test_a_replace_that_answers_anything_but_a_bool_fails_closed(binding: str) -> None:
+    guard = Guard.load(store=OldReplace(), clock=ManualClock(1_000), renew_lease=False, binding=binding)
+    _, claim = guard.begin("k", "fp")
+    with pytest.raises(GuardError) as err:
+        guard.complete(claim, Response(200))
+    assert err.value.kind == "unavailable" and "store.replace returned 2; a 0.3 store returns True" in err.value.detail
 
 
 def test_dropped_instances_free_their_host_functions() -> None:

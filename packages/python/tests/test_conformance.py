@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import dataclasses
 import json
 from pathlib import Path
 from typing import Any
@@ -171,6 +172,19 @@ class Host:
         entry = self.store.peek(key, self.clock.now_ms())
         return self.loop.run_until_complete(entry) if self.loop is not None else entry
 
+    def claim(self, step: dict) -> Claim:
+        """The step's named claim, with the fields its `with` replaces (`holder`, `fence`: each a
+        u64 as a decimal string), as a careless or hostile caller passes it back."""
+        claim = self.claims[step["claim"]]
+        fields = {}
+        for name, value in step.get("with", {}).items():
+            if name not in ("holder", "fence"):
+                raise ValueError(f"with.{name}: not a field a step replaces")
+            if not (isinstance(value, str) and value.isdigit() and int(value) < 1 << 64):
+                raise ValueError(f"with.{name}: {value!r} is not a u64 as a decimal string")
+            fields[name] = int(value)
+        return dataclasses.replace(claim, **fields)
+
     def step(self, step: dict) -> dict | None:
         g, op = self.guard, step["op"]
         try:
@@ -199,19 +213,19 @@ class Host:
                     return {"decision": "in-flight", "retry_after_ms": value}
                 return {"decision": kind}
             if op == "complete":
-                g.complete(self.claims[step["claim"]], response(step["response"]))
+                g.complete(self.claim(step), response(step["response"]))
                 return {"ok": True}
             if op == "release":
-                g.release(self.claims[step["claim"]])
+                g.release(self.claim(step))
                 return {"ok": True}
             if op == "renew":
-                renewed = g.renew(self.claims[step["claim"]])
+                renewed = g.renew(self.claim(step))
                 if "as" in step:
                     self.claims[step["as"]] = renewed
                 return {"ok": True, **claim_json(renewed)}
             if op == "checkpoint":
                 checkpoint = Checkpoint(text(step["phase"]), data(step.get("data")))
-                saved = g.save_checkpoint(self.claims[step["claim"]], checkpoint)
+                saved = g.save_checkpoint(self.claim(step), checkpoint)
                 if "as" in step:
                     self.claims[step["as"]] = saved
                 return {"ok": True, **claim_json(saved)}

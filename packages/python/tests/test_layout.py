@@ -13,8 +13,9 @@ from typing import Any
 import pytest
 
 from idem_guard import layout
+from idem_guard.clock import SyncedClock
 from idem_guard.postgres import SCHEMA_VERSION, STATEMENTS, decode_row, record_params
-from idem_guard.redis import decode, encode
+from idem_guard.redis import decode, encode, time_ms
 from idem_guard.types import Checkpoint, Entry, Record, Response, StoreFault
 
 VECTORS = json.loads((Path(__file__).resolve().parents[3] / "wit" / "store-layout" / "vectors.json").read_text("utf-8"))
@@ -122,7 +123,7 @@ def test_every_statement_is_one_statement_with_the_table_filled_in() -> None:
     for name in STATEMENTS:
         text = layout.postgres_statement(name, "idem_t")
         assert "{t}" not in text and "-- name:" not in text and not text.endswith(";"), name
-        assert "idem_t" in text, name
+        assert "idem_t" in text or name == "now", name  # `now` reads the server's clock, no table
     schema = layout.postgres_schema("idem_t")
     assert f"INSERT INTO idem_schema VALUES ('idem_t', {SCHEMA_VERSION}) " in schema
     assert "{t}" not in schema
@@ -140,3 +141,25 @@ def test_the_scripts_are_the_layouts_files() -> None:
     assert (layout.root() / "redis" / "replace.lua").read_bytes() == (
         Path(__file__).resolve().parents[3] / "wit" / "store-layout" / "redis" / "replace.lua"
     ).read_bytes(), "the package's copy is the repository's file"
+
+
+# --- the time authority (README.md, "Time"; vectors.json `time`) -----------------------------
+
+
+@pytest.mark.parametrize("vector", VECTORS["time"]["redis_time"], ids=lambda v: " ".join(v["reply"]))
+def test_a_redis_time_reply_reads_as_the_layouts_milliseconds(vector: dict) -> None:
+    seconds, micros = (int(part) for part in vector["reply"])
+    assert time_ms(seconds, micros) == int(vector["ms"])
+
+
+@pytest.mark.parametrize("vector", VECTORS["time"]["readings"], ids=lambda v: f"rtt {int(v['received']) - int(v['sent'])} at {v['at']}")
+def test_a_reading_gives_the_layouts_time_and_error_bound(vector: dict) -> None:
+    n = {k: int(v) for k, v in vector.items()}
+    clock = SyncedClock("vectors")
+    clock.adopt(n["server_ms"], n["sent"], n["received"])
+    assert clock.at(n["at"]) == n["now_ms"]
+    assert clock.error_at(n["at"]) == n["error_ms"]
+
+
+def test_the_layout_has_time_vectors() -> None:
+    assert len(VECTORS["time"]["redis_time"]) >= 4 and len(VECTORS["time"]["readings"]) >= 2

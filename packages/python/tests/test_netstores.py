@@ -185,10 +185,13 @@ def test_redis_stores_the_layouts_value_with_px_from_the_guards_clock(redis_url:
         # Expired by the guard's clock but still held by Redis: claimed again at version + 1 (the script).
         assert store.insert("k", record(NOW + 20_000), NOW + 10_000) == 2
         assert raw_redis.get(prefix + "k") == encode(2, record(NOW + 20_000))
-        assert store.replace("k", 2, record(NOW + 30_000, state="done"), NOW + 10_001) == 3
-        assert store.replace("k", 2, record(NOW + 30_000), NOW + 10_001) is None, "a stale version is refused"
+        assert store.replace("k", 2, record(NOW + 30_000, state="done"), NOW + 10_001) is True
+        assert raw_redis.get(prefix + "k") == encode(3, record(NOW + 30_000, state="done")), "written at expected + 1"
+        assert store.replace("k", 2, record(NOW + 30_000), NOW + 10_001) is False, "a stale version is refused"
         assert store.get("k", NOW + 30_000) is None, "not live at its expiry"
-        assert store.delete("k", 2) is False and store.delete("k", 3) is True
+        assert store.delete("k", 3, NOW + 30_000) is False, "an expired record is left alone (Redis drops it)"
+        assert raw_redis.exists(prefix + "k") == 1
+        assert store.delete("k", 2, NOW) is False and store.delete("k", 3, NOW) is True
         assert raw_redis.exists(prefix + "k") == 0
 
 
@@ -248,14 +251,16 @@ def test_a_store_error_from_redis_replace_reaches_the_guest_as_err_not_a_trap(
 
 
 class Spied(RedisStore):
-    """A RedisStore that notes the name and options of every command it sends."""
+    """A RedisStore that notes the name and options of every command it sends, but the
+    readings of the server's clock (time.lua), which its thread takes whenever it likes."""
 
     def _opened(self) -> None:
-        super()._opened()
         self.sent: list[str] = []
+        super()._opened()
 
     def _pipeline(self, batch: tuple[tuple[Any, ...], ...]) -> list[Any]:
-        self.sent.extend(" ".join(str(a) for a in args if not isinstance(a, bytes)) for args in batch)
+        if not any(args[:2] == ("EVALSHA", self._shas["time"]) for args in batch):
+            self.sent.extend(" ".join(str(a) for a in args if not isinstance(a, bytes)) for args in batch)
         return super()._pipeline(batch)
 
 
@@ -279,7 +284,7 @@ def test_on_valkey_a_guarded_call_completes_with_set_ifeq_and_no_script_and_othe
         assert store.insert("k", record(), NOW) == 1
         raw = redis.Redis.from_url(valkey_url)
         raw.set(prefix + "k", theirs, px=60_000)
-        assert store.replace("k", 1, record(state="done"), NOW) is None
+        assert store.replace("k", 1, record(state="done"), NOW) is False
         assert raw.get(prefix + "k") == theirs
         raw.close()
 
@@ -319,7 +324,7 @@ def test_a_script_the_server_has_not_seen_is_loaded_on_noscript(redis_url: str, 
         store._shas["replace"] = hashlib.sha1(text.encode()).hexdigest()
         assert raw_redis.script_exists(store._shas["replace"]) == [False]
         assert store.insert("k", record(), NOW) == 1
-        assert store.replace("k", 1, record(), NOW) == 2
+        assert store.replace("k", 1, record(), NOW) is True
         assert raw_redis.script_exists(store._shas["replace"]) == [True]
 
 
@@ -332,12 +337,16 @@ def test_a_redis_server_that_cannot_be_reached_fails_closed_sync_and_async() -> 
         assert fault.value.kind == "unavailable" and "redis" in str(fault.value)
         outcome = Guard(store=store).run("k", "fp", handler)
         assert outcome.kind == "unavailable"
+        # Its clock was never read: the guard fails closed before it asks the store, saying why.
+        assert "the store's clock is not known: the Redis server's clock (TIME) has not been read yet" in outcome.message
+        assert "reading it failed: StoreFault: redis: ConnectionError" in outcome.message, outcome.message
 
     async def main() -> Any:
         async with AsyncRedisStore("redis://127.0.0.1:1", timeout_ms=500) as store:
             return await AsyncGuard(store=store).run("k", "fp", handler)
 
-    assert asyncio.run(main()).kind == "unavailable"
+    outcome = asyncio.run(main())
+    assert outcome.kind == "unavailable" and "the Redis server's clock (TIME) has not been read yet" in outcome.message
     assert ran == []
 
 
@@ -383,12 +392,19 @@ def test_eight_threads_of_guard_run_on_one_redis_key_run_the_handler_once(redis_
 
 
 def test_twenty_concurrent_async_runs_on_one_redis_key_run_the_handler_once(redis_url: str) -> None:
-    async def main() -> tuple[list[int], list[str]]:
-        async with AsyncRedisStore(redis_url, prefix=unique("tasks") + ":") as store:
-            return await run_concurrently(AsyncGuard(store=store), "k", 20)
+    async def main() -> tuple[list[int], list[str], int]:
+        # No periodic reading during the test (an hour): only the first ones are counted.
+        store = AsyncRedisStore(redis_url, prefix=unique("tasks") + ":", clock_sync_ms=3_600_000)
+        try:
+            # The first calls, all at once: they share one reading of the server's clock.
+            ran, kinds = await run_concurrently(AsyncGuard(store=store), "k", 20)
+            return ran, kinds, store.clock.readings
+        finally:
+            await store.close()
 
-    ran, kinds = asyncio.run(main())
+    ran, kinds, readings = asyncio.run(main())
     assert ran == [1] and sorted(kinds) == ["executed"] + ["in-flight"] * 19, kinds
+    assert readings == 1, "one reading for the burst of first calls"
 
 
 # --- PostgreSQL ---------------------------------------------------------------
@@ -400,12 +416,16 @@ def test_postgres_rows_hold_the_layouts_columns(tables: Tables) -> None:
     with PostgresStore(tables.url, table=table) as store:
         assert store.insert("k", record(holder=holder), NOW) == 1
         assert store.insert("k", record(), NOW) == store.get("k", NOW)
-        assert store.replace("k", 1, record(U64_TOP, holder=holder, state="done"), NOW) == 2
+        assert store.replace("k", 1, record(U64_TOP, holder=holder, state="done"), NOW) is True
         (row,) = tables.sql(f"SELECT version, holder, expires_at_ms, status, header_names, header_values, body FROM {table}")
         assert row == (2, -2, (1 << 63) - 1, 200, ["etag"], [b"\x00\xff"], b"paid"), "holder as i64, time saturated"
         entry = store.get("k", NOW)
         assert entry.record.holder == holder and entry.record.expires_at_ms == (1 << 63) - 1
-        assert store.delete("k", 1) is False and store.delete("k", None) is True
+        assert store.delete("k", 1, NOW) is False and store.delete("k", None, NOW) is True
+        # An expired row is left alone by delete (the purge frees it).
+        assert store.insert("old", record(NOW + 10), NOW) == 1
+        assert store.delete("old", None, NOW + 10) is False and store.delete("old", 1, NOW + 10) is False
+        assert tables.sql(f"SELECT count(*) FROM {table} WHERE key = 'old'") == [(1,)]
 
 
 U64_TOP = (1 << 64) - 1
@@ -672,13 +692,13 @@ def test_the_redis_store_reads_every_reply_it_gets_in_resp2_and_resp3_and_in_pie
             assert store.get("k", NOW) is None
             assert store.insert("k", record(), NOW) == 1
             assert store.insert("k", record(), NOW) == (record(), 1)
-            assert store.replace("k", 1, big, NOW) == 2 and store.get("k", NOW) == (big, 2)
+            assert store.replace("k", 1, big, NOW) is True and store.get("k", NOW) == (big, 2)
             assert store.insert("k", record(NOW + 20_000), NOW + 10_000) == 3, "claim_expired's array reply"
-            assert store.replace("k", 1, record(), NOW + 10_000) is None
+            assert store.replace("k", 1, record(), NOW + 10_000) is False
             client.hset(store.prefix + "h", "field", "value")
             with pytest.raises(StoreFault, match="not a string"):
                 store.get("h", NOW)
-            assert store.delete("k", 3) is True and store.delete("k", None) is False
+            assert store.delete("k", 3, NOW) is True and store.delete("k", None, NOW) is False
     finally:
         client.close()
 
@@ -825,12 +845,12 @@ def test_the_async_redis_store_reads_replies_in_resp2_and_resp3_and_in_pieces(re
             assert await store.get("k", NOW) is None
             assert await store.insert("k", record(), NOW) == 1
             assert await store.insert("k", record(), NOW) == (record(), 1)
-            assert await store.replace("k", 1, big, NOW) == 2 and await store.get("k", NOW) == (big, 2)
+            assert await store.replace("k", 1, big, NOW) is True and await store.get("k", NOW) == (big, 2)
             assert await store.insert("k", record(NOW + 20_000), NOW + 10_000) == 3, "claim_expired's array reply"
             await client.hset(store.prefix + "h", "field", "value")
             with pytest.raises(StoreFault, match="not a string"):
                 await store.get("h", NOW)
-            assert await store.delete("k", 3) is True and await store.delete("k", None) is False
+            assert await store.delete("k", 3, NOW) is True and await store.delete("k", None, NOW) is False
         await client.aclose()
 
     asyncio.run(main())
@@ -874,6 +894,8 @@ def test_the_async_redis_store_loads_a_script_the_server_lost_in_the_same_round_
         batches: ClassVar[list[list[str]]] = []
 
         async def _pipeline(self, batch: tuple[tuple[Any, ...], ...]) -> list[Any]:
+            if batch[0][:2] == ("EVALSHA", self._shas["time"]):  # the clock's readings are not counted
+                return await super()._pipeline(batch)
             self.batches.append([str(args[0]) for args in batch])
             if batch[0][0] == "EVALSHA" and len(self.batches) == 2:
                 return [NoScriptError("No matching script. Please use EVAL.")]
@@ -882,7 +904,7 @@ def test_the_async_redis_store_loads_a_script_the_server_lost_in_the_same_round_
     async def main() -> None:
         async with Forgetful(redis_url, prefix=unique("anoscript") + ":", cas="script") as store:
             assert await store.insert("k", record(), NOW) == 1
-            assert await store.replace("k", 1, record(state="done"), NOW) == 2
+            assert await store.replace("k", 1, record(state="done"), NOW) is True
             assert Forgetful.batches == [["SET"], ["EVALSHA"], ["SCRIPT", "EVALSHA"]], Forgetful.batches
 
     asyncio.run(main())
@@ -894,8 +916,11 @@ def test_async_redis_calls_start_inside_the_run_that_asks_for_them(redis_url: st
     overlaps the rest of the run). A store without it is called after the run."""
 
     class Spied(AsyncRedisStore):
+        sent: list[str]
+
         async def _pipeline(self, batch: tuple[tuple[Any, ...], ...]) -> list[Any]:
-            self.sent.append(str(batch[0][0]))
+            if batch[0][:2] != ("EVALSHA", self._shas["time"]):  # the clock's readings are not counted
+                self.sent.append(str(batch[0][0]))
             return await super()._pipeline(batch)
 
     class Lazy(Spied):
@@ -934,7 +959,7 @@ def test_an_async_guard_call_cancelled_while_its_started_store_call_waits_leaves
 
     async def main() -> None:
         async with AsyncRedisStore(f"redis://127.0.0.1:{proxy.port}", prefix=unique("acancel") + ":", timeout_ms=60_000) as store:
-            guard = AsyncGuard(store=store)
+            guard = AsyncGuard(store=store, renew_lease=False)  # a 60 s store timeout would need a 120 s lease
             assert (await guard.run("warm", "fp", lambda fence: Response(200))).kind == "executed"
             (conn,) = store._idle
             proxy.silence()
@@ -948,10 +973,105 @@ def test_an_async_guard_call_cancelled_while_its_started_store_call_waits_leaves
             with pytest.raises(asyncio.CancelledError):
                 await task
             assert ran == [] and conn._reader is None, "the store call was cancelled with its guard call and its connection dropped"
-            others = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+            # The store's clock keeps its own task (named idem-clock), until the store closes.
+            others = [t for t in asyncio.all_tasks() if t is not asyncio.current_task() and t.get_name() != "idem-clock"]
             assert others == [], others
 
     try:
         asyncio.run(main())
     finally:
         proxy.close()
+
+
+# --- the time authority: each server's clock ---------------------------------------
+
+
+def redis_time_ms(url: str) -> int:
+    with redis.Redis.from_url(url) as raw:
+        seconds, micros = raw.time()
+    return int(seconds) * 1000 + int(micros) // 1000
+
+
+def postgres_time_ms(url: str) -> int:
+    with psycopg.connect(url, autocommit=True) as conn:
+        (now,) = conn.execute("SELECT floor(extract(epoch FROM clock_timestamp()) * 1000)::BIGINT").fetchone()
+    return int(now)
+
+
+def agrees(clock: Any, server_now: Any) -> None:
+    """`clock` tells the server's time within its error bound (plus the round trip of this check)."""
+    before = clock.now_ms()
+    server = server_now()
+    after = clock.now_ms()
+    bound = clock.known()
+    assert before - bound - 5 <= server <= after + bound + 5, (before, server, after, bound)
+
+
+def test_the_redis_stores_read_the_servers_clock_through_time_lua_and_keep_it_synced(redis_url: str) -> None:
+    prefix = unique("clock") + ":"
+    with Spied(redis_url, prefix=prefix, clock_sync_ms=100) as store:
+        assert store.clock.anchored and store.clock.readings >= 1, "read when the store opened"
+        assert store.clock.authority == "the Redis server's clock (TIME)"
+        agrees(store.clock, lambda: redis_time_ms(redis_url))
+        assert store.sent == [], "the readings are the time script on {prefix}\\x01clock, not counted"
+        start = time.monotonic()
+        while store.clock.readings < 4:
+            assert time.monotonic() - start < 30, "read again every clock_sync_ms"
+            time.sleep(0.01)
+    readings = store.clock.readings
+    store.clock._thread.join(30)
+    assert not store.clock._thread.is_alive() and store.clock.readings == readings, "close() stops the readings"
+    with pytest.raises(ValueError, match="clock_sync_ms 99"):
+        RedisStore(redis_url, clock_sync_ms=99)
+
+    async def main() -> None:
+        store = AsyncRedisStore(redis_url, prefix=prefix, clock_sync_ms=100)
+        assert not store.clock.anchored, "no loop yet: read at the first call (or async with)"
+        guard = AsyncGuard(store=store)
+        assert (await guard.run("k", "fp", lambda fence: Response(200))).kind == "executed"
+        assert store.clock.anchored
+        agrees(store.clock, lambda: redis_time_ms(redis_url))
+        start = time.monotonic()
+        while store.clock.readings < 4:
+            assert time.monotonic() - start < 30, "read again every clock_sync_ms, from a task of the loop"
+            await asyncio.sleep(0.01)
+        await store.close()
+        assert [t for t in asyncio.all_tasks() if t.get_name() == "idem-clock"] == [], "close() ends its task"
+
+    asyncio.run(main())
+
+
+def test_the_postgres_stores_read_the_servers_clock_through_the_now_statement(tables: Tables) -> None:
+    table = tables.new()
+    with PostgresStore(tables.url, table=table, clock_sync_ms=100) as store:
+        assert store.clock.anchored and store.clock.authority == "the PostgreSQL server's clock (clock_timestamp())"
+        agrees(store.clock, lambda: postgres_time_ms(tables.url))
+        start = time.monotonic()
+        while store.clock.readings < 4:
+            assert time.monotonic() - start < 30, "read again every clock_sync_ms"
+            time.sleep(0.01)
+
+    async def main() -> None:
+        async with await AsyncPostgresStore.open(tables.url, table=table, clock_sync_ms=100) as store:
+            assert store.clock.anchored, "read when the store opened"
+            agrees(store.clock, lambda: postgres_time_ms(tables.url))
+            start = time.monotonic()
+            while store.clock.readings < 4:
+                assert time.monotonic() - start < 30, "read again every clock_sync_ms, from a task of the loop"
+                await asyncio.sleep(0.01)
+        assert [t for t in asyncio.all_tasks() if t.get_name() == "idem-clock"] == [], "close() ends its task"
+
+    asyncio.run(main())
+
+
+def test_a_guard_over_a_network_store_judges_time_by_the_servers_clock(redis_url: str, tables: Tables) -> None:
+    """The lease and expiry a claim carries are the server's time plus the policy's, whatever this host's wall clock says."""
+    with RedisStore(redis_url, prefix=unique("servertime") + ":") as redis_store, PostgresStore(tables.url, table=tables.new()) as pg:
+        for store, server_now in ((redis_store, lambda: redis_time_ms(redis_url)), (pg, lambda: postgres_time_ms(tables.url))):
+            guard = Guard(store=store, lease_ms=30_000)
+            assert guard.clock is store.clock
+            before = server_now()
+            kind, claim = guard.begin("k", "fp")
+            after = server_now()
+            bound = store.clock.known() + 5
+            assert kind == "proceed" and before - bound <= claim.lease_until_ms - 30_000 <= after + bound

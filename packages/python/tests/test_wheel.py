@@ -120,7 +120,7 @@ def venv(tmp_path_factory: pytest.TempPathFactory) -> Path:
     component = os.environ.get("IDEM_COMPONENT") or str(idem_guard.DEFAULT_COMPONENT)
     wheels = tmp_path / "wheels"
     built = run("bash", PACKAGE / "build.sh", "", wheels, env={**os.environ, "IDEM_COMPONENT": component})
-    assert built.strip().endswith("idem_guard-0.2.0-py3-none-any.whl")
+    assert built.strip().endswith("idem_guard-0.3.0-py3-none-any.whl")
 
     wheelhouse = os.environ.get("IDEM_WHEELHOUSE")
     if not wheelhouse:

@@ -1,10 +1,10 @@
-"""idem-guard: an idempotency guard for Python, the `idem:guard@0.2.0`
+"""idem-guard: an idempotency guard for Python, the `idem:guard@0.3.0`
 WebAssembly component hosted with wasmtime. The component's bytes ship in the
 package, so a guard needs no file of its own::
 
     from idem_guard import Guard, Response
 
-    guard = Guard()  # a MemoryStore; pass store=, clock=, lease_ms=, ...
+    guard = Guard()  # a MemoryStore; pass store=, lease_ms=, ... (clock=: a test's)
     outcome = guard.run("order-1", "cents=1000", lambda fence: Response(200, [], b"paid"))
     assert guard.run("order-1", "cents=1000", lambda fence: Response(500)).response.body == b"paid"
 
@@ -22,9 +22,15 @@ Stores: `MemoryStore` here; Redis in `idem_guard.redis` (`RedisStore`,
 on-store layout every idem host shares (wit/store-layout/). `AsyncGuard`
 over an asynchronous store replays each call from a journal of the store's
 answers (`idem_guard.journal`).
+
+Time: a guard judges leases and retention by its store's time authority
+(`store.clock`, `idem_guard.clock`), never this host's wall clock: the
+Redis or PostgreSQL server's clock, read every second, or this process's
+monotonic clock for a `MemoryStore`.
 """
 
 from .aio import AsyncAttempt, AsyncGuard
+from .clock import ClockUnknown, LocalClock, ManualClock, SyncedClock
 from .functions import (
     AlreadyInProgress,
     IdempotencyError,
@@ -40,18 +46,16 @@ from .guard import (
     Attempt,
     Guard,
     GuardError,
-    ManualClock,
     MemoryStore,
     NotRecorded,
     Outcome,
     PurgeStats,
-    SystemClock,
     SystemRandom,
 )
 from .observe import Decision
 from .types import Checkpoint, Claim, Entry, Record, Response, StoreFault
 
-__version__ = "0.2.0"
+__version__ = "0.3.0"
 
 __all__ = [
     "DEFAULT_COMPONENT",
@@ -61,12 +65,14 @@ __all__ = [
     "Attempt",
     "Checkpoint",
     "Claim",
+    "ClockUnknown",
     "Decision",
     "Entry",
     "Guard",
     "GuardError",
     "IdempotencyError",
     "IdempotencyKeyMissing",
+    "LocalClock",
     "ManualClock",
     "MemoryStore",
     "NotRecorded",
@@ -78,7 +84,7 @@ __all__ = [
     "ResultNotStored",
     "StoreFault",
     "StoreUnavailable",
-    "SystemClock",
+    "SyncedClock",
     "SystemRandom",
     "idempotent",
     "idempotent_function",

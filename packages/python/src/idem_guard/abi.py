@@ -1,5 +1,5 @@
 """The guard component run through wasmtime's core API, with the canonical ABI
-of `idem:guard@0.2.0` written once, here, for this WIT.
+of `idem:guard@0.3.0` written once, here, for this WIT.
 
 Why: wasmtime-py's dynamic component API lifts and lowers every value
 through generic type objects, with a ctypes call or more per value: about
@@ -83,12 +83,21 @@ from .types import (
     status_u16,
 )
 
-VERSION = "0.2.0"
+VERSION = "0.3.0"
 
 
 def contract(interface: str) -> str:
-    """The name an interface of the contract has in the component: `idem:guard/store@0.2.0`."""
+    """The name an interface of the contract has in the component: `idem:guard/store@0.3.0`."""
     return f"idem:guard/{interface}@{VERSION}"
+
+
+def _written(answer: Any) -> bool:
+    """A store's `replace` answer, `bool` by the contract (wit/store.wit: the new version is
+    `expected + 1`). Anything else (a 0.2 store's new version or None) is a host bug, raised:
+    the instance traps and the call fails closed, naming what the store returned."""
+    if type(answer) is not bool:
+        raise TypeError(f"store.replace returned {answer!r}; a 0.3 store returns True (written) or False")
+    return answer
 
 
 class AbiViolation(Exception):
@@ -254,14 +263,16 @@ BEGIN_RESULT = Result(DECISION, GUARD_ERROR)
 UNIT_RESULT = Result(None, GUARD_ERROR)
 CLAIM_RESULT = Result(CLAIM, GUARD_ERROR)  # renew, save-checkpoint
 
-# wit/store.wit (the 0.2.0 guest imports `get`, `insert` and `replace`; `Guest.load`
-# refuses a component that imports anything this binding does not lower)
+# wit/store.wit (the 0.3.0 guest imports `get`, `insert` and `replace`, not `delete`; of
+# wit/types.wit's response, `status`, `size`, `same-as` and the drop, not the constructor,
+# `headers` or `body`, which are for a store written as a component. `Guest.load` refuses a
+# component that imports anything this binding does not lower, naming it.)
 STORE_ERROR = Variant(("unavailable", STRING), ("corrupt", STRING))
 OPTION_ENTRY = Option(ENTRY)
 GET_RESULT = Result(OPTION_ENTRY, STORE_ERROR)
 INSERT_OUTCOME = Variant(("inserted", U64), ("existing", ENTRY))
 INSERT_RESULT = Result(INSERT_OUTCOME, STORE_ERROR)
-REPLACE_RESULT = Result(Option(U64), STORE_ERROR)
+REPLACE_RESULT = Result(BOOL, STORE_ERROR)
 
 # The functions whose flat parameters are over 16, as the tuples they are passed as.
 PARAMS = {
@@ -346,10 +357,10 @@ _REPLACE_PARAMS = PARAMS[("store", "replace")]
 _REPLACE_KEY, _REPLACE_EXPECTED, _REPLACE_RECORD, _REPLACE_RESPONSE, _REPLACE_NOW = (
     _REPLACE_PARAMS.offset[f] for f in ("0", "1", "2", "3", "4")
 )
-# `ok(inserted(v))` and `ok(some(v))`, the answers of a store write that took: two
-# discriminants, then the u64 (insert's and replace's results have the same layout).
-assert INSERT_RESULT.payload == REPLACE_RESULT.payload and INSERT_OUTCOME.payload == Option(U64).payload
+# `ok(inserted(v))`, the answer of an insert that took: two discriminants, then the u64.
 _OK_U64 = struct.Struct(f"<B{INSERT_RESULT.payload - 1}xB{INSERT_OUTCOME.payload - 1}xQ")
+# `ok(written)`, replace's answer: the discriminant, then the bool.
+_OK_BOOL = struct.Struct(f"<B{REPLACE_RESULT.payload - 1}xB")
 
 
 # --- the component file ----------------------------------------------------
@@ -986,10 +997,9 @@ class Instance:
         (now_ms,) = _VERSION.unpack_from(mem, ptr + _REPLACE_NOW)
         writes: list[Any] = []
         try:
-            version = self.store.replace(key, expected_version, record, now_ms)
+            written = self.store.replace(key, expected_version, record, now_ms)
         except StoreFault as fault:
             self._store_error(writes, ret, REPLACE_RESULT, fault)
         else:
-            some = version is not None
-            writes.append((ret, _OK_U64.pack(0, some, version if some else 0)))
+            writes.append((ret, _OK_BOOL.pack(0, _written(written))))
         self._flush(writes)

@@ -43,13 +43,14 @@ from .guard import (
     NotRecorded,
     Outcome,
     PurgeStats,
-    SystemClock,
     SystemRandom,
     _bytes,
     _normalized,
     _not_run,
     _refused,
     _takes_attempt,
+    check_lease_for,
+    store_clock,
 )
 from .journal import Replay
 from .observe import AsyncTracedStore, Observer
@@ -65,7 +66,11 @@ class AsyncGuard:
     """An idempotency guard for asyncio: `await guard.run(key, fingerprint, handler)`.
 
     Takes `Guard`'s options, plus `store_blocks`: whether a synchronous
-    store's calls can block (default: every store but `MemoryStore`). An
+    store's calls can block (default: every store but `MemoryStore`). Its
+    clock is the store's (`store.clock`) unless `clock=` is given; a store
+    with `async open_clock()` (`AsyncRedisStore`, `AsyncPostgresStore`) has
+    it awaited before each call, which reads the server's clock the first
+    time and keeps it synced from a task of the running loop. An
     asynchronous store (`AsyncRedisStore`, `AsyncPostgresStore`: primitives
     that are coroutine functions) is awaited between the replays of each
     call (`idem_guard.journal`) and never blocks the loop. Lease renewal, on by
@@ -81,9 +86,18 @@ class AsyncGuard:
     def __init__(self, *, store_blocks: bool | None = None, renew_lease: bool = True, **options: Any):
         store = options.get("store")
         self._replay: Replay | None = None
-        clock = options.get("clock") or SystemClock()
-        self.clock = clock  # the real one (the wrapped guard may be given a journal's)
+        given = options.get("clock")
+        # An asynchronous store's clock is read (the first time) and kept synced on the loop of
+        # the calls: `open_clock`, awaited before each call while the guard runs on the store's clock.
+        self._open_clock: Callable[[], Awaitable[None]] | None = None
+        if store is not None:
+            check_lease_for(store, options.get("lease_ms", 30_000), renew_lease, given is not None)
+            if given is None:
+                opener = getattr(store, "open_clock", None)
+                self._open_clock = opener if inspect.iscoroutinefunction(opener) else None
+        clock: Any = given
         if store is not None and is_async_store(store):
+            clock = given if given is not None else store_clock(store)
             # The component is given the journal's store, clock and random; the real ones answer between runs.
             random = options.get("random") or SystemRandom()
             observed = options.get("tracing") is not False and Observer(tracing=options.get("tracing")).tracing
@@ -91,6 +105,8 @@ class AsyncGuard:
             options.update(store=self._replay.store, clock=self._replay.clock, random=self._replay.random)
         # The wrapped guard's own renewal thread stays off: the tasks below renew.
         self.guard = Guard(renew_lease=False, **options)
+        # The real clock (the wrapped guard may be given a journal's): the store's time authority, or the one given.
+        self.clock: Any = clock if self._replay is not None else self.guard.clock
         self.renew_lease = renew_lease
         if self._replay is not None:
             self.store_blocks = False
@@ -107,7 +123,7 @@ class AsyncGuard:
         if self._replay is not None and every_ms > 0 and callable(getattr(store, "purge_expired", None)):
             self._purge_stats = PurgeStats()
             self._on_loop = _OnLoop(store.purge_expired)  # type: ignore[union-attr]  # checked just above
-            self._purge = PURGES.add(self, every_ms, self._on_loop, clock, self._purge_stats)
+            self._purge = PURGES.add(self, every_ms, self._on_loop, self.clock, self._purge_stats)
 
     @property
     def purge_stats(self) -> PurgeStats:
@@ -135,6 +151,8 @@ class AsyncGuard:
         return self._replay is not None
 
     async def _call(self, method: Callable[..., Any], *args: Any) -> Any:
+        if self._open_clock is not None:
+            await self._open_clock()  # read once (a failure leaves it unknown: the call fails closed), synced after
         if self._replay is not None:
             if self._on_loop is not None and (self._on_loop.loop is None or self._on_loop.loop.is_closed()):
                 self._on_loop.loop = asyncio.get_running_loop()  # the first call, or the first on a new loop

@@ -238,9 +238,10 @@ class HttpGuard:
         store failure here leaves it released."""
         store = self.guard.store
         try:
-            entry = await _awaited(store.get(scoped, self.guard.clock.now_ms()))
+            now_ms = self.guard.clock.now_ms()  # the store's time authority
+            entry = await _awaited(store.get(scoped, now_ms))
             if entry is not None and entry.record.holder == holder and entry.record.state == "processing":
-                await _awaited(store.delete(scoped, entry.version))
+                await _awaited(store.delete(scoped, entry.version, now_ms))
         except Exception as e:  # noqa: BLE001 - the key stays released; logged for the operator
             LOGGER.warning("idem could not forget the unstored answer of key %r: %s", scoped, e)
 

@@ -38,7 +38,7 @@ from wasmtime.component import Record as WitRecord
 from wasmtime.component import ResourceAny, ResourceHost, ResourceType, Variant
 from wasmtime.component._types import OptionType
 
-from .abi import ENGINE, Handles, clears_handles
+from .abi import ENGINE, Handles, _written, clears_handles
 from .types import (
     Checkpoint,
     Claim,
@@ -57,7 +57,7 @@ from .types import (
 def _untagged_option_classes(self: OptionType, s: set[Any]) -> None:
     # wasmtime-py (50.0.1, and still 51.0.0) says an untagged option's `none`
     # case may be any `object`. Inside an untagged `result<option<T>, E>` (the store's
-    # `replace`) that makes the `ok` case claim every value, so a host
+    # `get`; 0.2's `replace` too) that makes the `ok` case claim every value, so a host
     # function could never return `err`: lowering `Variant("unavailable", ..)`
     # fails with "value not valid for this variant" and traps the instance.
     # `none` is Python's `None`, so its class is `NoneType`; with that the
@@ -72,7 +72,7 @@ def _untagged_option_classes(self: OptionType, s: set[Any]) -> None:
 OptionType.add_classes = _untagged_option_classes  # type: ignore[method-assign,assignment]
 
 GUARD_ERRORS = ("unavailable", "invalid-input", "stale-claim")
-VERSION = "0.2.0"
+VERSION = "0.3.0"
 # The id wasmtime tells this host's `response` resource type by (any u32 of ours).
 RESPONSE_TYPE = 1
 
@@ -220,7 +220,7 @@ class Instance:
 
         def replace(ctx: Any, key: str, expected_version: int, record: WitRecord, response: Any, now_ms: int) -> Any:
             lent = None if response is None else self._borrow(ctx, response)
-            return store.replace(key, expected_version, _record(record, lent), now_ms)
+            return _written(store.replace(key, expected_version, _record(record, lent), now_ms))
 
         with linker.root() as root:
             with root.add_instance(f"idem:guard/types@{VERSION}") as types:
@@ -240,7 +240,8 @@ class Instance:
                 imports.add_func("get", fallible(get))
                 imports.add_func("insert", fallible(insert))
                 imports.add_func("replace", fallible(replace))
-                imports.add_func("delete", fallible(lambda _ctx, *args: store.delete(*args)))
+                # Not imported by the 0.3.0 guard (hosts call it for operators), defined all the same.
+                imports.add_func("delete", fallible(lambda _ctx, key, expected, now_ms: store.delete(key, expected, now_ms)))
         return linker
 
     def _call(self, name: str, *args: Any) -> Any:

@@ -23,6 +23,10 @@ WIT written once in Python, tens of microseconds a call; `idem_guard.component`
 (`binding="dynamic"`) goes through wasmtime-py's component API, milliseconds a
 call, and serves as the reference the tests check the static one against.
 Stores and callers see the same values either way (`idem_guard.types`).
+
+Time is the store's: a guard judges leases and retention by `store.clock`,
+the store's time authority (`idem_guard.clock`, wit/clock.wit), never by
+this host's wall clock.
 """
 
 from __future__ import annotations
@@ -42,28 +46,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
+from .clock import LocalClock, clock_error
 from .observe import DecisionHook, Observer, TracedStore
 from .types import Checkpoint, Claim, Entry, Failure, Policy, Record, Response, StoreFault
-from .workers import fork_generation, warn, warn_if_shared_memory
+from .workers import fork_generation, reset_after_fork, warn, warn_if_shared_memory
 
 # The component's bytes ship inside the package (packages/python/build.sh writes them
 # there from `idem component --out`); IDEM_COMPONENT or `component=` override them.
 DEFAULT_COMPONENT = Path(__file__).resolve().parent / "idem-guard.wasm"
 T = TypeVar("T")
-
-# Objects whose locks and threads a forked child must not inherit: a lock another thread held
-# at the fork stays held for ever in the child (a guard made before gunicorn's fork, say).
-# Each gets new ones in the child (`_after_fork`).
-_FORK_RESETS: weakref.WeakSet[Any] = weakref.WeakSet()
-
-
-def _reset_after_fork() -> None:
-    for resettable in list(_FORK_RESETS):
-        resettable._after_fork()
-
-
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_reset_after_fork)
+U64_MAX = (1 << 64) - 1
 
 
 @dataclass(frozen=True)
@@ -96,32 +88,11 @@ class NotRecorded(Exception):
         self.error = error
 
 
-class SystemClock:
-    def now_ms(self) -> int:
-        return time.time_ns() // 1_000_000
-
-
 class SystemRandom:
     """The claims' holder ids: 64 bits from the operating system's CSPRNG (`secrets`)."""
 
     def random_u64(self) -> int:
         return secrets.randbits(64)
-
-
-class ManualClock:
-    """A clock that moves only when told to: tests expire leases without sleeping."""
-
-    def __init__(self, now_ms: int):
-        self.ms = now_ms
-
-    def now_ms(self) -> int:
-        return self.ms
-
-    def set(self, ms: int) -> None:
-        self.ms = ms
-
-    def advance(self, ms: int) -> None:
-        self.ms += ms
 
 
 class Faults:
@@ -173,14 +144,19 @@ class MemoryStore(Faults):
     """The store primitives of wit/store.wit over a dict, with fault injection
     (`Faults`: `store.fault("replace", kind="error", message="timeout", count=1)`).
     Each primitive is atomic, so guards on several threads can share one store.
+
+    Its time authority (`clock`, wit/clock.wit) is the process's: a
+    `LocalClock`, the boot clock anchored once to the wall clock, so a step
+    of the wall clock moves no lease.
     """
 
     def __init__(self) -> None:
         super().__init__()
+        self.clock = LocalClock()
         self._records: dict[str, Entry] = {}
         self._lock = threading.Lock()
         self._generation = fork_generation()  # a fork after this makes a copy per process: warned at first use
-        _FORK_RESETS.add(self)
+        reset_after_fork(self)
 
     def _after_fork(self) -> None:
         self._lock = threading.Lock()
@@ -221,20 +197,26 @@ class MemoryStore(Faults):
 
         return self._apply("insert", op)
 
-    def replace(self, key: str, expected_version: int, record: Record, now_ms: int) -> int | None:
-        def op() -> int | None:
+    def replace(self, key: str, expected_version: int, record: Record, now_ms: int) -> bool:
+        """Writes `record` at `expected_version + 1` when the live record is at
+        `expected_version`; whether it wrote (an absent, expired or moved record: no)."""
+
+        def op() -> bool:
             live = self._live(key, now_ms)
-            if live is None or live.version != expected_version:
-                return None
+            if live is None or live.version != expected_version or expected_version + 1 > U64_MAX:
+                return False
             self._records[key] = Entry(record, expected_version + 1)
-            return expected_version + 1
+            return True
 
         return self._apply("replace", op)
 
-    def delete(self, key: str, expected_version: int | None) -> bool:
+    def delete(self, key: str, expected_version: int | None, now_ms: int) -> bool:
+        """Removes the record live at `now_ms` (at `expected_version` only, unless None);
+        whether it did. An expired record is left alone (the purge frees it)."""
+
         def op() -> bool:
-            entry = self._records.get(key)
-            if entry is None or (expected_version is not None and entry.version != expected_version):
+            live = self._live(key, now_ms)
+            if live is None or (expected_version is not None and live.version != expected_version):
                 return False
             del self._records[key]
             return True
@@ -291,10 +273,59 @@ def _binding(name: str) -> Any:
     raise ValueError(f"unknown binding {name!r}; expected static or dynamic")
 
 
+def store_clock(store: Any) -> Any:
+    """The time authority of `store` (`store.clock`, wit/clock.wit): what a guard
+    judges leases and retention by unless it is given a clock. A store without
+    one is refused: a guard never falls back to this host's wall clock, which
+    other hosts sharing the store do not share."""
+    clock = getattr(store, "clock", None)
+    if clock is None or not callable(getattr(clock, "now_ms", None)):
+        raise TypeError(
+            f"the store {type(store).__name__} has no `clock`, its time authority (wit/clock.wit): "
+            "give the store a `clock` attribute with `now_ms()` (a server's clock for a store that several "
+            "processes share, idem_guard.clock.LocalClock() for one private to this process), "
+            "or pass clock= to the guard"
+        )
+    return clock
+
+
+def check_lease_renewable(lease_ms: int, store_timeout_ms: int) -> None:
+    """Whether renewals can keep a lease of `lease_ms` alive on a store that may take
+    `store_timeout_ms` to answer (the Rust host's `check_lease_renewable`): the guard
+    renews a third of the way into the lease, and a renewal must land before the lease
+    ends even when it takes the whole store timeout. So the lease must be at least twice
+    the store timeout; a shorter one could lapse while its holder is alive and renewing,
+    and a repeat would run the key a second time. ValueError when it is not."""
+    if lease_ms < 2 * store_timeout_ms:
+        raise ValueError(
+            f"lease ({lease_ms} ms) must be at least twice store-timeout ({store_timeout_ms} ms), "
+            f"i.e. at least {2 * store_timeout_ms} ms: a renewal starts a third into the lease and may take "
+            "the whole store timeout, so a shorter lease could lapse while its holder is alive; lengthen the "
+            "lease or shorten the store timeout"
+        )
+
+
+def check_lease_for(store: Any, lease_ms: int, renew_lease: bool, clock_given: bool) -> None:
+    """`check_lease_renewable` where it applies, as in the Rust host: a guard that renews
+    leases, over a store with a timeout (`timeout_ms`: the Redis and PostgreSQL stores; a
+    memory store never waits), on the store's own clock (a clock the caller gives, a test's
+    manual one, is not real time)."""
+    timeout_ms = getattr(store, "timeout_ms", None)
+    if renew_lease and not clock_given and isinstance(timeout_ms, int) and not isinstance(timeout_ms, bool):
+        check_lease_renewable(lease_ms, timeout_ms)
+
+
 class Guard:
     """An idempotency guard: the component, one instance, over one store and clock.
 
     Its calls take turns on one lock, so it may be shared between threads.
+
+    The clock is the store's time authority (`store.clock`, wit/clock.wit)
+    unless `clock=` gives one (a test's `ManualClock`). Until that clock knows
+    its authority's time (a server's clock not read yet) every call but
+    `fingerprint` fails closed: `GuardError("unavailable")` naming why. A
+    guard that renews leases over a store with a timeout (`timeout_ms`) is
+    refused (ValueError) when the lease is shorter than twice that timeout.
     """
 
     @classmethod
@@ -320,7 +351,8 @@ class Guard:
         if not isinstance(purge_every_ms, int) or isinstance(purge_every_ms, bool) or purge_every_ms < 0:
             raise ValueError(f"purge_every_ms {purge_every_ms!r} must be a whole number of milliseconds, 0 for never")
         self.store = store if store is not None else MemoryStore()
-        self.clock = clock if clock is not None else SystemClock()
+        self.clock = clock if clock is not None else store_clock(self.store)
+        check_lease_for(self.store, lease_ms, renew_lease, clock is not None)
         self.random = random if random is not None else SystemRandom()
         self.policy = Policy(lease_ms, retention_ms, max_response_bytes)
         self.renew_lease = renew_lease
@@ -333,7 +365,7 @@ class Guard:
         traced = self.observer.tracing and not getattr(self.store, "journaled", False)
         self._store_seen = TracedStore(self.store) if traced else self.store
         self._lock = threading.Lock()
-        _FORK_RESETS.add(self)
+        reset_after_fork(self)
         path = Path(component or os.environ.get("IDEM_COMPONENT") or DEFAULT_COMPONENT)
         if not path.is_file():
             raise FileNotFoundError(
@@ -370,6 +402,9 @@ class Guard:
         return self._instance
 
     def _call(self, name: str, *args: Any) -> Any:
+        # The guard judges time by the store's authority: until it is known no call may guess it.
+        if name != "fingerprint" and (why := clock_error(self.clock)) is not None:
+            raise GuardError("unavailable", f"the store's clock is not known: {why}")
         with self._lock:
             instance = self._instantiate()
             try:
@@ -627,7 +662,7 @@ class _Purges:
 
     def __init__(self) -> None:
         self._cond = threading.Condition()
-        _FORK_RESETS.add(self)
+        reset_after_fork(self)
         # (due, token, guard, period, (purge, clock, stats)): the earliest due first.
         self._heap: list[tuple[float, int, weakref.ref[Any], float, _PurgeJob]] = []
         self._closed: set[int] = set()
@@ -683,8 +718,13 @@ class _Purges:
     def _run(self) -> None:
         while (due := self._next()) is not None:
             token, (purge, clock, stats) = due
-            now = clock.now_ms()
             purged, error = 0, None
+            if (why := clock_error(clock)) is not None:  # no time to judge expiry by: the next period tries again
+                with self._cond:
+                    if token not in self._closed:
+                        stats.count(0, RuntimeError(f"the store's clock is not known: {why}"))
+                continue
+            now = clock.now_ms()
             try:
                 while True:  # batches expired at the run's start, until one comes back short
                     n = purge(now, PURGE_BATCH)

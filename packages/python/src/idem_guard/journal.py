@@ -37,7 +37,7 @@ function the contract says: the call fails closed (`GuardError
 `AsyncGuard` uses this whenever its store's primitives are coroutine
 functions (`AsyncRedisStore`, `AsyncPostgresStore`, or a store of your own)::
 
-    replay = Replay(async_store, SystemClock(), SystemRandom())
+    replay = Replay(async_store, async_store.clock, SystemRandom())
     guard = Guard(store=replay.store, clock=replay.clock, random=replay.random)
     kind, value = await replay.call(guard.begin, "order-1", "cents=1000")
 """
@@ -178,6 +178,13 @@ class _Inputs:
 
     def now_ms(self) -> int:
         return self._fresh("now-ms", self._clock.now_ms)
+
+    def known(self) -> int:
+        """Whether the real clock knows its authority's time (`idem_guard.clock`): not journaled,
+        the guard asks it before each run."""
+        known = getattr(self._clock, "known", None)
+        bound: int = known() if known is not None else 0
+        return bound
 
     def random_u64(self) -> int:
         return self._fresh("random-u64", self._random.random_u64)

@@ -25,6 +25,12 @@ one of the layout's named statements (`statements.sql`), prepared on each
 connection at its first use: one round trip (a claim that lost a race to a
 concurrent claimer takes a second, `settle`).
 
+The guard's clock is the store's (`store.clock`, a `SyncedClock`: the time
+authority of wit/clock.wit): the server's `clock_timestamp()` (the layout's
+`now` statement), read when the store opens and every `clock_sync_ms` after
+(default 1 000), on a daemon thread (`AsyncPostgresStore`: a task of the
+loop that opened it), carried between readings by the boot clock.
+
 Failures: a refused connection, a timeout (`timeout_ms`, default 2000: the
 pool's wait, the connect, and the server's `statement_timeout`; and twice
 `timeout_ms` as the client's own deadline on every answer, for a server that
@@ -55,6 +61,7 @@ except ImportError:  # pragma: no cover - another psycopg's layout
     _WAIT_INTERVAL = 0.1
 
 from . import layout
+from .clock import CLOCK_SYNC_MS, SyncedClock
 from .steps import AsyncSteps, Steps
 from .types import Checkpoint, Entry, Record, Response, StoreFault
 
@@ -66,7 +73,7 @@ DEFAULT_TABLE = "idem_records"
 DEFAULT_TIMEOUT_MS = 2_000
 I64_MAX = (1 << 63) - 1
 U64_MAX = (1 << 64) - 1
-STATEMENTS = ("claim", "settle", "get", "replace", "delete", "list", "purge")
+STATEMENTS = ("claim", "settle", "get", "replace", "delete", "now", "list", "purge")
 
 
 def sql_int(v: int) -> int:
@@ -141,11 +148,13 @@ _Steps = Generator[tuple[str, list[Any]], tuple[list[Any], int], Any]
 
 
 class _Layout:
-    def __init__(self, table: str, timeout_ms: int):
+    def __init__(self, table: str, timeout_ms: int, clock_sync_ms: int):
         if timeout_ms < 1:
             raise ValueError("timeout_ms must be at least 1")
         self.table = layout.check_table(table)
         self.timeout_ms = timeout_ms
+        # The store's time authority (wit/clock.wit): the server's clock_timestamp(), read by the store itself.
+        self.clock = SyncedClock("the PostgreSQL server's clock (clock_timestamp())", clock_sync_ms)
         self._sql = {name: layout.postgres_statement(name, table) for name in STATEMENTS}
         self._schema = layout.postgres_schema(table)
 
@@ -200,13 +209,25 @@ class _Layout:
 
     @staticmethod
     def _replace(key: str, expected_version: int, record: Record, now_ms: int) -> _Steps:
+        if expected_version >= I64_MAX:
+            return False  # expected + 1 does not fit the version column: a refused replace, not an error
         _, count = yield "replace", [key, sql_int(expected_version), sql_int(now_ms), *record_params(record)]
-        return min(expected_version + 1, U64_MAX) if count > 0 else None
+        return count > 0
 
     @staticmethod
-    def _delete(key: str, expected_version: int | None) -> _Steps:
-        _, count = yield "delete", [key, None if expected_version is None else sql_int(expected_version)]
+    def _delete(key: str, expected_version: int | None, now_ms: int) -> _Steps:
+        version = None if expected_version is None else sql_int(expected_version)
+        _, count = yield "delete", [key, version, sql_int(now_ms)]
         return count > 0
+
+    @staticmethod
+    def _time() -> _Steps:
+        """The layout's `now`: the server's clock_timestamp() in milliseconds since the Unix epoch."""
+        rows, _ = yield "now", []
+        if not rows or not isinstance(rows[0][0], int) or rows[0][0] < 0:
+            raise StoreFault("unavailable", f"{NAME}: the now statement answered {rows!r}")
+        now: int = rows[0][0]
+        return now
 
     @staticmethod
     def _purge(now_ms: int, limit: int) -> _Steps:
@@ -251,8 +272,9 @@ class PostgresStore(_Layout, Steps):
         table: str = DEFAULT_TABLE,
         pool: int = 4,
         timeout_ms: int = DEFAULT_TIMEOUT_MS,
+        clock_sync_ms: int = CLOCK_SYNC_MS,
     ):
-        super().__init__(table, timeout_ms)
+        super().__init__(table, timeout_ms, clock_sync_ms)
         timeout_s = timeout_ms / 1000
         try:
             with psycopg.connect(url, autocommit=True, **self._connect_options()) as conn:
@@ -278,6 +300,10 @@ class PostgresStore(_Layout, Steps):
         except psycopg_pool.PoolTimeout as e:
             self.pool.close()
             raise self._fault(e) from e
+        # The time authority: read now (a failure leaves it unknown, and every guard call fails
+        # closed naming why) and every clock_sync_ms after, on the clock's thread.
+        self.clock.read(self.server_time)
+        self.clock.keep_synced(self.server_time)
 
     def _configure(self, conn: psycopg.Connection) -> None:
         conn.execute(f"SET statement_timeout = {self.timeout_ms}")
@@ -301,6 +327,7 @@ class PostgresStore(_Layout, Steps):
             raise self._fault(e) from e
 
     def close(self) -> None:
+        self.clock.stop()
         self.pool.close()
 
 
@@ -309,8 +336,16 @@ class AsyncPostgresStore(_Layout, AsyncSteps):
     for `AsyncGuard`. Open it with `await AsyncPostgresStore.open(url, ...)`
     (options as `PostgresStore`'s) or `async with`; close with `await store.close()`."""
 
-    def __init__(self, url: str, *, table: str = DEFAULT_TABLE, pool: int = 4, timeout_ms: int = DEFAULT_TIMEOUT_MS):
-        super().__init__(table, timeout_ms)
+    def __init__(
+        self,
+        url: str,
+        *,
+        table: str = DEFAULT_TABLE,
+        pool: int = 4,
+        timeout_ms: int = DEFAULT_TIMEOUT_MS,
+        clock_sync_ms: int = CLOCK_SYNC_MS,
+    ):
+        super().__init__(table, timeout_ms, clock_sync_ms)
         self.url = url
         self._max_size = max(1, pool)
         self.pool: psycopg_pool.AsyncConnectionPool | None = None
@@ -348,6 +383,17 @@ class AsyncPostgresStore(_Layout, AsyncSteps):
         except psycopg_pool.PoolTimeout as e:
             await self.pool.close()
             raise self._fault(e) from e
+        await self.open_clock()
+
+    async def open_clock(self) -> None:
+        """Reads the server's clock unless it has been read (a failure leaves it unknown: every
+        guard call fails closed naming why, and the next call tries again), and keeps it synced
+        every `clock_sync_ms` from a task of the running loop. Opening the store awaits it;
+        `AsyncGuard` awaits it before each call."""
+        if self.pool is None:
+            return  # not open: the calls fail as unavailable anyway
+        await self.clock.first_reading(self.server_time)
+        self.clock.keep_synced_async(self.server_time)
 
     async def _configure(self, conn: psycopg.AsyncConnection) -> None:
         await conn.execute(f"SET statement_timeout = {self.timeout_ms}")
@@ -374,6 +420,7 @@ class AsyncPostgresStore(_Layout, AsyncSteps):
             raise StoreFault("unavailable", f"{NAME}: no answer within {self.timeout_ms * 2} ms") from e
 
     async def close(self) -> None:
+        await self.clock.astop()
         if self.pool is not None:
             await self.pool.close()
 

@@ -25,10 +25,20 @@ of the record at the expected version (those of every unfinished record it
 last wrote or read, at most 65,536 keys: a completion after its own claim
 always does). Other bytes mean another writer came between: refused, as the
 script would. `cas="script"` always runs the script; `store.native_cas` says
-which. Expiry is compared with the guard's `now_ms`, never the
-server's clock; every write sets `PX` to the record's remaining life by the
+which. Expiry is compared with the `now_ms` the guard passes, never a clock
+a script reads; every write sets `PX` to the record's remaining life by the
 guard's clock plus `grace_ms` (default 60 000), so Redis frees the space by
 itself.
+
+The guard's clock is the store's (`store.clock`, a `SyncedClock`: the time
+authority of wit/clock.wit): the server's `TIME`, through the layout's
+`time.lua` on the key `{prefix}\x01clock` (on a cluster, the node of that
+slot), read when `RedisStore` opens (`AsyncRedisStore`: at its first guard
+call, or `async with`) and every `clock_sync_ms` after (default 1 000), on a
+daemon thread or a task of the event loop, and carried between readings by
+the boot clock. So every host on the server judges leases by one clock,
+whatever its own wall clock says. Until it has been read once, every guard
+call fails closed naming why.
 
 Failures: a refused connection, a timeout (`timeout_ms`, default 2000) or any
 error reply is `StoreFault("unavailable")`, and the guard fails closed;
@@ -64,6 +74,7 @@ except ImportError as e:  # pragma: no cover - depends on the environment
     raise ImportError("idem_guard.redis needs redis-py: pip install 'idem-guard[redis]'") from e
 
 from . import layout
+from .clock import CLOCK_SYNC_MS, SyncedClock
 from .steps import AsyncSteps, Steps
 from .types import Checkpoint, Entry, Record, Response, StoreFault
 
@@ -121,6 +132,11 @@ def encode(version: int, record: Record) -> bytes:
         _put(out, c.phase.encode())
         _put(out, bytes(c.data))
     return bytes(out)
+
+
+def time_ms(seconds: int, microseconds: int) -> int:
+    """A `TIME` reply (`[seconds, microseconds]`) in milliseconds since the Unix epoch, as the layout reads it."""
+    return seconds * 1000 + microseconds // 1000
 
 
 def header(value: bytes) -> tuple[int, int, int] | None:
@@ -278,11 +294,14 @@ class _Layout:
         client: Any = None,
         max_connections: int | None = None,
         cas: str = "auto",
+        clock_sync_ms: int = CLOCK_SYNC_MS,
     ):
         if grace_ms < 0 or timeout_ms < 1:
             raise ValueError("grace_ms must be at least 0 and timeout_ms at least 1")
         if cas not in ("auto", "script"):
             raise ValueError(f"cas {cas!r} is not one of 'auto', 'script'")
+        # The store's time authority (wit/clock.wit): the server's TIME, read by the store itself.
+        self.clock = SyncedClock("the Redis server's clock (TIME)", clock_sync_ms)
         # SET … IFEQ (Valkey 8.1+): whether the server has it (None: not asked yet, at the first
         # completion of a record whose bytes are known), and those bytes, `full key -> (version, value)`,
         # of every unfinished record the store last wrote or read.
@@ -292,7 +311,7 @@ class _Layout:
         self.prefix = prefix
         self.grace_ms = grace_ms
         self.timeout_ms = timeout_ms
-        self._scripts = {name: layout.redis_script(name) for name in ("claim_expired", "replace", "delete_at", "purge")}
+        self._scripts = {name: layout.redis_script(name) for name in ("claim_expired", "replace", "delete_at", "purge", "time")}
         self._shas = {name: hashlib.sha1(text.encode()).hexdigest() for name, text in self._scripts.items()}
         # `client` as given (its owner closes it), else one of the store's own (it closes it).
         self._owned = client is None
@@ -387,7 +406,7 @@ class _Layout:
     def _replace(self, key: str, expected_version: int, record: Record, now_ms: int) -> _Steps:
         version = expected_version + 1
         if version > U64_MAX:
-            return None  # a refused replace, not an error
+            return False  # a refused replace, not an error
         full, ttl, value = self.prefix + key, self._ttl(record, now_ms), encode(version, record)
         old = self._recall(full, expected_version)
         if old is not None and self._native is None:
@@ -396,30 +415,37 @@ class _Layout:
             # The exact bytes at that version: the server compares them whole, and the expiry is theirs.
             head = header(old)
             if head is None or head[2] <= now_ms:
-                return None
+                return False
             written = yield ("SET", full, value, "IFEQ", old, "PX", ttl)
             if not written:  # nil (redis-py's SET callback may make it False): another writer's bytes
-                return None
+                return False
             self._remember(full, version, record.state, value)
-            return version
+            return True
         reply = yield _Script("replace", full, expected_version, now_ms, ttl, value)
         if reply == 1:
             self._remember(full, version, record.state, value)
-            return version
+            return True
         if reply == 0:
-            return None
+            return False
         if reply == -1:
             raise _corrupt(key, _HEADLESS)
         raise StoreFault("unavailable", f"{NAME}: unexpected reply to the replace script: {reply!r}")
 
-    def _delete(self, key: str, expected_version: int | None) -> _Steps:
+    def _delete(self, key: str, expected_version: int | None, now_ms: int) -> _Steps:
         with self._seen_lock:
             self._seen.pop(self.prefix + key, None)
-        if expected_version is None:
-            removed = yield ("DEL", self.prefix + key)
-        else:
-            removed = yield _Script("delete_at", self.prefix + key, expected_version)
+        # Live at now_ms only (an expired record Redis still holds is left alone), at the version unless "".
+        version = "" if expected_version is None else expected_version
+        removed = yield _Script("delete_at", self.prefix + key, version, now_ms)
         return isinstance(removed, int) and removed > 0
+
+    def _time(self) -> _Steps:
+        """The server's TIME through the layout's `time.lua`, on the key `{prefix}\\x01clock` (on a
+        cluster, every host asks the node of that slot), in milliseconds since the Unix epoch."""
+        reply = yield _Script("time", self.prefix + "\x01clock")
+        if isinstance(reply, list) and len(reply) == 2 and all(isinstance(p, bytes) and p.isdigit() for p in reply):
+            return time_ms(int(reply[0]), int(reply[1]))
+        raise StoreFault("unavailable", f"{NAME}: unexpected reply to the time script: {reply!r}")
 
     def _batches(self, command: Any) -> _Batches:
         """One command of a primitive as what goes over the wire: yields batches of
@@ -615,6 +641,10 @@ class RedisStore(_Layout, Steps):
         self._pool_args = _pool_args(self._pool)
         self._idle: list[Any] = []  # connections taken from the pool, kept for the next command
         self._pid = os.getpid()
+        # The time authority: read now (a server that cannot answer leaves it unknown, and every
+        # guard call fails closed naming why) and every clock_sync_ms after, on the clock's thread.
+        self.clock.read(self.server_time)
+        self.clock.keep_synced(self.server_time)
 
     def _send(self, command: Any, key: str) -> Any:
         batches = self._batches(command)
@@ -683,8 +713,9 @@ class RedisStore(_Layout, Steps):
         return conn
 
     def close(self) -> None:
-        """Gives its connections back to the client's pool, and closes them
-        (only those of a client the store opened itself)."""
+        """Stops reading the server's clock, gives its connections back to the
+        client's pool, and closes them (only those of a client the store opened itself)."""
+        self.clock.stop()
         idle, self._idle = self._idle, []
         if self._pid == os.getpid():
             for conn in idle:
@@ -717,6 +748,14 @@ class AsyncRedisStore(_Layout, AsyncSteps):
         self._idle: list[Any] = []
         self._loop: asyncio.AbstractEventLoop | None = None
         self._timeout_s = self.timeout_ms / 1000
+
+    async def open_clock(self) -> None:
+        """Reads the server's clock unless it has been read (a failure leaves it unknown: every
+        guard call fails closed naming why, and the next call tries again), and keeps it synced
+        every `clock_sync_ms` from a task of the running loop. `AsyncGuard` awaits it before
+        each call; `async with` the store awaits it too."""
+        await self.clock.first_reading(self.server_time)
+        self.clock.keep_synced_async(self.server_time)
 
     async def _send(self, command: Any, key: str) -> Any:
         batches = self._batches(command)
@@ -776,8 +815,9 @@ class AsyncRedisStore(_Layout, AsyncSteps):
         return await self._pool.get_connection()
 
     async def close(self) -> None:
-        """Gives its connections back to the client's pool, and closes them
-        (only those of a client the store opened itself)."""
+        """Stops reading the server's clock, gives its connections back to the
+        client's pool, and closes them (only those of a client the store opened itself)."""
+        await self.clock.astop()
         idle, self._idle = self._idle, []
         if self._pool is not None and self._loop is asyncio.get_running_loop():
             for conn in idle:
@@ -788,6 +828,7 @@ class AsyncRedisStore(_Layout, AsyncSteps):
     aclose = close
 
     async def __aenter__(self) -> AsyncRedisStore:
+        await self.open_clock()
         return self
 
     async def __aexit__(self, *_exc: object) -> None:

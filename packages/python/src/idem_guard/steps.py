@@ -1,12 +1,13 @@
 """Store primitives written once, as generators of the commands they send.
 
 A primitive (`_get`, `_insert`, `_replace`, `_delete` of `idem_guard.redis`
-and `idem_guard.postgres`) yields a command, is sent its reply, and returns
-the primitive's value; the layout's logic is written once for a synchronous
-and an asynchronous store. A store carries the commands out with its own
-`_send(command, key)`, which raises `StoreFault` when the server fails, and
-gets the four primitives of `wit/store.wit` from `Steps` (or `AsyncSteps`,
-awaiting each command)::
+and `idem_guard.postgres`, and `_time`, the reading of the server's clock)
+yields a command, is sent its reply, and returns the primitive's value; the
+layout's logic is written once for a synchronous and an asynchronous store.
+A store carries the commands out with its own `_send(command, key)`, which
+raises `StoreFault` when the server fails, and gets the four primitives of
+`wit/store.wit` and `server_time()` from `Steps` (or `AsyncSteps`, awaiting
+each command)::
 
     class MyStore(_Layout, Steps):
         def _send(self, command, key):
@@ -36,7 +37,11 @@ class _Primitives:
     def _replace(self, key: str, expected_version: int, record: Record, now_ms: int) -> Commands:
         raise NotImplementedError
 
-    def _delete(self, key: str, expected_version: int | None) -> Commands:
+    def _delete(self, key: str, expected_version: int | None, now_ms: int) -> Commands:
+        raise NotImplementedError
+
+    def _time(self) -> Commands:
+        """The server's clock, in milliseconds since the Unix epoch (the store's time authority)."""
         raise NotImplementedError
 
 
@@ -62,12 +67,17 @@ class Steps(_Primitives):
         value: int | Entry = self._run(key, self._insert(key, record, now_ms))
         return value
 
-    def replace(self, key: str, expected_version: int, record: Record, now_ms: int) -> int | None:
-        value: int | None = self._run(key, self._replace(key, expected_version, record, now_ms))
+    def replace(self, key: str, expected_version: int, record: Record, now_ms: int) -> bool:
+        value: bool = self._run(key, self._replace(key, expected_version, record, now_ms))
         return value
 
-    def delete(self, key: str, expected_version: int | None) -> bool:
-        value: bool = self._run(key, self._delete(key, expected_version))
+    def delete(self, key: str, expected_version: int | None, now_ms: int) -> bool:
+        value: bool = self._run(key, self._delete(key, expected_version, now_ms))
+        return value
+
+    def server_time(self) -> int:
+        """The server's clock now, in ms since the Unix epoch; `StoreFault` when it cannot answer."""
+        value: int = self._run("", self._time())
         return value
 
     def close(self) -> None:
@@ -102,10 +112,15 @@ class AsyncSteps(_Primitives):
         value: int | Entry = await self._run(key, self._insert(key, record, now_ms))
         return value
 
-    async def replace(self, key: str, expected_version: int, record: Record, now_ms: int) -> int | None:
-        value: int | None = await self._run(key, self._replace(key, expected_version, record, now_ms))
+    async def replace(self, key: str, expected_version: int, record: Record, now_ms: int) -> bool:
+        value: bool = await self._run(key, self._replace(key, expected_version, record, now_ms))
         return value
 
-    async def delete(self, key: str, expected_version: int | None) -> bool:
-        value: bool = await self._run(key, self._delete(key, expected_version))
+    async def delete(self, key: str, expected_version: int | None, now_ms: int) -> bool:
+        value: bool = await self._run(key, self._delete(key, expected_version, now_ms))
+        return value
+
+    async def server_time(self) -> int:
+        """`Steps.server_time`, awaited."""
+        value: int = await self._run("", self._time())
         return value

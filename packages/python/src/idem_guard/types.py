@@ -1,4 +1,4 @@
-"""The values of `idem:guard@0.2.0` as Python sees them, one class per WIT type.
+"""The values of `idem:guard@0.3.0` as Python sees them, one class per WIT type.
 
 Field names are the WIT's, snake_case. Both bindings (`idem_guard.abi`, the static
 canonical ABI over the core module, and `idem_guard.component`, wasmtime-py's dynamic

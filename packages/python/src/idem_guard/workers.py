@@ -22,18 +22,31 @@ import logging
 import multiprocessing
 import os
 import warnings
+import weakref
 from typing import Any
 
-__all__ = ["fork_generation", "warn_if_shared_memory", "worker_sign"]
+__all__ = ["fork_generation", "reset_after_fork", "warn_if_shared_memory", "worker_sign"]
 
 LOGGER = logging.getLogger("idem_guard")
 
 _generation = 0
 
+# Objects whose locks and threads a forked child must not inherit: a lock another thread held
+# at the fork stays held for ever in the child (a guard made before gunicorn's fork, say).
+# Each gets new ones in the child (`_after_fork`).
+_FORK_RESETS: weakref.WeakSet[Any] = weakref.WeakSet()
+
+
+def reset_after_fork(resettable: Any) -> None:
+    """Has `resettable._after_fork()` called in every forked child while it lives (held weakly)."""
+    _FORK_RESETS.add(resettable)
+
 
 def _forked() -> None:
     global _generation
     _generation += 1
+    for resettable in list(_FORK_RESETS):
+        resettable._after_fork()
 
 
 if hasattr(os, "register_at_fork"):
