@@ -5,6 +5,7 @@
 
 mod admin_contract;
 mod cluster;
+mod composed;
 mod conformance;
 mod console;
 mod demo;
