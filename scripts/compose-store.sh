@@ -38,12 +38,12 @@ fi
 
 bash "$root/scripts/build-component.sh" "$out/idem-guard.wasm" >/dev/null
 
-# The store with the guard's profile and target, in a target directory of
-# its own beside the guard's (as build-component.sh keeps it).
-store_target="$target/guest-target/store"
+# The store with the guard's profile and target, in the guard's target
+# directory (build-component.sh's), whose wit-bindgen and dlmalloc it reuses.
+guest_target="$target/guest-target/guard"
 (cd "$root/examples/store-component" && env -u RUSTFLAGS -u CARGO_ENCODED_RUSTFLAGS -u CARGO_BUILD_TARGET -u CARGO_TARGET_DIR \
-  cargo build --quiet --locked --lib --target wasm32-wasip2 --profile guest --target-dir "$store_target")
-cp "$store_target/wasm32-wasip2/guest/idem_store_component.wasm" "$out/memory-store.wasm"
+  cargo build --quiet --locked --lib --target wasm32-wasip2 --profile guest --target-dir "$guest_target")
+cp "$guest_target/wasm32-wasip2/guest/idem_store_component.wasm" "$out/memory-store.wasm"
 
 # What a host loads: the store plugged into the guard's `store` import.
 # `wac targets` fails if it imports anything idem-with-store does not name
