@@ -26,9 +26,26 @@ pub use keys::{
     DEFAULT_LIMIT, KeyDetail, KeyInfo, KeyListParams, KeyPage, KeyQuery, KeyState, MAX_LIMIT,
     Order, Sort, StoredResponse,
 };
-pub use stats::{Latency, Outcomes, Pool, Purge, Stats};
+pub use stats::{
+    Clock, ConnectionState, Latency, Outcomes, Pool, Purge, SlotUse, Slots, Stats, StoreConnection,
+};
 
 use serde::{Deserialize, Serialize};
+
+/// The bearer token a token file holds (`idem serve --admin-token-file`,
+/// `idem-tui --token-file`): its text less one trailing newline (`\n` or
+/// `\r\n`), as `echo TOKEN > FILE` and editors leave it. Nothing else is
+/// trimmed, so a token keeps every byte it was given.
+///
+/// ```
+/// assert_eq!(idem_admin_api::token_from_file("s3cret-s3cret-s3\n"), "s3cret-s3cret-s3");
+/// assert_eq!(idem_admin_api::token_from_file("a b\r\n\n"), "a b\r\n");
+/// ```
+pub fn token_from_file(text: &str) -> &str {
+    text.strip_suffix("\r\n")
+        .or_else(|| text.strip_suffix('\n'))
+        .unwrap_or(text)
+}
 
 /// An `application/problem+json` body (RFC 9457): what every refusal of
 /// the admin API carries.

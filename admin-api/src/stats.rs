@@ -18,6 +18,81 @@ pub struct Stats {
     pub pool: Pool,
     /// `None` when no purger runs (a store that purges itself).
     pub purge: Option<Purge>,
+    /// The time the guard judges leases and retention by.
+    pub clock: Clock,
+    /// Whether the gateway has its store yet (it starts without it).
+    pub store_connection: StoreConnection,
+    /// Requests handled now, by class, against their limits.
+    pub slots: Slots,
+}
+
+/// The guard's clock: the store's time authority (`wit/clock.wit`).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct Clock {
+    /// What the time is taken from, e.g. "the Redis server's clock (TIME)".
+    pub authority: String,
+    /// Its time now, milliseconds since the Unix epoch.
+    pub now_ms: u64,
+    /// The bound on its error against the authority, once it knows it;
+    /// `None` before its first reading (every guard call then answers 503).
+    pub error_ms: Option<u64>,
+    /// Why the time is not known yet, when it is not.
+    pub unknown: Option<String>,
+    /// How far this host's wall clock is ahead of it (negative: behind).
+    /// Decisions never read the wall clock: this is for operators.
+    pub wall_offset_ms: i64,
+}
+
+/// The gateway's link to its store. A gateway starts whatever its store's
+/// state: until the store is opened it answers guarded requests 503 and
+/// tries again with backoff; once opened, the store's driver reconnects by
+/// itself and outages show as unavailable outcomes instead.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct StoreConnection {
+    pub state: ConnectionState,
+    /// When it entered this state, in Unix milliseconds.
+    pub since_ms: u64,
+    /// Attempts to open the store so far, the one that succeeded included.
+    pub attempts: u64,
+    /// Why the latest failed attempt failed (kept once connected: why it
+    /// took more than one), `None` if none failed.
+    pub last_error: Option<String>,
+}
+
+/// [`StoreConnection::state`].
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ConnectionState {
+    /// The store is open: requests reach it.
+    #[default]
+    Connected,
+    /// Not opened yet: guarded requests are answered 503 with `Retry-After`.
+    Connecting,
+}
+
+/// The gateway's slots: guarded requests and those forwarded unguarded
+/// each have their own, so neither class can take the other's.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct Slots {
+    /// Keyed requests of a guarded method (`max-concurrent`).
+    pub guarded: SlotUse,
+    /// Requests forwarded without the guard: no key, or a method not
+    /// guarded (`max-concurrent-unguarded`).
+    pub unguarded: SlotUse,
+}
+
+/// One class of slots.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct SlotUse {
+    /// Requests holding a slot now.
+    pub in_use: u64,
+    pub limit: u64,
+    /// Requests answered 503 since start because every slot was taken.
+    pub refused: u64,
 }
 
 /// One counter per [`Outcome`].

@@ -5,9 +5,15 @@
 //   {"op":"open","store":"redis"|"postgres","url":…,"prefix"|"table":…,"leaseMs":…}
 //   {"op":"begin","key":…,"fingerprint":…}   → {"tag":"proceed","claim":ID,"fence":…} | {"tag":"replay","response":…} | …
 //   {"op":"complete","claim":ID,"response":{"status":…,"headers":[[name,hex]],"body":hex}}
+//   {"op":"clock"}                           → {"nowMs":…,"errorMs":…,"wallOffsetMs":…,"authority":…}
 //   {"op":"close"}
+//
+// The guard judges leases by its store's clock (contract 0.3): the Redis or
+// PostgreSQL server's, whatever this process's wall clock says; `clock`
+// tells how far this process's wall clock is from it (a test may run this
+// peer under faketime).
 import { createInterface } from 'node:readline';
-import { Guard, GuardError } from '../../packages/js/index.js';
+import { Guard, GuardError, wallOffsetMs } from '../../packages/js/index.js';
 
 const hex = (bytes) => Buffer.from(bytes).toString('hex');
 const unhex = (s) => new Uint8Array(Buffer.from(s, 'hex'));
@@ -53,6 +59,8 @@ async function handle(cmd) {
       });
       return { ok: true };
     }
+    case 'clock':
+      return { nowMs: String(guard.clock.nowMs()), errorMs: guard.clock.errorMs(), wallOffsetMs: wallOffsetMs(guard.clock), authority: guard.clock.authority };
     case 'close':
       await store?.close?.();
       return { ok: true };

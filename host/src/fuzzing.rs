@@ -306,6 +306,7 @@ fn check_problem(input: &mut Input) {
         },
         10 => Problem::Overloaded {
             limit: input.u64() as usize,
+            guarded: input.u8().is_multiple_of(2),
         },
         12 => Problem::NotRecorded {
             why: text(input),

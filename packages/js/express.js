@@ -43,6 +43,7 @@
 
 import cluster from 'node:cluster';
 import { createHash } from 'node:crypto';
+import { monotonicMs } from './clock.js';
 import { fingerprint, GuardError, NotRecordedError, processLocal } from './index.js';
 
 /** The longest key a client may send: the store key adds a 16-character client scope and a `/`. */
@@ -436,8 +437,9 @@ export function keepRawBody(req, _res, buf) {
 /**
  * The routes running under one middleware, each to be timed out `everyMs`
  * after it started: one timer for all of them (armed for the oldest, the
- * first due, since all share one timeout), not a timer per request. The
- * timer is unref'd: it never keeps the process alive.
+ * first due, since all share one timeout), not a timer per request. Due
+ * times are on the monotonic clock, so a step of the wall clock moves no
+ * deadline. The timer is unref'd: it never keeps the process alive.
  */
 class Deadlines {
   #everyMs;
@@ -451,7 +453,7 @@ class Deadlines {
 
   /** Watches a route; `expire()` is called if it is still running `everyMs` from now. */
   add(expire) {
-    const watch = { due: Date.now() + this.#everyMs, expire };
+    const watch = { due: monotonicMs() + this.#everyMs, expire };
     this.#running.add(watch);
     if (this.#timer === null) this.#arm(this.#everyMs);
     return watch;
@@ -468,7 +470,7 @@ class Deadlines {
 
   #fire() {
     this.#timer = null;
-    const now = Date.now();
+    const now = monotonicMs();
     for (const watch of this.#running) {
       if (watch.due > now) return this.#arm(watch.due - now);
       this.#running.delete(watch);

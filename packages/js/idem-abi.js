@@ -1,5 +1,5 @@
 // The guard component run through Node's WebAssembly API, with the canonical
-// ABI of `idem:guard@0.2.0` written once, here, for this WIT.
+// ABI of `idem:guard@0.3.0` written once, here, for this WIT.
 //
 // Why: jco 1.35's generated glue spends most of a guarded call on work a
 // synchronous call does not need — a debug-log check that reads
@@ -41,7 +41,7 @@
 
 import { readFileSync } from 'node:fs';
 
-const VERSION = '0.2.0';
+const VERSION = '0.3.0';
 const contract = (iface) => `idem:guard/${iface}@${VERSION}`;
 
 /** The guest broke the canonical ABI, or the component is not the shape this binding reads. */
@@ -197,15 +197,19 @@ export const BEGIN_RESULT = result(DECISION, GUARD_ERROR);
 const UNIT_RESULT = result(undefined, GUARD_ERROR);
 const CLAIM_RESULT = result(CLAIM, GUARD_ERROR); // renew, save-checkpoint
 
-// wit/store.wit (the 0.2.0 guest imports `get`, `insert` and `replace`; `Guest.load`
-// refuses a component that imports anything this binding does not lower)
+// wit/store.wit. The 0.3.0 guest imports `get`, `insert` and `replace`, never
+// `delete` (hosts call it for operators); of the `response` resource,
+// `status`, `size`, `same-as` and its destructor, never the constructor,
+// `headers` or `body` (a store written as a component calls those, and the
+// guest is not one). This binding lowers exactly what the guest imports:
+// `Guest.load` refuses a component that imports anything else, naming it.
 const STORE_ERROR = variant(['unavailable', STRING], ['corrupt', STRING]);
 const OPTION_ENTRY = option(ENTRY);
 export const GET_RESULT = result(OPTION_ENTRY, STORE_ERROR);
 const INSERT_OUTCOME = variant(['inserted', U64], ['existing', ENTRY]);
 export const INSERT_RESULT = result(INSERT_OUTCOME, STORE_ERROR);
-const OPTION_U64 = option(U64);
-const REPLACE_RESULT = result(OPTION_U64, STORE_ERROR);
+/** Whether the record was written (at `expected-version + 1`, the contract's, not the store's). */
+export const REPLACE_RESULT = result(BOOL, STORE_ERROR);
 
 // The functions whose flat parameters are over 16, as the tuples they are passed as.
 export const PARAMS = {
@@ -421,6 +425,16 @@ export class Guest {
 
 const decoder = new TextDecoder('utf-8', { fatal: true });
 const MAX_U64 = 2n ** 64n - 1n;
+
+/** A value a store returned, for an error message. */
+function describe(value) {
+  if (typeof value === 'bigint') return `${value}n`;
+  try {
+    return JSON.stringify(value) ?? String(value);
+  } catch {
+    return typeof value;
+  }
+}
 
 // Range checks where a JS value would otherwise wrap silently on its way to
 // a core parameter (ToBigInt64, ToInt32), as jco's glue checks too.
@@ -988,8 +1002,10 @@ class Instance {
   // lends `replace` is looked up and put in the record the store is handed,
   // and the response of a record the store reads is added to the handles
   // (`entry.response`), so a stored response is never copied into the guest.
-  // (The response's methods and destructor, and the clock and random
-  // imports, are the handlers in the constructor.)
+  // `replace` answers whether it wrote: the new version is `expected + 1` by
+  // contract, which the guest computes. (The response's methods and
+  // destructor, and the clock and random imports, are the handlers in the
+  // constructor.)
   //
   // A store with a `readsRecord()` that returns false is handed null for the
   // record of that `insert` or `replace` (the journal, answering from its
@@ -1101,11 +1117,14 @@ class Instance {
     const response = OPTION_HANDLE.caseOf(dv.getUint8(h)) === 'some' ? this.#handles.get(dv.getInt32(h + OPTION_HANDLE.payload, true)) : undefined;
     const record = this.#recordFor(at + o[2], response);
     const nowMs = dv.getBigUint64(at + o[4], true);
-    const version = this.#ask(ret, REPLACE_RESULT, () => this.store.replace(key, expectedVersion, record, nowMs));
-    if (version === FAILED) return;
+    const written = this.#ask(ret, REPLACE_RESULT, () => this.store.replace(key, expectedVersion, record, nowMs));
+    if (written === FAILED) return;
+    if (typeof written !== 'boolean') {
+      // A host bug (a store written for 0.2 returns the new version or undefined): it traps.
+      throw new TypeError(`replace returned ${describe(written)}; since contract 0.3 a store's replace returns true (written at expected + 1) or false`);
+    }
     const out = this.#view();
     out.setUint8(ret, REPLACE_RESULT.index.ok);
-    out.setUint8(ret + REPLACE_RESULT.payload, version === undefined ? OPTION_U64.index.none : OPTION_U64.index.some);
-    if (version !== undefined) out.setBigUint64(ret + REPLACE_RESULT.payload + OPTION_U64.payload, version, true);
+    out.setUint8(ret + REPLACE_RESULT.payload, written ? 1 : 0);
   }
 }

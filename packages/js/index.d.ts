@@ -1,5 +1,5 @@
 // Types of @idem/guard (index.js). Values follow jco's conventions for the
-// WIT `idem:guard@0.2.0`: u64 is a bigint, `option<T>` is `undefined` or T,
+// WIT `idem:guard@0.3.0`: u64 is a bigint, `option<T>` is `undefined` or T,
 // a variant is `{ tag, val }`, records have camelCase fields, `list<u8>` is a
 // Uint8Array. Over a synchronous store (`Store`, e.g. MemoryStore) the guard's
 // calls answer at once; over an asynchronous one (`AsyncStore`, e.g.
@@ -101,18 +101,46 @@ export interface Entry {
 export type InsertOutcome = { tag: 'inserted'; val: bigint } | { tag: 'existing'; val: Entry };
 
 /**
+ * What every store says about itself beside its primitives: its time
+ * authority, and whether its records live in this process only.
+ */
+export interface StoreTraits {
+  /**
+   * The store's time authority (wit/clock.wit), which a `Guard` over it
+   * judges leases and retention by unless given a `clock`: for a store
+   * several hosts share, its server's clock (a `SyncedClock`). A store
+   * without one must be `processLocal` (it then gets `localClock`), or every
+   * guard over it must be given a clock.
+   */
+  readonly clock?: Clock;
+  /** Its records live in this process only (as MemoryStore's). */
+  readonly processLocal?: boolean;
+  /**
+   * How long one store call may take before it fails: a guard that renews
+   * its leases (`renewLease`, the default) on the store's own clock refuses
+   * a lease shorter than twice this (`checkLeaseRenewable`).
+   */
+  readonly timeoutMs?: number;
+}
+
+/**
  * The store primitives of wit/store.wit. A failure the guard should see is
  * thrown as a value with an own `payload` (`StoreError`); anything else
  * thrown is a host bug and traps the instance (the call fails closed).
  */
-export interface Store {
+export interface Store extends StoreTraits {
   /** The live record for `key`, or undefined when absent or expired at `nowMs`. */
   get(key: string, nowMs: bigint): Entry | undefined;
   /** Inserts unless a live record exists (then returns it). */
   insert(key: string, record: StoredRecord, nowMs: bigint): InsertOutcome;
-  /** Replaces the live record if its version is `expectedVersion`; the new version, or undefined. */
-  replace(key: string, expectedVersion: bigint, record: StoredRecord, nowMs: bigint): bigint | undefined;
-  delete?(key: string, expectedVersion?: bigint): boolean;
+  /**
+   * Writes the record at `expectedVersion + 1` if the live record is at
+   * `expectedVersion`: whether it did (contract 0.3; it returned the new
+   * version before).
+   */
+  replace(key: string, expectedVersion: bigint, record: StoredRecord, nowMs: bigint): boolean;
+  /** Removes the record live at `nowMs`, only at `expectedVersion` when given: whether it did. For operators; the guard never calls it. */
+  delete?(key: string, expectedVersion: bigint | undefined, nowMs: bigint): boolean;
   /** Frees at most `limit` records expired at `nowMs`, returning how many: a guard calls it every `purgeEveryMs`. */
   purgeExpired?(nowMs: bigint, limit: number): number;
 }
@@ -124,18 +152,32 @@ export interface Store {
  * returns Promises. Failures as for `Store`: a rejected `StoreError` reaches
  * the guard as `store-error`, anything else traps the instance.
  */
-export interface AsyncStore {
+export interface AsyncStore extends StoreTraits {
   readonly async: true;
   get(key: string, nowMs: bigint): Promise<Entry | undefined>;
   insert(key: string, record: StoredRecord, nowMs: bigint): Promise<InsertOutcome>;
-  replace(key: string, expectedVersion: bigint, record: StoredRecord, nowMs: bigint): Promise<bigint | undefined>;
-  delete?(key: string, expectedVersion?: bigint): Promise<boolean>;
+  replace(key: string, expectedVersion: bigint, record: StoredRecord, nowMs: bigint): Promise<boolean>;
+  delete?(key: string, expectedVersion: bigint | undefined, nowMs: bigint): Promise<boolean>;
   /** As `Store.purgeExpired`. */
   purgeExpired?(nowMs: bigint, limit: number): Promise<number>;
 }
 
+/**
+ * A time authority (wit/clock.wit): milliseconds since the Unix epoch as
+ * every host sharing the store sees them.
+ */
 export interface Clock {
   nowMs(): bigint | number;
+  /**
+   * Why the clock does not know its authority's time yet (a server clock
+   * never read), or null once it does: meanwhile a guard on it fails every
+   * call but `fingerprint` closed. A clock without it is always known.
+   */
+  unknown?(): string | null;
+  /** The bound on `nowMs()`'s error in ms (0 for a local clock), or null while unknown. */
+  errorMs?(): number | null;
+  /** What the time is taken from, for operators. */
+  readonly authority?: string;
 }
 
 export interface Random {
@@ -200,7 +242,12 @@ export interface GuestBinding {
 export interface GuardOptions {
   /** The store primitives (default: a new MemoryStore). */
   store?: Store;
-  /** Default: the system clock. */
+  /**
+   * The time leases and retention are judged by. Default: the store's time
+   * authority (`store.clock`): the server's clock for RedisStore and
+   * PostgresStore, this process's monotonic clock for MemoryStore; never
+   * the wall clock. For tests, a `ManualClock`.
+   */
   clock?: Clock;
   /** The claims' holder ids (default: the system's CSPRNG). */
   random?: Random;
@@ -210,7 +257,11 @@ export interface GuardOptions {
   retentionMs?: number | bigint;
   /** The largest stored response, and checkpoint data (default 1 MiB). */
   maxResponseBytes?: number;
-  /** Whether `run` renews the claim's lease while its handler runs (default true). */
+  /**
+   * Whether `run` renews the claim's lease while its handler runs (default
+   * true). With it, over a store with a `timeoutMs` and on the store's own
+   * clock, `leaseMs` must be at least twice that timeout.
+   */
   renewLease?: boolean;
   /**
    * How often expired records are purged, in batches of 1 000 until one comes back short, on a store
@@ -388,10 +439,13 @@ export type FaultRule = { kind: 'error' | 'lost' | 'trap'; message?: string; cou
 
 /** The store primitives over a Map, with fault injection for tests. */
 export declare class MemoryStore implements Store {
+  /** Its time authority: this process's monotonic clock (`localClock`). */
+  readonly clock: Clock;
   get(key: string, nowMs: bigint): Entry | undefined;
   insert(key: string, record: StoredRecord, nowMs: bigint): InsertOutcome;
-  replace(key: string, expectedVersion: bigint, record: StoredRecord, nowMs: bigint): bigint | undefined;
-  delete(key: string, expectedVersion?: bigint): boolean;
+  replace(key: string, expectedVersion: bigint, record: StoredRecord, nowMs: bigint): boolean;
+  /** Removes the record live at `nowMs` (default: now by its clock), only at `expectedVersion` when given. */
+  delete(key: string, expectedVersion?: bigint, nowMs?: bigint | number): boolean;
   /** `error` fails before applying, `lost` applies then fails, `trap` throws a plain Error. */
   fault(primitive: 'get' | 'insert' | 'replace' | 'delete', rule: FaultRule): void;
   clearFaults(): void;
@@ -406,14 +460,55 @@ export declare class MemoryStore implements Store {
 /** A clock that moves only when told to. */
 export declare class ManualClock implements Clock {
   constructor(ms: number | bigint);
+  readonly authority: string;
   ms: bigint;
   nowMs(): bigint;
   set(ms: number | bigint): void;
   advance(ms: number | bigint): void;
 }
 
-/** Wall-clock milliseconds. */
-export declare const systemClock: { nowMs(): bigint };
+/**
+ * A store server's clock kept on this host: read (`read`) at the store's
+ * open and every second after (`keepSynced`), carried between reads by the
+ * process's monotonic clock; unknown until the first reading. A reading is
+ * adopted when more precise than the one held, or when it disagrees beyond
+ * both error bounds (wit/store-layout/README.md, "Time").
+ */
+export declare class SyncedClock implements Clock {
+  constructor(authority: string);
+  readonly authority: string;
+  /** Steps of the server's clock seen (a second or more), and the last one's size in ms (negative: back). */
+  readonly steps: number;
+  readonly lastStepMs: number;
+  /** One reading: `read()` resolves to the server's time in ms since the epoch. Never rejects: a failure keeps the time as it was. */
+  read(read: () => Promise<bigint | number> | bigint | number): Promise<void>;
+  /** Reads again every `everyMs` until `stop()`; the timer never keeps the process alive. */
+  keepSynced(everyMs: number, read: () => Promise<bigint | number> | bigint | number): void;
+  stop(): void;
+  /** A reading: the server said `serverMs` between the monotonic instants `sentMs` and `receivedMs`. */
+  adopt(serverMs: number, sentMs: number, receivedMs: number): void;
+  /** The time at monotonic instant `atMs`. */
+  at(atMs: number): number;
+  /** The error bound at monotonic instant `atMs`. */
+  errorAt(atMs: number): number;
+  nowMs(): bigint;
+  errorMs(): number | null;
+  unknown(): string | null;
+}
+
+/** This process's monotonic clock, anchored to its wall clock once: MemoryStore's time authority. */
+export declare const localClock: Clock & { nowMs(): bigint; errorMs(): number; unknown(): null; readonly authority: string };
+
+/** How far this host's wall clock is ahead of `clock`'s time (negative: behind), in ms: for operators. */
+export declare function wallOffsetMs(clock: Clock): number;
+
+/**
+ * Throws a RangeError when a lease of `leaseMs` could lapse while its holder
+ * is renewing it on a store that may take `storeTimeoutMs` to answer: the
+ * lease must be at least twice the store's timeout (as the Rust host's
+ * `check_lease_renewable`). `Guard.load` checks it when it renews leases.
+ */
+export declare function checkLeaseRenewable(leaseMs: number | bigint, storeTimeoutMs: number): void;
 
 /** 64 random bits per call from the system's CSPRNG. */
 export declare const systemRandom: Random;

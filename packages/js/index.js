@@ -40,14 +40,24 @@
 // `begin`, `complete`, `release`, `renew`, `saveCheckpoint` and
 // `beginRequest` return Promises. A synchronous store (MemoryStore) is
 // called directly, as before.
+//
+// Time: the guard judges leases and retention by its store's time authority
+// (wit/clock.wit, clock.js), `store.clock`: the server's clock for RedisStore
+// and PostgresStore (read at open and every second, carried between reads
+// by the monotonic clock), this process's monotonic clock for MemoryStore;
+// never `Date.now()`, so a step of this host's wall clock changes no
+// decision. Until that clock has been read once, every call but
+// `fingerprint` fails closed (`unavailable`, naming why).
 
 import cluster from 'node:cluster';
 import { getRandomValues } from 'node:crypto';
 import { fileURLToPath } from 'node:url';
+import { localClock, monotonicMs } from './clock.js';
 import { Failure, Guest, responseSize } from './idem-abi.js';
 import { JournalPort, replay } from './journal.js';
 import { logWith, RunSpan, Tracing } from './telemetry.js';
 
+export { localClock, ManualClock, SyncedClock, wallOffsetMs } from './clock.js';
 export { fingerprint } from './fingerprint.js';
 
 // The component ships inside the package (build.sh writes it there before
@@ -55,6 +65,7 @@ export { fingerprint } from './fingerprint.js';
 const DEFAULT_COMPONENT = fileURLToPath(new URL('./idem-guard.wasm', import.meta.url));
 
 const encoder = new TextEncoder();
+const MAX_U64 = 2n ** 64n - 1n;
 
 /** An error the guard returned: `unavailable`, `invalid-input` or `stale-claim`. */
 export class GuardError extends Error {
@@ -98,9 +109,6 @@ export class StoreError extends Error {
   }
 }
 
-/** Wall-clock milliseconds. */
-export const systemClock = { nowMs: () => BigInt(Date.now()) };
-
 /**
  * 64 random bits per call from the system's CSPRNG (`crypto.getRandomValues`),
  * the holder id of each claim. Drawn 64 at a time: one draw per call costs
@@ -117,22 +125,6 @@ export const systemRandom = {
     return this.pool[this.next++];
   },
 };
-
-/** A clock that moves only when told to: tests expire leases without sleeping. */
-export class ManualClock {
-  constructor(ms) {
-    this.ms = BigInt(ms);
-  }
-  nowMs() {
-    return this.ms;
-  }
-  set(ms) {
-    this.ms = BigInt(ms);
-  }
-  advance(ms) {
-    this.ms += BigInt(ms);
-  }
-}
 
 /**
  * A response's own copy. The guest hands a store the caller's response (not
@@ -155,10 +147,17 @@ function handedOut(entry) {
  * `store.fault('replace', { kind: 'error', message, count })`.
  * Kinds: `error` fails before applying, `lost` applies then fails (a lost
  * reply), `trap` throws a plain Error (a host bug: the instance traps).
+ * Its time authority (`clock`) is this process's monotonic clock, anchored
+ * once to the wall clock: the records live and die with the process.
  */
 export class MemoryStore {
   #records = new Map();
   #faults = new Map();
+
+  /** The store's time authority (wit/clock.wit): `localClock`. */
+  get clock() {
+    return localClock;
+  }
 
   fault(primitive, rule) {
     if (!['get', 'insert', 'replace', 'delete'].includes(primitive)) {
@@ -208,21 +207,31 @@ export class MemoryStore {
     });
   }
 
+  /** Writes the record at `expectedVersion + 1` if the live record is at `expectedVersion`: whether it did. */
   replace(key, expectedVersion, record, nowMs) {
     return this.#apply('replace', () => {
       const live = this.#live(key, nowMs);
-      if (!live || live.version !== expectedVersion) return undefined;
-      const version = expectedVersion + 1n;
+      if (!live || live.version !== expectedVersion || expectedVersion >= MAX_U64) return false;
       const stored = record.response ? { ...record, response: copyResponse(record.response) } : record;
-      this.#records.set(key, { record: stored, version });
-      return version;
+      this.#records.set(key, { record: stored, version: expectedVersion + 1n });
+      return true;
     });
   }
 
-  delete(key, expectedVersion) {
+  /**
+   * Removes the record live at `nowMs` (default: now by the store's clock),
+   * only at `expectedVersion` when given: whether it did. An expired record
+   * is absent (false), and its space is freed.
+   */
+  delete(key, expectedVersion, nowMs = this.clock.nowMs()) {
     return this.#apply('delete', () => {
       const entry = this.#records.get(key);
-      if (!entry || (expectedVersion !== undefined && entry.version !== expectedVersion)) return false;
+      if (!entry) return false;
+      if (BigInt(nowMs) >= entry.record.expiresAtMs) {
+        this.#records.delete(key);
+        return false;
+      }
+      if (expectedVersion !== undefined && entry.version !== expectedVersion) return false;
       return this.#records.delete(key);
     });
   }
@@ -419,11 +428,47 @@ function isAsyncStore(store) {
   return ['get', 'insert', 'replace'].some((op) => store[op]?.constructor?.name === 'AsyncFunction');
 }
 
+/**
+ * The time authority of `store` (wit/clock.wit): its own `clock`; for a
+ * store private to this process without one, `localClock`. A store shared
+ * by several hosts must say whose time it keeps: no host's wall clock will
+ * do.
+ */
+function storeClock(store) {
+  if (store.clock !== undefined && store.clock !== null) return store.clock;
+  if (processLocal(store)) return localClock;
+  throw new TypeError(
+    "the store has no clock (its time authority, wit/clock.wit): give it a `clock` property (RedisStore and PostgresStore keep their server's), mark it `processLocal: true` if its records live in this process only, or pass `clock` to Guard.load",
+  );
+}
+
+/**
+ * The Rust host's `check_lease_renewable` (host/src/lease.rs): `run` renews a
+ * third of the way into the lease, and a renewal may take the whole store
+ * timeout, so a lease shorter than twice the store's timeout could lapse
+ * while its holder is alive and renewing. A RangeError in the Rust host's
+ * words, then the options it means.
+ */
+export function checkLeaseRenewable(leaseMs, storeTimeoutMs) {
+  const lease = Number(leaseMs);
+  const least = 2 * Number(storeTimeoutMs);
+  if (lease < least) {
+    throw new RangeError(
+      `lease (${lease} ms) must be at least twice store-timeout (${Number(storeTimeoutMs)} ms), i.e. at least ${least} ms: ` +
+        'a renewal starts a third into the lease and may take the whole store timeout, so a shorter lease could lapse while its holder is alive; ' +
+        "lengthen the lease or shorten the store timeout (Guard.load's leaseMs, the store's timeoutMs)",
+    );
+  }
+}
+
 export class Guard {
   #renewer = null;
   #purger = null;
   #guest;
   #store;
+  /** The time authority, as given (its `unknown()` says whether its time is known). */
+  #authority;
+  /** The same clock, its `nowMs` as a BigInt: what the component is given. */
   #clock;
   #random;
   #instance = null;
@@ -438,12 +483,16 @@ export class Guard {
    * @param {object} options
    * @param {object} options.store   the store primitives (default: a new MemoryStore); an
    *   asynchronous one (`async: true`, e.g. RedisStore) makes the guard's calls return Promises
-   * @param {object} options.clock   `{ nowMs(): bigint }` (default: the system clock)
+   * @param {object} options.clock   `{ nowMs(): bigint, unknown?(): string | null }`, the time leases and
+   *   retention are judged by (default: the store's time authority, `store.clock`: the server's clock for
+   *   RedisStore and PostgresStore, this process's monotonic clock for MemoryStore); for tests, a ManualClock.
+   *   While `unknown()` says why its time is not known, every call but `fingerprint` fails closed (`unavailable`)
    * @param {object} options.random  `{ randomU64(): bigint }`, the claims' holder ids (default: crypto's CSPRNG)
    * @param {number} options.leaseMs how long a claim is held (default 30 s)
    * @param {number} options.retentionMs how long keys are remembered (default 24 h)
    * @param {number} options.maxResponseBytes the largest stored response (default 1 MiB)
-   * @param {boolean} options.renewLease whether `run` renews the claim's lease while its handler runs (default true)
+   * @param {boolean} options.renewLease whether `run` renews the claim's lease while its handler runs (default true);
+   *   with it, on a store with a `timeoutMs` and its own clock, `leaseMs` must be at least twice that timeout
    * @param {number} options.purgeEveryMs how often expired records are purged, on a store that keeps them
    *   (one with `purgeExpired`: MemoryStore, PostgresStore); 0 never (default 60 000)
    * @param {string} options.component the component file (default `$IDEM_COMPONENT`, else the package's own idem-guard.wasm)
@@ -461,7 +510,7 @@ export class Guard {
 
   constructor({
     store = new MemoryStore(),
-    clock = systemClock,
+    clock = undefined,
     random = systemRandom,
     leaseMs = 30_000,
     retentionMs = 24 * 60 * 60 * 1000,
@@ -477,14 +526,21 @@ export class Guard {
     if (!(Number.isInteger(purgeEveryMs) && purgeEveryMs >= 0)) {
       throw new RangeError(`purgeEveryMs ${purgeEveryMs} must be a whole number of milliseconds, 0 for never`);
     }
+    const authority = clock ?? storeClock(store);
+    if (typeof authority?.nowMs !== 'function') throw new TypeError('clock: expected { nowMs(): bigint }');
+    // The lease must outlast a renewal in real time. A store that answers
+    // from memory has no timeout to wait out, and a clock the caller gives
+    // (a test's manual one) is not real time.
+    if (renewLease && clock === undefined && typeof store.timeoutMs === 'number') checkLeaseRenewable(leaseMs, store.timeoutMs);
     this.store = store;
-    this.clock = clock;
+    this.clock = authority;
     this.policy = { leaseMs: BigInt(leaseMs), retentionMs: BigInt(retentionMs), maxResponseBytes };
     this.renewLease = renewLease;
     this.replaced = 0;
     this.#guest = guest;
     this.#store = store;
-    this.#clock = { nowMs: () => BigInt(clock.nowMs()) };
+    this.#authority = authority;
+    this.#clock = { nowMs: () => BigInt(authority.nowMs()) };
     this.#random = random;
     /** Whether `begin`, `complete`, `release`, `renew`, `saveCheckpoint` and `beginRequest` return Promises. */
     this.async = isAsyncStore(store);
@@ -535,8 +591,21 @@ export class Guard {
    * call (a Promise).
    */
   #call(call, finish = checked, span = null) {
+    const why = this.#authority.unknown?.() ?? null;
+    if (why !== null) return this.#closed(why);
     if (this.#port !== null) return this.#replayed(call, finish, span);
     return finish(this.#run(call));
+  }
+
+  /**
+   * A call made before the store's clock is known (a server clock never
+   * read): fails closed, thrown (a synchronous guard) or rejected (an
+   * asynchronous one), without calling the component.
+   */
+  #closed(why) {
+    const error = new GuardError('unavailable', `the store's clock is not known: ${why}`);
+    if (this.#port !== null) return Promise.reject(error);
+    throw error;
   }
 
   /** One run of an export: its value or `Failure`; a trap drops the instance and is thrown as GuardError. */
@@ -849,6 +918,8 @@ class Purger {
     const guard = this.#guard.deref();
     if (guard === undefined) return this.stop();
     if (this.#running) return;
+    // Purging by a guessed time could free live records: not until the store's clock is known.
+    if ((guard.clock.unknown?.() ?? null) !== null) return;
     this.#running = true;
     const stats = guard.purgeStats;
     const store = guard.store;
@@ -883,7 +954,9 @@ class Purger {
  * claim or last renewal, on one timer per guard armed for the earliest one
  * due: a handler that returns before its first renewal (the usual case)
  * costs a Set entry, not a timer of its own. All claims of a guard share one
- * interval, so a new claim is never due before the armed timer fires. The
+ * interval, so a new claim is never due before the armed timer fires. Due
+ * times are on the monotonic clock: a step of the wall clock neither stops
+ * the renewals (a lease lapsing under a live holder) nor hurries them. The
  * timer is unref'd: it never keeps the process alive by itself.
  */
 class Renewer {
@@ -913,7 +986,7 @@ class Renewer {
 
   #tick() {
     this.#timer = null;
-    const now = Date.now();
+    const now = monotonicMs();
     for (const held of [...this.#held]) {
       if (held.due > now) continue;
       held.due = now + this.#every;
@@ -964,7 +1037,7 @@ class Held {
     this.claim = claim;
     this.set = set;
     this.everyMs = everyMs;
-    this.due = set ? Date.now() + everyMs : 0;
+    this.due = set ? monotonicMs() + everyMs : 0;
     this.stopped = false;
     /** The last write of an asynchronous guard in flight for this claim (renewal or checkpoint), if any. */
     this.chain = undefined;
@@ -980,7 +1053,7 @@ class Held {
   /** A checkpoint moved the claim and extended the lease: the next renewal is a full interval away. */
   update(latest) {
     this.claim = latest;
-    this.due = Date.now() + this.everyMs;
+    this.due = monotonicMs() + this.everyMs;
   }
 
   /**

@@ -13,8 +13,11 @@
 // import returns T, or throws a value with an own `payload` property holding
 // E (any other thrown `Error` is a host bug and traps the instance); a
 // `StoreFailure` the journal returns is thrown for it. jco
-// 1.35's generated code looks imports up without the `@0.2.0` version its
-// .d.ts shows; both spellings are given. The imported `response` resource
+// 1.35's generated code looks imports up without the `@0.3.0` version its
+// .d.ts shows; both spellings are given. The glue asks only for what the
+// guest's core module imports: not `store.delete`, nor the response's
+// constructor, `headers` or `body` (wit/types.wit: for a store written as a
+// component), which are given anyway as the WIT has them. The imported `response` resource
 // is a class given as `Response` in `idem:guard/types`: jco lowers an
 // instance of it (and only that) as an own handle, lifts a borrow or a
 // handed-back own handle as the very instance it lowered, and calls its
@@ -28,7 +31,9 @@ import { Failure, responseSize, StoreFailure, sameResponse } from './idem-abi.js
 class Response {
   #size;
 
-  constructor(response) {
+  /** `new Response(response)` here; `new Response(status, headers, body)` as the WIT's constructor. */
+  constructor(response, headers, body) {
+    if (typeof response === 'number') response = { status: response, headers, body };
     this.#size = responseSize(response); // checks its shape, as idem-abi.js does when it makes a handle
     this.response = response;
   }
@@ -40,6 +45,12 @@ class Response {
   }
   sameAs(other) {
     return sameResponse(this.response, other.response);
+  }
+  headers() {
+    return this.response.headers;
+  }
+  body() {
+    return this.response.body;
   }
 }
 
@@ -76,19 +87,19 @@ export async function jcoGuest(dir = new URL('./gen/', import.meta.url)) {
         },
         replace: (key, expectedVersion, record, response, nowMs) =>
           thrown(store.replace(key, expectedVersion, { ...record, response: response?.response }, nowMs)),
-        delete: (key, expectedVersion) => thrown(store.delete(key, expectedVersion)),
+        delete: (key, expectedVersion, nowMs) => thrown(store.delete(key, expectedVersion, nowMs)),
       };
       const typesImport = { Response };
       const randomImport = { randomU64: () => random.randomU64() };
       const imports = {
         'idem:guard/clock': clock,
-        'idem:guard/clock@0.2.0': clock,
+        'idem:guard/clock@0.3.0': clock,
         'idem:guard/random': randomImport,
-        'idem:guard/random@0.2.0': randomImport,
+        'idem:guard/random@0.3.0': randomImport,
         'idem:guard/store': storeImport,
-        'idem:guard/store@0.2.0': storeImport,
+        'idem:guard/store@0.3.0': storeImport,
         'idem:guard/types': typesImport,
-        'idem:guard/types@0.2.0': typesImport,
+        'idem:guard/types@0.3.0': typesImport,
       };
       const guard = instantiate(coreModule, imports).guard;
       const result = (call) => {

@@ -8,8 +8,9 @@
 // answers, so the guard runs the export with every import answered from a
 // journal; the first store call the journal cannot answer goes to the store
 // at once (its round trip overlaps the rest of the run) and is answered
-// `store-error::unavailable` (so is every later import of that run, without
-// touching the store). Once the export has returned, the store's answer (a
+// `store-error::unavailable` (so is every later store call of that run,
+// without touching the store; the clock, random and the response's methods
+// answer as usual). Once the export has returned, the store's answer (a
 // value, or the `StoreError` it threw) is appended and the export runs again
 // from the start, until a run needs nothing new. `clock.now-ms` and
 // `random.random-u64` are journaled as the first run called them. A
@@ -183,8 +184,8 @@ export class JournalPort {
     return this.#current().store('replace', key, [key, expectedVersion, record, nowMs]);
   }
 
-  delete(key, expectedVersion) {
-    return this.#current().store('delete', key, [key, expectedVersion]);
+  delete(key, expectedVersion, nowMs) {
+    return this.#current().store('delete', key, [key, expectedVersion, nowMs]);
   }
 }
 

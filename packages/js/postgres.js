@@ -17,8 +17,16 @@
 // each pooled connection at its first use, so one round trip; a claim that
 // lost a race settles in a second. The client is node-postgres (`pg`) with
 // its Pool.
+//
+// The guard's clock is the store's (`store.clock`, wit/clock.wit): the
+// server's `clock_timestamp()` (the layout's `now` statement), read at open
+// and every `clockSyncMs` (1 s) after and carried between reads by this
+// process's monotonic clock (clock.js, `SyncedClock`): every host on the
+// database judges leases by the same time, whatever its wall clock says. A
+// server whose clock cannot be read at open is not opened.
 
 import pg from 'pg';
+import { checkedSyncMs, SYNC_EVERY_MS, SyncedClock } from './clock.js';
 import { StoreError } from './index.js';
 import { layoutFile } from './layout.js';
 
@@ -124,6 +132,8 @@ export class PostgresStore {
   #table;
   #sql;
   #timeoutMs;
+  /** The server's clock, the store's time authority. */
+  #clock = new SyncedClock("the PostgreSQL server's clock (clock_timestamp())");
 
   /**
    * Creates the table if needed (the layout's schema.sql), checks its schema
@@ -135,13 +145,15 @@ export class PostgresStore {
    * @param {string} options.table     the table (default `idem_records`): 1 to 48 of a-z, 0-9 and _, not starting with a digit
    * @param {number} options.poolSize  connections at most (default 10)
    * @param {number} options.timeoutMs how long a connection or a statement may take before it fails as unavailable (default 2 000)
+   * @param {number} options.clockSyncMs how often the server's clock is read again (default 1 000; 100 to 3 600 000)
    */
-  static async open({ url, table = 'idem_records', poolSize = 10, timeoutMs = 2_000 } = {}) {
+  static async open({ url, table = 'idem_records', poolSize = 10, timeoutMs = 2_000, clockSyncMs = SYNC_EVERY_MS } = {}) {
     if (typeof url !== 'string') throw new TypeError('url must be a postgres:// URL');
     if (typeof table !== 'string' || !TABLE.test(table)) {
       throw new RangeError(`table=${JSON.stringify(table)} must be 1 to 48 characters of a-z, 0-9 and _, not starting with a digit`);
     }
     if (!(Number.isInteger(timeoutMs) && timeoutMs > 0)) throw new RangeError(`timeoutMs ${timeoutMs} must be a positive whole number of milliseconds`);
+    checkedSyncMs(clockSyncMs);
     const pool = new pg.Pool({
       connectionString: url,
       max: poolSize,
@@ -163,11 +175,18 @@ export class PostgresStore {
       } finally {
         client.release();
       }
+      // The time authority: read once now (a guard on a clock never read
+      // fails every call closed) and every clockSyncMs after.
+      const store = new PostgresStore(pool, table, timeoutMs);
+      await store.#clock.read(() => store.#serverTime());
+      const unknown = store.#clock.unknown();
+      if (unknown !== null) throw new Error(unknown);
+      store.#clock.keepSynced(clockSyncMs, () => store.#serverTime());
+      return store;
     } catch (e) {
       await pool.end().catch(() => {});
       throw new Error(`${NAME} store: cannot open ${shown(url)}: ${describe(e)}`);
     }
-    return new PostgresStore(pool, table, timeoutMs);
   }
 
   constructor(pool, table, timeoutMs) {
@@ -176,7 +195,7 @@ export class PostgresStore {
     this.#timeoutMs = timeoutMs;
     const file = layoutFile('postgres/statements.sql');
     this.#sql = Object.fromEntries(
-      ['claim', 'settle', 'get', 'replace', 'delete', 'purge'].map((name) => [
+      ['claim', 'settle', 'get', 'replace', 'delete', 'purge', 'now'].map((name) => [
         name,
         // Named: node-postgres prepares it once per connection and then only binds.
         { name: `idem_${table}_${name}`, text: statement(file, name).replaceAll('{t}', table), rowMode: 'array' },
@@ -189,8 +208,28 @@ export class PostgresStore {
     return this.#table;
   }
 
-  /** Closes every connection of the pool. */
+  /**
+   * The store's time authority (wit/clock.wit): the server's clock, kept
+   * synced while the store is open. A `Guard` over the store uses it.
+   */
+  get clock() {
+    return this.#clock;
+  }
+
+  /** How long a connection or a statement may take: a guard that renews its leases needs a lease of twice this at least. */
+  get timeoutMs() {
+    return this.#timeoutMs;
+  }
+
+  /** The server's time in ms since the epoch: the `now` statement. */
+  async #serverTime() {
+    const { rows } = await this.#query('now', []);
+    return BigInt(rows[0][0]);
+  }
+
+  /** Stops reading the server's clock and closes every connection of the pool. */
   async close() {
+    this.#clock.stop();
     await this.#pool.end();
   }
 
@@ -223,14 +262,20 @@ export class PostgresStore {
     return { tag: 'existing', val: decodeRow(key, settled, 1) };
   }
 
+  /** Writes the record at `expectedVersion + 1` if the row live at `nowMs` is at `expectedVersion`: whether it did. */
   async replace(key, expectedVersion, record, nowMs) {
-    if (expectedVersion >= I64_MAX) return undefined; // no stored version is that high: refused, not an error
+    if (expectedVersion >= I64_MAX) return false; // no stored version is that high: refused, not an error
     const { rowCount } = await this.#query('replace', [key, expectedVersion, int(nowMs), ...recordParams(record)]);
-    return rowCount === 1 ? expectedVersion + 1n : undefined;
+    return rowCount === 1;
   }
 
-  async delete(key, expectedVersion) {
-    const { rowCount } = await this.#query('delete', [key, expectedVersion === undefined ? null : int(expectedVersion)]);
+  /**
+   * Removes the row live at `nowMs` (default: now by the store's clock),
+   * only at `expectedVersion` when given: whether it did. An expired row is
+   * left alone (false); the purge frees it.
+   */
+  async delete(key, expectedVersion, nowMs = this.#clock.nowMs()) {
+    const { rowCount } = await this.#query('delete', [key, expectedVersion === undefined ? null : int(expectedVersion), int(BigInt(nowMs))]);
     return rowCount === 1;
   }
 

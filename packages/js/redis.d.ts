@@ -2,14 +2,14 @@
 // shared on-store layout (wit/store-layout/README.md), over a connection of
 // its own (resp.js): no client package needed.
 
-import type { AsyncStore, Entry, InsertOutcome, StoredRecord } from './index.js';
+import type { AsyncStore, Entry, InsertOutcome, StoredRecord, SyncedClock } from './index.js';
 
 export interface RedisStoreOptions {
   /** `redis://[[user]:password@]host[:port][/db]`, or `rediss://` for TLS (default redis://127.0.0.1:6379). */
   url?: string;
   /** Put before every key (default ''); hosts sharing keys use the same. */
   prefix?: string;
-  /** How much longer than a record's life (by the guard's clock) Redis keeps it (default 60 000 ms). */
+  /** How much longer than a record's life (by the store's clock) Redis keeps it (default 60 000 ms). */
   graceMs?: number;
   /** How long connecting or a command may take before it fails as unavailable (default 2 000 ms). */
   timeoutMs?: number;
@@ -18,6 +18,8 @@ export interface RedisStoreOptions {
    * asked at open) when the store knows the record's bytes, else the layout's `replace` script; `script`: always the script.
    */
   cas?: 'auto' | 'script';
+  /** How often the server's clock (the store's time authority) is read again: 100 to 3 600 000 ms (default 1 000). */
+  clockSyncMs?: number;
   /** Options for Node's `tls.connect` with `rediss://`: a `ca` to trust, a client `cert` and `key`, any other it takes. */
   tls?: {
     ca?: string | Uint8Array | Array<string | Uint8Array>;
@@ -29,7 +31,7 @@ export interface RedisStoreOptions {
 
 /** The store primitives on Redis; a `Guard` over it is an `AsyncGuard`. */
 export declare class RedisStore implements AsyncStore {
-  /** Connects and loads the layout's scripts; rejects if the server does not answer. */
+  /** Connects, loads the layout's scripts and reads the server's clock; rejects if the server does not answer. */
   static open(options?: RedisStoreOptions): Promise<RedisStore>;
   private constructor();
   readonly async: true;
@@ -37,11 +39,16 @@ export declare class RedisStore implements AsyncStore {
   readonly prefix: string;
   /** Whether completions and renewals use the server's `SET … IFEQ` rather than the script. */
   readonly nativeCas: boolean;
+  /** The store's time authority: the server's `TIME`, kept synced while the store is open. */
+  readonly clock: SyncedClock;
+  /** How long connecting or a command may take (the `timeoutMs` it was opened with). */
+  readonly timeoutMs: number;
   get(key: string, nowMs: bigint): Promise<Entry | undefined>;
   insert(key: string, record: StoredRecord, nowMs: bigint): Promise<InsertOutcome>;
-  replace(key: string, expectedVersion: bigint, record: StoredRecord, nowMs: bigint): Promise<bigint | undefined>;
-  delete(key: string, expectedVersion?: bigint): Promise<boolean>;
-  /** Closes the connection; commands still unanswered fail as unavailable. */
+  replace(key: string, expectedVersion: bigint, record: StoredRecord, nowMs: bigint): Promise<boolean>;
+  /** Removes the record live at `nowMs` (default: now by the store's clock), only at `expectedVersion` when given. */
+  delete(key: string, expectedVersion?: bigint, nowMs?: bigint | number): Promise<boolean>;
+  /** Closes the connection (commands still unanswered fail as unavailable) and stops reading the server's clock. */
   close(): Promise<void>;
 }
 

@@ -15,10 +15,18 @@
 // Each record is one string at `{prefix}{key}`: the header
 // "{version} {expires_at_ms}\n" then the record, big-endian. A claim is
 // `SET NX GET PX`; a claim of a record expired by the guard's clock that
-// Redis still holds (its grace period), a replace and a delete at a version
-// are the layout's Lua scripts (EVALSHA, loaded again on NOSCRIPT). Expiry
-// compares the guard's `nowMs`, never the server's clock; PX is the record's
-// remaining life by the guard's clock plus `graceMs`.
+// Redis still holds (its grace period), a replace and a delete are the
+// layout's Lua scripts (EVALSHA, loaded again on NOSCRIPT). Expiry compares
+// the guard's `nowMs`; PX is the record's remaining life by the guard's
+// clock plus `graceMs`.
+//
+// The guard's clock is the store's (`store.clock`, wit/clock.wit): the
+// server's own, `TIME` through the layout's time.lua on the key
+// "{prefix}\x01clock" (so a Redis Cluster's hosts all ask one node), read at
+// open and every `clockSyncMs` (1 s) after and carried between reads by
+// this process's monotonic clock (clock.js, `SyncedClock`): every host on
+// the server judges leases by the same time, whatever its wall clock says.
+// A server whose clock cannot be read at open is not opened.
 //
 // Native compare-and-set, as the Rust store: on a server that has `SET key
 // value IFEQ old` (Valkey 8.1 and later, asked at open with a probe that
@@ -41,6 +49,7 @@
 // one. So a store needs no dependency.
 
 import { createHash } from 'node:crypto';
+import { checkedSyncMs, redisTimeMs, SYNC_EVERY_MS, SyncedClock } from './clock.js';
 import { StoreError } from './index.js';
 import { layoutFile } from './layout.js';
 import { Connection, check, pack, parseUrl, ReplyError } from './resp.js';
@@ -223,7 +232,9 @@ class Script {
 
 const SCRIPTS = {};
 const script = (name) => (SCRIPTS[name] ??= new Script(`${name}.lua`));
-const SCRIPT_NAMES = ['claim_expired', 'replace', 'delete_at'];
+const SCRIPT_NAMES = ['claim_expired', 'replace', 'delete_at', 'time'];
+/** The key time.lua runs on, after the prefix: byte 0x01 then `clock` (no idem key has a control character). */
+const CLOCK_KEY = '\u0001clock';
 
 /**
  * The store primitives on a Redis server, asynchronous (`async: true`): a
@@ -237,6 +248,8 @@ export class RedisStore {
   #graceMs;
   #timeoutMs;
   #tlsOptions;
+  /** The server's clock, the store's time authority. */
+  #clock;
   /** The live connection, or the promise of one being opened. */
   #conn = null;
   #opening = null;
@@ -261,9 +274,19 @@ export class RedisStore {
    * @param {string} options.cas       `auto` (default): a completion is `SET … IFEQ` where the server has it
    *   (Valkey 8.1+, asked at open) and the store knows the record's bytes, else the `replace` script;
    *   `script`: always the script
+   * @param {number} options.clockSyncMs how often the server's clock is read again (default 1 000; 100 to 3 600 000)
    */
-  static async open({ url = 'redis://127.0.0.1:6379', prefix = '', graceMs = 60_000, timeoutMs = 2_000, tls = {}, cas = 'auto' } = {}) {
+  static async open({
+    url = 'redis://127.0.0.1:6379',
+    prefix = '',
+    graceMs = 60_000,
+    timeoutMs = 2_000,
+    tls = {},
+    cas = 'auto',
+    clockSyncMs = SYNC_EVERY_MS,
+  } = {}) {
     if (typeof prefix !== 'string') throw new TypeError('prefix must be a string');
+    checkedSyncMs(clockSyncMs);
     if (cas !== 'auto' && cas !== 'script') throw new RangeError(`cas ${JSON.stringify(cas)} is not one of auto, script`);
     if (!(Number.isInteger(graceMs) && graceMs >= 0)) throw new RangeError(`graceMs ${graceMs} must be a whole number of milliseconds`);
     if (!(Number.isInteger(timeoutMs) && timeoutMs > 0)) throw new RangeError(`timeoutMs ${timeoutMs} must be a positive whole number of milliseconds`);
@@ -278,6 +301,12 @@ export class RedisStore {
       const conn = await store.#connection();
       for (const name of SCRIPT_NAMES) check(await conn.send(pack(['SCRIPT', 'LOAD', script(name).text])));
       if (cas === 'auto' && (await hasIfeq(conn, prefix))) store.#seen = new Map();
+      // The time authority: read once now (a guard on a clock never read
+      // fails every call closed) and every clockSyncMs after.
+      await store.#clock.read(() => store.#serverTime());
+      const unknown = store.#clock.unknown();
+      if (unknown !== null) throw new Error(unknown);
+      store.#clock.keepSynced(clockSyncMs, () => store.#serverTime());
     } catch (e) {
       store.close();
       throw new Error(`${NAME} store: cannot open ${shown(url)}: ${e?.message ?? e}`);
@@ -291,11 +320,30 @@ export class RedisStore {
     this.#graceMs = BigInt(graceMs);
     this.#timeoutMs = timeoutMs;
     this.#tlsOptions = tlsOptions;
+    this.#clock = new SyncedClock("the Redis server's clock (TIME)");
   }
 
   /** The prefix every key is stored under. */
   get prefix() {
     return this.#prefix;
+  }
+
+  /**
+   * The store's time authority (wit/clock.wit): the server's clock, kept
+   * synced while the store is open. A `Guard` over the store uses it.
+   */
+  get clock() {
+    return this.#clock;
+  }
+
+  /** How long connecting or a command may take: a guard that renews its leases needs a lease of twice this at least. */
+  get timeoutMs() {
+    return this.#timeoutMs;
+  }
+
+  /** The server's time in ms since the epoch: time.lua on "{prefix}\x01clock". */
+  async #serverTime() {
+    return redisTimeMs(await this.#eval(CLOCK_KEY, 'time', []));
   }
 
   /** Whether completions and renewals use the server's `SET … IFEQ` (when the record's bytes are known) rather than the script. */
@@ -324,8 +372,9 @@ export class RedisStore {
     return known.value;
   }
 
-  /** Closes the connection; commands still unanswered fail as unavailable. */
+  /** Closes the connection (commands still unanswered fail as unavailable) and stops reading the server's clock. */
   async close() {
+    this.#clock.stop();
     this.#conn?.close();
     this.#conn = null;
   }
@@ -443,8 +492,9 @@ export class RedisStore {
     return { tag: 'existing', val: entry };
   }
 
+  /** Writes the record at `expectedVersion + 1` if the record live at `nowMs` is at `expectedVersion`: whether it did. */
   async replace(key, expectedVersion, record, nowMs) {
-    if (expectedVersion >= MAX_U64) return undefined; // expected + 1 overflows: refused, not an error
+    if (expectedVersion >= MAX_U64) return false; // expected + 1 overflows: refused, not an error
     const full = this.#full(key);
     const version = expectedVersion + 1n;
     const value = encodeValue(version, record);
@@ -453,26 +503,32 @@ export class RedisStore {
     if (old !== undefined) {
       // The exact bytes at that version: the server compares them whole, and the expiry is theirs.
       const head = header(old);
-      if (head === null || head.expiresAtMs <= nowMs) return undefined;
+      if (head === null || head.expiresAtMs <= nowMs) return false;
       const written = this.#ok(key, await this.#send(['SET', full, value, 'IFEQ', old, 'PX', ttl]));
-      if (written === null) return undefined;
+      if (written === null) return false;
       this.#remember(full, version, record.state, value);
-      return version;
+      return true;
     }
     const reply = await this.#eval(key, 'replace', [String(expectedVersion), String(nowMs), ttl, value]);
     if (reply === 1) {
       this.#remember(full, version, record.state, value);
-      return version;
+      return true;
     }
-    if (reply === 0) return undefined;
+    if (reply === 0) return false;
     if (reply === -1) throw corrupt(key, 'the stored record has no "{version} {expires_at_ms}" header');
     throw unavailable('unexpected reply from replace');
   }
 
-  async delete(key, expectedVersion) {
+  /**
+   * Removes the record live at `nowMs` (default: now by the store's clock),
+   * only at `expectedVersion` when given: whether it did. An expired record
+   * is left alone (false), and so is another version; a value whose header
+   * does not decode is removed only without a version (the layout's
+   * delete_at.lua).
+   */
+  async delete(key, expectedVersion, nowMs = this.#clock.nowMs()) {
     this.#seen?.delete(this.#full(key));
-    const removed =
-      expectedVersion === undefined ? this.#ok(key, await this.#send(['DEL', this.#full(key)])) : await this.#eval(key, 'delete_at', [String(expectedVersion)]);
+    const removed = await this.#eval(key, 'delete_at', [expectedVersion === undefined ? '' : String(expectedVersion), String(nowMs)]);
     return removed === 1;
   }
 }

@@ -1,7 +1,7 @@
 // The Redis connection RedisStore talks through: one socket (TCP, or TLS for
 // `rediss://`), commands written as RESP2 arrays of bulk strings and answered
 // in order, replies read by a small parser. A store needs a few commands
-// (GET, SET, EVALSHA, DEL, SCRIPT LOAD) and nothing of a general client (no
+// (GET, SET, EVALSHA, SCRIPT LOAD) and nothing of a general client (no
 // pub/sub, no cluster, no offline queue, no retries); what a general client
 // does around each command cost more than the command itself (BENCHMARKS.md,
 // "On Redis, from the packages").

@@ -13,7 +13,7 @@
 
 import { createRequire } from 'node:module';
 
-const VERSION = '0.2.0';
+const VERSION = '0.3.0';
 const NAME = '@idem/guard';
 
 /** `@opentelemetry/api`, or null when the application has none. */

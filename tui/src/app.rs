@@ -190,6 +190,7 @@ impl App {
     pub fn apply(&mut self, update: Update) -> Vec<Command> {
         match update {
             Update::Keys { query, page } => return self.keys.page(&query, page),
+            Update::KeysUnavailable(why) => self.keys.unavailable = Some(why),
             Update::Detail(detail) => self.keys.detail(detail),
             Update::DetailGone(key) => self.keys.detail_gone(&key),
             Update::Faults(faults) => {
@@ -256,9 +257,9 @@ impl App {
     /// What to tell an operator whose token the server refuses.
     pub fn token_fix(&self) -> &'static str {
         if self.has_token {
-            "the admin API refuses this token: pass the right one with --token or IDEM_ADMIN_TOKEN"
+            "the admin API refuses this token: pass the right one with --token-file or IDEM_ADMIN_TOKEN"
         } else {
-            "the admin API wants a token: pass --token T or set IDEM_ADMIN_TOKEN (the server's --admin-token)"
+            "the admin API wants a token: pass --token-file FILE or IDEM_ADMIN_TOKEN (or --token T)"
         }
     }
 }

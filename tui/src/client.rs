@@ -434,34 +434,27 @@ async fn poll(
                 None => Ok(None),
             }
         };
-        let polled = tokio::try_join!(client.keys(&query), client.stats(), client.faults(), detail);
-        let batch = match polled {
-            Ok((page, stats, faults, detail)) => {
-                let mut batch = Vec::with_capacity(5);
+        let (keys, stats, faults, detail) =
+            tokio::join!(client.keys(&query), client.stats(), client.faults(), detail);
+        let batch = match polled(query, keys, stats, faults, detail) {
+            Ok(mut batch) => {
                 if !connected {
-                    batch.push(Update::Connected);
+                    batch.insert(0, Update::Connected);
                     connected = true;
-                }
-                batch.extend([
-                    Update::Keys { query, page },
-                    Update::Stats(stats),
-                    Update::Faults(faults),
-                ]);
-                match detail {
-                    Some(Ok(detail)) => batch.push(Update::Detail(detail)),
-                    Some(Err(gone)) => batch.push(Update::DetailGone(gone)),
-                    None => {}
                 }
                 batch
             }
             // Retrying cannot fix a refused token: say so, and keep polling
             // in case the server's token changes.
             Err(ClientError::Refused {
-                status: status @ (401 | 403),
+                status: code @ (401 | 403),
                 detail,
             }) => {
                 connected = false;
-                vec![Update::Unauthorized { status, detail }]
+                vec![Update::Unauthorized {
+                    status: code,
+                    detail,
+                }]
             }
             Err(e) => {
                 connected = false;
@@ -474,6 +467,35 @@ async fn poll(
             }
         }
     }
+}
+
+/// What one poll tells the console, or why the admin API is out of reach.
+/// Stats and faults never touch the store: when they answer, the gateway
+/// is there, and a key listing or detail the store cannot give (503) says
+/// so in the keys view instead of making the console look disconnected.
+fn polled(
+    query: KeyQuery,
+    keys: Result<KeyPage, ClientError>,
+    stats: Result<Stats, ClientError>,
+    faults: Result<Faults, ClientError>,
+    detail: Result<Option<Result<KeyDetail, String>>, ClientError>,
+) -> Result<Vec<Update>, ClientError> {
+    let mut batch = vec![Update::Stats(stats?), Update::Faults(faults?)];
+    match keys {
+        Ok(page) => batch.push(Update::Keys { query, page }),
+        Err(ClientError::Refused {
+            status: 503,
+            detail,
+        }) => batch.push(Update::KeysUnavailable(detail)),
+        Err(e) => return Err(e),
+    }
+    match detail {
+        Ok(Some(Ok(detail))) => batch.push(Update::Detail(detail)),
+        Ok(Some(Err(gone))) => batch.push(Update::DetailGone(gone)),
+        Ok(None) | Err(ClientError::Refused { status: 503, .. }) => {}
+        Err(e) => return Err(e),
+    }
+    Ok(batch)
 }
 
 async fn stream(client: Client, updates: mpsc::Sender<Update>) {

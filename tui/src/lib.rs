@@ -79,6 +79,24 @@ impl Drop for RestoreOnDrop {
     }
 }
 
+/// The admin token from `--token` or `--token-file` (one of them at most):
+/// the file's text less one trailing newline. The error names the option.
+pub fn token_from(
+    token: Option<String>,
+    file: Option<&std::path::Path>,
+) -> Result<Option<String>, String> {
+    match (token, file) {
+        (Some(_), Some(file)) => Err(format!(
+            "--token (or IDEM_ADMIN_TOKEN) and --token-file (or IDEM_ADMIN_TOKEN_FILE, here {}) both give the admin token; give one",
+            file.display()
+        )),
+        (token, None) => Ok(token),
+        (None, Some(file)) => std::fs::read_to_string(file)
+            .map(|text| Some(api::token_from_file(&text).to_owned()))
+            .map_err(|e| format!("--token-file {}: {e}", file.display())),
+    }
+}
+
 fn local_ms() -> u64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)

@@ -1,4 +1,4 @@
-//! `idem-tui --admin URL [--token T]`: the operator console.
+//! `idem-tui --admin URL [--token T | --token-file FILE]`: the operator console.
 
 use clap::Parser;
 use std::io::IsTerminal;
@@ -11,7 +11,7 @@ struct Args {
     /// The admin API, e.g. http://127.0.0.1:9090.
     #[arg(long, env = "IDEM_ADMIN_URL", value_name = "URL")]
     admin: String,
-    /// Bearer token, if the admin API asks for one.
+    /// Bearer token, if the admin API asks for one (on the command line it shows in `ps`: prefer IDEM_ADMIN_TOKEN or --token-file).
     #[arg(
         long,
         env = "IDEM_ADMIN_TOKEN",
@@ -19,11 +19,21 @@ struct Args {
         hide_env_values = true
     )]
     token: Option<String>,
+    /// A file holding the bearer token (one trailing newline is dropped); not with --token.
+    #[arg(long, env = "IDEM_ADMIN_TOKEN_FILE", value_name = "FILE")]
+    token_file: Option<std::path::PathBuf>,
 }
 
 #[tokio::main]
 async fn main() -> ExitCode {
     let args = Args::parse();
+    let token = match idem_tui::token_from(args.token, args.token_file.as_deref()) {
+        Ok(token) => token,
+        Err(e) => {
+            eprintln!("idem-tui: {e}");
+            return ExitCode::from(2);
+        }
+    };
     // A wrong URL is named before the terminal is touched.
     if let Err(e) = idem_tui::client::Client::new(&args.admin, None) {
         eprintln!("idem-tui: {e}");
@@ -35,7 +45,7 @@ async fn main() -> ExitCode {
         );
         return ExitCode::FAILURE;
     }
-    match idem_tui::run(&args.admin, args.token).await {
+    match idem_tui::run(&args.admin, token).await {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("idem-tui: {e}");

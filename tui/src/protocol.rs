@@ -37,6 +37,9 @@ pub enum Update {
         query: KeyQuery,
         page: KeyPage,
     },
+    /// The admin API answers, but its store could not list the keys (503):
+    /// why. The last page stays on screen.
+    KeysUnavailable(String),
     Detail(KeyDetail),
     /// The watched key no longer exists.
     DetailGone(String),

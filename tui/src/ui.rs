@@ -3,7 +3,7 @@
 //! reads the state and draws it; it never awaits, locks or fails.
 
 use crate::action::help;
-use crate::api::Outcome;
+use crate::api::{ConnectionState, Outcome};
 use crate::app::{App, Connection};
 use crate::format::{duration, micros, truncate};
 use crate::theme::{ALERT, BOLD, DIM, LABEL, block, centered, outcome_style};
@@ -160,6 +160,23 @@ impl App {
                 .render(area, buf);
             return;
         };
+        // A gateway without its store answers every guarded request 503:
+        // that is what the line says until the store is open.
+        let link = &stats.store_connection;
+        if link.state == ConnectionState::Connecting {
+            let waited = duration(self.local_ms.saturating_sub(link.since_ms));
+            let why = link
+                .last_error
+                .as_deref()
+                .unwrap_or("the first attempt is under way");
+            return alarm(
+                format!(
+                    " store {} not connected ({waited}, {} attempts): guarded requests get 503 — {why}",
+                    stats.store, link.attempts
+                ),
+                buf,
+            );
+        }
         let r = &stats.rates_per_s;
         let mut spans = vec![Span::raw(" ")];
         // Faults first: on a narrow screen they are what must not be cut.

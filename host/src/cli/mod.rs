@@ -71,9 +71,12 @@ enum Command {
         /// The admin API's base URL.
         #[arg(long, env = "IDEM_ADMIN_URL", default_value = "http://127.0.0.1:9090")]
         admin: String,
-        /// The admin API's bearer token.
+        /// The admin API's bearer token (on the command line it shows in `ps`: prefer IDEM_ADMIN_TOKEN or --token-file).
         #[arg(long, env = "IDEM_ADMIN_TOKEN", hide_env_values = true)]
         token: Option<String>,
+        /// A file holding the bearer token (one trailing newline is dropped); not with --token.
+        #[arg(long, env = "IDEM_ADMIN_TOKEN_FILE", value_name = "FILE")]
+        token_file: Option<PathBuf>,
     },
     /// Prints the WIT contract.
     Wit,
@@ -94,7 +97,13 @@ pub fn main() -> anyhow::Result<()> {
 /// shutdown signal).
 pub fn run(cli: Cli) -> anyhow::Result<()> {
     match cli.command {
-        Command::Tui { admin, token } => {
+        Command::Tui {
+            admin,
+            token,
+            token_file,
+        } => {
+            let token =
+                idem_tui::token_from(token, token_file.as_deref()).map_err(anyhow::Error::msg)?;
             tokio::runtime::Runtime::new()?.block_on(idem_tui::run(&admin, token))?;
             Ok(())
         }

@@ -26,7 +26,7 @@ pub struct ServeOptions {
     /// Where the admin API listens [default: 127.0.0.1:9090]; `off` for none; port 0 as for --listen.
     #[arg(long, env = "IDEM_ADMIN_LISTEN", value_name = "ADDR")]
     pub admin_listen: Option<String>,
-    /// The admin API's bearer token; required when it listens off loopback.
+    /// The admin API's bearer token; required off loopback, then at least 16 bytes. On the command line it shows in `ps`: prefer IDEM_ADMIN_TOKEN or --admin-token-file.
     #[arg(
         long,
         env = "IDEM_ADMIN_TOKEN",
@@ -34,6 +34,9 @@ pub struct ServeOptions {
         hide_env_values = true
     )]
     pub admin_token: Option<String>,
+    /// A file holding the admin API's bearer token (one trailing newline is dropped); not with --admin-token.
+    #[arg(long, env = "IDEM_ADMIN_TOKEN_FILE", value_name = "FILE")]
+    pub admin_token_file: Option<PathBuf>,
     /// ietf (422 on mismatch, problem+json) or stripe [default: ietf].
     #[arg(long, env = "IDEM_PROFILE")]
     pub profile: Option<String>,
@@ -82,19 +85,22 @@ pub struct ServeOptions {
     /// How long one store call may take; past it the request is answered 503 [default: 5s].
     #[arg(long, env = "IDEM_STORE_TIMEOUT")]
     pub store_timeout: Option<String>,
-    /// Requests handled at once; more get 503 [default: 1024].
+    /// Guarded requests handled at once; more get 503 [default: 1024].
     #[arg(long, env = "IDEM_MAX_CONCURRENT")]
     pub max_concurrent: Option<usize>,
+    /// Requests forwarded unguarded (no key, or a method not guarded) at once, apart from --max-concurrent; more get 503 [default: 1024].
+    #[arg(long, env = "IDEM_MAX_CONCURRENT_UNGUARDED")]
+    pub max_concurrent_unguarded: Option<usize>,
     /// Client connections open at once; more wait to be accepted [default: 4096].
     #[arg(long, env = "IDEM_MAX_CONNECTIONS")]
     pub max_connections: Option<usize>,
     /// How long a client may take to send a request head [default: 10s].
     #[arg(long, env = "IDEM_HEADER_READ_TIMEOUT")]
     pub header_read_timeout: Option<String>,
-    /// How long a client may take to send a guarded request's body [default: 30s].
+    /// How long a client may take to send a request body, guarded or forwarded unguarded [default: 30s].
     #[arg(long, env = "IDEM_BODY_READ_TIMEOUT")]
     pub body_read_timeout: Option<String>,
-    /// The slowest a guarded body may arrive after its first 2 s, in bytes/s; slower gets 408 [default: 1024].
+    /// The slowest a request body may arrive after its first 2 s, in bytes/s; slower gets 408 [default: 1024].
     #[arg(long, env = "IDEM_MIN_BODY_RATE")]
     pub min_body_rate: Option<u64>,
     /// Clients of the admin API's /v1/events stream at once [default: 64].
@@ -140,6 +146,7 @@ impl ServeOptions {
                 store,
                 admin_listen,
                 admin_token,
+                admin_token_file,
                 profile,
                 methods,
                 require_key,
@@ -157,6 +164,7 @@ impl ServeOptions {
                 upstream_timeout,
                 store_timeout,
                 max_concurrent,
+                max_concurrent_unguarded,
                 max_connections,
                 header_read_timeout,
                 body_read_timeout,
@@ -215,6 +223,9 @@ impl ServeOptions {
             )?,
             store_timeout: duration("store-timeout", self.store_timeout, d.store_timeout)?,
             max_concurrent: self.max_concurrent.unwrap_or(d.max_concurrent),
+            max_concurrent_unguarded: self
+                .max_concurrent_unguarded
+                .unwrap_or(d.max_concurrent_unguarded),
             max_connections: self.max_connections.unwrap_or(d.max_connections),
             header_read_timeout: duration(
                 "header-read-timeout",
@@ -238,6 +249,14 @@ impl ServeOptions {
                 "--upstream is required (or IDEM_UPSTREAM, or upstream = \"http://…\" in the config file)"
             );
         };
+        let admin_token = match (self.admin_token, self.admin_token_file) {
+            (Some(_), Some(file)) => bail!(
+                "--admin-token (or IDEM_ADMIN_TOKEN) and --admin-token-file (or IDEM_ADMIN_TOKEN_FILE, here {}) both give the admin token; give one",
+                file.display()
+            ),
+            (token, None) => token,
+            (None, Some(file)) => Some(read_token_file(&file)?),
+        };
         Ok(Serve {
             listen: self.listen.unwrap_or_else(|| "127.0.0.1:8080".into()),
             upstream,
@@ -247,18 +266,27 @@ impl ServeOptions {
                 Some(a) => Some(a.to_owned()),
                 None => Some("127.0.0.1:9090".into()),
             },
-            admin_token: self.admin_token,
+            admin_token,
             config,
         })
     }
+}
+
+/// The admin token in `file`: its text less one trailing newline, as
+/// `echo TOKEN > file` and editors leave it.
+pub(crate) fn read_token_file(file: &std::path::Path) -> anyhow::Result<String> {
+    let text = std::fs::read_to_string(file)
+        .with_context(|| format!("read the admin token file {}", file.display()))?;
+    Ok(idem_admin_api::token_from_file(&text).to_owned())
 }
 
 /// Runs the gateway until Ctrl-C or SIGTERM.
 pub async fn serve(options: ServeOptions) -> anyhow::Result<()> {
     let serve = options.resolve()?;
     raise_file_limit(serve.config.max_connections);
-    let store = crate::store::open(&serve.store).await?;
-    let gateway = crate::server::Gateway::builder(serve.config, store, &serve.upstream).build()?;
+    // Listening first, the admin token checked with its listener: a bad one
+    // stops the gateway before anything else, and clients wait in the
+    // backlog (not refused) while the store is tried and the component built.
     let proxy = tokio::net::TcpListener::bind(&serve.listen)
         .await
         .with_context(|| format!("listen on {}", serve.listen))?;
@@ -274,22 +302,82 @@ pub async fn serve(options: ServeOptions) -> anyhow::Result<()> {
         }
         None => None,
     };
-    eprintln!(
-        "idem serve: http://{} -> {} (store {})",
-        proxy.local_addr()?,
-        serve.upstream,
-        serve.store
-    );
+    // The store is opened in the background: the gateway serves whatever
+    // its state, answering 503 until it is open.
+    let (store, connection) = crate::store::connect(&serve.store)?;
+    first_attempt(&connection, serve.config.store_timeout).await?;
+    let gateway = crate::server::Gateway::builder(serve.config, store, &serve.upstream)
+        .store_connection(connection.clone())
+        .build()?;
+    let listening = proxy.local_addr()?;
+    if serve.store.starts_with("memory:") && !listening.ip().is_loopback() {
+        eprintln!(
+            "idem serve: warning: the memory store keeps keys in this process only, and the gateway listens on {listening}, where others can reach it: a restart forgets every key, so a retry after it runs its request again; use --store sqlite:FILE, redis://… or postgres://… to keep them"
+        );
+    }
     // The bound addresses, so `--listen 127.0.0.1:0` (any free port) can be found.
+    eprintln!(
+        "idem serve: http://{listening} -> {} (store {})",
+        serve.upstream, serve.store
+    );
     if let Some(admin) = &admin {
         eprintln!(
             "admin API: http://{}/v1/stats",
             admin.listener.local_addr()?
         );
     }
+    let reporting = tokio::spawn(report_connection(connection));
     crate::server::run(gateway, proxy, admin, shutdown_signal()).await;
+    reporting.abort();
     eprintln!("idem serve: stopped");
     Ok(())
+}
+
+/// Waits for the first attempt to open the store, at most `bound`: a URL
+/// the store refuses stops the gateway there; a store that cannot be
+/// reached now is said on stderr, and the gateway serves all the same.
+async fn first_attempt(
+    connection: &crate::store::Connection,
+    bound: std::time::Duration,
+) -> anyhow::Result<()> {
+    let mut changes = connection.subscribe();
+    let _ = tokio::time::timeout(bound, changes.wait_for(|c| c.attempts > 0)).await;
+    if let Some(refused) = connection.refused() {
+        bail!("{refused}");
+    }
+    Ok(())
+}
+
+/// Says on stderr when the store cannot be opened (once per distinct
+/// error), and when it is.
+async fn report_connection(connection: crate::store::Connection) {
+    use idem_admin_api::ConnectionState;
+    let mut changes = connection.subscribe();
+    let mut said: Option<String> = None;
+    loop {
+        let now = changes.borrow_and_update().clone();
+        if now.state == ConnectionState::Connected {
+            if now.attempts > 1 {
+                eprintln!(
+                    "idem serve: store connected at attempt {}; guarded requests reach it again",
+                    now.attempts
+                );
+            }
+            return;
+        }
+        if let Some(error) = now.last_error.filter(|e| said.as_ref() != Some(e)) {
+            eprintln!(
+                "idem serve: warning: the store is not connected ({} attempts): {error}; guarded requests get 503 with Retry-After until it is, trying again every {}–{} ms",
+                now.attempts,
+                crate::store::FIRST_RETRY.as_millis() / 2,
+                crate::store::LAST_RETRY.as_millis()
+            );
+            said = Some(error);
+        }
+        if changes.changed().await.is_err() {
+            return;
+        }
+    }
 }
 
 /// Raises the soft limit on open files to the hard one, so that

@@ -97,18 +97,27 @@ pub struct Config {
     pub upstream_timeout: Duration,
     /// How long one store call may take; past it the request fails closed (503).
     pub store_timeout: Duration,
-    /// Requests handled at once; more get 503 at once (load shedding). A
-    /// guarded request takes its slot only once its body has arrived.
+    /// Guarded requests handled at once; more get 503 at once (load
+    /// shedding). A guarded request takes its slot only once its body has
+    /// arrived.
     pub max_concurrent: usize,
+    /// Requests forwarded unguarded (no key under `require_key: false`, or
+    /// a method not guarded) at once; more get 503 at once. Apart from
+    /// `max_concurrent`, so that no number of unguarded requests — which
+    /// stream their bodies, and so hold a slot while a slow client sends —
+    /// can take the slots guarded requests need.
+    pub max_concurrent_unguarded: usize,
     /// Client connections open at once; past it the gateway stops
     /// accepting until one closes.
     pub max_connections: usize,
     /// How long a client may take to send a request head.
     pub header_read_timeout: Duration,
-    /// How long a client may take to send a guarded request's body, in all.
+    /// How long a client may take to send a request's body, in all: a
+    /// guarded body before it is claimed, an unguarded one as it streams
+    /// to the upstream.
     pub body_read_timeout: Duration,
-    /// The slowest a guarded request's body may arrive, in bytes per second,
-    /// after its first 2 s (408 below it).
+    /// The slowest a request's body may arrive, in bytes per second, after
+    /// its first 2 s (408 below it); guarded and unguarded alike.
     pub min_body_rate: u64,
     /// Clients of the admin API's live event stream at once (503 beyond).
     pub max_event_listeners: usize,
@@ -140,6 +149,7 @@ impl Default for Config {
             upstream_timeout: Duration::from_secs(20),
             store_timeout: Duration::from_secs(5),
             max_concurrent: 1024,
+            max_concurrent_unguarded: 1024,
             max_connections: 4096,
             header_read_timeout: Duration::from_secs(10),
             body_read_timeout: Duration::from_secs(30),
@@ -187,6 +197,9 @@ impl Config {
         }
         if self.max_concurrent == 0 {
             return Err("max-concurrent must be at least 1".into());
+        }
+        if self.max_concurrent_unguarded == 0 {
+            return Err("max-concurrent-unguarded must be at least 1".into());
         }
         if self.max_connections == 0 {
             return Err("max-connections must be at least 1".into());

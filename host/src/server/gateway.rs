@@ -5,7 +5,7 @@ use super::gate::Gate;
 use super::{AdminListener, Config, Observer, Upstream, admin, serve};
 use crate::clock::Clock;
 use crate::guard::Guard;
-use crate::store::{FaultHandle, Store};
+use crate::store::{Connection, FaultHandle, Store};
 use axum::Router;
 use axum::body::Body;
 use axum::extract::{Request, State};
@@ -30,6 +30,7 @@ pub enum BuildError {
 pub struct Gateway {
     gate: Arc<Gate>,
     upstream: Upstream,
+    connection: Connection,
 }
 
 pub struct GatewayBuilder {
@@ -37,9 +38,19 @@ pub struct GatewayBuilder {
     store: Arc<dyn Store>,
     upstream: String,
     clock: Option<Arc<dyn Clock>>,
+    connection: Connection,
 }
 
 impl GatewayBuilder {
+    /// Whether the store is open yet, for the admin API: the
+    /// [`Connection`] of a store from [`crate::store::connect`] (default: a
+    /// store open already).
+    #[must_use]
+    pub fn store_connection(mut self, connection: Connection) -> Self {
+        self.connection = connection;
+        self
+    }
+
     /// The clock the guard sees (default: the store's time authority,
     /// [`Store::clock`]).
     #[must_use]
@@ -54,6 +65,7 @@ impl GatewayBuilder {
         Ok(Gateway {
             gate: Arc::new(Gate::over(self.config, self.store, self.clock)?),
             upstream,
+            connection: self.connection,
         })
     }
 }
@@ -67,7 +79,13 @@ impl Gateway {
             store,
             upstream: upstream.to_owned(),
             clock: None,
+            connection: Connection::connected(),
         }
+    }
+
+    /// Whether the store is open yet.
+    pub fn store_connection(&self) -> &Connection {
+        &self.connection
     }
 
     pub fn gate(&self) -> &Arc<Gate> {

@@ -39,7 +39,7 @@ pub use config::{Config, InFlight, Profile, StorePolicy, parse_duration};
 pub use problem::Problem;
 
 #[cfg(feature = "engine")]
-pub use admin::{AdminListener, ExposureError};
+pub use admin::{AdminListener, ExposureError, MIN_TOKEN_BYTES};
 #[cfg(feature = "engine")]
 pub use events::{Observer, Verdict};
 #[cfg(feature = "engine")]

@@ -36,8 +36,10 @@ pub enum Problem {
     NotRecorded { why: String, retry_after: Duration },
     /// The request body did not arrive in time (too slow a client).
     BodyTimeout { after: Duration, min_rate: u64 },
-    /// More requests at once than the gateway takes.
-    Overloaded { limit: usize },
+    /// More requests at once than the gateway takes: guarded ones
+    /// (`max-concurrent`), or those it forwards unguarded
+    /// (`max-concurrent-unguarded`), each class within its own limit.
+    Overloaded { limit: usize, guarded: bool },
     /// The gateway's own HTTP layer (not the upstream) failed.
     Internal(String),
 }
@@ -134,7 +136,8 @@ impl Problem {
                 "the request body did not arrive in time: it must arrive within {} ms and, after its first 2 s, at {min_rate} bytes/s or faster",
                 after.as_millis()
             ),
-            Problem::Overloaded { limit } => format!("the gateway handles at most {limit} requests at once; retry shortly"),
+            Problem::Overloaded { limit, guarded: true } => format!("the gateway handles at most {limit} guarded requests at once (max-concurrent); retry shortly"),
+            Problem::Overloaded { limit, guarded: false } => format!("the gateway forwards at most {limit} unguarded requests (without a key, or of a method it does not guard) at once (max-concurrent-unguarded); retry shortly"),
         }
     }
 

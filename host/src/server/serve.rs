@@ -1,6 +1,7 @@
 //! The accept loop: HTTP/1.1 with header limits and a header read timeout,
-//! at most `max_connections` connections at once (one task each), and a
-//! graceful shutdown that lets in-flight requests finish.
+//! half-closed clients still answered, at most `max_connections`
+//! connections at once (one task each), and a graceful shutdown that lets
+//! in-flight requests finish.
 
 use super::poll_again::PollAgain;
 use axum::Router;
@@ -50,6 +51,11 @@ pub async fn serve(
     let graceful = GracefulShutdown::new();
     let mut builder = http1::Builder::new();
     builder
+        // A client may shut down its sending side once the request is out
+        // (`shutdown(SHUT_WR)`, `curl` piping a file, some proxies) and wait for
+        // the answer: without this hyper takes that EOF for a gone client and
+        // drops the connection, although the request goes on and runs.
+        .half_close(true)
         .max_headers(limits.max_headers)
         .max_buf_size(limits.max_header_bytes)
         .timer(TokioTimer::new())

@@ -36,6 +36,8 @@ pub use idem_guest::model::{Entry, InsertOutcome, Record, State};
 #[cfg(feature = "engine")]
 mod codec;
 #[cfg(feature = "engine")]
+mod deferred;
+#[cfg(feature = "engine")]
 mod faulty;
 #[cfg(feature = "engine")]
 mod hooked;
@@ -50,6 +52,8 @@ mod postgres;
 #[cfg(feature = "engine")]
 mod purge;
 #[cfg(feature = "engine")]
+mod read_fallback;
+#[cfg(feature = "engine")]
 mod redis;
 #[cfg(feature = "engine")]
 mod sqlite;
@@ -59,17 +63,21 @@ mod stack;
 mod timing;
 
 #[cfg(feature = "engine")]
+pub use deferred::{ATTEMPT_TIMEOUT, Connection, FIRST_RETRY, LAST_RETRY, connect};
+#[cfg(feature = "engine")]
 pub use faulty::{FaultHandle, Faulty};
 #[cfg(feature = "engine")]
 pub use hooked::{AsyncOnly, HideSync, Hook, Hooked, Plan};
 #[cfg(feature = "engine")]
 pub use memory::MemoryStore;
 #[cfg(feature = "engine")]
-pub use open::{OpenError, open};
+pub use open::{OpenError, open, store_name};
 #[cfg(feature = "engine")]
 pub use postgres::PostgresStore;
 #[cfg(feature = "engine")]
 pub use purge::{PurgeStats, Purger, purge_all};
+#[cfg(feature = "engine")]
+pub use read_fallback::ReadFallback;
 #[cfg(feature = "engine")]
 pub use redis::RedisStore;
 #[cfg(feature = "engine")]

@@ -19,13 +19,30 @@ pub enum OpenError {
     },
 }
 
+/// The name of the store a URL names (`memory`, `sqlite`, `redis`,
+/// `postgres`: [`Store::name`]), from its scheme alone, without opening it.
+pub fn store_name(url: &str) -> Result<&'static str, OpenError> {
+    let bad = |reason: String| OpenError::BadUrl {
+        url: url.to_owned(),
+        reason,
+    };
+    let (scheme, _) = url
+        .split_once(':')
+        .ok_or_else(|| bad("it has no scheme".into()))?;
+    match scheme {
+        "memory" => Ok("memory"),
+        "sqlite" => Ok("sqlite"),
+        "redis" | "redis+cluster" => Ok("redis"),
+        "postgres" | "postgresql" => Ok("postgres"),
+        other => Err(bad(format!("unknown store {other:?}"))),
+    }
+}
+
 /// Opens the store a URL names.
 pub async fn open(url: &str) -> Result<Arc<dyn Store>, OpenError> {
-    let (scheme, rest) = url.split_once(':').ok_or_else(|| OpenError::BadUrl {
-        url: url.to_owned(),
-        reason: "it has no scheme".into(),
-    })?;
-    match scheme {
+    let name = store_name(url)?;
+    let rest = url.split_once(':').map_or("", |(_, rest)| rest);
+    match name {
         "memory" => Ok(Arc::new(MemoryStore::new())),
         "sqlite" => {
             let (path, options) = sqlite_url(url, rest)?;
@@ -38,17 +55,17 @@ pub async fn open(url: &str) -> Result<Arc<dyn Store>, OpenError> {
             })??;
             Ok(Arc::new(store))
         }
-        "redis" | "redis+cluster" => Ok(Arc::new(super::RedisStore::open(url).await?)),
-        "postgres" | "postgresql" => Ok(Arc::new(super::PostgresStore::open(url).await?)),
-        other => Err(OpenError::BadUrl {
-            url: url.to_owned(),
-            reason: format!("unknown store {other:?}"),
-        }),
+        "redis" => Ok(Arc::new(super::RedisStore::open(url).await?)),
+        _ => Ok(Arc::new(super::PostgresStore::open(url).await?)),
     }
 }
 
+/// The longest `busy_timeout_ms` a SQLite URL may give: ten minutes.
+const MAX_BUSY_TIMEOUT_MS: u64 = 600_000;
+
 /// `sqlite:PATH`, `sqlite://PATH` (so `sqlite:///abs/path` works too), with
-/// an optional `?synchronous=normal|full`.
+/// an optional `?synchronous=normal|full` and `&busy_timeout_ms=N` (how
+/// long a write waits for another process's write lock; default 5000).
 fn sqlite_url(url: &str, rest: &str) -> Result<(std::path::PathBuf, SqliteOptions), OpenError> {
     let bad = |reason: String| OpenError::BadUrl {
         url: url.to_owned(),
@@ -67,9 +84,21 @@ fn sqlite_url(url: &str, rest: &str) -> Result<(std::path::PathBuf, SqliteOption
                     bad(format!("synchronous={value:?} is not one of normal, full"))
                 })?;
             }
+            Some(("busy_timeout_ms", value)) => {
+                let ms = value
+                    .parse::<u64>()
+                    .ok()
+                    .filter(|ms| *ms <= MAX_BUSY_TIMEOUT_MS)
+                    .ok_or_else(|| {
+                        bad(format!(
+                            "busy_timeout_ms={value:?} must be a whole number from 0 to {MAX_BUSY_TIMEOUT_MS}"
+                        ))
+                    })?;
+                options.busy_timeout = std::time::Duration::from_millis(ms);
+            }
             _ => {
                 return Err(bad(format!(
-                    "unknown sqlite option {pair:?}; the one option is synchronous=normal|full"
+                    "unknown sqlite option {pair:?}; the options are synchronous=normal|full and busy_timeout_ms=N"
                 )));
             }
         }

@@ -50,7 +50,20 @@ const STATS: &[&str] = &[
     "store_latency_us",
     "pool",
     "purge",
+    "clock",
+    "store_connection",
+    "slots",
 ];
+const CLOCK: &[&str] = &[
+    "authority",
+    "now_ms",
+    "error_ms",
+    "unknown",
+    "wall_offset_ms",
+];
+const STORE_CONNECTION: &[&str] = &["state", "since_ms", "attempts", "last_error"];
+const SLOTS: &[&str] = &["guarded", "unguarded"];
+const SLOT_USE: &[&str] = &["in_use", "limit", "refused"];
 const OUTCOMES: &[&str] = &[
     "executed",
     "replayed",
@@ -274,10 +287,24 @@ async fn every_admin_answer_decodes_into_the_contract_with_todays_fields() {
     }
     assert_fields(&stats["store_latency_us"], LATENCY);
     assert_fields(&stats["pool"], POOL);
+    assert_fields(&stats["clock"], CLOCK);
     if !stats["purge"].is_null() {
         assert_fields(&stats["purge"], PURGE);
     }
+    assert_fields(&stats["store_connection"], STORE_CONNECTION);
+    assert_fields(&stats["slots"], SLOTS);
+    for class in ["guarded", "unguarded"] {
+        assert_fields(&stats["slots"][class], SLOT_USE);
+    }
     let stats: api::Stats = decode(&stats);
+    assert_eq!(
+        stats.store_connection.state,
+        api::ConnectionState::Connected
+    );
+    assert_eq!(
+        (stats.slots.guarded.limit, stats.slots.unguarded.limit),
+        (1024, 1024)
+    );
     assert_eq!(
         (
             stats.store.as_str(),

@@ -122,12 +122,7 @@ impl Cluster {
     }
 
     fn cli(port: u16, args: &[&str]) -> String {
-        let out = Command::new("redis-cli")
-            .args(["-h", "127.0.0.1", "-p", &port.to_string()])
-            .args(args)
-            .output()
-            .expect("run redis-cli");
-        String::from_utf8_lossy(&out.stdout).into_owned()
+        redis_cli(port, args)
     }
 
     /// The port of the primary serving slot 0, and of its replica.
@@ -177,6 +172,16 @@ impl Drop for Cluster {
             }
         }
     }
+}
+
+/// What `redis-cli` prints for `args` against the server at 127.0.0.1:`port`.
+pub(crate) fn redis_cli(port: u16, args: &[&str]) -> String {
+    let out = Command::new("redis-cli")
+        .args(["-h", "127.0.0.1", "-p", &port.to_string()])
+        .args(args)
+        .output()
+        .expect("run redis-cli");
+    String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
 /// `n` ports on 127.0.0.1, each with its cluster bus port (+10000), that

@@ -4,7 +4,8 @@
 //! is told apart; `/` finds a key by what the client sent; the insert fault,
 //! flipped from the keyboard, turns requests into 503s and unavailable
 //! decisions; flipped back, requests succeed; `q` exits cleanly. Without
-//! the admin token, the console says how to pass it.
+//! the admin token, the console says how to pass it (the environment, a
+//! file). A gateway without its store shows in red until it connects.
 
 use idem_harness::Tmux;
 use std::io::{Read, Write};
@@ -12,6 +13,9 @@ use std::net::TcpStream;
 use std::process::Command;
 use std::time::Duration;
 
+use crate::netstores::postgres::with;
+use crate::netstores::{host_port, via};
+use crate::proxy::Proxy;
 pub(crate) use crate::support::Proc;
 use crate::support::{IDEM, spawn_ledger, spawn_serve};
 
@@ -209,11 +213,94 @@ fn a_console_without_the_admin_token_says_how_to_pass_it() {
     );
     tmux.quit();
 
-    // With the token, it connects.
+    // With the token, it connects: from the environment, or from a file
+    // (which `ps` does not show), with the newline `echo` leaves.
     let tmux = console("token-ok", "IDEM_ADMIN_TOKEN=s3cret", admin_port);
     tmux.wait_for("the console to connect with the token", |s| {
         s.contains("● connected") && s.contains("warm-up")
     });
+    tmux.quit();
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("token");
+    std::fs::write(&file, "s3cret\n").unwrap();
+    let env = format!(
+        "env -u IDEM_ADMIN_TOKEN IDEM_ADMIN_TOKEN_FILE={}",
+        file.display()
+    );
+    let tmux = console("token-file", &env, admin_port);
+    tmux.wait_for("the console to connect with the token file", |s| {
+        s.contains("● connected") && s.contains("warm-up")
+    });
+    tmux.quit();
+    let tmux = Tmux::start(
+        "console-token-file-flag",
+        80,
+        24,
+        &format!(
+            "env -u IDEM_ADMIN_TOKEN {IDEM} tui --admin http://127.0.0.1:{admin_port} --token-file {}",
+            file.display()
+        ),
+    );
+    tmux.wait_for("the console to connect with --token-file", |s| {
+        s.contains("● connected") && s.contains("warm-up")
+    });
+    tmux.quit();
+    // Both ways at once: refused, naming both, before the terminal is touched.
+    let out = Command::new(IDEM)
+        .args(["tui", "--admin", "http://127.0.0.1:1", "--token", "s3cret"])
+        .arg("--token-file")
+        .arg(&file)
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success()
+            && err.contains("--token (or IDEM_ADMIN_TOKEN) and --token-file")
+            && err.contains("give one"),
+        "{err}"
+    );
+}
+
+/// A gateway started while its store (Redis, through a proxy that is cut)
+/// is unreachable: the console says so in red — which store, for how long,
+/// after how many attempts, why, and that guarded requests get 503 — and
+/// the line goes once the store is back and the gateway has opened it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_console_shows_a_gateway_without_its_store_until_it_connects() {
+    let Some(url) = idem_harness::server_url("IDEM_TEST_REDIS_URL") else {
+        return;
+    };
+    let proxy = Proxy::start(&host_port(&url, 6379)).await;
+    proxy.cut();
+    let prefix = idem_harness::unique("console-down");
+    let store = with(&via(&url, proxy.addr), &format!("prefix={prefix}:"));
+    let (_ledger, ledger_port) = spawn_ledger(&[]);
+    let upstream = format!("http://127.0.0.1:{ledger_port}");
+    let (_serve, proxy_port, admin_port) =
+        spawn_serve(&["--upstream", &upstream, "--store", &store]);
+    let tmux = Tmux::start(
+        "console-store-down",
+        120,
+        30,
+        &format!("{IDEM} tui --admin http://127.0.0.1:{admin_port}"),
+    );
+    let screen = tokio::task::block_in_place(|| {
+        tmux.wait_for("the store's alarm", |s| {
+            s.contains("store redis not connected") && s.contains("guarded requests get 503")
+        })
+    });
+    assert!(screen.contains("attempts"), "{screen}");
+    assert_eq!(post(proxy_port, "while-down", &order("while-down")), 503);
+
+    proxy.restore().await;
+    tokio::task::block_in_place(|| {
+        tmux.wait_for("the alarm gone once the store is open", |s| {
+            s.contains("● connected")
+                && s.contains("store redis · up")
+                && !s.contains("not connected")
+        })
+    });
+    assert_eq!(post(proxy_port, "once-up", &order("once-up")) / 100, 2);
     tmux.quit();
 }
 

@@ -10,16 +10,16 @@ use tokio::io::AsyncWriteExt;
 use tokio::net::TcpStream;
 
 /// `idem ledger` and `idem serve` in front of it, on fresh ports.
-struct Stack {
-    proxy: u16,
-    admin: u16,
-    ledger: u16,
+pub(crate) struct Stack {
+    pub(crate) proxy: u16,
+    pub(crate) admin: u16,
+    pub(crate) ledger: u16,
     _procs: [Proc; 2],
 }
 
 impl Stack {
     /// `serve_args` are added to `idem serve`'s listeners, upstream and admin.
-    async fn start(ledger_latency: &str, serve_args: &[&str]) -> Stack {
+    pub(crate) async fn start(ledger_latency: &str, serve_args: &[&str]) -> Stack {
         let (ledger_proc, ledger) = spawn_ledger(&["--latency", ledger_latency]);
         let upstream = format!("http://127.0.0.1:{ledger}");
         let (serve_proc, proxy, admin) =
@@ -32,7 +32,7 @@ impl Stack {
         }
     }
 
-    async fn order(&self, key: &str, order: &str) -> Reply {
+    pub(crate) async fn order(&self, key: &str, order: &str) -> Reply {
         let body = json!({"order": order, "sku": "A", "qty": 1, "cents": 1000}).to_string();
         http(
             self.proxy,
@@ -47,11 +47,11 @@ impl Stack {
         .await
     }
 
-    async fn ledger(&self) -> Value {
+    pub(crate) async fn ledger(&self) -> Value {
         http(self.ledger, "GET", "/ledger", &[], "").await.json()
     }
 
-    async fn admin(&self, method: &str, path: &str, body: &str) -> Reply {
+    pub(crate) async fn admin(&self, method: &str, path: &str, body: &str) -> Reply {
         http(self.admin, method, path, &[], body).await
     }
 
@@ -279,4 +279,160 @@ async fn slow_clients_do_not_take_the_gateway_down() {
         1,
         "no slow order was forwarded"
     );
+}
+
+/// A client that shuts down its sending side once its request is out
+/// (`shutdown(SHUT_WR)`) still reads its answer, and the order ran once;
+/// the gateway used to drop such a connection unanswered although the
+/// request ran.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_half_closed_client_reads_its_answer() {
+    let stack = Stack::start("0ms", &["--store", "memory:"]).await;
+    let body = json!({"order": "o-half", "sku": "A", "qty": 1, "cents": 1000}).to_string();
+    let mut stream = TcpStream::connect(("127.0.0.1", stack.proxy))
+        .await
+        .unwrap();
+    let request = format!(
+        "POST /orders HTTP/1.1\r\nHost: localhost\r\nIdempotency-Key: half-1\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+        body.len()
+    );
+    stream.write_all(request.as_bytes()).await.unwrap();
+    stream.shutdown().await.unwrap();
+    let reply = tokio::time::timeout(Duration::from_secs(60), read_reply(&mut stream))
+        .await
+        .expect("an answer, not a connection left open");
+    assert_eq!(reply.status, 201, "{reply:?}");
+    assert_eq!(stack.ledger().await["executions"]["o-half"], 1);
+    // A retry replays what the half-closed client was given.
+    let again = stack.order("half-1", "o-half").await;
+    assert_eq!((again.status, &again.body), (201, &reply.body));
+    assert_eq!(again.header("idempotent-replayed"), Some("true"));
+}
+
+/// A head with `Content-Length: 100000` and the first `sent` bytes of the
+/// body, on a connection of its own, left open; `headers` end with `\r\n`.
+async fn slow_body(proxy: u16, method: &str, headers: &str, sent: usize) -> TcpStream {
+    let mut stream = TcpStream::connect(("127.0.0.1", proxy)).await.unwrap();
+    let head = format!(
+        "{method} /orders HTTP/1.1\r\nHost: localhost\r\n{headers}Content-Type: application/json\r\nContent-Length: 100000\r\n\r\n"
+    );
+    let body = format!("{{\"order\":\"slow\",\"pad\":\"{}", "x".repeat(sent));
+    stream.write_all(head.as_bytes()).await.unwrap();
+    stream.write_all(&body.as_bytes()[..sent]).await.unwrap();
+    stream
+}
+
+/// 1,100 connections send a POST without `Idempotency-Key` — forwarded
+/// unguarded, as `--require-key false` (the default) says — with
+/// `Content-Length: 100000` and then 100 bytes: more than the 1,024 slots.
+/// They used to take every slot until the upstream timeout, and keyed
+/// requests got 503 meanwhile. Now unguarded requests have slots of their
+/// own (`--max-concurrent-unguarded`, 1,024), so while all of those are
+/// held keyed orders still get 201; the slow bodies are cut with 408 at the
+/// body deadline, as guarded ones are, and the 76 past the limit get 503
+/// at once. None of them runs an order.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn keyless_slow_bodies_cannot_shut_out_keyed_requests() {
+    const SLOW: usize = 1_100;
+    let _ = rlimit::increase_nofile_limit(u64::MAX);
+    // At 1 byte/s after the grace, 100 bytes hold a slot past the 30 s
+    // body deadline: the slots stay taken while the probes run.
+    let stack = Stack::start("0ms", &["--store", "memory:", "--min-body-rate", "1"]).await;
+    let mut slow = Vec::with_capacity(SLOW);
+    for _ in 0..SLOW {
+        slow.push(slow_body(stack.proxy, "POST", "", 100).await);
+    }
+    let slots = || async { stack.admin("GET", "/v1/stats", "").await.json()["slots"].clone() };
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let now = slots().await;
+        let unguarded = &now["unguarded"];
+        if unguarded["in_use"] == 1024 && unguarded["refused"] == SLOW as u64 - 1024 {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the slow bodies never held every unguarded slot: {now}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    for i in 0..5 {
+        let order = format!("o-keyed-{i}");
+        let probe = stack.order(&format!("keyed-{i}"), &order).await;
+        assert_eq!(
+            probe.status, 201,
+            "a keyed order beside {SLOW} slow bodies: {probe:?}"
+        );
+        assert_eq!(stack.ledger().await["executions"][&order], 1);
+    }
+    let after = slots().await;
+    assert_eq!(
+        after["unguarded"]["in_use"], 1024,
+        "the probes ran while every unguarded slot was held: {after}"
+    );
+    assert_eq!(after["guarded"]["refused"], 0, "{after}");
+
+    let replies = futures::future::join_all(slow.iter_mut().map(|stream| async move {
+        tokio::time::timeout(Duration::from_secs(120), read_reply(stream))
+            .await
+            .expect("every slow body is answered")
+    }))
+    .await;
+    let count = |status: u16| replies.iter().filter(|r| r.status == status).count();
+    assert_eq!(
+        (count(408), count(503)),
+        (1024, SLOW - 1024),
+        "{:?}",
+        replies.iter().map(|r| r.status).collect::<Vec<_>>()
+    );
+    let cut = replies.iter().find(|r| r.status == 408).unwrap();
+    assert!(
+        String::from_utf8_lossy(&cut.body).contains("within 30000 ms"),
+        "{cut:?}"
+    );
+    let shed = replies.iter().find(|r| r.status == 503).unwrap();
+    assert!(
+        String::from_utf8_lossy(&shed.body).contains("max-concurrent-unguarded"),
+        "{shed:?}"
+    );
+    assert_eq!(
+        stack.ledger().await["executions"]
+            .as_object()
+            .unwrap()
+            .len(),
+        5,
+        "only the keyed orders ran"
+    );
+}
+
+/// A request of a method the gateway does not guard (`--methods PATCH`
+/// leaves POST unguarded, key or not) streams its body to the upstream
+/// under the same minimum rate as a guarded body: one byte and then
+/// nothing is cut with 408 once the 2 s grace is over, and frees its slot.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unguarded_method_s_slow_body_is_cut_at_the_minimum_rate() {
+    let stack = Stack::start(
+        "0ms",
+        &[
+            "--store",
+            "memory:",
+            "--methods",
+            "PATCH",
+            "--min-body-rate",
+            "100",
+        ],
+    )
+    .await;
+    let mut stream = slow_body(stack.proxy, "POST", "Idempotency-Key: k-1\r\n", 1).await;
+    let cut = tokio::time::timeout(Duration::from_secs(60), read_reply(&mut stream))
+        .await
+        .expect("cut within the body deadline, not left to the upstream timeout");
+    assert_eq!(cut.status, 408, "{cut:?}");
+    assert!(
+        String::from_utf8_lossy(&cut.body).contains("100 bytes/s"),
+        "{cut:?}"
+    );
+    let stats = stack.admin("GET", "/v1/stats", "").await.json();
+    assert_eq!(stats["slots"]["unguarded"]["in_use"], 0, "{stats}");
+    assert_eq!(stack.ledger().await["executions"], json!({}));
 }

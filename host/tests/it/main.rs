@@ -4,6 +4,8 @@
 #![allow(clippy::pedantic)]
 
 mod admin_contract;
+mod admin_token;
+mod clock;
 mod cluster;
 mod composed;
 mod conformance;
@@ -23,5 +25,7 @@ mod sandbox;
 mod scenarios;
 mod seed;
 mod sqlite;
+mod stays_up;
 mod store_open;
 mod support;
+mod upgrade;

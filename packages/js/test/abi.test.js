@@ -170,6 +170,16 @@ test('a component whose core signatures moved is refused at load', () => {
   assert.equal(Object.keys(EXPORTS).length, 7);
 });
 
+test('the 0.3 guest imports what the binding lowers and no more: not the response constructor, headers, body, nor store.delete', () => {
+  const imported = new Guest(readFileSync(component)).imports.map(([iface, name]) => `${iface}/${name}`).sort();
+  assert.deepEqual(imported, Object.keys(IMPORTS).sort());
+  for (const unused of ['types/[constructor]response', 'types/[method]response.headers', 'types/[method]response.body', 'store/delete']) {
+    assert.ok(!imported.includes(unused), unused);
+  }
+  // A `result<bool, store-error>` comes back through a pointer, as the guest's core signature says (checked at load).
+  assert.deepEqual(IMPORTS['store/replace'].results, []);
+});
+
 test('the layouts are the canonical ABI’s', () => {
   // Offsets jco 1.35 generates for the same WIT (gen/idem.js reads a claim from begin's result at
   // +16..+88, writes complete's parameters into 104 bytes: the claim at 0, the response's handle at
@@ -250,7 +260,7 @@ test('a replay hands back the very response the store read, and complete lends t
     },
     replace: (key, version, record) => {
       seen.push(record.response);
-      return version + 1n;
+      return true;
     },
   };
   const instance = Guest.load(component).instantiate(store, clock, holders);
@@ -263,6 +273,30 @@ test('a replay hands back the very response the store read, and complete lends t
   assert.deepEqual(seen, [response]);
   assert.equal(seen[0], response);
   assert.equal(instance.handles, 0);
+});
+
+test('replace answers whether it wrote (contract 0.3): a store that returns the new version, as 0.2 stores did, is a host bug and traps', () => {
+  for (const [answer, shown] of [
+    [2n, '2n'],
+    [undefined, 'undefined'],
+    [1, '1'],
+  ]) {
+    const store = { get: () => undefined, insert: () => ({ tag: 'inserted', val: 1n }), replace: () => answer };
+    const instance = Guest.load(component).instantiate(store, clock, holders);
+    const claim = instance.begin('k', 'fp', policy).val;
+    assert.throws(
+      () => instance.complete(claim, awkward(), policy),
+      (e) =>
+        e instanceof TypeError &&
+        e.message === `replace returned ${shown}; since contract 0.3 a store's replace returns true (written at expected + 1) or false`,
+    );
+    assert.equal(instance.handles, 0);
+  }
+  // false: not written, so the guard reads the record back and finds it is not its own: stale.
+  const refused = { get: () => undefined, insert: () => ({ tag: 'inserted', val: 1n }), replace: () => false };
+  const instance = Guest.load(component).instantiate(refused, clock, holders);
+  const claim = instance.begin('k', 'fp', policy).val;
+  assert.equal(instance.complete(claim, awkward(), policy).kind, 'stale-claim');
 });
 
 test('complete’s response is stored byte for byte and replayed so; a replay is the caller’s own copy', async () => {
@@ -351,7 +385,7 @@ test('no response handle is left after a call: replayed, stored, a store error, 
           version: 2n,
         },
       }),
-      replace: () => undefined,
+      replace: () => false,
     },
     clock,
     holders,

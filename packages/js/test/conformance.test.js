@@ -159,10 +159,19 @@ class Host {
     this.effects = new Map();
   }
 
+  /** The named claim, with the fields of the step's `with` (u64s as decimal strings) replaced for this call. */
   claim(step) {
     const claim = this.claims.get(step.claim);
     if (!claim) throw new Error(`no claim named ${step.claim}`);
-    return claim;
+    if (step.with === undefined) return claim;
+    const altered = { ...claim };
+    for (const [field, value] of Object.entries(step.with)) {
+      if (field !== 'holder' && field !== 'fence') throw new Error(`\`with\` replaces holder or fence, not ${JSON.stringify(field)}`);
+      if (typeof value !== 'string' || !/^[0-9]+$/.test(value))
+        throw new Error(`\`with\`.${field} must be a u64 as a decimal string, got ${JSON.stringify(value)}`);
+      altered[field] = BigInt(value);
+    }
+    return altered;
   }
 
   async step(step) {
@@ -404,3 +413,19 @@ for (const file of files) {
     assert.ok(broken > 0, `${file}: no step could be broken`);
   });
 }
+
+// `with` is honoured: the same step with the claim passed back as kept gets another answer.
+test("a step's `with` changes the claim the guard is given: without it the scenario fails at that step", async () => {
+  let dropped = 0;
+  for (const file of files) {
+    const scenario = load(file);
+    for (const [i, step] of scenario.steps.entries()) {
+      if (step.with === undefined) continue;
+      const plain = structuredClone(scenario);
+      delete plain.steps[i].with;
+      await assert.rejects(runScenario(plain), (e) => e.message.startsWith(`step ${i} `), `${file}: step ${i} without its \`with\``);
+      dropped += 1;
+    }
+  }
+  assert.ok(dropped >= 5, `${dropped} steps carry \`with\``);
+});

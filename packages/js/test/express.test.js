@@ -91,7 +91,7 @@ test('streamed writes, writeHead and repeated headers are stored and replayed; h
     }
     assert.equal(again.headers.get('idempotent-replayed'), 'true');
   });
-  const record = guard.store.peek(scopedKey(undefined, 'k'), Date.now());
+  const record = guard.store.peek(scopedKey(undefined, 'k'), guard.clock.nowMs());
   const names = record.record.response.headers.map(([n]) => n);
   assert.ok(!names.includes('keep-alive') && names.includes('set-cookie'), names.join());
 });
@@ -243,7 +243,7 @@ test('a body over maxRequestBytes is 413 and nothing is claimed', async () => {
   await serve(a, async (url) => {
     const r = await post(`${url}/orders`, 'k', 'x'.repeat(11));
     assert.equal(r.status, 413);
-    assert.equal(guard.store.peek(scopedKey(undefined, 'k'), Date.now()), undefined);
+    assert.equal(guard.store.peek(scopedKey(undefined, 'k'), guard.clock.nowMs()), undefined);
   });
 });
 

@@ -239,7 +239,7 @@ test('a purge that fails is counted and tried again next period; purgeEveryMs 0,
 
   const off = Guard.load({ store: new MemoryStore(), purgeEveryMs: 0 });
   assert.equal(off.purgeStats.everyMs, 0);
-  const noPurge = { get: () => undefined, insert: () => ({ tag: 'inserted', val: 1n }), replace: () => undefined };
+  const noPurge = { get: () => undefined, insert: () => ({ tag: 'inserted', val: 1n }), replace: () => false, processLocal: true };
   assert.equal(Guard.load({ store: noPurge }).purgeStats.everyMs, 0);
   assert.throws(() => Guard.load({ purgeEveryMs: -1 }), /purgeEveryMs -1 must be a whole number of milliseconds, 0 for never/);
 });

@@ -208,7 +208,7 @@ test('in a node:cluster worker, a Guard over MemoryStore warns and the Express m
       let refused = null;
       try { idempotency({ guard }); } catch (e) { refused = e.message; }
       const allowed = typeof idempotency({ guard, allowProcessLocalStore: true });
-      const shared = { async: true, get: async () => undefined, insert: async () => ({ tag: 'inserted', val: 1n }), replace: async () => undefined };
+      const shared = { async: true, clock: { nowMs: () => 0n }, get: async () => undefined, insert: async () => ({ tag: 'inserted', val: 1n }), replace: async () => false };
       const onShared = typeof idempotency({ guard: Guard.load({ store: shared }) });
       await new Promise((r) => setImmediate(r)); // warnings are emitted on the next tick
       console.log(JSON.stringify({ warnings, refused, allowed, onShared }));

@@ -48,7 +48,7 @@ before(() => {
 
 test('the package is ESM with exports, types and no runtime dependencies', () => {
   assert.equal(manifest.name, '@idem/guard');
-  assert.equal(manifest.version, '0.2.0');
+  assert.equal(manifest.version, '0.3.0');
   assert.equal(manifest.type, 'module');
   assert.deepEqual(manifest.exports['.'], { types: './index.d.ts', default: './index.js' });
   assert.deepEqual(manifest.exports['./redis'], { types: './redis.d.ts', default: './redis.js' });
@@ -58,6 +58,7 @@ test('the package is ESM with exports, types and no runtime dependencies', () =>
   const installed = join(app, 'node_modules', '@idem', 'guard');
   assert.deepEqual(readdirSync(installed).sort(), [
     'README.md',
+    'clock.js',
     'express.d.ts',
     'express.js',
     'fingerprint.js',
@@ -78,7 +79,14 @@ test('the package is ESM with exports, types and no runtime dependencies', () =>
   ]);
   assert.deepEqual(readFileSync(join(installed, 'idem-guard.wasm')), readFileSync(join(pkg, 'idem-guard.wasm')));
   // The layout's files as they are in wit/store-layout/.
-  for (const file of ['redis/claim_expired.lua', 'redis/replace.lua', 'redis/delete_at.lua', 'postgres/schema.sql', 'postgres/statements.sql']) {
+  for (const file of [
+    'redis/claim_expired.lua',
+    'redis/replace.lua',
+    'redis/delete_at.lua',
+    'redis/time.lua',
+    'postgres/schema.sql',
+    'postgres/statements.sql',
+  ]) {
     assert.equal(readFileSync(join(installed, 'store-layout', file), 'utf8'), readFileSync(join(pkg, '..', '..', 'wit', 'store-layout', file), 'utf8'), file);
   }
   // The optional peers are not installed with it.

@@ -242,7 +242,8 @@ test('a store failure or a lost reply part-way through a call fails closed', asy
 
   // A host bug in the store (not a StoreError) traps the instance: the call fails closed and the instance is replaced.
   const buggy = Guard.load({
-    store: { async: true, get: async () => undefined, insert: async () => Promise.reject(new TypeError('bug')), replace: async () => undefined },
+    store: { async: true, get: async () => undefined, insert: async () => Promise.reject(new TypeError('bug')), replace: async () => false },
+    clock,
     renewLease: false,
   });
   await assert.rejects(buggy.begin('k', 'fp'), (e) => e instanceof GuardError && e.kind === 'unavailable' && /bug/.test(e.detail));
@@ -280,7 +281,7 @@ async function beginDiverges(readOn, detail) {
     insert: async () => assert.fail('no insert'),
     replace: async () => assert.fail('no replace'),
   };
-  const guard = Guard.load({ store, guest, renewLease: false });
+  const guard = Guard.load({ store, guest, clock: new ManualClock(1_000), renewLease: false });
   await assert.rejects(guard.begin('k', 'fp'), (e) => {
     assert.ok(e instanceof GuardError, String(e));
     assert.equal(e.kind, 'unavailable');
@@ -309,9 +310,9 @@ test('a StoreError an asynchronous store rejects with reaches the guard as store
     insert: async () => {
       throw new StoreError('corrupt', 'the record for key "k" does not decode');
     },
-    replace: async () => undefined,
+    replace: async () => false,
   };
-  const guard = Guard.load({ store, renewLease: false });
+  const guard = Guard.load({ store, clock: new ManualClock(1_000), renewLease: false });
   await assert.rejects(guard.begin('k', 'fp'), (e) => e instanceof GuardError && e.kind === 'unavailable' && /does not decode/.test(e.detail));
   assert.equal(guard.replaced, 0);
 });
@@ -372,6 +373,7 @@ test('run over an asynchronous store renews the lease while the handler runs, on
   const twoRenewals = new Promise((resolve) => (renewed = resolve));
   const store = {
     async: true,
+    clock: memory.clock,
     get: async (...args) => memory.get(...args),
     insert: async (...args) => memory.insert(...args),
     async replace(key, expected, record, now) {
@@ -401,7 +403,7 @@ test('run over an asynchronous store renews the lease while the handler runs, on
   // Two renewals (or more), the checkpoint, then the completion from the latest claim.
   assert.ok(writes.length >= 4, writes.join(' '));
   assert.equal(writes.at(-1), 'done');
-  const entry = memory.peek('slow', Date.now());
+  const entry = memory.peek('slow', memory.clock.nowMs());
   assert.equal(entry.record.state, 'done');
   assert.equal(entry.version, BigInt(writes.length + 1));
 });

@@ -129,12 +129,12 @@ test("Redis: a store writes each vector record byte for byte, and reads the vect
       // Read: the vector's bytes as another host wrote them.
       await raw.set(`${store.prefix}${key}`, hex(v.redis));
       assert.deepEqual(await store.get(key, now), { record: r, version: BigInt(v.version) }, v.name);
-      await store.delete(key);
+      assert.equal(await store.delete(key, undefined, now), true, v.name);
       // PX of a record that expires at the top of u64 is past what Redis takes: that one is checked as bytes only.
       if (r.expiresAtMs > I64_MAX) continue;
       // Write: claimed at version 1, then replaced up to the vector's version.
       assert.deepEqual(await store.insert(key, r, now), { tag: 'inserted', val: 1n }, v.name);
-      for (let at = 1n; at < BigInt(v.version); at++) assert.equal(await store.replace(key, at, r, now), at + 1n, v.name);
+      for (let at = 1n; at < BigInt(v.version); at++) assert.equal(await store.replace(key, at, r, now), true, v.name);
       assert.equal((await raw.getBuffer(`${store.prefix}${key}`)).toString('hex'), v.redis, v.name);
       const ttl = await raw.pttl(`${store.prefix}${key}`);
       assert.ok(ttl > Number(r.expiresAtMs - now) && ttl <= Number(r.expiresAtMs - now) + 60_000, `${v.name}: PX ${ttl}`);
@@ -169,20 +169,35 @@ test('Redis: undecodable values and keys of another type are corrupt, naming the
   }
 });
 
-test('Redis: an expired record Redis still holds is claimed at its version + 1; replace refuses a stale version', { skip: skipWithout(REDIS) }, async () => {
+test('Redis: an expired record Redis still holds is claimed at its version + 1; replace refuses a stale version; delete leaves an expired record alone', {
+  skip: skipWithout(REDIS),
+}, async () => {
   const store = await redisStore();
+  const raw = await rawRedis();
   try {
     const r = { fingerprint: 'fp', state: 'processing', holder: 1n, leaseUntilMs: 500n, expiresAtMs: 1_000n };
     assert.deepEqual(await store.insert('k', r, 0n), { tag: 'inserted', val: 1n });
-    assert.equal(await store.replace('k', 1n, r, 0n), 2n);
-    assert.equal(await store.replace('k', 1n, r, 0n), undefined);
+    assert.equal(await store.replace('k', 1n, r, 0n), true);
+    assert.equal(await store.replace('k', 1n, r, 0n), false);
     assert.equal(await store.get('k', 1_000n), undefined, "expired by the guard's clock");
     assert.deepEqual(await store.insert('k', { ...r, expiresAtMs: 5_000n }, 1_000n), { tag: 'inserted', val: 3n });
-    assert.equal(await store.replace('k', 3n, r, 5_000n), undefined, 'expired at the expected version');
-    assert.equal(await store.delete('k', 2n), false);
-    assert.equal(await store.delete('k', 3n), true);
-    assert.equal(await store.delete('k'), false);
+    assert.equal(await store.replace('k', 3n, r, 5_000n), false, 'expired at the expected version');
+    assert.equal(await store.delete('k', 2n, 1_000n), false, 'another version');
+    assert.equal(await store.delete('k', 3n, 5_000n), false, 'expired at now: left alone');
+    assert.equal(await store.delete('k', undefined, 5_000n), false, 'expired, without a version too');
+    assert.ok(await raw.exists(`${store.prefix}k`), 'the expired record is still there for Redis to drop');
+    assert.equal(await store.delete('k', 3n, 4_999n), true, 'live at 4 999');
+    assert.equal(await store.delete('k', undefined, 0n), false, 'absent');
+    // A value whose header does not decode is removed only without a version.
+    await raw.set(`${store.prefix}bad`, 'no header');
+    assert.equal(await store.delete('bad', 1n, 0n), false);
+    assert.equal(await store.delete('bad', undefined, 0n), true);
+    // Without a time: now by the store's own clock (the server's), where a record expiring in an hour is live.
+    const inAnHour = store.clock.nowMs() + 3_600_000n;
+    assert.deepEqual(await store.insert('now', { ...r, expiresAtMs: inAnHour }, store.clock.nowMs()), { tag: 'inserted', val: 1n });
+    assert.equal(await store.delete('now'), true);
   } finally {
+    raw.disconnect();
     await store.cleanUp();
   }
 });
@@ -258,7 +273,7 @@ test('PostgreSQL: a store writes each vector record column by column, and reads 
       // A version past BIGINT (the vector at the top of u64) cannot be reached: that row is compared but for its version.
       const reachable = BigInt(v.version) <= 100n;
       const version = reachable ? BigInt(v.version) : 1n;
-      for (let at = 1n; at < version; at++) assert.equal(await store.replace(key, at, r, 0n), at + 1n, v.name);
+      for (let at = 1n; at < version; at++) assert.equal(await store.replace(key, at, r, 0n), true, v.name);
       const { rows } = await store.sql(
         `SELECT version::text, fingerprint, state, lease_until_ms::text, expires_at_ms::text, status, header_names,
            header_values, body, holder::text, phase, checkpoint FROM ${store.table} WHERE key = $1`,
@@ -274,6 +289,29 @@ test('PostgreSQL: a store writes each vector record column by column, and reads 
       );
       assert.deepEqual(await store.get(key, 0n), { record: saturated(r), version }, v.name);
     }
+  } finally {
+    await store.cleanUp();
+  }
+});
+
+test('PostgreSQL: replace answers whether it wrote; delete removes a live row only, at its version when given', { skip: skipWithout(POSTGRES) }, async () => {
+  const store = await postgresStore();
+  try {
+    const r = { fingerprint: 'fp', state: 'processing', holder: 1n, leaseUntilMs: 500n, expiresAtMs: 1_000n };
+    assert.deepEqual(await store.insert('k', r, 0n), { tag: 'inserted', val: 1n });
+    assert.equal(await store.replace('k', 1n, r, 0n), true);
+    assert.equal(await store.replace('k', 1n, r, 0n), false, 'a stale version');
+    assert.equal(await store.replace('k', 2n, r, 1_000n), false, 'expired');
+    assert.equal(await store.delete('k', 1n, 0n), false, 'another version');
+    assert.equal(await store.delete('k', 2n, 1_000n), false, 'expired at now: left alone');
+    assert.equal(await store.delete('k', undefined, 1_000n), false, 'expired, without a version too');
+    assert.equal(Number((await store.sql(`SELECT count(*) AS n FROM ${store.table}`)).rows[0].n), 1, 'the expired row is still there for the purge');
+    assert.equal(await store.delete('k', 2n, 999n), true, 'live at 999');
+    assert.equal(await store.delete('k', undefined, 0n), false, 'absent');
+    // Without a time: now by the store's own clock (the server's), where a row expiring in an hour is live.
+    const now = store.clock.nowMs();
+    assert.deepEqual(await store.insert('now', { ...r, expiresAtMs: now + 3_600_000n }, now), { tag: 'inserted', val: 1n });
+    assert.equal(await store.delete('now'), true);
   } finally {
     await store.cleanUp();
   }

@@ -96,6 +96,11 @@ async function scripted(replies, { pieces = 0 } = {}) {
 const b = (text) => Buffer.from(text, 'latin1');
 const open = (port, options = {}) => Connection.open(parseUrl(`redis://127.0.0.1:${port}`), { timeoutMs: 500, ...options });
 
+/** `TIME`'s reply through time.lua, as RedisStore reads the server's clock at open: 1 765 000 000 123 ms. */
+const TIME = b('*2\r\n$10\r\n1765000000\r\n$6\r\n123456\r\n');
+/** A scripted store reads the server's clock once, at open: no read a second later takes a reply the test scripted. */
+const ONCE = { clockSyncMs: 3_600_000 };
+
 test('every reply shape is read, whole and one byte at a time', async () => {
   const replies = [
     '+OK\r\n',
@@ -193,14 +198,21 @@ test('RedisStore: an error reply such as READONLY fails the call unavailable and
   const server = await scripted([
     sha(1),
     sha(2),
-    sha(3), // SCRIPT LOAD at open
+    sha(3),
+    sha(4), // SCRIPT LOAD at open
+    TIME, // the server's clock, at open
     b("-READONLY You can't write against a read only replica.\r\n"),
     b('$-1\r\n'), // the GET after it, on a new connection
     b('-NOSCRIPT No matching script.\r\n'),
     b(`$40\r\n${'0'.repeat(40)}\r\n`),
     b(':0\r\n'), // a replace that reloads its script
   ]);
-  const store = await RedisStore.open({ url: `redis://127.0.0.1:${server.port}`, timeoutMs: 500, cas: 'script' }); // no IFEQ probe
+  const store = await RedisStore.open({ url: `redis://127.0.0.1:${server.port}`, timeoutMs: 500, cas: 'script', ...ONCE }); // no IFEQ probe
+  assert.equal(store.clock.unknown(), null);
+  assert.ok(
+    server.got[4].startsWith('*4\r\n$7\r\nEVALSHA\r\n') && server.got[4].endsWith('\r\n$1\r\n1\r\n$6\r\n\u0001clock\r\n'),
+    'time.lua on "{prefix}\\x01clock"',
+  );
   const now = 1_000_000n;
   await assert.rejects(
     store.insert('k', record(now), now),
@@ -208,7 +220,7 @@ test('RedisStore: an error reply such as READONLY fails the call unavailable and
   );
   assert.equal(await store.get('k', now), undefined);
   assert.equal(server.connections(), 2, 'READONLY retired the connection');
-  assert.equal(await store.replace('k', 1n, record(now), now), undefined);
+  assert.equal(await store.replace('k', 1n, record(now), now), false);
   assert.equal(server.connections(), 2, 'NOSCRIPT is answered on the same connection');
   assert.match(server.got.at(-3), /^\*8\r\n\$7\r\nEVALSHA\r\n/);
   assert.match(server.got.at(-2), /^\*3\r\n\$6\r\nSCRIPT\r\n\$4\r\nLOAD\r\n/);
@@ -217,27 +229,58 @@ test('RedisStore: an error reply such as READONLY fails the call unavailable and
   server.close();
 });
 
+test("RedisStore reads the server's clock at open and every clockSyncMs after, following a step of it; a clock it cannot read fails the open", async () => {
+  const sha = b(`$40\r\n${'0'.repeat(40)}\r\n`);
+  const hourLater = b('*2\r\n$10\r\n1765003600\r\n$6\r\n123456\r\n');
+  const server = await scripted([sha, sha, sha, sha, TIME, hourLater]);
+  const store = await RedisStore.open({ url: `redis://127.0.0.1:${server.port}`, prefix: 'p:', timeoutMs: 500, cas: 'script', clockSyncMs: 100 });
+  try {
+    const first = Number(store.clock.nowMs());
+    // The server answered 1 765 000 000 123 ms within the round trip; the monotonic clock carries it on from there.
+    assert.ok(first >= 1_765_000_000_123 - 500 && first < 1_765_000_000_123 + 5_000, String(first));
+    assert.equal(store.timeoutMs, 500);
+    // The next read, a period later, finds the server's clock an hour on: followed, and counted as a step.
+    for (const start = performance.now(); store.clock.steps === 0; await new Promise((resolve) => setTimeout(resolve, 10))) {
+      if (performance.now() - start > 10_000) assert.fail('the second reading was not taken within 10 s');
+    }
+    assert.ok(Math.abs(store.clock.lastStepMs - 3_600_000) < 5_000, String(store.clock.lastStepMs));
+    assert.ok(Number(store.clock.nowMs()) >= 1_765_003_600_123 - 500, String(store.clock.nowMs()));
+  } finally {
+    await store.close();
+    server.close();
+  }
+
+  const broken = await scripted([sha, sha, sha, sha, b('-ERR TIME is not allowed from scripts\r\n')]);
+  await assert.rejects(
+    RedisStore.open({ url: `redis://127.0.0.1:${broken.port}`, timeoutMs: 500, cas: 'script' }),
+    /redis store: cannot open redis:\/\/127\.0\.0\.1:\d+: the Redis server's clock \(TIME\) has not been read yet \(reading it failed: redis store: ERR TIME is not allowed/,
+  );
+  broken.close();
+  await assert.rejects(RedisStore.open({ clockSyncMs: 99 }), /clockSyncMs 99 must be a whole number of milliseconds from 100 to 3600000/);
+});
+
 test('RedisStore on a server with SET … IFEQ completes a claim it knows the bytes of with that one command; cas: script, or a server without it, runs the script', async () => {
   const sha = b(`$40\r\n${'0'.repeat(40)}\r\n`);
   const now = 1_000_000n;
   const claim = record(now);
   const claimed = encodeValue(1n, claim);
   const renewed = { ...claim, leaseUntilMs: now + 2_000n };
-  // Valkey: the probe answers nil; the claim (nil: inserted), a renewal (+OK), a second one refused (nil).
-  const valkey = await scripted([sha, sha, sha, b('$-1\r\n'), b('$-1\r\n'), b('+OK\r\n'), b('$-1\r\n')]);
-  const store = await RedisStore.open({ url: `redis://127.0.0.1:${valkey.port}`, prefix: 'p:', timeoutMs: 500 });
+  // Valkey: the probe answers nil; the clock; the claim (nil: inserted), a renewal (+OK), a second one refused (nil).
+  const valkey = await scripted([sha, sha, sha, sha, b('$-1\r\n'), TIME, b('$-1\r\n'), b('+OK\r\n'), b('$-1\r\n')]);
+  const store = await RedisStore.open({ url: `redis://127.0.0.1:${valkey.port}`, prefix: 'p:', timeoutMs: 500, ...ONCE });
   assert.equal(store.nativeCas, true);
-  assert.equal(valkey.got[3], '*5\r\n$3\r\nSET\r\n$13\r\np:\u0001ifeq-probe\r\n$5\r\nprobe\r\n$4\r\nIFEQ\r\n$5\r\nprobe\r\n');
+  assert.equal(valkey.got[4], '*5\r\n$3\r\nSET\r\n$13\r\np:\u0001ifeq-probe\r\n$5\r\nprobe\r\n$4\r\nIFEQ\r\n$5\r\nprobe\r\n');
+  assert.ok(valkey.got[5].startsWith('*4\r\n$7\r\nEVALSHA\r\n') && valkey.got[5].endsWith('$8\r\np:\u0001clock\r\n'), "the clock, on the prefix's clock key");
   assert.deepEqual(await store.insert('k', claim, now), { tag: 'inserted', val: 1n });
-  assert.equal(await store.replace('k', 1n, renewed, now), 2n);
+  assert.equal(await store.replace('k', 1n, renewed, now), true);
   const ttl = String(claim.expiresAtMs - now + 60_000n);
-  assert.equal(valkey.got[5], pack(['SET', 'p:k', encodeValue(2n, renewed), 'IFEQ', claimed, 'PX', ttl]).toString('latin1'), 'SET new IFEQ old PX ttl');
-  // The server refuses (another writer changed the bytes): none, and the next replace of that version runs the script.
-  assert.equal(await store.replace('k', 2n, { ...renewed, leaseUntilMs: now + 3_000n }, now), undefined);
-  assert.match(valkey.got[6], /IFEQ/);
+  assert.equal(valkey.got[7], pack(['SET', 'p:k', encodeValue(2n, renewed), 'IFEQ', claimed, 'PX', ttl]).toString('latin1'), 'SET new IFEQ old PX ttl');
+  // The server refuses (another writer changed the bytes): not written, and the next replace of that version runs the script.
+  assert.equal(await store.replace('k', 2n, { ...renewed, leaseUntilMs: now + 3_000n }, now), false);
+  assert.match(valkey.got[8], /IFEQ/);
   // Bytes it no longer knows (taken out by the refused attempt): the script.
   const script = scriptedReply(valkey, b(':0\r\n'));
-  assert.equal(await store.replace('k', 2n, renewed, now), undefined);
+  assert.equal(await store.replace('k', 2n, renewed, now), false);
   assert.match(script(), /^\*8\r\n\$7\r\nEVALSHA\r\n/);
   await store.close();
   valkey.close();
@@ -246,13 +289,13 @@ test('RedisStore on a server with SET … IFEQ completes a claim it knows the by
     ['Redis 7', [b('-ERR syntax error\r\n')], {}],
     ['cas: script', [], { cas: 'script' }],
   ]) {
-    const server = await scripted([sha, sha, sha, ...probe, b('$-1\r\n'), b(':1\r\n')]);
-    const other = await RedisStore.open({ url: `redis://127.0.0.1:${server.port}`, timeoutMs: 500, ...options });
+    const server = await scripted([sha, sha, sha, sha, ...probe, TIME, b('$-1\r\n'), b(':1\r\n')]);
+    const other = await RedisStore.open({ url: `redis://127.0.0.1:${server.port}`, timeoutMs: 500, ...ONCE, ...options });
     assert.equal(other.nativeCas, false, name);
     await other.insert('k', claim, now);
-    assert.equal(await other.replace('k', 1n, renewed, now), 2n, name);
+    assert.equal(await other.replace('k', 1n, renewed, now), true, name);
     assert.match(server.got.at(-1), /^\*8\r\n\$7\r\nEVALSHA\r\n/, name);
-    assert.equal(server.got.length, 3 + probe.length + 2, `${name}: no probe with cas: script`);
+    assert.equal(server.got.length, 4 + probe.length + 1 + 2, `${name}: no probe with cas: script`);
     await other.close();
     server.close();
   }
@@ -347,7 +390,7 @@ test('RedisStore: a connection cut while idle is replaced by the next command; o
     await assert.rejects(pending, (e) => e instanceof StoreError && e.payload.tag === 'unavailable' && /redis store: /.test(e.payload.val));
     assert.equal(p.commands.length, sent + 1, 'the failed command is not resent');
   } finally {
-    await store.delete('a').catch(() => {});
+    await store.delete('a', undefined, now).catch(() => {});
     await store.close();
     p.close();
   }
@@ -362,12 +405,12 @@ test('RedisStore: a record far larger than one read (1 MiB of body through a 64 
   const done = { ...record(now), state: 'done', response: { status: 200, headers: [['x-a', new Uint8Array([0x0d, 0x0a])]], body } };
   try {
     await store.insert('big', record(now), now);
-    assert.equal(await store.replace('big', 1n, done, now), 2n);
+    assert.equal(await store.replace('big', 1n, done, now), true);
     // Two reads at once: their replies share reads, and each is matched to its command.
     const [a, b] = await Promise.all([store.get('big', now), store.get('big', now)]);
     for (const entry of [a, b]) assert.deepEqual(entry, { record: done, version: 2n });
   } finally {
-    await store.delete('big');
+    await store.delete('big', undefined, now);
     await store.close();
   }
 });
@@ -387,7 +430,7 @@ test('RedisStore: the database of the URL is the one written; a script the serve
     assert.equal(await db3.exists(`${prefix}k`), 1);
     // Other stores on this server reload it too, the same way.
     await db3.script('FLUSH');
-    assert.equal(await store.replace('k', 1n, { ...record(now), state: 'done' }, now), 2n);
+    assert.equal(await store.replace('k', 1n, { ...record(now), state: 'done' }, now), true);
     assert.equal((await store.get('k', now)).record.state, 'done');
   } finally {
     await db3.del(`${prefix}k`);
@@ -474,12 +517,12 @@ test('RedisStore on Valkey: a guarded call with a checkpoint completes with SET 
     assert.ok(!sent.includes('EVALSHA'), 'no script');
 
     // Another writer's bytes at the same version (a host that claimed the key after it was dropped): refused.
-    const now = BigInt(Date.now());
+    const now = store.clock.nowMs();
     const claim = record(now);
     assert.deepEqual(await store.insert('k', claim, now), { tag: 'inserted', val: 1n });
     const theirs = encodeValue(1n, { ...claim, holder: 99n });
     await raw.set(`${prefix}k`, theirs, 'PX', 60_000);
-    assert.equal(await store.replace('k', 1n, { ...claim, state: 'done', response: { status: 200, headers: [], body: new Uint8Array() } }, now), undefined);
+    assert.equal(await store.replace('k', 1n, { ...claim, state: 'done', response: { status: 200, headers: [], body: new Uint8Array() } }, now), false);
     assert.deepEqual(await raw.getBuffer(`${prefix}k`), theirs);
   } finally {
     await raw.del(`${prefix}order`, `${prefix}k`);

@@ -10,5 +10,5 @@ export function asyncOver(inner) {
       await new Promise((resolve) => setImmediate(resolve));
       return inner[op](...args);
     };
-  return { inner, async: true, get: later('get'), insert: later('insert'), replace: later('replace'), delete: later('delete') };
+  return { inner, async: true, clock: inner.clock, get: later('get'), insert: later('insert'), replace: later('replace'), delete: later('delete') };
 }

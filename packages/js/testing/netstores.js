@@ -110,6 +110,11 @@ export class FaultyStore {
     this.inner = inner;
   }
 
+  /** The inner store's time authority. */
+  get clock() {
+    return this.inner.clock;
+  }
+
   fault(primitive, rule) {
     this.#faults.set(primitive, { ...rule });
   }
@@ -143,7 +148,7 @@ export class FaultyStore {
     return this.#apply('replace', key, [key, expectedVersion, record, nowMs]);
   }
 
-  delete(key, expectedVersion) {
-    return this.#apply('delete', key, [key, expectedVersion]);
+  delete(key, expectedVersion, nowMs) {
+    return this.#apply('delete', key, [key, expectedVersion, nowMs]);
   }
 }

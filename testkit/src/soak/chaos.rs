@@ -180,6 +180,26 @@ impl Soak {
     /// `kill -STOP` one gateway for `paused` (longer than its lease, so its
     /// claims lapse and are taken over at the other gateway), then `kill
     /// -CONT`: its requests then go on as zombies, under claims they lost.
+    /// Steps `gateway`'s wall clock by `by_s` seconds, at once, while it runs.
+    pub(super) fn step(
+        &self,
+        gateway: &Gateway,
+        started: Instant,
+        by_s: i64,
+    ) -> anyhow::Result<()> {
+        let Some(clock) = &gateway.clock else {
+            return Ok(());
+        };
+        let offset = clock.step(by_s)?;
+        bump(&self.tally.clock_steps);
+        println!(
+            "{:>6.1}s gateway {}'s wall clock steps {by_s:+} s (now {offset:+} s off the real one)",
+            started.elapsed().as_secs_f64(),
+            gateway.index,
+        );
+        Ok(())
+    }
+
     pub(super) async fn pause(
         &self,
         gateway: &Gateway,
@@ -255,15 +275,18 @@ pub(super) enum Upset {
     Kill,
     /// `kill -STOP` past the lease, then `kill -CONT`.
     Pause,
+    /// Its wall clock steps an hour, forward or back, and stays there.
+    Step { forward: bool },
 }
 
 /// When (orders done) each upset comes and to which gateway, the last
-/// first: kills at even steps through the orders, pauses halfway between
-/// steps of their own, each alternating gateways. One runs at a time; the
-/// clients go on throughout.
+/// first: `[kills, pauses, steps]` of them. Kills at even steps through the
+/// orders, pauses halfway between steps of their own, clock steps at three
+/// eighths of steps of their own (forward first, then back, and so on),
+/// each alternating gateways. One runs at a time; the clients go on
+/// throughout.
 pub(super) fn upsets(
-    kills: usize,
-    pauses: usize,
+    [kills, pauses, steps]: [usize; 3],
     orders: usize,
     seed: u64,
 ) -> Vec<(u64, Upset, usize)> {
@@ -279,8 +302,18 @@ pub(super) fn upsets(
             (k + usize::from(seed.is_multiple_of(2))) % 2,
         )
     });
-    let mut all: Vec<_> = kill_at.chain(pause_at).collect();
-    all.sort_by_key(|&(at, upset, _)| std::cmp::Reverse((at, upset == Upset::Pause)));
+    let step_at = (1..=steps).map(|k| {
+        let at = (orders * (8 * k - 5) / (8 * steps)) as u64;
+        (
+            at,
+            Upset::Step {
+                forward: k % 2 == 1,
+            },
+            k % 2,
+        )
+    });
+    let mut all: Vec<_> = kill_at.chain(pause_at).chain(step_at).collect();
+    all.sort_by_key(|&(at, upset, _)| std::cmp::Reverse((at, upset != Upset::Kill)));
     all
 }
 
@@ -290,14 +323,16 @@ mod tests {
 
     #[test]
     fn upsets_alternate_gateways_and_come_in_order() {
-        let mut upsets = upsets(2, 2, 1200, 7);
+        let mut upsets = upsets([2, 2, 2], 1200, 7);
         upsets.reverse();
         assert_eq!(
             upsets,
             [
+                (225, Upset::Step { forward: true }, 1),
                 (300, Upset::Pause, 1),
                 (400, Upset::Kill, 0),
                 (800, Upset::Kill, 1),
+                (825, Upset::Step { forward: false }, 0),
                 (900, Upset::Pause, 0),
             ]
         );

@@ -97,6 +97,7 @@ pub(super) struct Tally {
     pub(super) spikes_on: AtomicU64,
     pub(super) kills: AtomicU64,
     pub(super) pauses: AtomicU64,
+    pub(super) clock_steps: AtomicU64,
 }
 
 pub(super) fn get(a: &AtomicU64) -> u64 {

@@ -3,6 +3,7 @@
 
 use super::chaos::{FaultState, Spell};
 use super::check::Stored;
+use super::clock::WallClock;
 use super::{Soak, lock};
 use anyhow::{Context, bail};
 use axum::body::Body;
@@ -19,7 +20,8 @@ use std::time::{Duration, Instant};
 pub(super) struct Process(pub(super) std::process::Child);
 
 impl Process {
-    pub(super) fn spawn(args: &[String]) -> anyhow::Result<Process> {
+    /// `idem ARGS…`, its wall clock `clock` when given.
+    pub(super) fn spawn(args: &[String], clock: Option<&WallClock>) -> anyhow::Result<Process> {
         let exe = std::env::current_exe().context("find the idem-testkit executable")?;
         let mut command = Command::new(exe);
         command
@@ -32,6 +34,9 @@ impl Process {
             if name.to_string_lossy().starts_with("IDEM_") {
                 command.env_remove(name);
             }
+        }
+        if let Some(clock) = clock {
+            clock.apply(&mut command);
         }
         let child = command
             .spawn()
@@ -102,11 +107,16 @@ pub(super) fn free_ports<const N: usize>() -> anyhow::Result<[u16; N]> {
 pub(super) struct Totals {
     pub(super) injected: u64,
     pub(super) outcomes: BTreeMap<String, u64>,
+    /// Requests answered 503 for want of a slot: guarded, unguarded.
+    pub(super) guarded_refused: u64,
+    pub(super) unguarded_refused: u64,
 }
 
 impl Totals {
     pub(super) fn add(&mut self, other: &Totals) {
         self.injected += other.injected;
+        self.guarded_refused += other.guarded_refused;
+        self.unguarded_refused += other.unguarded_refused;
         for (name, n) in &other.outcomes {
             *self.outcomes.entry(name.clone()).or_default() += n;
         }
@@ -131,11 +141,13 @@ pub(super) struct Gateway {
     pub(super) in_flight: Mutex<HashMap<usize, u32>>,
     /// Counters of the processes killed so far.
     pub(super) earlier: Mutex<Totals>,
+    /// Its wall clock, skewed and stepped (`--skew`, `--clock-steps`).
+    pub(super) clock: Option<WallClock>,
 }
 
 impl Gateway {
     pub(super) fn start(&self) -> anyhow::Result<()> {
-        *lock(&self.process) = Some(Process::spawn(&self.args)?);
+        *lock(&self.process) = Some(Process::spawn(&self.args, self.clock.as_ref())?);
         *lock(&self.faults) = FaultState::default();
         Ok(())
     }
@@ -183,14 +195,15 @@ impl Soak {
         if let Ok((200, faults)) = self.admin_json(gateway, "GET", "/v1/faults", None).await {
             totals.injected = faults["injected"].as_u64().unwrap_or(0);
         }
-        if let Ok((200, stats)) = self.admin_json(gateway, "GET", "/v1/stats", None).await
-            && let Some(outcomes) = stats["outcomes"].as_object()
-        {
-            for (name, n) in outcomes {
+        if let Ok((200, stats)) = self.admin_json(gateway, "GET", "/v1/stats", None).await {
+            for (name, n) in stats["outcomes"].as_object().into_iter().flatten() {
                 totals
                     .outcomes
                     .insert(name.clone(), n.as_u64().unwrap_or(0));
             }
+            let refused = |class: &str| stats["slots"][class]["refused"].as_u64().unwrap_or(0);
+            totals.guarded_refused = refused("guarded");
+            totals.unguarded_refused = refused("unguarded");
         }
         totals
     }

@@ -25,8 +25,10 @@
 mod chaos;
 mod check;
 mod clients;
+mod clock;
 mod gateways;
 mod report;
+mod slow;
 
 use anyhow::{Context, bail};
 use axum::body::Body;
@@ -34,12 +36,14 @@ use axum::http::{HeaderValue, Request};
 use chaos::{Upset, share_of, upsets};
 use check::{OrderLog, Reuse, Stored, check};
 use clients::{Plan, Tally, bump, get, plans};
+use clock::WallClock;
 use gateways::{Gateway, Process, free_ports};
 use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
 use idem::ledger::Books;
 use report::{Figures, print_figures};
+use slow::{SlowTally, UNGUARDED_SLOTS, shut_out};
 use std::collections::HashSet;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -79,6 +83,19 @@ pub struct Args {
     /// Start no new orders after this long; the orders started are still finished and checked.
     #[arg(long, default_value = "10m", value_parser = idem::server::parse_duration)]
     duration_limit: Duration,
+    /// How far gateway 1's wall clock runs ahead of gateway 0's, for the
+    /// whole run (libfaketime; `0s` for none). Many leases: the guard must
+    /// judge time by the store's clock, not the gateways'.
+    #[arg(long, default_value = "90s", value_parser = idem::server::parse_duration)]
+    skew: Duration,
+    /// How many times a gateway's wall clock steps an hour (forward, then
+    /// back), at even steps through the orders, alternating gateways.
+    #[arg(long, default_value_t = 2)]
+    clock_steps: usize,
+    /// Keyless slow clients beside the orders (spread over the gateways, each
+    /// holding an unguarded slot with a body it never finishes); 0 for none.
+    #[arg(long, default_value_t = 48)]
+    slow_clients: usize,
 }
 
 /// How long a client waits for one answer before it gives up on the request.
@@ -112,7 +129,10 @@ struct Soak {
     lease: Duration,
     upstream_timeout: Duration,
     tally: Tally,
+    slow: SlowTally,
     killed_in_flight: Mutex<HashSet<usize>>,
+    /// Where the gateways' wall clocks are kept (`clock.rs`), removed at the end.
+    clock_dir: Option<std::path::PathBuf>,
 }
 
 pub async fn run(args: Args) -> anyhow::Result<()> {
@@ -141,6 +161,54 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
     let stock_at_start = i64::try_from(args.orders).context("--orders is too large")? * 10;
 
     let soak = Arc::new(Soak::start(&args, stock_at_start, run_id).await?);
+    print_plan(&args, &soak, seed);
+
+    let started = Instant::now();
+    let logs = soak.drive(&args, &plans, seed, started).await?;
+    println!(
+        "{:>6.1}s {} orders done; faults off, waiting a lease for held claims",
+        started.elapsed().as_secs_f64(),
+        logs.len()
+    );
+    let orders = soak.settle(&args, &plans, logs).await?;
+    let (totals, injected_by_gateway) = soak.all_totals().await;
+    let books = soak.books().await?;
+    let stored = soak.stored_all(&orders).await;
+    soak.stop();
+
+    let mut report = check(&orders, &books, stock_at_start, &stored);
+    report
+        .violations
+        .extend(shut_out(&totals, args.slow_clients));
+    print_figures(&Figures {
+        tally: &soak.tally,
+        slow: &soak.slow,
+        slow_clients: args.slow_clients,
+        totals: &totals,
+        injected_by_gateway: &injected_by_gateway,
+        books: &books,
+        report: &report,
+        orders_planned: args.orders,
+        kills_planned: args.kills,
+        pauses_planned: args.pauses,
+        steps_planned: args.clock_steps,
+        skew: args.skew,
+        lease: args.lease,
+        orders: &orders,
+        elapsed: started.elapsed(),
+    });
+    if !report.violations.is_empty() {
+        bail!(
+            "soak FAILED: {} violations (seed {seed})",
+            report.violations.len()
+        );
+    }
+    println!("soak passed: no violations (seed {seed})");
+    Ok(())
+}
+
+/// What the run will do: its settings, the processes' addresses and the chaos.
+fn print_plan(args: &Args, soak: &Soak, seed: u64) {
     println!(
         "idem soak: {} orders, seed {seed}, store {}, lease {:?}, {} kills",
         args.orders, args.store, args.lease, args.kills
@@ -148,7 +216,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
     println!(
         "  upstream timeout {:?}, ledger latency {:?} (slow orders {}–{} % of the lease more), {} pauses",
         soak.upstream_timeout,
-        ledger_latency(&args),
+        ledger_latency(args),
         SLOW_ORDER_PERCENT.start(),
         SLOW_ORDER_PERCENT.end(),
         args.pauses
@@ -168,46 +236,19 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         "store faults (error, timeout, delay, lost reply) switched on and off at random on both gateways."
     );
     println!(
+        "wall clocks: gateway 1 {} s ahead of gateway 0; {} steps of an hour (libfaketime).",
+        args.skew.as_secs(),
+        args.clock_steps
+    );
+    println!(
+        "{} keyless slow clients beside the orders (bodies never finished; {UNGUARDED_SLOTS} unguarded slots a gateway).",
+        args.slow_clients
+    );
+    println!(
         "latency spikes of {}–{} % of the lease on insert and replace; gateways stopped with SIGSTOP past their lease.",
         SPIKE_PERCENT.start(),
         SPIKE_PERCENT.end()
     );
-
-    let started = Instant::now();
-    let logs = soak.drive(&args, &plans, seed, started).await?;
-    println!(
-        "{:>6.1}s {} orders done; faults off, waiting a lease for held claims",
-        started.elapsed().as_secs_f64(),
-        logs.len()
-    );
-    let orders = soak.settle(&args, &plans, logs).await?;
-    let (totals, injected_by_gateway) = soak.all_totals().await;
-    let books = soak.books().await?;
-    let stored = soak.stored_all(&orders).await;
-    soak.stop();
-
-    let report = check(&orders, &books, stock_at_start, &stored);
-    print_figures(&Figures {
-        tally: &soak.tally,
-        totals: &totals,
-        injected_by_gateway: &injected_by_gateway,
-        books: &books,
-        report: &report,
-        orders_planned: args.orders,
-        kills_planned: args.kills,
-        pauses_planned: args.pauses,
-        lease: args.lease,
-        orders: &orders,
-        elapsed: started.elapsed(),
-    });
-    if !report.violations.is_empty() {
-        bail!(
-            "soak FAILED: {} violations (seed {seed})",
-            report.violations.len()
-        );
-    }
-    println!("soak passed: no violations (seed {seed})");
-    Ok(())
 }
 
 /// The gateways' upstream timeout: below the lease, as `idem serve` requires.
@@ -223,16 +264,25 @@ impl Soak {
     /// Starts the ledger and both gateways and waits until they answer.
     async fn start(args: &Args, stock_at_start: i64, run_id: u32) -> anyhow::Result<Soak> {
         let [ledger_port, proxy_0, admin_0, proxy_1, admin_1] = free_ports()?;
-        let ledger = Process::spawn(&[
-            "ledger".into(),
-            "--listen".into(),
-            format!("127.0.0.1:{ledger_port}"),
-            "--stock".into(),
-            stock_at_start.to_string(),
-            "--latency".into(),
-            format!("{}ms", ledger_latency(args).as_millis()),
-        ])?;
+        let ledger = Process::spawn(
+            &[
+                "ledger".into(),
+                "--listen".into(),
+                format!("127.0.0.1:{ledger_port}"),
+                "--stock".into(),
+                stock_at_start.to_string(),
+                "--latency".into(),
+                format!("{}ms", ledger_latency(args).as_millis()),
+            ],
+            None,
+        )?;
         let upstream_timeout = upstream_timeout(args.lease);
+        let skew_s = i64::try_from(args.skew.as_secs()).context("--skew is too large")?;
+        let clock_dir = (skew_s != 0 || args.clock_steps > 0)
+            .then(|| std::env::temp_dir().join(format!("idem-soak-clocks-{run_id:08x}")));
+        if let Some(dir) = &clock_dir {
+            std::fs::create_dir_all(dir).with_context(|| format!("create {}", dir.display()))?;
+        }
         let mut gateways = Vec::new();
         for (index, (proxy, admin)) in [(proxy_0, admin_0), (proxy_1, admin_1)]
             .into_iter()
@@ -248,8 +298,12 @@ impl Soak {
                 &format!("http://127.0.0.1:{ledger_port}"),
                 "--store",
                 &args.store,
+                // Keyless requests are forwarded, unguarded: the slow clients'
+                // way in. Every order the soak places has a key.
                 "--require-key",
-                "true",
+                "false",
+                "--max-concurrent-unguarded",
+                &UNGUARDED_SLOTS.to_string(),
                 "--lease",
                 &format!("{}ms", args.lease.as_millis()),
                 // Half the lease: a renewal lands inside the lease even
@@ -273,6 +327,14 @@ impl Soak {
                 paused: Mutex::default(),
                 in_flight: Mutex::default(),
                 earlier: Mutex::default(),
+                // Gateway 1 runs `--skew` ahead of gateway 0.
+                clock: clock_dir
+                    .as_deref()
+                    .map(|dir| {
+                        let offset = if index == 1 { skew_s } else { 0 };
+                        WallClock::new(dir, &index.to_string(), offset)
+                    })
+                    .transpose()?,
             };
             gateway.start()?;
             gateways.push(Arc::new(gateway));
@@ -286,7 +348,9 @@ impl Soak {
             lease: args.lease,
             upstream_timeout,
             tally: Tally::default(),
+            slow: SlowTally::default(),
             killed_in_flight: Mutex::default(),
+            clock_dir,
         };
         soak.wait_ready(&format!("{}/ledger", soak.ledger_url))
             .await
@@ -313,7 +377,12 @@ impl Soak {
         let mut clients = self.spawn_clients(args.concurrency, plans, &stop_starting);
         let stop_faults = Arc::new(AtomicBool::new(false));
         let faults = self.spawn_faults(seed, &stop_faults);
-        let mut upsets_left = upsets(args.kills, args.pauses, args.orders, seed);
+        let mut upsets_left = upsets(
+            [args.kills, args.pauses, args.clock_steps],
+            args.orders,
+            seed,
+        );
+        let mut slow = self.spawn_slow_clients(args.slow_clients, &stop_faults);
         let mut kill_rng = fastrand::Rng::with_seed(seed ^ 0x0000_0b17);
         let mut crashing: Option<tokio::task::JoinHandle<anyhow::Result<()>>> = None;
         let mut logs = Vec::new();
@@ -347,6 +416,12 @@ impl Soak {
                             soak.pause(&soak.gateways[gateway], started, paused).await
                         })
                     }
+                    Upset::Step { forward } => {
+                        let by_s = if forward { 3_600 } else { -3_600 };
+                        tokio::spawn(
+                            async move { soak.step(&soak.gateways[gateway], started, by_s) },
+                        )
+                    }
                 });
             }
             if started.elapsed() > args.duration_limit
@@ -371,6 +446,9 @@ impl Soak {
         }
         stop_faults.store(true, Ordering::Relaxed);
         faults.await.context("the fault task panicked")?;
+        while let Some(done) = slow.join_next().await {
+            done.context("a slow client panicked")?;
+        }
         logs.sort_by_key(|(index, _)| *index);
         Ok(logs)
     }
@@ -490,5 +568,8 @@ impl Soak {
             drop(lock(&gateway.process).take());
         }
         drop(lock(&self.ledger).take());
+        if let Some(dir) = &self.clock_dir {
+            let _ = std::fs::remove_dir_all(dir);
+        }
     }
 }

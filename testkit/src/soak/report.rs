@@ -4,12 +4,15 @@
 use super::check::{OrderLog, Report, Reuse};
 use super::clients::{Tally, get};
 use super::gateways::Totals;
+use super::slow::{SlowTally, UNGUARDED_SLOTS};
 use super::{MAX_TRIES, SPIKE_PERCENT};
 use idem::ledger::Books;
 use std::time::Duration;
 
 pub(super) struct Figures<'a> {
     pub(super) tally: &'a Tally,
+    pub(super) slow: &'a SlowTally,
+    pub(super) slow_clients: usize,
     pub(super) totals: &'a Totals,
     pub(super) injected_by_gateway: &'a [u64],
     pub(super) books: &'a Books,
@@ -17,6 +20,8 @@ pub(super) struct Figures<'a> {
     pub(super) orders_planned: usize,
     pub(super) kills_planned: usize,
     pub(super) pauses_planned: usize,
+    pub(super) steps_planned: usize,
+    pub(super) skew: Duration,
     pub(super) lease: Duration,
     pub(super) orders: &'a [OrderLog],
     pub(super) elapsed: Duration,
@@ -84,11 +89,29 @@ pub(super) fn print_figures(f: &Figures) {
         f.pauses_planned
     );
     println!(
+        "  wall clocks       gateway 1 {} s ahead of gateway 0 throughout; {} of {} planned steps of an hour (libfaketime: the gateways' CLOCK_REALTIME only)",
+        f.skew.as_secs(),
+        get(&t.clock_steps),
+        f.steps_planned
+    );
+    println!(
         "  latency spikes    {} switched on (a delay of {}–{} % of the {:.1}s lease on insert or replace, on some of the calls)",
         get(&t.spikes_on),
         SPIKE_PERCENT.start(),
         SPIKE_PERCENT.end(),
         f.lease.as_secs_f64()
+    );
+    let s = f.slow;
+    println!(
+        "  slow clients      {} keyless, {} requests: {} cut with 408, {} refused 503 ({UNGUARDED_SLOTS} unguarded slots a gateway; the gateways refused {}), {} other answers, {} unanswered (a gateway killed or stopped); keyed requests refused for want of a slot: {}",
+        f.slow_clients,
+        get(&s.sent),
+        get(&s.cut),
+        get(&s.shed),
+        f.totals.unguarded_refused,
+        get(&s.other),
+        get(&s.broken),
+        f.totals.guarded_refused,
     );
     println!(
         "  duplicates        {duplicates_prevented} prevented ({} replays + {} 409s); {} reused keys refused with 422",
@@ -139,7 +162,7 @@ pub(super) fn print_figures(f: &Figures) {
         println!("    … and {} more", r.violations.len() - 20);
     }
     println!(
-        "soak: orders={} requests={} crashes={} fault_toggles={toggles} faults_injected={injected} duplicates_prevented={duplicates_prevented} reexecuted={} violations={} pauses={} spikes={} answers_checked={} overlapping_runs={}",
+        "soak: orders={} requests={} crashes={} fault_toggles={toggles} faults_injected={injected} duplicates_prevented={duplicates_prevented} reexecuted={} violations={} pauses={} spikes={} answers_checked={} overlapping_runs={} slow_cut={} slow_shed={} guarded_refused={} clock_steps={} skew_s={}",
         f.orders.len(),
         get(&t.sent),
         get(&t.kills),
@@ -149,5 +172,10 @@ pub(super) fn print_figures(f: &Figures) {
         get(&t.spikes_on),
         r.answers_checked,
         r.overlapping_runs,
+        get(&s.cut),
+        get(&s.shed),
+        f.totals.guarded_refused,
+        get(&t.clock_steps),
+        f.skew.as_secs(),
     );
 }

@@ -4,10 +4,13 @@
 //! stopped with SIGSTOP past its lease, then continued. It must pass its own
 //! check (every order applied at most once, every 2xx charged exactly once,
 //! every stored response matching the ledger, no key giving two different
-//! 2xx bodies, no two runs of a key overlapping but as a refused takeover)
-//! and must really have crashed, paused and injected faults. Redis runs
-//! with a 1 s lease, PostgreSQL with 2 s. The checker itself is tested with
-//! broken books in `src/soak/check/tests.rs`.
+//! 2xx bodies, no two runs of a key overlapping but as a refused takeover,
+//! no keyed request refused for want of a slot while keyless slow clients
+//! hold every unguarded one) and must really have crashed, paused, injected
+//! faults and cut slow bodies, with gateway 1's wall clock 90 s ahead of
+//! gateway 0's and each stepped an hour (libfaketime). Redis runs with a
+//! 1 s lease, PostgreSQL with 2 s. The checker itself is tested with broken
+//! books in `src/soak/check/tests.rs`.
 //!
 //! About 25 s per store with the debug build on a busy 2-core machine.
 
@@ -91,8 +94,24 @@ fn soak(store_url: &str, lease: &str) {
         report()
     );
     assert!(
+        figure("clock_steps") >= 1 && figure("skew_s") >= 60,
+        "the gateways' wall clocks were not skewed and stepped:\n{}",
+        report()
+    );
+    assert!(
         figure("duplicates_prevented") >= 1,
         "no duplicate reached the gateways:\n{}",
+        report()
+    );
+    assert!(
+        figure("slow_cut") >= 1,
+        "no keyless slow body was cut beside the orders:\n{}",
+        report()
+    );
+    assert_eq!(
+        figure("guarded_refused"),
+        0,
+        "keyed requests were shut out:\n{}",
         report()
     );
     let summary = stdout

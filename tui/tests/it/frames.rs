@@ -4,8 +4,8 @@
 use crate::update::{NOW, loaded, row};
 use idem_tui::action::Action;
 use idem_tui::api::{
-    DecisionEvent, FaultEvent, FaultKind, FaultRule, Faults, KeyDetail, KeyState, Op, Outcome,
-    Outcomes, Stats, StoredResponse,
+    ConnectionState, DecisionEvent, FaultEvent, FaultKind, FaultRule, Faults, KeyDetail, KeyState,
+    Op, Outcome, Outcomes, Stats, StoreConnection, StoredResponse,
 };
 use idem_tui::app::App;
 use idem_tui::protocol::Update;
@@ -455,7 +455,9 @@ fn a_refused_token_says_how_to_pass_one() {
     let text = screen(&terminal);
     assert!(text.contains("✗ unauthorized"), "{text}");
     assert!(
-        text.contains("401: the admin API wants a token: pass --token T or set IDEM_ADMIN_TOKEN"),
+        text.contains(
+            "401: the admin API wants a token: pass --token-file FILE or IDEM_ADMIN_TOKEN"
+        ),
         "{text}"
     );
     assert!(!text.contains("reconnecting"), "{text}");
@@ -545,4 +547,55 @@ fn the_detail_pane_shows_the_whole_key_and_dated_times_and_scrolls() {
         "scrolled past the first lines: {text}"
     );
     assert!(text.contains("↓2 · J K scroll"), "{text}");
+}
+
+#[test]
+fn a_gateway_without_its_store_says_so_in_red_until_it_connects() {
+    let mut app = busy();
+    let mut down = stats();
+    down.store = "redis".into();
+    down.store_connection = StoreConnection {
+        state: ConnectionState::Connecting,
+        since_ms: NOW - 12_000,
+        attempts: 7,
+        last_error: Some(
+            "redis store at \"redis://127.0.0.1:6390\" could not be opened: Connection refused"
+                .into(),
+        ),
+    };
+    app.apply(Update::Stats(down.clone()));
+    let terminal = draw(&app, 120, 40);
+    let buf = terminal.backend().buffer();
+    let line = rows(buf)[1].clone();
+    assert!(
+        line.contains("store redis not connected (12.0s, 7 attempts): guarded requests get 503 — redis store at"),
+        "{line}"
+    );
+    let (x, y) = find(buf, "store redis not connected").unwrap();
+    assert_eq!(buf[(x, y)].bg, Color::Red, "an alarm, as a lost console is");
+
+    // Connected: the usual line, the store's name in it.
+    down.store_connection.state = ConnectionState::Connected;
+    app.apply(Update::Stats(down));
+    let text = screen(&draw(&app, 120, 40));
+    assert!(!text.contains("not connected"), "{text}");
+    assert!(text.contains("store redis · up"), "{text}");
+}
+
+#[test]
+fn keys_the_store_cannot_list_keep_the_last_page_and_say_why() {
+    let mut app = busy();
+    app.apply(Update::KeysUnavailable(
+        "the store failed: redis store unavailable: Connection refused".into(),
+    ));
+    let text = screen(&draw(&app, 120, 40));
+    assert!(
+        text.contains("last page shown; the store failed: redis store unavailable"),
+        "{text}"
+    );
+    assert!(text.contains("order-000"), "the rows stay: {text}");
+    assert!(
+        !text.contains("disconnected") && !text.contains("connection lost"),
+        "the admin API answers: {text}"
+    );
 }

@@ -214,6 +214,42 @@ async fn a_lost_server_shows_and_the_console_reconnects_by_itself() {
     tmux.quit();
 }
 
+/// The token from a file (`--token-file`, or `IDEM_ADMIN_TOKEN_FILE`), so
+/// that `ps` does not show it: one trailing newline dropped, sent as the
+/// bearer token the server asks for.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_token_comes_from_a_file_that_ps_does_not_show() {
+    let fake = Fake::start_on("127.0.0.1:0", Some("9f86d081884c7d659a2feaa0c55ad015")).await;
+    fake.seed("paid", 3, KeyState::Done);
+    let file = std::env::temp_dir().join(idem_harness::unique("idem-tui-token"));
+    std::fs::write(&file, "9f86d081884c7d659a2feaa0c55ad015\n").unwrap();
+    for (name, command) in [
+        (
+            "token-file",
+            format!(
+                "env -u IDEM_ADMIN_TOKEN {BIN} --admin {} --token-file {}",
+                fake.url,
+                file.display()
+            ),
+        ),
+        (
+            "token-file-env",
+            format!(
+                "env -u IDEM_ADMIN_TOKEN IDEM_ADMIN_TOKEN_FILE={} {BIN} --admin {}",
+                file.display(),
+                fake.url
+            ),
+        ),
+    ] {
+        let tmux = Tmux::start(&format!("tui-{name}"), 100, 30, &command);
+        tmux.wait_for("the keys, with the token from the file", |s| {
+            s.contains("● connected") && s.contains("paid-00002")
+        });
+        tmux.quit();
+    }
+    let _ = std::fs::remove_file(&file);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_hundred_thousand_keys_are_paged_by_the_server() {
     let fake = Fake::with_keys(&[("k", 100_000, KeyState::Done)]).await;
@@ -274,6 +310,31 @@ fn bad_arguments_are_refused_before_touching_the_terminal() {
         .unwrap();
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("--admin <URL>"));
+
+    let out = Command::new(BIN)
+        .args(["--admin", "http://127.0.0.1:1", "--token", "t"])
+        .args(["--token-file", "/dev/null"])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success() && err.contains("--token (or IDEM_ADMIN_TOKEN) and --token-file"),
+        "{err}"
+    );
+    let out = Command::new(BIN)
+        .args([
+            "--admin",
+            "http://127.0.0.1:1",
+            "--token-file",
+            "/no/such/file",
+        ])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success() && err.contains("--token-file /no/such/file"),
+        "{err}"
+    );
 
     let out = Command::new(BIN)
         .env("IDEM_ADMIN_URL", "http://127.0.0.1:1")

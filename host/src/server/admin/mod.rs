@@ -48,31 +48,74 @@ pub struct AdminListener {
     pub(crate) token: Option<Arc<str>>,
 }
 
+/// The shortest admin token accepted on a listener off loopback, in bytes:
+/// 128 bits of a hex or base64 secret (`openssl rand -hex 16` gives 32 bytes).
+pub const MIN_TOKEN_BYTES: usize = 16;
+
+/// Why the admin API would not be safe to serve with this listener and token.
 #[derive(Debug, thiserror::Error)]
 pub enum ExposureError {
     #[error(
-        "the admin API would listen on {0}, which is not a loopback address, without a token; set --admin-token (or IDEM_ADMIN_TOKEN), or listen on 127.0.0.1"
+        "the admin API would listen on {0}, which is not a loopback address, without a token; set --admin-token-file FILE (or IDEM_ADMIN_TOKEN, or --admin-token), or listen on 127.0.0.1"
     )]
     NoToken(std::net::SocketAddr),
+    #[error(
+        "the admin token is {len} bytes; on {addr}, which is not a loopback address, it must be at least {MIN_TOKEN_BYTES} bytes (e.g. `openssl rand -hex 16`)"
+    )]
+    ShortToken {
+        addr: std::net::SocketAddr,
+        len: usize,
+    },
+    #[error(
+        "the admin token is only whitespace; on {0}, which is not a loopback address, it must be at least {MIN_TOKEN_BYTES} bytes that are not all whitespace"
+    )]
+    BlankToken(std::net::SocketAddr),
+    /// A token no client could send: HTTP strips the whitespace around a
+    /// header value, and a control character cannot be in one.
+    #[error("the admin token cannot be sent in an HTTP header: {0}")]
+    Unsendable(&'static str),
     #[error("the admin listener's address is unknown: {0}")]
     Address(#[from] std::io::Error),
 }
 
 impl AdminListener {
-    /// Refuses a listener off loopback without a token. An empty token counts as none.
+    /// Refuses a listener off loopback without a token, or with one shorter
+    /// than [`MIN_TOKEN_BYTES`] or only whitespace; and on any address a
+    /// token no client could send (whitespace at either end, a control
+    /// character). An empty token counts as none.
     pub fn new(
         listener: TcpListener,
         token: Option<String>,
     ) -> Result<AdminListener, ExposureError> {
         let addr = listener.local_addr()?;
         let token = token.filter(|t| !t.is_empty());
-        if token.is_none() && !addr.ip().is_loopback() {
-            return Err(ExposureError::NoToken(addr));
+        if let Some(refused) = refuse(token.as_deref(), addr) {
+            return Err(refused);
         }
         Ok(AdminListener {
             listener,
             token: token.map(Arc::from),
         })
+    }
+}
+
+/// Why `token` may not guard an admin API on `addr`, if it may not.
+fn refuse(token: Option<&str>, addr: std::net::SocketAddr) -> Option<ExposureError> {
+    let exposed = !addr.ip().is_loopback();
+    match token {
+        None if exposed => Some(ExposureError::NoToken(addr)),
+        Some(t) if exposed && t.trim().is_empty() => Some(ExposureError::BlankToken(addr)),
+        Some(t) if exposed && t.len() < MIN_TOKEN_BYTES => {
+            Some(ExposureError::ShortToken { addr, len: t.len() })
+        }
+        Some(t) if t.trim() != t => Some(ExposureError::Unsendable(
+            "it starts or ends with whitespace, which HTTP strips from a header value",
+        )),
+        Some(t) if t.chars().any(char::is_control) => {
+            Some(ExposureError::Unsendable("it has a control character"))
+        }
+        // None on loopback, or a token that passes.
+        _ => None,
     }
 }
 

@@ -64,6 +64,9 @@ pub(super) async fn stats(State(admin): State<Admin>) -> Response {
             in_use: pool.in_use,
         },
         purge: guard.purge_stats(),
+        clock: clock_stats(guard.clock().as_ref()),
+        store_connection: admin.gateway.store_connection().snapshot(),
+        slots: admin.gateway.gate().slots(),
         ..api::Stats::default()
     };
     for verdict in Verdict::ALL {
@@ -71,6 +74,29 @@ pub(super) async fn stats(State(admin): State<Admin>) -> Response {
         *stats.rates_per_s.get_mut(verdict) = observer.rate(verdict);
     }
     json(&stats)
+}
+
+/// The clock's metrics: name, type, help, value.
+#[allow(clippy::cast_precision_loss)] // milliseconds as seconds: exact to 2^53 ms
+fn clock_metrics(clock: &api::Clock) -> [(&'static str, &'static str, &'static str, String); 3] {
+    #[rustfmt::skip]
+    let metrics = [
+        ("idem_clock_known", "gauge", "1 once the guard's clock (the store's time authority) has been read, else 0: every guard call answers 503.", u8::from(clock.error_ms.is_some()).to_string()),
+        ("idem_clock_error_seconds", "gauge", "The bound on the guard clock's error against the store's time authority.", clock.error_ms.map_or(f64::NAN, |ms| ms as f64 / 1e3).to_string()),
+        ("idem_wall_clock_offset_seconds", "gauge", "How far this host's wall clock is ahead of the store's time authority (decisions never read it).", (clock.wall_offset_ms as f64 / 1e3).to_string()),
+    ];
+    metrics
+}
+
+fn clock_stats(clock: &dyn crate::clock::Clock) -> api::Clock {
+    let known = clock.known();
+    api::Clock {
+        authority: clock.authority(),
+        now_ms: clock.now_ms(),
+        error_ms: known.as_ref().ok().copied(),
+        unknown: known.err(),
+        wall_offset_ms: crate::clock::wall_offset_ms(clock),
+    }
 }
 
 pub(super) async fn events(State(admin): State<Admin>) -> Response {
@@ -157,7 +183,32 @@ pub(super) async fn metrics(State(admin): State<Admin>) -> Response {
         ]
         .map(|(q, us)| (format!("{{quantile=\"{q}\"}}"), seconds(us))),
     );
+    let slots = admin.gateway.gate().slots();
+    let by_class = |value: fn(&api::SlotUse) -> u64| {
+        [("guarded", &slots.guarded), ("unguarded", &slots.unguarded)]
+            .map(|(class, slot)| (format!("{{class=\"{class}\"}}"), value(slot).to_string()))
+    };
+    family(
+        "idem_requests_in_progress",
+        "gauge",
+        "Requests holding a slot now, by class: guarded, or forwarded unguarded (no key, or a method not guarded).",
+        &by_class(|s| s.in_use),
+    );
+    family(
+        "idem_request_slots",
+        "gauge",
+        "Slots by class: --max-concurrent (guarded), --max-concurrent-unguarded.",
+        &by_class(|s| s.limit),
+    );
+    family(
+        "idem_requests_refused_total",
+        "counter",
+        "Requests answered 503 because every slot of their class was taken.",
+        &by_class(|s| s.refused),
+    );
     // The metrics of one sample each: name, type, help, value.
+    let connection = admin.gateway.store_connection().snapshot();
+    let connected = u8::from(connection.state == api::ConnectionState::Connected);
     let injected = admin.gateway.faults().injected();
     #[rustfmt::skip] // a table: one metric a line
     let mut single = vec![
@@ -167,7 +218,12 @@ pub(super) async fn metrics(State(admin): State<Admin>) -> Response {
         ("idem_pool_idle", "gauge", "Guard component instances ready for a call.", pool.idle.to_string()),
         ("idem_pool_in_use", "gauge", "Guard component instances serving a call now.", pool.in_use.to_string()),
         ("idem_uptime_seconds", "gauge", "Seconds since the gateway started.", observer.uptime().as_secs().to_string()),
+        ("idem_store_connected", "gauge", "1 once the store is open; 0 while the gateway is still trying to open it (guarded requests get 503).", connected.to_string()),
+        ("idem_store_connect_attempts_total", "counter", "Attempts to open the store, the one that succeeded included.", connection.attempts.to_string()),
     ];
+    single.extend(clock_metrics(&clock_stats(
+        admin.gateway.guard().clock().as_ref(),
+    )));
     // Only where the guard runs a purger: not with the purge off, nor on Redis, which expires keys itself.
     if let Some(purge) = admin.gateway.guard().purge_stats() {
         let took = Duration::from_micros(purge.last_took_us).as_secs_f64();

@@ -2,10 +2,12 @@
 //! tower layer: read the key, scope it by client, fingerprint the request (natively,
 //! with the component's code), then forward once, replay, or refuse.
 
+mod paced;
 mod parts;
 mod run_to_completion;
 mod waiter;
 
+use paced::{Paced, TooSlow};
 use parts::fingerprint;
 pub(crate) use parts::to_http;
 pub use parts::{client_key, scoped_key};
@@ -27,10 +29,12 @@ use axum::http::{HeaderMap, HeaderName, HeaderValue, Request, StatusCode};
 use bytes::Bytes;
 use futures_util::FutureExt;
 use http_body_util::{BodyExt, Limited};
+use idem_admin_api as api;
 use idem_guest::model::{Claim, Decision, GuardError, Response as Stored};
 use std::collections::HashMap;
 use std::panic::AssertUnwindSafe;
 use std::pin::Pin;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
@@ -49,7 +53,10 @@ pub struct Gate {
     pub(crate) observer: Arc<Observer>,
     /// The faults of the guard's store: see [`Gate::over`].
     faults: FaultHandle,
-    permits: Semaphore,
+    /// Slots for guarded requests (`max_concurrent`) and, apart, for those
+    /// forwarded unguarded (`max_concurrent_unguarded`).
+    guarded: Slots,
+    unguarded: Slots,
     /// Repeats waiting for a key's first request in this process, woken when
     /// it completes or is released. An entry lives only while a request
     /// waits on it (see [`Waiter`]).
@@ -85,7 +92,8 @@ impl Gate {
         }
         let guard = guard.build()?;
         Ok(Gate {
-            permits: Semaphore::new(config.max_concurrent),
+            guarded: Slots::new(config.max_concurrent),
+            unguarded: Slots::new(config.max_concurrent_unguarded),
             guard,
             config,
             observer,
@@ -101,6 +109,14 @@ impl Gate {
     /// The faults of the store the gate uses.
     pub fn faults(&self) -> &FaultHandle {
         &self.faults
+    }
+
+    /// The slots of each class: in use, limit, and requests refused for want of one.
+    pub fn slots(&self) -> api::Slots {
+        api::Slots {
+            guarded: self.guarded.usage(),
+            unguarded: self.unguarded.usage(),
+        }
     }
 
     /// Keys with a repeat waiting on them in this process (for tests: none
@@ -145,9 +161,10 @@ impl Gate {
             Ok(body) => body,
             Err(problem) => return self.refuse(&scoped, Verdict::Invalid, problem, started),
         };
-        let Ok(_permit) = self.permits.try_acquire() else {
+        let Some(_slot) = self.guarded.take() else {
             let problem = Problem::Overloaded {
                 limit: self.config.max_concurrent,
+                guarded: true,
             };
             return self.refuse(&scoped, Verdict::Unavailable, problem, started);
         };
@@ -238,77 +255,87 @@ impl Gate {
         }
     }
 
+    /// Forwards a request the key does not guard, within a slot of its own
+    /// class, its body streamed under the same slow-client bounds as a
+    /// guarded one's (408 once it falls behind), and the upstream given
+    /// `upstream_timeout` from when it has the whole body.
     async fn pass_through<F, Fut>(&self, req: Request<Body>, exec: F) -> HttpResponse
     where
         F: FnOnce(Request<Body>) -> Fut,
         Fut: Future<Output = Result<HttpResponse, Problem>>,
     {
-        let profile = self.config.profile;
-        let Ok(_permit) = self.permits.try_acquire() else {
+        let config = &self.config;
+        let Some(_slot) = self.unguarded.take() else {
             return Problem::Overloaded {
-                limit: self.config.max_concurrent,
+                limit: config.max_concurrent_unguarded,
+                guarded: false,
             }
-            .into_response(profile);
+            .into_response(config.profile);
         };
-        match tokio::time::timeout(self.config.upstream_timeout, exec(req)).await {
+        let (parts, body) = req.into_parts();
+        // A request without a body (most GETs) needs no pacing.
+        let (body, progress) = if body.is_end_stream() {
+            (body, None)
+        } else {
+            let (paced, progress) =
+                Paced::new(body, config.body_read_timeout, config.min_body_rate);
+            (Body::new(paced), Some(progress))
+        };
+        let exec = exec(Request::from_parts(parts, body));
+        let forwarded = async {
+            let mut exec = std::pin::pin!(exec);
+            // While the client still sends, the body's deadlines bound the
+            // exchange; the upstream's time starts once it has the whole
+            // body (as for a guarded request), or at the latest when the
+            // body's time is up (an upstream that stopped reading it).
+            if let Some(progress) = &progress {
+                let sent = tokio::time::timeout(config.body_read_timeout, progress.over());
+                tokio::select! {
+                    answered = &mut exec => return Ok(answered),
+                    _ = sent => {}
+                }
+            }
+            tokio::time::timeout(config.upstream_timeout, exec).await
+        }
+        .await;
+        // Whatever the upstream made of a body cut short, the client is told
+        // that its body was too slow.
+        if progress.is_some_and(|p| p.was_cut()) {
+            return self.body_timeout().into_response(config.profile);
+        }
+        match forwarded {
             Ok(Ok(response)) => response,
-            Ok(Err(problem)) => problem.into_response(profile),
-            Err(_) => Problem::UpstreamTimeout(self.config.upstream_timeout).into_response(profile),
+            Ok(Err(problem)) => problem.into_response(config.profile),
+            Err(_) => {
+                Problem::UpstreamTimeout(config.upstream_timeout).into_response(config.profile)
+            }
+        }
+    }
+
+    fn body_timeout(&self) -> Problem {
+        Problem::BodyTimeout {
+            after: self.config.body_read_timeout,
+            min_rate: self.config.min_body_rate,
         }
     }
 
     /// Reads a guarded request's body: at most `max_request_bytes`, within
-    /// `body_read_timeout`, and — after a grace of 2 s — no slower than
-    /// `min_body_rate` bytes per second.
+    /// the slow-client bounds of [`Paced`].
     async fn read_body(&self, body: Body) -> Result<Bytes, Problem> {
         let config = &self.config;
-        let timeout = Problem::BodyTimeout {
-            after: config.body_read_timeout,
-            min_rate: config.min_body_rate,
-        };
-        let started = tokio::time::Instant::now();
-        let overall = started + config.body_read_timeout;
-        let mut body = Limited::new(body, config.max_request_bytes);
-        let mut collected = Vec::new();
-        loop {
-            // The rate deadline: when the bytes so far would fall under the minimum rate.
-            let earned = Duration::from_millis(
-                (collected.len() as u64).saturating_mul(1000) / config.min_body_rate.max(1),
-            );
-            let deadline = overall.min(started + BODY_GRACE + earned);
-            // A frame already received (a small body usually is) is taken
-            // without arming a timer; only a wait is bounded by the deadline.
-            let ready = std::future::poll_fn(|cx| {
-                std::task::Poll::Ready(std::pin::Pin::new(&mut body).poll_frame(cx))
-            })
-            .await;
-            let frame = match ready {
-                std::task::Poll::Ready(frame) => frame,
-                std::task::Poll::Pending => {
-                    match tokio::time::timeout_at(deadline, body.frame()).await {
-                        Err(_) => return Err(timeout),
-                        Ok(frame) => frame,
-                    }
-                }
-            };
-            match frame {
-                None => return Ok(Bytes::from(collected)),
-                Some(Ok(frame)) => {
-                    if let Ok(data) = frame.into_data() {
-                        collected.extend_from_slice(&data);
-                    }
-                }
-                Some(Err(e)) if e.is::<http_body_util::LengthLimitError>() => {
-                    return Err(Problem::BodyTooLarge {
-                        limit: config.max_request_bytes,
-                    });
-                }
-                Some(Err(e)) => {
-                    return Err(Problem::BadRequest(format!(
-                        "the request body could not be read: {e}"
-                    )));
-                }
-            }
+        let (paced, _progress) = Paced::new(body, config.body_read_timeout, config.min_body_rate);
+        match Limited::new(paced, config.max_request_bytes)
+            .collect()
+            .await
+        {
+            Ok(collected) => Ok(collected.to_bytes()),
+            Err(e) if e.is::<TooSlow>() => Err(self.body_timeout()),
+            Err(e) if e.is::<http_body_util::LengthLimitError>() => Err(Problem::BodyTooLarge {
+                limit: config.max_request_bytes,
+            }),
+            Err(e) => Err(Problem::BadRequest(format!(
+                "the request body could not be read: {e}"
+            ))),
         }
     }
 
@@ -541,5 +568,36 @@ impl Gate {
     }
 }
 
-/// How long a slow body may take before the minimum rate applies.
-const BODY_GRACE: Duration = Duration::from_secs(2);
+/// The slots of one class of requests: taken for the time a request is
+/// handled, refused (503) when none is free.
+struct Slots {
+    free: Semaphore,
+    limit: usize,
+    refused: AtomicU64,
+}
+
+impl Slots {
+    fn new(limit: usize) -> Slots {
+        Slots {
+            free: Semaphore::new(limit),
+            limit,
+            refused: AtomicU64::new(0),
+        }
+    }
+
+    fn take(&self) -> Option<tokio::sync::SemaphorePermit<'_>> {
+        let slot = self.free.try_acquire().ok();
+        if slot.is_none() {
+            self.refused.fetch_add(1, Ordering::Relaxed);
+        }
+        slot
+    }
+
+    fn usage(&self) -> api::SlotUse {
+        api::SlotUse {
+            in_use: self.limit.saturating_sub(self.free.available_permits()) as u64,
+            limit: self.limit as u64,
+            refused: self.refused.load(Ordering::Relaxed),
+        }
+    }
+}

@@ -22,6 +22,12 @@
 //! bounded [`Store::purge_expired`] only frees space (an index on
 //! `expires_at_ms` keeps it cheap). Keys sort by byte (`COLLATE "C"`).
 //!
+//! A server that refuses writes (a hot standby, a session with
+//! `default_transaction_read_only`) still opens a table written before,
+//! without its schema script: a claim of a live key only reads, so replays
+//! go on; a claim of a new key, a completion or a release fails as
+//! unavailable.
+//!
 //! URL: `postgres://USER[:PASSWORD]@HOST[:PORT]/DB[?pool=16&table=idem_records&timeout_ms=2000]`
 //! (also `postgresql://`; other parameters such as `application_name` go to
 //! the driver). Connections come from a pool that drops broken connections
@@ -43,6 +49,7 @@ use super::params::StoreUrl;
 use super::{Entry, InsertOutcome, ListQuery, OpenError, Record, Result, State, Store};
 use crate::clock::{Clock, SyncedClock, Syncing};
 use async_trait::async_trait;
+use deadpool_postgres::tokio_postgres::error::SqlState;
 use deadpool_postgres::tokio_postgres::{self, Client, NoTls, Row, Statement, types::ToSql};
 use deadpool_postgres::{
     Hook, HookError, Manager, ManagerConfig, Pool, QueueMode, RecyclingMethod, Runtime,
@@ -115,10 +122,14 @@ impl PostgresStore {
                 .await
                 .map_err(|e| unreachable(connect_failed(&config, &e)))?;
             let connection = tokio::spawn(connection);
-            client
-                .batch_execute(&schema(&table))
-                .await
-                .map_err(|e| unreachable(describe(&e)))?;
+            match client.batch_execute(&schema(&table)).await {
+                Ok(()) => {}
+                // A read-only server (a hot standby, a session with
+                // `default_transaction_read_only`) cannot run the script, but
+                // serves a table written before: replays, from reads.
+                Err(e) if e.code() == Some(&SqlState::READ_ONLY_SQL_TRANSACTION) => {}
+                Err(e) => return Err(unreachable(describe(&e))),
+            }
             let row = client
                 .query_one(
                     "SELECT version FROM idem_schema WHERE table_name = $1",

@@ -37,6 +37,12 @@
 //! a lone read in place in the same way, concurrent ones (and any on a
 //! current-thread runtime) through `spawn_blocking`.
 //!
+//! A claim (`insert`) reads first, on a read connection, and answers a live
+//! record from that read: a replay or a request in flight needs no write
+//! lock, so it is answered while another process holds the file's write
+//! lock (`BEGIN IMMEDIATE`), which makes every write wait out the busy
+//! timeout. Only an absent or expired key goes on to the writer.
+//!
 //! ```no_run
 //! use idem::store::{SqliteStore, SqliteOptions, Synchronous};
 //!
@@ -344,7 +350,16 @@ impl Store for SqliteStore {
         .await
     }
 
+    /// Reads first, on a read connection: a live record (a replay, a
+    /// request in flight) is answered from that read, which takes no write
+    /// lock — so replays go on while another process holds the file's
+    /// write lock. Only an absent or expired key goes to the writer, whose
+    /// transaction reads it again before writing. A read that fails falls
+    /// through to the write, which answers as it would have alone.
     async fn insert(&self, key: &str, record: Record, now_ms: u64) -> Result<InsertOutcome> {
+        if let Ok(Some(live)) = self.get(key, now_ms).await {
+            return Ok(InsertOutcome::Existing(live));
+        }
         match self
             .write(Write::Insert {
                 key: key.to_owned(),

@@ -108,7 +108,16 @@ async fn the_admin_token_is_enforced_and_required_off_loopback() {
         "{err}"
     );
     let open = TcpListener::bind("0.0.0.0:0").await.unwrap();
-    assert!(AdminListener::new(open, Some("t".into())).is_ok());
+    let err = AdminListener::new(open, Some("t".into()))
+        .err()
+        .unwrap()
+        .to_string();
+    assert!(
+        err.contains("1 bytes") && err.contains("at least 16"),
+        "{err}"
+    );
+    let open = TcpListener::bind("0.0.0.0:0").await.unwrap();
+    assert!(AdminListener::new(open, Some("0123456789abcdef".into())).is_ok());
 }
 
 #[tokio::test]

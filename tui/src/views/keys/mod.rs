@@ -132,6 +132,9 @@ pub struct KeysView {
     /// The longest lease seen, for the countdown bar's full length.
     pub lease_scale_ms: u64,
     pub loaded: bool,
+    /// Why the store could not list the keys at the last poll (the rows are
+    /// the last page it gave); cleared by the next page.
+    pub unavailable: Option<String>,
     pub detail_open: bool,
     pub detail: Option<KeyDetail>,
     /// Lines of the detail pane scrolled past.
@@ -379,6 +382,7 @@ impl KeysView {
         if *query != self.query {
             return vec![];
         }
+        self.unavailable = None;
         let before = self.selected_key().map(|k| k.key.clone());
         self.clock_offset_ms = page.now_ms.cast_signed() - self.local_ms.cast_signed();
         self.lease_scale_ms = page

@@ -9,7 +9,7 @@ use super::{KeysView, split_key};
 use crate::api::{KeyInfo, KeyState};
 use crate::format::{bar, date_time, duration, short_fingerprint, thousands, truncate_middle};
 use crate::protocol::{Order, Sort};
-use crate::theme::{BOLD, DIM, LABEL, SELECTED, block, key_state, outcome_style};
+use crate::theme::{ALERT, BOLD, DIM, LABEL, SELECTED, block, key_state, outcome_style};
 use ratatui::buffer::Buffer;
 use ratatui::layout::{Constraint, Layout, Rect};
 use ratatui::style::{Color, Style, Stylize};
@@ -121,7 +121,10 @@ impl KeysView {
             title.push(Span::raw(format!("{:?}", q.prefix)));
         }
         title.push(" ".into());
-        if !self.loaded {
+        if let Some(why) = &self.unavailable {
+            // Last in the title: the border clips what does not fit.
+            title.push(Span::styled(format!("last page shown; {why} "), ALERT));
+        } else if !self.loaded {
             title.push(Span::styled("loading… ", DIM));
         }
         title
