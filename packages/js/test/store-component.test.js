@@ -7,99 +7,24 @@
 //
 // Every conformance scenario runs on the tests' composition (which also
 // exports the store's `testing` hooks, for `fault` and `peek` steps); those
-// without faults, their peeks left out, on `wac plug`'s output itself; and
-// breaking any one expectation fails its scenario at that step.
+// without faults, their peeks left out, on `wac plug`'s output itself; every
+// one too on @idem/guard (its own binding) with the store component alone as
+// its store, the workaround for jco's cost (README, "A store written as a
+// component"); and breaking any one expectation fails its scenario at that
+// step.
 //
-// The compositions come from IDEM_STORE_COMPONENTS (the directory
-// scripts/compose-store.sh wrote; examples/run-polyglot-tests.sh sets it),
-// or else from running that script (which needs cargo). Each is transpiled
-// here with the pinned jco (`jco transpile --instantiation sync`).
+// The compositions come from IDEM_STORE_COMPONENTS or scripts/compose-store.sh,
+// transpiled with the pinned jco (testing/store-component.js).
 
 import assert from 'node:assert/strict';
-import { execFileSync } from 'node:child_process';
-import { mkdtempSync, readFileSync, rmSync } from 'node:fs';
-import { tmpdir } from 'node:os';
-import { join } from 'node:path';
-import { after, test } from 'node:test';
-import { fileURLToPath, pathToFileURL } from 'node:url';
+import { test } from 'node:test';
+import { Guard, GuardError, ManualClock } from '../index.js';
 import { Failure, files, load, mutate, play } from '../testing/scenarios.js';
+import { componentStore, decision, guarded, imports, PLUGGED, Response, TESTING, transpile } from '../testing/store-component.js';
 
-const root = fileURLToPath(new URL('../../../', import.meta.url));
-const components =
-  process.env.IDEM_STORE_COMPONENTS ||
-  execFileSync('bash', [join(root, 'scripts/compose-store.sh')], { encoding: 'utf8', stdio: ['ignore', 'pipe', 'inherit'] }).trim();
+const compositions = { testing: await transpile(TESTING), plugged: await transpile(PLUGGED) };
 
-const scratch = mkdtempSync(join(tmpdir(), 'idem-store-component-'));
-after(() => rmSync(scratch, { recursive: true, force: true }));
-
-/** `jco transpile`s `file` and loads its glue; core modules are compiled once. */
-async function transpile(file) {
-  const out = join(scratch, file.replace(/\.wasm$/, ''));
-  const jco = join(root, 'packages/js/node_modules/.bin/jco');
-  execFileSync(jco, ['transpile', join(components, file), '-o', out, '--name', 'composed', '--instantiation', 'sync', '--no-wasi-shim', '-q']);
-  const { instantiate } = await import(pathToFileURL(join(out, 'composed.js')).href);
-  const modules = new Map();
-  const coreModule = (name) => {
-    if (!modules.has(name)) modules.set(name, new WebAssembly.Module(readFileSync(join(out, name))));
-    return modules.get(name);
-  };
-  return (imports) => instantiate(coreModule, imports);
-}
-
-const compositions = {
-  testing: await transpile('guard-with-memory-store.wasm'),
-  plugged: await transpile('idem-with-memory-store.wasm'),
-};
-
-/**
- * The host's `response` resource (wit/types.wit), as jco takes it: a class
- * given as `Response` in `idem:guard/types`. jco calls the constructor when
- * the store makes a response, the methods when the guard or the store calls
- * them, and lowers an instance of this class (only) as a handle.
- */
-class Response {
-  constructor(status, headers, body) {
-    this.response = { status, headers, body };
-  }
-  status() {
-    return this.response.status;
-  }
-  size() {
-    const { headers, body } = this.response;
-    return BigInt(headers.reduce((n, [name, value]) => n + Buffer.byteLength(name) + value.length, body.length));
-  }
-  sameAs(other) {
-    const [a, b] = [this.response, other.response];
-    const same = (x, y) => Buffer.from(x).equals(Buffer.from(y));
-    return (
-      a.status === b.status &&
-      same(a.body, b.body) &&
-      a.headers.length === b.headers.length &&
-      a.headers.every(([n, v], i) => n === b.headers[i][0] && same(v, b.headers[i][1]))
-    );
-  }
-  headers() {
-    return this.response.headers;
-  }
-  body() {
-    return this.response.body;
-  }
-}
-
-/** 64 random bits, as `random.random-u64` gives them. */
-function randomU64() {
-  return crypto.getRandomValues(new BigUint64Array(1))[0];
-}
-
-/** A guard error thrown by jco's glue (a `ComponentError` whose `payload` is the guard-error), as a `Failure`. */
-function guarded(call) {
-  try {
-    return call();
-  } catch (e) {
-    if (e && Object.hasOwn(e, 'payload') && typeof e.payload?.tag === 'string') throw new Failure(e.payload.tag, e.payload.val);
-    throw e;
-  }
-}
+const fail = (kind, detail) => new Failure(kind, detail);
 
 /** One instance of a composition, as testing/scenarios.js drives a host. */
 class ComposedHost {
@@ -114,18 +39,7 @@ class ComposedHost {
       },
       nowMs: () => BigInt(now),
     };
-    const clock = { nowMs: this.clock.nowMs };
-    const random = { randomU64 };
-    const types = { Response };
-    // jco 1.35's glue looks imports up without their version; both spellings are given.
-    const exports = instantiate({
-      'idem:guard/clock': clock,
-      'idem:guard/clock@0.3.0': clock,
-      'idem:guard/random': random,
-      'idem:guard/random@0.3.0': random,
-      'idem:guard/types': types,
-      'idem:guard/types@0.3.0': types,
-    });
+    const exports = instantiate(imports({ nowMs: this.clock.nowMs }));
     this.guard = exports.guard;
     this.testing = exports.testing;
     const p = scenario.policy;
@@ -133,26 +47,24 @@ class ComposedHost {
   }
 
   begin(key, fingerprint) {
-    const decision = guarded(() => this.guard.begin(key, fingerprint, this.policy));
-    // A replay's handle comes back as the Response the store made: its bytes.
-    return decision.tag === 'replay' ? { tag: 'replay', val: decision.val.response } : decision;
+    return decision(guarded(() => this.guard.begin(key, fingerprint, this.policy), fail));
   }
 
   complete(claim, response) {
     const { status, headers, body } = response;
-    guarded(() => this.guard.complete(claim, new Response(status, headers, body), this.policy));
+    guarded(() => this.guard.complete(claim, new Response(status, headers, body), this.policy), fail);
   }
 
   release(claim) {
-    guarded(() => this.guard.release(claim));
+    guarded(() => this.guard.release(claim), fail);
   }
 
   renew(claim) {
-    return guarded(() => this.guard.renew(claim, this.policy));
+    return guarded(() => this.guard.renew(claim, this.policy), fail);
   }
 
   saveCheckpoint(claim, checkpoint) {
-    return guarded(() => this.guard.saveCheckpoint(claim, checkpoint, this.policy));
+    return guarded(() => this.guard.saveCheckpoint(claim, checkpoint, this.policy), fail);
   }
 
   fingerprint(parts) {
@@ -185,6 +97,61 @@ function withoutHooks(scenario) {
   return { ...scenario, steps: scenario.steps.filter((s) => s.op !== 'peek') };
 }
 
+/**
+ * @idem/guard (its own binding) over the store component alone as its store
+ * (componentStore: only the store calls go through jco's glue), as
+ * testing/scenarios.js drives a host.
+ */
+class PackageHost {
+  static async open(scenario) {
+    return new PackageHost(scenario, await componentStore());
+  }
+
+  constructor(scenario, store) {
+    this.clock = new ManualClock(scenario.clock_ms);
+    this.store = store;
+    const p = scenario.policy;
+    this.guard = Guard.load({ store, clock: this.clock, leaseMs: p.lease_ms, retentionMs: p.retention_ms, maxResponseBytes: p.max_response_bytes });
+  }
+
+  #call(call) {
+    try {
+      return call();
+    } catch (e) {
+      if (e instanceof GuardError) throw new Failure(e.kind, e.detail);
+      throw e;
+    }
+  }
+
+  begin(key, fingerprint) {
+    return this.#call(() => this.guard.begin(key, fingerprint));
+  }
+  complete(claim, response) {
+    this.#call(() => this.guard.complete(claim, response));
+  }
+  release(claim) {
+    this.#call(() => this.guard.release(claim));
+  }
+  renew(claim) {
+    return this.#call(() => this.guard.renew(claim));
+  }
+  saveCheckpoint(claim, checkpoint) {
+    return this.#call(() => this.guard.saveCheckpoint(claim, checkpoint));
+  }
+  fingerprint(parts) {
+    return this.guard.fingerprint(parts);
+  }
+  setFault(primitive, rule) {
+    this.store.fault(primitive, rule);
+  }
+  clearFaults() {
+    this.store.clearFaults();
+  }
+  peek(key) {
+    return this.store.peek(key, this.clock.nowMs());
+  }
+}
+
 test('the conformance suite is all there', () => {
   assert.ok(files.length >= 20, `found ${files.length} scenario files`);
 });
@@ -193,6 +160,14 @@ for (const file of files) {
   test(`conformance (store component, jco): ${file}`, async () => {
     const scenario = load(file);
     const checked = await play(scenario, new ComposedHost(scenario, compositions.testing));
+    assert.ok(checked > 0);
+  });
+}
+
+for (const file of files) {
+  test(`conformance (@idem/guard over the store component): ${file}`, async () => {
+    const scenario = load(file);
+    const checked = await play(scenario, await PackageHost.open(scenario));
     assert.ok(checked > 0);
   });
 }
