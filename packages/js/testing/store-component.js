@@ -36,8 +36,14 @@ function components() {
 }
 
 let scratch = null;
-/** `jco transpile`s the composition `file` and loads its glue: `instantiate(imports)` (its core modules compiled once). */
-export async function transpile(file) {
+const transpiled = new Map();
+/** `jco transpile`s the composition `file` (once per process) and loads its glue: `instantiate(imports)` (its core modules compiled once). */
+export function transpile(file) {
+  if (!transpiled.has(file)) transpiled.set(file, transpileNow(file));
+  return transpiled.get(file);
+}
+
+async function transpileNow(file) {
   if (!scratch) {
     scratch = mkdtempSync(join(tmpdir(), 'idem-store-component-'));
     process.on('exit', () => rmSync(scratch, { recursive: true, force: true }));
