@@ -42,6 +42,11 @@ else
 fi
 export IDEM_COMPONENT="$component"
 
+# The guard composed with the reference store component (scripts/compose-store.sh,
+# wac): the packages' store-component tests host it through jco and wasmtime-py.
+IDEM_STORE_COMPONENTS="$(bash "$root/scripts/compose-store.sh")"
+export IDEM_STORE_COMPONENTS
+
 # The packages' store tests and the interop test need Redis and PostgreSQL:
 # started if they are installed and stopped (scripts/services.sh), and named
 # to every step below (values already set, as by scripts/test-all.sh, win).

@@ -12,6 +12,11 @@ export IDEM_TEST_VALKEY_URL="${IDEM_TEST_VALKEY_URL:-redis://127.0.0.1:6391}"
 # The failover test starts (and kills) a cluster of its own with this binary.
 export IDEM_TEST_REDIS_SERVER="${IDEM_TEST_REDIS_SERVER:-$(command -v redis-server)}"
 
+# The guard composed with the reference store component (examples/store-component),
+# which host/tests/it/composed.rs and the JavaScript and Python hosts' store-component
+# tests load; installs the pinned wac-cli first on a machine without it (about 5 minutes
+# of CPU, once per machine).
+bash scripts/compose-store.sh >/dev/null
 cargo test --workspace --locked
 if [ -f examples/run-polyglot-tests.sh ]; then
   bash examples/run-polyglot-tests.sh

@@ -1,6 +1,12 @@
 // The cost of one guarded call in Node.js, through the component, over the
 // Map store, with each binding: `jco` (jco 1.35's transpiled glue, the binding
-// before issue 17) and `abi` (idem-abi.js, the guard's). Each measurement runs
+// before issue 17) and `abi` (idem-abi.js, the guard's); and `composed`, the
+// guard composed with the store component (examples/store-component, its
+// records inside the component) through jco's glue, what a host of a store
+// written as a component runs (`Guard.load`'s own store is then unused: see
+// packages/js/testing/store-component.js); and `abi+store`, idem-abi.js with
+// the store component alone as its store, only the store calls through jco's
+// glue (the workaround the README names). Each measurement runs
 // in a child process of its own, so one binding's JIT feedback and heap do not
 // slow the other; rounds alternate the bindings so a busy machine slows both
 // alike. The median round is printed (wall-clock and the child's CPU time per
@@ -17,6 +23,8 @@ import { Guard, MemoryStore } from '@idem/guard';
 // The reference binding lives beside the package, not in it (it needs jco and
 // the transpiled glue: `npm ci && npm run transpile` in packages/js).
 import { jcoGuest } from '../../packages/js/jco-guest.js';
+// The compositions of scripts/compose-store.sh (IDEM_STORE_COMPONENTS, or it runs the script).
+import { componentStore, composedGuest, PLUGGED } from '../../packages/js/testing/store-component.js';
 
 const child = process.argv[2] === '--child';
 const ops = Number(process.argv[2] ?? 20_000);
@@ -25,6 +33,13 @@ const response = { status: 200, headers: [['content-type', 'text/plain']], body:
 // The jco glue is an order of magnitude slower: a quarter of the ops is plenty.
 const bindings = {
   jco: { guest: () => jcoGuest(), what: 'jco 1.35 glue', ops: Math.max(5_000, Math.floor(ops / 4)) },
+  composed: { guest: () => composedGuest(PLUGGED), what: 'jco 1.35 glue, store component inside', ops: Math.max(5_000, Math.floor(ops / 4)) },
+  'abi+store': {
+    guest: async () => undefined,
+    store: componentStore,
+    what: 'idem-abi.js, the store component its store',
+    ops: Math.max(5_000, Math.floor(ops / 4)),
+  },
   abi: { guest: async () => undefined, what: 'idem-abi.js', ops },
 };
 
@@ -44,8 +59,8 @@ function replay(guard) {
 
 const calls = { 'begin+complete': beginComplete, run, replay };
 
-async function measure(guest, call, ops, round) {
-  const guard = Guard.load({ store: new MemoryStore(), guest });
+async function measure({ guest, store = () => new MemoryStore() }, call, ops, round) {
+  const guard = Guard.load({ store: await store(), guest: await guest() });
   beginComplete(guard, 'done');
   const fn = calls[call];
   // A fresh process needs tens of thousands of calls before the wasm is tiered
@@ -63,7 +78,7 @@ async function measure(guest, call, ops, round) {
 if (child) {
   // node bench.js --child BINDING CALL OPS ROUND: one measurement, as JSON.
   const [binding, call, n, round] = process.argv.slice(3);
-  console.log(JSON.stringify(await measure(await bindings[binding].guest(), call, Number(n), Number(round))));
+  console.log(JSON.stringify(await measure(bindings[binding], call, Number(n), Number(round))));
   process.exit(0);
 }
 
@@ -91,8 +106,10 @@ for (const [binding, { what, ops }] of Object.entries(bindings)) {
     );
   }
 }
-for (const call of Object.keys(calls)) {
-  const ratio = wall(`jco ${call}`) / wall(`abi ${call}`);
-  const cpuRatio = cpu(`jco ${call}`) / cpu(`abi ${call}`);
-  console.log(`node    jco/abi           ${call.padEnd(15)} ${ratio.toFixed(1).padStart(6)}x wall  ${cpuRatio.toFixed(1).padStart(6)}x cpu`);
+for (const binding of ['jco', 'composed', 'abi+store']) {
+  for (const call of Object.keys(calls)) {
+    const ratio = wall(`${binding} ${call}`) / wall(`abi ${call}`);
+    const cpuRatio = cpu(`${binding} ${call}`) / cpu(`abi ${call}`);
+    console.log(`node    ${`${binding}/abi`.padEnd(17)} ${call.padEnd(15)} ${ratio.toFixed(1).padStart(6)}x wall  ${cpuRatio.toFixed(1).padStart(6)}x cpu`);
+  }
 }

@@ -8,6 +8,7 @@ mod admin_token;
 mod cli;
 mod clock;
 mod cluster;
+mod composed;
 mod conformance;
 mod console;
 mod demo;

@@ -4,11 +4,14 @@
 //! other store too (SQLite, Redis, PostgreSQL), each scenario in a namespace
 //! of its own (a new file, key prefix or table). The JavaScript and Python
 //! hosts run the very same files; a host that disagrees with any step fails.
+//!
+//! The runner ([`play`]) drives any [`GuardHost`]: [`RustHost`] here, and
+//! the guard composed with a store component in `composed.rs`.
 
 use idem::store::Store;
 use idem::{
-    Checkpoint, Claim, Clock, Decision, FaultHandle, FaultRule, Faulty, Guard, GuardError,
-    ManualClock, MemoryStore, Op, Outcome, RequestParts, Response, RunError, State,
+    Checkpoint, Claim, Clock, Decision, Entry, FaultHandle, FaultRule, Faulty, Guard, GuardError,
+    ManualClock, MemoryStore, Op, Outcome, Policy, RequestParts, Response, RunError, State,
 };
 use idem_harness::{server_url, unique};
 use serde_json::{Map, Value, json};
@@ -17,7 +20,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-fn scenario_files() -> Vec<PathBuf> {
+pub(crate) fn scenario_files() -> Vec<PathBuf> {
     let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../conformance");
     let mut files: Vec<PathBuf> = std::fs::read_dir(&dir)
         .unwrap_or_else(|e| panic!("read {}: {e}", dir.display()))
@@ -28,7 +31,7 @@ fn scenario_files() -> Vec<PathBuf> {
     files
 }
 
-fn load(path: &Path) -> Value {
+pub(crate) fn load(path: &Path) -> Value {
     let text =
         std::fs::read_to_string(path).unwrap_or_else(|e| panic!("read {}: {e}", path.display()));
     serde_json::from_str(&text).unwrap_or_else(|e| panic!("{} is not JSON: {e}", path.display()))
@@ -228,45 +231,264 @@ fn mutate(expect: &Value) -> Option<Value> {
     Some(Value::Object(wrong))
 }
 
-struct Host {
-    guard: Guard,
-    faults: FaultHandle,
-    clock: ManualClock,
-    claims: BTreeMap<String, Claim>,
-    effects: BTreeMap<String, Arc<AtomicU64>>,
+/// A guard host as the scenarios drive it: the guard's calls, the host's
+/// high-level `run`, its clock, and its store's faults and records.
+/// [`RustHost`] is `idem::Guard` over a `Faulty` store; `composed.rs` has
+/// the guard composed with a store component, whose store is inside.
+pub(crate) trait GuardHost {
+    /// The clock the guard reads (`clock` steps move it).
+    fn clock(&self) -> &ManualClock;
+
+    async fn begin(&mut self, key: &str, fingerprint: &str) -> Result<Decision, GuardError>;
+
+    async fn complete(&mut self, claim: Claim, response: Response) -> Result<(), GuardError>;
+
+    async fn release(&mut self, claim: Claim) -> Result<(), GuardError>;
+
+    async fn renew(&mut self, claim: Claim) -> Result<Claim, GuardError>;
+
+    async fn save_checkpoint(
+        &mut self,
+        claim: Claim,
+        checkpoint: Checkpoint,
+    ) -> Result<Claim, GuardError>;
+
+    async fn fingerprint(&mut self, parts: &RequestParts) -> Result<String, GuardError>;
+
+    /// From now on the store's `op` fails as `rule` says (a `fault` step).
+    fn set_fault(&mut self, op: Op, rule: FaultRule) -> Result<(), String>;
+
+    fn clear_faults(&mut self);
+
+    /// The live record for `key` at the clock's time, read from the store
+    /// past its faults (a `peek` step).
+    async fn peek(&mut self, key: &str) -> Result<Option<Entry>, String>;
+
+    /// The host's high-level run (`Guard::run_resumable` in the Rust host).
+    /// This default is that lifecycle over the calls above, for a host with
+    /// no run of its own: begin; on a claim the handler (which counts its
+    /// side effect, saves its checkpoints through `save_checkpoint`, then
+    /// fails or answers); then `complete`, or `release` if it failed.
+    async fn run(&mut self, key: &str, fingerprint: &str, handler: Handler) -> Ran {
+        let mut claim = match self.begin(key, fingerprint).await {
+            Ok(Decision::Proceed(claim)) => claim,
+            Ok(Decision::Replay(response)) => return Ran::outcome(Outcome::Replayed(response)),
+            Ok(Decision::InFlight { retry_after_ms }) => {
+                return Ran::outcome(Outcome::InFlight {
+                    retry_after: std::time::Duration::from_millis(retry_after_ms),
+                });
+            }
+            Ok(Decision::Conflict) => return Ran::outcome(Outcome::Conflict),
+            Err(GuardError::InvalidInput(why)) => {
+                return Ran::from(Err(RunError::InvalidInput(why)));
+            }
+            Err(e) => return Ran::outcome(Outcome::Unavailable(e.to_string())),
+        };
+        let resumed = claim.checkpoint.clone();
+        handler.effect.fetch_add(1, Ordering::SeqCst);
+        let mut answer = Ok(handler.response);
+        for checkpoint in handler.checkpoints {
+            match self.save_checkpoint(claim.clone(), checkpoint).await {
+                Ok(next) => claim = next,
+                Err(e) => {
+                    answer = Err(e.to_string());
+                    break;
+                }
+            }
+        }
+        if handler.fails && answer.is_ok() {
+            answer = Err("handler failed".to_owned());
+        }
+        let result = match answer {
+            Ok(response) => match self.complete(claim, response.clone()).await {
+                Ok(()) => Ok(Outcome::Executed(response)),
+                Err(error) => Err(RunError::NotRecorded { response, error }),
+            },
+            Err(why) => {
+                let _ = self.release(claim).await;
+                Err(RunError::Handler(why))
+            }
+        };
+        Ran {
+            result,
+            resumed: Some(resumed),
+        }
+    }
 }
 
-/// Runs one scenario on `store`; returns how many steps were checked, or the
-/// first disagreement as `step N (op): ...`.
-async fn run_scenario(scenario: &Value, store: Arc<dyn Store>) -> Result<usize, String> {
+/// What a `run` step's handler does: adds one to `effect`, saves each of
+/// `checkpoints` in order, then fails (`fails`) or answers `response`.
+pub(crate) struct Handler {
+    effect: Arc<AtomicU64>,
+    checkpoints: Vec<Checkpoint>,
+    response: Response,
+    fails: bool,
+}
+
+/// What `run` did, and the checkpoint its handler was handed (`None`: the
+/// handler never ran).
+pub(crate) struct Ran {
+    result: Result<Outcome, RunError<String>>,
+    resumed: Option<Option<Checkpoint>>,
+}
+
+impl Ran {
+    fn outcome(outcome: Outcome) -> Ran {
+        Ran::from(Ok(outcome))
+    }
+}
+
+impl From<Result<Outcome, RunError<String>>> for Ran {
+    fn from(result: Result<Outcome, RunError<String>>) -> Ran {
+        Ran {
+            result,
+            resumed: None,
+        }
+    }
+}
+
+/// The scenario's policy.
+pub(crate) fn policy(scenario: &Value) -> Result<Policy, String> {
     let policy = &scenario["policy"];
-    let clock = ManualClock::new(
+    Ok(Policy {
+        lease_ms: policy["lease_ms"].as_u64().ok_or("policy needs lease_ms")?,
+        retention_ms: policy["retention_ms"]
+            .as_u64()
+            .ok_or("policy needs retention_ms")?,
+        max_response_bytes: policy["max_response_bytes"]
+            .as_u64()
+            .ok_or("policy needs max_response_bytes")? as u32,
+    })
+}
+
+/// The scenario's clock, at its `clock_ms`.
+pub(crate) fn clock(scenario: &Value) -> Result<ManualClock, String> {
+    Ok(ManualClock::new(
         scenario["clock_ms"]
             .as_u64()
             .ok_or("scenario needs clock_ms")?,
-    );
-    let (store, faults) = Faulty::new(store);
-    let guard = Guard::builder(store)
-        .clock(clock.clone())
-        .lease(std::time::Duration::from_millis(
-            policy["lease_ms"].as_u64().ok_or("policy needs lease_ms")?,
-        ))
-        .retention(std::time::Duration::from_millis(
-            policy["retention_ms"]
-                .as_u64()
-                .ok_or("policy needs retention_ms")?,
-        ))
-        .max_response_bytes(
-            policy["max_response_bytes"]
-                .as_u64()
-                .ok_or("policy needs max_response_bytes")? as u32,
-        )
-        .build()
-        .map_err(|e| format!("policy: {e}"))?;
-    let mut host = Host {
-        guard,
-        faults,
-        clock,
+    ))
+}
+
+/// `idem::Guard` over a `Faulty` store.
+struct RustHost {
+    guard: Guard,
+    faults: FaultHandle,
+    clock: ManualClock,
+}
+
+impl RustHost {
+    fn new(scenario: &Value, store: Arc<dyn Store>) -> Result<RustHost, String> {
+        let policy = policy(scenario)?;
+        let clock = clock(scenario)?;
+        let (store, faults) = Faulty::new(store);
+        let guard = Guard::builder(store)
+            .clock(clock.clone())
+            .lease(std::time::Duration::from_millis(policy.lease_ms))
+            .retention(std::time::Duration::from_millis(policy.retention_ms))
+            .max_response_bytes(policy.max_response_bytes)
+            .build()
+            .map_err(|e| format!("policy: {e}"))?;
+        Ok(RustHost {
+            guard,
+            faults,
+            clock,
+        })
+    }
+}
+
+impl GuardHost for RustHost {
+    fn clock(&self) -> &ManualClock {
+        &self.clock
+    }
+
+    async fn begin(&mut self, key: &str, fingerprint: &str) -> Result<Decision, GuardError> {
+        self.guard.begin(key, fingerprint).await
+    }
+
+    async fn complete(&mut self, claim: Claim, response: Response) -> Result<(), GuardError> {
+        self.guard.complete(claim, response).await.1
+    }
+
+    async fn release(&mut self, claim: Claim) -> Result<(), GuardError> {
+        self.guard.release(claim).await
+    }
+
+    async fn renew(&mut self, claim: Claim) -> Result<Claim, GuardError> {
+        self.guard.renew(claim).await
+    }
+
+    async fn save_checkpoint(
+        &mut self,
+        claim: Claim,
+        checkpoint: Checkpoint,
+    ) -> Result<Claim, GuardError> {
+        self.guard.save_checkpoint(claim, checkpoint).await
+    }
+
+    async fn fingerprint(&mut self, parts: &RequestParts) -> Result<String, GuardError> {
+        self.guard.fingerprint(parts).await
+    }
+
+    fn set_fault(&mut self, op: Op, rule: FaultRule) -> Result<(), String> {
+        self.faults.set(op, rule).map_err(|e| e.to_string())
+    }
+
+    fn clear_faults(&mut self) {
+        self.faults.clear_all();
+    }
+
+    async fn peek(&mut self, key: &str) -> Result<Option<Entry>, String> {
+        self.guard
+            .store()
+            .get(key, self.clock.now_ms())
+            .await
+            .map_err(|e| e.to_string())
+    }
+
+    /// `Guard::run_resumable` with the handler.
+    async fn run(&mut self, key: &str, fingerprint: &str, handler: Handler) -> Ran {
+        let resumed = Arc::new(std::sync::Mutex::new(None));
+        let handed = resumed.clone();
+        let Handler {
+            effect,
+            checkpoints,
+            response,
+            fails,
+        } = handler;
+        let handler = move |progress: idem::Progress| async move {
+            *handed.lock().unwrap() = Some(progress.resumed().cloned());
+            effect.fetch_add(1, Ordering::SeqCst);
+            for Checkpoint { phase, data } in checkpoints {
+                progress
+                    .checkpoint(phase, data)
+                    .await
+                    .map_err(|e| e.to_string())?;
+            }
+            if fails {
+                Err("handler failed".to_owned())
+            } else {
+                Ok(response)
+            }
+        };
+        let result = self.guard.run_resumable(key, fingerprint, handler).await;
+        let resumed = resumed.lock().unwrap().clone();
+        Ran { result, resumed }
+    }
+}
+
+/// Runs one scenario on `store` through `idem::Guard`; returns how many
+/// steps were checked, or the first disagreement as `step N (op): ...`.
+async fn run_scenario(scenario: &Value, store: Arc<dyn Store>) -> Result<usize, String> {
+    play(scenario, &mut RustHost::new(scenario, store)?).await
+}
+
+/// Runs one scenario on `host` (fresh: an empty store, no faults, its clock
+/// at the scenario's `clock_ms`, the scenario's policy); returns how many
+/// steps were checked, or the first disagreement as `step N (op): ...`.
+pub(crate) async fn play<H: GuardHost>(scenario: &Value, host: &mut H) -> Result<usize, String> {
+    let mut runner = Runner {
+        host,
         claims: BTreeMap::new(),
         effects: BTreeMap::new(),
     };
@@ -276,7 +498,7 @@ async fn run_scenario(scenario: &Value, store: Arc<dyn Store>) -> Result<usize, 
         let op = step["op"].as_str().unwrap_or("?");
         let times = step.get("times").and_then(Value::as_u64).unwrap_or(1);
         for _ in 0..times {
-            let actual = host
+            let actual = runner
                 .step(step)
                 .await
                 .map_err(|e| format!("step {i} ({op}): {e}"))?;
@@ -284,7 +506,7 @@ async fn run_scenario(scenario: &Value, store: Arc<dyn Store>) -> Result<usize, 
                 let expect = step
                     .get("expect")
                     .ok_or_else(|| format!("step {i} ({op}): no expect"))?;
-                matches(expect, &actual, &host.claims)
+                matches(expect, &actual, &runner.claims)
                     .map_err(|e| format!("step {i} ({op}): {e}; got {actual}"))?;
                 checked += 1;
             }
@@ -293,17 +515,26 @@ async fn run_scenario(scenario: &Value, store: Arc<dyn Store>) -> Result<usize, 
     Ok(checked)
 }
 
-impl Host {
+/// One scenario's run: its host, and the claims and side-effect counts its
+/// steps name.
+struct Runner<'h, H> {
+    host: &'h mut H,
+    claims: BTreeMap<String, Claim>,
+    effects: BTreeMap<String, Arc<AtomicU64>>,
+}
+
+impl<H: GuardHost> Runner<'_, H> {
     /// Performs one step; returns the normalized result to check, if the op has one.
     #[allow(clippy::too_many_lines)] // one arm per op, as in conformance/README.md
     async fn step(&mut self, step: &Value) -> Result<Option<Value>, String> {
         let op = step["op"].as_str().ok_or("step needs op")?;
         match op {
             "clock" => {
+                let clock = self.host.clock();
                 if let Some(ms) = step.get("set_ms").and_then(Value::as_u64) {
-                    self.clock.set(ms);
+                    clock.set(ms);
                 } else if let Some(ms) = step.get("advance_ms").and_then(Value::as_u64) {
-                    self.clock.advance(std::time::Duration::from_millis(ms));
+                    clock.advance(std::time::Duration::from_millis(ms));
                 } else {
                     return Err("clock needs set_ms or advance_ms".into());
                 }
@@ -325,16 +556,16 @@ impl Host {
                 if let Some(n) = step.get("count").and_then(Value::as_u64) {
                     rule = rule.times(n);
                 }
-                self.faults.set(op, rule).map_err(|e| e.to_string())?;
+                self.host.set_fault(op, rule)?;
                 Ok(None)
             }
             "clear_faults" => {
-                self.faults.clear_all();
+                self.host.clear_faults();
                 Ok(None)
             }
             "begin" => {
                 let result = self
-                    .guard
+                    .host
                     .begin(&text(&step["key"])?, &text(&step["fingerprint"])?)
                     .await;
                 if let (Ok(Decision::Proceed(claim)), Some(name)) = (&result, step["as"].as_str()) {
@@ -347,19 +578,19 @@ impl Host {
             }
             "complete" => {
                 let claim = self.claim(step)?;
-                let (_, result) = self
-                    .guard
+                let result = self
+                    .host
                     .complete(claim, response(&step["response"])?)
                     .await;
                 Ok(Some(unit_json(&result)))
             }
             "release" => {
                 let claim = self.claim(step)?;
-                Ok(Some(unit_json(&self.guard.release(claim).await)))
+                Ok(Some(unit_json(&self.host.release(claim).await)))
             }
             "renew" => {
                 let claim = self.claim(step)?;
-                let renewed = self.guard.renew(claim).await;
+                let renewed = self.host.renew(claim).await;
                 Ok(Some(self.keep_claim(step, renewed)))
             }
             "checkpoint" => {
@@ -368,7 +599,7 @@ impl Host {
                     phase: text(&step["phase"])?,
                     data: bytes(&step["data"])?,
                 };
-                let next = self.guard.save_checkpoint(claim, checkpoint).await;
+                let next = self.host.save_checkpoint(claim, checkpoint).await;
                 Ok(Some(self.keep_claim(step, next)))
             }
             "run" => self.run(step).await.map(Some),
@@ -391,12 +622,7 @@ impl Host {
             }
             "peek" => {
                 let key = text(&step["key"])?;
-                let entry = self
-                    .guard
-                    .store()
-                    .get(&key, self.clock.now_ms())
-                    .await
-                    .map_err(|e| e.to_string())?;
+                let entry = self.host.peek(&key).await?;
                 Ok(Some(match entry {
                     None => json!({"absent": true}),
                     Some(entry) => {
@@ -426,7 +652,7 @@ impl Host {
                     headers: headers(&req["headers"])?,
                     body: bytes(&req["body"])?,
                 };
-                Ok(Some(match self.guard.fingerprint(&parts).await {
+                Ok(Some(match self.host.fingerprint(&parts).await {
                     // The host's native fingerprint (the gateway's) must agree.
                     Ok(fp) if fp != parts.fingerprint() => {
                         return Err(format!(
@@ -484,44 +710,34 @@ impl Host {
         }
     }
 
-    /// `Guard::run_resumable` with a handler that counts its side effect
-    /// and saves the step's `checkpoints`.
+    /// The host's `run` with a handler that counts its side effect and
+    /// saves the step's `checkpoints`.
     async fn run(&mut self, step: &Value) -> Result<Value, String> {
         let name = step["effect"].as_str().unwrap_or("effect").to_owned();
-        let counter = self.effects.entry(name).or_default().clone();
-        let response = response(&step["response"])?;
-        let fails = step["fails"].as_bool().unwrap_or(false);
-        let checkpoints = match step.get("checkpoints") {
-            None => Vec::new(),
-            Some(list) => list
-                .as_array()
-                .ok_or("checkpoints takes a list")?
-                .iter()
-                .map(|c| Ok((text(&c["phase"])?, bytes(&c["data"])?)))
-                .collect::<Result<Vec<_>, String>>()?,
+        let handler = Handler {
+            effect: self.effects.entry(name).or_default().clone(),
+            response: response(&step["response"])?,
+            fails: step["fails"].as_bool().unwrap_or(false),
+            checkpoints: match step.get("checkpoints") {
+                None => Vec::new(),
+                Some(list) => list
+                    .as_array()
+                    .ok_or("checkpoints takes a list")?
+                    .iter()
+                    .map(|c| {
+                        Ok(Checkpoint {
+                            phase: text(&c["phase"])?,
+                            data: bytes(&c["data"])?,
+                        })
+                    })
+                    .collect::<Result<Vec<_>, String>>()?,
+            },
         };
-        let resumed = Arc::new(std::sync::Mutex::new(None));
-        let handed = resumed.clone();
-        let handler = move |progress: idem::Progress| async move {
-            *handed.lock().unwrap() = Some(progress.resumed().cloned());
-            counter.fetch_add(1, Ordering::SeqCst);
-            for (phase, data) in checkpoints {
-                progress
-                    .checkpoint(phase, data)
-                    .await
-                    .map_err(|e| e.to_string())?;
-            }
-            if fails {
-                Err("handler failed".to_owned())
-            } else {
-                Ok(response)
-            }
-        };
-        let result = self
-            .guard
-            .run_resumable(&text(&step["key"])?, &text(&step["fingerprint"])?, handler)
+        let Ran { result, resumed } = self
+            .host
+            .run(&text(&step["key"])?, &text(&step["fingerprint"])?, handler)
             .await;
-        let resumed = resumed.lock().unwrap().clone().flatten();
+        let resumed = resumed.flatten();
         Ok(match result {
             Ok(Outcome::Executed(r)) => with(
                 json!({"outcome": "executed", "resumed": checkpoint_json(resumed.as_ref())}),
