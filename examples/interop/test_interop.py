@@ -7,7 +7,11 @@ in this process) share one Redis and one PostgreSQL, and agree on every key:
 - a claim whose lease ran out is taken over across languages at a higher
   fence, and the stale holder's completion is refused;
 - the gateway and the Python package's ASGI middleware (Starlette, driven in
-  process) replay each other's responses without running their handlers.
+  process) replay each other's responses without running their handlers;
+- with the gateway's wall clock a minute ahead and the Node.js service's a
+  minute behind (libfaketime), and the gateway's stepped an hour mid-request,
+  every host still sees the others' claims in flight and each key runs once:
+  they all judge time by the store's clock (contract 0.3).
 
 Needs IDEM_BIN (an `idem` binary), IDEM_TEST_REDIS_URL and
 IDEM_TEST_POSTGRES_URL; fails, naming what is missing, without them
@@ -84,7 +88,7 @@ class Upstream:
 
 
 class Gateway:
-    def __init__(self, store_url: str, upstream: Upstream) -> None:
+    def __init__(self, store_url: str, upstream: Upstream, env: dict[str, str] | None = None) -> None:
         # Port 0: the gateway takes a free port and names it on stderr
         # ("idem serve: http://ADDR -> ..."), so no other process can take it
         # between a probe and the bind.
@@ -101,6 +105,7 @@ class Gateway:
             ],
             stdout=subprocess.DEVNULL,
             stderr=subprocess.PIPE,
+            env=env,
         )
         self.stderr: list[str] = []
         bound: queue.Queue[str] = queue.Queue()
@@ -145,12 +150,13 @@ class Gateway:
 class Node:
     """The Node.js service: peer.mjs over a pipe."""
 
-    def __init__(self) -> None:
+    def __init__(self, env: dict[str, str] | None = None) -> None:
         self.proc = subprocess.Popen(
             ["node", str(HERE / "peer.mjs")],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             text=True,
+            env=env,
         )
 
     def __call__(self, **cmd):
@@ -180,10 +186,45 @@ def wire(r: Response) -> dict:
     return {"status": r.status, "headers": [[n, bytes(v).hex()] for n, v in r.headers], "body": bytes(r.body).hex()}
 
 
+LIBFAKETIME = "/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1"
+
+
+class Skew:
+    """Wall clocks for the hosts started as processes, each an offset from the real one kept in a
+    file that libfaketime reads on every clock call (only CLOCK_REALTIME moves; the monotonic and
+    boot clocks stay real): a step reaches the running process at once."""
+
+    def __init__(self, tmp: Path, offsets: dict[str, int]) -> None:
+        if not Path(LIBFAKETIME).exists():
+            pytest.fail(f"{LIBFAKETIME} is missing: apt-get install faketime (.ci/run installs it)")
+        self.files = {host: tmp / f"faketime-{host}" for host in offsets}
+        for host, seconds in offsets.items():
+            self.set(host, seconds)
+
+    def set(self, host: str, seconds: int) -> None:
+        self.files[host].write_text(f"{seconds:+d}\n")
+
+    def env(self, host: str) -> dict[str, str]:
+        return {
+            **os.environ,
+            "LD_PRELOAD": LIBFAKETIME,
+            "FAKETIME_TIMESTAMP_FILE": str(self.files[host]),
+            "FAKETIME_NO_CACHE": "1",
+            "FAKETIME_DONT_FAKE_MONOTONIC": "1",
+        }
+
+
 @pytest.fixture(params=["redis", "postgres"])
 def hosts(request):
     """The three hosts on one store, under a prefix or table of this run's own."""
-    kind = request.param
+    with started_hosts(request.param) as started:
+        yield started
+
+
+@contextlib.contextmanager
+def started_hosts(kind: str, skew: Skew | None = None):
+    """The gateway, the Node.js service and the Python worker on the store `kind`, the first two
+    on `skew`'s wall clocks when given."""
     run = f"interop_{os.getpid()}_{int(time.time() * 1000) % 10**8}"
     if kind == "redis":
         url = need("IDEM_TEST_REDIS_URL")
@@ -215,9 +256,9 @@ def hosts(request):
         started.callback(py_store.close)
         upstream = Upstream()
         started.callback(upstream.close)
-        gateway = Gateway(gateway_url, upstream)
+        gateway = Gateway(gateway_url, upstream, skew.env("gateway") if skew else None)
         started.callback(gateway.close)
-        node = Node()
+        node = Node(skew.env("node") if skew else None)
         started.callback(node.close)
         assert node(op="open", leaseMs=LEASE_MS, **node_open) == {"ok": True}
         python = Guard(store=py_store, lease_ms=LEASE_MS, renew_lease=False)
@@ -391,3 +432,64 @@ def test_the_gateway_and_the_asgi_middleware_replay_each_others_responses(hosts)
     status, headers, got = gateway.post("p-m", body)
     assert (status, got) == (201, b'{"by":"python"}') and headers.get("idempotent-replayed") == "true", headers
     assert upstream.calls.get("p-m") is None
+
+
+@pytest.fixture(params=["redis", "postgres"])
+def hosts_skewed(request, tmp_path):
+    """The three hosts on one store, the gateway's wall clock a minute ahead of the real one and
+    the Node.js service's a minute behind: two minutes, four leases, between them. Python's is
+    the real one. Contract 0.3's time authority is the store's clock, so none of it matters."""
+    skew = Skew(tmp_path, {"gateway": 60, "node": -60})
+    with started_hosts(request.param, skew) as started:
+        yield skew, started
+
+
+def test_hosts_minutes_apart_agree_on_every_lease_and_run_each_key_once(hosts_skewed):
+    skew, (_kind, gateway, node, python, upstream, py_store, _) = hosts_skewed
+    # What each host says of its own clock: the store's, within milliseconds, whatever its wall
+    # clock says (the gateway's is checked by the in-flight answers below).
+    clock = node(op="clock")
+    assert abs(clock["wallOffsetMs"] + 60_000) < 5_000, clock
+    assert clock["errorMs"] is not None and clock["errorMs"] < 1_000, clock
+
+    # A claim by each host is in flight for the two others, whichever is ahead.
+    for first, key in (("python", "s-py"), ("node", "s-node")):
+        body = f'{{"order":"{key}"}}'.encode()
+        fp = fingerprint_of(python, body)
+        if first == "python":
+            tag, claim = python.begin(f"anon/{key}", fp)
+            assert tag == "proceed"
+            assert node(op="begin", key=f"anon/{key}", fingerprint=fp)["tag"] == "in-flight"
+        else:
+            claim = node(op="begin", key=f"anon/{key}", fingerprint=fp)
+            assert claim["tag"] == "proceed"
+            assert python.begin(f"anon/{key}", fp)[0] == "in-flight"
+        status, headers, _ = gateway.post(key, body)
+        assert status == 409, (key, status, headers)
+        assert int(headers["retry-after"]) <= LEASE_MS // 1000, headers
+        assert upstream.calls.get(key) is None, "the gateway a minute ahead took the key over"
+
+    # The gateway runs an order; its wall clock steps an hour forward mid-request, then back
+    # two: the other hosts see it in flight all along, then replay its one answer.
+    body = b'{"order":"s-gw"}'
+    fp = fingerprint_of(python, body)
+    upstream.delay = 2.0
+    first = {}
+    t = threading.Thread(target=lambda: first.update(answer=gateway.post("s-gw", body)))
+    t.start()
+    deadline = time.monotonic() + 10
+    while upstream.calls.get("s-gw") is None and time.monotonic() < deadline:
+        time.sleep(0.01)
+    skew.set("gateway", 3_600)
+    assert node(op="begin", key="anon/s-gw", fingerprint=fp)["tag"] == "in-flight"
+    assert python.begin("anon/s-gw", fp)[0] == "in-flight"
+    skew.set("gateway", -3_600)
+    t.join()
+    status, _, sent = first["answer"]
+    assert status == 201
+    assert node(op="begin", key="anon/s-gw", fingerprint=fp)["tag"] == "replay"
+    tag, replayed = python.begin("anon/s-gw", fp)
+    assert tag == "replay" and bytes(replayed.body) == sent
+    status, headers, again = gateway.post("s-gw", body)
+    assert (status, again) == (201, sent) and headers["idempotent-replayed"] == "true"
+    assert upstream.calls["s-gw"] == 1
