@@ -9,7 +9,7 @@
 // exports the store's `testing` hooks, for `fault` and `peek` steps); those
 // without faults, their peeks left out, on `wac plug`'s output itself; every
 // one too on @idem/guard (its own binding) with the store component alone as
-// its store, the workaround for jco's cost (README, "A store written as a
+// its store, the workaround for jco's cost (docs/src/polyglot.md, "A store written as a
 // component"); and breaking any one expectation fails its scenario at that
 // step.
 //
