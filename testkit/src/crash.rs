@@ -328,7 +328,7 @@ async fn claim_and_complete(
         completions.spawn(async move {
             let key = claim.key.clone();
             match guard.complete(claim, crash_response(&key, &body)).await.1 {
-                Ok(()) => {
+                Ok(_expires_at_ms) => {
                     say(&format!("acknowledged {key}"));
                     Ok(())
                 }

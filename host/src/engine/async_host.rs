@@ -24,6 +24,9 @@ pub(super) struct State {
     pub(super) limits: StoreLimits,
     /// The `response` handles the guest holds during a call.
     pub(super) table: wasmtime::component::ResourceTable,
+    /// The expiry of the last done record a store call of this guard call
+    /// wrote or returned (`complete` reports it).
+    pub(super) done_expires_at_ms: Option<u64>,
     /// How long one store call may take. Past it the import answers
     /// `unavailable` (a write may still be applied, as with a lost reply),
     /// so a hung store fails the guard call closed instead of holding it.

@@ -64,13 +64,18 @@ macro_rules! flavour {
             response: Resource<ResponseRep>,
         );
 
-        /// A stored response handed to the guest: a handle in the table.
+        /// A stored response handed to the guest: a handle in the table,
+        /// which remembers when its record expires (a replay tells the
+        /// client).
         fn lend(
             table: &mut ResourceTable,
             entry: model::Entry,
         ) -> Result<wit_types::Entry, wit_store::StoreError> {
+            let expires_at_ms = entry.record.expires_at_ms;
             entry
-                .try_map_response(|response| table.push(ResponseRep(Arc::new(response))))
+                .try_map_response(|response| {
+                    table.push(ResponseRep { response: Arc::new(response), expires_at_ms: Some(expires_at_ms) })
+                })
                 .map(Into::into)
                 .map_err(handle_failed)
         }
@@ -137,7 +142,7 @@ macro_rules! flavour {
                 key: &str,
                 fingerprint: &str,
                 policy: &model::Policy,
-            ) -> wasmtime::Result<Result<model::Decision, GuardError>> {
+            ) -> wasmtime::Result<Result<(model::Decision, Option<u64>), GuardError>> {
                 let Instance { store, guard } = self;
                 let r = guard
                     .idem_guard_guard()
@@ -145,28 +150,37 @@ macro_rules! flavour {
                     $($await)*?;
                 match r {
                     // A replay hands back a handle the store lent: take
-                    // the response out of the table.
+                    // the response out of the table, with its record's expiry.
                     Ok(decision) => {
                         let table = &mut store.data_mut().table;
+                        let mut expires_at_ms = None;
                         let decision = model::Decision::from(decision).try_map_response(|handle| {
-                            table.delete(handle).map(|ResponseRep(r)| ResponseRep::unshare(r))
+                            table.delete(handle).map(|rep| {
+                                expires_at_ms = rep.expires_at_ms;
+                                ResponseRep::unshare(rep.response)
+                            })
                         })?;
-                        Ok(Ok(decision))
+                        Ok(Ok((decision, expires_at_ms)))
                     }
                     Err(e) => Ok(Err(e.into())),
                 }
             }
 
-            /// The response comes back whatever happened.
+            /// The response comes back whatever happened; a success says
+            /// when the stored record expires: the `expires-at-ms` of the
+            /// done record the guest wrote, or read back (a retried
+            /// completion writes nothing).
             pub(super) $($async)? fn complete(
                 &mut self,
                 claim: model::Claim,
                 response: model::Response,
                 policy: &model::Policy,
-            ) -> (model::Response, wasmtime::Result<Result<(), GuardError>>) {
+            ) -> (model::Response, wasmtime::Result<Result<u64, GuardError>>) {
                 let Instance { store, guard } = self;
                 let response = Arc::new(response);
-                let r = match store.data_mut().table.push(ResponseRep(response.clone())) {
+                store.data_mut().done_expires_at_ms = None;
+                let rep = ResponseRep { response: response.clone(), expires_at_ms: None };
+                let r = match store.data_mut().table.push(rep) {
                     Ok(handle) => guard
                         .idem_guard_guard()
                         .call_complete(&mut *store, &claim.into(), handle, (*policy).into())
@@ -174,6 +188,16 @@ macro_rules! flavour {
                         .map(|r| r.map_err(Into::into)),
                     Err(e) => Err(e.into()),
                 };
+                let expires_at_ms = store.data().done_expires_at_ms;
+                let r = r.map(|r| {
+                    r.and_then(|()| {
+                        expires_at_ms.ok_or_else(|| {
+                            GuardError::Unavailable(
+                                "the guard completed without a done record passing through the store".into(),
+                            )
+                        })
+                    })
+                });
                 // The guest dropped its handle; a trapped instance is
                 // discarded with its table (and the response is copied).
                 (ResponseRep::unshare(response), r)
@@ -245,15 +269,15 @@ macro_rules! flavour {
                 body: Vec<u8>,
             ) -> wasmtime::Result<Resource<ResponseRep>> {
                 let response = model::Response { status, headers, body };
-                Ok(self.table.push(ResponseRep(Arc::new(response)))?)
+                Ok(self.table.push(ResponseRep { response: Arc::new(response), expires_at_ms: None })?)
             }
 
             $($async)? fn status(&mut self, response: Resource<ResponseRep>) -> wasmtime::Result<u16> {
-                Ok(self.table.get(&response)?.0.status)
+                Ok(self.table.get(&response)?.response.status)
             }
 
             $($async)? fn size(&mut self, response: Resource<ResponseRep>) -> wasmtime::Result<u64> {
-                Ok(self.table.get(&response)?.0.size_bytes() as u64)
+                Ok(self.table.get(&response)?.response.size_bytes() as u64)
             }
 
             $($async)? fn same_as(
@@ -261,8 +285,8 @@ macro_rules! flavour {
                 response: Resource<ResponseRep>,
                 other: Resource<ResponseRep>,
             ) -> wasmtime::Result<bool> {
-                let a = &self.table.get(&response)?.0;
-                let b = &self.table.get(&other)?.0;
+                let a = &self.table.get(&response)?.response;
+                let b = &self.table.get(&other)?.response;
                 Ok(Arc::ptr_eq(a, b) || a == b)
             }
 
@@ -270,11 +294,11 @@ macro_rules! flavour {
                 &mut self,
                 response: Resource<ResponseRep>,
             ) -> wasmtime::Result<Vec<(String, Vec<u8>)>> {
-                Ok(self.table.get(&response)?.0.headers.clone())
+                Ok(self.table.get(&response)?.response.headers.clone())
             }
 
             $($async)? fn body(&mut self, response: Resource<ResponseRep>) -> wasmtime::Result<Vec<u8>> {
-                Ok(self.table.get(&response)?.0.body.clone())
+                Ok(self.table.get(&response)?.response.body.clone())
             }
 
             $($async)? fn drop(&mut self, response: Resource<ResponseRep>) -> wasmtime::Result<()> {
@@ -298,6 +322,17 @@ macro_rules! flavour {
             }
         }
 
+        impl State {
+            /// Notes a done record a store call returned: when a completion
+            /// writes nothing (its response already stored), its expiry is
+            /// this record's.
+            fn saw<R>(&mut self, record: &model::Record<R>) {
+                if record.state == model::State::Done {
+                    self.done_expires_at_ms = Some(record.expires_at_ms);
+                }
+            }
+        }
+
         impl wit_store::Host for State {
             $($async)? fn get(
                 &mut self,
@@ -305,6 +340,9 @@ macro_rules! flavour {
                 now_ms: u64,
             ) -> Result<Option<wit_types::Entry>, wit_store::StoreError> {
                 let entry = $call_store!(self.get(&key, now_ms))?;
+                if let Some(entry) = &entry {
+                    self.saw(&entry.record);
+                }
                 entry.map(|entry| lend(&mut self.table, entry)).transpose()
             }
 
@@ -319,6 +357,7 @@ macro_rules! flavour {
                         wit_store::InsertOutcome::Inserted(version)
                     }
                     model::InsertOutcome::Existing(entry) => {
+                        self.saw(&entry.record);
                         wit_store::InsertOutcome::Existing(lend(&mut self.table, entry)?)
                     }
                 })
@@ -335,10 +374,15 @@ macro_rules! flavour {
                 // Lent, not given: the store gets a copy of the bytes.
                 let mut record: model::Record = record.into();
                 record.response = match response {
-                    Some(handle) => Some(self.table.get(&handle).map_err(handle_failed)?.0.as_ref().clone()),
+                    Some(handle) => Some(self.table.get(&handle).map_err(handle_failed)?.response.as_ref().clone()),
                     None => None,
                 };
-                $call_store!(self.replace(&key, expected_version, record, now_ms)).map_err(Into::into)
+                let done_expires_at_ms = (record.state == model::State::Done).then_some(record.expires_at_ms);
+                let replaced = $call_store!(self.replace(&key, expected_version, record, now_ms))?;
+                if replaced {
+                    self.done_expires_at_ms = done_expires_at_ms.or(self.done_expires_at_ms);
+                }
+                Ok(replaced)
             }
 
             $($async)? fn delete(

@@ -121,7 +121,11 @@ fn spawn_epoch_ticker(engine: &Engine) {
 /// response stays here and the guest holds a handle to it, so no body
 /// crosses the boundary. Shared, so that `complete` gives its caller the
 /// response back without a copy.
-pub struct ResponseRep(Arc<model::Response>);
+pub struct ResponseRep {
+    response: Arc<model::Response>,
+    /// The `expires-at-ms` of the record a store read lent it from.
+    expires_at_ms: Option<u64>,
+}
 
 impl ResponseRep {
     /// The response, moved out when no one else holds it.
@@ -265,6 +269,7 @@ impl Pool {
                 clock,
                 limits,
                 table: wasmtime::component::ResourceTable::new(),
+                done_expires_at_ms: None,
             });
             sync_host::Instance::new(&inner.sync_pre, store).map(Instance::Sync)
         } else {
@@ -274,6 +279,7 @@ impl Pool {
                 limits,
                 table: wasmtime::component::ResourceTable::new(),
                 store_timeout: self.store_timeout,
+                done_expires_at_ms: None,
             });
             async_host::Instance::new(&inner.async_pre, store)
                 .await
@@ -332,7 +338,7 @@ impl Pool {
         key: &str,
         fingerprint: &str,
         policy: &model::Policy,
-    ) -> Result<model::Decision, GuardError> {
+    ) -> Result<(model::Decision, Option<u64>), GuardError> {
         let mut i = self.enter().await?;
         let r = call!(i, begin(key, fingerprint, policy));
         i.finish(r)?
@@ -343,7 +349,7 @@ impl Pool {
         claim: model::Claim,
         response: model::Response,
         policy: &model::Policy,
-    ) -> (model::Response, Result<(), GuardError>) {
+    ) -> (model::Response, Result<u64, GuardError>) {
         let mut i = match self.enter().await {
             Ok(i) => i,
             Err(e) => return (response, Err(e)),

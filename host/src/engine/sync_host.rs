@@ -23,6 +23,9 @@ pub(super) struct State {
     pub(super) limits: StoreLimits,
     /// The `response` handles the guest holds during a call.
     pub(super) table: wasmtime::component::ResourceTable,
+    /// The expiry of the last done record a store call of this guard call
+    /// wrote or returned (`complete` reports it).
+    pub(super) done_expires_at_ms: Option<u64>,
 }
 
 /// A store import's call: a plain call of the sync store's method

@@ -99,8 +99,12 @@ pub enum Settle<E> {
 /// How a claim handed to [`Guard::execute`] ended.
 #[derive(Debug)]
 pub enum Settled<E> {
-    /// The handler ran and its response is stored.
-    Completed(Response),
+    /// The handler ran and its response is stored until `expires_at_ms`
+    /// (as in [`Guard::begin_expiring`]).
+    Completed {
+        response: Response,
+        expires_at_ms: u64,
+    },
     /// The handler ran but its response could not be stored (the store
     /// failed, the response broke a limit, or the claim was taken over);
     /// the key stays claimed until its lease runs out.
@@ -325,6 +329,21 @@ impl Guard {
 
     /// Claims `key` for a request with this `fingerprint`.
     pub async fn begin(&self, key: &str, fingerprint: &str) -> Result<Decision, GuardError> {
+        self.begin_expiring(key, fingerprint)
+            .await
+            .map(|(decision, _)| decision)
+    }
+
+    /// [`Guard::begin`], and on a replay when the key's record expires: its
+    /// `expires-at-ms`, milliseconds since the Unix epoch on the store's
+    /// clock ([`Store::clock`]), as the store read it. Until then every
+    /// repeat replays; after it the key is new again. `None` for the other
+    /// decisions.
+    pub async fn begin_expiring(
+        &self,
+        key: &str,
+        fingerprint: &str,
+    ) -> Result<(Decision, Option<u64>), GuardError> {
         self.pool.begin(key, fingerprint, &self.policy).await
     }
 
@@ -335,15 +354,20 @@ impl Guard {
         fingerprint: &str,
         policy: &Policy,
     ) -> Result<Decision, GuardError> {
-        self.pool.begin(key, fingerprint, policy).await
+        self.pool
+            .begin(key, fingerprint, policy)
+            .await
+            .map(|(decision, _)| decision)
     }
 
-    /// Stores `response` for `claim`. The response comes back either way.
+    /// Stores `response` for `claim`. The response comes back either way;
+    /// a success says when the stored record expires (its `expires-at-ms`,
+    /// as in [`Guard::begin_expiring`]).
     pub async fn complete(
         &self,
         claim: Claim,
         response: Response,
-    ) -> (Response, Result<(), GuardError>) {
+    ) -> (Response, Result<u64, GuardError>) {
         self.pool.complete(claim, response, &self.policy).await
     }
 
@@ -471,7 +495,7 @@ impl Guard {
             })
             .await;
         match settled {
-            Settled::Completed(response) => Ok(Outcome::Executed(response)),
+            Settled::Completed { response, .. } => Ok(Outcome::Executed(response)),
             Settled::NotRecorded { response, error } => {
                 Err(RunError::NotRecorded { response, error })
             }
@@ -532,7 +556,10 @@ impl Guard {
         let claim = progress.claim().await;
         match settle {
             Settle::Complete(response) => match self.complete(claim, response).await {
-                (response, Ok(())) => Settled::Completed(response),
+                (response, Ok(expires_at_ms)) => Settled::Completed {
+                    response,
+                    expires_at_ms,
+                },
                 (response, Err(error)) => Settled::NotRecorded { response, error },
             },
             Settle::Release(error) => Settled::Released {

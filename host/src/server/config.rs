@@ -77,6 +77,11 @@ pub struct Config {
     pub key_header: String,
     /// The header added to replayed responses (value `true`).
     pub replay_header: String,
+    /// The header that tells when a stored response's key expires, added to
+    /// the first response once it is stored and to every replay: an
+    /// HTTP-date, rounded down to the second (until then a retry replays;
+    /// after it, it runs again).
+    pub expiry_header: String,
     /// Headers that are part of the fingerprint besides method, path and body.
     pub fingerprint_headers: Vec<String>,
     /// The header that identifies the client; keys are scoped by a hash of
@@ -145,6 +150,7 @@ impl Default for Config {
             require_key: false,
             key_header: "idempotency-key".into(),
             replay_header: "idempotent-replayed".into(),
+            expiry_header: "idempotency-expires".into(),
             fingerprint_headers: vec!["content-type".into()],
             client_header: Some("authorization".into()),
             store_policy: StorePolicy::default(),
@@ -241,6 +247,12 @@ impl Config {
         }
         if self.key_header.is_empty() || self.replay_header.is_empty() {
             return Err("key-header and replay-header must not be empty".into());
+        }
+        if http::HeaderName::try_from(self.expiry_header.as_str()).is_err() {
+            return Err(format!(
+                "expiry-header {:?} is not a header name (letters, digits and !#$%&'*+-.^_`|~)",
+                self.expiry_header
+            ));
         }
         Ok(())
     }

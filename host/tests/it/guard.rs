@@ -491,7 +491,7 @@ async fn a_claim_slower_than_its_lease_allows_is_renewed_before_it_runs() {
         })
         .await;
     assert!(
-        matches!(settled, idem::Settled::Completed(_)),
+        matches!(settled, idem::Settled::Completed { .. }),
         "{settled:?}"
     );
     assert_eq!(calls.load(Ordering::SeqCst), 1, "the handler ran once");
@@ -545,7 +545,7 @@ async fn a_bounded_handler_inside_its_lease_is_not_renewed() {
                 idem::Settle::<()>::Complete(paid())
             })
             .await;
-        assert!(matches!(settled, idem::Settled::Completed(_)), "{key}");
+        assert!(matches!(settled, idem::Settled::Completed { .. }), "{key}");
         let now = store.clock().now_ms();
         let version = store.get(key, now).await.unwrap().unwrap().version;
         assert_eq!(
@@ -554,4 +554,47 @@ async fn a_bounded_handler_inside_its_lease_is_not_renewed() {
             "{key}: version {version} after fence {fence}"
         );
     }
+}
+
+/// The expiry a completion and a replay report is the stored record's
+/// `expires-at-ms`, on the store's clock: what a client is told is what the
+/// store will do. A retried completion whose reply was lost reports it too,
+/// and only a replay has one.
+#[tokio::test]
+async fn a_completion_and_its_replays_report_the_stored_records_expiry() {
+    let clock = ManualClock::new(BASE_MS);
+    let store = MemoryStore::new();
+    let (faulty, faults) = Faulty::new(store.clone());
+    let guard = Guard::builder(faulty)
+        .clock(clock.clone())
+        .retention(Duration::from_secs(3600))
+        .build()
+        .unwrap();
+    let claim = proceed(&guard, "k").await;
+    clock.advance(Duration::from_millis(250));
+    let (_, completed) = guard.complete(claim, paid()).await;
+    let stored = store.get("k", clock.now_ms()).await.unwrap().unwrap();
+    assert_eq!(completed, Ok(stored.record.expires_at_ms));
+    assert_eq!(stored.record.expires_at_ms, BASE_MS + 250 + 3_600_000);
+
+    clock.advance(Duration::from_secs(60));
+    let (decision, expires) = guard.begin_expiring("k", "fp").await.unwrap();
+    assert_eq!(decision, Decision::Replay(paid()));
+    assert_eq!(
+        expires,
+        Some(stored.record.expires_at_ms),
+        "a replay a minute later: the same expiry"
+    );
+    let (decision, expires) = guard.begin_expiring("new", "fp").await.unwrap();
+    assert!(matches!(decision, Decision::Proceed(_)) && expires.is_none());
+    let (decision, expires) = guard.begin_expiring("new", "fp").await.unwrap();
+    assert!(matches!(decision, Decision::InFlight { .. }) && expires.is_none());
+
+    // The completion's reply is lost: the read-back finds it stored.
+    let claim = proceed(&guard, "lost").await;
+    faults.set(Op::Replace, FaultRule::lost().times(1)).unwrap();
+    let (_, completed) = guard.complete(claim, paid()).await;
+    let stored = store.get("lost", clock.now_ms()).await.unwrap().unwrap();
+    assert_eq!(faults.injected(), 1);
+    assert_eq!(completed, Ok(stored.record.expires_at_ms));
 }

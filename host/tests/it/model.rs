@@ -536,7 +536,10 @@ async fn run_sequence(store: Arc<dyn Store>, steps: Vec<Step>) -> Result<(), Str
                         h.claim.holder
                     )));
                 }
-                (want, result.map_or_else(|e| seen_error(&e), |()| Seen::Ok))
+                (
+                    want,
+                    result.map_or_else(|e| seen_error(&e), |_expires_at_ms| Seen::Ok),
+                )
             }
             Step::Release { caller, claim } => {
                 let Some(h) = pick(&held[caller], claim) else {

@@ -407,7 +407,11 @@ impl GuardHost for RustHost {
     }
 
     async fn complete(&mut self, claim: Claim, response: Response) -> Result<(), GuardError> {
-        self.guard.complete(claim, response).await.1
+        self.guard
+            .complete(claim, response)
+            .await
+            .1
+            .map(|_expires_at_ms| ())
     }
 
     async fn release(&mut self, claim: Claim) -> Result<(), GuardError> {

@@ -8,9 +8,9 @@ mod run_to_completion;
 mod waiter;
 
 use paced::{Paced, TooSlow};
-use parts::fingerprint;
 pub(crate) use parts::to_http;
 pub use parts::{client_key, scoped_key};
+use parts::{expiry_date, fingerprint};
 use run_to_completion::RunToCompletion;
 use waiter::Waiter;
 
@@ -207,10 +207,11 @@ impl Gate {
             if let Some(n) = notified.as_mut() {
                 n.as_mut().enable();
             }
-            let decision = match self.guard.begin(&scoped, &fingerprint).await {
-                Ok(decision) => decision,
-                Err(e) => return self.refuse_guard_error(&scoped, e, started),
-            };
+            let (decision, expires_at_ms) =
+                match self.guard.begin_expiring(&scoped, &fingerprint).await {
+                    Ok(begun) => begun,
+                    Err(e) => return self.refuse_guard_error(&scoped, e, started),
+                };
             match decision {
                 Decision::Proceed(claim) => {
                     drop(notified);
@@ -240,6 +241,7 @@ impl Gate {
                             .unwrap_or(HeaderName::from_static("idempotent-replayed")),
                         HeaderValue::from_static("true"),
                     );
+                    self.tell_expiry(&mut response, expires_at_ms);
                     self.observer.decided(
                         &scoped,
                         Verdict::Replayed,
@@ -363,6 +365,16 @@ impl Gate {
         }
     }
 
+    /// Tells the client until when its key replays this stored response
+    /// (`Config::expiry_header`). Nothing when the expiry is unknown.
+    fn tell_expiry(&self, response: &mut HttpResponse, expires_at_ms: Option<u64>) {
+        let value = expires_at_ms.and_then(expiry_date);
+        let name = HeaderName::try_from(self.config.expiry_header.as_str());
+        if let (Some(value), Ok(name)) = (value, name) {
+            response.headers_mut().insert(name, value);
+        }
+    }
+
     /// How long a repeat should wait, given the holder's remaining lease: a
     /// holder finishes within the upstream timeout plus a completion after
     /// its claim, so at most that much of a full lease is ever needed.
@@ -421,9 +433,15 @@ impl Gate {
         self.wake(&scoped);
         let profile = self.config.profile;
         let (response, detail) = match settled {
-            Settled::Completed(stored) | Settled::Held(Unstored::Response(stored)) => {
-                (to_http(&stored), None)
+            Settled::Completed {
+                response: stored,
+                expires_at_ms,
+            } => {
+                let mut response = to_http(&stored);
+                self.tell_expiry(&mut response, Some(expires_at_ms));
+                (response, None)
             }
+            Settled::Held(Unstored::Response(stored)) => (to_http(&stored), None),
             Settled::NotRecorded { response, error } => {
                 let problem = Problem::NotRecorded {
                     why: error.to_string(),

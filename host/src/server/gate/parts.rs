@@ -48,6 +48,21 @@ pub(super) fn fingerprint(
 }
 
 /// The stored response as HTTP, headers in their stored order.
+/// The expiry header's value: the HTTP-date (RFC 9110 IMF-fixdate, in GMT)
+/// of `expires_at_ms` (ms since the Unix epoch on the store's clock),
+/// rounded down to the whole second so that a client never believes a
+/// retry safe for longer than it is. `None` past the year 9999, which an
+/// HTTP-date cannot name.
+pub(crate) fn expiry_date(expires_at_ms: u64) -> Option<HeaderValue> {
+    const LAST_HTTP_DATE_SECS: u64 = 253_402_300_799; // 9999-12-31T23:59:59Z
+    let secs = expires_at_ms / 1000;
+    if secs > LAST_HTTP_DATE_SECS {
+        return None;
+    }
+    let at = std::time::UNIX_EPOCH + std::time::Duration::from_secs(secs);
+    HeaderValue::from_str(&httpdate::fmt_http_date(at)).ok()
+}
+
 pub(crate) fn to_http(stored: &Stored) -> HttpResponse {
     let mut response = HttpResponse::new(Body::from(stored.body.clone()));
     *response.status_mut() =

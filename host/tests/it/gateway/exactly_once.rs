@@ -272,3 +272,56 @@ async fn a_client_that_disconnects_mid_request_does_not_strand_its_key() {
     assert_eq!(h.calls(), 1);
     h.shutdown().await;
 }
+
+/// A stored response says until when its key replays: `idempotency-expires`,
+/// an HTTP-date, on the first response once stored and on every replay,
+/// the stored record's expiry rounded down to the second (as the admin API
+/// shows it). Refusals store nothing and say nothing of it.
+#[tokio::test]
+async fn stored_responses_tell_when_their_key_expires() {
+    let mut h = start(Config::default()).await;
+    let first = h.post("/echo", "k-exp", r#"{"amount":5}"#).await;
+    assert_eq!(first.status, 201);
+    let told = first
+        .header("idempotency-expires")
+        .expect("the first response says when its key expires")
+        .to_owned();
+    let again = h.post("/echo", "k-exp", r#"{"amount":5}"#).await;
+    assert_eq!(again.header("idempotent-replayed"), Some("true"));
+    assert_eq!(again.header("idempotency-expires"), Some(told.as_str()));
+
+    let record = h.admin_get("/v1/keys/anon%2Fk-exp").await.json();
+    let expires_at_ms = record["expires_at_ms"].as_u64().unwrap();
+    let told_secs = httpdate::parse_http_date(&told)
+        .unwrap()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs();
+    assert_eq!(
+        told_secs,
+        expires_at_ms / 1000,
+        "{told} vs {expires_at_ms} ms"
+    );
+    let retention = Config::default().retention.as_secs();
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs();
+    assert!(
+        told_secs.abs_diff(now + retention) < 600,
+        "about a retention from now"
+    );
+
+    let conflict = h.post("/echo", "k-exp", r#"{"amount":6}"#).await;
+    assert_eq!(conflict.status, 422);
+    assert_eq!(conflict.header("idempotency-expires"), None);
+    let _slow = h.spawn_slow("k-exp-busy");
+    h.arrivals.recv().await.unwrap();
+    let busy = h
+        .send("POST", "/slow", &[("idempotency-key", "k-exp-busy")], "")
+        .await;
+    assert_eq!(busy.status, 409);
+    assert_eq!(busy.header("idempotency-expires"), None);
+    h.upstream.go.add_permits(1);
+    h.shutdown().await;
+}
