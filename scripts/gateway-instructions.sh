@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Instructions the gateway executes per request, counted by callgrind, so
 # that two builds can be compared on a loaded machine (callgrind counts
-# instructions, not seconds). BENCHMARKS.md, "Issue 16: the gateway before
-# and after its fix".
+# instructions, not seconds). BENCHMARKS.md, "Instructions per gateway
+# request"; the method: benchmarks/log.md, "Issue 16: the gateway before and
+# after its fix".
 #
 #   scripts/gateway-instructions.sh [IDEM_BINARY]   # default: target/release/idem
 #

@@ -3,8 +3,8 @@
 // in order, replies read by a small parser. A store needs a few commands
 // (GET, SET, EVALSHA, SCRIPT LOAD) and nothing of a general client (no
 // pub/sub, no cluster, no offline queue, no retries); what a general client
-// does around each command cost more than the command itself (BENCHMARKS.md,
-// "On Redis, from the packages").
+// does around each command cost more than the command itself
+// (benchmarks/log.md, "On Redis, from the packages").
 //
 // Failure: a connection that errs, closes, sends bytes that are not RESP, or
 // leaves its oldest command unanswered for `timeoutMs` is dead: every command

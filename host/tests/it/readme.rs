@@ -21,6 +21,8 @@ const MARK_RUN: &str = "<!-- readme: run -->";
 const MARK_SKIP: &str = "<!-- readme: skip — ";
 /// The front door stays a front door.
 const README_MAX_LINES: usize = 300;
+/// One current table per bench; every run goes to `benchmarks/log.md`.
+const BENCHMARKS_MAX_LINES: usize = 400;
 
 /// The README, then the book's chapters in reading order: (path from the
 /// repository's root, text).
@@ -106,6 +108,21 @@ fn the_readme_is_a_front_door() {
     assert!(
         lines <= README_MAX_LINES,
         "README.md has {lines} lines; at most {README_MAX_LINES} (the rest belongs in the book, docs/src/)"
+    );
+}
+
+#[test]
+fn benchmarks_md_is_at_most_400_lines() {
+    let benchmarks = std::fs::read_to_string(root().join("BENCHMARKS.md"))
+        .unwrap_or_else(|e| panic!("BENCHMARKS.md: {e}"));
+    let lines = benchmarks.lines().count();
+    assert!(
+        lines <= BENCHMARKS_MAX_LINES,
+        "BENCHMARKS.md has {lines} lines; at most {BENCHMARKS_MAX_LINES} (one current table per bench; older runs belong in benchmarks/log.md)"
+    );
+    assert!(
+        root().join("benchmarks/log.md").is_file(),
+        "benchmarks/log.md, the log of every run, is missing"
     );
 }
 

@@ -193,7 +193,8 @@ impl Gate {
         };
         // The canonical fingerprint, computed natively (the component's own
         // code, compiled for the host): the body never crosses into the
-        // component. BENCHMARKS.md, "Contract 0.2", measures the choice.
+        // component. benchmarks/log.md, "Contract 0.2 (issue 19)", measures
+        // the choice.
         let fingerprint = fingerprint(&parts, &body, &self.config);
 
         let deadline = match self.config.in_flight {
