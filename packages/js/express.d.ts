@@ -52,6 +52,14 @@ export interface IdempotencyOptions {
   keyHeader?: string;
   /** Added to replayed responses with the value `true` (default `idempotent-replayed`). */
   replayHeader?: string;
+  /**
+   * Added to every response that is stored (the first, once completed, and
+   * each replay; never to a 4xx or 5xx of the middleware's own, nor to a
+   * response not stored): until when the key replays it, an HTTP-date of
+   * the stored record's `expiresAtMs` rounded down to the second (default
+   * `idempotency-expires`).
+   */
+  expiryHeader?: string;
   /** Headers in the fingerprint besides method, path with query, and body (default `['content-type']`). */
   fingerprintHeaders?: string[];
   /** Keys are scoped by a hash of this header's value (default `authorization`; null: one scope). */
@@ -106,6 +114,9 @@ export declare function idempotencyKey(raw: string): { key: string; error?: unde
 
 /** The store key, as the gateway builds it: a 16-hex-digit hash of the client header (or `anon`), `/`, the key. */
 export declare function scopedKey(client: string | undefined, key: string): string;
+
+/** An instant (ms since the epoch) as an HTTP-date (IMF-fixdate, `Sun, 06 Nov 1994 08:49:37 GMT`), rounded down to the second. */
+export declare function httpDate(ms: number): string;
 
 /** A problem+json answer as the gateway renders it. */
 export declare function problem(slug: string, detail: string, retryAfterSecs?: number): HttpAnswer;

@@ -1,7 +1,8 @@
 // Express (or any connect-style) middleware with the HTTP semantics of the
 // `idem serve` gateway (draft-ietf-httpapi-idempotency-key-header): the
 // route runs once per key, its response is stored and replayed byte for
-// byte with `Idempotent-Replayed: true`, a repeat in flight is 409, another
+// byte with `Idempotent-Replayed: true`, a stored response (the first and
+// every replay) says until when with `Idempotency-Expires`, a repeat in flight is 409, another
 // request under a used key is 422, a bad or (when required) missing key is
 // 400, a store that is down is 503 and the route never runs, and a 5xx or a
 // thrown error releases the key for a retry. Errors are
@@ -202,6 +203,9 @@ class TimedOut extends Error {}
  * - `requireKey` (false): answer 400 to a guarded request without a key; otherwise it passes through unguarded.
  * - `methods` (`['POST', 'PATCH']`): the guarded methods; others pass through.
  * - `keyHeader` (`idempotency-key`), `replayHeader` (`idempotent-replayed`).
+ * - `expiryHeader` (`idempotency-expires`): on every response that is stored (the first, once
+ *   completed, and each replay), until when the key replays it: an HTTP-date, the stored record's
+ *   `expiresAtMs` rounded down to the second.
  * - `fingerprintHeaders` (`['content-type']`): headers that are part of the fingerprint besides method, path with query, and body.
  * - `clientHeader` (`authorization`, or null for one scope): keys are scoped by a hash of its value.
  * - `maxRequestBytes` (1 MiB): a larger body is 413, nothing claimed.
@@ -220,6 +224,7 @@ export function idempotency({
   methods = ['POST', 'PATCH'],
   keyHeader = 'idempotency-key',
   replayHeader = 'idempotent-replayed',
+  expiryHeader = 'idempotency-expires',
   fingerprintHeaders = ['content-type'],
   clientHeader = 'authorization',
   maxRequestBytes = 1 << 20,
@@ -324,12 +329,14 @@ export function idempotency({
       return next(e);
     }
     switch (result.outcome) {
-      case 'executed':
+      case 'executed': {
+        const expiry = expiryOf(expiryHeader, result);
         // The stored response is the route's own (the same body) unless it was replaced by a problem.
-        if (answered !== undefined && result.response.body === answered.body) return sendAsWritten(res, result.response);
-        return send(res, result.response);
+        if (answered !== undefined && result.response.body === answered.body) return sendAsWritten(res, result.response, expiry);
+        return send(res, result.response, expiry);
+      }
       case 'replayed':
-        return send(res, result.response, [[replayHeader, 'true']]);
+        return send(res, result.response, [[replayHeader, 'true'], ...expiryOf(expiryHeader, result)]);
       case 'in-flight': {
         const secs = Math.max(1, Math.ceil(result.retryAfterMs / 1000));
         return send(
@@ -353,6 +360,20 @@ export function idempotency({
 }
 
 class TooLarge extends Error {}
+
+/**
+ * An instant (ms since the epoch) as an HTTP-date (RFC 9110's IMF-fixdate,
+ * `Sun, 06 Nov 1994 08:49:37 GMT`), rounded down to the second: a client
+ * told the expiry never thinks a retry safe after the key is gone.
+ */
+export function httpDate(ms) {
+  return new Date(Math.floor(ms / 1000) * 1000).toUTCString();
+}
+
+/** The expiry header of a stored response's outcome: `[[name, HTTP-date]]`, or none when the guard did not say. */
+function expiryOf(name, { expiresAtMs }) {
+  return expiresAtMs === undefined ? [] : [[name, httpDate(expiresAtMs)]];
+}
 
 /** `req.body` as express.json() would make it for JSON content types (undefined when empty), else the raw Buffer. */
 export function jsonOrRaw(raw, req) {
@@ -589,11 +610,12 @@ function send(res, { status, headers = [], body }, extra) {
 /**
  * Sends the route's own answer, just stored: its headers are on `res`
  * already (the route set them), so only the hop-by-hop ones go, as they
- * never reach the store.
+ * never reach the store; `extra` headers are added.
  */
-function sendAsWritten(res, { status, body }) {
+function sendAsWritten(res, { status, body }, extra) {
   if (res.headersSent) return res.end();
   for (const name of HOP_BY_HOP) if (res.hasHeader(name)) res.removeHeader(name);
+  for (const [name, value] of extra) res.appendHeader(name, value);
   res.statusCode = status;
   return res.end(buffer(body));
 }

@@ -41,17 +41,26 @@ export interface Claim {
   checkpoint?: Checkpoint;
 }
 
-/** What `begin` decides. `in-flight` carries the milliseconds until the holder's lease runs out. */
+/**
+ * What `begin` decides. `in-flight` carries the milliseconds until the
+ * holder's lease runs out; `replay` the stored response and `expiresAtMs`,
+ * its record's expiry (ms since the epoch on the store's clock): repeats get
+ * this response until then.
+ */
 export type Decision =
   | { tag: 'proceed'; val: Claim }
-  | { tag: 'replay'; val: Response }
+  | { tag: 'replay'; val: Response; expiresAtMs: bigint }
   | { tag: 'in-flight'; val: bigint }
   | { tag: 'conflict'; val?: undefined };
 
-/** What `run` resolves to. */
+/**
+ * What `run` resolves to. `expiresAtMs`, for a response that is stored (the
+ * first and every replay): the number of ms since the epoch, on the store's
+ * clock, until which the key replays it (its stored record's `expiresAtMs`).
+ */
 export type RunResult =
-  | { outcome: 'executed'; response: Response }
-  | { outcome: 'replayed'; response: Response }
+  | { outcome: 'executed'; response: Response; expiresAtMs: number }
+  | { outcome: 'replayed'; response: Response; expiresAtMs: number }
   | { outcome: 'in-flight'; retryAfterMs: number }
   | { outcome: 'conflict' }
   | { outcome: 'unavailable'; message: string };
@@ -353,8 +362,12 @@ export interface Guard extends GuardCommon {
 
   /** Claims `key` for `fingerprint`, or says why not. Throws `GuardError`. */
   begin(key: string, fingerprint: string): Decision;
-  /** Stores the response for the claim's key: every repeat replays it. Throws `GuardError`. */
-  complete(claim: Claim, response: ResponseInit): void;
+  /**
+   * Stores the response for the claim's key: every repeat replays it until
+   * the instant returned, the stored record's `expiresAtMs` (ms since the
+   * epoch on the store's clock). Throws `GuardError`.
+   */
+  complete(claim: Claim, response: ResponseInit): bigint;
   /** Gives the key up (the checkpoint is kept): the next `begin` takes it over. Throws `GuardError`. */
   release(claim: Claim): void;
   /** Extends the claim's lease; returns the claim with its new fence. Throws `GuardError`. */
@@ -384,7 +397,7 @@ export interface AsyncGuard extends GuardCommon {
   readonly store: AsyncStore;
 
   begin(key: string, fingerprint: string): Promise<Decision>;
-  complete(claim: Claim, response: ResponseInit): Promise<void>;
+  complete(claim: Claim, response: ResponseInit): Promise<bigint>;
   release(claim: Claim): Promise<void>;
   renew(claim: Claim): Promise<Claim>;
   saveCheckpoint(claim: Claim, checkpoint: { phase: string; data?: BytesInit }): Promise<Claim>;

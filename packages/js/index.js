@@ -143,6 +143,77 @@ function handedOut(entry) {
 }
 
 /**
+ * The store as the guest sees it, noting the last `done` record that passed
+ * through it in one guard call: read (`get`, or `insert`'s `existing`) or
+ * written (a `replace` that answered true). That record's `expiresAtMs` is
+ * how long the key's response is replayed, which the guest does not return:
+ * a `replay` hands back the response of the done record just read, and a
+ * `complete` succeeds right after writing its done record or reading it
+ * back. So the host learns the expiry from the records it passes, with no
+ * store call of its own. An asynchronous store's answers are noted as they
+ * settle: its guard makes one Witness per call (calls may overlap); a
+ * synchronous one shares one, `reset()` before each call.
+ */
+class Witness {
+  /** The response of the last done record seen (for a replay: the one handed back), or undefined. */
+  response = undefined;
+  /** That record's `expiresAtMs` (a BigInt), or undefined. */
+  expiresAtMs = undefined;
+
+  constructor(store) {
+    this.store = store;
+  }
+
+  reset() {
+    this.response = undefined;
+    this.expiresAtMs = undefined;
+  }
+
+  /** The expiry of the record whose response a `replay` handed back: undefined if none passed here. */
+  expiryOf(response) {
+    return response !== undefined && response === this.response ? this.expiresAtMs : undefined;
+  }
+
+  #saw(record) {
+    if (record?.state !== 'done') return;
+    this.response = record.response;
+    this.expiresAtMs = record.expiresAtMs;
+  }
+
+  /** `answer` (a value or a Promise of it) with `note` applied to its value. */
+  static #noted(answer, note) {
+    if (typeof answer?.then !== 'function') {
+      note(answer);
+      return answer;
+    }
+    return answer.then((value) => {
+      note(value);
+      return value;
+    });
+  }
+
+  get(key, nowMs) {
+    return Witness.#noted(this.store.get(key, nowMs), (entry) => this.#saw(entry?.record));
+  }
+
+  insert(key, record, nowMs) {
+    return Witness.#noted(this.store.insert(key, record, nowMs), (outcome) => {
+      if (outcome?.tag === 'existing') this.#saw(outcome.val?.record);
+    });
+  }
+
+  replace(key, expectedVersion, record, nowMs) {
+    return Witness.#noted(this.store.replace(key, expectedVersion, record, nowMs), (written) => {
+      if (written === true) this.#saw(record);
+    });
+  }
+
+  delete(key, expectedVersion, nowMs) {
+    return this.store.delete(key, expectedVersion, nowMs);
+  }
+}
+
+/**
  * The store primitives of wit/store.wit over a Map, with fault injection:
  * `store.fault('replace', { kind: 'error', message, count })`.
  * Kinds: `error` fails before applying, `lost` applies then fails (a lost
@@ -292,6 +363,22 @@ function nothing(value) {
   return undefined;
 }
 
+/** `begin`'s decision: a replay carries the `expiresAtMs` of the done record whose response it hands back. */
+function decided(value, witness) {
+  const decision = checked(value);
+  if (decision.tag !== 'replay') return decision;
+  return { tag: 'replay', val: decision.val, expiresAtMs: witness.expiryOf(decision.val) };
+}
+
+/** `complete`'s result: the `expiresAtMs` of the done record it wrote (or, on a retry that found it written, read back). */
+function storedUntil(value, witness) {
+  checked(value);
+  return witness.expiresAtMs;
+}
+
+/** A BigInt instant as `run`'s outcomes give it: a number of ms (undefined stays undefined). */
+const msNumber = (ms) => (ms === undefined ? undefined : Number(ms));
+
 /** A response as the component stores it: status, headers in order, body bytes. */
 export function toResponse({ status, headers = [], body }) {
   return { status, headers: headers.map(([name, value]) => [name, bytes(value)]), body: bytes(body) };
@@ -410,7 +497,7 @@ let warnedLocal = false;
 function notProceeding(decision) {
   switch (decision.tag) {
     case 'replay':
-      return { outcome: 'replayed', response: decision.val };
+      return { outcome: 'replayed', response: decision.val, expiresAtMs: msNumber(decision.expiresAtMs) };
     case 'in-flight':
       return { outcome: 'in-flight', retryAfterMs: Number(decision.val) };
     case 'conflict':
@@ -474,6 +561,8 @@ export class Guard {
   #instance = null;
   /** For an asynchronous store: the store, clock and random the instance sees, answered from journals. */
   #port = null;
+  /** For a synchronous store: the store the instance sees, noting the done records of each call (Witness). */
+  #witness;
   /** `(level, message, fields)`, or null: no logger. */
   #log = null;
   #onDecision = null;
@@ -539,6 +628,7 @@ export class Guard {
     this.replaced = 0;
     this.#guest = guest;
     this.#store = store;
+    this.#witness = new Witness(store);
     this.#authority = authority;
     this.#clock = { nowMs: () => BigInt(authority.nowMs()) };
     this.#random = random;
@@ -575,7 +665,7 @@ export class Guard {
 
   #instantiate() {
     const port = this.#port;
-    return port ? this.#guest.instantiate(port, port, port) : this.#guest.instantiate(this.#store, this.#clock, this.#random);
+    return port ? this.#guest.instantiate(port, port, port) : this.#guest.instantiate(this.#witness, this.#clock, this.#random);
   }
 
   /** A trap drops the instance (it is never reused) and fails closed. */
@@ -588,13 +678,20 @@ export class Guard {
   /**
    * Calls the component: over a synchronous store directly (the value, or a
    * thrown GuardError), else replayed until the store has answered every
-   * call (a Promise).
+   * call (a Promise). `finish(value, witness)` makes the call's result from
+   * the export's value and what the call's Witness saw.
    */
   #call(call, finish = checked, span = null) {
     const why = this.#authority.unknown?.() ?? null;
     if (why !== null) return this.#closed(why);
     if (this.#port !== null) return this.#replayed(call, finish, span);
-    return finish(this.#run(call));
+    const seen = this.#witness;
+    seen.reset();
+    try {
+      return finish(this.#run(call), seen);
+    } finally {
+      seen.reset(); // it holds no response past the call
+    }
   }
 
   /**
@@ -620,24 +717,34 @@ export class Guard {
 
   #replayed(call, finish, span) {
     const traced = span === null ? null : (op, key) => span.storeCall(op, key);
+    const seen = new Witness(this.#store); // one per call: calls over an asynchronous store overlap
     return replay(
       this.#port,
-      this.#store,
+      seen,
       () => this.#run(call),
       (why) => new GuardError('unavailable', `replay diverged: ${why}`),
-      finish,
+      (value) => finish(value, seen),
       traced,
     );
   }
 
-  /** `{ tag: 'proceed', val: claim } | { tag: 'replay', val: response } | { tag: 'in-flight', val: ms } | { tag: 'conflict' }` */
+  /**
+   * `{ tag: 'proceed', val: claim } | { tag: 'replay', val: response, expiresAtMs } | { tag: 'in-flight', val: ms } | { tag: 'conflict' }`;
+   * a replay's `expiresAtMs` (a BigInt, ms since the epoch on the store's clock) is the
+   * `expiresAtMs` of the stored record it replays: until then repeats get this response.
+   */
   begin(key, fingerprint, span = null) {
-    return this.#call((g) => g.begin(key, fingerprint, this.policy), checked, span);
+    return this.#call((g) => g.begin(key, fingerprint, this.policy), decided, span);
   }
 
+  /**
+   * Stores the response for the claim; returns (or resolves to) the stored
+   * record's `expiresAtMs` (a BigInt, ms since the epoch on the store's
+   * clock): until then every repeat replays it.
+   */
   complete(claim, response, span = null) {
     const stored = toResponse(response); // once, not once per replayed run
-    return this.#call((g) => g.complete(claim, stored, this.policy), nothing, span);
+    return this.#call((g) => g.complete(claim, stored, this.policy), storedUntil, span);
   }
 
   release(claim, span = null) {
@@ -662,7 +769,7 @@ export class Guard {
   /** `begin` with the canonical fingerprint of `{ method, path, headers, body }`, in one call. */
   beginRequest(key, { method, path, headers = [], body }) {
     const parts = { method, path, headers: headers.map(([n, v]) => [n, bytes(v)]), body: bytes(body) };
-    return this.#call((g) => g.beginRequest(key, parts, this.policy));
+    return this.#call((g) => g.beginRequest(key, parts, this.policy), decided);
   }
 
   /** The canonical fingerprint of `{ method, path, headers, body }`: synchronous with any store (no import is called). */
@@ -694,8 +801,10 @@ export class Guard {
    * failure, and `run` rejects with a `NotRecordedError`; only a handler that
    * throws (or rejects) releases its key, for a retry.
    *
-   * Resolves to `{ outcome: 'executed' | 'replayed', response }`,
-   * `{ outcome: 'in-flight', retryAfterMs }`, `{ outcome: 'conflict' }` or
+   * Resolves to `{ outcome: 'executed' | 'replayed', response, expiresAtMs }`
+   * (`expiresAtMs`: the number of ms since the epoch, on the store's clock,
+   * until which the key's stored response is replayed: the `expiresAtMs` of
+   * its stored record), `{ outcome: 'in-flight', retryAfterMs }`, `{ outcome: 'conflict' }` or
    * `{ outcome: 'unavailable', message }` (the store failed: nothing ran).
    * Rejects with a `GuardError` of kind `invalid-input` for a bad key or
    * fingerprint, a `NotRecordedError` if the response could not be stored
@@ -825,13 +934,14 @@ export class Guard {
     held.stop();
     // From here on the handler has run: nothing releases the key.
     let response;
+    let expiresAtMs;
     try {
       response = responseOf(value);
-      this.complete(held.claim, response);
+      expiresAtMs = this.complete(held.claim, response);
     } catch (e) {
       throw new NotRecordedError(response, e, value);
     }
-    return { outcome: 'executed', response };
+    return { outcome: 'executed', response, expiresAtMs: msNumber(expiresAtMs) };
   }
 
   /** `run` over an asynchronous store: each guard call awaited, and each write of the claim after the one in flight. */
@@ -860,14 +970,15 @@ export class Guard {
     }
     // From here on the handler has run: nothing releases the key.
     let response;
+    let expiresAtMs;
     try {
       await held.stop(); // a renewal in flight moves the fence the completion needs
       response = responseOf(value);
-      await this.complete(held.claim, response, span);
+      expiresAtMs = await this.complete(held.claim, response, span);
     } catch (e) {
       throw new NotRecordedError(response, e, value);
     }
-    return { outcome: 'executed', response };
+    return { outcome: 'executed', response, expiresAtMs: msNumber(expiresAtMs) };
   }
 
   /** Keeps renewing `claim`'s lease until `stop()`; `held.claim` is always the latest. */

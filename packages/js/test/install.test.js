@@ -301,7 +301,8 @@ async function main(): Promise<void> {
     case 'executed':
     case 'replayed': {
       const body: Uint8Array = result.response.body;
-      void body;
+      const until: Date = new Date(result.expiresAtMs);
+      void [body, until];
       break;
     }
     case 'in-flight': {
@@ -322,10 +323,12 @@ async function main(): Promise<void> {
   if (decision.tag === 'proceed') {
     let claim: Claim = guard.renew(decision.val);
     claim = guard.saveCheckpoint(claim, { phase: 'p', data: new Uint8Array() });
-    guard.complete(claim, { status: 200, body: 'ok' });
+    const storedUntil: bigint = guard.complete(claim, { status: 200, body: 'ok' });
+    void storedUntil;
   } else if (decision.tag === 'replay') {
     const replayed: Response = decision.val;
-    void replayed.headers[0]?.[1].byteLength;
+    const until: bigint = decision.expiresAtMs;
+    void [replayed.headers[0]?.[1].byteLength, until];
   } else if (decision.tag === 'in-flight') {
     const ms: bigint = decision.val;
     void ms;
@@ -353,7 +356,7 @@ async function main(): Promise<void> {
   // @ts-expect-error no such outcome
   if (result.outcome === 'done') void 0;
 
-  const guarded: Middleware = idempotency({ guard, requireKey: true, fingerprintHeaders: ['content-type'], clientHeader: null });
+  const guarded: Middleware = idempotency({ guard, requireKey: true, fingerprintHeaders: ['content-type'], clientHeader: null, expiryHeader: 'x-expires' });
   const req: RequestLike = { method: 'POST', url: '/orders', headers: { 'idempotency-key': 'k' } };
   await guarded(req, {}, (err?: unknown) => void err);
   void req.idempotency?.fence;

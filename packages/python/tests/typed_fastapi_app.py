@@ -15,7 +15,7 @@ from decimal import Decimal
 from fastapi import FastAPI
 from pydantic import BaseModel
 
-from idem_guard import AsyncGuard, Decision, Guard, Outcome, Response, idempotent_function
+from idem_guard import AsyncGuard, Decided, Decision, Guard, Outcome, Response, idempotent_function
 from idem_guard.asgi import IdempotencyMiddleware
 from idem_guard.fastapi import Idempotency
 from idem_guard.redis import AsyncRedisStore, RedisStore
@@ -62,10 +62,19 @@ async def use_the_async_one() -> int:
 
 def use_the_guard() -> bytes | None:
     outcome: Outcome = guard.run("k", "fp", lambda fence: Response(200, [], b"ok"))
+    until: int | None = outcome.expires_at_ms  # until when the key replays it
+    decision: Decided = guard.begin("k", "fp")
+    kind, value = decision  # still the (kind, value) pair
+    if kind == "proceed":
+        until = guard.complete(value, Response(200, [], b"ok"))
+    elif kind == "replay":
+        until = decision.expires_at_ms
+    assert until is None or until > 0
+    outcome.expires_at_ms.bit_length()  # type: ignore[union-attr]
     return outcome.response.body if outcome.response is not None else None
 
 
-idem = Idempotency(aguard, require_key=True, timeout_s=5.0)
+idem = Idempotency(aguard, require_key=True, timeout_s=5.0, expiry_header="idempotency-expires")
 Idempotency(aguard, require_kye=True)  # type: ignore[call-arg]
 app = FastAPI()
 orders = idem.router(prefix="/v1")

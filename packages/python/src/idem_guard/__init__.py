@@ -44,6 +44,7 @@ from .functions import (
 from .guard import (
     DEFAULT_COMPONENT,
     Attempt,
+    Decided,
     Guard,
     GuardError,
     MemoryStore,
@@ -66,6 +67,7 @@ __all__ = [
     "Checkpoint",
     "Claim",
     "ClockUnknown",
+    "Decided",
     "Decision",
     "Entry",
     "Guard",

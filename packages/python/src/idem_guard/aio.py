@@ -37,6 +37,7 @@ from typing import Any
 from .guard import (
     PURGES,
     ClaimView,
+    Decided,
     Guard,
     GuardError,
     MemoryStore,
@@ -161,13 +162,16 @@ class AsyncGuard:
             return await asyncio.to_thread(method, *args)
         return method(*args)
 
-    async def begin(self, key: str, fingerprint: str) -> tuple[str, Any]:
-        """`("proceed", Claim)`, `("replay", Response)`, `("in-flight", ms)` or `("conflict", None)`."""
-        decision: tuple[str, Any] = await self._call(self.guard.begin, key, fingerprint)
+    async def begin(self, key: str, fingerprint: str) -> Decided:
+        """`("proceed", Claim)`, `("replay", Response)`, `("in-flight", ms)` or `("conflict", None)`,
+        as a `Decided` (`Guard.begin`): a replay's `expires_at_ms` is its stored record's expiry."""
+        decision: Decided = await self._call(self.guard.begin, key, fingerprint)
         return decision
 
-    async def complete(self, claim: Claim, response: Response) -> None:
-        await self._call(self.guard.complete, claim, response)
+    async def complete(self, claim: Claim, response: Response) -> int | None:
+        """Stores `response` for the claim; returns until when repeats replay it (`Guard.complete`)."""
+        expires_at_ms: int | None = await self._call(self.guard.complete, claim, response)
+        return expires_at_ms
 
     async def release(self, claim: Claim) -> None:
         await self._call(self.guard.release, claim)
@@ -182,8 +186,8 @@ class AsyncGuard:
 
     async def begin_request(
         self, key: str, method: str, path: str, headers: Sequence[tuple[str, bytes]] = (), body: bytes = b""
-    ) -> tuple[str, Any]:
-        decision: tuple[str, Any] = await self._call(self.guard.begin_request, key, method, path, headers, body)
+    ) -> Decided:
+        decision: Decided = await self._call(self.guard.begin_request, key, method, path, headers, body)
         return decision
 
     async def fingerprint(self, method: str, path: str, headers: Sequence[tuple[str, bytes]] = (), body: bytes = b"") -> str:
@@ -202,11 +206,12 @@ class AsyncGuard:
 
     async def _run(self, key: str, fingerprint: str, handler: Callable[..., Awaitable[Response] | Response]) -> Outcome:
         try:
-            kind, value = await self.begin(key, fingerprint)
+            decision = await self.begin(key, fingerprint)
         except GuardError as e:
             return _refused(e)
-        if (outcome := _not_run(kind, value)) is not None:
+        if (outcome := _not_run(decision)) is not None:
             return outcome
+        value = decision[1]
         held = _AsyncHeld(self, value)
         try:
             if _takes_attempt(handler):
@@ -225,10 +230,10 @@ class AsyncGuard:
             raise
         claim = await held.stop()
         try:
-            await self.complete(claim, response)
+            expires_at_ms = await self.complete(claim, response)
         except GuardError as e:
             raise NotRecorded(response, e) from e
-        return Outcome("executed", response=response, fence=value.fence)
+        return Outcome("executed", response=response, fence=value.fence, expires_at_ms=expires_at_ms)
 
 
 class _OnLoop:

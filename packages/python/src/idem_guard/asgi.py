@@ -11,7 +11,9 @@ ASGI app, over an `AsyncGuard`. Pure ASGI: it imports no framework::
 
 A guarded request (POST and PATCH by default) with an `Idempotency-Key`
 runs the app once; its status, headers and body are stored and every repeat
-gets them back byte for byte with `Idempotent-Replayed: true`. A repeat
+gets them back byte for byte with `Idempotent-Replayed: true`; the first
+response, once stored, and every replay say until when the key replays it
+with `Idempotency-Expires` (an HTTP-date, rounded down to the second). A repeat
 while the first runs is 409 with `Retry-After`; the key with another
 request (method, path with query, body, fingerprinted headers) is 422; a
 malformed key, or a missing one with `require_key=True`, is 400; a store
@@ -34,7 +36,7 @@ from urllib.parse import quote
 
 from .aio import AsyncAttempt, AsyncGuard
 from .guard import GuardError, NotRecorded
-from .http import HOP_BY_HOP, MalformedKey, idempotency_key, problem, response_size, scoped_key
+from .http import HOP_BY_HOP, MalformedKey, http_date, idempotency_key, problem, response_size, scoped_key
 from .types import Response
 
 __all__ = ["HOP_BY_HOP", "HttpGuard", "HttpOptions", "IdempotencyMiddleware"]
@@ -81,6 +83,7 @@ class HttpOptions(TypedDict, total=False):
     methods: Iterable[str]
     key_header: str
     replay_header: str
+    expiry_header: str
     fingerprint_headers: Iterable[str]
     client_header: str | None
     max_request_bytes: int
@@ -101,6 +104,7 @@ class HttpGuard:
         methods: Iterable[str] = ("POST", "PATCH"),
         key_header: str = "idempotency-key",
         replay_header: str = "idempotent-replayed",
+        expiry_header: str = "idempotency-expires",
         fingerprint_headers: Iterable[str] = ("content-type",),
         client_header: str | None = "authorization",
         max_request_bytes: int = 1 << 20,
@@ -116,6 +120,7 @@ class HttpGuard:
         self.methods = frozenset(m.upper() for m in methods)
         self.key_header = key_header.lower().encode("latin-1")
         self.replay_header = replay_header.lower()
+        self.expiry_header = expiry_header.lower()
         self.fingerprint_headers = [h.lower() for h in fingerprint_headers]
         self.client_header = client_header.lower().encode("latin-1") if client_header else None
         self.max_request_bytes = max_request_bytes
@@ -152,11 +157,30 @@ class HttpGuard:
         run: Callable[[dict[str, Any]], Awaitable[Response]],
     ) -> Response:
         """Runs `run(idempotency)` at most once for the key (and the request's
-        fingerprint) and answers what a client gets: the app's response, a
-        replay of it (with the replay header), or a problem. `idempotency` is
-        the dict the app sees as `scope["extensions"]["idempotency"]`: `key`,
-        `store_key`, `fence`, and `store` — set it to False and the app's answer
-        is sent but not stored (the key is released)."""
+        fingerprint) and answers what a client gets: the app's response (with
+        the expiry header once stored), a replay of it (with the replay and
+        expiry headers), or a problem. `idempotency` is the dict the app sees as
+        `scope["extensions"]["idempotency"]`: `key`, `store_key`, `fence`, and
+        `store` — set it to False and the app's answer is sent but not stored
+        (the key is released)."""
+        response, added = await self.answer(key, method, target, headers, body, run)
+        return _with_headers(response, added)
+
+    async def answer(
+        self,
+        key: str,
+        method: str,
+        target: str,
+        headers: list[tuple[bytes, bytes]],
+        body: bytes,
+        run: Callable[[dict[str, Any]], Awaitable[Response]],
+    ) -> tuple[Response, list[tuple[str, bytes]]]:
+        """`decide`'s answer apart from the headers the guard adds to a stored
+        response: the response (the very one `run` returned when it ran and was
+        stored) and those headers — on a replay the replay header, and on every
+        stored response the expiry header, until when the key replays it (its
+        stored record's `expires_at_ms` as an HTTP-date, rounded down to the
+        second); none on a problem or a response not stored."""
         client = next((v for n, v in headers if n == self.client_header), None) if self.client_header else None
         scoped = scoped_key(client, key)
         printed = [(name, v) for name in self.fingerprint_headers for n, v in headers if n == name.encode("latin-1")]
@@ -189,9 +213,9 @@ class HttpGuard:
         except _Unstored as e:
             if e.forget is not None:
                 await self._forget(scoped, e.forget)
-            return e.response
+            return e.response, []
         except _TimedOut:
-            return problem("upstream-timeout", f"the handler did not answer within {int(self.timeout_s * 1000)} ms")
+            return problem("upstream-timeout", f"the handler did not answer within {int(self.timeout_s * 1000)} ms"), []
         except NotRecorded:
             # The store's reason is on the guard's log (idem_guard.observe), never in the body.
             lease_s = max(1, -(-self.guard.guard.policy.lease_ms // 1000))
@@ -200,34 +224,33 @@ class HttpGuard:
                 f"given out: a replay could contradict it. Retry after {lease_s * 1000} ms: the retry gets the recorded "
                 "outcome, or, once the key's lease has run out, runs the request again"
             )
-            return problem("response-not-recorded", detail, lease_s)
+            return problem("response-not-recorded", detail, lease_s), []
         except GuardError as e:
             if e.kind != "invalid-input":
                 raise
-            return problem("idempotency-key-malformed", e.detail)
-        if outcome.kind == "executed":
+            return problem("idempotency-key-malformed", e.detail), []
+        if outcome.kind in ("executed", "replayed"):
             assert outcome.response is not None
-            return outcome.response
-        if outcome.kind == "replayed":
-            assert outcome.response is not None
-            r = outcome.response
-            return Response(r.status, [*r.headers, (self.replay_header, b"true")], r.body)
+            added = [(self.replay_header, b"true")] if outcome.kind == "replayed" else []
+            if outcome.expires_at_ms is not None:
+                added.append((self.expiry_header, http_date(outcome.expires_at_ms).encode("latin-1")))
+            return outcome.response, added
         if outcome.kind == "in-flight":
             ms = outcome.retry_after_ms or 0
             detail = f"retry after {ms} ms, when the first request has finished or its lease has run out"
-            return problem("idempotency-key-in-flight", detail, max(1, -(-ms // 1000)))
+            return problem("idempotency-key-in-flight", detail, max(1, -(-ms // 1000))), []
         if outcome.kind == "conflict":
             detail = (
                 "the key was first used with another method, path, body or fingerprinted header; "
                 "use a new key for a new request"
             )
-            return problem("idempotency-key-mismatch", detail)
+            return problem("idempotency-key-mismatch", detail), []
         # The store's reason is on the guard's log (idem_guard.observe), never in the body.
         return problem(
             "store-unavailable",
             "the request was not run: the idempotency store could not answer. Retry after 1 second",
             1,
-        )
+        ), []
 
 
     async def _forget(self, scoped: str, holder: int) -> None:
@@ -254,6 +277,9 @@ class IdempotencyMiddleware:
       otherwise it passes through unguarded.
     - `methods` (POST, PATCH): the guarded methods; others pass through.
     - `key_header`, `replay_header`: `idempotency-key`, `idempotent-replayed`.
+    - `expiry_header` (`idempotency-expires`): on every stored response (the first,
+      once stored, and each replay), until when the key replays it: an HTTP-date, the
+      stored record's `expires_at_ms` rounded down to the second.
     - `fingerprint_headers` (`content-type`): headers in the fingerprint besides
       method, path with query, and body.
     - `client_header` (`authorization`; None: one scope): keys are scoped by
@@ -332,6 +358,11 @@ class IdempotencyMiddleware:
             if name not in HOP_BY_HOP
         ]
         return Response(start["status"], headers, b"".join(chunks))
+
+
+def _with_headers(response: Response, added: list[tuple[str, bytes]]) -> Response:
+    """`response` with `added` after its own headers (the response itself when there are none)."""
+    return Response(response.status, [*response.headers, *added], response.body) if added else response
 
 
 def _target(scope: Scope) -> str:

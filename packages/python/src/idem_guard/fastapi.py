@@ -27,7 +27,9 @@ repeat gets). The key is checked before FastAPI reads anything: a missing
 problem, not a validation error. Then the key is claimed and the route runs
 — FastAPI's validation, dependencies, the endpoint, the response model — and
 its response (status, headers, body, as FastAPI rendered it) is stored;
-repeats get it byte for byte with `Idempotent-Replayed: true`.
+repeats get it byte for byte with `Idempotent-Replayed: true`. The first
+response, once stored, and every replay carry `Idempotency-Expires`: until
+when the key replays it (`idem_guard.asgi`).
 
 What is not stored: a `RequestValidationError` (FastAPI's 422 for a request
 that failed validation before the endpoint ran) releases the key and goes on
@@ -47,7 +49,7 @@ register after `install` replaces it: call `idem_guard.fastapi.unstored(request)
 in it to keep validation errors unstored.
 
 Options are `IdempotencyMiddleware`'s (`require_key`, `methods`, `key_header`,
-`replay_header`, `fingerprint_headers`, `client_header`, `max_request_bytes`,
+`replay_header`, `expiry_header`, `fingerprint_headers`, `client_header`, `max_request_bytes`,
 `store_server_errors`, `timeout_s`) and `store_validation_errors`.
 """
 
@@ -187,8 +189,7 @@ class Idempotency:
             return response  # not guarded after all, or the guard's own answer (a replay, a problem)
         sendable, captured = await _captured(response)
         pending.final.set_result(captured)
-        answer = await pending.task
-        return sendable if answer is captured else _http(answer)
+        return _sent(sendable, captured, *await pending.task)
 
     async def _rendered(self, request: Request, error: Exception) -> HttpResponse | None:
         """The app's answer to an exception the endpoint (or FastAPI) raised, rendered by its
@@ -229,10 +230,21 @@ async def _captured(response: HttpResponse) -> tuple[HttpResponse, Response]:
     return response, captured
 
 
-def _http(response: Response) -> HttpResponse:
-    """A stored (or problem) response as Starlette sends it, headers byte for byte."""
+def _sent(sendable: HttpResponse, captured: Response, answer: Response, added: list[tuple[str, bytes]]) -> HttpResponse:
+    """What goes to the client for the route's response (`sendable` as FastAPI rendered it,
+    `captured` as the guard was given it): that response when the guard's `answer` is it,
+    else the answer; either with the headers the guard adds (replay, expiry)."""
+    if answer is not captured:
+        return _http(answer, added)
+    if added:
+        sendable.raw_headers = [*sendable.raw_headers, *((n.encode("latin-1"), v) for n, v in added)]
+    return sendable
+
+
+def _http(response: Response, added: list[tuple[str, bytes]] | None = None) -> HttpResponse:
+    """A stored (or problem) response as Starlette sends it, headers byte for byte, then `added`."""
     out = HttpResponse(response.body, response.status)
-    headers = [(n.encode("latin-1"), bytes(v)) for n, v in response.headers]
+    headers = [(n.encode("latin-1"), bytes(v)) for n, v in [*response.headers, *(added or ())]]
     if not any(n == b"content-length" for n, _ in headers):
         headers.append((b"content-length", str(len(response.body)).encode()))
     out.raw_headers = headers
@@ -247,15 +259,16 @@ class _Pending:
         self.idem, self.request, self.key, self.headers = idem, request, key, headers
         self.entered = False  # the endpoint's wrapper ran: the request passed validation
         self.answered = False  # the wrapper returned the guard's own answer (replay, 409, 422, 503)
-        self.task: asyncio.Task[Response] | None = None  # HttpGuard.decide, run beside FastAPI's handler
+        # HttpGuard.answer, run beside FastAPI's handler: the response, and the headers the guard adds.
+        self.task: asyncio.Task[tuple[Response, list[tuple[str, bytes]]]] | None = None
         loop = asyncio.get_running_loop()
         self.value: asyncio.Future[tuple[str, Any]] = loop.create_future()  # the endpoint's value, or its rendered exception
         self.final: asyncio.Future[Response] = loop.create_future()  # the response FastAPI rendered from it
 
-    def decide(self, run: Callable[[dict[str, Any]], Awaitable[Response]]) -> Awaitable[Response]:
+    def answer(self, run: Callable[[dict[str, Any]], Awaitable[Response]]) -> Awaitable[tuple[Response, list[tuple[str, bytes]]]]:
         scope = self.request.scope
         body = self.request._body
-        return self.idem.http.decide(self.key, scope["method"].upper(), _target(scope), self.headers, body, run)
+        return self.idem.http.answer(self.key, scope["method"].upper(), _target(scope), self.headers, body, run)
 
     async def store_now(self, rendered: HttpResponse) -> HttpResponse:
         """Claims and stores `rendered` as the key's answer (`store_validation_errors`)."""
@@ -264,8 +277,7 @@ class _Pending:
         async def run(extension: dict[str, Any]) -> Response:
             return captured
 
-        answer = await self.decide(run)
-        return sendable if answer is captured else _http(answer)
+        return _sent(sendable, captured, *await self.answer(run))
 
     async def claim(self, call: Callable[[], Awaitable[Any]]) -> Any:
         """In the endpoint's wrapper: claims the key and runs `call` (the endpoint) under the
@@ -285,14 +297,14 @@ class _Pending:
                 self.value.set_result(("value", value))
             return await self.final  # what FastAPI renders of it, handed over by the route handler
 
-        self.task = asyncio.ensure_future(self.decide(run))
+        self.task = asyncio.ensure_future(self.answer(run))
         waited: list[asyncio.Future[Any]] = [self.task, self.value]
         await asyncio.wait(waited, return_when=asyncio.FIRST_COMPLETED)
         if self.value.done():
             return self.value.result()[1]
-        answer = self.task.result()  # the endpoint's own exception, if it raised one (the key released)
+        answer, added = self.task.result()  # the endpoint's own exception, if it raised one (the key released)
         self.answered = True
-        return _http(answer)
+        return _http(answer, added)
 
 
 _PENDING: ContextVar[_Pending | None] = ContextVar("idem_guard_fastapi_pending", default=None)

@@ -68,6 +68,24 @@ class Outcome:
     message: str | None = None
     #: The claim's fence when the handler ran (`executed`).
     fence: int | None = None
+    #: Until when the key replays its stored response (`executed`, `replayed`): the
+    #: `expires_at_ms` of its stored record, ms since the epoch on the store's clock.
+    expires_at_ms: int | None = None
+
+
+class Decided(tuple[str, Any]):
+    """`begin`'s decision, `(kind, value)` as it always was — `("proceed", Claim)`,
+    `("replay", Response)`, `("in-flight", ms)` or `("conflict", None)` — with
+    `expires_at_ms`: on a replay, the `expires_at_ms` of the stored record whose
+    response it hands back (ms since the epoch on the store's clock: repeats get
+    this response until then); None for the other decisions."""
+
+    expires_at_ms: int | None
+
+    def __new__(cls, kind: str, value: Any, expires_at_ms: int | None = None) -> Decided:
+        decided = super().__new__(cls, (kind, value))
+        decided.expires_at_ms = expires_at_ms
+        return decided
 
 
 class GuardError(Exception):
@@ -244,6 +262,57 @@ class MemoryStore(Faults):
         return len(expired)
 
 
+class _Witness:
+    """The store as the component sees it, noting the last `done` record that passed
+    through it in one guard call: read (`get`, or `insert` finding it) or written (a
+    `replace` that answered True). Its `expires_at_ms` is until when the key's response
+    is replayed, which the guest does not return: a `replay` hands back the response of
+    the done record just read, and a `complete` succeeds right after writing its done
+    record, or after reading it back. So the guard learns the expiry from the records
+    it passes, with no store call of its own. The guard's lock makes one call at a time
+    (a journaled call's runs included), so one witness, reset per call, serves them all.
+    Any other attribute is the store's."""
+
+    def __init__(self, store: Any):
+        self.inner = store
+        self.response: Response | None = None
+        self.expires_at_ms: int | None = None
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+    def take(self) -> tuple[Response | None, int | None]:
+        """The last done record's response and expiry seen since the last `take`, forgotten."""
+        seen = self.response, self.expires_at_ms
+        self.response = self.expires_at_ms = None
+        return seen
+
+    def _saw(self, record: Record | None) -> None:
+        if record is not None and record.state == "done":
+            self.response, self.expires_at_ms = record.response, record.expires_at_ms
+
+    def get(self, key: str, now_ms: int) -> Any:
+        entry = self.inner.get(key, now_ms)
+        if isinstance(entry, Entry):
+            self._saw(entry.record)
+        return entry
+
+    def insert(self, key: str, record: Record, now_ms: int) -> Any:
+        outcome = self.inner.insert(key, record, now_ms)
+        if isinstance(outcome, Entry):
+            self._saw(outcome.record)
+        return outcome
+
+    def replace(self, key: str, expected_version: int, record: Record, now_ms: int) -> Any:
+        written = self.inner.replace(key, expected_version, record, now_ms)
+        if written is True:
+            self._saw(record)
+        return written
+
+    def delete(self, key: str, expected_version: int | None, now_ms: int) -> Any:
+        return self.inner.delete(key, expected_version, now_ms)
+
+
 def _bytes(value: Any) -> bytes:
     return value.encode() if isinstance(value, str) else bytes(value)
 
@@ -364,6 +433,8 @@ class Guard:
         # (a journal's store is not: AsyncGuard traces the real store behind it).
         traced = self.observer.tracing and not getattr(self.store, "journaled", False)
         self._store_seen = TracedStore(self.store) if traced else self.store
+        # The store the component is given: it notes the done records of each call.
+        self._witness = _Witness(self._store_seen)
         self._lock = threading.Lock()
         reset_after_fork(self)
         path = Path(component or os.environ.get("IDEM_COMPONENT") or DEFAULT_COMPONENT)
@@ -398,32 +469,51 @@ class Guard:
     def _instantiate(self) -> Any:
         if self._instance is None:
             # Each instance has a wasmtime Store of its own; a trapped one is dropped whole.
-            self._instance = self._guest.instantiate(self._store_seen, self.clock, self.random)
+            self._instance = self._guest.instantiate(self._witness, self.clock, self.random)
         return self._instance
 
     def _call(self, name: str, *args: Any) -> Any:
+        return self._call_seen(name, *args)[0]
+
+    def _call_seen(self, name: str, *args: Any) -> tuple[Any, tuple[Response | None, int | None]]:
+        """The export's value, and the response and expiry of the last done record its store calls passed (`_Witness`)."""
         # The guard judges time by the store's authority: until it is known no call may guess it.
         if name != "fingerprint" and (why := clock_error(self.clock)) is not None:
             raise GuardError("unavailable", f"the store's clock is not known: {why}")
         with self._lock:
             instance = self._instantiate()
+            self._witness.take()
             try:
                 value = getattr(instance, name)(*args)
             except Exception as trap:  # a trap, or an exception a host function raised
+                self._witness.take()
                 self._instance = None
                 self.replaced += 1
                 raise GuardError("unavailable", f"guard component failed, instance replaced: {trap}") from trap
+            seen = self._witness.take()
         if isinstance(value, Failure):
             raise GuardError(value.kind, value.detail)
-        return value
+        return value, seen
 
-    def begin(self, key: str, fingerprint: str) -> tuple[str, Any]:
-        """`("proceed", Claim)`, `("replay", Response)`, `("in-flight", ms)` or `("conflict", None)`."""
-        decision: tuple[str, Any] = self._call("begin", key, fingerprint, self.policy)
-        return decision
+    @staticmethod
+    def _decided(value: Any, seen: tuple[Response | None, int | None]) -> Decided:
+        kind, val = value
+        response, expires_at_ms = seen
+        if kind == "replay" and val is response:
+            return Decided(kind, val, expires_at_ms)
+        return Decided(kind, val)
 
-    def complete(self, claim: Claim, response: Response) -> None:
-        self._call("complete", claim, _normalized(response), self.policy)
+    def begin(self, key: str, fingerprint: str) -> Decided:
+        """`("proceed", Claim)`, `("replay", Response)`, `("in-flight", ms)` or `("conflict", None)`,
+        as a `Decided`: a replay's `expires_at_ms` is its stored record's expiry."""
+        return self._decided(*self._call_seen("begin", key, fingerprint, self.policy))
+
+    def complete(self, claim: Claim, response: Response) -> int | None:
+        """Stores `response` for the claim: every repeat replays it. Returns until when: the
+        `expires_at_ms` of the record it stored (or, on a retry that finds it stored, read back),
+        ms since the epoch on the store's clock; None only over a store that showed it no such record."""
+        _, (_, expires_at_ms) = self._call_seen("complete", claim, _normalized(response), self.policy)
+        return expires_at_ms
 
     def release(self, claim: Claim) -> None:
         self._call("release", claim)
@@ -442,12 +532,11 @@ class Guard:
 
     def begin_request(
         self, key: str, method: str, path: str, headers: Sequence[tuple[str, bytes]] = (), body: bytes = b""
-    ) -> tuple[str, Any]:
+    ) -> Decided:
         """`begin` with the canonical fingerprint of the request, in one call."""
-        decision: tuple[str, Any] = self._call(
-            "begin_request", key, method, path, [(n, _bytes(v)) for n, v in headers], _bytes(body), self.policy
+        return self._decided(
+            *self._call_seen("begin_request", key, method, path, [(n, _bytes(v)) for n, v in headers], _bytes(body), self.policy)
         )
-        return decision
 
     def fingerprint(self, method: str, path: str, headers: Sequence[tuple[str, bytes]] = (), body: bytes = b"") -> str:
         printed: str = self._call("fingerprint", method, path, [(n, bytes(v)) for n, v in headers], bytes(body))
@@ -483,11 +572,12 @@ class Guard:
 
     def _run(self, key: str, fingerprint: str, handler: Callable[..., Response]) -> Outcome:
         try:
-            kind, value = self.begin(key, fingerprint)
+            decision = self.begin(key, fingerprint)
         except GuardError as e:
             return _refused(e)
-        if (outcome := _not_run(kind, value)) is not None:
+        if (outcome := _not_run(decision)) is not None:
             return outcome
+        value = decision[1]
         held = self._renewer.hold(value) if self.renew_lease else _Held(value)
         try:
             if _takes_attempt(handler):
@@ -503,10 +593,10 @@ class Guard:
             raise
         claim = held.stop()
         try:
-            self.complete(claim, response)
+            expires_at_ms = self.complete(claim, response)
         except GuardError as e:
             raise NotRecorded(response, e) from e
-        return Outcome("executed", response=response, fence=value.fence)
+        return Outcome("executed", response=response, fence=value.fence, expires_at_ms=expires_at_ms)
 
 
 def _takes_attempt(handler: Callable[..., Any]) -> bool:
@@ -534,10 +624,11 @@ def _refused(e: GuardError) -> Outcome:
     return Outcome("unavailable", message=e.detail)
 
 
-def _not_run(kind: str, value: Any) -> Outcome | None:
+def _not_run(decision: Decided) -> Outcome | None:
     """`run`'s outcome for a decision that runs nothing; None for `proceed`."""
+    kind, value = decision
     if kind == "replay":
-        return Outcome("replayed", response=value)
+        return Outcome("replayed", response=value, expires_at_ms=decision.expires_at_ms)
     if kind == "in-flight":
         return Outcome("in-flight", retry_after_ms=value)
     if kind == "conflict":

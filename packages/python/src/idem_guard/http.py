@@ -6,16 +6,19 @@ problem responses. Pure functions over bytes, no framework::
     'order-1'
     >>> scoped_key(None, "order-1")
     'anon/order-1'
+    >>> http_date(784_111_777_999)
+    'Sun, 06 Nov 1994 08:49:37 GMT'
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+from email.utils import formatdate
 
 from .types import Response
 
-__all__ = ["HOP_BY_HOP", "MAX_KEY_BYTES", "MalformedKey", "idempotency_key", "problem", "response_size", "scoped_key"]
+__all__ = ["HOP_BY_HOP", "MAX_KEY_BYTES", "MalformedKey", "http_date", "idempotency_key", "problem", "response_size", "scoped_key"]
 
 #: The longest key a client may send: the store key adds a 16-character
 #: client scope and a `/`, and the guard's limit is 255 bytes.
@@ -87,6 +90,13 @@ def scoped_key(client: bytes | None, key: str) -> str:
     One client never sees another's response, and no secret is stored."""
     scope = "anon" if client is None else hashlib.sha256(client).hexdigest()[:16]
     return f"{scope}/{key}"
+
+
+def http_date(ms: int) -> str:
+    """An instant (ms since the epoch) as an HTTP-date, RFC 9110's IMF-fixdate
+    (`Sun, 06 Nov 1994 08:49:37 GMT`), rounded down to the second: a client told
+    when a key expires never thinks a retry safe after it is gone."""
+    return formatdate(ms // 1000, usegmt=True)
 
 
 def problem(slug: str, detail: str, retry_after_s: int | None = None) -> Response:
