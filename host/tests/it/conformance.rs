@@ -659,3 +659,14 @@ store_conformance!(postgres, async {
             .expect("IDEM_TEST_POSTGRES_URL is set but the server cannot be opened"),
     ) as Arc<dyn Store>)
 });
+
+// DynamoDB (tests: moto's server, scripts/services.sh): every primitive one
+// conditional request; the claim answers the live item on a failed condition.
+store_conformance!(dynamodb, async {
+    let url = server_url("IDEM_TEST_DYNAMODB_URL")?;
+    Some(Arc::new(
+        idem::store::DynamoDbStore::open(&url)
+            .await
+            .expect("IDEM_TEST_DYNAMODB_URL is set but the server cannot be opened"),
+    ) as Arc<dyn Store>)
+});
