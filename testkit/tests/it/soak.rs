@@ -158,6 +158,10 @@ fn soak_on_dynamodb_has_no_violations() {
         .split(['?', '&'])
         .filter(|p| !p.starts_with("table="))
         .collect::<Vec<_>>();
-    let url = format!("{}?{}", url[0], [&url[1..], &["table=idem_soak"]].concat().join("&"));
+    let url = format!(
+        "{}?{}",
+        url[0],
+        [&url[1..], &["table=idem_soak"]].concat().join("&")
+    );
     soak(&url, "5s");
 }

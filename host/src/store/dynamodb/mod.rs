@@ -56,11 +56,15 @@ use aws_sdk_dynamodb::config::{
     SharedCredentialsProvider,
 };
 use aws_sdk_dynamodb::error::{BoxError, DisplayErrorContext, SdkError};
+use aws_sdk_dynamodb::operation::create_table::CreateTableError;
+use aws_sdk_dynamodb::operation::delete_item::DeleteItemError;
+use aws_sdk_dynamodb::operation::describe_table::DescribeTableError;
+use aws_sdk_dynamodb::operation::put_item::PutItemError;
 use aws_sdk_dynamodb::primitives::{DateTime, DateTimeFormat};
 use aws_sdk_dynamodb::types::{
     AttributeDefinition, AttributeValue, BillingMode, KeySchemaElement, KeyType, ReturnValue,
-    ReturnValuesOnConditionCheckFailure, ScalarAttributeType, TableStatus, TimeToLiveSpecification,
-    TimeToLiveStatus,
+    ReturnValuesOnConditionCheckFailure, ScalarAttributeType, TableDescription, TableStatus,
+    TimeToLiveSpecification, TimeToLiveStatus,
 };
 use item::{EXPIRES_AT_MS, Item, KEY, STATE, TTL, VERSION, decode, n, number};
 use std::collections::HashMap;
@@ -75,7 +79,7 @@ const NAME: &str = "dynamodb";
 const CLOCK_KEY: &str = "\u{1}clock";
 
 /// How long `open` waits for a table it created to become active.
-const TABLE_ACTIVE_WITHIN: Duration = Duration::from_secs(120);
+const TABLE_ACTIVE_WITHIN: Duration = Duration::from_mins(2);
 
 /// A store on a DynamoDB table. Cheap to clone: clones share the client.
 #[derive(Clone)]
@@ -178,10 +182,18 @@ impl DynamoDbStore {
         })
     }
 
-    async fn within_timeout<T>(&self, run: impl Future<Output = Result<T>>) -> Result<T> {
-        within(self.timeout, run)
-            .await
-            .unwrap_or_else(|late| Err(unavailable(NAME, late)))
+    /// `run` within the timeout. Boxed: the SDK's request futures are
+    /// about 20 KB each, too large to carry inline through every caller.
+    fn within_timeout<T>(
+        &self,
+        run: impl Future<Output = Result<T>> + Send,
+    ) -> impl Future<Output = Result<T>> + Send {
+        let (run, timeout) = (Box::pin(run), self.timeout);
+        async move {
+            within(timeout, run)
+                .await
+                .unwrap_or_else(|late| Err(unavailable(NAME, late)))
+        }
     }
 }
 
@@ -250,7 +262,10 @@ async fn ensure_table(client: &Client, table: &str) -> Result<(), String> {
     let described = client.describe_table().table_name(table).send().await;
     match described {
         Ok(out) => {
-            let schema = out.table().map(|t| t.key_schema()).unwrap_or_default();
+            let schema = out
+                .table()
+                .map(TableDescription::key_schema)
+                .unwrap_or_default();
             let keyed_by_key = schema.len() == 1 && schema[0].attribute_name() == KEY;
             if !keyed_by_key {
                 return Err(format!(
@@ -260,7 +275,7 @@ async fn ensure_table(client: &Client, table: &str) -> Result<(), String> {
         }
         Err(e)
             if e.as_service_error()
-                .is_some_and(|e| e.is_resource_not_found_exception()) =>
+                .is_some_and(DescribeTableError::is_resource_not_found_exception) =>
         {
             let created = client
                 .create_table()
@@ -287,7 +302,7 @@ async fn ensure_table(client: &Client, table: &str) -> Result<(), String> {
                 // Another host created it first.
                 Err(e)
                     if e.as_service_error()
-                        .is_some_and(|e| e.is_resource_in_use_exception()) => {}
+                        .is_some_and(CreateTableError::is_resource_in_use_exception) => {}
                 Err(e) => return Err(format!("creating the table {table:?}: {}", describe(&e))),
             }
         }
@@ -441,10 +456,10 @@ impl Store for DynamoDbStore {
 
     async fn insert(&self, key: &str, record: Record, now_ms: u64) -> Result<InsertOutcome> {
         let attributes = item::record_attributes(&record);
-        let mut set = vec![format!(
+        let mut assignments = vec![format!(
             "#{VERSION} = if_not_exists(#{VERSION}, :zero) + :one"
         )];
-        let mut remove = Vec::new();
+        let mut removals = Vec::new();
         let mut named = vec![KEY, VERSION, EXPIRES_AT_MS];
         let mut values = HashMap::from([
             (":zero".to_owned(), n(0)),
@@ -467,15 +482,15 @@ impl Store for DynamoDbStore {
             }
             match attributes.get(name) {
                 Some(value) => {
-                    set.push(format!("#{name} = :{name}"));
+                    assignments.push(format!("#{name} = :{name}"));
                     values.insert(format!(":{name}"), value.clone());
                 }
-                None => remove.push(format!("#{name}")),
+                None => removals.push(format!("#{name}")),
             }
         }
-        let mut update = format!("SET {}", set.join(", "));
-        if !remove.is_empty() {
-            update = format!("{update} REMOVE {}", remove.join(", "));
+        let mut update = format!("SET {}", assignments.join(", "));
+        if !removals.is_empty() {
+            update = format!("{update} REMOVE {}", removals.join(", "));
         }
         let sent = self
             .within_timeout(async {
@@ -558,7 +573,7 @@ impl Store for DynamoDbStore {
             Ok(_) => Ok(true),
             Err(e)
                 if e.as_service_error()
-                    .is_some_and(|e| e.is_conditional_check_failed_exception()) =>
+                    .is_some_and(PutItemError::is_conditional_check_failed_exception) =>
             {
                 Ok(false)
             }
@@ -567,14 +582,17 @@ impl Store for DynamoDbStore {
     }
 
     async fn delete(&self, key: &str, expected_version: Option<u64>, now_ms: u64) -> Result<bool> {
-        let mut condition = format!("#{EXPIRES_AT_MS} > :now");
-        let mut named = vec![EXPIRES_AT_MS];
         let mut values = HashMap::from([(":now".to_owned(), n(now_ms))]);
-        if let Some(version) = expected_version {
-            condition.push_str(&format!(" AND #{VERSION} = :expected"));
-            named.push(VERSION);
-            values.insert(":expected".into(), n(version));
-        }
+        let (condition, named) = match expected_version {
+            None => (format!("#{EXPIRES_AT_MS} > :now"), vec![EXPIRES_AT_MS]),
+            Some(version) => {
+                values.insert(":expected".into(), n(version));
+                (
+                    format!("#{EXPIRES_AT_MS} > :now AND #{VERSION} = :expected"),
+                    vec![EXPIRES_AT_MS, VERSION],
+                )
+            }
+        };
         self.conditional_delete(key, condition, &named, values)
             .await
     }
@@ -693,7 +711,7 @@ impl DynamoDbStore {
             Ok(_) => Ok(true),
             Err(e)
                 if e.as_service_error()
-                    .is_some_and(|e| e.is_conditional_check_failed_exception()) =>
+                    .is_some_and(DeleteItemError::is_conditional_check_failed_exception) =>
             {
                 Ok(false)
             }
