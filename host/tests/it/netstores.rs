@@ -665,7 +665,7 @@ mod dynamodb {
     use idem::store::DynamoDbStore;
 
     fn url() -> Option<String> {
-        server_url("IDEM_TEST_DYNAMODB_URL")
+        crate::conformance::dynamodb_test_url()
     }
 
     /// `url` on another table, created by the store as it opens.
