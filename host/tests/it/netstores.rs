@@ -172,6 +172,10 @@ async fn open_unreachable_names_store_and_url() {
             format!("postgresql://postgres@{addr}/test?timeout_ms=500"),
             "postgres",
         ),
+        (
+            format!("dynamodb://{addr}?table=idem&timeout_ms=500"),
+            "dynamodb",
+        ),
     ] {
         let text = refusal(&url).await;
         assert!(text.contains(store) && text.contains(&url), "{text}");
@@ -189,6 +193,18 @@ async fn bad_url_parameters_are_refused() {
         (
             "postgres://postgres@127.0.0.1/test?table=x;drop",
             "table=\"x;drop\" must be 1 to 48 characters",
+        ),
+        (
+            "dynamodb://127.0.0.1:8000?table=a/b",
+            "table=\"a/b\" must be 3 to 255 characters",
+        ),
+        (
+            "dynamodb://127.0.0.1:8000?table=idem&consistent=false",
+            "unknown dynamodb option \"consistent=false\"",
+        ),
+        (
+            "dynamodb+https://?table=idem",
+            "expected dynamodb://HOST:PORT",
         ),
     ] {
         let err = refusal(url).await;
