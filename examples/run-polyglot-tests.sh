@@ -57,6 +57,7 @@ if [[ "${IDEM_TEST_SKIP_NETSTORES:-}" != 1 ]]; then
   export IDEM_TEST_REDIS_URL="${IDEM_TEST_REDIS_URL:-redis://127.0.0.1:6379}"
   export IDEM_TEST_VALKEY_URL="${IDEM_TEST_VALKEY_URL:-redis://127.0.0.1:6391}"
   export IDEM_TEST_POSTGRES_URL="${IDEM_TEST_POSTGRES_URL:-postgres://postgres@127.0.0.1:5432/test}"
+  export IDEM_TEST_DYNAMODB_URL="${IDEM_TEST_DYNAMODB_URL:-dynamodb://127.0.0.1:8000?table=idem&region=us-east-1}"
 fi
 # The HTTP scenarios (conformance/http) also run against `idem serve`: the
 # JavaScript test starts the idem binary that wrote the component (IDEM_BIN,

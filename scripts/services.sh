@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Makes sure the servers the tests need are up: Redis on 127.0.0.1:6379 and
 # PostgreSQL on 127.0.0.1:5432 (database `test`), a loopback Redis Cluster on
-# 127.0.0.1:7000-7005 and Valkey 8.1 on 127.0.0.1:6391. Starts them if they
-# are installed but stopped; fails, naming the server, if one cannot be reached.
+# 127.0.0.1:7000-7005, Valkey 8.1 on 127.0.0.1:6391 and a DynamoDB-compatible
+# server (moto's) on 127.0.0.1:8000. Starts them if they are installed but
+# stopped; fails, naming the server, if one cannot be reached.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -49,4 +50,25 @@ fi
 valkey_up || { echo "Valkey is not reachable at 127.0.0.1:6391" >&2; exit 1; }
 redis-cli -h 127.0.0.1 -p 6391 info server | grep -q '^valkey_version:8\.1' \
   || { echo "the server at 127.0.0.1:6391 is not Valkey 8.1" >&2; exit 1; }
-echo "services: Redis, PostgreSQL, the Redis Cluster and Valkey are up"
+
+# A DynamoDB-compatible server: moto's, from PyPI, installed once into a cache
+# directory and served on one thread (scripts/dynamodb-server.py says why).
+# It holds its tables in memory: a restart starts empty.
+moto_dir=${IDEM_MOTO_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/idem/moto-5.2.6}
+dynamodb_up() {
+  curl -s -o /dev/null -m 2 -X POST -H 'X-Amz-Target: DynamoDB_20120810.ListTables' \
+    -H 'Content-Type: application/x-amz-json-1.0' \
+    -H 'Authorization: AWS4-HMAC-SHA256 Credential=idem/20250101/us-east-1/dynamodb/aws4_request, SignedHeaders=host, Signature=0' \
+    -d '{}' -w '%{http_code}' http://127.0.0.1:8000/ 2>/dev/null | grep -q 200
+}
+if ! dynamodb_up; then
+  if [ ! -f "$moto_dir/moto/__init__.py" ]; then
+    python3 -m pip install --quiet --disable-pip-version-check --root-user-action=ignore --no-warn-conflicts \
+      --target "$moto_dir" "moto[dynamodb]==5.2.6" "flask==3.1.3" "flask-cors==6.0.2"
+  fi
+  PYTHONPATH="$moto_dir" nohup python3 scripts/dynamodb-server.py 127.0.0.1 8000 \
+    >"${TMPDIR:-/tmp}/idem-dynamodb.log" 2>&1 &
+  for _ in $(seq 1 50); do dynamodb_up && break; sleep 0.2; done
+fi
+dynamodb_up || { echo "the DynamoDB server (moto) is not reachable at 127.0.0.1:8000" >&2; exit 1; }
+echo "services: Redis, PostgreSQL, the Redis Cluster, Valkey and DynamoDB (moto) are up"

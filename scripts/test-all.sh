@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Runs every test: the Rust workspace (guard, host, all four stores, gateway,
+# Runs every test: the Rust workspace (guard, host, all five stores, gateway,
 # console) and the JavaScript and Python hosts against the same component.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -9,6 +9,7 @@ export IDEM_TEST_REDIS_URL="${IDEM_TEST_REDIS_URL:-redis://127.0.0.1:6379}"
 export IDEM_TEST_POSTGRES_URL="${IDEM_TEST_POSTGRES_URL:-postgres://postgres@127.0.0.1:5432/test}"
 export IDEM_TEST_REDIS_CLUSTER_URL="${IDEM_TEST_REDIS_CLUSTER_URL:-redis+cluster://127.0.0.1:7000,127.0.0.1:7001,127.0.0.1:7002}"
 export IDEM_TEST_VALKEY_URL="${IDEM_TEST_VALKEY_URL:-redis://127.0.0.1:6391}"
+export IDEM_TEST_DYNAMODB_URL="${IDEM_TEST_DYNAMODB_URL:-dynamodb://127.0.0.1:8000?table=idem&region=us-east-1}"
 # The failover test starts (and kills) a cluster of its own with this binary.
 export IDEM_TEST_REDIS_SERVER="${IDEM_TEST_REDIS_SERVER:-$(command -v redis-server)}"
 

@@ -98,9 +98,20 @@ export class SyncedClock {
   /** Steps of the server's clock seen (a second or more), and the last one's size in ms (negative: back). */
   steps = 0;
   lastStepMs = 0;
+  /** How fine the server's answers are: 1 ms, or 1 000 for an HTTP `Date` header (DynamoDB's). */
+  #resolutionMs;
 
-  constructor(authority) {
+  /**
+   * @param {string} authority what the time is taken from, for operators
+   * @param {object} options
+   * @param {number} options.resolutionMs the server answers in whole steps of this, floored (default 1):
+   *   a reading is the middle of its step, and its error bound grows by half of it
+   */
+  constructor(authority, { resolutionMs = 1 } = {}) {
     this.authority = String(authority);
+    if (!(Number.isInteger(resolutionMs) && resolutionMs >= 1))
+      throw new RangeError(`resolutionMs ${resolutionMs} must be a whole number of milliseconds, at least 1`);
+    this.#resolutionMs = resolutionMs;
   }
 
   /**
@@ -150,8 +161,9 @@ export class SyncedClock {
   /** A reading: the server said `serverMs` between the monotonic instants `sentMs` and `receivedMs` (all in ms). */
   adopt(serverMs, sentMs, receivedMs) {
     const roundTrip = Math.max(0, receivedMs - sentMs);
-    const offset = serverMs - (sentMs + Math.floor(roundTrip / 2));
-    const error = Math.ceil(roundTrip / 2) + 1;
+    const halfStep = Math.floor(this.#resolutionMs / 2);
+    const offset = serverMs + halfStep - (sentMs + Math.floor(roundTrip / 2));
+    const error = Math.ceil(roundTrip / 2) + halfStep + 1;
     if (this.#anchored) {
       const apart = Math.abs(offset - this.#offsetMs);
       const heldError = this.errorAt(receivedMs);

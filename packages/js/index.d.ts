@@ -488,7 +488,8 @@ export declare class ManualClock implements Clock {
  * both error bounds (wit/store-layout/README.md, "Time").
  */
 export declare class SyncedClock implements Clock {
-  constructor(authority: string);
+  /** `resolutionMs`: the server answers in whole steps of this, floored (default 1; 1 000 for an HTTP `Date` header): a reading is the middle of its step, its error bound half a step more. */
+  constructor(authority: string, options?: { resolutionMs?: number });
   readonly authority: string;
   /** Steps of the server's clock seen (a second or more), and the last one's size in ms (negative: back). */
   readonly steps: number;

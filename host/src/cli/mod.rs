@@ -49,7 +49,7 @@ enum Command {
         #[arg(long, default_value = "0ms", value_parser = crate::server::parse_duration)]
         latency: std::time::Duration,
         /// The store guarding `POST /fulfilments` (as `idem serve --store`):
-        /// `memory:`, `sqlite:PATH`, `redis://…`, `postgres://…`.
+        /// `memory:`, `sqlite:PATH`, `redis://…`, `postgres://…`, `dynamodb://…`.
         #[arg(
             long,
             env = "IDEM_LEDGER_STORE",

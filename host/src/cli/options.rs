@@ -21,7 +21,7 @@ pub struct ServeOptions {
     /// The service behind the gateway, http://HOST:PORT[/PREFIX].
     #[arg(long, env = "IDEM_UPSTREAM", value_name = "URL")]
     pub upstream: Option<String>,
-    /// Where records live: memory:, sqlite:PATH, redis://…, postgres://… [default: sqlite:idem.db].
+    /// Where records live: memory:, sqlite:PATH, redis://…, postgres://…, dynamodb://… [default: sqlite:idem.db].
     #[arg(long, env = "IDEM_STORE", value_name = "URL")]
     pub store: Option<String>,
     /// Where the admin API listens [default: 127.0.0.1:9090]; `off` for none; port 0 as for --listen.

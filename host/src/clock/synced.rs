@@ -33,6 +33,9 @@ const STEP_MS: i64 = 1_000;
 /// is followed within a second.
 pub struct SyncedClock {
     authority: String,
+    /// How fine the server's answers are: 1 ms for a clock read in
+    /// milliseconds, 1000 ms for an HTTP `Date` header (DynamoDB's).
+    resolution_ms: u64,
     /// Server time minus boot clock, in milliseconds.
     offset_ms: AtomicI64,
     /// Half the round trip of the reading held, plus a millisecond of rounding.
@@ -51,8 +54,17 @@ impl SyncedClock {
     /// A clock of `authority` (for operators: "the Redis server's TIME"),
     /// unknown until its first reading.
     pub fn new(authority: impl Into<String>) -> Arc<SyncedClock> {
+        Self::with_resolution(authority, 1)
+    }
+
+    /// A clock whose server answers in whole steps of `resolution_ms`,
+    /// floored (an HTTP `Date` header: whole seconds). A reading `S` then
+    /// says the server's time was in `[S, S + resolution_ms)`: it is taken
+    /// as the middle of that, and its error bound grows by half of it.
+    pub fn with_resolution(authority: impl Into<String>, resolution_ms: u64) -> Arc<SyncedClock> {
         Arc::new(SyncedClock {
             authority: authority.into(),
+            resolution_ms: resolution_ms.max(1),
             offset_ms: AtomicI64::new(0),
             error_ms: AtomicU64::new(u64::MAX),
             read_at_ms: AtomicU64::new(0),
@@ -105,8 +117,10 @@ impl SyncedClock {
     /// `sent_ms` and `received_ms`.
     pub fn adopt(&self, server_ms: u64, sent_ms: u64, received_ms: u64) {
         let round_trip = received_ms.saturating_sub(sent_ms);
-        let offset = server_ms.cast_signed() - (sent_ms + round_trip / 2).cast_signed();
-        let error = round_trip.div_ceil(2) + 1;
+        let half_step = self.resolution_ms / 2;
+        let offset =
+            (server_ms + half_step).cast_signed() - (sent_ms + round_trip / 2).cast_signed();
+        let error = round_trip.div_ceil(2) + half_step + 1;
         if self.anchored.load(Ordering::Acquire) {
             let held = self.offset_ms.load(Ordering::Acquire);
             let held_error = self.error_now(received_ms);
@@ -230,6 +244,25 @@ mod tests {
         assert!(!readings.is_empty());
         for r in readings {
             let clock = SyncedClock::new("vectors");
+            clock.adopt(n(&r["server_ms"]), n(&r["sent"]), n(&r["received"]));
+            assert_eq!(clock.at(n(&r["at"])), n(&r["now_ms"]), "{r}");
+            assert_eq!(clock.error_now(n(&r["at"])), n(&r["error_ms"]), "{r}");
+        }
+    }
+
+    /// An HTTP `Date` header (DynamoDB's) says a whole second: the server's
+    /// time was somewhere in it, so the reading is its middle, and half a
+    /// second more error (`wit/store-layout/README.md`, DynamoDB; the
+    /// vectors' `time.dynamodb_readings`).
+    #[test]
+    fn a_reading_in_whole_seconds_is_the_middle_of_its_second() {
+        let text = include_str!("../../../wit/store-layout/vectors.json");
+        let doc: serde_json::Value = serde_json::from_str(text).unwrap();
+        let n = |v: &serde_json::Value| v.as_str().unwrap().parse::<u64>().unwrap();
+        let readings = doc["time"]["dynamodb_readings"].as_array().unwrap();
+        assert!(!readings.is_empty());
+        for r in readings {
+            let clock = SyncedClock::with_resolution("a Date header", 1_000);
             clock.adopt(n(&r["server_ms"]), n(&r["sent"]), n(&r["received"]));
             assert_eq!(clock.at(n(&r["at"])), n(&r["now_ms"]), "{r}");
             assert_eq!(clock.error_now(n(&r["at"])), n(&r["error_ms"]), "{r}");

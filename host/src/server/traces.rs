@@ -177,6 +177,7 @@ fn store_span_name(op: Op) -> &'static str {
 fn db_system(store: &'static str) -> &'static str {
     match store {
         "postgres" => "postgresql",
+        "dynamodb" => "aws.dynamodb",
         other => other,
     }
 }

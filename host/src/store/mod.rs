@@ -37,6 +37,8 @@ pub use idem_guest::model::{Entry, InsertOutcome, Record, State};
 mod codec;
 #[cfg(feature = "engine")]
 mod deferred;
+#[cfg(feature = "dynamodb")]
+mod dynamodb;
 #[cfg(feature = "engine")]
 mod faulty;
 #[cfg(feature = "engine")]
@@ -64,6 +66,8 @@ mod timing;
 
 #[cfg(feature = "engine")]
 pub use deferred::{ATTEMPT_TIMEOUT, Connection, FIRST_RETRY, LAST_RETRY, connect};
+#[cfg(feature = "dynamodb")]
+pub use dynamodb::DynamoDbStore;
 #[cfg(feature = "engine")]
 pub use faulty::{FaultHandle, Faulty};
 #[cfg(feature = "engine")]
@@ -135,7 +139,7 @@ pub struct ListQuery {
 #[cfg(feature = "engine")]
 #[async_trait]
 pub trait Store: Send + Sync + 'static {
-    /// A short name for errors and metrics: `memory`, `sqlite`, `redis`, `postgres`.
+    /// A short name for errors and metrics: `memory`, `sqlite`, `redis`, `postgres`, `dynamodb`.
     fn name(&self) -> &'static str;
 
     /// The live record for `key`, or `None` when absent or expired.

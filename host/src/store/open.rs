@@ -1,5 +1,5 @@
 //! Choosing a store by URL: `memory:`, `sqlite:PATH`, `redis://…`,
-//! `redis+cluster://…`, `postgres://…`.
+//! `redis+cluster://…`, `postgres://…`, `dynamodb://…` (feature `dynamodb`).
 
 use super::{MemoryStore, SqliteOptions, SqliteStore, Store, Synchronous};
 use std::sync::Arc;
@@ -8,7 +8,7 @@ use std::sync::Arc;
 #[derive(Debug, thiserror::Error)]
 pub enum OpenError {
     #[error(
-        "store URL {url:?} is not understood: {reason}; expected memory:, sqlite:PATH, redis://HOST[:PORT][/DB], redis+cluster://HOST:PORT[,HOST:PORT…] or postgres://USER@HOST[:PORT]/DB"
+        "store URL {url:?} is not understood: {reason}; expected memory:, sqlite:PATH, redis://HOST[:PORT][/DB], redis+cluster://HOST:PORT[,HOST:PORT…], postgres://USER@HOST[:PORT]/DB or dynamodb://HOST:PORT?table=T"
     )]
     BadUrl { url: String, reason: String },
     #[error("{store} store at {url:?} could not be opened: {reason}")]
@@ -20,7 +20,8 @@ pub enum OpenError {
 }
 
 /// The name of the store a URL names (`memory`, `sqlite`, `redis`,
-/// `postgres`: [`Store::name`]), from its scheme alone, without opening it.
+/// `postgres`, `dynamodb`: [`Store::name`]), from its scheme alone, without
+/// opening it.
 pub fn store_name(url: &str) -> Result<&'static str, OpenError> {
     let bad = |reason: String| OpenError::BadUrl {
         url: url.to_owned(),
@@ -34,6 +35,7 @@ pub fn store_name(url: &str) -> Result<&'static str, OpenError> {
         "sqlite" => Ok("sqlite"),
         "redis" | "redis+cluster" => Ok("redis"),
         "postgres" | "postgresql" => Ok("postgres"),
+        "dynamodb" | "dynamodb+https" => Ok("dynamodb"),
         other => Err(bad(format!("unknown store {other:?}"))),
     }
 }
@@ -56,7 +58,14 @@ pub async fn open(url: &str) -> Result<Arc<dyn Store>, OpenError> {
             Ok(Arc::new(store))
         }
         "redis" => Ok(Arc::new(super::RedisStore::open(url).await?)),
-        _ => Ok(Arc::new(super::PostgresStore::open(url).await?)),
+        "postgres" => Ok(Arc::new(super::PostgresStore::open(url).await?)),
+        #[cfg(feature = "dynamodb")]
+        _ => Ok(Arc::new(super::DynamoDbStore::open(url).await?)),
+        #[cfg(not(feature = "dynamodb"))]
+        _ => Err(OpenError::BadUrl {
+            url: url.to_owned(),
+            reason: "this build has no DynamoDB store (cargo feature `dynamodb`)".into(),
+        }),
     }
 }
 

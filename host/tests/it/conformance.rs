@@ -659,3 +659,27 @@ store_conformance!(postgres, async {
             .expect("IDEM_TEST_POSTGRES_URL is set but the server cannot be opened"),
     ) as Arc<dyn Store>)
 });
+
+// DynamoDB (tests: moto's server, scripts/services.sh): every primitive one
+// conditional request; the claim answers the live item on a failed condition.
+store_conformance!(dynamodb, async {
+    let url = dynamodb_test_url()?;
+    Some(Arc::new(
+        idem::store::DynamoDbStore::open(&url)
+            .await
+            .expect("IDEM_TEST_DYNAMODB_URL is set but the server cannot be opened"),
+    ) as Arc<dyn Store>)
+});
+
+/// `IDEM_TEST_DYNAMODB_URL` with a 10 s `timeout_ms` unless it names one:
+/// the emulator serves one request at a time (scripts/dynamodb-server.py),
+/// and the suite's cases, each with its burst of concurrent claims, queue
+/// for it side by side on a loaded machine.
+pub fn dynamodb_test_url() -> Option<String> {
+    let url = server_url("IDEM_TEST_DYNAMODB_URL")?;
+    if url.contains("timeout_ms=") {
+        return Some(url);
+    }
+    let joiner = if url.contains('?') { '&' } else { '?' };
+    Some(format!("{url}{joiner}timeout_ms=10000"))
+}

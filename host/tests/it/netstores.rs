@@ -172,6 +172,10 @@ async fn open_unreachable_names_store_and_url() {
             format!("postgresql://postgres@{addr}/test?timeout_ms=500"),
             "postgres",
         ),
+        (
+            format!("dynamodb://{addr}?table=idem&timeout_ms=500"),
+            "dynamodb",
+        ),
     ] {
         let text = refusal(&url).await;
         assert!(text.contains(store) && text.contains(&url), "{text}");
@@ -189,6 +193,18 @@ async fn bad_url_parameters_are_refused() {
         (
             "postgres://postgres@127.0.0.1/test?table=x;drop",
             "table=\"x;drop\" must be 1 to 48 characters",
+        ),
+        (
+            "dynamodb://127.0.0.1:8000?table=a/b",
+            "table=\"a/b\" must be 3 to 255 characters",
+        ),
+        (
+            "dynamodb://127.0.0.1:8000?table=idem&consistent=false",
+            "unknown dynamodb option \"consistent=false\"",
+        ),
+        (
+            "dynamodb+https://?table=idem",
+            "expected dynamodb://HOST:PORT",
         ),
     ] {
         let err = refusal(url).await;
@@ -656,5 +672,209 @@ pub(crate) mod postgres {
         assert_eq!(version, PostgresStore::SCHEMA_VERSION);
         crate::conformance::records_of_0_1_hosts_keep_working(store).await;
         drop_table(&client, &t).await;
+    }
+}
+
+mod dynamodb {
+    use super::*;
+    use aws_sdk_dynamodb::types::AttributeValue;
+    use idem::store::DynamoDbStore;
+
+    fn url() -> Option<String> {
+        crate::conformance::dynamodb_test_url()
+    }
+
+    /// `url` on another table, created by the store as it opens.
+    fn on_table(url: &str, table: &str) -> String {
+        let (base, query) = url.split_once('?').unwrap_or((url, ""));
+        let rest: Vec<&str> = query
+            .split('&')
+            .filter(|p| !p.is_empty() && !p.starts_with("table="))
+            .collect();
+        format!("{base}?table={table}&{}", rest.join("&"))
+    }
+
+    /// A raw client for the test's own requests, on the server `url` names.
+    async fn raw(url: &str) -> aws_sdk_dynamodb::Client {
+        use aws_smithy_http_client::tls::{Provider, rustls_provider::CryptoMode};
+        let endpoint = format!("http://{}", host_port(url, 8000));
+        let http = aws_smithy_http_client::Builder::new()
+            .tls_provider(Provider::Rustls(CryptoMode::Ring))
+            .build_https();
+        let config = aws_sdk_dynamodb::Config::builder()
+            .http_client(http)
+            .behavior_version(aws_sdk_dynamodb::config::BehaviorVersion::latest())
+            .endpoint_url(endpoint)
+            .region(aws_sdk_dynamodb::config::Region::new("us-east-1"))
+            .credentials_provider(aws_sdk_dynamodb::config::Credentials::new(
+                "idem", "idem", None, None, "test",
+            ))
+            .build();
+        aws_sdk_dynamodb::Client::from_conf(config)
+    }
+
+    fn table_of(url: &str) -> String {
+        url.split(['?', '&'])
+            .find_map(|p| p.strip_prefix("table="))
+            .unwrap_or("idem_records")
+            .to_owned()
+    }
+
+    proxied_tests!("IDEM_TEST_DYNAMODB_URL", 8000);
+
+    /// Unlike Redis (whose grace period keeps an expired record), a claim
+    /// over an expired record is still one request: the update's condition
+    /// takes it over and its expression counts the version on.
+    #[tokio::test]
+    async fn dynamodb_claim_of_an_expired_record_is_one_round_trip() {
+        let Some((store, proxy)) = through_proxy("IDEM_TEST_DYNAMODB_URL", 8000).await else {
+            return;
+        };
+        let key = unique("rt-expired");
+        let old = done(BASE_MS + 10);
+        store.insert(&key, old, BASE_MS).await.unwrap();
+        proxy.take_round_trips();
+        let claim = claimed(BASE_MS + 1_000, BASE_MS + 10_000);
+        assert_eq!(
+            store
+                .insert(&key, claim.clone(), BASE_MS + 10)
+                .await
+                .unwrap(),
+            InsertOutcome::Inserted(2)
+        );
+        assert_eq!(proxy.take_round_trips(), 1);
+        let entry = store.get(&key, BASE_MS + 10).await.unwrap().unwrap();
+        assert_eq!(
+            (entry.version, entry.record),
+            (2, claim),
+            "the expired record's response is gone with it"
+        );
+    }
+
+    /// Every item carries DynamoDB's TTL attribute: the record's expiry in
+    /// seconds, rounded up, plus a minute of grace.
+    #[tokio::test]
+    async fn dynamodb_items_carry_their_ttl() {
+        let Some(url) = url() else { return };
+        let store = DynamoDbStore::open(&url).await.unwrap();
+        let key = unique("ttl");
+        let expires = BASE_MS + 10_001;
+        store
+            .insert(&key, claimed(BASE_MS + 1_000, expires), BASE_MS)
+            .await
+            .unwrap();
+        let item = raw(&url)
+            .await
+            .get_item()
+            .table_name(table_of(&url))
+            .key("key", AttributeValue::S(key.clone()))
+            .consistent_read(true)
+            .send()
+            .await
+            .unwrap();
+        let ttl = item.item().unwrap().get("ttl").unwrap();
+        assert_eq!(
+            ttl,
+            &AttributeValue::N((expires.div_ceil(1_000) + 60).to_string())
+        );
+    }
+
+    #[tokio::test]
+    async fn dynamodb_corrupt_record_names_the_key() {
+        let Some(url) = url() else { return };
+        let store = DynamoDbStore::open(&url).await.unwrap();
+        let key = unique("corrupt");
+        let live = (BASE_MS + 60_000).to_string();
+        raw(&url)
+            .await
+            .put_item()
+            .table_name(table_of(&url))
+            .item("key", AttributeValue::S(key.clone()))
+            .item("version", AttributeValue::N("1".into()))
+            .item("fingerprint", AttributeValue::S("fp".into()))
+            .item("state", AttributeValue::S("paused".into()))
+            .item("lease_until_ms", AttributeValue::N(live.clone()))
+            .item("expires_at_ms", AttributeValue::N(live))
+            .item("holder", AttributeValue::N("1".into()))
+            .send()
+            .await
+            .unwrap();
+        corrupt_record_names_the_key(Arc::new(store), &key).await;
+    }
+
+    /// A table that is absent is created, with its TTL on `ttl`; a second
+    /// open finds it and uses it.
+    #[tokio::test]
+    async fn dynamodb_creates_its_table_with_ttl() {
+        let Some(url) = url() else { return };
+        let table = format!(
+            "idem_{}",
+            unique("table").replace(|c: char| !c.is_ascii_alphanumeric(), "_")
+        );
+        let url = on_table(&url, &table);
+        let first = DynamoDbStore::open(&url).await.unwrap();
+        let key = unique("created");
+        assert_eq!(
+            first
+                .insert(&key, claimed(BASE_MS + 1, BASE_MS + 10), BASE_MS)
+                .await
+                .unwrap(),
+            InsertOutcome::Inserted(1)
+        );
+        let second = DynamoDbStore::open(&url).await.unwrap();
+        assert!(second.get(&key, BASE_MS).await.unwrap().is_some());
+        let client = raw(&url).await;
+        let ttl = client
+            .describe_time_to_live()
+            .table_name(&table)
+            .send()
+            .await
+            .unwrap();
+        let ttl = ttl.time_to_live_description().unwrap();
+        assert_eq!(ttl.attribute_name(), Some("ttl"));
+        client
+            .delete_table()
+            .table_name(&table)
+            .send()
+            .await
+            .unwrap();
+    }
+
+    #[tokio::test]
+    async fn dynamodb_purge_is_bounded_and_spares_live_records() {
+        let Some(url) = url() else { return };
+        let table = format!(
+            "idem_{}",
+            unique("purge").replace(|c: char| !c.is_ascii_alphanumeric(), "_")
+        );
+        let url = on_table(&url, &table);
+        let store: Arc<dyn Store> = Arc::new(DynamoDbStore::open(&url).await.unwrap());
+        crate::conformance::purge_is_bounded_and_spares_live_records(&store).await;
+        raw(&url)
+            .await
+            .delete_table()
+            .table_name(&table)
+            .send()
+            .await
+            .unwrap();
+    }
+
+    /// The clock is AWS's (here the emulator's machine's) from the `Date`
+    /// header: known after open, to within half a second and the round trip.
+    #[tokio::test]
+    async fn dynamodb_clock_is_read_from_the_date_header() {
+        let Some(url) = url() else { return };
+        let store = DynamoDbStore::open(&url).await.unwrap();
+        let clock = store.clock();
+        let error = clock.known().unwrap();
+        assert!(
+            (501..2_000).contains(&error),
+            "half a second and the round trip: {error}"
+        );
+        assert!(
+            clock.authority().contains("Date header"),
+            "{}",
+            clock.authority()
+        );
     }
 }

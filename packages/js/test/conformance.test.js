@@ -15,7 +15,7 @@ import { after, test } from 'node:test';
 import { isDeepStrictEqual } from 'node:util';
 import { Guard, GuardError, ManualClock, MemoryStore, NotRecordedError } from '../index.js';
 import { jcoGuest } from '../jco-guest.js';
-import { FaultyStore, postgresStore, redisStore, skipWithout } from '../testing/netstores.js';
+import { dynamodbStore, FaultyStore, postgresStore, redisStore, skipWithout } from '../testing/netstores.js';
 
 const dir = new URL('../../../conformance/', import.meta.url);
 const files = readdirSync(dir)
@@ -380,6 +380,12 @@ const netstores = {
       return store;
     },
     done: async () => {},
+  },
+  // A table of its own per scenario (created by the store as it opens).
+  dynamodb: {
+    env: 'IDEM_TEST_DYNAMODB_URL',
+    open: () => dynamodbStore(),
+    done: (store) => store.cleanUp(),
   },
 };
 

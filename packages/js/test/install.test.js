@@ -53,12 +53,20 @@ test('the package is ESM with exports, types and no runtime dependencies', () =>
   assert.deepEqual(manifest.exports['.'], { types: './index.d.ts', default: './index.js' });
   assert.deepEqual(manifest.exports['./redis'], { types: './redis.d.ts', default: './redis.js' });
   assert.deepEqual(manifest.exports['./postgres'], { types: './postgres.d.ts', default: './postgres.js' });
+  assert.deepEqual(manifest.exports['./dynamodb'], { types: './dynamodb.d.ts', default: './dynamodb.js' });
   assert.equal(manifest.dependencies, undefined);
-  assert.deepEqual(manifest.peerDependenciesMeta, { '@opentelemetry/api': { optional: true }, express: { optional: true }, pg: { optional: true } });
+  assert.deepEqual(manifest.peerDependenciesMeta, {
+    '@aws-sdk/client-dynamodb': { optional: true },
+    '@opentelemetry/api': { optional: true },
+    express: { optional: true },
+    pg: { optional: true },
+  });
   const installed = join(app, 'node_modules', '@idem', 'guard');
   assert.deepEqual(readdirSync(installed).sort(), [
     'README.md',
     'clock.js',
+    'dynamodb.d.ts',
+    'dynamodb.js',
     'express.d.ts',
     'express.js',
     'fingerprint.js',
@@ -251,6 +259,7 @@ test('each declaration file names every export of its module, and nothing else',
     ['../index.js', 'index.d.ts'],
     ['../redis.js', 'redis.d.ts'],
     ['../postgres.js', 'postgres.d.ts'],
+    ['../dynamodb.js', 'dynamodb.d.ts'],
   ]) {
     const runtime = Object.keys(await import(module)).sort();
     const declared = [...readFileSync(join(pkg, types), 'utf8').matchAll(/^export declare (?:class|const|function) (\w+)/gm)].map((m) => m[1]).sort();

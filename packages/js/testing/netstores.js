@@ -5,11 +5,14 @@
 // run it as a test file.
 //
 // The servers come from IDEM_TEST_REDIS_URL, IDEM_TEST_VALKEY_URL (Valkey
-// 8.1+, for SET … IFEQ) and IDEM_TEST_POSTGRES_URL (CI sets all three:
+// 8.1+, for SET … IFEQ), IDEM_TEST_POSTGRES_URL and IDEM_TEST_DYNAMODB_URL
+// (a DynamoDB-compatible server; CI sets them all:
 // scripts/test-all.sh, examples/run-polyglot-tests.sh). A test
 // that needs one FAILS when it is not set, so CI can never pass by silently
 // skipping them; IDEM_TEST_SKIP_NETSTORES=1 skips them instead, saying so.
 
+import { DeleteTableCommand, DynamoDBClient } from '@aws-sdk/client-dynamodb';
+import { DynamoDbStore } from '../dynamodb.js';
 import { StoreError } from '../index.js';
 import { PostgresStore } from '../postgres.js';
 import { RedisStore } from '../redis.js';
@@ -72,6 +75,34 @@ export async function postgresStore(options = {}) {
     await dropTable(url, table);
   };
   store.sql = (text, values) => sql(url, text, values);
+  return store;
+}
+
+/**
+ * IDEM_TEST_DYNAMODB_URL (`dynamodb://HOST:PORT?table=T&region=R`, the Rust
+ * store's form: a DynamoDB-compatible server over plain HTTP) as the
+ * options of DynamoDbStore.open.
+ */
+export function dynamodbOptions() {
+  const url = new URL(serverUrl('IDEM_TEST_DYNAMODB_URL'));
+  return {
+    endpoint: `http://${url.host}`,
+    region: url.searchParams.get('region') ?? 'us-east-1',
+    table: url.searchParams.get('table') ?? 'idem_records',
+  };
+}
+
+/** A DynamoDbStore on a table of its own; `store.cleanUp()` closes it and deletes the table. `store.raw` is an SDK client on the server. */
+export async function dynamodbStore(options = {}) {
+  const { endpoint, region } = dynamodbOptions();
+  const table = unique();
+  const store = await DynamoDbStore.open({ endpoint, region, table, ...options });
+  store.raw = new DynamoDBClient({ endpoint, region, credentials: { accessKeyId: 'idem', secretAccessKey: 'idem' } });
+  store.cleanUp = async () => {
+    await store.close();
+    await store.raw.send(new DeleteTableCommand({ TableName: table }));
+    store.raw.destroy();
+  };
   return store;
 }
 

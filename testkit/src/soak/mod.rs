@@ -52,7 +52,7 @@ use std::time::{Duration, Instant};
 
 #[derive(clap::Args)]
 pub struct Args {
-    /// The store both gateways share: redis://… or postgres://… (add
+    /// The store both gateways share: redis://…, postgres://… or dynamodb://… (add
     /// `?prefix=` or `?table=` to keep runs apart), or sqlite:FILE on one machine.
     #[arg(long, value_name = "URL")]
     store: String,
@@ -138,7 +138,7 @@ struct Soak {
 pub async fn run(args: Args) -> anyhow::Result<()> {
     if args.store.starts_with("memory:") {
         bail!(
-            "--store memory: is private to one process; the gateways need a shared store (redis://… or postgres://…)"
+            "--store memory: is private to one process; the gateways need a shared store (redis://…, postgres://… or dynamodb://…)"
         );
     }
     if args.orders == 0 || args.concurrency == 0 {

@@ -110,3 +110,11 @@ fn multiprocess_postgres_every_key_runs_exactly_once() {
     };
     hammer_twice(&url);
 }
+
+#[test]
+fn multiprocess_dynamodb_every_key_runs_exactly_once() {
+    let Some(url) = server_url("IDEM_TEST_DYNAMODB_URL") else {
+        return;
+    };
+    hammer_twice(&url);
+}

@@ -1,4 +1,4 @@
-//! The chaos soak at CI size: `idem-testkit soak` on Redis and on PostgreSQL, two
+//! The chaos soak at CI size: `idem-testkit soak` on Redis, PostgreSQL and DynamoDB, two
 //! gateways over the shared store, faults switched on and off (latency
 //! spikes near the lease among them), gateways killed and restarted, and one
 //! stopped with SIGSTOP past its lease, then continued. It must pass its own
@@ -9,7 +9,7 @@
 //! hold every unguarded one) and must really have crashed, paused, injected
 //! faults and cut slow bodies, with gateway 1's wall clock 90 s ahead of
 //! gateway 0's and each stepped an hour (libfaketime). Redis runs with a
-//! 1 s lease, PostgreSQL with 2 s. The checker itself is tested with broken
+//! 1 s lease, PostgreSQL with 2 s, DynamoDB (moto's server) with 5 s. The checker itself is tested with broken
 //! books in `src/soak/check/tests.rs`.
 //!
 //! About 25 s per store with the debug build on a busy 2-core machine.
@@ -144,4 +144,24 @@ fn soak_on_postgres_has_no_violations() {
     };
     // A table of its own; the soak's keys carry a per-run id besides.
     soak(&with_param(&url, "table=idem_soak"), "2s");
+}
+
+#[test]
+fn soak_on_dynamodb_has_no_violations() {
+    let Some(url) = server_url("IDEM_TEST_DYNAMODB_URL") else {
+        return;
+    };
+    // A table of its own; the soak's keys carry a per-run id besides. A
+    // longer lease: DynamoDB's time authority (its `Date` header, whole
+    // seconds) lets two gateways disagree by about a second.
+    let url = url
+        .split(['?', '&'])
+        .filter(|p| !p.starts_with("table="))
+        .collect::<Vec<_>>();
+    let url = format!(
+        "{}?{}",
+        url[0],
+        [&url[1..], &["table=idem_soak"]].concat().join("&")
+    );
+    soak(&url, "5s");
 }
