@@ -256,7 +256,7 @@ fn the_readme_blocks_marked_run_run_as_written_on_a_fresh_copy() {
     let dir = tempfile::tempdir().unwrap();
     let copy = dir.path().join("idem");
     fresh_copy(&copy);
-    let path = format!(
+    let search_path = format!(
         "{}:{}",
         cargo_shim(dir.path()).display(),
         std::env::var("PATH").unwrap_or_default()
@@ -271,7 +271,7 @@ fn the_readme_blocks_marked_run_run_as_written_on_a_fresh_copy() {
         let out = Command::new("bash")
             .args(["-euo", "pipefail", "-c", &block.script])
             .current_dir(&copy)
-            .env("PATH", &path)
+            .env("PATH", &search_path)
             .env_remove("IDEM_COMPONENT")
             .output()
             .unwrap();
