@@ -45,17 +45,18 @@ mod hooked;
 mod memory;
 #[cfg(feature = "engine")]
 mod open;
-#[cfg(feature = "engine")]
+// What the network stores read from their URLs.
+#[cfg(any(feature = "redis", feature = "postgres"))]
 mod params;
-#[cfg(feature = "engine")]
+#[cfg(feature = "postgres")]
 mod postgres;
 #[cfg(feature = "engine")]
 mod purge;
 #[cfg(feature = "engine")]
 mod read_fallback;
-#[cfg(feature = "engine")]
+#[cfg(feature = "redis")]
 mod redis;
-#[cfg(feature = "engine")]
+#[cfg(feature = "sqlite")]
 mod sqlite;
 #[cfg(feature = "engine")]
 mod stack;
@@ -72,15 +73,15 @@ pub use hooked::{AsyncOnly, HideSync, Hook, Hooked, Plan};
 pub use memory::MemoryStore;
 #[cfg(feature = "engine")]
 pub use open::{OpenError, open, store_name};
-#[cfg(feature = "engine")]
+#[cfg(feature = "postgres")]
 pub use postgres::PostgresStore;
 #[cfg(feature = "engine")]
 pub use purge::{PurgeStats, Purger, purge_all};
 #[cfg(feature = "engine")]
 pub use read_fallback::ReadFallback;
-#[cfg(feature = "engine")]
+#[cfg(feature = "redis")]
 pub use redis::RedisStore;
-#[cfg(feature = "engine")]
+#[cfg(feature = "sqlite")]
 pub use sqlite::{SqliteOptions, SqliteStore, Synchronous};
 #[cfg(feature = "engine")]
 pub use stack::{Stack, stack};
