@@ -207,77 +207,38 @@ pub trait SyncStore: Send + Sync + 'static {
     }
 }
 
-/// Writes the four atomic operations once for every store that only hands
-/// each call on — `Arc<S>`, the [`Hooked`] wrapper on either side, the
-/// memory store's async side over its sync one — so that their signatures
-/// stand here and in the traits, not once a wrapper.
-///
-/// It writes the whole impl, the attributes given (`#[async_trait]` must see
-/// the methods written out) and the other methods in the braces after it.
-/// `[async]` or `[]` picks the side, then the four method names it defines,
-/// then the macro that writes each body, `$on!(self, Op::…, to(args))`, with
-/// the four names `to` it calls.
-#[cfg(feature = "engine")]
-macro_rules! hand_on {
-    (
-        $(#[$attr:meta])*
-        impl [$($generics:tt)*] $trait:ident for $ty:ty;
-        [$($async:tt)?] $get:ident $insert:ident $replace:ident $delete:ident
-            => $on:ident!($to_get:ident $to_insert:ident $to_replace:ident $to_delete:ident)
-        { $($more:tt)* }
-    ) => {
-        $(#[$attr])*
-        impl<$($generics)*> $trait for $ty {
-            $($async)? fn $get(&self, key: &str, now_ms: u64) -> $crate::store::Result<Option<$crate::store::Entry>> {
-                $on!(self, $crate::store::Op::Get, $to_get(key, now_ms))
-            }
-            $($async)? fn $insert(&self, key: &str, record: $crate::store::Record, now_ms: u64) -> $crate::store::Result<$crate::store::InsertOutcome> {
-                $on!(self, $crate::store::Op::Insert, $to_insert(key, record, now_ms))
-            }
-            $($async)? fn $replace(&self, key: &str, expected: u64, record: $crate::store::Record, now_ms: u64) -> $crate::store::Result<bool> {
-                $on!(self, $crate::store::Op::Replace, $to_replace(key, expected, record, now_ms))
-            }
-            $($async)? fn $delete(&self, key: &str, expected_version: Option<u64>, now_ms: u64) -> $crate::store::Result<bool> {
-                $on!(self, $crate::store::Op::Delete, $to_delete(key, expected_version, now_ms))
-            }
-            $($more)*
-        }
-    };
-}
-#[cfg(feature = "engine")]
-pub(crate) use hand_on;
-
 /// `Arc<S>` hands each call to `S`.
 #[cfg(feature = "engine")]
-macro_rules! to_the_shared {
-    ($self:tt, $op:expr, $to:ident($($arg:expr),*)) => {
-        (**$self).$to($($arg),*).await
-    };
-}
-
-#[cfg(feature = "engine")]
-hand_on! {
-    #[async_trait]
-    impl[S: Store + ?Sized] Store for Arc<S>;
-    [async] get insert replace delete => to_the_shared!(get insert replace delete)
-    {
-        fn name(&self) -> &'static str {
-            (**self).name()
-        }
-        async fn list(&self, query: &ListQuery, now_ms: u64) -> Result<Vec<(String, Entry)>> {
-            (**self).list(query, now_ms).await
-        }
-        async fn purge_expired(&self, now_ms: u64, limit: usize) -> Result<usize> {
-            (**self).purge_expired(now_ms, limit).await
-        }
-        fn purges_itself(&self) -> bool {
-            (**self).purges_itself()
-        }
-        fn as_sync(&self) -> Option<Arc<dyn SyncStore>> {
-            (**self).as_sync()
-        }
-        fn clock(&self) -> Arc<dyn Clock> {
-            (**self).clock()
-        }
+#[async_trait]
+impl<S: Store + ?Sized> Store for Arc<S> {
+    fn name(&self) -> &'static str {
+        (**self).name()
+    }
+    async fn get(&self, key: &str, now_ms: u64) -> Result<Option<Entry>> {
+        (**self).get(key, now_ms).await
+    }
+    async fn insert(&self, key: &str, record: Record, now_ms: u64) -> Result<InsertOutcome> {
+        (**self).insert(key, record, now_ms).await
+    }
+    async fn replace(&self, key: &str, expected: u64, record: Record, now_ms: u64) -> Result<bool> {
+        (**self).replace(key, expected, record, now_ms).await
+    }
+    async fn delete(&self, key: &str, expected_version: Option<u64>, now_ms: u64) -> Result<bool> {
+        (**self).delete(key, expected_version, now_ms).await
+    }
+    fn clock(&self) -> Arc<dyn Clock> {
+        (**self).clock()
+    }
+    async fn list(&self, query: &ListQuery, now_ms: u64) -> Result<Vec<(String, Entry)>> {
+        (**self).list(query, now_ms).await
+    }
+    async fn purge_expired(&self, now_ms: u64, limit: usize) -> Result<usize> {
+        (**self).purge_expired(now_ms, limit).await
+    }
+    fn purges_itself(&self) -> bool {
+        (**self).purges_itself()
+    }
+    fn as_sync(&self) -> Option<Arc<dyn SyncStore>> {
+        (**self).as_sync()
     }
 }
