@@ -97,20 +97,85 @@ use std::sync::Arc;
 
 /// Why a store operation failed. The guard fails closed on either.
 #[cfg(feature = "engine")]
-#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[derive(Clone, Debug)]
 pub enum StoreError {
     /// The store could not be reached or did not answer in time. A write
     /// whose reply was lost may have been applied.
-    #[error("{store} store unavailable: {reason}")]
-    Unavailable { store: &'static str, reason: String },
+    Unavailable {
+        store: &'static str,
+        reason: String,
+        /// The driver's own error, when one caused this, for a caller that
+        /// acts on its kind (its text is already in `reason`). Shared, so
+        /// that one failed batch answers each of its writes.
+        source: Option<Arc<dyn std::error::Error + Send + Sync>>,
+    },
     /// The bytes stored for a key do not decode.
-    #[error("{store} store: the record for key {key:?} does not decode: {reason}")]
     Corrupt {
         store: &'static str,
         key: String,
         reason: String,
     },
 }
+
+#[cfg(feature = "engine")]
+impl std::fmt::Display for StoreError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            StoreError::Unavailable { store, reason, .. } => {
+                write!(f, "{store} store unavailable: {reason}")
+            }
+            StoreError::Corrupt { store, key, reason } => write!(
+                f,
+                "{store} store: the record for key {key:?} does not decode: {reason}"
+            ),
+        }
+    }
+}
+
+/// Written out rather than derived: the source is the driver's error itself
+/// (so a caller can downcast it), not the `Arc` that shares it.
+#[cfg(feature = "engine")]
+impl std::error::Error for StoreError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            StoreError::Unavailable {
+                source: Some(source),
+                ..
+            } => Some(&**source),
+            _ => None,
+        }
+    }
+}
+
+/// Equal when they say the same; the driver's error, which has no equality
+/// of its own, is not compared.
+#[cfg(feature = "engine")]
+impl PartialEq for StoreError {
+    fn eq(&self, other: &Self) -> bool {
+        match (self, other) {
+            (
+                StoreError::Unavailable { store, reason, .. },
+                StoreError::Unavailable {
+                    store: other_store,
+                    reason: other_reason,
+                    ..
+                },
+            ) => store == other_store && reason == other_reason,
+            (
+                StoreError::Corrupt { store, key, reason },
+                StoreError::Corrupt {
+                    store: other_store,
+                    key: other_key,
+                    reason: other_reason,
+                },
+            ) => store == other_store && key == other_key && reason == other_reason,
+            _ => false,
+        }
+    }
+}
+
+#[cfg(feature = "engine")]
+impl Eq for StoreError {}
 
 /// What a store operation returns: its value, or why it failed.
 #[cfg(feature = "engine")]
