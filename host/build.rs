@@ -1,9 +1,10 @@
 //! Builds the guard component (`guest/`, target `wasm32-wasip2`) so that a
 //! plain `cargo build` or `cargo test` of the workspace embeds it: no manual
-//! wasm step. Two variants are built: the guard itself, and a deliberately
-//! misbehaving one (feature `misbehave`) that the host's tests use to prove
-//! that traps and runaway guests fail closed, and the guard benchmark uses to
-//! measure the bare cost of a call into the component.
+//! wasm step. The guard itself, and, with this crate's feature `testing`
+//! (its tests and benchmarks), a deliberately misbehaving one (the guest's
+//! feature `misbehave`) that the host's tests use to prove that traps and
+//! runaway guests fail closed, and the guard benchmark uses to measure the
+//! bare cost of a call into the component.
 
 use std::env;
 use std::path::{Path, PathBuf};
@@ -37,12 +38,14 @@ fn main() {
         &[],
         &out_dir.join("idem_guard.wasm"),
     );
-    build(
-        &guest,
-        &target_dir.join("misbehaving"),
-        &["--features", "misbehave"],
-        &out_dir.join("idem_guard_misbehaving.wasm"),
-    );
+    if env::var_os("CARGO_FEATURE_TESTING").is_some() {
+        build(
+            &guest,
+            &target_dir.join("misbehaving"),
+            &["--features", "misbehave"],
+            &out_dir.join("idem_guard_misbehaving.wasm"),
+        );
+    }
 }
 
 /// rustup installs the targets that rust-toolchain.toml lists only when it

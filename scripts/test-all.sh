@@ -19,6 +19,9 @@ export IDEM_TEST_REDIS_SERVER="${IDEM_TEST_REDIS_SERVER:-$(command -v redis-serv
 # of CPU, once per machine).
 bash scripts/compose-store.sh >/dev/null
 cargo test --workspace --locked
+# The library's features: each store's driver only with its feature, and
+# every feature set a library user may pick builds warning-free.
+bash scripts/check-features.sh
 if [ -f examples/run-polyglot-tests.sh ]; then
   bash examples/run-polyglot-tests.sh
 fi

@@ -11,7 +11,7 @@ pub const KEEP_ALIVE: Duration = Duration::from_secs(10);
 /// What the gateway did with one guarded request.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
-pub enum Outcome {
+pub enum Verdict {
     /// Forwarded: the upstream ran it.
     Executed,
     /// Answered from the store.
@@ -26,24 +26,24 @@ pub enum Outcome {
     Invalid,
 }
 
-impl Outcome {
-    pub const ALL: [Outcome; 6] = [
-        Outcome::Executed,
-        Outcome::Replayed,
-        Outcome::InFlight,
-        Outcome::Conflict,
-        Outcome::Unavailable,
-        Outcome::Invalid,
+impl Verdict {
+    pub const ALL: [Verdict; 6] = [
+        Verdict::Executed,
+        Verdict::Replayed,
+        Verdict::InFlight,
+        Verdict::Conflict,
+        Verdict::Unavailable,
+        Verdict::Invalid,
     ];
 
     pub fn as_str(self) -> &'static str {
         match self {
-            Outcome::Executed => "executed",
-            Outcome::Replayed => "replayed",
-            Outcome::InFlight => "in_flight",
-            Outcome::Conflict => "conflict",
-            Outcome::Unavailable => "unavailable",
-            Outcome::Invalid => "invalid",
+            Verdict::Executed => "executed",
+            Verdict::Replayed => "replayed",
+            Verdict::InFlight => "in_flight",
+            Verdict::Conflict => "conflict",
+            Verdict::Unavailable => "unavailable",
+            Verdict::Invalid => "invalid",
         }
     }
 }
@@ -54,7 +54,7 @@ pub struct DecisionEvent {
     pub ts_ms: u64,
     /// The store key: the client's scope, `/`, the key it sent.
     pub key: String,
-    pub outcome: Outcome,
+    pub outcome: Verdict,
     pub status: Option<u16>,
     pub latency_us: u64,
     /// Why, in full, for every outcome but a plain execution or replay: the

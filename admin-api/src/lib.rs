@@ -20,8 +20,8 @@ mod keys;
 mod stats;
 
 pub use events::{
-    AdminAction, AdminEvent, DecisionEvent, Event, FaultEvent, KEEP_ALIVE, KeyHistory, Outcome,
-    RenewalEvent, StoreErrorEvent,
+    AdminAction, AdminEvent, DecisionEvent, Event, FaultEvent, KEEP_ALIVE, KeyHistory,
+    RenewalEvent, StoreErrorEvent, Verdict,
 };
 pub use fault_rule::{FaultKind, FaultRule, MAX_LATENCY_MS, Op, ParseFaultError};
 pub use faults::{FaultSet, Faults, SetFaults};
@@ -30,8 +30,8 @@ pub use keys::{
     Order, Sort, StoredResponse,
 };
 pub use stats::{
-    Clock, ConnectionState, GatewayInfo, Latency, Outcomes, Pool, Purge, SlotUse, Slots, Stats,
-    StoreConnection,
+    Clock, ConnectionState, GatewayInfo, Percentiles, Pool, PurgeStats, SlotUse, Slots, Stats,
+    StoreConnection, Verdicts,
 };
 
 use serde::{Deserialize, Serialize};

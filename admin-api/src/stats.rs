@@ -1,6 +1,6 @@
 //! `GET /v1/stats`.
 
-use crate::Outcome;
+use crate::Verdict;
 use serde::{Deserialize, Serialize};
 
 /// `GET /v1/stats`.
@@ -11,13 +11,13 @@ pub struct Stats {
     /// The store's name (`memory`, `sqlite`, `redis`, `postgres`).
     pub store: String,
     /// Guarded requests by what the gateway did, since it started.
-    pub outcomes: Outcomes<u64>,
+    pub outcomes: Verdicts<u64>,
     /// The same over the last ten seconds, per second.
-    pub rates_per_s: Outcomes<f64>,
-    pub store_latency_us: Latency,
+    pub rates_per_s: Verdicts<f64>,
+    pub store_latency_us: Percentiles,
     pub pool: Pool,
     /// `None` when no purger runs (a store that purges itself).
-    pub purge: Option<Purge>,
+    pub purge: Option<PurgeStats>,
     /// The time the guard judges leases and retention by.
     pub clock: Clock,
     /// Whether the gateway has its store yet (it starts without it).
@@ -109,10 +109,10 @@ pub struct GatewayInfo {
     pub version: String,
 }
 
-/// One counter per [`Outcome`].
+/// One counter per [`Verdict`].
 #[derive(Clone, Copy, Debug, Default, PartialEq, Serialize, Deserialize)]
 #[serde(default)]
-pub struct Outcomes<T> {
+pub struct Verdicts<T> {
     pub executed: T,
     pub replayed: T,
     pub in_flight: T,
@@ -121,15 +121,15 @@ pub struct Outcomes<T> {
     pub invalid: T,
 }
 
-impl<T> Outcomes<T> {
-    pub fn get_mut(&mut self, outcome: Outcome) -> &mut T {
+impl<T> Verdicts<T> {
+    pub fn get_mut(&mut self, outcome: Verdict) -> &mut T {
         match outcome {
-            Outcome::Executed => &mut self.executed,
-            Outcome::Replayed => &mut self.replayed,
-            Outcome::InFlight => &mut self.in_flight,
-            Outcome::Conflict => &mut self.conflict,
-            Outcome::Unavailable => &mut self.unavailable,
-            Outcome::Invalid => &mut self.invalid,
+            Verdict::Executed => &mut self.executed,
+            Verdict::Replayed => &mut self.replayed,
+            Verdict::InFlight => &mut self.in_flight,
+            Verdict::Conflict => &mut self.conflict,
+            Verdict::Unavailable => &mut self.unavailable,
+            Verdict::Invalid => &mut self.invalid,
         }
     }
 }
@@ -137,7 +137,7 @@ impl<T> Outcomes<T> {
 /// Store latency percentiles of the latest operations, in microseconds.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(default)]
-pub struct Latency {
+pub struct Percentiles {
     pub p50: u64,
     pub p90: u64,
     pub p99: u64,
@@ -157,7 +157,7 @@ pub struct Pool {
 /// What the purger of expired records has done so far.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(default)]
-pub struct Purge {
+pub struct PurgeStats {
     /// Purge periods run (each frees every record expired by its start).
     pub runs: u64,
     /// Records freed in all.

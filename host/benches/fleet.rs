@@ -17,7 +17,7 @@
 mod load;
 
 use anyhow::Context;
-use idem::ledger::Ledger;
+use idem::testing::Ledger;
 use idem_harness::{Proc, spawn_bound};
 use load::{Figures, Keys, Target, measure};
 use std::fmt::Write as _;
@@ -93,7 +93,7 @@ async fn run(args: Args) -> anyhow::Result<()> {
     let (stop_tx, mut stop) = watch::channel(false);
     let listener = TcpListener::bind("127.0.0.1:0").await?;
     let ledger_addr = listener.local_addr()?;
-    let ledger = tokio::spawn(idem::ledger::run(
+    let ledger = tokio::spawn(idem::testing::run(
         Ledger::new(i64::MAX / 2, Duration::ZERO),
         listener,
         async move {

@@ -11,8 +11,8 @@ mod load;
 use anyhow::Context;
 use axum::Router;
 use axum::routing::get;
-use idem::ledger::Ledger;
 use idem::server::{Config, Gateway};
+use idem::testing::Ledger;
 use load::{Figures, Keys, Target, measure};
 use std::fmt::Write as _;
 use std::net::SocketAddr;
@@ -92,7 +92,7 @@ async fn run(args: Args) -> anyhow::Result<()> {
     let ledger = Ledger::new(i64::MAX / 2, Duration::ZERO);
     let ledger_listener = TcpListener::bind("127.0.0.1:0").await?;
     let ledger_addr = ledger_listener.local_addr()?;
-    tokio::spawn(idem::ledger::run(
+    tokio::spawn(idem::testing::run(
         ledger,
         ledger_listener,
         stopped(stop.clone()),

@@ -7,8 +7,8 @@
 #![allow(clippy::pedantic)]
 
 use criterion::{BenchmarkId, Criterion, criterion_group, criterion_main};
-use idem::component::MISBEHAVING_COMPONENT;
 use idem::store::{AsyncOnly, MemoryStore, SyncStore};
+use idem::testing::MISBEHAVING_COMPONENT;
 use idem::{Clock, Decision, Entry, Guard, Limits, LocalClock, Policy, Record, Response, Runtime};
 use idem_guest::guard::{self as native, Primitives};
 use idem_guest::model::{InsertOutcome, StoreFailure};

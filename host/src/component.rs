@@ -22,8 +22,8 @@ pub const WIT: &[(&str, &str)] = &[
 /// the component boundary itself. On `"!replay"` it crosses what a replay
 /// crosses (the clock, one `insert` handing back the stored record) and
 /// returns the record's response, deciding nothing. Never loaded unless a
-/// test or the benchmark asks for it.
-#[doc(hidden)]
+/// test or the benchmark asks for it; built only with the feature `testing`.
+#[cfg(feature = "testing")]
 pub const MISBEHAVING_COMPONENT: &[u8] =
     include_bytes!(concat!(env!("OUT_DIR"), "/idem_guard_misbehaving.wasm"));
 

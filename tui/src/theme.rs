@@ -1,6 +1,6 @@
 //! Styles that carry meaning, shared by every view.
 
-use crate::api::{FaultKind, KeyInfo, KeyState, Outcome};
+use crate::api::{FaultKind, KeyInfo, KeyState, Verdict};
 use ratatui::layout::Rect;
 use ratatui::style::{Color, Modifier, Style};
 use ratatui::text::Line;
@@ -33,14 +33,14 @@ pub fn key_state(row: &KeyInfo, now_ms: u64) -> (&'static str, Style) {
     }
 }
 
-pub fn outcome_style(outcome: Outcome) -> Style {
+pub fn outcome_style(outcome: Verdict) -> Style {
     match outcome {
-        Outcome::Executed => Style::new().fg(Color::Green),
-        Outcome::Replayed => Style::new().fg(Color::Cyan),
-        Outcome::InFlight => Style::new().fg(Color::Yellow),
-        Outcome::Conflict => Style::new().fg(Color::Magenta),
-        Outcome::Unavailable => ALERT,
-        Outcome::Invalid => Style::new().fg(Color::LightRed),
+        Verdict::Executed => Style::new().fg(Color::Green),
+        Verdict::Replayed => Style::new().fg(Color::Cyan),
+        Verdict::InFlight => Style::new().fg(Color::Yellow),
+        Verdict::Conflict => Style::new().fg(Color::Magenta),
+        Verdict::Unavailable => ALERT,
+        Verdict::Invalid => Style::new().fg(Color::LightRed),
     }
 }
 

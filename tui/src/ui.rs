@@ -3,7 +3,7 @@
 //! reads the state and draws it; it never awaits, locks or fails.
 
 use crate::action::help;
-use crate::api::{ConnectionState, Outcome};
+use crate::api::{ConnectionState, Verdict};
 use crate::app::{App, Connection};
 use crate::format::{duration, micros, truncate};
 use crate::theme::{ALERT, BOLD, DIM, LABEL, block, centered, outcome_style};
@@ -83,14 +83,14 @@ impl Widget for &App {
     }
 }
 
-fn short(outcome: Outcome) -> &'static str {
+fn short(outcome: Verdict) -> &'static str {
     match outcome {
-        Outcome::Executed => "exec",
-        Outcome::Replayed => "replay",
-        Outcome::InFlight => "inflight",
-        Outcome::Conflict => "conflict",
-        Outcome::Unavailable => "unavail",
-        Outcome::Invalid => "invalid",
+        Verdict::Executed => "exec",
+        Verdict::Replayed => "replay",
+        Verdict::InFlight => "inflight",
+        Verdict::Conflict => "conflict",
+        Verdict::Unavailable => "unavail",
+        Verdict::Invalid => "invalid",
     }
 }
 
@@ -188,11 +188,11 @@ impl App {
             ));
         }
         for (outcome, rate) in [
-            (Outcome::Executed, r.executed),
-            (Outcome::Replayed, r.replayed),
-            (Outcome::InFlight, r.in_flight),
-            (Outcome::Conflict, r.conflict),
-            (Outcome::Unavailable, r.unavailable),
+            (Verdict::Executed, r.executed),
+            (Verdict::Replayed, r.replayed),
+            (Verdict::InFlight, r.in_flight),
+            (Verdict::Conflict, r.conflict),
+            (Verdict::Unavailable, r.unavailable),
         ] {
             spans.push(Span::styled(
                 format!("{} {rate:.1}/s ", short(outcome)),

@@ -49,6 +49,7 @@ async fn bounded<T>(
                 "{op} did not answer within the store timeout of {} ms",
                 timeout.as_millis()
             ),
+            source: None,
         }),
     }
 }

@@ -19,8 +19,6 @@
 
 mod fulfil;
 
-pub use fulfil::Fulfilment;
-
 use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode};
 use axum::routing::{get, post};

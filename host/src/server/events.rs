@@ -17,7 +17,7 @@ use tokio::sync::broadcast;
 
 /// What the gateway did with one guarded request: the admin API's
 /// `outcome`, one type from the counters to the wire.
-pub use idem_admin_api::Outcome as Verdict;
+pub use idem_admin_api::Verdict;
 
 /// What `/v1/events` streams: the admin API's events, sent as they are.
 pub use idem_admin_api::{

@@ -8,6 +8,14 @@
 //! headers := count:u32 (name_len:u32 name:utf8 value_len:u32 value)*     big-endian
 //! ```
 
+// Each backend uses its part (SQLite the SQL columns and the headers blob,
+// Redis the byte layout, PostgreSQL the SQL columns); a build with fewer
+// store features leaves the others' parts unused.
+#![cfg_attr(
+    not(all(feature = "sqlite", feature = "redis", feature = "postgres")),
+    allow(dead_code)
+)]
+
 use super::{Record, StoreError};
 use idem_guest::model::Checkpoint;
 
@@ -16,6 +24,20 @@ pub(super) fn unavailable(store: &'static str, reason: impl Into<String>) -> Sto
     StoreError::Unavailable {
         store,
         reason: reason.into(),
+        source: None,
+    }
+}
+
+/// `store`'s driver failed with `error`: its text, and the error itself as
+/// the source.
+pub(super) fn driver_failed(
+    store: &'static str,
+    error: impl std::error::Error + Send + Sync + 'static,
+) -> StoreError {
+    StoreError::Unavailable {
+        store,
+        reason: error.to_string(),
+        source: Some(std::sync::Arc::new(error)),
     }
 }
 
@@ -230,6 +252,20 @@ impl<'a> Reader<'a> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A driver's error stays reachable as the source, for a caller that
+    /// acts on its kind; the message is the driver's, as before.
+    #[test]
+    fn a_driver_error_is_kept_as_the_source() {
+        let refused = std::io::Error::new(std::io::ErrorKind::ConnectionRefused, "refused");
+        let err = driver_failed("redis", refused);
+        assert_eq!(err.to_string(), "redis store unavailable: refused");
+        let source = std::error::Error::source(&err).expect("a source");
+        let io = source
+            .downcast_ref::<std::io::Error>()
+            .expect("the io::Error");
+        assert_eq!(io.kind(), std::io::ErrorKind::ConnectionRefused);
+    }
 
     /// The blob as this layout has always written it: a record stored
     /// before must still decode, and be written again byte for byte.

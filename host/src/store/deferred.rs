@@ -18,7 +18,7 @@
 
 use super::codec::unavailable;
 use super::open::{open, store_name};
-use super::{Entry, ListQuery, OpenError, Result, Store, SyncStore, hand_on};
+use super::{Entry, InsertOutcome, ListQuery, OpenError, Record, Result, Store, SyncStore};
 use crate::clock::{Clock, LocalClock};
 use async_trait::async_trait;
 use idem_admin_api::{ConnectionState, StoreConnection};
@@ -220,45 +220,47 @@ impl Clock for DeferredClock {
 }
 
 /// Each call to the opened store, or the error that says there is none yet.
-macro_rules! to_the_opened {
-    ($self:tt, $op:expr, $to:ident($($arg:expr),*)) => {
-        $self.store()?.$to($($arg),*).await
-    };
-}
-
-hand_on! {
-    #[async_trait]
-    impl[] Store for Deferred;
-    [async] get insert replace delete => to_the_opened!(get insert replace delete)
-    {
-        fn name(&self) -> &'static str {
-            self.name
-        }
-        async fn list(&self, query: &ListQuery, now_ms: u64) -> Result<Vec<(String, Entry)>> {
-            self.store()?.list(query, now_ms).await
-        }
-        async fn purge_expired(&self, now_ms: u64, limit: usize) -> Result<usize> {
-            self.store()?.purge_expired(now_ms, limit).await
-        }
-        /// Asked once, when a guard is built: before the store is open, by
-        /// its kind (Redis expires keys itself; the others are purged).
-        fn purges_itself(&self) -> bool {
-            self.opened
-                .get()
-                .map_or(self.name == "redis", Store::purges_itself)
-        }
-        /// Asked once, when a guard is built: only a store open by then
-        /// (the memory store is, at once) offers its sync side.
-        fn as_sync(&self) -> Option<Arc<dyn SyncStore>> {
-            self.opened.get()?.as_sync()
-        }
-        fn clock(&self) -> Arc<dyn Clock> {
-            Arc::new(DeferredClock {
-                opened: self.opened.clone(),
-                clock: OnceLock::new(),
-                connection: self.connection.clone(),
-            })
-        }
+#[async_trait]
+impl Store for Deferred {
+    async fn get(&self, key: &str, now_ms: u64) -> Result<Option<Entry>> {
+        self.store()?.get(key, now_ms).await
+    }
+    async fn insert(&self, key: &str, record: Record, now_ms: u64) -> Result<InsertOutcome> {
+        self.store()?.insert(key, record, now_ms).await
+    }
+    async fn replace(&self, key: &str, expected: u64, record: Record, now_ms: u64) -> Result<bool> {
+        self.store()?.replace(key, expected, record, now_ms).await
+    }
+    async fn delete(&self, key: &str, expected_version: Option<u64>, now_ms: u64) -> Result<bool> {
+        self.store()?.delete(key, expected_version, now_ms).await
+    }
+    fn name(&self) -> &'static str {
+        self.name
+    }
+    async fn list(&self, query: &ListQuery, now_ms: u64) -> Result<Vec<(String, Entry)>> {
+        self.store()?.list(query, now_ms).await
+    }
+    async fn purge_expired(&self, now_ms: u64, limit: usize) -> Result<usize> {
+        self.store()?.purge_expired(now_ms, limit).await
+    }
+    /// Asked once, when a guard is built: before the store is open, by
+    /// its kind (Redis expires keys itself; the others are purged).
+    fn purges_itself(&self) -> bool {
+        self.opened
+            .get()
+            .map_or(self.name == "redis", Store::purges_itself)
+    }
+    /// Asked once, when a guard is built: only a store open by then
+    /// (the memory store is, at once) offers its sync side.
+    fn as_sync(&self) -> Option<Arc<dyn SyncStore>> {
+        self.opened.get()?.as_sync()
+    }
+    fn clock(&self) -> Arc<dyn Clock> {
+        Arc::new(DeferredClock {
+            opened: self.opened.clone(),
+            clock: OnceLock::new(),
+            connection: self.connection.clone(),
+        })
     }
 }
 

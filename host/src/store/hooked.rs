@@ -26,7 +26,7 @@
 //! ```
 
 use super::codec::unavailable;
-use super::{Entry, ListQuery, Op, Result, Store, StoreError, SyncStore, hand_on};
+use super::{Entry, InsertOutcome, ListQuery, Op, Record, Result, Store, StoreError, SyncStore};
 use crate::clock::Clock;
 use async_trait::async_trait;
 use std::sync::Arc;
@@ -157,63 +157,74 @@ async fn sleep(wait: Duration) {
     }
 }
 
-/// Each call runs through the hook, on the inner store. Every operation's
-/// first argument is its key.
-macro_rules! through_the_hook {
-    ($self:tt, $op:expr, $to:ident($key:expr $(, $arg:expr)*)) => {
-        $self.run($op, $key, $self.inner.$to($key $(, $arg)*)).await
-    };
-}
-
-hand_on! {
-    #[async_trait]
-    impl[S: Store, H: Hook] Store for Hooked<S, H>;
-    [async] get insert replace delete => through_the_hook!(get insert replace delete)
-    {
-        fn name(&self) -> &'static str {
-            self.store
+/// Each atomic operation runs through the hook, on the inner store.
+#[async_trait]
+impl<S: Store, H: Hook> Store for Hooked<S, H> {
+    fn name(&self) -> &'static str {
+        self.store
+    }
+    async fn get(&self, key: &str, now_ms: u64) -> Result<Option<Entry>> {
+        self.run(Op::Get, key, self.inner.get(key, now_ms)).await
+    }
+    async fn insert(&self, key: &str, record: Record, now_ms: u64) -> Result<InsertOutcome> {
+        self.run(Op::Insert, key, self.inner.insert(key, record, now_ms))
+            .await
+    }
+    async fn replace(&self, key: &str, expected: u64, record: Record, now_ms: u64) -> Result<bool> {
+        let replaced = self.inner.replace(key, expected, record, now_ms);
+        self.run(Op::Replace, key, replaced).await
+    }
+    async fn delete(&self, key: &str, expected_version: Option<u64>, now_ms: u64) -> Result<bool> {
+        let deleted = self.inner.delete(key, expected_version, now_ms);
+        self.run(Op::Delete, key, deleted).await
+    }
+    async fn list(&self, query: &ListQuery, now_ms: u64) -> Result<Vec<(String, Entry)>> {
+        self.inner.list(query, now_ms).await
+    }
+    async fn purge_expired(&self, now_ms: u64, limit: usize) -> Result<usize> {
+        self.inner.purge_expired(now_ms, limit).await
+    }
+    fn purges_itself(&self) -> bool {
+        self.inner.purges_itself()
+    }
+    fn clock(&self) -> Arc<dyn Clock> {
+        self.inner.clock()
+    }
+    fn as_sync(&self) -> Option<Arc<dyn SyncStore>> {
+        if !H::KEEPS_SYNC {
+            return None;
         }
-        async fn list(&self, query: &ListQuery, now_ms: u64) -> Result<Vec<(String, Entry)>> {
-            self.inner.list(query, now_ms).await
-        }
-        async fn purge_expired(&self, now_ms: u64, limit: usize) -> Result<usize> {
-            self.inner.purge_expired(now_ms, limit).await
-        }
-        fn purges_itself(&self) -> bool {
-            self.inner.purges_itself()
-        }
-        fn clock(&self) -> Arc<dyn Clock> {
-            self.inner.clock()
-        }
-        fn as_sync(&self) -> Option<Arc<dyn SyncStore>> {
-            if !H::KEEPS_SYNC {
-                return None;
-            }
-            Some(Arc::new(Hooked {
-                inner: self.inner.as_sync()?,
-                hook: self.hook.clone(),
-                store: self.store,
-            }))
-        }
+        Some(Arc::new(Hooked {
+            inner: self.inner.as_sync()?,
+            hook: self.hook.clone(),
+            store: self.store,
+        }))
     }
 }
 
-/// The same on the sync side, which cannot wait: see [`Hook::would_wait`].
-macro_rules! through_the_hook_now {
-    ($self:tt, $op:expr, $to:ident($key:expr $(, $arg:expr)*)) => {
-        $self.run_now($op, $key, || $self.inner.$to($key $(, $arg)*))
-    };
-}
-
-hand_on! {
-    /// The sync side, as [`Store::as_sync`] makes it.
-    impl[H: Hook] SyncStore for Hooked<Arc<dyn SyncStore>, H>;
-    [] get_now insert_now replace_now delete_now
-        => through_the_hook_now!(get_now insert_now replace_now delete_now)
-    {
-        fn would_wait(&self) -> bool {
-            self.hook.would_wait() || self.inner.would_wait()
-        }
+/// The sync side, as [`Store::as_sync`] makes it: the same, but a call
+/// cannot wait (see [`Hook::would_wait`]).
+impl<H: Hook> SyncStore for Hooked<Arc<dyn SyncStore>, H> {
+    fn get_now(&self, key: &str, now_ms: u64) -> Result<Option<Entry>> {
+        self.run_now(Op::Get, key, || self.inner.get_now(key, now_ms))
+    }
+    fn insert_now(&self, key: &str, record: Record, now_ms: u64) -> Result<InsertOutcome> {
+        self.run_now(Op::Insert, key, || {
+            self.inner.insert_now(key, record, now_ms)
+        })
+    }
+    fn replace_now(&self, key: &str, expected: u64, record: Record, now_ms: u64) -> Result<bool> {
+        self.run_now(Op::Replace, key, || {
+            self.inner.replace_now(key, expected, record, now_ms)
+        })
+    }
+    fn delete_now(&self, key: &str, expected_version: Option<u64>, now_ms: u64) -> Result<bool> {
+        self.run_now(Op::Delete, key, || {
+            self.inner.delete_now(key, expected_version, now_ms)
+        })
+    }
+    fn would_wait(&self) -> bool {
+        self.hook.would_wait() || self.inner.would_wait()
     }
 }
 

@@ -1,6 +1,6 @@
 //! Records in this process's memory: fast, and gone when it exits.
 
-use super::{Entry, InsertOutcome, ListQuery, Record, Result, Store, SyncStore, hand_on};
+use super::{Entry, InsertOutcome, ListQuery, Record, Result, Store, SyncStore};
 use crate::clock::{Clock, LocalClock};
 use async_trait::async_trait;
 use std::collections::HashMap;
@@ -200,63 +200,69 @@ impl SyncStore for MemoryStore {
 }
 
 /// The async side answers at once, from the sync side.
-macro_rules! at_once {
-    ($self:tt, $op:expr, $to:ident($($arg:expr),*)) => {
-        $self.$to($($arg),*)
-    };
-}
+#[async_trait]
+impl Store for MemoryStore {
+    async fn get(&self, key: &str, now_ms: u64) -> Result<Option<Entry>> {
+        self.get_now(key, now_ms)
+    }
 
-hand_on! {
-    #[async_trait]
-    impl[] Store for MemoryStore;
-    [async] get insert replace delete => at_once!(get_now insert_now replace_now delete_now)
-    {
-        fn name(&self) -> &'static str {
-            "memory"
-        }
+    async fn insert(&self, key: &str, record: Record, now_ms: u64) -> Result<InsertOutcome> {
+        self.insert_now(key, record, now_ms)
+    }
 
-        async fn list(&self, query: &ListQuery, now_ms: u64) -> Result<Vec<(String, Entry)>> {
-            // Sort and page on keys alone; clone only the page's records, so an
-            // operator paging through 100,000 keys does not copy every response.
-            let mut keys: Vec<String> = Vec::new();
-            for shard in &self.inner.shards {
-                let map = shard
-                    .lock()
-                    .unwrap_or_else(std::sync::PoisonError::into_inner);
-                keys.extend(
-                    map.iter()
-                        .filter(|(k, e)| {
-                            e.record.is_live(now_ms)
-                                && k.starts_with(&query.prefix)
-                                && query.state.is_none_or(|s| s == e.record.state)
-                                && query.after.as_ref().is_none_or(|a| k.as_str() > a.as_str())
-                        })
-                        .map(|(k, _)| k.clone()),
-                );
-            }
-            keys.sort_unstable();
-            keys.truncate(query.limit);
-            Ok(keys
-                .into_iter()
-                .filter_map(|k| {
-                    let entry = self.get_now(&k, now_ms).ok().flatten()?;
-                    Some((k, entry))
-                })
-                .collect())
-        }
+    async fn replace(&self, key: &str, expected: u64, record: Record, now_ms: u64) -> Result<bool> {
+        self.replace_now(key, expected, record, now_ms)
+    }
 
-        async fn purge_expired(&self, now_ms: u64, limit: usize) -> Result<usize> {
-            Ok(self.purge(now_ms, limit))
-        }
+    async fn delete(&self, key: &str, expected_version: Option<u64>, now_ms: u64) -> Result<bool> {
+        self.delete_now(key, expected_version, now_ms)
+    }
 
-        fn as_sync(&self) -> Option<Arc<dyn SyncStore>> {
-            Some(Arc::new(self.clone()))
-        }
+    fn name(&self) -> &'static str {
+        "memory"
+    }
 
-        /// The records live and die with this process: its own clock.
-        fn clock(&self) -> Arc<dyn Clock> {
-            Arc::new(LocalClock)
+    async fn list(&self, query: &ListQuery, now_ms: u64) -> Result<Vec<(String, Entry)>> {
+        // Sort and page on keys alone; clone only the page's records, so an
+        // operator paging through 100,000 keys does not copy every response.
+        let mut keys: Vec<String> = Vec::new();
+        for shard in &self.inner.shards {
+            let map = shard
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            keys.extend(
+                map.iter()
+                    .filter(|(k, e)| {
+                        e.record.is_live(now_ms)
+                            && k.starts_with(&query.prefix)
+                            && query.state.is_none_or(|s| s == e.record.state)
+                            && query.after.as_ref().is_none_or(|a| k.as_str() > a.as_str())
+                    })
+                    .map(|(k, _)| k.clone()),
+            );
         }
+        keys.sort_unstable();
+        keys.truncate(query.limit);
+        Ok(keys
+            .into_iter()
+            .filter_map(|k| {
+                let entry = self.get_now(&k, now_ms).ok().flatten()?;
+                Some((k, entry))
+            })
+            .collect())
+    }
+
+    async fn purge_expired(&self, now_ms: u64, limit: usize) -> Result<usize> {
+        Ok(self.purge(now_ms, limit))
+    }
+
+    fn as_sync(&self) -> Option<Arc<dyn SyncStore>> {
+        Some(Arc::new(self.clone()))
+    }
+
+    /// The records live and die with this process: its own clock.
+    fn clock(&self) -> Arc<dyn Clock> {
+        Arc::new(LocalClock)
     }
 }
 

@@ -47,17 +47,18 @@ mod hooked;
 mod memory;
 #[cfg(feature = "engine")]
 mod open;
-#[cfg(feature = "engine")]
+// What the network stores read from their URLs.
+#[cfg(any(feature = "redis", feature = "postgres"))]
 mod params;
-#[cfg(feature = "engine")]
+#[cfg(feature = "postgres")]
 mod postgres;
 #[cfg(feature = "engine")]
 mod purge;
 #[cfg(feature = "engine")]
 mod read_fallback;
-#[cfg(feature = "engine")]
+#[cfg(feature = "redis")]
 mod redis;
-#[cfg(feature = "engine")]
+#[cfg(feature = "sqlite")]
 mod sqlite;
 #[cfg(feature = "engine")]
 mod stack;
@@ -76,15 +77,15 @@ pub use hooked::{AsyncOnly, HideSync, Hook, Hooked, Plan};
 pub use memory::MemoryStore;
 #[cfg(feature = "engine")]
 pub use open::{OpenError, open, store_name};
-#[cfg(feature = "engine")]
+#[cfg(feature = "postgres")]
 pub use postgres::PostgresStore;
 #[cfg(feature = "engine")]
 pub use purge::{PurgeStats, Purger, purge_all};
 #[cfg(feature = "engine")]
 pub use read_fallback::ReadFallback;
-#[cfg(feature = "engine")]
+#[cfg(feature = "redis")]
 pub use redis::RedisStore;
-#[cfg(feature = "engine")]
+#[cfg(feature = "sqlite")]
 pub use sqlite::{SqliteOptions, SqliteStore, Synchronous};
 #[cfg(feature = "engine")]
 pub use stack::{Stack, stack};
@@ -100,20 +101,85 @@ use std::sync::Arc;
 
 /// Why a store operation failed. The guard fails closed on either.
 #[cfg(feature = "engine")]
-#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[derive(Clone, Debug)]
 pub enum StoreError {
     /// The store could not be reached or did not answer in time. A write
     /// whose reply was lost may have been applied.
-    #[error("{store} store unavailable: {reason}")]
-    Unavailable { store: &'static str, reason: String },
+    Unavailable {
+        store: &'static str,
+        reason: String,
+        /// The driver's own error, when one caused this, for a caller that
+        /// acts on its kind (its text is already in `reason`). Shared, so
+        /// that one failed batch answers each of its writes.
+        source: Option<Arc<dyn std::error::Error + Send + Sync>>,
+    },
     /// The bytes stored for a key do not decode.
-    #[error("{store} store: the record for key {key:?} does not decode: {reason}")]
     Corrupt {
         store: &'static str,
         key: String,
         reason: String,
     },
 }
+
+#[cfg(feature = "engine")]
+impl std::fmt::Display for StoreError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            StoreError::Unavailable { store, reason, .. } => {
+                write!(f, "{store} store unavailable: {reason}")
+            }
+            StoreError::Corrupt { store, key, reason } => write!(
+                f,
+                "{store} store: the record for key {key:?} does not decode: {reason}"
+            ),
+        }
+    }
+}
+
+/// Written out rather than derived: the source is the driver's error itself
+/// (so a caller can downcast it), not the `Arc` that shares it.
+#[cfg(feature = "engine")]
+impl std::error::Error for StoreError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            StoreError::Unavailable {
+                source: Some(source),
+                ..
+            } => Some(&**source),
+            _ => None,
+        }
+    }
+}
+
+/// Equal when they say the same; the driver's error, which has no equality
+/// of its own, is not compared.
+#[cfg(feature = "engine")]
+impl PartialEq for StoreError {
+    fn eq(&self, other: &Self) -> bool {
+        match (self, other) {
+            (
+                StoreError::Unavailable { store, reason, .. },
+                StoreError::Unavailable {
+                    store: other_store,
+                    reason: other_reason,
+                    ..
+                },
+            ) => store == other_store && reason == other_reason,
+            (
+                StoreError::Corrupt { store, key, reason },
+                StoreError::Corrupt {
+                    store: other_store,
+                    key: other_key,
+                    reason: other_reason,
+                },
+            ) => store == other_store && key == other_key && reason == other_reason,
+            _ => false,
+        }
+    }
+}
+
+#[cfg(feature = "engine")]
+impl Eq for StoreError {}
 
 /// What a store operation returns: its value, or why it failed.
 #[cfg(feature = "engine")]
@@ -210,77 +276,38 @@ pub trait SyncStore: Send + Sync + 'static {
     }
 }
 
-/// Writes the four atomic operations once for every store that only hands
-/// each call on — `Arc<S>`, the [`Hooked`] wrapper on either side, the
-/// memory store's async side over its sync one — so that their signatures
-/// stand here and in the traits, not once a wrapper.
-///
-/// It writes the whole impl, the attributes given (`#[async_trait]` must see
-/// the methods written out) and the other methods in the braces after it.
-/// `[async]` or `[]` picks the side, then the four method names it defines,
-/// then the macro that writes each body, `$on!(self, Op::…, to(args))`, with
-/// the four names `to` it calls.
-#[cfg(feature = "engine")]
-macro_rules! hand_on {
-    (
-        $(#[$attr:meta])*
-        impl [$($generics:tt)*] $trait:ident for $ty:ty;
-        [$($async:tt)?] $get:ident $insert:ident $replace:ident $delete:ident
-            => $on:ident!($to_get:ident $to_insert:ident $to_replace:ident $to_delete:ident)
-        { $($more:tt)* }
-    ) => {
-        $(#[$attr])*
-        impl<$($generics)*> $trait for $ty {
-            $($async)? fn $get(&self, key: &str, now_ms: u64) -> $crate::store::Result<Option<$crate::store::Entry>> {
-                $on!(self, $crate::store::Op::Get, $to_get(key, now_ms))
-            }
-            $($async)? fn $insert(&self, key: &str, record: $crate::store::Record, now_ms: u64) -> $crate::store::Result<$crate::store::InsertOutcome> {
-                $on!(self, $crate::store::Op::Insert, $to_insert(key, record, now_ms))
-            }
-            $($async)? fn $replace(&self, key: &str, expected: u64, record: $crate::store::Record, now_ms: u64) -> $crate::store::Result<bool> {
-                $on!(self, $crate::store::Op::Replace, $to_replace(key, expected, record, now_ms))
-            }
-            $($async)? fn $delete(&self, key: &str, expected_version: Option<u64>, now_ms: u64) -> $crate::store::Result<bool> {
-                $on!(self, $crate::store::Op::Delete, $to_delete(key, expected_version, now_ms))
-            }
-            $($more)*
-        }
-    };
-}
-#[cfg(feature = "engine")]
-pub(crate) use hand_on;
-
 /// `Arc<S>` hands each call to `S`.
 #[cfg(feature = "engine")]
-macro_rules! to_the_shared {
-    ($self:tt, $op:expr, $to:ident($($arg:expr),*)) => {
-        (**$self).$to($($arg),*).await
-    };
-}
-
-#[cfg(feature = "engine")]
-hand_on! {
-    #[async_trait]
-    impl[S: Store + ?Sized] Store for Arc<S>;
-    [async] get insert replace delete => to_the_shared!(get insert replace delete)
-    {
-        fn name(&self) -> &'static str {
-            (**self).name()
-        }
-        async fn list(&self, query: &ListQuery, now_ms: u64) -> Result<Vec<(String, Entry)>> {
-            (**self).list(query, now_ms).await
-        }
-        async fn purge_expired(&self, now_ms: u64, limit: usize) -> Result<usize> {
-            (**self).purge_expired(now_ms, limit).await
-        }
-        fn purges_itself(&self) -> bool {
-            (**self).purges_itself()
-        }
-        fn as_sync(&self) -> Option<Arc<dyn SyncStore>> {
-            (**self).as_sync()
-        }
-        fn clock(&self) -> Arc<dyn Clock> {
-            (**self).clock()
-        }
+#[async_trait]
+impl<S: Store + ?Sized> Store for Arc<S> {
+    fn name(&self) -> &'static str {
+        (**self).name()
+    }
+    async fn get(&self, key: &str, now_ms: u64) -> Result<Option<Entry>> {
+        (**self).get(key, now_ms).await
+    }
+    async fn insert(&self, key: &str, record: Record, now_ms: u64) -> Result<InsertOutcome> {
+        (**self).insert(key, record, now_ms).await
+    }
+    async fn replace(&self, key: &str, expected: u64, record: Record, now_ms: u64) -> Result<bool> {
+        (**self).replace(key, expected, record, now_ms).await
+    }
+    async fn delete(&self, key: &str, expected_version: Option<u64>, now_ms: u64) -> Result<bool> {
+        (**self).delete(key, expected_version, now_ms).await
+    }
+    fn clock(&self) -> Arc<dyn Clock> {
+        (**self).clock()
+    }
+    async fn list(&self, query: &ListQuery, now_ms: u64) -> Result<Vec<(String, Entry)>> {
+        (**self).list(query, now_ms).await
+    }
+    async fn purge_expired(&self, now_ms: u64, limit: usize) -> Result<usize> {
+        (**self).purge_expired(now_ms, limit).await
+    }
+    fn purges_itself(&self) -> bool {
+        (**self).purges_itself()
+    }
+    fn as_sync(&self) -> Option<Arc<dyn SyncStore>> {
+        (**self).as_sync()
     }
 }

@@ -1,7 +1,9 @@
 //! Choosing a store by URL: `memory:`, `sqlite:PATH`, `redis://…`,
 //! `redis+cluster://…`, `postgres://…`, `dynamodb://…` (feature `dynamodb`).
 
-use super::{MemoryStore, SqliteOptions, SqliteStore, Store, Synchronous};
+use super::{MemoryStore, Store};
+#[cfg(feature = "sqlite")]
+use super::{SqliteOptions, SqliteStore, Synchronous};
 use std::sync::Arc;
 
 /// Why a store could not be opened. Names the store and the URL's problem.
@@ -17,11 +19,34 @@ pub enum OpenError {
         url: String,
         reason: String,
     },
+    /// The URL names a store whose cargo feature this build of idem lacks.
+    /// Names the scheme, not the URL, which may hold a password.
+    #[error(
+        "a {scheme}: store URL needs idem built with the `{feature}` feature (this build has: {built})"
+    )]
+    NotBuilt {
+        scheme: String,
+        feature: &'static str,
+        built: String,
+    },
 }
+
+/// The stores this build can open: `memory` and the store features on.
+const BUILT_IN: &[&str] = &[
+    "memory",
+    #[cfg(feature = "sqlite")]
+    "sqlite",
+    #[cfg(feature = "redis")]
+    "redis",
+    #[cfg(feature = "postgres")]
+    "postgres",
+    #[cfg(feature = "dynamodb")]
+    "dynamodb",
+];
 
 /// The name of the store a URL names (`memory`, `sqlite`, `redis`,
 /// `postgres`, `dynamodb`: [`Store::name`]), from its scheme alone, without
-/// opening it.
+/// opening it, whether or not this build has that store.
 pub fn store_name(url: &str) -> Result<&'static str, OpenError> {
     let bad = |reason: String| OpenError::BadUrl {
         url: url.to_owned(),
@@ -40,41 +65,52 @@ pub fn store_name(url: &str) -> Result<&'static str, OpenError> {
     }
 }
 
-/// Opens the store a URL names.
+/// Opens the store a URL names. Each store but `memory` is built only with
+/// the cargo feature of its name (`Cargo.toml`): a URL for a store left out
+/// is refused with [`OpenError::NotBuilt`].
 pub async fn open(url: &str) -> Result<Arc<dyn Store>, OpenError> {
-    let name = store_name(url)?;
-    let rest = url.split_once(':').map_or("", |(_, rest)| rest);
-    match name {
+    match store_name(url)? {
         "memory" => Ok(Arc::new(MemoryStore::new())),
-        "sqlite" => {
-            let (path, options) = sqlite_url(url, rest)?;
-            let opened =
-                tokio::task::spawn_blocking(move || SqliteStore::open(path, options)).await;
-            let store = opened.map_err(|e| OpenError::Unreachable {
-                store: "sqlite",
-                url: url.to_owned(),
-                reason: e.to_string(),
-            })??;
-            Ok(Arc::new(store))
-        }
+        #[cfg(feature = "sqlite")]
+        "sqlite" => open_sqlite(url).await,
+        #[cfg(feature = "redis")]
         "redis" => Ok(Arc::new(super::RedisStore::open(url).await?)),
+        #[cfg(feature = "postgres")]
         "postgres" => Ok(Arc::new(super::PostgresStore::open(url).await?)),
         #[cfg(feature = "dynamodb")]
-        _ => Ok(Arc::new(super::DynamoDbStore::open(url).await?)),
-        #[cfg(not(feature = "dynamodb"))]
-        _ => Err(OpenError::BadUrl {
-            url: url.to_owned(),
-            reason: "this build has no DynamoDB store (cargo feature `dynamodb`)".into(),
+        "dynamodb" => Ok(Arc::new(super::DynamoDbStore::open(url).await?)),
+        feature => Err(OpenError::NotBuilt {
+            scheme: url
+                .split_once(':')
+                .map_or(url, |(scheme, _)| scheme)
+                .to_owned(),
+            feature,
+            built: BUILT_IN.join(", "),
         }),
     }
 }
 
+#[cfg(feature = "sqlite")]
+async fn open_sqlite(url: &str) -> Result<Arc<dyn Store>, OpenError> {
+    let rest = url.split_once(':').map_or("", |(_, rest)| rest);
+    let (path, options) = sqlite_url(url, rest)?;
+    let opened = tokio::task::spawn_blocking(move || SqliteStore::open(path, options)).await;
+    let store = opened.map_err(|e| OpenError::Unreachable {
+        store: "sqlite",
+        url: url.to_owned(),
+        reason: e.to_string(),
+    })??;
+    Ok(Arc::new(store))
+}
+
 /// The longest `busy_timeout_ms` a SQLite URL may give: ten minutes.
+#[cfg(feature = "sqlite")]
 const MAX_BUSY_TIMEOUT_MS: u64 = 600_000;
 
 /// `sqlite:PATH`, `sqlite://PATH` (so `sqlite:///abs/path` works too), with
 /// an optional `?synchronous=normal|full` and `&busy_timeout_ms=N` (how
 /// long a write waits for another process's write lock; default 5000).
+#[cfg(feature = "sqlite")]
 fn sqlite_url(url: &str, rest: &str) -> Result<(std::path::PathBuf, SqliteOptions), OpenError> {
     let bad = |reason: String| OpenError::BadUrl {
         url: url.to_owned(),
@@ -113,4 +149,26 @@ fn sqlite_url(url: &str, rest: &str) -> Result<(std::path::PathBuf, SqliteOption
         }
     }
     Ok((path.into(), options))
+}
+
+#[cfg(test)]
+mod tests {
+    /// A URL for a store this build left out names the feature to turn on,
+    /// and not the URL, which may hold a password. `cargo test` builds every
+    /// store; scripts/check-features.sh runs this with none.
+    #[cfg(not(feature = "redis"))]
+    #[tokio::test]
+    async fn a_store_left_out_names_its_feature() {
+        let Err(err) = super::open("redis+cluster://:hunter2@node-1:7000").await else {
+            panic!("opened a Redis store without the redis feature");
+        };
+        let message = err.to_string();
+        assert!(
+            message.starts_with(
+                "a redis+cluster: store URL needs idem built with the `redis` feature (this build has: memory"
+            ),
+            "{message}"
+        );
+        assert!(!message.contains("hunter2"), "{message}");
+    }
 }

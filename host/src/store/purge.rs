@@ -33,7 +33,7 @@ const BATCH_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// What the purger has done so far, for `/v1/stats` and `/metrics`: the
 /// admin API's `purge` object.
-pub use idem_admin_api::Purge as PurgeStats;
+pub use idem_admin_api::PurgeStats;
 
 /// A background task that purges expired records every period, until dropped.
 pub struct Purger {

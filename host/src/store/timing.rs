@@ -25,7 +25,7 @@ struct Ring {
 
 /// Store latency percentiles, in microseconds: the admin API's
 /// `store_latency_us` object.
-pub use idem_admin_api::Latency as Percentiles;
+pub use idem_admin_api::Percentiles;
 
 impl Latencies {
     pub fn record(&self, took: Duration) {

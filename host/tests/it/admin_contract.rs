@@ -388,7 +388,7 @@ async fn every_admin_answer_decodes_into_the_contract_with_todays_fields() {
             _ => None,
         })
         .collect();
-    assert_eq!(outcomes, [api::Outcome::Executed, api::Outcome::Replayed]);
+    assert_eq!(outcomes, [api::Verdict::Executed, api::Verdict::Replayed]);
     assert!(
         decoded
             .iter()

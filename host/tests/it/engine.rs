@@ -22,7 +22,7 @@ fn both_flavours() -> [std::sync::Arc<dyn Store>; 2] {
 }
 
 fn misbehaving(limits: Limits, store: std::sync::Arc<dyn Store>) -> Guard {
-    let runtime = Runtime::from_component(idem::component::MISBEHAVING_COMPONENT, limits).unwrap();
+    let runtime = Runtime::from_component(idem::testing::MISBEHAVING_COMPONENT, limits).unwrap();
     idem::GuardBuilder::from_arc(store)
         .clock(ManualClock::new(BASE_MS))
         .runtime(runtime)

@@ -28,7 +28,7 @@ fn imports_and_exports(bytes: &[u8]) -> (BTreeSet<String>, BTreeSet<String>) {
 
 #[test]
 fn the_shipped_component_imports_only_the_guard_interfaces() {
-    let (imports, exports) = imports_and_exports(idem::component::COMPONENT);
+    let (imports, exports) = imports_and_exports(idem::COMPONENT);
     let allowed: BTreeSet<String> = [
         "idem:guard/clock@0.3.0",
         "idem:guard/random@0.3.0",

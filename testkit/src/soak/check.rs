@@ -2,7 +2,7 @@
 //! the clients saw, checked against each other. Pure, so its unit tests
 //! feed it broken books.
 
-use idem::ledger::{Books, Run};
+use idem::testing::{Books, Run};
 use serde_json::Value;
 use std::collections::{BTreeSet, HashSet};
 

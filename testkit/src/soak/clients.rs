@@ -65,7 +65,7 @@ pub(super) struct Plan {
 impl Plan {
     /// The order's body; `more` asks for another quantity and price (the reused key's other body).
     pub(super) fn body(&self, more: i64) -> String {
-        let order = idem::ledger::Order {
+        let order = idem::testing::Order {
             order: self.id.clone(),
             sku: "A".into(),
             qty: self.qty + more,

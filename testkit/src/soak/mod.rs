@@ -41,7 +41,7 @@ use gateways::{Gateway, Process, free_ports};
 use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
-use idem::ledger::Books;
+use idem::testing::Books;
 use report::{Figures, print_figures};
 use slow::{SlowTally, UNGUARDED_SLOTS, shut_out};
 use std::collections::HashSet;

@@ -6,7 +6,7 @@ use super::clients::{Tally, get};
 use super::gateways::Totals;
 use super::slow::{SlowTally, UNGUARDED_SLOTS};
 use super::{MAX_TRIES, SPIKE_PERCENT};
-use idem::ledger::Books;
+use idem::testing::Books;
 use std::time::Duration;
 
 pub(super) struct Figures<'a> {

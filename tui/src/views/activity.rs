@@ -6,7 +6,7 @@
 // Rates are shown to a tenth: a float there loses nothing anyone could see.
 #![allow(clippy::cast_precision_loss, clippy::cast_sign_loss)]
 
-use crate::api::{Event, Outcome, Outcomes, Stats};
+use crate::api::{Event, Stats, Verdict, Verdicts};
 use crate::format::{clock, date_time, micros, truncate_middle, truncate_words, wrap};
 use crate::keymap::{Binding, also, bind};
 use crate::theme::{ALERT, BOLD, DIM, LABEL, SELECTED, block, fault_style, outcome_style};
@@ -68,7 +68,7 @@ pub enum LogFilter {
     #[default]
     All,
     /// Decisions with this outcome.
-    Outcome(Outcome),
+    Verdict(Verdict),
     /// Operators' actions and fault changes.
     Operators,
     /// Store errors and lease renewals.
@@ -79,12 +79,12 @@ impl LogFilter {
     /// In the order `f` goes through them.
     pub const ALL: [LogFilter; 9] = [
         LogFilter::All,
-        LogFilter::Outcome(Outcome::Executed),
-        LogFilter::Outcome(Outcome::Replayed),
-        LogFilter::Outcome(Outcome::InFlight),
-        LogFilter::Outcome(Outcome::Conflict),
-        LogFilter::Outcome(Outcome::Unavailable),
-        LogFilter::Outcome(Outcome::Invalid),
+        LogFilter::Verdict(Verdict::Executed),
+        LogFilter::Verdict(Verdict::Replayed),
+        LogFilter::Verdict(Verdict::InFlight),
+        LogFilter::Verdict(Verdict::Conflict),
+        LogFilter::Verdict(Verdict::Unavailable),
+        LogFilter::Verdict(Verdict::Invalid),
         LogFilter::Operators,
         LogFilter::Store,
     ];
@@ -92,7 +92,7 @@ impl LogFilter {
     pub fn name(self) -> &'static str {
         match self {
             LogFilter::All => "all",
-            LogFilter::Outcome(o) => o.as_str(),
+            LogFilter::Verdict(o) => o.as_str(),
             LogFilter::Operators => "operators and faults",
             LogFilter::Store => "store errors and renewals",
         }
@@ -103,7 +103,7 @@ impl LogFilter {
             (LogFilter::All, _)
             | (LogFilter::Operators, LogLine::Admin(_) | LogLine::Fault(_))
             | (LogFilter::Store, LogLine::StoreError(_) | LogLine::Renewal(_)) => true,
-            (LogFilter::Outcome(o), LogLine::Decision(d)) => d.outcome == o,
+            (LogFilter::Verdict(o), LogLine::Decision(d)) => d.outcome == o,
             _ => false,
         }
     }
@@ -169,7 +169,7 @@ impl Log {
 #[derive(Clone, Debug, Default)]
 pub struct ActivityView {
     pub stats: Option<Stats>,
-    pub rates: VecDeque<Outcomes<f64>>,
+    pub rates: VecDeque<Verdicts<f64>>,
     pub p99_us: VecDeque<u64>,
     pub log: Log,
 }
@@ -239,7 +239,7 @@ impl Widget for &ActivityView {
 }
 
 /// Picks one outcome's rate.
-type Pick = fn(&Outcomes<f64>) -> f64;
+type Pick = fn(&Verdicts<f64>) -> f64;
 
 impl ActivityView {
     fn render_rates(&self, area: Rect, buf: &mut Buffer) {
@@ -249,12 +249,12 @@ impl ActivityView {
         ]));
         let inner = rates_block.inner(area);
         rates_block.render(area, buf);
-        let series: [(Outcome, Pick); 5] = [
-            (Outcome::Executed, |r| r.executed),
-            (Outcome::Replayed, |r| r.replayed),
-            (Outcome::InFlight, |r| r.in_flight),
-            (Outcome::Conflict, |r| r.conflict),
-            (Outcome::Unavailable, |r| r.unavailable),
+        let series: [(Verdict, Pick); 5] = [
+            (Verdict::Executed, |r| r.executed),
+            (Verdict::Replayed, |r| r.replayed),
+            (Verdict::InFlight, |r| r.in_flight),
+            (Verdict::Conflict, |r| r.conflict),
+            (Verdict::Unavailable, |r| r.unavailable),
         ];
         let lines = Layout::vertical([Constraint::Length(1); 7]).split(inner);
         for ((outcome, pick), line) in series.iter().zip(lines.iter()) {

@@ -4,7 +4,7 @@
 //! actions, and the fault changes made meanwhile — newest last. Opened with
 //! `h` on the selected row of the keys view; polled while it is open.
 
-use crate::api::{AdminAction, Event, FaultKind, KeyHistory, Outcome};
+use crate::api::{AdminAction, Event, FaultKind, KeyHistory, Verdict};
 use crate::format::{clock, micros, thousands, wrap};
 use crate::theme::{ALERT, BOLD, DIM, LABEL, block, fault_style, outcome_style};
 use ratatui::buffer::Buffer;
@@ -35,7 +35,7 @@ pub fn describe(event: &Event) -> (&'static str, Style, String, Option<String>) 
             let status = d.status.map_or("—".to_owned(), |s| s.to_string());
             let took = micros(d.latency_us);
             let (label, what) = match d.outcome {
-                Outcome::Executed => match d.fence {
+                Verdict::Executed => match d.fence {
                     Some(1) => (
                         "NEW KEY",
                         format!("{status} · ran upstream, fence 1 · {took}"),
@@ -48,20 +48,20 @@ pub fn describe(event: &Event) -> (&'static str, Style, String, Option<String>) 
                     ),
                     None => ("EXECUTED", format!("{status} · {took}")),
                 },
-                Outcome::Replayed => ("REPLAY", format!("{status} · the stored response · {took}")),
-                Outcome::InFlight => (
+                Verdict::Replayed => ("REPLAY", format!("{status} · the stored response · {took}")),
+                Verdict::InFlight => (
                     "IN FLIGHT",
                     format!("{status} · the first request was still running"),
                 ),
-                Outcome::Conflict => (
+                Verdict::Conflict => (
                     "CONFLICT",
                     format!("{status} · another payload under this key"),
                 ),
-                Outcome::Unavailable => (
+                Verdict::Unavailable => (
                     "UNAVAILABLE",
                     format!("{status} · failed closed, nothing ran"),
                 ),
-                Outcome::Invalid => ("INVALID", format!("{status} · refused")),
+                Verdict::Invalid => ("INVALID", format!("{status} · refused")),
             };
             (label, outcome_style(d.outcome), what, d.detail.clone())
         }

@@ -1,7 +1,7 @@
 //! The admin client and its tasks against the fake server.
 
 use crate::fake::Fake;
-use idem_tui::api::{FaultKind, FaultRule, KeyState, Op, Outcome};
+use idem_tui::api::{FaultKind, FaultRule, KeyState, Op, Verdict};
 use idem_tui::client::{Client, ClientError, Session, SseEvent, SseParser, decode_event};
 use idem_tui::protocol::Update;
 use idem_tui::protocol::{Command, KeyQuery, Order, Sort};
@@ -251,7 +251,7 @@ fn unknown_or_malformed_events_are_skipped() {
     let ok = r#"{"ts_ms":1,"key":"k","outcome":"in_flight","status":null,"latency_us":5,"detail":"held"}"#;
     assert!(matches!(
         decode_event(&SseEvent { event: "decision".into(), data: ok.into() }),
-        Some(Update::Decision(d)) if d.outcome == Outcome::InFlight && d.detail.as_deref() == Some("held")
+        Some(Update::Decision(d)) if d.outcome == Verdict::InFlight && d.detail.as_deref() == Some("held")
     ));
 }
 
@@ -265,14 +265,14 @@ async fn the_session_streams_decisions_and_fault_changes() {
     let shared = fake.shared.clone();
     let emitter = tokio::spawn(async move {
         loop {
-            shared.decision("order-7", Outcome::Replayed);
+            shared.decision("order-7", Verdict::Replayed);
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
     });
     let update = next_matching(&mut session, |u| matches!(u, Update::Decision(_))).await;
     emitter.abort();
     assert!(
-        matches!(update, Update::Decision(d) if d.key == "order-7" && d.outcome == Outcome::Replayed)
+        matches!(update, Update::Decision(d) if d.key == "order-7" && d.outcome == Verdict::Replayed)
     );
 
     let rule = FaultRule {

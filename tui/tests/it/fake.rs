@@ -16,8 +16,8 @@ use axum::{Json, Router};
 use futures_util::StreamExt;
 use idem_tui::api::{
     DecisionEvent, Event, FaultEvent, FaultSet, Faults, KEEP_ALIVE, KeyDetail, KeyInfo,
-    KeyListParams, KeyPage, KeyState, Order, Outcome, Problem, SetFaults, Sort, Stats,
-    StoredResponse,
+    KeyListParams, KeyPage, KeyState, Order, Problem, SetFaults, Sort, Stats, StoredResponse,
+    Verdict,
 };
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
@@ -64,7 +64,7 @@ impl Shared {
         self.inner.lock().unwrap()
     }
 
-    pub fn decision(&self, key: &str, outcome: Outcome) {
+    pub fn decision(&self, key: &str, outcome: Verdict) {
         let event = DecisionEvent {
             ts_ms: now_ms(),
             key: key.into(),

@@ -5,7 +5,7 @@ use crate::update::{NOW, loaded, row};
 use idem_tui::action::Action;
 use idem_tui::api::{
     ConnectionState, DecisionEvent, FaultEvent, FaultKind, FaultRule, Faults, KeyDetail, KeyState,
-    Op, Outcome, Outcomes, Stats, StoreConnection, StoredResponse,
+    Op, Stats, StoreConnection, StoredResponse, Verdict, Verdicts,
 };
 use idem_tui::app::App;
 use idem_tui::protocol::Update;
@@ -77,7 +77,7 @@ fn stats() -> Stats {
         store: "sqlite".into(),
         ..Stats::default()
     };
-    stats.rates_per_s = Outcomes {
+    stats.rates_per_s = Verdicts {
         executed: 41.0,
         replayed: 12.5,
         in_flight: 3.0,
@@ -97,7 +97,7 @@ fn stats() -> Stats {
 fn decision(
     i: u64,
     key: &str,
-    outcome: Outcome,
+    outcome: Verdict,
     status: Option<u16>,
     detail: Option<&str>,
 ) -> Update {
@@ -126,23 +126,23 @@ fn busy() -> App {
     app.keys.rows.insert(1, lapsed);
     app.keys.rows.insert(2, expired);
     for (i, (key, outcome, status, detail)) in [
-        ("order-000", Outcome::Executed, Some(201), None),
+        ("order-000", Verdict::Executed, Some(201), None),
         (
             "order-000",
-            Outcome::InFlight,
+            Verdict::InFlight,
             None,
             Some("held by fence 1"),
         ),
-        ("order-003", Outcome::Replayed, Some(201), None),
+        ("order-003", Verdict::Replayed, Some(201), None),
         (
             "order-004",
-            Outcome::Conflict,
+            Verdict::Conflict,
             None,
             Some("fingerprint differs"),
         ),
         (
             "order-005",
-            Outcome::Unavailable,
+            Verdict::Unavailable,
             None,
             Some("store: insert failed: injected by idem-tui"),
         ),
@@ -332,7 +332,7 @@ fn faults_panel() {
     app.apply(decision(
         30,
         "order-009",
-        Outcome::Unavailable,
+        Verdict::Unavailable,
         None,
         Some("store: insert failed"),
     ));
@@ -515,7 +515,7 @@ fn a_paused_log_says_so_and_counts_what_it_holds_back() {
     app.update(Action::Activity(
         idem_tui::views::activity::ActivityAction::Pause,
     ));
-    app.apply(decision(9, "order-010", Outcome::Executed, Some(201), None));
+    app.apply(decision(9, "order-010", Verdict::Executed, Some(201), None));
     let text = screen(&draw(&app, 80, 24));
     assert!(text.contains("paused, 1 new · G follows"), "{text}");
     assert!(
@@ -612,7 +612,7 @@ fn history_of_a_key() {
     app.update(Action::Keys(KeysAction::History));
     let at = |i: u64| NOW - 60_000 + i * 1_000;
     let decided =
-        |i: u64, outcome: Outcome, status: u16, fence: Option<u64>, detail: Option<&str>| {
+        |i: u64, outcome: Verdict, status: u16, fence: Option<u64>, detail: Option<&str>| {
             Event::Decision(DecisionEvent {
                 ts_ms: at(i),
                 key: key.clone(),
@@ -638,9 +638,9 @@ fn history_of_a_key() {
     app.apply(Update::History(KeyHistory {
         key: key.clone(),
         events: vec![
-            decided(0, Outcome::Executed, 201, Some(1), None),
-            decided(1, Outcome::Replayed, 201, None, None),
-            decided(2, Outcome::Conflict, 422, None, None),
+            decided(0, Verdict::Executed, 201, Some(1), None),
+            decided(1, Verdict::Replayed, 201, None, None),
+            decided(2, Verdict::Conflict, 422, None, None),
             admin(3, AdminAction::Expire),
             Event::Fault(FaultEvent {
                 ts_ms: at(4),
@@ -656,7 +656,7 @@ fn history_of_a_key() {
             }),
             decided(
                 5,
-                Outcome::Unavailable,
+                Verdict::Unavailable,
                 503,
                 None,
                 Some(&format!(
@@ -664,7 +664,7 @@ fn history_of_a_key() {
                 )),
             ),
             admin(6, AdminAction::Release),
-            decided(7, Outcome::Executed, 201, Some(5), None),
+            decided(7, Verdict::Executed, 201, Some(5), None),
         ],
         kept: 10_000,
         since_ms: Some(at(0)),

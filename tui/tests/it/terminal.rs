@@ -3,7 +3,7 @@
 
 use crate::fake::Fake;
 use idem_harness::Tmux;
-use idem_tui::api::{KeyState, Outcome};
+use idem_tui::api::{KeyState, Verdict};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
@@ -115,7 +115,7 @@ async fn keys_appear_a_fault_is_flipped_from_the_keyboard_and_q_restores_the_ter
     let shared = fake.shared.clone();
     let emitter = tokio::spawn(async move {
         loop {
-            shared.decision("order-00042", Outcome::Unavailable);
+            shared.decision("order-00042", Verdict::Unavailable);
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
     });
@@ -381,7 +381,7 @@ async fn memory_stays_flat_while_paging_through_a_hundred_thousand_keys() {
         let shared = fake.shared.clone();
         tokio::spawn(async move {
             for i in 0u64.. {
-                shared.decision(&format!("k-{:05}", i % 100_000), Outcome::Executed);
+                shared.decision(&format!("k-{:05}", i % 100_000), Verdict::Executed);
                 tokio::time::sleep(Duration::from_millis(2)).await;
             }
         })

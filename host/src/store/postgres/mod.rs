@@ -44,7 +44,7 @@
 mod row;
 mod sql;
 
-use super::codec::{int, unavailable};
+use super::codec::{driver_failed, int, unavailable};
 use super::params::StoreUrl;
 use super::{Entry, InsertOutcome, ListQuery, OpenError, Record, Result, State, Store};
 use crate::clock::{Clock, SyncedClock, Syncing};
@@ -261,11 +261,7 @@ impl PostgresStore {
         &self,
         sql: &str,
     ) -> Result<(deadpool_postgres::Object, tokio_postgres::Statement)> {
-        let client = self
-            .pool
-            .get()
-            .await
-            .map_err(|e| unavailable(NAME, e.to_string()))?;
+        let client = self.pool.get().await.map_err(|e| driver_failed(NAME, e))?;
         let statement = client
             .prepare_cached(sql)
             .await
@@ -368,15 +364,11 @@ impl Store for PostgresStore {
             .first()
             .ok_or_else(|| unavailable(NAME, "the claim returned no row"))?;
         // Columns: the layout's columns (expires_at_ms is the fifth), then the claimed version.
-        let claimed: Option<i64> = row
-            .try_get(12)
-            .map_err(|e| unavailable(NAME, e.to_string()))?;
+        let claimed: Option<i64> = row.try_get(12).map_err(|e| driver_failed(NAME, e))?;
         if let Some(version) = claimed {
             return Ok(InsertOutcome::Inserted(version.cast_unsigned()));
         }
-        let expires: Option<i64> = row
-            .try_get(4)
-            .map_err(|e| unavailable(NAME, e.to_string()))?;
+        let expires: Option<i64> = row.try_get(4).map_err(|e| driver_failed(NAME, e))?;
         if expires.is_some_and(|expires| expires > now) {
             return Ok(InsertOutcome::Existing(decode(key, row, 0)?));
         }
@@ -386,13 +378,9 @@ impl Store for PostgresStore {
         let row = rows
             .first()
             .ok_or_else(|| unavailable(NAME, "the claim returned no row"))?;
-        let inserted: bool = row
-            .try_get(0)
-            .map_err(|e| unavailable(NAME, e.to_string()))?;
+        let inserted: bool = row.try_get(0).map_err(|e| driver_failed(NAME, e))?;
         if inserted {
-            let version: i64 = row
-                .try_get(1)
-                .map_err(|e| unavailable(NAME, e.to_string()))?;
+            let version: i64 = row.try_get(1).map_err(|e| driver_failed(NAME, e))?;
             Ok(InsertOutcome::Inserted(version.cast_unsigned()))
         } else {
             Ok(InsertOutcome::Existing(decode(key, row, 1)?))

@@ -4,7 +4,7 @@
 use super::scripts::{CLAIM_EXPIRED, DELETE_AT, PURGE, REPLACE, TIME, evalsha};
 use super::{NAME, RedisStore, wrong_type};
 use crate::clock::{Clock, SyncedClock};
-use crate::store::codec::unavailable;
+use crate::store::codec::{driver_failed, unavailable};
 use crate::store::params::StoreUrl;
 use crate::store::{OpenError, Result};
 use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
@@ -228,7 +228,7 @@ impl RedisStore {
                 if e.is_connection_dropped() || e.is_io_error() {
                     self.wake_others(turn).await;
                 }
-                Err(unavailable(NAME, e.to_string()))
+                Err(driver_failed(NAME, e))
             }
             Err(_) => Err(unavailable(
                 NAME,

@@ -5,7 +5,7 @@ use super::connect::Conn;
 use super::scripts::PURGE;
 use super::value::{decode, number};
 use super::{NAME, RedisStore};
-use crate::store::codec::{corrupt, unavailable};
+use crate::store::codec::{corrupt, driver_failed, unavailable};
 use crate::store::{Entry, ListQuery, Result};
 use redis::Value;
 use redis::aio::ConnectionLike;
@@ -236,7 +236,7 @@ impl RedisStore {
                 }
             })
             .await?;
-        redis::from_redis_value(value).map_err(|e| unavailable(NAME, e.to_string()))
+        redis::from_redis_value(value).map_err(|e| driver_failed(NAME, e))
     }
 }
 

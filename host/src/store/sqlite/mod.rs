@@ -57,7 +57,7 @@ mod row;
 mod schema;
 mod writer;
 
-use super::codec::{int, unavailable};
+use super::codec::{driver_failed, int, unavailable};
 use super::{Entry, InsertOutcome, ListQuery, OpenError, Record, Result, State, Store};
 use crate::clock::Clock;
 use async_trait::async_trait;
@@ -344,7 +344,7 @@ impl Store for SqliteStore {
                     s.query_row(params![key, int(now_ms)], |row| Ok(decode(&key, row)))
                         .optional()
                 })
-                .map_err(|e| unavailable(STORE, e.to_string()))?;
+                .map_err(|e| driver_failed(STORE, e))?;
             row.transpose()
         })
         .await
@@ -418,7 +418,7 @@ impl Store for SqliteStore {
             );
             let mut stmt = conn
                 .prepare_cached(&sql)
-                .map_err(|e| unavailable(STORE, e.to_string()))?;
+                .map_err(|e| driver_failed(STORE, e))?;
             let rows = stmt
                 .query_map(
                     params![
@@ -435,10 +435,10 @@ impl Store for SqliteStore {
                         Ok((key, entry))
                     },
                 )
-                .map_err(|e| unavailable(STORE, e.to_string()))?;
+                .map_err(|e| driver_failed(STORE, e))?;
             let mut out = Vec::new();
             for row in rows {
-                let (key, entry) = row.map_err(|e| unavailable(STORE, e.to_string()))?;
+                let (key, entry) = row.map_err(|e| driver_failed(STORE, e))?;
                 out.push((key, entry?));
             }
             Ok(out)

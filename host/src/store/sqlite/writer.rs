@@ -3,7 +3,7 @@
 
 use super::STORE;
 use super::row::{RecordColumns, decode, sql};
-use crate::store::codec::{corrupt, int, unavailable};
+use crate::store::codec::{corrupt, driver_failed, int};
 use crate::store::{InsertOutcome, Record, Result};
 use rusqlite::{Connection, OptionalExtension, params};
 use std::sync::{Mutex, OnceLock};
@@ -82,10 +82,10 @@ pub(super) fn write_loop(side: &WriteSide, mut queue: mpsc::Receiver<Job>) {
                 // Rolled back: nothing of the batch is written. Alone, or
                 // locked out by another process for the whole busy timeout:
                 // retrying each would only wait that long again.
-                Err(e) if batch.len() == 1 || is_busy(&e) => batch
-                    .iter()
-                    .map(|_| Err(unavailable(STORE, e.to_string())))
-                    .collect(),
+                Err(e) if batch.len() == 1 || is_busy(&e) => {
+                    let failed = driver_failed(STORE, e);
+                    batch.iter().map(|_| Err(failed.clone())).collect()
+                }
                 // Otherwise retry each alone, so only the primitive that
                 // fails reports the failure.
                 Err(_) => batch
@@ -115,7 +115,7 @@ pub(super) fn apply_alone(
 ) -> Result<Written> {
     match apply_batch(conn, std::iter::once(write), before_commit) {
         Ok(mut results) => results.pop().expect("one result"),
-        Err(e) => Err(unavailable(STORE, e.to_string())),
+        Err(e) => Err(driver_failed(STORE, e)),
     }
 }
 

@@ -12,7 +12,7 @@ mod render;
 
 use super::history::HistoryPane;
 use super::{Confirm, Effects, Field, Input, KeyVerb, Severity};
-use crate::api::{GatewayInfo, KeyDetail, KeyHistory, KeyInfo, KeyPage, KeyState, Outcome};
+use crate::api::{GatewayInfo, KeyDetail, KeyHistory, KeyInfo, KeyPage, KeyState, Verdict};
 use crate::keymap::{Binding, also, bind};
 use crate::protocol::{Command, KeyQuery, Order, Sort};
 use crate::theme::lapsed;
@@ -148,7 +148,7 @@ pub struct KeysView {
     pub detail_scroll: u16,
     /// The latest decision on each key of the page on screen (and only
     /// those, so it is bounded by the page size).
-    pub last_outcome: HashMap<String, Outcome>,
+    pub last_outcome: HashMap<String, Verdict>,
     /// The local clock (ms since the epoch), from the last tick.
     pub local_ms: u64,
     /// The server's clock minus ours, from the last page of keys.
@@ -503,7 +503,7 @@ impl KeysView {
         }
     }
 
-    pub fn decision(&mut self, key: &str, outcome: Outcome) {
+    pub fn decision(&mut self, key: &str, outcome: Verdict) {
         if self.rows.iter().any(|r| r.key == key) {
             self.last_outcome.insert(key.to_owned(), outcome);
         }

@@ -3,7 +3,7 @@
 use super::{ch, key, loaded, press};
 use crossterm::event::KeyCode;
 use idem_tui::action::{Action, from_key};
-use idem_tui::api::{AdminAction, AdminEvent, DecisionEvent, Event, Outcome, Stats};
+use idem_tui::api::{AdminAction, AdminEvent, DecisionEvent, Event, Stats, Verdict};
 use idem_tui::app::App;
 use idem_tui::protocol::Update;
 use idem_tui::views::View;
@@ -34,7 +34,7 @@ fn the_decision_log_scrolls_and_pauses() {
         app.apply(Update::Decision(DecisionEvent {
             ts_ms: i,
             key: format!("k-{i}"),
-            outcome: Outcome::Executed,
+            outcome: Verdict::Executed,
             status: None,
             latency_us: 1,
             detail: None,
@@ -81,7 +81,7 @@ fn history_and_log_stay_bounded() {
         let event = DecisionEvent {
             ts_ms: i,
             key: "k".into(),
-            outcome: Outcome::Executed,
+            outcome: Verdict::Executed,
             status: None,
             latency_us: 1,
             detail: None,
@@ -104,7 +104,7 @@ fn history_and_log_stay_bounded() {
     assert!(app.activity.log.lines.is_empty());
 }
 
-fn decided(i: u64, outcome: Outcome, detail: Option<&str>) -> Update {
+fn decided(i: u64, outcome: Verdict, detail: Option<&str>) -> Update {
     Update::Decision(DecisionEvent {
         ts_ms: i,
         key: format!("anon/k-{i}"),
@@ -132,10 +132,10 @@ fn the_log_shows_one_kind_of_line_and_opens_its_bottom_line_in_full() {
         );
     }
     let reason = "store unavailable: the store failed: insert failed for key \"anon/k-3\": memory store unavailable: injected on insert";
-    app.apply(decided(1, Outcome::Executed, None));
-    app.apply(decided(2, Outcome::Replayed, None));
-    app.apply(decided(3, Outcome::Unavailable, Some(reason)));
-    app.apply(decided(4, Outcome::Executed, None));
+    app.apply(decided(1, Verdict::Executed, None));
+    app.apply(decided(2, Verdict::Replayed, None));
+    app.apply(decided(3, Verdict::Unavailable, Some(reason)));
+    app.apply(decided(4, Verdict::Executed, None));
     app.apply(Update::Event(Event::Admin(AdminEvent {
         ts_ms: 5,
         action: AdminAction::Release,
@@ -175,7 +175,7 @@ fn the_log_shows_one_kind_of_line_and_opens_its_bottom_line_in_full() {
         "{screen}"
     );
     // New lines do not move the open one.
-    app.apply(decided(6, Outcome::Unavailable, Some("later")));
+    app.apply(decided(6, Verdict::Unavailable, Some("later")));
     assert_eq!(
         app.activity.log.selected().and_then(|l| l.key()),
         Some("anon/k-3")
@@ -196,7 +196,7 @@ fn a_reason_cut_short_ends_at_a_word() {
     app.update(Action::ShowView(View::Activity));
     app.apply(decided(
         1,
-        Outcome::Unavailable,
+        Verdict::Unavailable,
         Some("store unavailable: insert failed for key anon/order-1 because the connection was refused"),
     ));
     let screen = super::screen(&app, 120, 40);

@@ -4,7 +4,7 @@
 use super::{NOW, assert_prompt_opened, ch, draw_at, loaded, page, press, row, status, type_text};
 use crossterm::event::KeyCode;
 use idem_tui::action::{Action, Mode};
-use idem_tui::api::{DecisionEvent, Event, KeyDetail, KeyHistory, KeyPage, KeyState, Outcome};
+use idem_tui::api::{DecisionEvent, Event, KeyDetail, KeyHistory, KeyPage, KeyState, Verdict};
 use idem_tui::protocol::{Command, KeyQuery, Order, Sort, Update};
 use idem_tui::views::KeyVerb;
 use idem_tui::views::keys::StateFilter;
@@ -304,16 +304,16 @@ fn the_last_decision_is_kept_for_keys_on_screen_only() {
             fence: None,
         })
     };
-    app.apply(decide("order-003", Outcome::Executed));
-    app.apply(decide("order-003", Outcome::Conflict));
-    app.apply(decide("elsewhere", Outcome::Replayed));
+    app.apply(decide("order-003", Verdict::Executed));
+    app.apply(decide("order-003", Verdict::Conflict));
+    app.apply(decide("elsewhere", Verdict::Replayed));
     assert_eq!(
         app.keys.last_outcome.len(),
         1,
         "{:?}",
         app.keys.last_outcome
     );
-    assert_eq!(app.keys.last_outcome["order-003"], Outcome::Conflict);
+    assert_eq!(app.keys.last_outcome["order-003"], Verdict::Conflict);
     // A new page forgets the keys that left the screen.
     let query = app.keys.query.clone();
     let mut other = page(2, None);
@@ -415,7 +415,7 @@ fn h_opens_the_selected_keys_history_polled_until_closed() {
         events: vec![Event::Decision(DecisionEvent {
             ts_ms: NOW,
             key: key.clone(),
-            outcome: Outcome::Executed,
+            outcome: Verdict::Executed,
             status: Some(201),
             latency_us: 900,
             detail: None,
