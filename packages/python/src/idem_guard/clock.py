@@ -7,7 +7,8 @@ per store (`wit/clock.wit`), never this host's wall clock.
   (default 1 000), carried between reads by the machine's boot clock. Every
   host sharing the server agrees with it to within half a round trip.
   `RedisStore`, `AsyncRedisStore`, `PostgresStore` and `AsyncPostgresStore`
-  each keep one (`store.clock`).
+  each keep one (`store.clock`); `DynamoDbStore` too, from the `Date` header
+  of DynamoDB's responses (whole seconds: `resolution_ms=1000`).
 - `LocalClock`: this process's boot clock, anchored once to the wall clock;
   the authority of a store that lives and dies with the process
   (`MemoryStore`).
