@@ -7,7 +7,8 @@ per store (`wit/clock.wit`), never this host's wall clock.
   (default 1 000), carried between reads by the machine's boot clock. Every
   host sharing the server agrees with it to within half a round trip.
   `RedisStore`, `AsyncRedisStore`, `PostgresStore` and `AsyncPostgresStore`
-  each keep one (`store.clock`).
+  each keep one (`store.clock`); `DynamoDbStore` too, from the `Date` header
+  of DynamoDB's responses (whole seconds: `resolution_ms=1000`).
 - `LocalClock`: this process's boot clock, anchored once to the wall clock;
   the authority of a store that lives and dies with the process
   (`MemoryStore`).
@@ -185,7 +186,9 @@ class SyncedClock:
     `S` between boot-clock instants `sent` and `received` (`rtt = received -
     sent`); the time at boot instant `m` is `S + (m - (sent + rtt // 2))`, with
     an error bound of `ceil(rtt / 2) + 1` ms plus 0.1 ms per second since the
-    reading, rounded up. A new reading is adopted only when it is more precise
+    reading, rounded up. A server that answers in whole steps of
+    `resolution_ms` (DynamoDB's `Date` header: 1 000) is read as the middle of
+    its step, `S + resolution_ms // 2`, with that half step more error. A new reading is adopted only when it is more precise
     (a smaller bound) than the one held, or disagrees with it by more than both
     bounds (the server's clock was set: the host follows its authority). So
     round-trip jitter never moves the time, and a step of the server's clock is
@@ -198,9 +201,14 @@ class SyncedClock:
     clock and its store live; `keep_synced_async(ask)`, as an asyncio task
     of the running loop. Thread-safe."""
 
-    def __init__(self, authority: str, sync_every_ms: int = CLOCK_SYNC_MS):
+    def __init__(self, authority: str, sync_every_ms: int = CLOCK_SYNC_MS, *, resolution_ms: int = 1):
         self.authority = authority
         self.sync_every_ms = check_clock_sync_ms(sync_every_ms)
+        if not isinstance(resolution_ms, int) or isinstance(resolution_ms, bool) or resolution_ms < 1:
+            raise ValueError(f"resolution_ms {resolution_ms!r} must be a whole number of milliseconds, at least 1")
+        # How fine the server's answers are, floored: 1 ms, or 1 000 for an HTTP `Date` header
+        # (DynamoDB's). A reading is taken as the middle of its step, with half a step more error.
+        self.resolution_ms = resolution_ms
         self._lock = threading.Lock()
         self._offset_ms = 0  # server time minus boot clock
         self._error_ms = 0  # half the round trip of the reading held, plus a millisecond of rounding
@@ -223,8 +231,9 @@ class SyncedClock:
     def adopt(self, server_ms: int, sent_ms: int, received_ms: int) -> None:
         """A reading: the server said `server_ms` between the boot clock's `sent_ms` and `received_ms`."""
         round_trip = max(0, received_ms - sent_ms)
-        offset = server_ms - (sent_ms + round_trip // 2)
-        error = -(-round_trip // 2) + 1
+        half_step = self.resolution_ms // 2
+        offset = server_ms + half_step - (sent_ms + round_trip // 2)
+        error = -(-round_trip // 2) + half_step + 1
         with self._lock:
             self.readings += 1
             if self._anchored:
