@@ -3,6 +3,7 @@
 // u64s travel as decimal strings; claims stay here, named by an id.
 //
 //   {"op":"open","store":"redis"|"postgres","url":…,"prefix"|"table":…,"leaseMs":…}
+//   {"op":"open","store":"dynamodb","endpoint":…,"region":…,"table":…,"timeoutMs":…,"leaseMs":…}
 //   {"op":"begin","key":…,"fingerprint":…}   → {"tag":"proceed","claim":ID,"fence":…} | {"tag":"replay","response":…} | …
 //   {"op":"complete","claim":ID,"response":{"status":…,"headers":[[name,hex]],"body":hex}}
 //   {"op":"clock"}                           → {"nowMs":…,"errorMs":…,"wallOffsetMs":…,"authority":…}
@@ -23,10 +24,13 @@ let guard;
 let store;
 const claims = new Map();
 
-async function open({ store: kind, url, prefix, table, leaseMs }) {
+async function open({ store: kind, url, prefix, table, leaseMs, endpoint, region, timeoutMs }) {
   if (kind === 'redis') {
     const { RedisStore } = await import('../../packages/js/redis.js');
     store = await RedisStore.open({ url, prefix });
+  } else if (kind === 'dynamodb') {
+    const { DynamoDbStore } = await import('../../packages/js/dynamodb.js');
+    store = await DynamoDbStore.open({ endpoint, region, table, timeoutMs });
   } else {
     const { PostgresStore } = await import('../../packages/js/postgres.js');
     store = await PostgresStore.open({ url, table });

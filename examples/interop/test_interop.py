@@ -1,6 +1,6 @@
 """Three hosts, one store: `idem serve` (Rust), a Node.js service
 (`@idem/guard`, driven through peer.mjs) and a Python worker (`idem-guard`,
-in this process) share one Redis and one PostgreSQL, and agree on every key:
+in this process) share one Redis, one PostgreSQL and one DynamoDB table, and agree on every key:
 
 - a key one of them claimed is in flight for the other two;
 - a response one of them stored is replayed byte for byte by the others;
@@ -13,8 +13,8 @@ in this process) share one Redis and one PostgreSQL, and agree on every key:
   every host still sees the others' claims in flight and each key runs once:
   they all judge time by the store's clock (contract 0.3).
 
-Needs IDEM_BIN (an `idem` binary), IDEM_TEST_REDIS_URL and
-IDEM_TEST_POSTGRES_URL; fails, naming what is missing, without them
+Needs IDEM_BIN (an `idem` binary), IDEM_TEST_REDIS_URL, IDEM_TEST_POSTGRES_URL and
+IDEM_TEST_DYNAMODB_URL (`dynamodb://HOST:PORT?region=…`, a DynamoDB-compatible server); fails, naming what is missing, without them
 (IDEM_TEST_SKIP_NETSTORES=1 skips it for want of a server URL).
 Run by examples/run-polyglot-tests.sh in the polyglot venv.
 """
@@ -41,6 +41,8 @@ from idem_guard import Guard, GuardError, Response
 
 HERE = Path(__file__).resolve().parent
 LEASE_MS = 30_000
+# A DynamoDB request's timeout in every host (see started_hosts).
+DYNAMODB_TIMEOUT_MS = 10_000
 
 
 def need(var: str) -> str:
@@ -214,7 +216,7 @@ class Skew:
         }
 
 
-@pytest.fixture(params=["redis", "postgres"])
+@pytest.fixture(params=["redis", "postgres", "dynamodb"])
 def hosts(request):
     """The three hosts on one store, under a prefix or table of this run's own."""
     with started_hosts(request.param) as started:
@@ -237,6 +239,21 @@ def started_hosts(kind: str, skew: Skew | None = None):
 
         async def open_async():
             return AsyncRedisStore(url, prefix=prefix)
+
+    elif kind == "dynamodb":
+        url = need("IDEM_TEST_DYNAMODB_URL")
+        from idem_guard.dynamodb import AsyncDynamoDbStore, DynamoDbStore
+
+        endpoint, region = _dynamodb_endpoint(url)
+        # A table of the run's own. moto serves one request at a time (scripts/dynamodb-server.py),
+        # so three hosts queue behind each other: a longer request timeout than the 2 s default.
+        dynamo = {"endpoint": endpoint, "region": region, "table": run}
+        py_store = DynamoDbStore(**dynamo, timeout_ms=DYNAMODB_TIMEOUT_MS)
+        gateway_url = f"dynamodb://{endpoint.removeprefix('http://')}?table={run}&region={region}&timeout_ms={DYNAMODB_TIMEOUT_MS}"
+        node_open = {"store": "dynamodb", **dynamo, "timeoutMs": DYNAMODB_TIMEOUT_MS}
+
+        async def open_async():
+            return await AsyncDynamoDbStore.open(**dynamo, timeout_ms=DYNAMODB_TIMEOUT_MS)
 
     else:
         url = need("IDEM_TEST_POSTGRES_URL")
@@ -265,10 +282,28 @@ def started_hosts(kind: str, skew: Skew | None = None):
         yield kind, gateway, node, python, upstream, py_store, open_async
 
 
+def _dynamodb_endpoint(url: str) -> tuple[str, str]:
+    """`dynamodb://HOST:PORT?region=R…` as the packages take it: `http://HOST:PORT` and R."""
+    rest = url.removeprefix("dynamodb://")
+    host, _, query = rest.partition("?")
+    params = dict(p.split("=", 1) for p in query.split("&") if "=" in p)
+    return f"http://{host}", params.get("region", "us-east-1")
+
+
 def _forget(kind: str, url: str, run: str) -> None:
     """Removes the run's table, or its keys."""
     if kind == "postgres":
         _drop(url, run)
+        return
+    if kind == "dynamodb":
+        import boto3
+
+        endpoint, region = _dynamodb_endpoint(url)
+        client = boto3.client(
+            "dynamodb", endpoint_url=endpoint, region_name=region, aws_access_key_id="interop", aws_secret_access_key="interop"
+        )
+        with contextlib.suppress(client.exceptions.ResourceNotFoundException):
+            client.delete_table(TableName=run)
         return
     import redis
 
@@ -434,7 +469,7 @@ def test_the_gateway_and_the_asgi_middleware_replay_each_others_responses(hosts)
     assert upstream.calls.get("p-m") is None
 
 
-@pytest.fixture(params=["redis", "postgres"])
+@pytest.fixture(params=["redis", "postgres", "dynamodb"])
 def hosts_skewed(request, tmp_path):
     """The three hosts on one store, the gateway's wall clock a minute ahead of the real one and
     the Node.js service's a minute behind: two minutes, four leases, between them. Python's is
