@@ -150,7 +150,7 @@ echo "== Python package and host ($(python3.11 --version))"
   (cd "$root/examples/python" && "$venv/bin/python" -m pytest -q -p no:cacheprovider)
 )
 
-echo "== interop: idem serve, a Node.js service and a Python worker on one Redis and one PostgreSQL"
+echo "== interop: idem serve, a Node.js service and a Python worker on one Redis, one PostgreSQL and one DynamoDB table"
 (
   # The gateway is the idem binary the component came from (IDEM_BIN, above).
   cd "$root/examples/interop" && "$target/polyglot-venv/bin/python" -m pytest -q -p no:cacheprovider
