@@ -13,6 +13,7 @@ use clap::{Parser, Subcommand};
 use std::path::PathBuf;
 
 mod demo;
+mod log_line;
 mod options;
 mod telemetry;
 

@@ -1,0 +1,557 @@
+//! The log lines `idem serve` writes when stderr is not a terminal: the
+//! same bytes as `tracing-subscriber`'s own text (`Full`, no colours) and
+//! flattened JSON formatters, written straight into the line.
+//!
+//! At `info` the gateway writes a line for every guarded request, and
+//! `tracing-subscriber`'s formatters made that line cost 9.3k instructions,
+//! 17 % of a replay (BENCHMARKS.md, "Issue 47"): each field went through
+//! `fmt` machinery, the date was worked out from the epoch for every line,
+//! and the text format painted styles even with colours off. Here strings
+//! and numbers are copied, the date is formatted once a second per thread,
+//! and nothing is styled. On a terminal the text format stays
+//! `tracing-subscriber`'s, coloured.
+//!
+//! The gateway makes no `tracing` spans, so a line says nothing of spans.
+
+use std::cell::Cell;
+use std::fmt::{self, Write};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use tracing::field::{Field, Visit};
+use tracing::{Event, Level, Subscriber};
+use tracing_subscriber::fmt::format::Writer;
+use tracing_subscriber::fmt::{FmtContext, FormatEvent, FormatFields};
+use tracing_subscriber::registry::LookupSpan;
+
+/// How a line is laid out.
+#[derive(Clone, Copy, Debug)]
+pub(super) enum LogLine {
+    /// `2026-12-07T02:53:51.876207Z  INFO idem::request: decided key="anon/o-1" fence=1 …`
+    Text,
+    /// `{"timestamp":"…","level":"INFO","message":"decided","key":"anon/o-1",…,"target":"idem::request"}`
+    Json,
+}
+
+impl<S, N> FormatEvent<S, N> for LogLine
+where
+    S: Subscriber + for<'a> LookupSpan<'a>,
+    N: for<'a> FormatFields<'a> + 'static,
+{
+    fn format_event(
+        &self,
+        _: &FmtContext<'_, S, N>,
+        mut out: Writer<'_>,
+        event: &Event<'_>,
+    ) -> fmt::Result {
+        let meta = event.metadata();
+        match self {
+            LogLine::Text => {
+                write_timestamp(&mut out, SystemTime::now())?;
+                out.write_str(match *meta.level() {
+                    Level::TRACE => " TRACE ",
+                    Level::DEBUG => " DEBUG ",
+                    Level::INFO => "  INFO ",
+                    Level::WARN => "  WARN ",
+                    Level::ERROR => " ERROR ",
+                })?;
+                out.write_str(meta.target())?;
+                out.write_str(": ")?;
+                let mut fields = TextFields {
+                    out: &mut out,
+                    first: true,
+                    result: Ok(()),
+                };
+                event.record(&mut fields);
+                fields.result?;
+            }
+            LogLine::Json => {
+                out.write_str("{\"timestamp\":\"")?;
+                write_timestamp(&mut out, SystemTime::now())?;
+                out.write_str("\",\"level\":\"")?;
+                out.write_str(meta.level().as_str())?;
+                out.write_char('"')?;
+                let mut fields = JsonFields {
+                    out: &mut out,
+                    result: Ok(()),
+                };
+                event.record(&mut fields);
+                fields.result?;
+                out.write_str(",\"target\":")?;
+                json_string(&mut out, meta.target())?;
+                out.write_char('}')?;
+            }
+        }
+        out.write_char('\n')
+    }
+}
+
+/// The event's fields as `tracing-subscriber`'s `DefaultFields` writes them:
+/// the message as it is, then ` name=value` (strings quoted and escaped as
+/// Rust's `{:?}` does).
+struct TextFields<'a, 'w> {
+    out: &'a mut Writer<'w>,
+    first: bool,
+    result: fmt::Result,
+}
+
+impl TextFields<'_, '_> {
+    /// Starts a field: a space before all but the first, then `name=`
+    /// (nothing for the message).
+    fn name(&mut self, field: &Field) -> fmt::Result {
+        if self.first {
+            self.first = false;
+        } else {
+            self.out.write_char(' ')?;
+        }
+        let name = field.name();
+        if name != "message" {
+            self.out
+                .write_str(name.strip_prefix("r#").unwrap_or(name))?;
+            self.out.write_char('=')?;
+        }
+        Ok(())
+    }
+
+    fn record(&mut self, field: &Field, value: impl FnOnce(&mut Writer<'_>) -> fmt::Result) {
+        if self.result.is_ok() {
+            self.result = self.name(field).and_then(|()| value(self.out));
+        }
+    }
+}
+
+impl Visit for TextFields<'_, '_> {
+    fn record_str(&mut self, field: &Field, value: &str) {
+        if field.name() == "message" {
+            self.record(field, |out| Sanitized(out).write_str(value));
+        } else {
+            self.record(field, |out| quoted(out, value));
+        }
+    }
+
+    fn record_u64(&mut self, field: &Field, value: u64) {
+        self.record(field, |out| decimal(out, value));
+    }
+
+    fn record_i64(&mut self, field: &Field, value: i64) {
+        self.record(field, |out| {
+            if value < 0 {
+                out.write_char('-')?;
+            }
+            decimal(out, value.unsigned_abs())
+        });
+    }
+
+    fn record_bool(&mut self, field: &Field, value: bool) {
+        self.record(field, |out| {
+            out.write_str(if value { "true" } else { "false" })
+        });
+    }
+
+    /// The message (`format_args!`) and `%display` / `?debug` values; their
+    /// escape sequences are escaped, as `tracing-subscriber` does the
+    /// message's, so that no value can drive the terminal the log is read on.
+    fn record_debug(&mut self, field: &Field, value: &dyn fmt::Debug) {
+        self.record(field, |out| write!(Sanitized(out), "{value:?}"));
+    }
+}
+
+/// The event's fields as `tracing-subscriber`'s flattened JSON writes them:
+/// `,"name":value`, numbers and booleans as such, anything else a string.
+struct JsonFields<'a, 'w> {
+    out: &'a mut Writer<'w>,
+    result: fmt::Result,
+}
+
+impl JsonFields<'_, '_> {
+    fn record(&mut self, field: &Field, value: impl FnOnce(&mut Writer<'_>) -> fmt::Result) {
+        if self.result.is_ok() {
+            self.result = (|| {
+                self.out.write_str(",\"")?;
+                json_escaped(self.out, field.name())?;
+                self.out.write_str("\":")?;
+                value(self.out)
+            })();
+        }
+    }
+}
+
+impl Visit for JsonFields<'_, '_> {
+    fn record_str(&mut self, field: &Field, value: &str) {
+        self.record(field, |out| json_string(out, value));
+    }
+
+    fn record_u64(&mut self, field: &Field, value: u64) {
+        self.record(field, |out| decimal(out, value));
+    }
+
+    fn record_i64(&mut self, field: &Field, value: i64) {
+        self.record(field, |out| {
+            if value < 0 {
+                out.write_char('-')?;
+            }
+            decimal(out, value.unsigned_abs())
+        });
+    }
+
+    fn record_bool(&mut self, field: &Field, value: bool) {
+        self.record(field, |out| {
+            out.write_str(if value { "true" } else { "false" })
+        });
+    }
+
+    fn record_f64(&mut self, field: &Field, value: f64) {
+        self.record(field, |out| {
+            if value.is_finite() {
+                write!(out, "{value:?}")
+            } else {
+                out.write_str("null")
+            }
+        });
+    }
+
+    fn record_debug(&mut self, field: &Field, value: &dyn fmt::Debug) {
+        self.record(field, |out| {
+            out.write_char('"')?;
+            write!(JsonEscaped(out), "{value:?}")?;
+            out.write_char('"')
+        });
+    }
+}
+
+/// `value` in decimal, without `fmt` machinery.
+fn decimal(out: &mut impl Write, mut value: u64) -> fmt::Result {
+    let mut digits = [0u8; 20];
+    let mut start = digits.len();
+    loop {
+        start -= 1;
+        digits[start] = b'0' + (value % 10) as u8;
+        value /= 10;
+        if value == 0 {
+            break;
+        }
+    }
+    out.write_str(std::str::from_utf8(&digits[start..]).expect("ASCII digits"))
+}
+
+/// `value` as `{:?}` writes it; a string of printable ASCII without a
+/// quote or backslash (a key, a decision) is copied as it is.
+fn quoted(out: &mut impl Write, value: &str) -> fmt::Result {
+    let plain = value
+        .bytes()
+        .all(|b| (b' '..=b'~').contains(&b) && b != b'"' && b != b'\\');
+    if plain {
+        out.write_char('"')?;
+        out.write_str(value)?;
+        out.write_char('"')
+    } else {
+        write!(out, "{value:?}")
+    }
+}
+
+/// Writes through, with the characters that start terminal escape
+/// sequences escaped as `tracing-subscriber` escapes them in a message.
+struct Sanitized<'a, W: Write>(&'a mut W);
+
+impl<W: Write> Write for Sanitized<'_, W> {
+    fn write_str(&mut self, s: &str) -> fmt::Result {
+        let harmless = |b: &u8| b.is_ascii() && !matches!(b, 0x1b | 0x07 | 0x08 | 0x0c | 0x7f);
+        if s.as_bytes().iter().all(harmless) {
+            return self.0.write_str(s);
+        }
+        for c in s.chars() {
+            match c {
+                '\x1b' => self.0.write_str("\\x1b")?,
+                '\x07' => self.0.write_str("\\x07")?,
+                '\x08' => self.0.write_str("\\x08")?,
+                '\x0c' => self.0.write_str("\\x0c")?,
+                '\x7f' => self.0.write_str("\\x7f")?,
+                '\u{80}'..='\u{9f}' => write!(self.0, "\\u{{{:x}}}", u32::from(c))?,
+                c => self.0.write_char(c)?,
+            }
+        }
+        Ok(())
+    }
+}
+
+/// `value` as a JSON string.
+fn json_string(out: &mut impl Write, value: &str) -> fmt::Result {
+    out.write_char('"')?;
+    json_escaped(out, value)?;
+    out.write_char('"')
+}
+
+/// `value` escaped for the inside of a JSON string, as `serde_json` escapes
+/// it: `"`, `\` and the control characters below U+0020.
+fn json_escaped(out: &mut impl Write, value: &str) -> fmt::Result {
+    let mut plain_from = 0;
+    for (at, byte) in value.bytes().enumerate() {
+        let escape = match byte {
+            b'"' => "\\\"",
+            b'\\' => "\\\\",
+            b'\n' => "\\n",
+            b'\r' => "\\r",
+            b'\t' => "\\t",
+            0x08 => "\\b",
+            0x0c => "\\f",
+            0..=0x1f => "",
+            _ => continue,
+        };
+        // `byte` is ASCII: `at` and `at + 1` are character boundaries.
+        out.write_str(&value[plain_from..at])?;
+        if escape.is_empty() {
+            write!(out, "\\u{byte:04x}")?;
+        } else {
+            out.write_str(escape)?;
+        }
+        plain_from = at + 1;
+    }
+    out.write_str(&value[plain_from..])
+}
+
+/// Writes through, escaped for the inside of a JSON string.
+struct JsonEscaped<'a, W: Write>(&'a mut W);
+
+impl<W: Write> Write for JsonEscaped<'_, W> {
+    fn write_str(&mut self, s: &str) -> fmt::Result {
+        json_escaped(self.0, s)
+    }
+}
+
+thread_local! {
+    /// The second this thread last wrote a line in, since the epoch, and
+    /// its date and time to the second: `2026-12-07T02:53:51.`.
+    static SECOND: Cell<(u64, [u8; 20])> = const { Cell::new((u64::MAX, [0; 20])) };
+}
+
+/// `now` in RFC 3339, UTC, to the microsecond, as `tracing-subscriber`
+/// writes it (`2026-12-07T02:53:51.876207Z`; years 1970 to 9999, a clock
+/// set before 1970 reads 1970).
+fn write_timestamp(out: &mut impl Write, now: SystemTime) -> fmt::Result {
+    let since_epoch = now.duration_since(UNIX_EPOCH).unwrap_or(Duration::ZERO);
+    let second = since_epoch.as_secs();
+    let mut line = SECOND.get();
+    if line.0 != second {
+        line = (second, date_and_time(second));
+        SECOND.set(line);
+    }
+    let mut stamp = [0u8; 27];
+    stamp[..20].copy_from_slice(&line.1);
+    let mut micros = since_epoch.subsec_micros();
+    for digit in stamp[20..26].iter_mut().rev() {
+        *digit = b'0' + (micros % 10) as u8;
+        micros /= 10;
+    }
+    stamp[26] = b'Z';
+    out.write_str(std::str::from_utf8(&stamp).expect("ASCII date"))
+}
+
+/// `YYYY-MM-DDTHH:MM:SS.` of the second `second` since the epoch (the
+/// proleptic Gregorian calendar, Howard Hinnant's `civil_from_days`).
+fn date_and_time(second: u64) -> [u8; 20] {
+    let (days, in_day) = (second / 86_400, second % 86_400);
+    let z = days + 719_468;
+    let era = z / 146_097;
+    let day_of_era = z - era * 146_097;
+    let year_of_era =
+        (day_of_era - day_of_era / 1460 + day_of_era / 36_524 - day_of_era / 146_096) / 365;
+    let day_of_year = day_of_era - (365 * year_of_era + year_of_era / 4 - year_of_era / 100);
+    let month_from_march = (5 * day_of_year + 2) / 153;
+    let day = day_of_year - (153 * month_from_march + 2) / 5 + 1;
+    let month = if month_from_march < 10 {
+        month_from_march + 3
+    } else {
+        month_from_march - 9
+    };
+    let year = year_of_era + era * 400 + u64::from(month <= 2);
+    let mut text = *b"0000-00-00T00:00:00.";
+    let mut put = |at: usize, width: usize, mut value: u64| {
+        for digit in text[at..at + width].iter_mut().rev() {
+            *digit = b'0' + (value % 10) as u8;
+            value /= 10;
+        }
+    };
+    put(0, 4, year);
+    put(5, 2, month);
+    put(8, 2, day);
+    put(11, 2, in_day / 3600);
+    put(14, 2, in_day / 60 % 60);
+    put(17, 2, in_day % 60);
+    text
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io;
+    use std::sync::{Arc, Mutex, PoisonError};
+
+    /// What a subscriber wrote, line by line.
+    #[derive(Clone, Default)]
+    struct Captured(Arc<Mutex<Vec<u8>>>);
+
+    impl io::Write for Captured {
+        fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+            self.0
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .extend_from_slice(buf);
+            Ok(buf.len())
+        }
+        fn flush(&mut self) -> io::Result<()> {
+            Ok(())
+        }
+    }
+
+    impl Captured {
+        fn lines(&self) -> Vec<String> {
+            let bytes = self.0.lock().unwrap_or_else(PoisonError::into_inner);
+            String::from_utf8(bytes.clone())
+                .unwrap()
+                .lines()
+                .map(str::to_owned)
+                .collect()
+        }
+    }
+
+    struct Shown(&'static str);
+    impl fmt::Display for Shown {
+        fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+            f.write_str(self.0)
+        }
+    }
+
+    /// Events of the shapes the gateway logs: strings to quote and escape,
+    /// fields absent (`None`), numbers, `%display` values, a message with
+    /// an escape sequence.
+    fn log_events() {
+        let none: Option<u64> = None;
+        tracing::info!(target: "idem::request", key = "anon/o-1", decision = "executed",
+            fence = Some(1u64), status = Some(201u16), latency_us = 1210u64,
+            reason = None::<&str>, "decided");
+        tracing::info!(target: "idem::request", key = "t\u{e9}nant/\"o\"\\2\t", decision = "unavailable",
+            fence = none, status = Some(503u16), latency_us = 0u64,
+            reason = Some("store insert of key \"anon/o-1\" failed:\nlost \u{1b}[31m"), "decided");
+        tracing::warn!(target: "idem::store", op = "insert", key = "k", latency_us = u64::MAX,
+            error = %Shown("memory store unavailable: \"lost\" (injected)"), "store call failed");
+        tracing::info!(target: "idem::admin", action = "fault", rule = %Shown("fail insert 2*"),
+            by = "127.0.0.1:5000", delta = -42i64, on = true, debug = ?"a\u{7f}b",
+            "fault rule changed \u{1b}[2J");
+        tracing::error!(target: "idem", "no fields");
+    }
+
+    fn lines_of(subscriber: impl FnOnce(Captured) -> tracing::Dispatch) -> Vec<String> {
+        let captured = Captured::default();
+        tracing::dispatcher::with_default(&subscriber(captured.clone()), log_events);
+        captured.lines()
+    }
+
+    /// A line with its timestamp taken out, which must be one.
+    fn untimed(line: &str, json: bool) -> String {
+        let at = if json { "{\"timestamp\":\"".len() } else { 0 };
+        let stamp = &line[at..at + 27];
+        let shape: String = stamp
+            .chars()
+            .map(|c| if c.is_ascii_digit() { '9' } else { c })
+            .collect();
+        assert_eq!(shape, "9999-99-99T99:99:99.999999Z", "{line}");
+        format!("{}{}", &line[..at], &line[at + 27..])
+    }
+
+    #[test]
+    fn text_lines_are_tracing_subscribers_without_colours() {
+        let ours = lines_of(|out| {
+            tracing_subscriber::fmt()
+                .with_writer(move || out.clone())
+                .event_format(LogLine::Text)
+                .finish()
+                .into()
+        });
+        let theirs = lines_of(|out| {
+            tracing_subscriber::fmt()
+                .with_writer(move || out.clone())
+                .with_ansi(false)
+                .finish()
+                .into()
+        });
+        assert_eq!(ours.len(), 5, "{ours:#?}");
+        for (ours, theirs) in ours.iter().zip(&theirs) {
+            assert_eq!(untimed(ours, false), untimed(theirs, false));
+        }
+        assert_eq!(
+            untimed(&ours[0], false),
+            "  INFO idem::request: decided key=\"anon/o-1\" decision=\"executed\" fence=1 status=201 latency_us=1210"
+        );
+        assert!(ours[3].ends_with("fault rule changed \\x1b[2J action=\"fault\" rule=fail insert 2* by=\"127.0.0.1:5000\" delta=-42 on=true debug=\"a\\u{7f}b\""), "{}", ours[3]);
+    }
+
+    #[test]
+    fn a_display_value_cannot_drive_the_terminal() {
+        let captured = Captured::default();
+        let out = captured.clone();
+        let subscriber = tracing_subscriber::fmt()
+            .with_writer(move || out.clone())
+            .event_format(LogLine::Text)
+            .finish();
+        tracing::subscriber::with_default(subscriber, || {
+            tracing::warn!(target: "idem::store", error = %Shown("a\u{1b}[2Jb\u{9b}c"), "store call failed");
+        });
+        let line = &captured.lines()[0];
+        assert!(
+            line.ends_with("store call failed error=a\\x1b[2Jb\\u{9b}c"),
+            "{line}"
+        );
+    }
+
+    #[test]
+    fn json_lines_are_tracing_subscribers_flattened_json() {
+        let ours = lines_of(|out| {
+            tracing_subscriber::fmt()
+                .with_writer(move || out.clone())
+                .event_format(LogLine::Json)
+                .finish()
+                .into()
+        });
+        let theirs = lines_of(|out| {
+            tracing_subscriber::fmt()
+                .with_writer(move || out.clone())
+                .json()
+                .flatten_event(true)
+                .with_current_span(false)
+                .with_span_list(false)
+                .finish()
+                .into()
+        });
+        assert_eq!(ours.len(), 5, "{ours:#?}");
+        for (ours, theirs) in ours.iter().zip(&theirs) {
+            assert_eq!(untimed(ours, true), untimed(theirs, true));
+            serde_json::from_str::<serde_json::Value>(ours).expect("a JSON object");
+        }
+        assert_eq!(
+            untimed(&ours[0], true),
+            "{\"timestamp\":\"\",\"level\":\"INFO\",\"message\":\"decided\",\"key\":\"anon/o-1\",\"decision\":\"executed\",\"fence\":1,\"status\":201,\"latency_us\":1210,\"target\":\"idem::request\"}"
+        );
+    }
+
+    #[test]
+    fn timestamps_are_rfc_3339_utc_to_the_microsecond() {
+        let at = |micros: u64| {
+            let mut text = String::new();
+            write_timestamp(&mut text, UNIX_EPOCH + Duration::from_micros(micros)).unwrap();
+            text
+        };
+        for (micros, text) in [
+            (0, "1970-01-01T00:00:00.000000Z"),
+            (951_782_400_000_001, "2000-02-29T00:00:00.000001Z"),
+            (1_709_251_199_999_999, "2024-02-29T23:59:59.999999Z"),
+            // The next microsecond is the next day: the cached second moves on.
+            (1_709_251_200_000_000, "2024-03-01T00:00:00.000000Z"),
+            (1_796_615_631_876_207, "2026-12-07T03:53:51.876207Z"),
+            (1_798_761_599_500_000, "2026-12-31T23:59:59.500000Z"),
+            (253_402_300_799_999_999, "9999-12-31T23:59:59.999999Z"),
+        ] {
+            assert_eq!(at(micros), text, "{micros} µs after the epoch");
+        }
+        let mut before_1970 = String::new();
+        write_timestamp(&mut before_1970, UNIX_EPOCH - Duration::from_secs(1)).unwrap();
+        assert_eq!(before_1970, "1970-01-01T00:00:00.000000Z");
+    }
+}
