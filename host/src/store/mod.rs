@@ -48,7 +48,7 @@ mod memory;
 #[cfg(feature = "engine")]
 mod open;
 // What the network stores read from their URLs.
-#[cfg(any(feature = "redis", feature = "postgres"))]
+#[cfg(any(feature = "redis", feature = "postgres", feature = "dynamodb"))]
 mod params;
 #[cfg(feature = "postgres")]
 mod postgres;
