@@ -10,7 +10,6 @@ import asyncio
 import copy
 import dataclasses
 import json
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -28,103 +27,16 @@ from idem_guard import (
     NotRecorded,
     Response,
 )
+from scenario_runner import FILES, check, checkpoint_json, claim_json, data, load, mutate, response_json, text
 from stores import AsyncFaulty, AsyncMemory
-
-CONFORMANCE = Path(__file__).resolve().parents[3] / "conformance"
-FILES = sorted(p.name for p in CONFORMANCE.glob("*.json"))
-
-
-def load(name: str) -> dict:
-    return json.loads((CONFORMANCE / name).read_text(encoding="utf-8"))
-
-
-def text(v: Any) -> str:
-    """A string field: a string, or `{"repeat": S, "times": N}`."""
-    if isinstance(v, str):
-        return v
-    if isinstance(v, dict) and "repeat" in v:
-        return v["repeat"] * v["times"]
-    raise ValueError(f"expected a string, got {v!r}")
-
-
-def data(v: Any) -> bytes:
-    """A bytes field: a UTF-8 string, `{"hex": H}` or `{"repeat": S, "times": N}`."""
-    if v is None:
-        return b""
-    if isinstance(v, dict) and "hex" in v:
-        return bytes.fromhex(v["hex"])
-    return text(v).encode()
 
 
 def response(v: dict) -> Response:
     return Response(v["status"], [(text(n), data(val)) for n, val in v.get("headers", [])], data(v.get("body")))
 
 
-def response_json(r: Response) -> dict:
-    return {
-        "status": r.status,
-        "headers": [[n, v.decode("utf-8", "replace")] for n, v in r.headers],
-        "body_hex": r.body.hex(),
-    }
-
-
-def checkpoint_json(c: Checkpoint | None) -> dict | None:
-    """A checkpoint in a result: None, or `{"phase", "data_hex"}`."""
-    return None if c is None else {"phase": c.phase, "data_hex": c.data.hex()}
-
-
-def claim_json(c: Claim) -> dict:
-    return {
-        "fence": c.fence,
-        "holder": c.holder,
-        "lease_until_ms": c.lease_until_ms,
-        "expires_at_ms": c.expires_at_ms,
-        "checkpoint": checkpoint_json(c.checkpoint),
-    }
-
-
 def error_json(e: GuardError) -> dict:
     return {"error": e.kind, "message": e.detail}
-
-
-def check_checkpoint(name: str, want: dict | None, actual: Any) -> str | None:
-    """A checkpoint expectation (null or `{"phase", "data"?}`, data compared as bytes) against `checkpoint_json`'s form."""
-    expected = None if want is None else {"phase": text(want["phase"]), "data_hex": data(want.get("data")).hex()}
-    if actual != expected:
-        return f"{name} is {json.dumps(actual)}, expected {json.dumps(expected)}"
-    return None
-
-
-def check(expect: dict, actual: dict, claims: dict[str, Claim]) -> str | None:
-    """Checks every field of `expect` against `actual`, as conformance/README.md says; `claims` are the kept claims."""
-    for name, want in expect.items():
-        if name in ("holder_of", "holder_not_of"):
-            claim = claims.get(want)
-            if claim is None:
-                return f"{name} names no kept claim {want!r}"
-            if not isinstance(actual.get("holder"), int):
-                return "the result has no holder"
-            if (actual["holder"] == claim.holder) != (name == "holder_of"):
-                return f"holder {actual['holder']} is {'not ' if name == 'holder_of' else ''}the holder of {want} ({claim.holder})"
-        elif name in ("checkpoint", "resumed"):
-            if name not in actual:
-                return f"the result has no {name}"
-            why = check_checkpoint(name, want, actual[name])
-            if why:
-                return why
-        elif name == "contains":
-            for w in want if isinstance(want, list) else [want]:
-                if not isinstance(actual.get("message"), str) or w not in actual["message"]:
-                    return f"message does not contain {w!r}"
-        elif name == "fence_above":
-            if not (isinstance(actual.get("fence"), int) and actual["fence"] > want):
-                return f"fence {actual.get('fence')} is not above {want}"
-        elif name == "body":
-            if actual.get("body_hex") != data(want).hex():
-                return f"body is {actual.get('body_hex')}, expected {data(want).hex()}"
-        elif name not in actual or actual[name] != want or type(actual[name]) is not type(want):
-            return f"{name} is {json.dumps(actual.get(name))}, expected {json.dumps(want)}"
-    return None
 
 
 class Host:
@@ -341,34 +253,6 @@ def run_scenario(scenario: dict, binding: str = "static", **host: Any) -> int:
     finally:
         host.close()
     return checked
-
-
-def mutate(expect: dict | None) -> dict | None:
-    """A plausible wrong answer for an expectation (as the Rust runner's `mutate`)."""
-    if not expect:
-        return None
-    wrong = dict(expect)
-    if isinstance(wrong.get("decision"), str):
-        wrong["decision"] = "in-flight" if wrong["decision"] == "proceed" else "proceed"
-    elif isinstance(wrong.get("outcome"), str):
-        wrong["outcome"] = "replayed" if wrong["outcome"] == "executed" else "executed"
-    elif isinstance(wrong.get("error"), str):
-        wrong["error"] = "unavailable" if wrong["error"] == "stale-claim" else "stale-claim"
-    elif "ok" in wrong:
-        del wrong["ok"]
-        wrong["error"] = "unavailable"
-    elif isinstance(wrong.get("absent"), bool):
-        wrong["absent"] = not wrong["absent"]
-    else:
-        n = next((k for k, v in wrong.items() if isinstance(v, int) and not isinstance(v, bool)), None)
-        s = next((k for k, v in wrong.items() if isinstance(v, str)), None)
-        if n is not None:
-            wrong[n] += 1
-        elif s is not None:
-            wrong[s] += "!"
-        else:
-            return None
-    return wrong
 
 
 def test_the_conformance_suite_is_all_there() -> None:
