@@ -10,80 +10,15 @@
 // IDEM_TEST_SKIP_NETSTORES=1 (testing/netstores.js).
 
 import assert from 'node:assert/strict';
-import { readdirSync, readFileSync } from 'node:fs';
 import { after, test } from 'node:test';
-import { isDeepStrictEqual } from 'node:util';
 import { Guard, GuardError, ManualClock, MemoryStore, NotRecordedError } from '../index.js';
 import { jcoGuest } from '../jco-guest.js';
 import { dynamodbStore, FaultyStore, postgresStore, redisStore, skipWithout } from '../testing/netstores.js';
-
-const dir = new URL('../../../conformance/', import.meta.url);
-const files = readdirSync(dir)
-  .filter((f) => f.endsWith('.json'))
-  .sort();
-const load = (file) => JSON.parse(readFileSync(new URL(file, dir), 'utf8'));
-const decoder = new TextDecoder();
-
-/** A string field: a string, or `{ repeat, times }`. */
-function text(v) {
-  if (typeof v === 'string') return v;
-  if (v && typeof v.repeat === 'string') return v.repeat.repeat(v.times);
-  throw new Error(`expected a string, got ${JSON.stringify(v)}`);
-}
-
-/** A bytes field: a UTF-8 string, `{ hex }` or `{ repeat, times }`. */
-function bytes(v) {
-  if (v === undefined || v === null) return new Uint8Array();
-  if (v && typeof v.hex === 'string') return Uint8Array.from(v.hex.match(/../g) ?? [], (h) => parseInt(h, 16));
-  return new TextEncoder().encode(text(v));
-}
-
-const hex = (b) => Buffer.from(b).toString('hex');
-
-function response(v) {
-  return { status: v.status, headers: (v.headers ?? []).map(([n, val]) => [text(n), bytes(val)]), body: bytes(v.body) };
-}
-
-function responseJson(r) {
-  return {
-    status: r.status,
-    headers: r.headers.map(([n, v]) => [n, decoder.decode(v)]),
-    body_hex: hex(r.body),
-  };
-}
-
-/** A checkpoint in a result: `null`, or `{ phase, data_hex }`. */
-const checkpointJson = (c) => (c ? { phase: c.phase, data_hex: hex(c.data) } : null);
-
-// `holder` stays a BigInt (holder ids are random u64s); `holder_of` compares it with a kept claim's.
-const claimJson = (c) => ({
-  fence: Number(c.fence),
-  holder: c.holder,
-  lease_until_ms: Number(c.leaseUntilMs),
-  expires_at_ms: Number(c.expiresAtMs),
-  checkpoint: checkpointJson(c.checkpoint),
-});
-
-/** JSON for a failure message: BigInts (holder ids) as decimal strings. */
-const show = (v) => JSON.stringify(v, (_, x) => (typeof x === 'bigint' ? String(x) : x));
+import { bytes, check, checkpointJson, claimJson, decisionJson, files, load, mutate, response, responseJson, show, text } from '../testing/scenarios.js';
 
 function errorJson(e) {
   if (e instanceof GuardError) return { error: e.kind, message: e.detail };
   throw e;
-}
-
-function decisionJson(d) {
-  switch (d.tag) {
-    case 'proceed':
-      return { decision: 'proceed', ...claimJson(d.val) };
-    case 'replay':
-      return { decision: 'replay', ...responseJson(d.val) };
-    case 'in-flight':
-      return { decision: 'in-flight', retry_after_ms: Number(d.val) };
-    case 'conflict':
-      return { decision: 'conflict' };
-  }
-  throw new Error(`unknown decision ${d.tag}`);
 }
 
 /** `ok` of what `call` returns (or resolves to: an asynchronous guard's calls return Promises), else the error as JSON. */
@@ -93,50 +28,6 @@ async function attempt(call, ok) {
   } catch (e) {
     return errorJson(e);
   }
-}
-
-/** A checkpoint expectation (`null` or `{ phase, data? }`, data compared as bytes) against `checkpointJson`'s form. */
-function checkCheckpoint(name, want, actual) {
-  if (want === null) return actual === null ? null : `${name} is ${show(actual)}, expected null`;
-  const expected = { phase: text(want.phase), data_hex: hex(bytes(want.data)) };
-  return isDeepStrictEqual(actual, expected) ? null : `${name} is ${show(actual)}, expected ${show(expected)}`;
-}
-
-/** Checks every field of `expect` against `actual`, as conformance/README.md says; `claims` names the kept claims. */
-function check(expect, actual, claims) {
-  for (const [name, want] of Object.entries(expect)) {
-    if (name === 'holder_of' || name === 'holder_not_of') {
-      const claim = claims.get(want);
-      if (!claim) return `${name} names no kept claim ${JSON.stringify(want)}`;
-      if (typeof actual.holder !== 'bigint') return `the result has no holder`;
-      if ((actual.holder === claim.holder) !== (name === 'holder_of')) {
-        return `holder ${actual.holder} is ${name === 'holder_of' ? 'not ' : ''}the holder of ${want} (${claim.holder})`;
-      }
-      continue;
-    }
-    if (name === 'checkpoint' || name === 'resumed') {
-      if (!(name in actual)) return `the result has no ${name}`;
-      const why = checkCheckpoint(name, want, actual[name]);
-      if (why) return why;
-      continue;
-    }
-    if (name === 'holder') {
-      if (actual.holder !== BigInt(want)) return `holder is ${actual.holder}, expected ${want}`;
-      continue;
-    }
-    if (name === 'contains') {
-      for (const w of [want].flat()) {
-        if (typeof actual.message !== 'string' || !actual.message.includes(w)) return `message does not contain ${JSON.stringify(w)}`;
-      }
-    } else if (name === 'fence_above') {
-      if (!(actual.fence > want)) return `fence ${actual.fence} is not above ${want}`;
-    } else if (name === 'body') {
-      if (actual.body_hex !== hex(bytes(want))) return `body is ${actual.body_hex}, expected ${hex(bytes(want))}`;
-    } else if (!isDeepStrictEqual(actual[name], want)) {
-      return `${name} is ${show(actual[name])}, expected ${JSON.stringify(want)}`;
-    }
-  }
-  return null;
 }
 
 const guests = { abi: undefined, jco: await jcoGuest() };
@@ -305,27 +196,6 @@ async function runScenario(scenario, guest = guests.abi, store = undefined) {
     }
   }
   return checked;
-}
-
-/** A plausible wrong answer for an expectation (as the Rust runner's `mutate`). */
-function mutate(expect) {
-  if (!expect) return null;
-  const wrong = { ...expect };
-  if (typeof wrong.decision === 'string') wrong.decision = wrong.decision === 'proceed' ? 'in-flight' : 'proceed';
-  else if (typeof wrong.outcome === 'string') wrong.outcome = wrong.outcome === 'executed' ? 'replayed' : 'executed';
-  else if (typeof wrong.error === 'string') wrong.error = wrong.error === 'stale-claim' ? 'unavailable' : 'stale-claim';
-  else if ('ok' in wrong) {
-    delete wrong.ok;
-    wrong.error = 'unavailable';
-  } else if (typeof wrong.absent === 'boolean') wrong.absent = !wrong.absent;
-  else {
-    const n = Object.keys(wrong).find((k) => Number.isInteger(wrong[k]));
-    const s = Object.keys(wrong).find((k) => typeof wrong[k] === 'string');
-    if (n !== undefined) wrong[n] += 1;
-    else if (s !== undefined) wrong[s] += '!';
-    else return null;
-  }
-  return wrong;
 }
 
 test('the conformance suite is all there', () => {

@@ -60,22 +60,22 @@ export function bytes(v) {
   return new TextEncoder().encode(text(v));
 }
 
-const hex = (b) => Buffer.from(b).toString('hex');
+export const hex = (b) => Buffer.from(b).toString('hex');
 
 /** A step's response. */
 export function response(v) {
   return { status: v.status, headers: (v.headers ?? []).map(([n, val]) => [text(n), bytes(val)]), body: bytes(v.body) };
 }
 
-function responseJson(r) {
+export function responseJson(r) {
   return { status: r.status, headers: r.headers.map(([n, v]) => [n, decoder.decode(v)]), body_hex: hex(r.body) };
 }
 
 /** A checkpoint in a result: `null`, or `{ phase, data_hex }`. */
-const checkpointJson = (c) => (c ? { phase: c.phase, data_hex: hex(c.data) } : null);
+export const checkpointJson = (c) => (c ? { phase: c.phase, data_hex: hex(c.data) } : null);
 
 // `holder` stays a BigInt (holder ids are random u64s); `holder_of` compares it with a kept claim's.
-const claimJson = (c) => ({
+export const claimJson = (c) => ({
   fence: Number(c.fence),
   holder: c.holder,
   lease_until_ms: Number(c.leaseUntilMs),
@@ -91,7 +91,7 @@ function errorJson(e) {
   throw e;
 }
 
-function decisionJson(d) {
+export function decisionJson(d) {
   switch (d.tag) {
     case 'proceed':
       return { decision: 'proceed', ...claimJson(d.val) };
@@ -123,7 +123,7 @@ function checkCheckpoint(name, want, actual) {
 }
 
 /** Why `actual` does not match `expect` (conformance/README.md, "Matching"), or null; `claims` names the kept claims. */
-function check(expect, actual, claims) {
+export function check(expect, actual, claims) {
   for (const [name, want] of Object.entries(expect)) {
     if (name === 'holder_of' || name === 'holder_not_of') {
       const claim = claims.get(want);
