@@ -132,18 +132,11 @@ impl Visit for TextFields<'_, '_> {
     }
 
     fn record_i64(&mut self, field: &Field, value: i64) {
-        self.record(field, |out| {
-            if value < 0 {
-                out.write_char('-')?;
-            }
-            decimal(out, value.unsigned_abs())
-        });
+        self.record(field, |out| signed(out, value));
     }
 
     fn record_bool(&mut self, field: &Field, value: bool) {
-        self.record(field, |out| {
-            out.write_str(if value { "true" } else { "false" })
-        });
+        self.record(field, |out| boolean(out, value));
     }
 
     /// The message (`format_args!`) and `%display` / `?debug` values; their
@@ -184,18 +177,11 @@ impl Visit for JsonFields<'_, '_> {
     }
 
     fn record_i64(&mut self, field: &Field, value: i64) {
-        self.record(field, |out| {
-            if value < 0 {
-                out.write_char('-')?;
-            }
-            decimal(out, value.unsigned_abs())
-        });
+        self.record(field, |out| signed(out, value));
     }
 
     fn record_bool(&mut self, field: &Field, value: bool) {
-        self.record(field, |out| {
-            out.write_str(if value { "true" } else { "false" })
-        });
+        self.record(field, |out| boolean(out, value));
     }
 
     fn record_f64(&mut self, field: &Field, value: f64) {
@@ -215,6 +201,19 @@ impl Visit for JsonFields<'_, '_> {
             out.write_char('"')
         });
     }
+}
+
+/// A signed `value` in decimal, as [`decimal`].
+fn signed(out: &mut impl Write, value: i64) -> fmt::Result {
+    if value < 0 {
+        out.write_char('-')?;
+    }
+    decimal(out, value.unsigned_abs())
+}
+
+/// `true` or `false`, as both formats write a boolean.
+fn boolean(out: &mut impl Write, value: bool) -> fmt::Result {
+    out.write_str(if value { "true" } else { "false" })
 }
 
 /// `value` in decimal, without `fmt` machinery.
