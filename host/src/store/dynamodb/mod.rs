@@ -414,6 +414,20 @@ async fn server_time(client: Client, table: Arc<str>, timeout: Duration) -> Resu
     date_ms(&header.ok_or("the response has no Date header")?)
 }
 
+/// A conditional write's answer: `true` when it was applied, `false` when
+/// its condition did not hold (`refused` tells that error), unavailable
+/// otherwise.
+fn written<T, E: std::error::Error + 'static, R: std::fmt::Debug>(
+    sent: std::result::Result<T, SdkError<E, R>>,
+    refused: fn(&E) -> bool,
+) -> Result<bool> {
+    match sent {
+        Ok(_) => Ok(true),
+        Err(e) if e.as_service_error().is_some_and(refused) => Ok(false),
+        Err(e) => Err(unavailable(NAME, describe(&e))),
+    }
+}
+
 /// The SDK's error with its causes (its `Display` alone says "service error").
 fn describe<E: std::error::Error + 'static, R: std::fmt::Debug>(e: &SdkError<E, R>) -> String {
     DisplayErrorContext(e).to_string()
@@ -569,16 +583,7 @@ impl Store for DynamoDbStore {
                     .await)
             })
             .await?;
-        match sent {
-            Ok(_) => Ok(true),
-            Err(e)
-                if e.as_service_error()
-                    .is_some_and(PutItemError::is_conditional_check_failed_exception) =>
-            {
-                Ok(false)
-            }
-            Err(e) => Err(unavailable(NAME, describe(&e))),
-        }
+        written(sent, PutItemError::is_conditional_check_failed_exception)
     }
 
     async fn delete(&self, key: &str, expected_version: Option<u64>, now_ms: u64) -> Result<bool> {
@@ -707,16 +712,7 @@ impl DynamoDbStore {
                     .await)
             })
             .await?;
-        match sent {
-            Ok(_) => Ok(true),
-            Err(e)
-                if e.as_service_error()
-                    .is_some_and(DeleteItemError::is_conditional_check_failed_exception) =>
-            {
-                Ok(false)
-            }
-            Err(e) => Err(unavailable(NAME, describe(&e))),
-        }
+        written(sent, DeleteItemError::is_conditional_check_failed_exception)
     }
 
     /// Every item matching `filter` (a strongly consistent scan, page after
