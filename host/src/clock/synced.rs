@@ -90,6 +90,25 @@ impl SyncedClock {
         }
     }
 
+    /// What a store does as it opens: reads the server's clock with `read`
+    /// once now, then keeps it synced every `every` ([`SyncedClock::keep_synced`]).
+    /// `Err` says why the first reading failed: a store whose clock is
+    /// unknown would fail every guard call closed, so it does not open.
+    pub async fn start_syncing<F, Fut, E>(
+        self: &Arc<Self>,
+        every: Duration,
+        read: F,
+    ) -> Result<Syncing, String>
+    where
+        F: Fn() -> Fut + Send + 'static,
+        Fut: Future<Output = Result<u64, E>> + Send,
+        E: std::fmt::Display,
+    {
+        self.read(read()).await;
+        self.known()?;
+        Ok(self.keep_synced(every, read))
+    }
+
     /// Reads the server's clock with `read` every `every` (the first time
     /// one period from now) while the clock lives and the returned
     /// [`Syncing`] is held: the task ends with either. Must be called inside

@@ -168,11 +168,12 @@ impl DynamoDbStore {
             let (client, table) = (client.clone(), table.clone());
             move || server_time(client.clone(), table.clone(), timeout)
         };
-        clock.read(read()).await;
-        if let Err(why) = clock.known() {
-            return Err(unreachable(why));
-        }
-        let syncing = Arc::new(clock.keep_synced(clock_sync, read));
+        let syncing = Arc::new(
+            clock
+                .start_syncing(clock_sync, read)
+                .await
+                .map_err(unreachable)?,
+        );
         Ok(DynamoDbStore {
             client,
             table,

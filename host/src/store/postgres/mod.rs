@@ -211,11 +211,12 @@ impl PostgresStore {
             let (pool, sql) = (pool.clone(), sql.clone());
             move || server_time(pool.clone(), sql.clone(), timeout)
         };
-        clock.read(read()).await;
-        if let Err(why) = clock.known() {
-            return Err(unreachable(why));
-        }
-        let syncing = Arc::new(clock.keep_synced(clock_sync, read));
+        let syncing = Arc::new(
+            clock
+                .start_syncing(clock_sync, read)
+                .await
+                .map_err(unreachable)?,
+        );
         Ok(PostgresStore {
             pool,
             sql,

@@ -3,7 +3,7 @@
 
 use super::scripts::{CLAIM_EXPIRED, DELETE_AT, PURGE, REPLACE, TIME, evalsha};
 use super::{NAME, RedisStore, wrong_type};
-use crate::clock::{Clock, SyncedClock};
+use crate::clock::SyncedClock;
 use crate::store::codec::{driver_failed, unavailable};
 use crate::store::params::StoreUrl;
 use crate::store::{OpenError, Result};
@@ -186,11 +186,12 @@ impl RedisStore {
             let (conns, key) = (conns.clone(), clock_key);
             move || server_time(conns[0].clone(), key.clone(), timeout)
         };
-        clock.read(read()).await;
-        if let Err(why) = clock.known() {
-            return Err(unreachable(why));
-        }
-        let syncing = Arc::new(clock.keep_synced(clock_sync, read));
+        let syncing = Arc::new(
+            clock
+                .start_syncing(clock_sync, read)
+                .await
+                .map_err(unreachable)?,
+        );
         Ok(RedisStore {
             conns,
             next: Arc::new(AtomicUsize::new(0)),
