@@ -8,6 +8,7 @@
 
 use idem::store::{InsertOutcome, ListQuery, Store};
 use idem::{Checkpoint, Decision, Guard, ManualClock, Outcome, Record, Response, State};
+pub use idem_harness::dynamodb_test_url;
 use idem_harness::{server_url, unique};
 use std::convert::Infallible;
 use std::sync::Arc;
@@ -670,16 +671,3 @@ store_conformance!(dynamodb, async {
             .expect("IDEM_TEST_DYNAMODB_URL is set but the server cannot be opened"),
     ) as Arc<dyn Store>)
 });
-
-/// `IDEM_TEST_DYNAMODB_URL` with a 10 s `timeout_ms` unless it names one:
-/// the emulator serves one request at a time (scripts/dynamodb-server.py),
-/// and the suite's cases, each with its burst of concurrent claims, queue
-/// for it side by side on a loaded machine.
-pub fn dynamodb_test_url() -> Option<String> {
-    let url = server_url("IDEM_TEST_DYNAMODB_URL")?;
-    if url.contains("timeout_ms=") {
-        return Some(url);
-    }
-    let joiner = if url.contains('?') { '&' } else { '?' };
-    Some(format!("{url}{joiner}timeout_ms=10000"))
-}

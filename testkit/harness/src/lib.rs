@@ -37,6 +37,19 @@ pub fn unique(name: &str) -> String {
     )
 }
 
+/// `IDEM_TEST_DYNAMODB_URL` with a 10 s `timeout_ms` unless it names one:
+/// the emulator serves one request at a time (scripts/dynamodb-server.py),
+/// and the suite's cases, each with its burst of concurrent claims, queue
+/// for it side by side on a loaded machine (as a test's processes do).
+pub fn dynamodb_test_url() -> Option<String> {
+    let url = server_url("IDEM_TEST_DYNAMODB_URL")?;
+    if url.contains("timeout_ms=") {
+        return Some(url);
+    }
+    let joiner = if url.contains('?') { '&' } else { '?' };
+    Some(format!("{url}{joiner}timeout_ms=10000"))
+}
+
 /// The URL in the environment variable `var`. Without it the test fails,
 /// naming the variable, unless `IDEM_TEST_SKIP_NETSTORES=1` says to skip
 /// (then `None`, after saying so): a run never passes by skipping silently.

@@ -2,7 +2,7 @@
 //! each requesting every key five times: across both, every key's handler
 //! runs exactly once.
 
-use crate::support::{TESTKIT, server_url};
+use crate::support::{TESTKIT, dynamodb_test_url, server_url};
 use std::collections::HashMap;
 use std::io::{BufRead, BufReader, Write};
 use std::process::{Command, Stdio};
@@ -113,7 +113,7 @@ fn multiprocess_postgres_every_key_runs_exactly_once() {
 
 #[test]
 fn multiprocess_dynamodb_every_key_runs_exactly_once() {
-    let Some(url) = server_url("IDEM_TEST_DYNAMODB_URL") else {
+    let Some(url) = dynamodb_test_url() else {
         return;
     };
     hammer_twice(&url);
