@@ -809,6 +809,7 @@ class AsyncRedisStore(_Layout, AsyncSteps):
         if opening is None or opening.done() or opening.get_loop() is not loop:
             # A task of its own: a caller cancelled meanwhile does not cancel the others' opening.
             opening = self._opening = loop.create_task(self._open(loop), name="idem-redis-connect")
+            opening.add_done_callback(_retrieved)  # its callers may all be cancelled: a failure is theirs, not a log line
         return await asyncio.shield(opening)
 
     async def _open(self, loop: asyncio.AbstractEventLoop) -> _Wire:
@@ -990,6 +991,11 @@ class _Wire(asyncio.Protocol):
         conn = self.conn
         conn._reader = conn._writer = None
         return conn
+
+
+def _retrieved(task: asyncio.Task[Any]) -> None:
+    if not task.cancelled():
+        task.exception()
 
 
 def _executed(execute: Any, args: tuple[Any, ...]) -> Any:
