@@ -407,6 +407,40 @@ def test_twenty_concurrent_async_runs_on_one_redis_key_run_the_handler_once(redi
     assert readings == 1, "one reading for the burst of first calls"
 
 
+def test_a_guarded_call_through_a_redis_cluster_client_runs_once_and_replays_sync_and_async() -> None:
+    """`client=` a redis-py cluster client: the stores send each command through it (routed by
+    key), and a repeat replays the stored response (`SET … NX GET` answers the record it found,
+    not redis-py's bool)."""
+    url = server_url("IDEM_TEST_REDIS_CLUSTER_URL")
+    host, _, port = urllib.parse.urlsplit(url).netloc.split(",")[0].rpartition(":")
+    prefix = unique("cluster") + ":"
+    client = redis.RedisCluster(host=host, port=int(port))
+    try:
+        with RedisStore(client=client, prefix=prefix) as store:
+            guard = Guard(store=store)
+            first = guard.run("k", "fp", lambda fence: Response(201, [], b"once"))
+            again = guard.run("k", "fp", lambda fence: Response(500))
+        assert (first.kind, again.kind, again.response.body) == ("executed", "replayed", b"once"), (first, again)
+    finally:
+        client.delete(prefix + "k")
+        client.close()
+
+    async def main() -> tuple[list[int], list[str], Any]:
+        aclient = aredis.RedisCluster(host=host, port=int(port))
+        try:
+            async with AsyncRedisStore(client=aclient, prefix=prefix) as store:
+                guard = AsyncGuard(store=store)
+                ran, kinds = await run_concurrently(guard, "a", 8)
+                return ran, kinds, await guard.run("a", "fp", lambda fence: Response(500))
+        finally:
+            await aclient.delete(prefix + "a")
+            await aclient.aclose()
+
+    ran, kinds, again = asyncio.run(main())
+    assert ran == [1] and sorted(kinds) == ["executed"] + ["in-flight"] * 7, kinds
+    assert (again.kind, again.response.body) == ("replayed", b"once"), again
+
+
 # --- PostgreSQL ---------------------------------------------------------------
 
 

@@ -998,15 +998,21 @@ def _retrieved(task: asyncio.Task[Any]) -> None:
         task.exception()
 
 
+def _options(args: tuple[Any, ...]) -> dict[str, Any]:
+    """What redis-py's response callback must be told of a command run through the client: a
+    `SET … GET` answers the value it found (its `SET` callback would make it a bool)."""
+    return {"get": True} if args[0] == "SET" and "GET" in args else {}
+
+
 def _executed(execute: Any, args: tuple[Any, ...]) -> Any:
     try:
-        return execute(*args)
+        return execute(*args, **_options(args))
     except ResponseError as e:
         return e
 
 
 async def _aexecuted(execute: Any, args: tuple[Any, ...]) -> Any:
     try:
-        return await execute(*args)
+        return await execute(*args, **_options(args))
     except ResponseError as e:
         return e
