@@ -851,6 +851,33 @@ def test_a_redis_server_that_goes_silent_fails_the_async_store_closed_within_its
         proxy.close()
 
 
+def test_an_async_redis_store_that_cannot_connect_again_gives_its_connection_back_each_time(redis_url: str) -> None:
+    url = urllib.parse.urlsplit(redis_url)
+    proxy = SilentProxy(url.port or 6379)
+
+    async def main() -> list[str]:
+        # One connection in the pool: one kept by a failed reconnection would refuse the next.
+        client = aredis.Redis(host="127.0.0.1", port=proxy.port, max_connections=1, socket_timeout=0.3, socket_connect_timeout=0.3)
+        try:
+            async with AsyncRedisStore(client=client, prefix=unique("areopen") + ":", timeout_ms=300) as store:
+                assert await store.get("k", NOW) is None
+                proxy.silence()  # the command times out, and so does every handshake after it
+                faults = []
+                for _ in range(3):
+                    with pytest.raises(StoreFault) as fault:
+                        await store.get("k", NOW)
+                    faults.append(str(fault.value))
+                return faults
+        finally:
+            await client.aclose()
+
+    try:
+        faults = asyncio.run(main())
+    finally:
+        proxy.close()
+    assert all("Timeout" in f for f in faults), faults
+
+
 def test_an_async_redis_connection_the_server_closed_while_idle_is_opened_again(redis_url: str, raw_redis: Any) -> None:
     async def main() -> None:
         async with AsyncRedisStore(redis_url, prefix=unique("akilled") + ":") as store:

@@ -824,7 +824,11 @@ class AsyncRedisStore(_Layout, AsyncSteps):
         else:
             conn = await self._pool.get_connection()
         if conn._writer is None:
-            await conn.connect()
+            try:
+                await conn.connect()
+            except Exception:
+                await self._pool.release(conn)  # not kept while the server cannot be reached: the next call takes it again
+                raise
         self._wire = _Wire(conn, loop, self._timeout_s)
         return self._wire
 
