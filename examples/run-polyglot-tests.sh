@@ -56,6 +56,7 @@ if [[ "${IDEM_TEST_SKIP_NETSTORES:-}" != 1 ]]; then
   bash "$root/scripts/services.sh"
   export IDEM_TEST_REDIS_URL="${IDEM_TEST_REDIS_URL:-redis://127.0.0.1:6379}"
   export IDEM_TEST_VALKEY_URL="${IDEM_TEST_VALKEY_URL:-redis://127.0.0.1:6391}"
+  export IDEM_TEST_REDIS_CLUSTER_URL="${IDEM_TEST_REDIS_CLUSTER_URL:-redis+cluster://127.0.0.1:7000,127.0.0.1:7001,127.0.0.1:7002}"
   export IDEM_TEST_POSTGRES_URL="${IDEM_TEST_POSTGRES_URL:-postgres://postgres@127.0.0.1:5432/test}"
   export IDEM_TEST_DYNAMODB_URL="${IDEM_TEST_DYNAMODB_URL:-dynamodb://127.0.0.1:8000?table=idem&region=us-east-1}"
 fi

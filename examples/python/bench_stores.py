@@ -4,10 +4,13 @@ the same run. Within each round the rows take turns every twentieth of the
 keys (the order reversed every other round), so a busy machine slows them
 alike; the median round is printed, wall-clock and this process's CPU time per
 call (on a shared machine the two part when the process waits for a core),
-and each row's wall-clock over its raw row's.
-`python bench_stores.py [OPS] [ROUNDS]`, with IDEM_TEST_REDIS_URL (default
-redis://127.0.0.1:6379) and, optionally, IDEM_TEST_POSTGRES_URL; keys go
-under `idembench_{pid}_`, removed afterwards.
+and each row's wall-clock and CPU time over its raw row's.
+`python bench_stores.py [OPS] [ROUNDS] [--before SRC]`, with IDEM_TEST_REDIS_URL
+(default redis://127.0.0.1:6379) and, optionally, IDEM_TEST_POSTGRES_URL; keys
+go under `idembench_{pid}_`, removed afterwards. `--before SRC` adds the
+`Guard`, `AsyncGuard` and decorator rows of another copy of the package (SRC:
+the directory holding its `idem_guard`, e.g. a checkout of the previous commit's
+`packages/python/src`), marked "(before)", taking turns with this one's.
 
 - guard: `Guard.begin` + `Guard.complete` on a new key over `RedisStore` (the
   component's imports call it inline: one `SET NX GET`, one `EVALSHA replace`).
@@ -18,6 +21,8 @@ under `idembench_{pid}_`, removed afterwards.
   two round trips any claim-then-complete needs, with nothing decided.
 - raw asyncio streams: the same two commands written on an `asyncio` stream
   and read back with no client at all: the floor under any asyncio client.
+- AsyncRedisStore's connection: the same two commands through the store's
+  own `_pipeline` (its transport protocol), no guard.
 - decorator: idem_guard's `@idempotent_function` on a new payload over
   `RedisStore` (the key is the payload's hash, as Powertools' is by default).
 - powertools: AWS Lambda Powertools' `@idempotent_function` over its
@@ -31,6 +36,8 @@ under `idembench_{pid}_`, removed afterwards.
 from __future__ import annotations
 
 import asyncio
+import importlib
+import importlib.util
 import os
 import statistics
 import sys
@@ -42,11 +49,17 @@ from typing import Any
 import redis
 import redis.asyncio as aredis
 
-from idem_guard import AsyncGuard, Guard, Response, idempotent_function
-from idem_guard.redis import AsyncRedisStore, RedisStore
+import idem_guard
+from idem_guard import AsyncGuard, Guard, MemoryStore, Response
 
-ops = int(sys.argv[1]) if len(sys.argv) > 1 else 2_000
-rounds = int(sys.argv[2]) if len(sys.argv) > 2 else 5
+argv = sys.argv[1:]
+before_src: str | None = None
+if "--before" in argv:
+    at = argv.index("--before")
+    before_src = argv[at + 1]
+    del argv[at : at + 2]
+ops = int(argv[0]) if len(argv) > 0 else 2_000
+rounds = int(argv[1]) if len(argv) > 1 else 5
 redis_url = os.environ.get("IDEM_TEST_REDIS_URL") or "redis://127.0.0.1:6379"
 postgres_url = os.environ.get("IDEM_TEST_POSTGRES_URL")
 prefix = f"idembench_{os.getpid()}_"
@@ -72,25 +85,30 @@ def timed_async(loop: asyncio.AbstractEventLoop, keys: range, call: Callable[[in
     return loop.run_until_complete(body())
 
 
-def main() -> None:
-    loop = asyncio.new_event_loop()
-    raw = redis.Redis.from_url(redis_url)
-    araw = aredis.Redis.from_url(redis_url)
-    store = RedisStore(redis_url, prefix=prefix + "g:")
-    astore = AsyncRedisStore(redis_url, prefix=prefix + "a:")
-    guard = Guard(store=store)
-    aguard = AsyncGuard(store=astore)
+def guarded(guard: Any) -> Callable[[str], Callable[[int], None]]:
+    """The row of `guard.begin` + `guard.complete` on new keys."""
 
-    def guarded(guard: Guard) -> Callable[[str], Callable[[int], None]]:
-        def row(tag: str) -> Callable[[int], None]:
-            def call(i: int) -> None:
-                kind, claim = guard.begin(f"{tag}{i}", "sku=A&qty=1")
-                assert kind == "proceed", kind
-                guard.complete(claim, response)
+    def row(tag: str) -> Callable[[int], None]:
+        def call(i: int) -> None:
+            kind, claim = guard.begin(f"{tag}{i}", "sku=A&qty=1")
+            assert kind == "proceed", kind
+            guard.complete(claim, response)
 
-            return call
+        return call
 
-        return row
+    return row
+
+
+def package_rows(pkg: Any, tag: str, closers: list[Callable[[], Any]], loop: asyncio.AbstractEventLoop) -> dict[str, Callable[[str], Callable[[int], Any]]]:
+    """The rows of one copy of the package (`idem_guard`, or the `--before` one): `Guard`,
+    `AsyncGuard` and the decorator on Redis; `tag` goes after each row's name."""
+    stores = importlib.import_module(pkg.__name__ + ".redis")
+    store = stores.RedisStore(redis_url, prefix=f"{prefix}g{tag}:")
+    astore = stores.AsyncRedisStore(redis_url, prefix=f"{prefix}a{tag}:")
+    guard = pkg.Guard(store=store)
+    aguard = pkg.AsyncGuard(store=astore)
+    decorated_guard = pkg.Guard(store=stores.RedisStore(redis_url, prefix=f"{prefix}d{tag}:"))
+    closers += [store.close, lambda: loop.run_until_complete(astore.close()), decorated_guard.store.close]
 
     def aguarded(tag: str) -> Callable[[int], Any]:
         async def call(i: int) -> None:
@@ -99,6 +117,51 @@ def main() -> None:
             await aguard.complete(claim, response)
 
         return call
+
+    @pkg.idempotent_function(guard=decorated_guard, data_keyword_argument="order")
+    def pay_idem(order: dict[str, Any]) -> dict[str, Any]:
+        return {"status": 200, "body": "paid"}
+
+    def decorated(tag: str) -> Callable[[int], None]:
+        def call(i: int) -> None:
+            pay_idem(order={"id": f"{prefix}{tag}{i}", "sku": "A", "qty": 1})
+
+        return call
+
+    def wire_pair(tag: str) -> Callable[[int], Any]:
+        async def call(i: int) -> None:
+            key = f"{astore.prefix}w:{tag}{i}"
+            assert await astore._pipeline((("SET", key, value, "NX", "PX", 86_400_000),)) == [b"OK"]
+            await astore._pipeline((("SET", key, value, "PX", 86_400_000),))
+
+        return call
+
+    return {
+        f"redis raw SET NX + SET (AsyncRedisStore's connection){tag}": wire_pair,
+        f"redis Guard begin+complete{tag}": guarded(guard),
+        f"redis AsyncGuard begin+complete{tag}": aguarded,
+        f"redis idem_guard @idempotent_function{tag}": decorated,
+    }
+
+
+def before_package(src: str) -> Any:
+    """The package under `src` imported as `idem_guard_before` (its imports within are relative)."""
+    path = os.path.join(src, "idem_guard")
+    spec = importlib.util.spec_from_file_location("idem_guard_before", os.path.join(path, "__init__.py"), submodule_search_locations=[path])
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["idem_guard_before"] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def main() -> None:
+    loop = asyncio.new_event_loop()
+    raw = redis.Redis.from_url(redis_url)
+    araw = aredis.Redis.from_url(redis_url)
+    closers: list[Callable[[], Any]] = []
+    ours = package_rows(idem_guard, "", closers, loop)
+    before = package_rows(before_package(before_src), " (before)", closers, loop) if before_src else {}
 
     def raw_pair(tag: str) -> Callable[[int], None]:
         def call(i: int) -> None:
@@ -131,22 +194,8 @@ def main() -> None:
 
         return call
 
-    decorated_guard = Guard(store=RedisStore(redis_url, prefix=prefix + "d:"))
-
-    @idempotent_function(guard=decorated_guard, data_keyword_argument="order")
-    def pay_idem(order: dict[str, Any]) -> dict[str, Any]:
-        return {"status": 200, "body": "paid"}
-
-    def decorated(tag: str) -> Callable[[int], None]:
-        def call(i: int) -> None:
-            pay_idem(order={"id": f"{prefix}{tag}{i}", "sku": "A", "qty": 1})
-
-        return call
-
     # The floor under AsyncGuard's row: its component calls and journal replays over an
     # asynchronous store that answers from memory (no I/O): add the streams row for the round trips.
-    from idem_guard import MemoryStore
-
     class MemoryAsync:
         def __init__(self) -> None:
             self.m = MemoryStore()
@@ -176,19 +225,13 @@ def main() -> None:
 
     rows: dict[str, Callable[[str], Callable[[int], Any]]] = {
         "redis raw SET NX + SET (redis-py)": raw_pair,
-        "redis Guard begin+complete": guarded(guard),
         "redis raw SET NX + SET (asyncio)": araw_pair,
         "redis raw SET NX + SET (asyncio streams)": stream_pair,
-        "redis AsyncGuard begin+complete": aguarded,
         "memory AsyncGuard begin+complete (async store, no I/O)": amemory,
-        "redis idem_guard @idempotent_function": decorated,
+        **ours,
+        **before,
     }
-    asynchronous = {
-        "redis raw SET NX + SET (asyncio)",
-        "redis raw SET NX + SET (asyncio streams)",
-        "redis AsyncGuard begin+complete",
-        "memory AsyncGuard begin+complete (async store, no I/O)",
-    }
+    asynchronous = {name for name in rows if "asyncio" in name or "Async" in name}
 
     try:
         from aws_lambda_powertools.utilities import idempotency as powertools
@@ -269,11 +312,10 @@ def main() -> None:
         for i in range(0, len(keys), 1000):
             raw.delete(*keys[i : i + 1000])
         raw.close()
-        store.close()
-        loop.run_until_complete(astore.close())
+        for close in closers:
+            close()
         loop.run_until_complete(araw.aclose())
         streams[1].close()
-        decorated_guard.store.close()
         loop.close()
         if pg is not None:
             pg.close()
@@ -291,14 +333,15 @@ def main() -> None:
     print(f"load average: {' '.join(open('/proc/loadavg').read().split()[:3])}")
     baseline = {False: "redis raw SET NX + SET (redis-py)", True: "redis raw SET NX + SET (asyncio)"}
     wall = {name: statistics.median(w for w, _ in times) / 1000 for name, times in results.items()}
-    for name, times in results.items():
-        cpu = statistics.median(c for _, c in times) / 1000
+    cpu = {name: statistics.median(c for _, c in times) / 1000 for name, times in results.items()}
+    peer = "redis Powertools @idempotent_function"
+    for name in results:
         raw_row = "postgres raw INSERT + UPDATE" if name.startswith("postgres") else baseline[name in asynchronous]
-        ratio = f"{wall[name] / wall[raw_row]:.2f}x its raw row" if raw_row in wall else ""
-        if name == "redis idem_guard @idempotent_function" and "redis Powertools @idempotent_function" in wall:
-            ratio += f", {wall[name] / wall['redis Powertools @idempotent_function']:.2f}x Powertools'"
+        ratio = f"{wall[name] / wall[raw_row]:.2f}x its raw row (cpu {cpu[name] / cpu[raw_row]:.2f}x)" if raw_row in wall else ""
+        if name.startswith("redis idem_guard @idempotent_function") and peer in wall:
+            ratio += f", {wall[name] / wall[peer]:.2f}x Powertools' (cpu {cpu[name] / cpu[peer]:.2f}x)"
         print(
-            f"python  {name:<54} {ops:>6} ops  {wall[name]:>8.1f} µs/op  {cpu:>7.1f} cpu-µs/op  "
+            f"python  {name:<63} {ops:>6} ops  {wall[name]:>8.1f} µs/op  {cpu[name]:>7.1f} cpu-µs/op  "
             f"(median of {rounds})  {ratio}"
         )
 

@@ -37,6 +37,7 @@ def unique(what: str) -> str:
 EXAMPLES = {
     "IDEM_TEST_REDIS_URL": "redis://127.0.0.1:6379",
     "IDEM_TEST_VALKEY_URL": "redis://127.0.0.1:6391",
+    "IDEM_TEST_REDIS_CLUSTER_URL": "redis+cluster://127.0.0.1:7000,127.0.0.1:7001,127.0.0.1:7002",
     "IDEM_TEST_POSTGRES_URL": "postgres://postgres@127.0.0.1:5432/test",
     "IDEM_TEST_DYNAMODB_URL": "dynamodb://127.0.0.1:8000?table=idem&region=us-east-1",
 }

@@ -11,6 +11,7 @@ import asyncio
 import gc
 import threading
 import time
+import warnings
 import weakref
 from typing import Any
 
@@ -229,6 +230,26 @@ def test_an_async_guard_over_an_asynchronous_store_purges_it_on_its_loop_until_c
     left, purged, runs_after_close = asyncio.run(main())
     assert (left, purged, runs_after_close) == (0, 3, 0)
     assert len(store.inner) == 1
+
+
+def test_a_purge_due_after_its_loop_closed_fails_that_run_and_leaves_no_coroutine_unawaited() -> None:
+    store = AsyncMemory()
+
+    async def main() -> AsyncGuard:
+        guard = AsyncGuard(store=store, clock=ManualClock(1_000), purge_every_ms=60_000)
+        _kind, claim = await guard.begin("k", "fp")
+        await guard.complete(claim, Response(200, [], b"x"))
+        return guard
+
+    guard = asyncio.run(main())  # the loop of its calls is closed now
+    assert guard._on_loop is not None
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")  # a coroutine made and never awaited warns when collected
+        with pytest.raises(RuntimeError, match="closed"):
+            guard._on_loop(10_000, 10)
+        gc.collect()
+    guard.close()
+    assert [str(w.message) for w in caught] == []
 
 
 def test_an_async_guard_over_a_memory_store_purges_from_the_wrapped_guards_thread() -> None:

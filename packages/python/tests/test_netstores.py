@@ -407,6 +407,40 @@ def test_twenty_concurrent_async_runs_on_one_redis_key_run_the_handler_once(redi
     assert readings == 1, "one reading for the burst of first calls"
 
 
+def test_a_guarded_call_through_a_redis_cluster_client_runs_once_and_replays_sync_and_async() -> None:
+    """`client=` a redis-py cluster client: the stores send each command through it (routed by
+    key), and a repeat replays the stored response (`SET … NX GET` answers the record it found,
+    not redis-py's bool)."""
+    url = server_url("IDEM_TEST_REDIS_CLUSTER_URL")
+    host, _, port = urllib.parse.urlsplit(url).netloc.split(",")[0].rpartition(":")
+    prefix = unique("cluster") + ":"
+    client = redis.RedisCluster(host=host, port=int(port))
+    try:
+        with RedisStore(client=client, prefix=prefix) as store:
+            guard = Guard(store=store)
+            first = guard.run("k", "fp", lambda fence: Response(201, [], b"once"))
+            again = guard.run("k", "fp", lambda fence: Response(500))
+        assert (first.kind, again.kind, again.response.body) == ("executed", "replayed", b"once"), (first, again)
+    finally:
+        client.delete(prefix + "k")
+        client.close()
+
+    async def main() -> tuple[list[int], list[str], Any]:
+        aclient = aredis.RedisCluster(host=host, port=int(port))
+        try:
+            async with AsyncRedisStore(client=aclient, prefix=prefix) as store:
+                guard = AsyncGuard(store=store)
+                ran, kinds = await run_concurrently(guard, "a", 8)
+                return ran, kinds, await guard.run("a", "fp", lambda fence: Response(500))
+        finally:
+            await aclient.delete(prefix + "a")
+            await aclient.aclose()
+
+    ran, kinds, again = asyncio.run(main())
+    assert ran == [1] and sorted(kinds) == ["executed"] + ["in-flight"] * 7, kinds
+    assert (again.kind, again.response.body) == ("replayed", b"once"), again
+
+
 # --- PostgreSQL ---------------------------------------------------------------
 
 
@@ -817,19 +851,72 @@ def test_a_redis_server_that_goes_silent_fails_the_async_store_closed_within_its
         proxy.close()
 
 
+def test_an_async_redis_store_that_cannot_connect_again_gives_its_connection_back_each_time(redis_url: str) -> None:
+    url = urllib.parse.urlsplit(redis_url)
+    proxy = SilentProxy(url.port or 6379)
+
+    async def main() -> list[str]:
+        # One connection in the pool: one kept by a failed reconnection would refuse the next.
+        client = aredis.Redis(host="127.0.0.1", port=proxy.port, max_connections=1, socket_timeout=0.3, socket_connect_timeout=0.3)
+        try:
+            async with AsyncRedisStore(client=client, prefix=unique("areopen") + ":", timeout_ms=300) as store:
+                assert await store.get("k", NOW) is None
+                proxy.silence()  # the command times out, and so does every handshake after it
+                faults = []
+                for _ in range(3):
+                    with pytest.raises(StoreFault) as fault:
+                        await store.get("k", NOW)
+                    faults.append(str(fault.value))
+                return faults
+        finally:
+            await client.aclose()
+
+    try:
+        faults = asyncio.run(main())
+    finally:
+        proxy.close()
+    assert all("Timeout" in f for f in faults), faults
+
+
 def test_an_async_redis_connection_the_server_closed_while_idle_is_opened_again(redis_url: str, raw_redis: Any) -> None:
     async def main() -> None:
         async with AsyncRedisStore(redis_url, prefix=unique("akilled") + ":") as store:
             assert await store.insert("k", record(), NOW) == 1
-            (conn,) = store._idle
+            wire = store._wire
+            assert wire is not None
             (killed,) = await store._pipeline((("CLIENT", "ID"),))
             assert raw_redis.client_kill_filter(_id=killed) == 1
             for _ in range(200):  # the loop sees the server's close once it reads the socket
-                if conn._reader.at_eof():
+                if wire.closed:
                     break
                 await asyncio.sleep(0.01)
             assert await store.get("k", NOW) == (record(), 1)
-            assert store._idle == [conn] and (await store._pipeline((("CLIENT", "ID"),)))[0] != killed
+            assert store._wire is not wire and store._wire.conn is wire.conn, "the same redis-py connection, opened again"
+            assert (await store._pipeline((("CLIENT", "ID"),)))[0] != killed
+
+    asyncio.run(main())
+
+
+def test_concurrent_async_redis_commands_share_one_connection_and_an_error_reply_leaves_it_once_answered(
+    redis_url: str, raw_redis: Any
+) -> None:
+    prefix = unique("ashared") + ":"
+    raw_redis.hset(prefix + "hash", "field", "value")
+
+    async def main() -> None:
+        async with AsyncRedisStore(redis_url, prefix=prefix) as store:
+            assert await store.insert("k", record(), NOW) == 1
+            wire = store._wire
+            # Both written before either reply is read: the first is answered WRONGTYPE, the second its record.
+            corrupt, entry = await asyncio.gather(store.get("hash", NOW), store.get("k", NOW), return_exceptions=True)
+            assert isinstance(corrupt, StoreFault) and corrupt.kind == "corrupt", corrupt
+            assert entry == (record(), 1), "the command behind the error reply got its own reply"
+            for _ in range(200):
+                if wire.closed:
+                    break
+                await asyncio.sleep(0.01)
+            assert wire.closed and store._wire is not wire, "left after the error reply, once its commands were answered"
+            assert await store.get("k", NOW) == (record(), 1) and store._wire is not None and store._wire is not wire
 
     asyncio.run(main())
 
@@ -856,31 +943,25 @@ def test_the_async_redis_store_reads_replies_in_resp2_and_resp3_and_in_pieces(re
     asyncio.run(main())
 
 
-def test_an_async_redis_command_cancelled_mid_read_drops_its_connection(redis_url: str, raw_redis: Any) -> None:
+def test_an_async_redis_command_cancelled_before_its_reply_leaves_the_reply_to_no_other_command(
+    redis_url: str, raw_redis: Any
+) -> None:
     prefix = unique("acancelled") + ":"
     raw_redis.set(prefix + "a", encode(1, record(state="done")))
 
     async def main() -> None:
         async with AsyncRedisStore(redis_url, prefix=prefix) as store:
             assert await store.get("a", NOW) is not None
-            (conn,) = store._idle
-            reader = conn._reader
-            original = reader.read
-            entered = asyncio.Event()
-
-            async def stalled(n: int) -> bytes:
-                entered.set()
-                await asyncio.Event().wait()  # never: the reply stays unread
-                return await original(n)
-
-            reader.read = stalled
+            wire = store._wire
             task = asyncio.ensure_future(store.get("a", NOW))
-            await entered.wait()
+            await asyncio.sleep(0)  # GET a is written; its reply is read at the loop's next poll
+            assert wire is not None and len(wire._waiting) == 1
             task.cancel()
             with pytest.raises(asyncio.CancelledError):
                 await task
-            assert conn._reader is None, "dropped at once, so no later command reads GET a's reply"
             assert await store.get("b", NOW) is None, "the reply to GET a was taken for GET b's"
+            assert await store.get("a", NOW) == (record(state="done"), 1)
+            assert store._wire is wire, "in step: the connection is kept"
 
     asyncio.run(main())
 
@@ -961,18 +1042,20 @@ def test_an_async_guard_call_cancelled_while_its_started_store_call_waits_leaves
         async with AsyncRedisStore(f"redis://127.0.0.1:{proxy.port}", prefix=unique("acancel") + ":", timeout_ms=60_000) as store:
             guard = AsyncGuard(store=store, renew_lease=False)  # a 60 s store timeout would need a 120 s lease
             assert (await guard.run("warm", "fp", lambda fence: Response(200))).kind == "executed"
-            (conn,) = store._idle
+            wire = store._wire
+            assert wire is not None
             proxy.silence()
             ran: list[int] = []
             task = asyncio.ensure_future(guard.run("k", "fp", lambda fence: ran.append(fence) or Response(200)))
             for _ in range(500):  # until the claim's SET is on the wire and waits for a reply that never comes
-                if not store._idle:
+                if wire._waiting:
                     break
                 await asyncio.sleep(0.01)
             task.cancel()
             with pytest.raises(asyncio.CancelledError):
                 await task
-            assert ran == [] and conn._reader is None, "the store call was cancelled with its guard call and its connection dropped"
+            assert ran == [], ran
+            assert [reply.cancelled() for reply, _, _ in wire._waiting] == [True], "the store call was cancelled with its guard call"
             # The store's clock keeps its own task (named idem-clock), until the store closes.
             others = [t for t in asyncio.all_tasks() if t is not asyncio.current_task() and t.get_name() != "idem-clock"]
             assert others == [], others

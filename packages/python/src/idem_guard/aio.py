@@ -248,7 +248,13 @@ class _OnLoop:
     def __call__(self, now_ms: int, limit: int) -> int:
         if self.loop is None:
             return 0  # no call yet: nothing has been written
-        done: concurrent.futures.Future[int] = asyncio.run_coroutine_threadsafe(_coroutine(self.purge(now_ms, limit)), self.loop)
+        # The store's coroutine is made on the loop, so a loop that closed meanwhile leaves none unawaited.
+        batch = _coroutine(self.purge, now_ms, limit)
+        try:
+            done: concurrent.futures.Future[int] = asyncio.run_coroutine_threadsafe(batch, self.loop)
+        except RuntimeError:  # the loop is closed: the batch never starts
+            batch.close()
+            raise
         try:
             return done.result(PURGE_WAIT_S)
         except concurrent.futures.TimeoutError:
@@ -256,8 +262,8 @@ class _OnLoop:
             raise
 
 
-async def _coroutine(awaitable: Awaitable[int]) -> int:
-    return await awaitable
+async def _coroutine(purge: Callable[[int, int], Awaitable[int]], now_ms: int, limit: int) -> int:
+    return await purge(now_ms, limit)
 
 
 def is_async_store(store: Any) -> bool:

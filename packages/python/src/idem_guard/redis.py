@@ -13,7 +13,11 @@ extra (`pip install 'idem-guard[redis]'`)::
 `RedisStore` (redis-py) is for `Guard`: the component's imports call it
 inline. `AsyncRedisStore` (`redis.asyncio`) is for `AsyncGuard`, which
 replays each call from a journal of the store's answers
-(`idem_guard.journal`) so that the loop never waits on a socket.
+(`idem_guard.journal`) so that the loop never waits on a socket. Both open
+their connections with redis-py (address, TLS, AUTH, SELECT, protocol) and
+then send the commands and parse the replies themselves (`_pack`, `_parse`):
+`RedisStore` on the connection's socket, `AsyncRedisStore` as the protocol
+of its transport (one pipelined connection per event loop).
 
 Each primitive is one native command, or a script of the layout's
 (`EVALSHA`, with `SCRIPT LOAD` on `NOSCRIPT`): a claim is
@@ -57,7 +61,8 @@ import os
 import select
 import struct
 import threading
-from collections.abc import Generator
+from collections import deque
+from collections.abc import Callable, Generator
 from typing import Any
 
 try:
@@ -534,41 +539,33 @@ def _exchange(sock: Any, command: bytes, count: int = 1) -> Any:
         raise _ConnectionError(f"Error talking to the server: {e}") from e
 
 
-async def _aexchange(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, command: bytes, count: int = 1) -> Any:
-    """`_exchange` over asyncio streams: the commands in one write, their replies
-    parsed in place from what the stream has read."""
+def _replies(data: bytes, count: int) -> Any:
+    """The `count` replies in `data` (one reply when `count` is 1), or `_INCOMPLETE` while one is."""
     try:
-        writer.write(command)
-        data = b""
-        while True:
-            more = await reader.read(_READ)
-            if not more:
-                raise _ConnectionError("Connection closed by server.")
-            data += more
-            replies = _replies(data, count)
-            if replies is not _INCOMPLETE:
-                return replies
-    except OSError as e:
-        raise _ConnectionError(f"Error talking to the server: {e}") from e
+        replies, at = _parse_many(data, 0, count)
+    except _Incomplete:
+        return _INCOMPLETE
+    if at != len(data):  # so many commands, so many replies: anything more is out of step
+        raise InvalidResponse(f"{len(data) - at} bytes after the reply")
+    return replies
 
 
 _INCOMPLETE = object()
 
 
-def _replies(data: bytes, count: int) -> Any:
-    """The `count` replies in `data` (one reply when `count` is 1), or `_INCOMPLETE` while one is."""
-    at, replies = 0, []
+def _parse_many(data: bytes, at: int, count: int) -> tuple[Any, int]:
+    """`count` replies from `data[at:]` (the reply itself when `count` is 1, else a list) and where
+    they end; `_Incomplete` while one is, `InvalidResponse` for bytes that are not RESP."""
     try:
+        if count == 1:
+            return _parse(data, at)
+        replies = []
         for _ in range(count):
             value, at = _parse(data, at)
             replies.append(value)
-    except _Incomplete:
-        return _INCOMPLETE
+        return replies, at
     except ValueError as e:  # a length or an integer that is not one
         raise InvalidResponse(f"a reply that is not RESP: {e}") from e
-    if at != len(data):  # so many commands, so many replies: anything more is out of step
-        raise InvalidResponse(f"{len(data) - at} bytes after the reply")
-    return replies[0] if count == 1 else replies
 
 
 def _parse(data: bytes, at: int) -> tuple[Any, int]:
@@ -728,15 +725,21 @@ class AsyncRedisStore(_Layout, AsyncSteps):
     """The store primitives on a Redis server for `AsyncGuard`: `await
     store.get(...)` and so on. Options as `RedisStore`'s (`client=` an existing
     `redis.asyncio.Redis`). Like `RedisStore`, it sends its commands itself:
-    redis-py's asyncio connection opens the stream (address, TLS, AUTH, SELECT,
-    protocol), then each batch of commands is one write on its
-    `asyncio.StreamWriter` and the replies are parsed in place from its
-    `StreamReader` — no pool checkout, lock, hooks or response callbacks per
-    command. Concurrent calls each take an idle connection of the store's
-    (a new one from the client's pool when none is idle). Each exchange is
-    bounded by `timeout_ms` (a timer that closes the connection); a connection
-    that failed, timed out or was cancelled mid-reply is dropped. Connections belong to the event
-    loop that opened them: on another loop the store opens new ones."""
+    redis-py's asyncio connection opens the connection (address, TLS, AUTH,
+    SELECT, protocol), then the store takes its transport over (`_Wire`, an
+    `asyncio.Protocol`): each batch of commands is one write, and the replies
+    are parsed in place as they arrive and handed, in order, to the commands
+    that wait for them — no stream reader, pool checkout, lock, hooks or
+    response callbacks per command. Concurrent calls share the store's one
+    connection on each event loop (pipelined: each writes when it is ready).
+    Each command is bounded by `timeout_ms`: past it the connection is closed
+    and every command on it fails. A connection that failed, timed out or
+    answered out of step is dropped and the next command connects again;
+    one that answered an error reply (READONLY after a failover, LOADING) is
+    left once its commands are answered. A command cancelled mid-reply
+    leaves its reply to be read and thrown away, so no later command takes
+    it for its own. Connections belong to the event loop that opened them: on
+    another loop the store opens a new one."""
 
     _client_class, _retry_class = _aredis.Redis, _AsyncRetry
     # Its primitives bind nothing to the current task before their first suspension, so
@@ -745,8 +748,9 @@ class AsyncRedisStore(_Layout, AsyncSteps):
 
     def _opened(self) -> None:
         self._pool = getattr(self.client, "connection_pool", None)
-        self._idle: list[Any] = []
-        self._loop: asyncio.AbstractEventLoop | None = None
+        self._wire: _Wire | None = None  # the connection commands go on, on the loop of `_wire.loop`
+        self._opening: asyncio.Task[_Wire] | None = None  # a connection being opened, for every caller at once
+        self._spent: list[_Wire] = []  # wires left after an error reply: their connections go back to the pool
         self._timeout_s = self.timeout_ms / 1000
 
     async def open_clock(self) -> None:
@@ -769,59 +773,89 @@ class AsyncRedisStore(_Layout, AsyncSteps):
             raise self._fault(e, key) from e
 
     async def _pipeline(self, batch: tuple[tuple[Any, ...], ...]) -> list[Any]:
-        """`RedisStore._pipeline` over asyncio streams."""
+        """`RedisStore._pipeline` on the store's `_Wire`: the batch in one write, its replies as the server sent them."""
         if self._pool is None:  # a client without one pool (a cluster client): its own path
             return [await _aexecuted(self.client.execute_command, args) for args in batch]
-        conn = await self._checkout()
+        wire = self._wire
+        if wire is None or wire.ended or wire.loop is not asyncio.get_running_loop():
+            wire = await self._connected()
+        count = len(batch)
+        reply = wire.send(_pack(batch[0]) if count == 1 else b"".join(_pack(args) for args in batch), count)
         try:
-            reader = conn._reader
-            if reader is None or reader.at_eof():
-                if reader is not None:
-                    _drop(conn)  # the server closed it while it sat idle: connected again before the command
-                await conn.connect()
-                reader = conn._reader
-            # A deadline of the connection's own, not asyncio.timeout: the store's calls may be
-            # started inside the guard's run (`eager_start`), before they have a task of their own.
-            writer = conn._writer
-            expired = [False]
-            timer = asyncio.get_running_loop().call_later(self._timeout_s, _expire, writer, expired)
-            try:
-                replies = await _aexchange(reader, writer, b"".join(_pack(args) for args in batch), len(batch))
-            except _ConnectionError as e:
-                if expired[0]:
-                    raise _TimeoutError("Timeout talking to the server") from e
-                raise
-            finally:
-                timer.cancel()
-            replies = replies if len(batch) > 1 else [replies]
-            if any(isinstance(r, ResponseError) and not isinstance(r, NoScriptError) for r in replies):
-                await conn.disconnect()  # the next command connects afresh (READONLY, LOADING)
+            answered = await reply
         except BaseException:
-            _drop(conn)  # a timeout, a cancellation, a broken reply: one may be left unread
+            reply.cancel()  # abandoned (cancelled, or its coroutine closed): its reply is read and thrown away
             raise
-        finally:
-            self._idle.append(conn)
+        replies: list[Any] = [answered] if count == 1 else answered
+        for r in replies:
+            if isinstance(r, ResponseError) and not isinstance(r, NoScriptError):
+                # In step, but the server may be one to leave (READONLY after a failover,
+                # LOADING): the next command goes on a new connection, as redis-py's own
+                # connections reconnect after the errors they act on.
+                self._retire(wire)
+                break
         return replies
 
-    async def _checkout(self) -> Any:
+    def _retire(self, wire: _Wire) -> None:
+        if self._wire is wire:
+            self._wire = None
+            self._spent.append(wire)
+        wire.retire()
+
+    async def _connected(self) -> _Wire:
+        """The store's connection on the running loop, opened once for every caller that needs it now."""
         loop = asyncio.get_running_loop()
-        if loop is not self._loop:  # the streams of another loop cannot be used on this one
-            for conn in self._idle:
-                _drop(conn)
-            self._idle, self._loop = [], loop
-        if self._idle:
-            return self._idle.pop()
+        opening = self._opening
+        if opening is None or opening.done() or opening.get_loop() is not loop:
+            # A task of its own: a caller cancelled meanwhile does not cancel the others' opening.
+            opening = self._opening = loop.create_task(self._open(loop), name="idem-redis-connect")
+            opening.add_done_callback(_retrieved)  # its callers may all be cancelled: a failure is theirs, not a log line
+        return await asyncio.shield(opening)
+
+    async def _open(self, loop: asyncio.AbstractEventLoop) -> _Wire:
+        wire = self._wire
+        if wire is not None and not wire.ended and wire.loop is loop:
+            return wire
         assert self._pool is not None
-        return await self._pool.get_connection()
+        await self._give_back(loop)
+        if wire is not None:  # lost, timed out, or of another loop: its connection is opened again
+            self._wire = None
+            conn = wire.detach()
+        else:
+            conn = await self._pool.get_connection()
+        if conn._writer is None:
+            try:
+                await conn.connect()
+            except Exception:
+                await self._pool.release(conn)  # not kept while the server cannot be reached: the next call takes it again
+                raise
+        self._wire = _Wire(conn, loop, self._timeout_s)
+        return self._wire
+
+    async def _give_back(self, loop: asyncio.AbstractEventLoop, everything: bool = False) -> None:
+        """Gives the connections of the wires left after an error reply, once they are closed
+        (`everything`: now), back to the client's pool."""
+        spent, self._spent = self._spent, []
+        for wire in spent:
+            if wire.loop is loop and not wire.closed and not everything:
+                self._spent.append(wire)  # still answering the commands it was sent
+                continue
+            conn = wire.detach()
+            if wire.loop is loop:
+                await self._pool.release(conn)  # type: ignore[union-attr]  # wires only with a pool
 
     async def close(self) -> None:
-        """Stops reading the server's clock, gives its connections back to the
-        client's pool, and closes them (only those of a client the store opened itself)."""
+        """Stops reading the server's clock, closes its connection and gives it back to the
+        client's pool, and closes the client (only a client the store opened itself)."""
         await self.clock.astop()
-        idle, self._idle = self._idle, []
-        if self._pool is not None and self._loop is asyncio.get_running_loop():
-            for conn in idle:
-                await self._pool.release(conn)
+        wire, self._wire = self._wire, None
+        if wire is not None:
+            self._spent.append(wire)
+            wire.retire()
+        try:
+            await self._give_back(asyncio.get_running_loop(), everything=True)
+        finally:
+            self._spent = []
         if self._owned:
             await self.client.aclose()
 
@@ -835,32 +869,154 @@ class AsyncRedisStore(_Layout, AsyncSteps):
         await self.close()
 
 
-def _expire(writer: asyncio.StreamWriter, expired: list[bool]) -> None:
-    """A command's deadline passed: its connection is closed at once, which ends the wait for the reply."""
-    expired[0] = True
-    writer.transport.abort()
+class _Wire(asyncio.Protocol):
+    """One connection of `AsyncRedisStore`'s, taken over from the redis-py connection
+    that opened it: the transport's protocol from then on. Commands are written as they
+    come (pipelined); `data_received` parses the replies in place (`_parse`, as the sync
+    store) and hands each, in order, to the future of the command that waits for it.
 
+    One timer per connection, not per command, bounds the commands: armed when a command
+    is written with none armed, it fails everything on the connection once the oldest
+    command waited `timeout_ms`, else is armed again for the oldest's deadline. The end of
+    the connection is passed on to redis-py's stream protocol, so its reader sees the end
+    and its writer's `wait_closed` returns."""
 
-def _drop(conn: Any) -> None:
-    """Closes a connection's stream at once (no await: it may be mid-cancellation)."""
-    writer = conn._writer
-    conn._reader = conn._writer = None
-    if writer is not None:
+    def __init__(self, conn: Any, loop: asyncio.AbstractEventLoop, timeout_s: float):
+        self.conn = conn
+        self.loop = loop
+        self.transport: asyncio.Transport = conn._writer.transport
+        self._stream: asyncio.BaseProtocol | None = self.transport.get_protocol()
+        self._timeout_s = timeout_s
+        self._waiting: deque[tuple[asyncio.Future[Any], int, float]] = deque()
+        self._buffer = b""
+        self._timer: asyncio.TimerHandle | None = None
+        self._timed_out = False
+        # No new command once lost, timed out, out of step or retired; closed once the transport is.
+        self.ended = False
+        self.closed = False
+        self._retired = False
+        self.transport.set_protocol(self)
+
+    def send(self, payload: bytes, count: int) -> asyncio.Future[Any]:
+        """Writes the commands; the future is given their `count` replies (one, or a list)."""
+        reply = self.loop.create_future()
+        deadline = self.loop.time() + self._timeout_s
+        self._waiting.append((reply, count, deadline))
+        self.transport.write(payload)
+        if self._timer is None:
+            self._timer = self.loop.call_at(deadline, self._check)
+        return reply
+
+    def data_received(self, data: bytes) -> None:
+        if self._buffer:
+            data = self._buffer + data
+        at, waiting = 0, self._waiting
         try:
-            writer.close()
-        except RuntimeError:  # its loop is closed: the socket went with it
-            pass
+            while waiting:
+                reply, count, _ = waiting[0]
+                try:
+                    value, at = _parse_many(data, at, count)
+                except _Incomplete:
+                    break
+                waiting.popleft()
+                if not reply.done():  # else abandoned: its reply is thrown away
+                    reply.set_result(value)
+        except InvalidResponse as e:
+            self._end(e)
+            return
+        if at < len(data) and not waiting:  # so many commands, so many replies: anything more is out of step
+            self._end(InvalidResponse(f"{len(data) - at} bytes after the reply"))
+            return
+        self._buffer = data[at:] if at else data
+        if self._retired and not waiting:
+            self.transport.close()
+
+    def eof_received(self) -> bool:
+        return False  # the server closed its side: so does the store (connection_lost follows)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.ended = self.closed = True
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        if self._timed_out:
+            self._fail(lambda: _TimeoutError("Timeout talking to the server"))
+        elif exc is not None:
+            self._fail(lambda: _ConnectionError(f"Error talking to the server: {exc}"))
+        else:
+            self._fail(lambda: _ConnectionError("Connection closed by server."))
+        stream, self._stream = self._stream, None
+        if stream is not None:
+            stream.connection_lost(exc)
+
+    def _check(self) -> None:
+        self._timer = None
+        if not self._waiting:
+            return
+        deadline = self._waiting[0][2]
+        if self.loop.time() >= deadline:
+            self._timed_out = True
+            self.ended = True
+            self.transport.abort()  # connection_lost fails every command on it
+        else:
+            self._timer = self.loop.call_at(deadline, self._check)
+
+    def _end(self, error: Exception) -> None:
+        """Out of step: every command waiting fails with `error`, and the connection is dropped."""
+        self.ended = True
+        self._fail(lambda: error)
+        self.transport.abort()
+
+    def _fail(self, error: Callable[[], Exception]) -> None:
+        waiting, self._waiting = self._waiting, deque()
+        self._buffer = b""
+        for reply, _, _ in waiting:
+            if not reply.done():
+                reply.set_exception(error())
+
+    def retire(self) -> None:
+        """No new command; closed once the commands written are answered."""
+        self.ended = self._retired = True
+        if not self._waiting and not self.closed:
+            self.transport.close()
+
+    def abort(self) -> None:
+        """Closed now, whatever waits (the store closes)."""
+        self.ended = True
+        if not self.closed:
+            try:
+                self.transport.abort()
+            except RuntimeError:  # its loop is closed: the socket went with it
+                self.closed = True
+
+    def detach(self) -> Any:
+        """The redis-py connection, its transport closed and forgotten, to connect again or give back."""
+        self.abort()
+        conn = self.conn
+        conn._reader = conn._writer = None
+        return conn
+
+
+def _retrieved(task: asyncio.Task[Any]) -> None:
+    if not task.cancelled():
+        task.exception()
+
+
+def _options(args: tuple[Any, ...]) -> dict[str, Any]:
+    """What redis-py's response callback must be told of a command run through the client: a
+    `SET … GET` answers the value it found (its `SET` callback would make it a bool)."""
+    return {"get": True} if args[0] == "SET" and "GET" in args else {}
 
 
 def _executed(execute: Any, args: tuple[Any, ...]) -> Any:
     try:
-        return execute(*args)
+        return execute(*args, **_options(args))
     except ResponseError as e:
         return e
 
 
 async def _aexecuted(execute: Any, args: tuple[Any, ...]) -> Any:
     try:
-        return await execute(*args)
+        return await execute(*args, **_options(args))
     except ResponseError as e:
         return e
