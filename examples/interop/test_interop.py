@@ -33,6 +33,7 @@ import threading
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -328,6 +329,25 @@ def fingerprint_of(python: Guard, body: bytes) -> str:
     return python.fingerprint("POST", "/orders", [("content-type", b"application/json")], body)
 
 
+def post_in_flight(gateway: Gateway, upstream: Upstream, key: str, body: bytes, delay_s: float) -> Callable[[], tuple[int, dict[str, str], bytes]]:
+    """POSTs `body` under `key` through the gateway on a thread of its own, the upstream answering
+    after `delay_s`, and returns once the upstream has the request (the key is in flight on the
+    store); the function returned waits for the gateway's answer (status, headers, body)."""
+    upstream.delay = delay_s
+    first: dict[str, tuple[int, dict[str, str], bytes]] = {}
+    t = threading.Thread(target=lambda: first.update(answer=gateway.post(key, body)))
+    t.start()
+    deadline = time.monotonic() + 10
+    while upstream.calls.get(key) is None and time.monotonic() < deadline:
+        time.sleep(0.01)
+
+    def answer() -> tuple[int, dict[str, str], bytes]:
+        t.join()
+        return first["answer"]
+
+    return answer
+
+
 def test_a_node_claim_is_in_flight_everywhere_then_replayed_byte_for_byte(hosts):
     _kind, gateway, node, python, upstream, _, _ = hosts
     body = b'{"order":"n-1","cents":1000}'
@@ -356,17 +376,10 @@ def test_a_gateway_response_is_replayed_by_node_and_python(hosts):
     _kind, gateway, node, python, upstream, _, _ = hosts
     body = b'{"order":"g-1","cents":500}'
     fp = fingerprint_of(python, body)
-    upstream.delay = 1.0
-    first = {}
-    t = threading.Thread(target=lambda: first.update(answer=gateway.post("g-1", body)))
-    t.start()
-    deadline = time.monotonic() + 10
-    while upstream.calls.get("g-1") is None and time.monotonic() < deadline:
-        time.sleep(0.01)
+    answer = post_in_flight(gateway, upstream, "g-1", body, delay_s=1.0)
     assert node(op="begin", key="anon/g-1", fingerprint=fp)["tag"] == "in-flight"
     assert python.begin("anon/g-1", fp)[0] == "in-flight"
-    t.join()
-    status, _, sent = first["answer"]
+    status, _, sent = answer()
     assert status == 201
 
     by_node = node(op="begin", key="anon/g-1", fingerprint=fp)
@@ -510,19 +523,12 @@ def test_hosts_minutes_apart_agree_on_every_lease_and_run_each_key_once(hosts_sk
     # two: the other hosts see it in flight all along, then replay its one answer.
     body = b'{"order":"s-gw"}'
     fp = fingerprint_of(python, body)
-    upstream.delay = 2.0
-    first = {}
-    t = threading.Thread(target=lambda: first.update(answer=gateway.post("s-gw", body)))
-    t.start()
-    deadline = time.monotonic() + 10
-    while upstream.calls.get("s-gw") is None and time.monotonic() < deadline:
-        time.sleep(0.01)
+    answer = post_in_flight(gateway, upstream, "s-gw", body, delay_s=2.0)
     skew.set("gateway", 3_600)
     assert node(op="begin", key="anon/s-gw", fingerprint=fp)["tag"] == "in-flight"
     assert python.begin("anon/s-gw", fp)[0] == "in-flight"
     skew.set("gateway", -3_600)
-    t.join()
-    status, _, sent = first["answer"]
+    status, _, sent = answer()
     assert status == 201
     assert node(op="begin", key="anon/s-gw", fingerprint=fp)["tag"] == "replay"
     tag, replayed = python.begin("anon/s-gw", fp)

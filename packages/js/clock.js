@@ -64,6 +64,19 @@ export function checkedSyncMs(clockSyncMs) {
 }
 
 /**
+ * Starts a network store's clock: the first reading now, which must succeed
+ * (a store whose server's clock cannot be read does not open: this throws
+ * why, and a guard never runs on an unknown clock), then a reading with
+ * `read` every `everyMs` while the store is open.
+ */
+export async function startSyncing(clock, everyMs, read) {
+  await clock.read(read);
+  const unknown = clock.unknown();
+  if (unknown !== null) throw new Error(unknown);
+  clock.keepSynced(everyMs, read);
+}
+
+/**
  * A store server's clock, kept on this host. `nowMs()` is the server's time
  * at the reading held plus the monotonic clock's time since, so a step of
  * this host's wall clock changes nothing and hosts reading the same server

@@ -2,7 +2,8 @@
 // DynamoDB in the shared on-store layout (wit/store-layout/README.md).
 // Needs the optional peer dependency `@aws-sdk/client-dynamodb`.
 
-import type { AsyncStore, Entry, InsertOutcome, StoredRecord, SyncedClock } from './index.js';
+import type { AsyncStore, Entry, StoredRecord } from './index.js';
+import type { ServerStore } from './server-store.js';
 
 export interface DynamoDbStoreOptions {
   /** A DynamoDB-compatible server (`http://127.0.0.1:8000`) or another endpoint; default AWS's for the region. */
@@ -22,27 +23,19 @@ export interface DynamoDbStoreOptions {
 /** An item's attributes as DynamoDB's JSON (`B` values as bytes). */
 export type Item = Record<string, Record<string, unknown>>;
 
-/** The store primitives on DynamoDB; a `Guard` over it is an `AsyncGuard`. */
+/**
+ * The store primitives on DynamoDB (`ServerStore`); a `Guard` over it is an `AsyncGuard`. Its clock is AWS's,
+ * from the `Date` header of DynamoDB's responses (whole seconds); `close()` closes the client's connections.
+ */
+export interface DynamoDbStore extends ServerStore {}
 export declare class DynamoDbStore implements AsyncStore {
   /** Creates the table if it is absent, reads the clock; rejects if the endpoint does not answer. */
   static open(options?: DynamoDbStoreOptions): Promise<DynamoDbStore>;
   private constructor();
-  readonly async: true;
   /** The table the records are in. */
   readonly table: string;
-  /** The store's time authority: AWS's clock from the `Date` header of DynamoDB's responses (whole seconds), kept synced while the store is open. */
-  readonly clock: SyncedClock;
-  /** How long a request may take (the `timeoutMs` it was opened with). */
-  readonly timeoutMs: number;
-  get(key: string, nowMs: bigint): Promise<Entry | undefined>;
-  insert(key: string, record: StoredRecord, nowMs: bigint): Promise<InsertOutcome>;
-  replace(key: string, expectedVersion: bigint, record: StoredRecord, nowMs: bigint): Promise<boolean>;
-  /** Removes the item live at `nowMs` (default: now by the store's clock), only at `expectedVersion` when given. */
-  delete(key: string, expectedVersion?: bigint, nowMs?: bigint | number): Promise<boolean>;
   /** Deletes at most `limit` items expired at `nowMs`; resolves to how many. */
   purgeExpired(nowMs: bigint | number, limit: number): Promise<number>;
-  /** Stops reading the clock and closes the client's connections. */
-  close(): Promise<void>;
 }
 
 /** DynamoDB's TTL attribute for a record expiring at `expiresAtMs`: seconds, rounded up, plus 60. */

@@ -35,7 +35,7 @@ import {
   UpdateItemCommand,
   UpdateTimeToLiveCommand,
 } from '@aws-sdk/client-dynamodb';
-import { checkedSyncMs, SYNC_EVERY_MS, SyncedClock } from './clock.js';
+import { checkedSyncMs, SYNC_EVERY_MS, SyncedClock, startSyncing } from './clock.js';
 import { StoreError } from './index.js';
 
 const NAME = 'dynamodb';
@@ -206,10 +206,7 @@ export class DynamoDbStore {
     const store = new DynamoDbStore(client, table, timeoutMs);
     try {
       await store.#ensureTable();
-      await store.#clock.read(() => store.#serverTime());
-      const unknown = store.#clock.unknown();
-      if (unknown !== null) throw new Error(unknown);
-      store.#clock.keepSynced(clockSyncMs, () => store.#serverTime());
+      await startSyncing(store.#clock, clockSyncMs, () => store.#serverTime());
       return store;
     } catch (e) {
       client.destroy();

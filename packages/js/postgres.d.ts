@@ -2,7 +2,8 @@
 // PostgreSQL in the shared on-store layout (wit/store-layout/README.md).
 // Needs the optional peer dependency `pg`.
 
-import type { AsyncStore, Entry, InsertOutcome, StoredRecord, SyncedClock } from './index.js';
+import type { AsyncStore, Entry, StoredRecord } from './index.js';
+import type { ServerStore } from './server-store.js';
 
 export interface PostgresStoreOptions {
   /** `postgres://user[:password]@host[:port]/db`. */
@@ -20,27 +21,19 @@ export interface PostgresStoreOptions {
 /** The table layout this package reads and writes (2). */
 export declare const SCHEMA_VERSION: number;
 
-/** The store primitives on PostgreSQL; a `Guard` over it is an `AsyncGuard`. */
+/**
+ * The store primitives on PostgreSQL (`ServerStore`); a `Guard` over it is an `AsyncGuard`. Its clock is the
+ * server's `clock_timestamp()`; `close()` closes every connection of the pool.
+ */
+export interface PostgresStore extends ServerStore {}
 export declare class PostgresStore implements AsyncStore {
   /** Creates the table if needed, checks its schema version, opens the pool, reads the server's clock; rejects if the server does not answer. */
   static open(options: PostgresStoreOptions): Promise<PostgresStore>;
   private constructor();
-  readonly async: true;
   /** The table the records are in. */
   readonly table: string;
-  /** The store's time authority: the server's `clock_timestamp()`, kept synced while the store is open. */
-  readonly clock: SyncedClock;
-  /** How long a connection or a statement may take (the `timeoutMs` it was opened with). */
-  readonly timeoutMs: number;
-  get(key: string, nowMs: bigint): Promise<Entry | undefined>;
-  insert(key: string, record: StoredRecord, nowMs: bigint): Promise<InsertOutcome>;
-  replace(key: string, expectedVersion: bigint, record: StoredRecord, nowMs: bigint): Promise<boolean>;
-  /** Removes the row live at `nowMs` (default: now by the store's clock), only at `expectedVersion` when given. */
-  delete(key: string, expectedVersion?: bigint, nowMs?: bigint | number): Promise<boolean>;
   /** Deletes at most `limit` rows expired at `nowMs`, oldest expiry first; resolves to how many. */
   purgeExpired(nowMs: bigint | number, limit: number): Promise<number>;
-  /** Stops reading the server's clock and closes every connection of the pool. */
-  close(): Promise<void>;
 }
 
 /** The record as the statements' parameters after the key, in the layout's column order. */

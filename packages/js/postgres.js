@@ -26,7 +26,7 @@
 // server whose clock cannot be read at open is not opened.
 
 import pg from 'pg';
-import { checkedSyncMs, SYNC_EVERY_MS, SyncedClock } from './clock.js';
+import { checkedSyncMs, SYNC_EVERY_MS, SyncedClock, startSyncing } from './clock.js';
 import { StoreError } from './index.js';
 import { layoutFile } from './layout.js';
 
@@ -178,10 +178,7 @@ export class PostgresStore {
       // The time authority: read once now (a guard on a clock never read
       // fails every call closed) and every clockSyncMs after.
       const store = new PostgresStore(pool, table, timeoutMs);
-      await store.#clock.read(() => store.#serverTime());
-      const unknown = store.#clock.unknown();
-      if (unknown !== null) throw new Error(unknown);
-      store.#clock.keepSynced(clockSyncMs, () => store.#serverTime());
+      await startSyncing(store.#clock, clockSyncMs, () => store.#serverTime());
       return store;
     } catch (e) {
       await pool.end().catch(() => {});

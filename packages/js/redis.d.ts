@@ -2,7 +2,8 @@
 // shared on-store layout (wit/store-layout/README.md), over a connection of
 // its own (resp.js): no client package needed.
 
-import type { AsyncStore, Entry, InsertOutcome, StoredRecord, SyncedClock } from './index.js';
+import type { AsyncStore, Entry, StoredRecord } from './index.js';
+import type { ServerStore } from './server-store.js';
 
 export interface RedisStoreOptions {
   /** `redis://[[user]:password@]host[:port][/db]`, or `rediss://` for TLS (default redis://127.0.0.1:6379). */
@@ -29,27 +30,19 @@ export interface RedisStoreOptions {
   };
 }
 
-/** The store primitives on Redis; a `Guard` over it is an `AsyncGuard`. */
+/**
+ * The store primitives on Redis (`ServerStore`); a `Guard` over it is an `AsyncGuard`. Its clock is the
+ * server's `TIME`; `close()` fails the commands still unanswered as unavailable.
+ */
+export interface RedisStore extends ServerStore {}
 export declare class RedisStore implements AsyncStore {
   /** Connects, loads the layout's scripts and reads the server's clock; rejects if the server does not answer. */
   static open(options?: RedisStoreOptions): Promise<RedisStore>;
   private constructor();
-  readonly async: true;
   /** The prefix every key is stored under. */
   readonly prefix: string;
   /** Whether completions and renewals use the server's `SET … IFEQ` rather than the script. */
   readonly nativeCas: boolean;
-  /** The store's time authority: the server's `TIME`, kept synced while the store is open. */
-  readonly clock: SyncedClock;
-  /** How long connecting or a command may take (the `timeoutMs` it was opened with). */
-  readonly timeoutMs: number;
-  get(key: string, nowMs: bigint): Promise<Entry | undefined>;
-  insert(key: string, record: StoredRecord, nowMs: bigint): Promise<InsertOutcome>;
-  replace(key: string, expectedVersion: bigint, record: StoredRecord, nowMs: bigint): Promise<boolean>;
-  /** Removes the record live at `nowMs` (default: now by the store's clock), only at `expectedVersion` when given. */
-  delete(key: string, expectedVersion?: bigint, nowMs?: bigint | number): Promise<boolean>;
-  /** Closes the connection (commands still unanswered fail as unavailable) and stops reading the server's clock. */
-  close(): Promise<void>;
 }
 
 /** A record at `version` as the bytes stored for it. */

@@ -14,24 +14,26 @@ import { after, test } from 'node:test';
 import { Guard, GuardError, ManualClock, MemoryStore, NotRecordedError } from '../index.js';
 import { jcoGuest } from '../jco-guest.js';
 import { dynamodbStore, FaultyStore, postgresStore, redisStore, skipWithout } from '../testing/netstores.js';
-import { bytes, check, checkpointJson, claimJson, decisionJson, files, load, mutate, response, responseJson, show, text } from '../testing/scenarios.js';
+import { bytes, checkpointJson, Failure, files, load, mutants, play, response, responseJson, text } from '../testing/scenarios.js';
 
 function errorJson(e) {
   if (e instanceof GuardError) return { error: e.kind, message: e.detail };
   throw e;
 }
 
-/** `ok` of what `call` returns (or resolves to: an asynchronous guard's calls return Promises), else the error as JSON. */
-async function attempt(call, ok) {
+/** What `call` returns (or resolves to: an asynchronous guard's calls return Promises), its `GuardError` thrown as the runner's `Failure`. */
+async function guarded(call) {
   try {
-    return ok(await call());
+    return await call();
   } catch (e) {
-    return errorJson(e);
+    if (e instanceof GuardError) throw new Failure(e.kind, e.detail);
+    throw e;
   }
 }
 
 const guests = { abi: undefined, jco: await jcoGuest() };
 
+/** A `Guard` as testing/scenarios.js drives a host, answering `run` steps with `guard.run` itself. */
 class Host {
   /** `store`: a MemoryStore (the default), or a FaultyStore in front of a network store. */
   constructor(scenario, guest, store = new MemoryStore()) {
@@ -46,114 +48,51 @@ class Host {
       maxResponseBytes: p.max_response_bytes,
       guest,
     });
-    this.claims = new Map();
-    this.effects = new Map();
   }
 
-  /** The named claim, with the fields of the step's `with` (u64s as decimal strings) replaced for this call. */
-  claim(step) {
-    const claim = this.claims.get(step.claim);
-    if (!claim) throw new Error(`no claim named ${step.claim}`);
-    if (step.with === undefined) return claim;
-    const altered = { ...claim };
-    for (const [field, value] of Object.entries(step.with)) {
-      if (field !== 'holder' && field !== 'fence') throw new Error(`\`with\` replaces holder or fence, not ${JSON.stringify(field)}`);
-      if (typeof value !== 'string' || !/^[0-9]+$/.test(value))
-        throw new Error(`\`with\`.${field} must be a u64 as a decimal string, got ${JSON.stringify(value)}`);
-      altered[field] = BigInt(value);
-    }
-    return altered;
+  begin(key, fingerprint) {
+    return guarded(() => this.guard.begin(key, fingerprint));
   }
 
-  async step(step) {
-    const g = this.guard;
-    switch (step.op) {
-      case 'clock':
-        if (step.set_ms !== undefined) this.clock.set(step.set_ms);
-        else if (step.advance_ms !== undefined) this.clock.advance(step.advance_ms);
-        else throw new Error('clock needs set_ms or advance_ms');
-        return null;
-      case 'fault':
-        if (!['error', 'lost'].includes(step.kind)) throw new Error(`unknown fault kind ${step.kind}`);
-        this.store.fault(step.primitive, { kind: step.kind, message: step.message, count: step.count });
-        return null;
-      case 'clear_faults':
-        this.store.clearFaults();
-        return null;
-      case 'begin':
-        return attempt(
-          () => g.begin(text(step.key), text(step.fingerprint)),
-          (d) => {
-            if (d.tag === 'proceed' && step.as) this.claims.set(step.as, d.val);
-            return decisionJson(d);
-          },
-        );
-      case 'complete':
-        return attempt(
-          () => g.complete(this.claim(step), response(step.response)),
-          () => ({ ok: true }),
-        );
-      case 'release':
-        return attempt(
-          () => g.release(this.claim(step)),
-          () => ({ ok: true }),
-        );
-      case 'renew':
-        return attempt(
-          () => g.renew(this.claim(step)),
-          (c) => {
-            if (step.as) this.claims.set(step.as, c);
-            return { ok: true, ...claimJson(c) };
-          },
-        );
-      case 'checkpoint':
-        return attempt(
-          () => g.saveCheckpoint(this.claim(step), { phase: text(step.phase), data: bytes(step.data) }),
-          (c) => {
-            if (step.as) this.claims.set(step.as, c);
-            return { ok: true, ...claimJson(c) };
-          },
-        );
-      case 'run':
-        return this.run(step);
-      case 'effects':
-        return Object.fromEntries(Object.keys(step.expect).map((name) => [name, this.effects.get(name) ?? 0]));
-      case 'peek': {
-        const key = text(step.key);
-        const entry = this.store instanceof FaultyStore ? await this.store.inner.get(key, this.clock.nowMs()) : this.store.peek(key, this.clock.nowMs());
-        if (!entry) return { absent: true };
-        const r = entry.record;
-        return {
-          absent: false,
-          state: r.state,
-          version: Number(entry.version),
-          fingerprint: r.fingerprint,
-          holder: r.holder,
-          lease_until_ms: Number(r.leaseUntilMs),
-          expires_at_ms: Number(r.expiresAtMs),
-          checkpoint: checkpointJson(r.checkpoint),
-          ...(r.response ? responseJson(r.response) : {}),
-        };
-      }
-      case 'fingerprint': {
-        const q = step.request;
-        return attempt(
-          () =>
-            g.fingerprint({ method: text(q.method), path: text(q.path), headers: (q.headers ?? []).map(([n, v]) => [text(n), bytes(v)]), body: bytes(q.body) }),
-          (fingerprint) => ({ fingerprint }),
-        );
-      }
-    }
-    throw new Error(`unknown op ${step.op}`);
+  complete(claim, response) {
+    return guarded(() => this.guard.complete(claim, response));
   }
 
-  /** `guard.run` with a handler that counts its side effect and saves the step's checkpoints. */
-  async run(step) {
+  release(claim) {
+    return guarded(() => this.guard.release(claim));
+  }
+
+  renew(claim) {
+    return guarded(() => this.guard.renew(claim));
+  }
+
+  saveCheckpoint(claim, checkpoint) {
+    return guarded(() => this.guard.saveCheckpoint(claim, checkpoint));
+  }
+
+  fingerprint(parts) {
+    return guarded(() => this.guard.fingerprint(parts));
+  }
+
+  setFault(primitive, rule) {
+    this.store.fault(primitive, rule);
+  }
+
+  clearFaults() {
+    this.store.clearFaults();
+  }
+
+  peek(key) {
+    return this.store instanceof FaultyStore ? this.store.inner.get(key, this.clock.nowMs()) : this.store.peek(key, this.clock.nowMs());
+  }
+
+  /** `guard.run` with a handler that counts its side effect in `effects` and saves the step's checkpoints. */
+  async run(step, effects) {
     const name = step.effect ?? 'effect';
     let resumed;
     const handler = async (_fence, attempt) => {
       resumed = checkpointJson(attempt.checkpoint);
-      this.effects.set(name, (this.effects.get(name) ?? 0) + 1);
+      effects.set(name, (effects.get(name) ?? 0) + 1);
       for (const c of step.checkpoints ?? []) await attempt.saveCheckpoint(text(c.phase), bytes(c.data));
       if (step.fails) throw new Error('handler failed');
       return response(step.response);
@@ -181,22 +120,13 @@ class Host {
   }
 }
 
-/** Runs a scenario; returns the number of checked steps, or throws `step N (op): ...`. */
-async function runScenario(scenario, guest = guests.abi, store = undefined) {
-  const host = new Host(scenario, guest, store);
-  let checked = 0;
-  for (const [i, step] of scenario.steps.entries()) {
-    for (let n = 0; n < (step.times ?? 1); n++) {
-      const actual = await host.step(step);
-      if (actual === null) continue;
-      if (!step.expect) throw new Error(`step ${i} (${step.op}): no expect`);
-      const why = check(step.expect, actual, host.claims);
-      if (why) throw new Error(`step ${i} (${step.op}): ${why}; got ${show(actual)}`);
-      checked += 1;
-    }
-  }
-  return checked;
+/** Plays a scenario (testing/scenarios.js); returns the number of checked steps, or throws `step N (op): ...`. */
+function runScenario(scenario, guest = guests.abi, store = undefined) {
+  return play(scenario, new Host(scenario, guest, store));
 }
+
+/** The scenario failed its check at step `i` (`play` names the step of an error thrown there too: that one has a `cause`). */
+const mismatchAt = (e, i) => e.message.startsWith(`step ${i} `) && e.cause === undefined;
 
 test('the conformance suite is all there', () => {
   assert.ok(files.length >= 15, `found ${files.length} scenario files`);
@@ -276,17 +206,11 @@ for (const [name, { env, open, done }] of Object.entries(netstores)) {
 // One test per file, as the Python runner does: a scenario that fails outright does not hide the others' checks.
 for (const file of files) {
   test(`a wrong expectation fails the scenario at that step: ${file}`, async () => {
-    const scenario = load(file);
-    let broken = 0;
-    for (const [i, step] of scenario.steps.entries()) {
-      const wrong = mutate(step.expect);
-      if (!wrong) continue;
-      const mutant = structuredClone(scenario);
-      mutant.steps[i].expect = wrong;
-      await assert.rejects(runScenario(mutant), (e) => e.message.startsWith(`step ${i} `), `${file}: step ${i} mutated`);
-      broken += 1;
+    const broken = mutants(load(file));
+    for (const [i, mutant] of broken) {
+      await assert.rejects(runScenario(mutant), (e) => mismatchAt(e, i), `${file}: step ${i} mutated`);
     }
-    assert.ok(broken > 0, `${file}: no step could be broken`);
+    assert.ok(broken.length > 0, `${file}: no step could be broken`);
   });
 }
 
@@ -299,7 +223,7 @@ test("a step's `with` changes the claim the guard is given: without it the scena
       if (step.with === undefined) continue;
       const plain = structuredClone(scenario);
       delete plain.steps[i].with;
-      await assert.rejects(runScenario(plain), (e) => e.message.startsWith(`step ${i} `), `${file}: step ${i} without its \`with\``);
+      await assert.rejects(runScenario(plain), (e) => mismatchAt(e, i), `${file}: step ${i} without its \`with\``);
       dropped += 1;
     }
   }

@@ -6,30 +6,13 @@
 // on it in conformance.test.js.
 
 import assert from 'node:assert/strict';
-import { readFileSync } from 'node:fs';
 import { test } from 'node:test';
 import { GetItemCommand, PutItemCommand } from '@aws-sdk/client-dynamodb';
 import { SyncedClock } from '../clock.js';
 import { dateMs, decodeItem, encodeItem } from '../dynamodb.js';
 import { Guard, StoreError } from '../index.js';
 import { dynamodbStore, skipWithout } from '../testing/netstores.js';
-
-const vectors = JSON.parse(readFileSync(new URL('../../../wit/store-layout/vectors.json', import.meta.url), 'utf8'));
-const u8 = (h) => new Uint8Array(Buffer.from(h, 'hex'));
-
-/** A record of vectors.json as the store primitives take and return it. */
-function record(r) {
-  const out = {
-    fingerprint: r.fingerprint,
-    state: r.state,
-    holder: BigInt(r.holder),
-    leaseUntilMs: BigInt(r.lease_until_ms),
-    expiresAtMs: BigInt(r.expires_at_ms),
-  };
-  if (r.response) out.response = { status: r.response.status, headers: r.response.headers.map(([n, v]) => [n, u8(v)]), body: u8(r.response.body) };
-  if (r.checkpoint) out.checkpoint = { phase: r.checkpoint.phase, data: u8(r.checkpoint.data) };
-  return out;
-}
+import { record, u8, vectors } from '../testing/vectors.js';
 
 /** An item of the vectors' DynamoDB JSON (`B` in hex) as the SDK gives it (`B` as bytes). */
 function item(json) {

@@ -7,13 +7,13 @@
 // itself, not from the clock.
 
 import assert from 'node:assert/strict';
-import { createServer } from 'node:http';
 import { test } from 'node:test';
 import express from 'express';
 import { httpDate, idempotency, scopedKey } from '../express.js';
 import { Guard, ManualClock, MemoryStore } from '../index.js';
 import { asyncOver } from '../testing/async-store.js';
 import { redisStore, skipWithout } from '../testing/netstores.js';
+import { serve } from '../testing/serve.js';
 
 /** The `expiresAtMs` of `key`'s stored (done) record, read from the store as `now`. */
 async function storedExpiry(store, key, now) {
@@ -90,17 +90,6 @@ test('httpDate: IMF-fixdate, rounded down to the whole second', () => {
   assert.equal(httpDate(784_111_777_999), 'Sun, 06 Nov 1994 08:49:37 GMT');
   assert.equal(httpDate(784_111_778_000), 'Sun, 06 Nov 1994 08:49:38 GMT');
 });
-
-async function serve(app, body) {
-  const server = createServer(app);
-  await new Promise((r) => server.listen(0, '127.0.0.1', r));
-  try {
-    return await body(`http://127.0.0.1:${server.address().port}`);
-  } finally {
-    server.closeAllConnections();
-    await new Promise((r) => server.close(r));
-  }
-}
 
 const post = (url, key, body) => fetch(`${url}/orders`, { method: 'POST', headers: { 'idempotency-key': key }, body });
 

@@ -4,22 +4,11 @@
 // answers.
 
 import assert from 'node:assert/strict';
-import { createServer } from 'node:http';
 import { test } from 'node:test';
 import express from 'express';
 import { idempotency, idempotencyKey, keepRawBody, scopedKey } from '../express.js';
 import { Guard, MemoryStore } from '../index.js';
-
-async function serve(app, body) {
-  const server = createServer(app);
-  await new Promise((r) => server.listen(0, '127.0.0.1', r));
-  try {
-    return await body(`http://127.0.0.1:${server.address().port}`);
-  } finally {
-    server.closeAllConnections();
-    await new Promise((r) => server.close(r));
-  }
-}
+import { serve } from '../testing/serve.js';
 
 const post = (url, key, body, headers = {}) => fetch(url, { method: 'POST', headers: { 'idempotency-key': key, ...headers }, body });
 

@@ -82,6 +82,7 @@ test('the package is ESM with exports, types and no runtime dependencies', () =>
     'redis.d.ts',
     'redis.js',
     'resp.js',
+    'server-store.d.ts',
     'store-layout',
     'telemetry.js',
   ]);

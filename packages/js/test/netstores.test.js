@@ -9,32 +9,16 @@
 // IDEM_TEST_POSTGRES_URL (testing/netstores.js).
 
 import assert from 'node:assert/strict';
-import { readFileSync } from 'node:fs';
 import net from 'node:net';
 import { test } from 'node:test';
 import { Guard, ManualClock, StoreError } from '../index.js';
 import { decodeRow, PostgresStore, recordParams, SCHEMA_VERSION } from '../postgres.js';
 import { decodeValue, encodeValue, RedisStore } from '../redis.js';
 import { dropTable, postgresStore, redisStore, serverUrl, skipWithout, sql, unique } from '../testing/netstores.js';
+import { record, vectors } from '../testing/vectors.js';
 
-const vectors = JSON.parse(readFileSync(new URL('../../../wit/store-layout/vectors.json', import.meta.url), 'utf8'));
 const hex = (h) => Buffer.from(h, 'hex');
-const u8 = (h) => new Uint8Array(hex(h));
 const I64_MAX = 2n ** 63n - 1n;
-
-/** A record of vectors.json as the store primitives take and return it. */
-function record(r) {
-  const out = {
-    fingerprint: r.fingerprint,
-    state: r.state,
-    holder: BigInt(r.holder),
-    leaseUntilMs: BigInt(r.lease_until_ms),
-    expiresAtMs: BigInt(r.expires_at_ms),
-  };
-  if (r.response) out.response = { status: r.response.status, headers: r.response.headers.map(([n, v]) => [n, u8(v)]), body: u8(r.response.body) };
-  if (r.checkpoint) out.checkpoint = { phase: r.checkpoint.phase, data: u8(r.checkpoint.data) };
-  return out;
-}
 
 /** The record as PostgreSQL gives it back: u64 times past 2^63 - 1 saturated. */
 const saturated = (r) => ({

@@ -19,7 +19,7 @@
 import assert from 'node:assert/strict';
 import { test } from 'node:test';
 import { Guard, GuardError, ManualClock } from '../index.js';
-import { Failure, files, load, mutate, play } from '../testing/scenarios.js';
+import { Failure, files, load, mutants, play } from '../testing/scenarios.js';
 import { componentStore, decision, guarded, imports, PLUGGED, Response, TESTING, transpile } from '../testing/store-component.js';
 
 const compositions = { testing: await transpile(TESTING), plugged: await transpile(PLUGGED) };
@@ -192,20 +192,14 @@ for (const [file, scenario] of plugged) {
 // The runner must be able to fail: breaking one expectation fails the scenario at that step.
 for (const file of files) {
   test(`a wrong expectation fails the scenario at that step (store component): ${file}`, async () => {
-    const scenario = load(file);
-    let broken = 0;
-    for (const [i, step] of scenario.steps.entries()) {
-      const wrong = mutate(step.expect);
-      if (!wrong) continue;
-      const mutant = structuredClone(scenario);
-      mutant.steps[i].expect = wrong;
+    const broken = mutants(load(file));
+    for (const [i, mutant] of broken) {
       await assert.rejects(
         play(mutant, new ComposedHost(mutant, compositions.testing)),
         (e) => e.message.startsWith(`step ${i} `),
         `${file}: step ${i} mutated`,
       );
-      broken += 1;
     }
-    assert.ok(broken > 0, `${file}: no step could be broken`);
+    assert.ok(broken.length > 0, `${file}: no step could be broken`);
   });
 }

@@ -19,8 +19,9 @@
 // `kind` the guard-error case, its `detail` the text). Claims are as jco lifts
 // them ({ key, fingerprint, fence, holder, leaseUntilMs, expiresAtMs,
 // checkpoint }, u64s as BigInts); responses are { status, headers: [[name,
-// Uint8Array]], body: Uint8Array }. A `run` step is the lifecycle a host
-// without a run of its own goes through, over those calls (`run` below).
+// Uint8Array]], body: Uint8Array }. A host with a `run(step, effects)` of its
+// own (a guard's `run`: test/conformance.test.js) answers `run` steps itself;
+// for one without, a `run` step is the lifecycle over those calls (`run` below).
 
 import { readdirSync, readFileSync } from 'node:fs';
 import { isDeepStrictEqual } from 'node:util';
@@ -265,7 +266,7 @@ async function perform(host, step, claims, effects) {
         },
       );
     case 'run':
-      return run(host, step, effects);
+      return host.run ? host.run(step, effects) : run(host, step, effects);
     case 'effects':
       return Object.fromEntries(Object.keys(step.expect).map((name) => [name, effects.get(name) ?? 0]));
     case 'peek': {
@@ -317,6 +318,19 @@ export async function play(scenario, host) {
     }
   }
   return checked;
+}
+
+/** For each step with an expectation `mutate` can break: `[its index, the scenario with that one expectation wrong]`. */
+export function mutants(scenario) {
+  const out = [];
+  for (const [i, step] of scenario.steps.entries()) {
+    const wrong = mutate(step.expect);
+    if (!wrong) continue;
+    const mutant = structuredClone(scenario);
+    mutant.steps[i].expect = wrong;
+    out.push([i, mutant]);
+  }
+  return out;
 }
 
 /** A plausible wrong answer for an expectation (as the Rust runner's `mutate`), or null. */

@@ -14,13 +14,15 @@ A host has the guard's calls, its clock, and its store's faults and records:
     set_fault(primitive, kind, message, count), clear_faults()
     peek(key)                      -> None | (Record, version)
 
-A guard error is raised as a `Failure`. A `run` step is the lifecycle a host
-without a run of its own goes through, over those calls (`run` below, as the
-Rust runner's default `GuardHost::run`).
+A guard error is raised as a `Failure`. A host with a `run(step, effects)` of
+its own (a guard's `run`, tests/test_conformance.py) answers `run` steps
+itself; for one without, a `run` step is the lifecycle over those calls (`run`
+below, as the Rust runner's default `GuardHost::run`).
 """
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import json
 from dataclasses import dataclass
@@ -185,8 +187,8 @@ def claim_of(step: dict[str, Any], claims: dict[str, Claim]) -> Claim:
     for field, value in step.get("with", {}).items():
         if field not in ("holder", "fence"):
             raise ValueError(f"with.{field}: not a field a step replaces")
-        if not (isinstance(value, str) and value.isdigit()):
-            raise ValueError(f"with.{field}: a u64 as a decimal string")
+        if not (isinstance(value, str) and value.isdigit() and int(value) < 1 << 64):
+            raise ValueError(f"with.{field}: {value!r} is not a u64 as a decimal string")
         claim = dataclasses.replace(claim, holder=int(value)) if field == "holder" else dataclasses.replace(claim, fence=int(value))
     return claim
 
@@ -247,7 +249,8 @@ def perform(host: Host, step: dict[str, Any], claims: dict[str, Claim], effects:
         host.clear_faults()
         return None
     if op == "run":
-        return run(host, step, effects)
+        own = getattr(host, "run", None)
+        return own(step, effects) if own is not None else run(host, step, effects)
     if op == "effects":
         return {name: effects.get(name, 0) for name in step["expect"]}
     try:
@@ -322,6 +325,19 @@ def play(scenario: dict[str, Any], host: Host) -> int:
                 raise Mismatch(f"step {i} ({step['op']}): {why}; got {json.dumps(actual)}")
             checked += 1
     return checked
+
+
+def mutants(scenario: dict[str, Any]) -> list[tuple[int, dict[str, Any]]]:
+    """The scenario with one expectation made wrong (`mutate`), for each step that has one
+    to break: (the step's index, the mutant). Playing a mutant must fail at that step."""
+    out = []
+    for i, step in enumerate(scenario["steps"]):
+        wrong = mutate(step.get("expect"))
+        if wrong is not None:
+            mutant = copy.deepcopy(scenario)
+            mutant["steps"][i]["expect"] = wrong
+            out.append((i, mutant))
+    return out
 
 
 def mutate(expect: dict[str, Any] | None) -> dict[str, Any] | None:

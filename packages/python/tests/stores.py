@@ -56,14 +56,18 @@ def server_url(var: str) -> str:
     )
 
 
-class Faulty(Faults):
-    """A synchronous store with faults injected around its primitives; `peek` bypasses them.
-    Its time authority is the store's (`clock`)."""
+class _Around(Faults):
+    """Faults injected around the primitives of the store `inner`, whose time authority (`clock`) it keeps."""
 
     def __init__(self, inner: Any):
         super().__init__()
         self.inner = inner
         self.clock = inner.clock
+
+
+class Faulty(_Around):
+    """A synchronous store with faults injected around its primitives; `peek` bypasses them.
+    Its time authority is the store's (`clock`)."""
 
     def _apply(self, primitive: str, *args: Any) -> Any:
         rule = self.take(primitive)
@@ -90,14 +94,9 @@ class Faulty(Faults):
         return self.inner.get(key, now_ms)
 
 
-class AsyncFaulty(Faults):
+class AsyncFaulty(_Around):
     """An asynchronous store with faults injected around its primitives; `await peek(...)` bypasses them.
     Its time authority is the store's (`clock`)."""
-
-    def __init__(self, inner: Any):
-        super().__init__()
-        self.inner = inner
-        self.clock = inner.clock
 
     async def _apply(self, primitive: str, *args: Any) -> Any:
         rule = self.take(primitive)

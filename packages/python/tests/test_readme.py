@@ -22,6 +22,7 @@ import re
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -29,13 +30,13 @@ from stores import server_url
 
 ROOT = Path(__file__).resolve().parents[3]
 
-# README (relative to the repository root) -> how many ```python blocks it holds.
-READMES = {
-    "packages/python/README.md": 7,
-    "examples/README.md": 5,
+# (README relative to the repository root, language) -> how many ```python blocks (run by
+# test_readme_block_runs_as_written) or ```sh blocks (test_readme_shell_block_runs_as_written) it holds.
+BLOCKS = {
+    ("packages/python/README.md", "python"): 7,
+    ("examples/README.md", "python"): 5,
+    ("packages/python/README.md", "sh"): 3,
 }
-# README -> how many ```sh blocks it holds (run by test_readme_shell_block_runs_as_written).
-SHELL_READMES = {"packages/python/README.md": 3}
 
 SERVERS = (("redis://", "IDEM_TEST_REDIS_URL"), ("postgres://", "IDEM_TEST_POSTGRES_URL"))
 SKIP = re.compile(r"^<!--\s*snippet:\s*skip\b\s*(.*?)\s*-->$")
@@ -61,21 +62,28 @@ def blocks(markdown: str, lang: str) -> list[tuple[int, str, str | None]]:
     return found
 
 
-def _found(readme: str) -> list[tuple[int, str, str | None]]:
-    return blocks((ROOT / readme).read_text(), "python")
+def _found(readme: str, lang: str) -> list[tuple[int, str, str | None]]:
+    return blocks((ROOT / readme).read_text(), lang)
 
 
-@pytest.mark.parametrize("readme", sorted(READMES))
-def test_readme_holds_the_expected_blocks(readme: str) -> None:
-    found = _found(readme)
-    assert len(found) == READMES[readme], f"{readme}: expected {READMES[readme]} ```python blocks, found {len(found)}"
+@pytest.mark.parametrize(("readme", "lang"), sorted(BLOCKS))
+def test_readme_holds_the_expected_blocks(readme: str, lang: str) -> None:
+    found = _found(readme, lang)
+    expected = BLOCKS[readme, lang]
+    assert len(found) == expected, f"{readme}: expected {expected} ```{lang} blocks, found {len(found)}"
 
 
-CASES = [
-    pytest.param(readme, line, code, skip, id=f"{readme}:{line}")
-    for readme in sorted(READMES)
-    for line, code, skip in _found(readme)
-]
+def _cases(lang: str, id_suffix: str) -> list[Any]:
+    return [
+        pytest.param(readme, line, code, skip, id=f"{readme}:{line}{id_suffix}")
+        for readme, of in sorted(BLOCKS)
+        if of == lang
+        for line, code, skip in _found(readme, lang)
+    ]
+
+
+CASES = _cases("python", "")
+SHELL_CASES = _cases("sh", ":sh")
 
 
 @pytest.mark.parametrize(("readme", "line", "code", "skip"), CASES)
@@ -93,23 +101,6 @@ def test_readme_block_runs_as_written(readme: str, line: int, code: str, skip: s
             f"{readme}:{line} failed on its {attempt} run (exit {done.returncode}):\n"
             f"{done.stderr}\n--- the block:\n{code}"
         )
-
-
-def _shell(readme: str) -> list[tuple[int, str, str | None]]:
-    return blocks((ROOT / readme).read_text(), "sh")
-
-
-@pytest.mark.parametrize("readme", sorted(SHELL_READMES))
-def test_readme_holds_the_expected_shell_blocks(readme: str) -> None:
-    found = _shell(readme)
-    assert len(found) == SHELL_READMES[readme], f"{readme}: expected {SHELL_READMES[readme]} ```sh blocks, found {len(found)}"
-
-
-SHELL_CASES = [
-    pytest.param(readme, line, code, skip, id=f"{readme}:{line}:sh")
-    for readme in sorted(SHELL_READMES)
-    for line, code, skip in _shell(readme)
-]
 
 
 @pytest.mark.parametrize(("readme", "line", "code", "skip"), SHELL_CASES)

@@ -117,26 +117,26 @@ class _Undecodable(Exception):
     """Why an item does not decode; the store names the key around it."""
 
 
-def _number(item: dict[str, Any], name: str) -> int:
+def _text(item: dict[str, Any], name: str, type_: str, what: str) -> str:
+    """The text of attribute `name`, of DynamoDB type `type_` (`N` and `S` are text in DynamoDB's JSON)."""
     v = item.get(name)
     if v is None:
         raise _Undecodable(f"{name} is missing")
-    text = v.get("N") if isinstance(v, dict) else None
+    text = v.get(type_) if isinstance(v, dict) else None
     if not isinstance(text, str):
-        raise _Undecodable(f"{name} is not a number")
+        raise _Undecodable(f"{name} is not {what}")
+    return text
+
+
+def _number(item: dict[str, Any], name: str) -> int:
+    text = _text(item, name, "N", "a number")
     if not re.fullmatch(r"[0-9]+", text) or int(text) > U64_MAX:
         raise _Undecodable(f"{name} {text} is not a whole number from 0 to 2^64 - 1")
     return int(text)
 
 
 def _string(item: dict[str, Any], name: str) -> str:
-    v = item.get(name)
-    if v is None:
-        raise _Undecodable(f"{name} is missing")
-    text = v.get("S") if isinstance(v, dict) else None
-    if not isinstance(text, str):
-        raise _Undecodable(f"{name} is not a string")
-    return text
+    return _text(item, name, "S", "a string")
 
 
 def _binary(v: Any, name: str) -> bytes:
