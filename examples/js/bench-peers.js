@@ -281,7 +281,7 @@ const results = {};
 const block = Math.max(1, Math.floor(ops / 20));
 try {
   for (const [group, rows] of Object.entries(groups)) {
-    if (!group.includes(only)) continue;
+    if (only in groups ? group !== only : !group.includes(only)) continue; // a group's exact name, else every group containing it
     results[group] = Object.fromEntries(Object.keys(rows).map((name) => [name, []]));
     for (let r = 0; r < rounds; r++) {
       const order = r % 2 === 0 ? Object.keys(rows) : Object.keys(rows).reverse();
