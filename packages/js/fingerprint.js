@@ -71,34 +71,19 @@ function putLength(buf, at, n) {
   buf[at + 7] = n & 0xff;
 }
 
+/** P(s) for a string at `at`, as UTF-8; returns the end (see putMapped). */
+function putString(buf, at, s) {
+  return putMapped(buf, at, s, 0, 0);
+}
+
 /**
- * P(s) for a string at `at`, as UTF-8; returns the end. A short string is
+ * P(s) with the ASCII letters from `lo` to `lo + 25` shifted by `by`:
+ * upper(method), lower(name); `by` 0 maps nothing. A short string is
  * written by a loop, char by char, which is exact when every char is ASCII
  * (all of them or'ed together below 0x80: one test after the loop, not one
  * per char); otherwise, and for a long string, Buffer's UTF-8 writer writes
- * it again.
+ * it again, and the mapping is a second pass.
  */
-function putString(buf, at, s) {
-  const start = at + 8;
-  const chars = s.length;
-  if (chars <= SHORT) {
-    let all = 0;
-    for (let i = 0; i < chars; i++) {
-      const c = s.charCodeAt(i);
-      all |= c;
-      buf[start + i] = c;
-    }
-    if (all < 0x80) {
-      putLength(buf, at, chars);
-      return start + chars;
-    }
-  }
-  const n = buf.utf8Write(s, start, buf.length - start);
-  putLength(buf, at, n);
-  return start + n;
-}
-
-/** `putString` with the ASCII letters from `lo` to `lo + 25` shifted by `by`: upper(method), lower(name); a short ASCII string in the one loop. */
 function putMapped(buf, at, s, lo, by) {
   const start = at + 8;
   const chars = s.length;
@@ -114,9 +99,10 @@ function putMapped(buf, at, s, lo, by) {
       return start + chars;
     }
   }
-  const end = putString(buf, at, s);
-  shift(buf, start, end, lo, by);
-  return end;
+  const n = buf.utf8Write(s, start, buf.length - start);
+  putLength(buf, at, n);
+  if (by !== 0) shift(buf, start, start + n, lo, by);
+  return start + n;
 }
 
 /** P(bytes) at `at`; returns the end. */
