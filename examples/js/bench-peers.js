@@ -18,11 +18,16 @@
 // group's node-idempotency row. Keys go under `idembench_peers_{pid}:`,
 // removed afterwards.
 //
-//   node bench-peers.js [OPS] [ROUNDS] [GROUP_FILTER]
+//   node bench-peers.js [OPS] [ROUNDS] [GROUP_FILTER] [--before DIR]
 //
-// with IDEM_TEST_REDIS_URL (default redis://127.0.0.1:6379).
+// with IDEM_TEST_REDIS_URL (default redis://127.0.0.1:6379). `--before DIR`
+// adds, to every group, the same @idem/guard row run by another copy of the
+// package (DIR: its packages/js, e.g. an older commit's from `git archive`,
+// with its idem-guard.wasm and store-layout/ in place), in the same turns.
 
+import { readFileSync } from 'node:fs';
 import http from 'node:http';
+import { pathToFileURL } from 'node:url';
 import { fingerprint, Guard, MemoryStore } from '@idem/guard';
 import { idempotency } from '@idem/guard/express';
 import { RedisStore } from '@idem/guard/redis';
@@ -33,9 +38,19 @@ import express from 'express';
 import { Redis } from 'ioredis';
 import { Connection, pack, parseUrl } from '../../packages/js/resp.js';
 
-const ops = Number(process.argv[2] ?? 2_000);
-const rounds = Number(process.argv[3] ?? 5);
-const only = process.argv[4] ?? '';
+const args = process.argv.slice(2);
+const beforeAt = args.indexOf('--before');
+const beforeDir = beforeAt >= 0 ? args.splice(beforeAt, 2)[1] : null;
+const ops = Number(args[0] ?? 2_000);
+const rounds = Number(args[1] ?? 5);
+const only = args[2] ?? '';
+/** The other copy of the package (`--before`): its index, express and redis modules, or null. */
+const before =
+  beforeDir === null
+    ? null
+    : Object.fromEntries(
+        await Promise.all(['index', 'express', 'redis'].map(async (m) => [m, await import(pathToFileURL(`${beforeDir}/${m}.js`).href)])),
+      );
 const url = process.env.IDEM_TEST_REDIS_URL || 'redis://127.0.0.1:6379';
 const prefix = `idembench_peers_${process.pid}:`;
 
@@ -47,10 +62,10 @@ const response = { status: 201, headers: [['content-type', CONTENT_TYPE]], body:
 
 // --- the in-process rows -------------------------------------------------------
 
-/** guard.run with the request's real fingerprint computed per call. */
-function guardRun(guard) {
+/** guard.run with the request's real fingerprint computed per call (by `fp`: this package's, or the `--before` one's). */
+function guardRun(guard, fingerprintOf = fingerprint) {
   return async (key) => {
-    const fp = fingerprint({ method: 'POST', path: '/orders', headers: [['content-type', CONTENT_TYPE]], body: orderJson });
+    const fp = fingerprintOf({ method: 'POST', path: '/orders', headers: [['content-type', CONTENT_TYPE]], body: orderJson });
     return (await guard.run(key, fp, async () => response)).outcome;
   };
 }
@@ -102,6 +117,7 @@ function app(kind, options) {
   a.set('env', 'production');
   a.set('etag', false);
   if (kind === 'idem') a.use(idempotency(options));
+  if (kind === 'before') a.use(before.express.idempotency(options));
   if (kind === 'node-idempotency') a.use(express.json(), nodeIdempotencyMiddleware(options));
   if (kind === 'none') a.use(express.json());
   a.post('/orders', route);
@@ -147,12 +163,20 @@ await redisAdapter.connect();
 const nodeRedis = new Idempotency(redisAdapter, { cacheKeyPrefix: `${prefix}ni` });
 const nodeMemory = new Idempotency(new MemoryStorageAdapter(), {});
 const bare = await Connection.open(parseUrl(url), { timeoutMs: 2_000 });
-const value = Buffer.alloc(120, 1); // about a record's size
+const value = Buffer.concat([Buffer.from('1 99999999999999\n'), Buffer.alloc(120, 1)]); // about a record's size, with the layout's header
 
 /** The RESP round trips with nothing decided: a claim (SET NX) and a write (SET), or one read (GET). */
 const floorNew = async (key) => {
   await bare.send(pack(['SET', `${prefix}f:${key}`, value, 'NX', 'PX', '86400000']));
   await bare.send(pack(['SET', `${prefix}f:${key}`, value, 'PX', '86400000']));
+  return 'ok';
+};
+/** The same two round trips as the store's layout has them on a server without `SET … IFEQ`: a claim that reads what it displaced, then the replace script. */
+const replaceSha = (await bare.send(pack(['SCRIPT', 'LOAD', readFileSync(new URL('../../wit/store-layout/redis/replace.lua', import.meta.url), 'utf8')]))).toString();
+const floorLayout = async (key) => {
+  const full = `${prefix}l:${key}`;
+  await bare.send(pack(['SET', full, value, 'NX', 'GET', 'PX', '86400000']));
+  await bare.send(pack(['EVALSHA', replaceSha, '1', full, '1', '0', '86400000', value]));
   return 'ok';
 };
 const floorRead = async () => {
@@ -168,6 +192,20 @@ const servers = {
   'ni redis': await listen(app('node-idempotency', new Idempotency(redisAdapter, { cacheKeyPrefix: `${prefix}hni` }))),
   none: await listen(app('none')),
 };
+
+/** The same, run by the `--before` package: its guards (own stores, own Redis connection) and Express apps. */
+const old = {};
+if (before !== null) {
+  const { Guard: OldGuard, MemoryStore: OldMemoryStore, fingerprint: oldFingerprint } = before.index;
+  const oldRedisStore = await before.redis.RedisStore.open({ url, prefix: `${prefix}b:` });
+  old.memory = guardRun(OldGuard.load({ store: new OldMemoryStore() }), oldFingerprint);
+  old.redis = guardRun(OldGuard.load({ store: oldRedisStore }), oldFingerprint);
+  old.stores = [oldRedisStore];
+  servers['before memory'] = await listen(app('before', { guard: OldGuard.load({ store: new OldMemoryStore() }) }));
+  const oldHttpStore = await before.redis.RedisStore.open({ url, prefix: `${prefix}bh:` });
+  old.stores.push(oldHttpStore);
+  servers['before redis'] = await listen(app('before', { guard: OldGuard.load({ store: oldHttpStore }) }));
+}
 
 /** Each group: its rows, by name → `(tag) => (i) => a call`; `replay` rows repeat one completed key. */
 const fresh = (call) => (tag) => (i) => call(`${tag}${i}`);
@@ -186,6 +224,7 @@ const groups = {
     '@idem/guard run + fingerprint': fresh(guardRun(redisGuard)),
     'node-idempotency': fresh(nodeIdempotency(nodeRedis)),
     'floor: SET NX + SET, bare RESP': fresh(floorNew),
+    'floor: SET NX GET + EVALSHA replace': fresh(floorLayout),
   },
   'Redis, replay': {
     '@idem/guard run + fingerprint': replayed(guardRun(redisGuard)),
@@ -214,6 +253,20 @@ const groups = {
   },
 };
 
+if (before !== null) {
+  const add = (group, row) => {
+    groups[group] = { [Object.keys(groups[group])[0]]: Object.values(groups[group])[0], [`before: ${Object.keys(groups[group])[0]}`]: row, ...groups[group] };
+  };
+  add('in memory, new key', fresh(old.memory));
+  add('in memory, replay', replayed(old.memory));
+  add('Redis, new key', fresh(old.redis));
+  add('Redis, replay', replayed(old.redis));
+  add('Express over HTTP, in memory, new key', fresh(viaHttp(servers['before memory'])));
+  add('Express over HTTP, in memory, replay', replayed(viaHttp(servers['before memory'])));
+  add('Express over HTTP, Redis, new key', fresh(viaHttp(servers['before redis'])));
+  add('Express over HTTP, Redis, replay', replayed(viaHttp(servers['before redis'])));
+}
+
 /** Wall-clock and CPU microseconds `call` took over `from` to `to`. */
 async function timed(from, to, call) {
   const cpu = process.cpuUsage();
@@ -228,7 +281,7 @@ const results = {};
 const block = Math.max(1, Math.floor(ops / 20));
 try {
   for (const [group, rows] of Object.entries(groups)) {
-    if (!group.includes(only)) continue;
+    if (only in groups ? group !== only : !group.includes(only)) continue; // a group's exact name, else every group containing it
     results[group] = Object.fromEntries(Object.keys(rows).map((name) => [name, []]));
     for (let r = 0; r < rounds; r++) {
       const order = r % 2 === 0 ? Object.keys(rows) : Object.keys(rows).reverse();
@@ -264,6 +317,7 @@ try {
   bare.close?.();
   await redisAdapter.disconnect();
   await redisStore.close();
+  for (const store of old.stores ?? []) await store.close();
 }
 
 const load = (await import('node:fs')).readFileSync('/proc/loadavg', 'utf8').split(' ').slice(0, 3).join(' ');

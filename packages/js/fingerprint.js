@@ -35,6 +35,14 @@ const NO_HEADERS = [];
 /** Where the message goes on after P(DOMAIN), which the scratch buffer always starts with. */
 const DOMAIN_END = 8 + DOMAIN.length;
 let scratch = Buffer.alloc(0);
+/** The longest message whose view of the scratch buffer is kept. */
+const VIEWS_MAX = 4096;
+/** Views of the scratch buffer's first n bytes, by n, for the buffer they view. */
+let views = [];
+/** A request's headers, lowered, and their sorted order, between two lines of `fingerprint` (which is synchronous). */
+const names = [];
+const values = [];
+const sorted = [];
 scratchFor(16 * 1024);
 
 /** A value as a string or bytes; absent is empty. */
@@ -63,32 +71,38 @@ function putLength(buf, at, n) {
   buf[at + 7] = n & 0xff;
 }
 
-/** P(s) for a string at `at`, as UTF-8; returns the end. A short ASCII string is written by a loop. */
+/** P(s) for a string at `at`, as UTF-8; returns the end (see putMapped). */
 function putString(buf, at, s) {
+  return putMapped(buf, at, s, 0, 0);
+}
+
+/**
+ * P(s) with the ASCII letters from `lo` to `lo + 25` shifted by `by`:
+ * upper(method), lower(name); `by` 0 maps nothing. A short string is
+ * written by a loop, char by char, which is exact when every char is ASCII
+ * (all of them or'ed together below 0x80: one test after the loop, not one
+ * per char); otherwise, and for a long string, Buffer's UTF-8 writer writes
+ * it again, and the mapping is a second pass.
+ */
+function putMapped(buf, at, s, lo, by) {
   const start = at + 8;
   const chars = s.length;
   if (chars <= SHORT) {
-    let i = 0;
-    for (; i < chars; i++) {
+    let all = 0;
+    for (let i = 0; i < chars; i++) {
       const c = s.charCodeAt(i);
-      if (c > 0x7f) break;
-      buf[start + i] = c;
+      all |= c;
+      buf[start + i] = (c - lo) >>> 0 < 26 ? c + by : c;
     }
-    if (i === chars) {
+    if (all < 0x80) {
       putLength(buf, at, chars);
       return start + chars;
     }
   }
   const n = buf.utf8Write(s, start, buf.length - start);
   putLength(buf, at, n);
+  if (by !== 0) shift(buf, start, start + n, lo, by);
   return start + n;
-}
-
-/** `putString` with the ASCII letters from `lo` to `lo + 25` shifted by `by`: upper(method), lower(name). */
-function putMapped(buf, at, s, lo, by) {
-  const end = putString(buf, at, s);
-  shift(buf, at + 8, end, lo, by);
-  return end;
 }
 
 /** P(bytes) at `at`; returns the end. */
@@ -112,16 +126,36 @@ function shift(buf, from, to, lo, by) {
 /** Bytes as UTF-8 (a string) or as they are. */
 const utf8 = (v) => (typeof v === 'string' ? Buffer.from(v, 'utf8') : v);
 
-/** Byte order of two lowered names (from `lowerName`: a string is ASCII, where JS order is byte order). */
-function compareNames(a, b) {
-  if (typeof a === 'string' && typeof b === 'string') return a < b ? -1 : a > b ? 1 : 0;
-  return Buffer.compare(utf8(a), utf8(b));
-}
-
 /** Byte order of two values, each a string or bytes. */
 function compare(a, b) {
   if (typeof a === 'string' && typeof b === 'string' && isAscii(a) && isAscii(b)) return a < b ? -1 : a > b ? 1 : 0;
   return Buffer.compare(utf8(a), utf8(b));
+}
+
+/**
+ * Byte order of two header names once lowered, each from `nameKey`: an ASCII
+ * name as given, compared with A-Z mapped as it goes (no lowered copy), or
+ * a non-ASCII one's lowered UTF-8 bytes.
+ */
+function compareNames(a, b) {
+  if (typeof a !== 'string' || typeof b !== 'string') return Buffer.compare(lowered(a), lowered(b));
+  const n = Math.min(a.length, b.length);
+  for (let i = 0; i < n; i++) {
+    let x = a.charCodeAt(i);
+    let y = b.charCodeAt(i);
+    if (x - 0x41 < 26 && x >= 0x41) x += 0x20;
+    if (y - 0x41 < 26 && y >= 0x41) y += 0x20;
+    if (x !== y) return x - y;
+  }
+  return a.length - b.length;
+}
+
+/** A header name's UTF-8 bytes lowered (ASCII only); bytes from `nameKey` are lowered already. */
+function lowered(name) {
+  if (typeof name !== 'string') return name;
+  const b = Buffer.from(name, 'utf8');
+  shift(b, 0, b.length, 0x41, 0x20);
+  return b;
 }
 
 function isAscii(s) {
@@ -129,17 +163,23 @@ function isAscii(s) {
   return true;
 }
 
-/** A header name lower-cased (ASCII only), as a string or, when it is not ASCII, UTF-8 bytes. */
-function lowerName(name) {
-  if (isAscii(name)) return name.toLowerCase(); // ASCII: toLowerCase maps A-Z only
-  const b = Buffer.from(name, 'utf8');
-  shift(b, 0, b.length, 0x41, 0x20);
-  return b;
-}
+/** A header name to sort and write: an ASCII name as it is (lowered as it is written), or a non-ASCII one's lowered UTF-8 bytes. */
+const nameKey = (name) => (isAscii(name) ? name : lowered(name));
 
 function checkName(name) {
   if (typeof name !== 'string') throw new TypeError(`expected a header name string, got ${typeof name}`);
   return name;
+}
+
+/** The first `n` bytes of the scratch buffer: a view kept per length (making one per call costs as much as writing a part). */
+function viewOf(buf, n) {
+  if (n > VIEWS_MAX) return new Uint8Array(buf.buffer, buf.byteOffset, n);
+  let view = views[n];
+  if (view === undefined) {
+    view = new Uint8Array(buf.buffer, buf.byteOffset, n);
+    views[n] = view;
+  }
+  return view;
 }
 
 /** The scratch buffer, at least `size` bytes, starting with P(DOMAIN). */
@@ -147,6 +187,7 @@ function scratchFor(size) {
   if (scratch.length < size) {
     scratch = Buffer.allocUnsafeSlow(Math.min(SCRATCH_MAX, Math.max(size, 2 * scratch.length)));
     putString(scratch, 0, DOMAIN);
+    views = [];
   }
   return scratch;
 }
@@ -168,23 +209,37 @@ export function fingerprint(request) {
   // One header (the usual content-type) needs no sorting: it is written as it comes.
   let name0;
   let value0;
-  let pairs = null;
   if (count === 1) {
     const header = headers[0];
     name0 = checkName(header[0]);
     value0 = bytesOf(header[1]);
     size += 16 + 3 * name0.length + (typeof value0 === 'string' ? 3 * value0.length : value0.length);
   } else if (count > 1) {
-    pairs = new Array(count);
+    // Sorted by insertion into the kept arrays (a few headers: no pairs, no comparator closure).
     for (let i = 0; i < count; i++) {
       const header = headers[i];
-      const pair = [lowerName(checkName(header[0])), bytesOf(header[1])];
-      size += 16 + most(pair[0]) + most(pair[1]);
-      pairs[i] = pair;
+      const name = nameKey(checkName(header[0]));
+      const value = bytesOf(header[1]);
+      size += 16 + most(name) + most(value);
+      let j = i;
+      for (; j > 0; j--) {
+        const k = sorted[j - 1];
+        if ((compareNames(names[k], name) || compare(values[k], value)) <= 0) break;
+        sorted[j] = k;
+      }
+      sorted[j] = i;
+      names[i] = name;
+      values[i] = value;
     }
-    pairs.sort((x, y) => compareNames(x[0], y[0]) || compare(x[1], y[1]));
   }
-  if (size > SCRATCH_MAX) return partwise(method, path, pairs ?? (count === 1 ? [[name0, value0]] : []), b);
+  if (size > SCRATCH_MAX) {
+    const pairs = count === 1 ? [[name0, value0]] : Array.from(sorted.slice(0, count), (k) => [names[k], values[k]]);
+    for (let i = 0; i < count; i++) {
+      names[i] = undefined;
+      values[i] = undefined;
+    }
+    return partwise(method, path, pairs, b);
+  }
   const buf = scratchFor(size);
 
   let at = putMapped(buf, DOMAIN_END, method, 0x61, -0x20); // upper(method)
@@ -197,14 +252,18 @@ export function fingerprint(request) {
     at = typeof value0 === 'string' ? putString(buf, at, value0) : putBytes(buf, at, value0);
   } else {
     for (let i = 0; i < count; i++) {
-      const name = pairs[i][0];
-      const value = pairs[i][1];
-      at = typeof name === 'string' ? putString(buf, at, name) : putBytes(buf, at, name); // lowered by lowerName
+      const name = names[sorted[i]];
+      const value = values[sorted[i]];
+      at = typeof name === 'string' ? putMapped(buf, at, name, 0x41, 0x20) : putBytes(buf, at, name); // lower(name)
       at = typeof value === 'string' ? putString(buf, at, value) : putBytes(buf, at, value);
     }
+    for (let i = 0; i < count; i++) {
+      names[i] = undefined;
+      values[i] = undefined;
+    } // hold no request's parts after the call (keeping the arrays' room)
   }
   at = typeof b === 'string' ? putString(buf, at, b) : putBytes(buf, at, b);
-  return `sha256:${oneShot('sha256', new Uint8Array(buf.buffer, buf.byteOffset, at), 'hex')}`;
+  return `sha256:${oneShot('sha256', viewOf(buf, at), 'hex')}`;
 }
 
 /** The same hash for a message too large for the scratch buffer: each part fed to an incremental hash, nothing copied whole. */

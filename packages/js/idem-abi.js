@@ -646,23 +646,32 @@ class Instance {
     return ptr;
   }
 
-  /** A string as UTF-8 in guest memory; its byte length is left in `#len`. */
+  /**
+   * A string as UTF-8 in guest memory; its byte length is left in `#len`.
+   * Written in one pass as if ASCII (the usual key and fingerprint), the
+   * chars or'ed together and checked once; a string that was not is
+   * written again, its allocation resized to its UTF-8 length.
+   */
   #putString(s) {
     if (typeof s !== 'string') throw new TypeError(`expected a string, got ${typeof s}`);
     const chars = s.length;
-    let ascii = true;
+    let ptr = this.#alloc(1, chars);
+    const u8 = this.#u8;
+    let all = 0;
     for (let i = 0; i < chars; i++) {
-      if (s.charCodeAt(i) > 0x7f) {
-        ascii = false;
-        break;
-      }
+      const c = s.charCodeAt(i);
+      all |= c;
+      u8[ptr + i] = c;
     }
-    const length = ascii ? chars : Buffer.byteLength(s, 'utf8');
-    const ptr = this.#alloc(1, length);
-    if (ascii) {
-      const u8 = this.#u8;
-      for (let i = 0; i < chars; i++) u8[ptr + i] = s.charCodeAt(i);
-    } else if (this.#buf.utf8Write(s, ptr, length) !== length) {
+    if (all < 0x80) {
+      this.#len = chars;
+      return ptr;
+    }
+    const length = Buffer.byteLength(s, 'utf8');
+    ptr = this.realloc(ptr, chars, 1, length) >>> 0;
+    this.#view();
+    if (ptr + length > this.#u8.length) throw new AbiViolation(`cabi_realloc returned ${ptr} for ${length} bytes`);
+    if (this.#buf.utf8Write(s, ptr, length) !== length) {
       throw new RangeError('string does not encode to its UTF-8 length'); // lone surrogates
     }
     this.#len = length;
@@ -910,7 +919,9 @@ class Instance {
     try {
       const ret = lower() >>> 0;
       this.#view();
-      const value = lift.call(this, ret);
+      // A run the journal discards (a store call it must wait for, or one that
+      // diverged) is not lifted: nothing reads its value.
+      const value = this.store.runLost?.() === true ? undefined : lift.call(this, ret);
       post(ret);
       return this.#ended(value);
     } finally {

@@ -894,9 +894,8 @@ export class Guard {
     if (decision.tag === 'proceed') seen.fence = decision.val.fence;
   }
 
-  /** The handler, within the run's span when there is one (so its own spans are children), timed when observed. */
+  /** The handler of an observed run, within its span when there is one (so its own spans are children), timed. */
   static async #handle(seen, handler, fence, attempt) {
-    if (seen === null) return handler(fence, attempt);
     const started = performance.now();
     try {
       return await (seen.span === null ? handler(fence, attempt) : seen.span.within(handler, fence, attempt));
@@ -921,7 +920,8 @@ export class Guard {
     const held = this.#hold(decision.val);
     let value;
     try {
-      value = await Guard.#handle(seen, handler, held.claim.fence, new Attempt(this, held));
+      const attempt = new Attempt(this, held);
+      value = await (seen === null ? handler(held.claim.fence, attempt) : Guard.#handle(seen, handler, held.claim.fence, attempt));
     } catch (e) {
       held.stop();
       try {
@@ -958,7 +958,8 @@ export class Guard {
     const held = this.#hold(decision.val);
     let value;
     try {
-      value = await Guard.#handle(seen, handler, held.claim.fence, new Attempt(this, held));
+      const attempt = new Attempt(this, held);
+      value = await (seen === null ? handler(held.claim.fence, attempt) : Guard.#handle(seen, handler, held.claim.fence, attempt));
     } catch (e) {
       try {
         await held.stop();
@@ -972,7 +973,8 @@ export class Guard {
     let response;
     let expiresAtMs;
     try {
-      await held.stop(); // a renewal in flight moves the fence the completion needs
+      const inFlight = held.stop();
+      if (inFlight !== undefined) await inFlight; // a renewal in flight moves the fence the completion needs
       response = responseOf(value);
       expiresAtMs = await this.complete(held.claim, response, span);
     } catch (e) {

@@ -162,6 +162,12 @@ export class JournalPort {
     return this.#current().local('random-u64', () => this.#random.randomU64());
   }
 
+  /** Whether the run in progress will be discarded (a store call pending, or diverged): its export's value is not read. */
+  runLost() {
+    const j = this.journal;
+    return j !== null && (j.pending !== null || j.diverged !== null);
+  }
+
   /**
    * Whether the next store call reads its record: only a call the journal
    * will remember as pending does (the others are answered from entries

@@ -136,6 +136,8 @@ function header(value) {
   return { start: end + 1, version: v, expiresAtMs: e };
 }
 
+const utf8 = new TextDecoder('utf-8', { fatal: true });
+
 /** Reads the layout's fields in order; each failure names what it was reading. */
 class Reader {
   constructor(buf, at) {
@@ -171,8 +173,12 @@ class Reader {
   text(what) {
     const n = this.u32(`the length of ${what}`);
     const at = this.#need(n, what);
+    const buf = this.buf;
+    let all = 0;
+    for (let i = at; i < at + n; i++) all |= buf[i];
+    if (all < 0x80) return buf.latin1Slice(at, at + n); // ASCII (the usual fingerprint and header names): latin-1 and UTF-8 agree
     try {
-      return new TextDecoder('utf-8', { fatal: true }).decode(this.buf.subarray(at, at + n));
+      return utf8.decode(buf.subarray(at, at + n));
     } catch {
       throw new Error(`has ${what} that is not UTF-8`);
     }

@@ -89,3 +89,32 @@ test('long, non-ASCII and large parts hash as the component hashes them, whichev
   assert.throws(() => nativeFingerprint({ method: 1, path: '/' }), /method as a string/);
   assert.throws(() => nativeFingerprint({ method: 'GET', path: '/', headers: [[7, 'v']] }), /header name string/);
 });
+
+test('string header values, mixed-case names sorted as lowered and strings either side of the loop-written length agree with the component', () => {
+  // fingerprint.js sorts ASCII names without lowering a copy, writes short
+  // strings by a loop that must notice a non-ASCII char anywhere in them, and
+  // keeps its sort arrays between calls: random requests of string parts,
+  // against the component.
+  const guard = Guard.load({ store: new MemoryStore(), clock: new ManualClock(1_000_000) });
+  let seed = 43;
+  const next = () => (seed = (seed * 1103515245 + 12345) % 2 ** 31) / 2 ** 31;
+  const pick = (xs) => xs[Math.floor(next() * xs.length)];
+  const text = (n, alphabet) => Array.from({ length: n }, () => pick(alphabet)).join('');
+  const ascii = [...'aAbBzZ-_/ 0~\u007f'];
+  const any = [...ascii, 'é', 'Ä', '\u0080', '\u{1F600}'];
+  for (let i = 0; i < 400; i += 1) {
+    const headers = Array.from({ length: Math.floor(next() * 5) }, () => [
+      text(1 + Math.floor(next() * 3), next() < 0.9 ? ascii : any),
+      text(Math.floor(next() * 4), next() < 0.8 ? ascii : any),
+    ]);
+    if (headers.length > 0 && next() < 0.4) headers.push([headers[0][0].toUpperCase(), next() < 0.5 ? headers[0][1] : Buffer.from(text(2, any))]);
+    const long = 126 + Math.floor(next() * 5); // around the loop's limit
+    const request = {
+      method: text(1 + Math.floor(next() * 6), next() < 0.9 ? ascii : any),
+      path: text(next() < 0.5 ? long : 5, next() < 0.8 ? ascii : any),
+      headers,
+      body: next() < 0.5 ? text(next() < 0.5 ? long : 20, next() < 0.8 ? ascii : any) : Buffer.from(text(30, any)),
+    };
+    assert.equal(nativeFingerprint(request), guard.fingerprint(request), JSON.stringify(request));
+  }
+});
