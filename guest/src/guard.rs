@@ -391,6 +391,14 @@ mod tests {
         begin(s, "k", "fp", &policy()).unwrap()
     }
 
+    /// Completing `claim` with `body` is refused as stale, and key `k`
+    /// still replays `kept`.
+    fn assert_stale_completion(s: &mut Map, claim: &Claim, body: &str, kept: &str) {
+        let err = complete(s, claim, ok(body), &policy()).unwrap_err();
+        assert!(matches!(err, GuardError::StaleClaim(_)), "{err}");
+        assert_eq!(begin_k(s), Decision::Replay(ok(kept)));
+    }
+
     fn claim_k(s: &mut Map) -> Claim {
         proceed(begin_k(s))
     }
@@ -429,9 +437,7 @@ mod tests {
         let taker = claim_k(&mut s);
         assert!(taker.fence > zombie.fence);
         complete(&mut s, &taker, ok("taker"), &policy()).unwrap();
-        let err = complete(&mut s, &zombie, ok("zombie"), &policy()).unwrap_err();
-        assert!(matches!(err, GuardError::StaleClaim(_)), "{err}");
-        assert_eq!(begin_k(&mut s), Decision::Replay(ok("taker")));
+        assert_stale_completion(&mut s, &zombie, "zombie", "taker");
     }
 
     #[test]
@@ -461,11 +467,7 @@ mod tests {
         // The claim before the renewal is the same holder's: its write lands
         // (the version it knew was moved by its own renewal).
         complete(&mut s, &c, ok("old copy"), &policy()).unwrap();
-        assert!(matches!(
-            complete(&mut s, &renewed, ok("new"), &policy()),
-            Err(GuardError::StaleClaim(_))
-        ));
-        assert_eq!(begin_k(&mut s), Decision::Replay(ok("old copy")));
+        assert_stale_completion(&mut s, &renewed, "new", "old copy");
     }
 
     #[test]
@@ -508,11 +510,7 @@ mod tests {
             holder: c.holder + 1,
             ..c.clone()
         };
-        assert!(matches!(
-            complete(&mut s, &forged, ok("paid"), &policy()),
-            Err(GuardError::StaleClaim(_))
-        ));
-        assert_eq!(begin_k(&mut s), Decision::Replay(ok("paid")));
+        assert_stale_completion(&mut s, &forged, "paid", "paid");
     }
 
     #[test]

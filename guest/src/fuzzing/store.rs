@@ -24,6 +24,24 @@ impl Map {
     fn fault(&mut self) -> Option<bool> {
         self.fail_next.take()
     }
+
+    /// A write under the next fault: `refused` before it is applied, or
+    /// applied and its reply lost.
+    fn write<T>(
+        &mut self,
+        refused: StoreFailure,
+        apply: impl FnOnce(&mut Self) -> T,
+    ) -> Result<T, StoreFailure> {
+        let fault = self.fault();
+        if fault == Some(false) {
+            return Err(refused);
+        }
+        let outcome = apply(self);
+        if fault == Some(true) {
+            return Err(StoreFailure::Unavailable("reply lost".into()));
+        }
+        Ok(outcome)
+    }
 }
 
 impl Primitives for Map {
@@ -55,29 +73,22 @@ impl Primitives for Map {
         record: &Record,
         now: u64,
     ) -> Result<InsertOutcome, StoreFailure> {
-        let fault = self.fault();
-        if fault == Some(false) {
-            return Err(StoreFailure::Unavailable("injected".into()));
-        }
-        let outcome = match self.records.get(key) {
+        let refused = StoreFailure::Unavailable("injected".into());
+        self.write(refused, |map| match map.records.get(key) {
             Some(e) if e.record.is_live(now) => InsertOutcome::Existing(e.clone()),
             old => {
                 let version = old.map_or(1, |e| e.version + 1);
-                self.records.insert(
+                map.records.insert(
                     key.into(),
                     Entry {
                         record: record.clone(),
                         version,
                     },
                 );
-                self.writes += 1;
+                map.writes += 1;
                 InsertOutcome::Inserted(version)
             }
-        };
-        if fault == Some(true) {
-            return Err(StoreFailure::Unavailable("reply lost".into()));
-        }
-        Ok(outcome)
+        })
     }
 
     fn replace(
@@ -87,24 +98,17 @@ impl Primitives for Map {
         record: &Record,
         now: u64,
     ) -> Result<bool, StoreFailure> {
-        let fault = self.fault();
-        if fault == Some(false) {
-            return Err(StoreFailure::Corrupt("injected".into()));
-        }
-        let outcome = match self.records.get_mut(key) {
+        let refused = StoreFailure::Corrupt("injected".into());
+        self.write(refused, |map| match map.records.get_mut(key) {
             Some(e) if e.record.is_live(now) && e.version == expected && expected < u64::MAX => {
                 *e = Entry {
                     record: record.clone(),
                     version: expected + 1,
                 };
-                self.writes += 1;
+                map.writes += 1;
                 true
             }
             _ => false,
-        };
-        if fault == Some(true) {
-            return Err(StoreFailure::Unavailable("reply lost".into()));
-        }
-        Ok(outcome)
+        })
     }
 }

@@ -252,21 +252,26 @@ mod tests {
         assert!((at(before)..=at(after)).contains(&now), "{now}");
     }
 
-    /// The layout's vectors (`wit/store-layout/vectors.json`, `time`), which
-    /// the JavaScript and Python hosts check too.
-    #[test]
-    fn readings_follow_the_layouts_vectors() {
+    /// Each reading of the layout's vectors (`wit/store-layout/vectors.json`,
+    /// `time.{set}`), adopted by a fresh clock from `new`, gives the time and
+    /// error they say; the JavaScript and Python hosts check them too.
+    fn follows_the_vectors(set: &str, new: impl Fn() -> Arc<SyncedClock>) {
         let text = include_str!("../../../wit/store-layout/vectors.json");
         let doc: serde_json::Value = serde_json::from_str(text).unwrap();
         let n = |v: &serde_json::Value| v.as_str().unwrap().parse::<u64>().unwrap();
-        let readings = doc["time"]["readings"].as_array().unwrap();
+        let readings = doc["time"][set].as_array().unwrap();
         assert!(!readings.is_empty());
         for r in readings {
-            let clock = SyncedClock::new("vectors");
+            let clock = new();
             clock.adopt(n(&r["server_ms"]), n(&r["sent"]), n(&r["received"]));
             assert_eq!(clock.at(n(&r["at"])), n(&r["now_ms"]), "{r}");
             assert_eq!(clock.error_now(n(&r["at"])), n(&r["error_ms"]), "{r}");
         }
+    }
+
+    #[test]
+    fn readings_follow_the_layouts_vectors() {
+        follows_the_vectors("readings", || SyncedClock::new("vectors"));
     }
 
     /// An HTTP `Date` header (DynamoDB's) says a whole second: the server's
@@ -275,17 +280,9 @@ mod tests {
     /// vectors' `time.dynamodb_readings`).
     #[test]
     fn a_reading_in_whole_seconds_is_the_middle_of_its_second() {
-        let text = include_str!("../../../wit/store-layout/vectors.json");
-        let doc: serde_json::Value = serde_json::from_str(text).unwrap();
-        let n = |v: &serde_json::Value| v.as_str().unwrap().parse::<u64>().unwrap();
-        let readings = doc["time"]["dynamodb_readings"].as_array().unwrap();
-        assert!(!readings.is_empty());
-        for r in readings {
-            let clock = SyncedClock::with_resolution("a Date header", 1_000);
-            clock.adopt(n(&r["server_ms"]), n(&r["sent"]), n(&r["received"]));
-            assert_eq!(clock.at(n(&r["at"])), n(&r["now_ms"]), "{r}");
-            assert_eq!(clock.error_now(n(&r["at"])), n(&r["error_ms"]), "{r}");
-        }
+        follows_the_vectors("dynamodb_readings", || {
+            SyncedClock::with_resolution("a Date header", 1_000)
+        });
     }
 
     #[test]

@@ -66,31 +66,25 @@ mod stack;
 mod timing;
 
 #[cfg(feature = "engine")]
-pub use deferred::{ATTEMPT_TIMEOUT, Connection, FIRST_RETRY, LAST_RETRY, connect};
+pub use self::{
+    deferred::{ATTEMPT_TIMEOUT, Connection, FIRST_RETRY, LAST_RETRY, connect},
+    faulty::{FaultHandle, Faulty},
+    hooked::{AsyncOnly, HideSync, Hook, Hooked, Plan},
+    memory::MemoryStore,
+    open::{OpenError, open, store_name},
+    purge::{PurgeStats, Purger, purge_all},
+    read_fallback::ReadFallback,
+    stack::{Stack, stack},
+    timing::{CallListener, Latencies, Percentiles, Timed, Timing},
+};
 #[cfg(feature = "dynamodb")]
 pub use dynamodb::DynamoDbStore;
-#[cfg(feature = "engine")]
-pub use faulty::{FaultHandle, Faulty};
-#[cfg(feature = "engine")]
-pub use hooked::{AsyncOnly, HideSync, Hook, Hooked, Plan};
-#[cfg(feature = "engine")]
-pub use memory::MemoryStore;
-#[cfg(feature = "engine")]
-pub use open::{OpenError, open, store_name};
 #[cfg(feature = "postgres")]
 pub use postgres::PostgresStore;
-#[cfg(feature = "engine")]
-pub use purge::{PurgeStats, Purger, purge_all};
-#[cfg(feature = "engine")]
-pub use read_fallback::ReadFallback;
 #[cfg(feature = "redis")]
 pub use redis::RedisStore;
 #[cfg(feature = "sqlite")]
 pub use sqlite::{SqliteOptions, SqliteStore, Synchronous};
-#[cfg(feature = "engine")]
-pub use stack::{Stack, stack};
-#[cfg(feature = "engine")]
-pub use timing::{CallListener, Latencies, Percentiles, Timed, Timing};
 
 #[cfg(feature = "engine")]
 use crate::clock::Clock;

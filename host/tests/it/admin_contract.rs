@@ -230,8 +230,7 @@ async fn every_admin_answer_decodes_into_the_contract_with_todays_fields() {
     assert_eq!(h.post("/orders", "contract-done", order).await.status, 201);
     assert_eq!(h.post("/orders", "contract-done", order).await.status, 201);
     let mut h = h;
-    let held = h.spawn_slow("contract-held");
-    h.arrivals.recv().await.unwrap();
+    let held = h.slow_held("contract-held").await;
     let (_, processing) = admin(&h, "GET", "/v1/keys?state=processing", "").await;
     admin(
         &h,

@@ -4,7 +4,7 @@
 //! limit; a token from a file or the environment works and is not on the
 //! command line `ps` shows.
 
-use crate::support::{IDEM, Proc, http};
+use crate::support::{Proc, http, serve};
 use std::process::Command;
 
 /// 32 bytes, as `openssl rand -hex 16` makes them.
@@ -18,19 +18,9 @@ fn serve_exposed(args: &[&str], env: &[(&str, &str)]) -> Command {
 
 /// [`serve_exposed`] with the admin API on `admin`.
 fn serve_admin_on(admin: &str, args: &[&str], env: &[(&str, &str)]) -> Command {
-    let mut idem = Command::new(IDEM);
-    idem.args([
-        "serve",
-        "--listen",
-        "127.0.0.1:0",
-        "--admin-listen",
-        admin,
-        "--upstream",
-        "http://127.0.0.1:9",
-        "--store",
-        "memory:",
-    ])
-    .args(args);
+    let mut idem = serve(admin);
+    idem.args(["--upstream", "http://127.0.0.1:9", "--store", "memory:"])
+        .args(args);
     for (name, _) in std::env::vars() {
         if name.starts_with("IDEM_") {
             idem.env_remove(name);

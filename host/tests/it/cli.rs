@@ -1,7 +1,7 @@
 //! The `idem` command's own manners: its version, and how it reports an
 //! error.
 
-use crate::support::IDEM;
+use crate::support::{IDEM, serve};
 use std::process::Command;
 
 #[test]
@@ -46,16 +46,9 @@ fn a_bad_log_format_or_filter_is_refused_naming_it() {
             "error: RUST_LOG=\"idem::request=loud\" is not a log filter",
         ),
     ] {
-        let mut idem = Command::new(IDEM);
-        idem.args([
-            "serve",
-            "--store",
-            "memory:",
-            "--upstream",
-            "http://127.0.0.1:1",
-        ])
-        .args(["--listen", "127.0.0.1:0", "--admin-listen", "off"])
-        .args(args);
+        let mut idem = serve("off");
+        idem.args(["--store", "memory:", "--upstream", "http://127.0.0.1:1"])
+            .args(args);
         match env {
             Some(filter) => idem.env("RUST_LOG", filter),
             None => idem.env_remove("RUST_LOG"),

@@ -12,7 +12,7 @@
 //!
 //! Needs libfaketime (Debian package `faketime`, installed by `.ci/run`).
 
-use crate::support::{IDEM, Proc, Reply, http};
+use crate::support::{IDEM, Proc, Reply, http, post_order};
 use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode};
 use axum::routing::post;
@@ -163,14 +163,42 @@ impl Gateway {
         Gateway { port, proc }
     }
 
+    /// `POST /orders` for `order` under the idempotency key `key`.
     async fn order(&self, key: &str, order: &str) -> Reply {
-        post_order(self.port, key, order).await
+        post_order(self.port, key, &json!({"order": order}).to_string()).await
     }
 
-    /// The order sent in a task of its own (the upstream holds it).
-    fn order_in_background(&self, key: &str, order: &str) -> tokio::task::JoinHandle<Reply> {
-        let (port, key, order) = (self.port, key.to_owned(), order.to_owned());
-        tokio::spawn(async move { post_order(port, &key, &order).await })
+    /// The order sent in a task of its own, once `upstream` holds its run.
+    async fn order_held(
+        &self,
+        upstream: &Upstream,
+        key: &str,
+        order: &str,
+    ) -> tokio::task::JoinHandle<Reply> {
+        let (port, key, body) = (
+            self.port,
+            key.to_owned(),
+            json!({"order": order}).to_string(),
+        );
+        let reply = tokio::spawn(async move { post_order(port, &key, &body).await });
+        upstream.until_run(order, 1).await;
+        reply
+    }
+
+    /// The run `upstream` holds of `first` let go: it answers 201, a repeat
+    /// replays it, and `order` ran once.
+    async fn held_run_finishes_once(
+        &self,
+        upstream: &Upstream,
+        first: tokio::task::JoinHandle<Reply>,
+        key: &str,
+        order: &str,
+    ) {
+        upstream.let_go(1);
+        let first = first.await.unwrap();
+        assert_eq!(first.status, 201, "{first:?}");
+        assert_replays(&self.order(key, order).await, &first, "after it ran");
+        assert_eq!(upstream.runs(order).len(), 1, "{order} ran once");
     }
 }
 
@@ -191,22 +219,6 @@ fn serve(store: &str, upstream: u16, fake: &FakeTime, flags: &[&str]) -> Command
     command.args(flags);
     fake.apply(&mut command);
     command
-}
-
-/// `POST /orders` for `order` under the idempotency key `key`.
-async fn post_order(port: u16, key: &str, order: &str) -> Reply {
-    let body = json!({"order": order}).to_string();
-    http(
-        port,
-        "POST",
-        "/orders",
-        &[
-            ("idempotency-key", key),
-            ("content-type", "application/json"),
-        ],
-        &body,
-    )
-    .await
 }
 
 /// The 409 of a key in flight, with a Retry-After no longer than `lease`.
@@ -304,18 +316,15 @@ async fn a_step_forward_mid_request_takes_nothing_over(dir: &Path, store: &str) 
     let (upstream, up) = Upstream::start().await;
     let fake = FakeTime::new(dir, "a");
     let gateway = Gateway::start(store, up, &fake, LONG_LEASE);
-    let first = gateway.order_in_background("k-1", "o-1");
-    upstream.until_run("o-1", 1).await;
+    let first = gateway.order_held(&upstream, "k-1", "o-1").await;
     for step in [60, 3_600] {
         fake.set(step);
         let repeat = gateway.order("k-1", "o-1").await;
         assert_in_flight(&repeat, Duration::from_secs(20), &format!("+{step} s"));
     }
-    upstream.let_go(1);
-    let first = first.await.unwrap();
-    assert_eq!(first.status, 201, "{first:?}");
-    assert_replays(&gateway.order("k-1", "o-1").await, &first, "after it ran");
-    assert_eq!(upstream.runs("o-1").len(), 1, "o-1 ran once");
+    gateway
+        .held_run_finishes_once(&upstream, first, "k-1", "o-1")
+        .await;
 }
 on_stores!(a_step_forward_mid_request_takes_nothing_over: sqlite, redis);
 
@@ -332,8 +341,7 @@ async fn two_gateways_a_minute_apart_run_each_order_once(dir: &Path, store: &str
     ];
     for (first_at, repeat_at, order) in [(0, 1, "o-1"), (1, 0, "o-2")] {
         let key = format!("k-{order}");
-        let first = gateways[first_at].order_in_background(&key, order);
-        upstream.until_run(order, 1).await;
+        let first = gateways[first_at].order_held(&upstream, &key, order).await;
         let repeat = gateways[repeat_at].order(&key, order).await;
         assert_in_flight(
             &repeat,
@@ -376,8 +384,7 @@ async fn a_gateway_restarted_an_hour_behind_holds_a_key_for_its_lease(dir: &Path
     let (upstream, up) = Upstream::start().await;
     let fake = FakeTime::new(dir, "a");
     let mut gateway = Gateway::start(store, up, &fake, SHORT);
-    let _lost = gateway.order_in_background("k-1", "o-1");
-    upstream.until_run("o-1", 1).await;
+    let _lost = gateway.order_held(&upstream, "k-1", "o-1").await;
     gateway.proc.kill_9();
     fake.set(-3_600);
     let gateway = Gateway::start(store, up, &fake, SHORT);
@@ -410,25 +417,21 @@ async fn a_step_back_mid_request_holds_no_key_past_its_lease(dir: &Path, store: 
     let (upstream, up) = Upstream::start().await;
     let fake = FakeTime::new(dir, "a");
     let gateway = Gateway::start(store, up, &fake, SHORT);
-    let first = gateway.order_in_background("k-1", "o-1");
-    upstream.until_run("o-1", 1).await;
+    let first = gateway.order_held(&upstream, "k-1", "o-1").await;
     fake.set(-3_600);
     assert_in_flight(
         &gateway.order("k-1", "o-1").await,
         SHORT_LEASE,
         "stepped back",
     );
-    upstream.let_go(1);
-    let first = first.await.unwrap();
-    assert_eq!(first.status, 201, "{first:?}");
-    assert_replays(&gateway.order("k-1", "o-1").await, &first, "after it ran");
-    assert_eq!(upstream.runs("o-1").len(), 1, "o-1 ran once");
+    gateway
+        .held_run_finishes_once(&upstream, first, "k-1", "o-1")
+        .await;
 
     // A holder killed an hour "later" than its claim: its lease is the lease.
     fake.set(0);
     let mut holder = Gateway::start(store, up, &fake, SHORT);
-    let _lost = holder.order_in_background("k-2", "o-2");
-    upstream.until_run("o-2", 1).await;
+    let _lost = holder.order_held(&upstream, "k-2", "o-2").await;
     holder.proc.kill_9();
     upstream.let_go(2);
     fake.set(-3_600);

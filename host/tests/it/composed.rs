@@ -452,7 +452,7 @@ async fn the_store_components_delete_follows_the_contract() {
         "steps": [],
     });
     let mut host = ComposedHost::new(&compositions().testing, &scenario).unwrap();
-    let (store, testing) = host.exports.clone().unwrap();
+    let (store, _) = host.exports.clone().unwrap();
     let now = || 1_000_000;
     let delete = |host: &mut ComposedHost, key: &str, version: Option<u64>, now_ms: u64| {
         store
@@ -488,14 +488,13 @@ async fn the_store_components_delete_follows_the_contract() {
 
     // Its faults: an error applies nothing, a lost reply applies.
     host.begin("f", "fp").await.unwrap();
-    testing
-        .call_set_fault(
-            &mut host.store,
-            testing::Primitive::Delete,
-            testing::FaultKind::Error,
-            "disk on fire",
-            Some(1),
-        )
+    let fail_once = |kind, message: &str| FaultRule {
+        kind,
+        message: message.into(),
+        count: Some(1),
+        ..FaultRule::default()
+    };
+    host.set_fault(Op::Delete, fail_once(FaultKind::Error, "disk on fire"))
         .unwrap();
     let failed = delete(&mut host, "f", None, now());
     assert!(
@@ -503,14 +502,7 @@ async fn the_store_components_delete_follows_the_contract() {
         "{failed:?}"
     );
     assert!(host.peek("f").await.unwrap().is_some(), "not applied");
-    testing
-        .call_set_fault(
-            &mut host.store,
-            testing::Primitive::Delete,
-            testing::FaultKind::Lost,
-            "",
-            Some(1),
-        )
+    host.set_fault(Op::Delete, fail_once(FaultKind::Lost, ""))
         .unwrap();
     assert!(matches!(
         delete(&mut host, "f", None, now()),

@@ -11,7 +11,7 @@ use crate::conformance::{
 };
 use crate::proxy::Proxy;
 use idem::store::{InsertOutcome, Store, StoreError};
-use idem::{Outcome, State};
+use idem::{Outcome, Record, State};
 use idem_harness::{server_url, unique};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -222,6 +222,30 @@ async fn through_proxy(var: &str, default_port: u16) -> Option<(Arc<dyn Store>, 
     Some((store, proxy))
 }
 
+/// A claim at `BASE_MS + 10` of a key whose record `old` has expired by
+/// then takes the key over at version 2, in `round_trips` requests through
+/// `proxy`: the key and the claim.
+async fn claim_over_expired(
+    store: &Arc<dyn Store>,
+    proxy: &Proxy,
+    old: Record,
+    round_trips: u64,
+) -> (String, Record) {
+    let key = unique("rt-expired");
+    store.insert(&key, old, BASE_MS).await.unwrap();
+    proxy.take_round_trips();
+    let claim = claimed(BASE_MS + 1_000, BASE_MS + 10_000);
+    assert_eq!(
+        store
+            .insert(&key, claim.clone(), BASE_MS + 10)
+            .await
+            .unwrap(),
+        InsertOutcome::Inserted(2)
+    );
+    assert_eq!(proxy.take_round_trips(), round_trips);
+    (key, claim)
+}
+
 /// What every network store promises through a proxy, as tests of the
 /// module that invokes it, on the store [`through_proxy`] opens.
 macro_rules! proxied_tests {
@@ -268,16 +292,8 @@ mod redis {
         let Some((store, proxy)) = through_proxy("IDEM_TEST_REDIS_URL", 6379).await else {
             return;
         };
-        let key = unique("rt-expired");
         let old = claimed(BASE_MS + 1, BASE_MS + 10);
-        store.insert(&key, old, BASE_MS).await.unwrap();
-        proxy.take_round_trips();
-        let claim = claimed(BASE_MS + 1_000, BASE_MS + 10_000);
-        assert_eq!(
-            store.insert(&key, claim, BASE_MS + 10).await.unwrap(),
-            InsertOutcome::Inserted(2)
-        );
-        assert_eq!(proxy.take_round_trips(), 2);
+        claim_over_expired(&store, &proxy, old, 2).await;
     }
 
     #[tokio::test]
@@ -713,6 +729,24 @@ mod dynamodb {
         aws_sdk_dynamodb::Client::from_conf(config)
     }
 
+    /// A table no other test uses, and `url` on it.
+    fn own_table(url: &str, name: &str) -> (String, String) {
+        let table = format!(
+            "idem_{}",
+            unique(name).replace(|c: char| !c.is_ascii_alphanumeric(), "_")
+        );
+        (on_table(url, &table), table)
+    }
+
+    async fn delete_table(client: &aws_sdk_dynamodb::Client, table: &str) {
+        client
+            .delete_table()
+            .table_name(table)
+            .send()
+            .await
+            .unwrap();
+    }
+
     fn table_of(url: &str) -> String {
         url.split(['?', '&'])
             .find_map(|p| p.strip_prefix("table="))
@@ -730,19 +764,7 @@ mod dynamodb {
         let Some((store, proxy)) = through_proxy("IDEM_TEST_DYNAMODB_URL", 8000).await else {
             return;
         };
-        let key = unique("rt-expired");
-        let old = done(BASE_MS + 10);
-        store.insert(&key, old, BASE_MS).await.unwrap();
-        proxy.take_round_trips();
-        let claim = claimed(BASE_MS + 1_000, BASE_MS + 10_000);
-        assert_eq!(
-            store
-                .insert(&key, claim.clone(), BASE_MS + 10)
-                .await
-                .unwrap(),
-            InsertOutcome::Inserted(2)
-        );
-        assert_eq!(proxy.take_round_trips(), 1);
+        let (key, claim) = claim_over_expired(&store, &proxy, done(BASE_MS + 10), 1).await;
         let entry = store.get(&key, BASE_MS + 10).await.unwrap().unwrap();
         assert_eq!(
             (entry.version, entry.record),
@@ -807,11 +829,7 @@ mod dynamodb {
     #[tokio::test]
     async fn dynamodb_creates_its_table_with_ttl() {
         let Some(url) = url() else { return };
-        let table = format!(
-            "idem_{}",
-            unique("table").replace(|c: char| !c.is_ascii_alphanumeric(), "_")
-        );
-        let url = on_table(&url, &table);
+        let (url, table) = own_table(&url, "table");
         let first = DynamoDbStore::open(&url).await.unwrap();
         let key = unique("created");
         assert_eq!(
@@ -832,31 +850,16 @@ mod dynamodb {
             .unwrap();
         let ttl = ttl.time_to_live_description().unwrap();
         assert_eq!(ttl.attribute_name(), Some("ttl"));
-        client
-            .delete_table()
-            .table_name(&table)
-            .send()
-            .await
-            .unwrap();
+        delete_table(&client, &table).await;
     }
 
     #[tokio::test]
     async fn dynamodb_purge_is_bounded_and_spares_live_records() {
         let Some(url) = url() else { return };
-        let table = format!(
-            "idem_{}",
-            unique("purge").replace(|c: char| !c.is_ascii_alphanumeric(), "_")
-        );
-        let url = on_table(&url, &table);
+        let (url, table) = own_table(&url, "purge");
         let store: Arc<dyn Store> = Arc::new(DynamoDbStore::open(&url).await.unwrap());
         crate::conformance::purge_is_bounded_and_spares_live_records(&store).await;
-        raw(&url)
-            .await
-            .delete_table()
-            .table_name(&table)
-            .send()
-            .await
-            .unwrap();
+        delete_table(&raw(&url).await, &table).await;
     }
 
     /// The clock is AWS's (here the emulator's machine's) from the `Date`

@@ -5,10 +5,9 @@
 //! fault, the 503 it causes, a release by an operator and the takeover the
 //! release lets through.
 
-use crate::support::{IDEM, http, spawn_ledger};
+use crate::support::{each_str, http, serve, spawn_ledger};
 use idem_harness::{Lines, Proc, spawn_logged};
 use serde_json::Value;
-use std::process::Command;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
@@ -140,15 +139,8 @@ impl Events {
 /// `idem ledger`: both processes, the proxy and admin ports, and the log.
 fn serve_logged(extra: &[&str]) -> (Proc, Proc, u16, u16, Lines) {
     let (ledger, ledger_port) = spawn_ledger(&[]);
-    let mut idem = Command::new(IDEM);
+    let mut idem = serve("127.0.0.1:0");
     idem.args([
-        "serve",
-        "--listen",
-        "127.0.0.1:0",
-        "--admin-listen",
-        "127.0.0.1:0",
-    ])
-    .args([
         "--store",
         "memory:",
         "--log-format",
@@ -336,14 +328,8 @@ async fn the_log_the_audit_events_and_the_history_tell_a_keys_story() {
     )
     .await
     .json();
-    let told: Vec<&str> = history["events"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|e| e["event"].as_str().unwrap())
-        .collect();
     assert_eq!(
-        told,
+        each_str(&history["events"], "event"),
         [
             "decision",
             "decision",

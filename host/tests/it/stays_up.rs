@@ -12,7 +12,7 @@ use crate::hostile::Stack;
 use crate::netstores::postgres::{drop_table, raw, table, with};
 use crate::netstores::{closed_port, host_port, via};
 use crate::proxy::Proxy;
-use crate::support::{IDEM, Proc, Reply, http};
+use crate::support::{IDEM, Proc, assert_answer, assert_replay, http};
 use idem_harness::{server_url, unique};
 use serde_json::Value;
 use std::io::{BufRead, BufReader};
@@ -36,22 +36,22 @@ async fn metrics(stack: &Stack) -> String {
     String::from_utf8(stack.admin("GET", "/metrics", "").await.body).unwrap()
 }
 
-/// The body as text, for what the answer says.
-fn text(reply: &Reply) -> String {
-    String::from_utf8_lossy(&reply.body).into_owned()
-}
-
-/// A gateway started on `store_url` (a URL through `proxy`, which is cut):
+/// A gateway started on the server `var` names (`default_port` when its URL
+/// names none), through a proxy that is cut, `params` added to its URL:
 /// 503 with `Retry-After` and nothing forwarded while the store is
 /// unreachable, the state in `/v1/stats` and `/metrics`, unguarded requests
 /// still forwarded; once the proxy is restored, 201 for the same key without
-/// a restart, and a replay after it.
-async fn started_down_then_up(store_url: &str, proxy: &Proxy) {
-    let stack = Stack::start("0ms", &["--store", store_url]).await;
+/// a restart, and a replay after it. The server's URL; `None` when `var` is
+/// not set.
+async fn started_down_then_up(var: &str, default_port: u16, params: &str) -> Option<String> {
+    let url = server_url(var)?;
+    let proxy = Proxy::start(&host_port(&url, default_port)).await;
+    proxy.cut();
+    let store_url = with(&via(&url, proxy.addr), params);
+    let stack = Stack::start("0ms", &["--store", &store_url]).await;
     let down = stack.order("down-1", "o-down").await;
-    assert_eq!(down.status, 503, "{down:?}");
+    assert_answer(&down, 503, "store not connected yet");
     assert_eq!(down.header("retry-after"), Some("1"), "{down:?}");
-    assert!(text(&down).contains("store not connected yet"), "{down:?}");
     let link = &stats(&stack).await["store_connection"];
     assert_eq!(link["state"], "connecting", "{link}");
     assert!(link["attempts"].as_u64().unwrap() >= 1, "{link}");
@@ -92,33 +92,23 @@ async fn started_down_then_up(store_url: &str, proxy: &Proxy) {
     let metrics = metrics(&stack).await;
     assert!(metrics.contains("\nidem_store_connected 1\n"), "{metrics}");
     let replay = stack.order("down-1", "o-down").await;
-    assert_eq!((replay.status, &replay.body), (201, &first.body));
-    assert_eq!(replay.header("idempotent-replayed"), Some("true"));
+    assert_replay(&replay, &first);
+    Some(url)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_gateway_started_while_redis_is_down_serves_once_it_is_up() {
-    let Some(url) = server_url("IDEM_TEST_REDIS_URL") else {
-        return;
-    };
-    let proxy = Proxy::start(&host_port(&url, 6379)).await;
-    proxy.cut();
     let prefix = unique("down");
-    let store = with(&via(&url, proxy.addr), &format!("prefix={prefix}:"));
-    started_down_then_up(&store, &proxy).await;
+    started_down_then_up("IDEM_TEST_REDIS_URL", 6379, &format!("prefix={prefix}:")).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_gateway_started_while_postgres_is_down_serves_once_it_is_up() {
-    let Some(url) = server_url("IDEM_TEST_POSTGRES_URL") else {
-        return;
-    };
-    let proxy = Proxy::start(&host_port(&url, 5432)).await;
-    proxy.cut();
     let t = table();
-    let store = with(&via(&url, proxy.addr), &format!("table={t}&pool=2"));
-    started_down_then_up(&store, &proxy).await;
-    drop_table(&raw(&url).await, &t).await;
+    let params = format!("table={t}&pool=2");
+    if let Some(url) = started_down_then_up("IDEM_TEST_POSTGRES_URL", 5432, &params).await {
+        drop_table(&raw(&url).await, &t).await;
+    }
 }
 
 /// Replays of a key that is done, asked while the store refuses writes:
@@ -138,12 +128,7 @@ async fn replays_while_writes_are_refused(
         let replay = tokio::time::timeout(REPLAY, stack.order("done-1", "o-done"))
             .await
             .expect("a replay does not wait for the store to take writes");
-        assert_eq!(
-            (replay.status, &replay.body),
-            (201, &first.body),
-            "{replay:?}"
-        );
-        assert_eq!(replay.header("idempotent-replayed"), Some("true"));
+        assert_replay(&replay, &first);
     }
     let new = stack.order("new-1", "o-new").await;
     assert_eq!(new.status, 503, "a new key needs a write: {new:?}");
@@ -214,15 +199,9 @@ async fn replays_go_on_from_a_read_only_postgres_session() {
     );
     let reader = Stack::start("0ms", &["--store", &read_only]).await;
     let replay = reader.order("done-1", "o-done").await;
-    assert_eq!(
-        (replay.status, &replay.body),
-        (201, &first.body),
-        "{replay:?}"
-    );
-    assert_eq!(replay.header("idempotent-replayed"), Some("true"));
+    assert_replay(&replay, &first);
     let new = reader.order("new-1", "o-new").await;
-    assert_eq!(new.status, 503, "{new:?}");
-    assert!(text(&new).contains("read-only transaction"), "{new:?}");
+    assert_answer(&new, 503, "read-only transaction");
     assert_eq!(reader.ledger().await["executions"], serde_json::json!({}));
     drop_table(&raw(&url).await, &t).await;
 }

@@ -18,21 +18,21 @@ pub fn spawn_bound<const N: usize>(args: &[&str], lines: [&'static str; N]) -> (
     idem_harness::spawn_bound(idem, lines)
 }
 
+/// `idem serve` with its proxy on port 0 and its admin API on `admin`
+/// (`127.0.0.1:0`, another address, or `off`); the caller adds the rest.
+pub fn serve(admin: &str) -> Command {
+    let mut idem = Command::new(IDEM);
+    idem.args(["serve", "--listen", "127.0.0.1:0", "--admin-listen", admin]);
+    idem
+}
+
 /// `idem serve ARGS…` on port 0 for the proxy and the admin API: the process
 /// and those two ports.
 pub fn spawn_serve(args: &[&str]) -> (Proc, u16, u16) {
-    let args = [
-        &[
-            "serve",
-            "--listen",
-            "127.0.0.1:0",
-            "--admin-listen",
-            "127.0.0.1:0",
-        ],
-        args,
-    ]
-    .concat();
-    let (proc, [proxy, admin]) = spawn_bound(&args, ["idem serve: http://", "admin API: http://"]);
+    let mut idem = serve("127.0.0.1:0");
+    idem.args(args);
+    let (proc, [proxy, admin]) =
+        idem_harness::spawn_bound(idem, ["idem serve: http://", "admin API: http://"]);
     (proc, proxy, admin)
 }
 
@@ -41,6 +41,17 @@ pub fn spawn_ledger(args: &[&str]) -> (Proc, u16) {
     let args = [&["ledger", "--listen", "127.0.0.1:0"], args].concat();
     let (proc, [port]) = spawn_bound(&args, ["idem ledger: http://"]);
     (proc, port)
+}
+
+/// The string `field` of each object in the JSON array `list`.
+pub fn each_str<'a>(list: &'a Value, field: &str) -> Vec<&'a str> {
+    let items = list
+        .as_array()
+        .unwrap_or_else(|| panic!("not an array: {list}"));
+    items
+        .iter()
+        .map(|item| item[field].as_str().unwrap())
+        .collect()
 }
 
 /// An HTTP response as read off the wire.
@@ -65,6 +76,25 @@ impl Reply {
     }
 }
 
+/// `reply` has `status`, and its body says `says`.
+pub fn assert_answer(reply: &Reply, status: u16, says: &str) {
+    assert_eq!(reply.status, status, "{reply:?}");
+    assert!(
+        String::from_utf8_lossy(&reply.body).contains(says),
+        "{reply:?}"
+    );
+}
+
+/// `again` is the replay of the 201 `first`: the same bytes, marked replayed.
+pub fn assert_replay(again: &Reply, first: &Reply) {
+    assert_eq!((again.status, &again.body), (201, &first.body), "{again:?}");
+    assert_eq!(
+        again.header("idempotent-replayed"),
+        Some("true"),
+        "{again:?}"
+    );
+}
+
 /// One HTTP/1.1 request on a connection of its own.
 pub async fn http(
     port: u16,
@@ -85,6 +115,15 @@ pub async fn http(
     request.push_str(body);
     stream.write_all(request.as_bytes()).await.unwrap();
     read_reply(&mut stream).await
+}
+
+/// `POST /orders` of the JSON `body` under the idempotency key `key`.
+pub async fn post_order(port: u16, key: &str, body: &str) -> Reply {
+    let headers = [
+        ("idempotency-key", key),
+        ("content-type", "application/json"),
+    ];
+    http(port, "POST", "/orders", &headers, body).await
 }
 
 pub async fn read_reply(stream: &mut TcpStream) -> Reply {

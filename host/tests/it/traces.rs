@@ -4,7 +4,7 @@
 //! an upstream in the test records the `traceparent` each request brought.
 
 use crate::observe::{SCRIPTED, script};
-use crate::support::{IDEM, http};
+use crate::support::{http, serve};
 use axum::Router;
 use axum::body::Bytes;
 use axum::http::HeaderMap;
@@ -14,7 +14,6 @@ use opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceRequest;
 use opentelemetry_proto::tonic::common::v1::any_value::Value as Any;
 use opentelemetry_proto::tonic::trace::v1::{Span, status::StatusCode};
 use prost::Message as _;
-use std::process::Command;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use tokio::net::TcpListener;
@@ -136,26 +135,19 @@ async fn the_gateway_exports_a_span_per_request_with_its_store_calls_and_passes_
 {
     let (otlp, spans) = receiver().await;
     let (upstream, parents) = upstream().await;
-    let mut idem = Command::new(IDEM);
-    idem.args([
-        "serve",
-        "--listen",
-        "127.0.0.1:0",
-        "--admin-listen",
-        "127.0.0.1:0",
-    ])
-    .args(["--store", "memory:"])
-    .args(["--upstream", &format!("http://127.0.0.1:{upstream}")])
-    .env(
-        "OTEL_EXPORTER_OTLP_ENDPOINT",
-        format!("http://127.0.0.1:{otlp}"),
-    )
-    .env("OTEL_BSP_SCHEDULE_DELAY", "100")
-    .env("RUST_LOG", "warn")
-    .env_remove("OTEL_TRACES_EXPORTER")
-    .env_remove("OTEL_SERVICE_NAME")
-    .env_remove("OTEL_RESOURCE_ATTRIBUTES")
-    .env_remove("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT");
+    let mut idem = serve("127.0.0.1:0");
+    idem.args(["--store", "memory:"])
+        .args(["--upstream", &format!("http://127.0.0.1:{upstream}")])
+        .env(
+            "OTEL_EXPORTER_OTLP_ENDPOINT",
+            format!("http://127.0.0.1:{otlp}"),
+        )
+        .env("OTEL_BSP_SCHEDULE_DELAY", "100")
+        .env("RUST_LOG", "warn")
+        .env_remove("OTEL_TRACES_EXPORTER")
+        .env_remove("OTEL_SERVICE_NAME")
+        .env_remove("OTEL_RESOURCE_ATTRIBUTES")
+        .env_remove("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT");
     let (_serve, [proxy, admin]) = tokio::task::spawn_blocking(move || {
         spawn_bound(idem, ["idem serve: http://", "admin API: http://"])
     })
@@ -313,9 +305,8 @@ async fn the_gateway_exports_a_span_per_request_with_its_store_calls_and_passes_
 #[tokio::test(flavor = "multi_thread")]
 async fn without_otel_variables_a_traceparent_passes_through_untouched() {
     let (upstream, parents) = upstream().await;
-    let mut idem = Command::new(IDEM);
-    idem.args(["serve", "--listen", "127.0.0.1:0", "--admin-listen", "off"])
-        .args(["--store", "memory:"])
+    let mut idem = serve("off");
+    idem.args(["--store", "memory:"])
         .args(["--upstream", &format!("http://127.0.0.1:{upstream}")])
         .env("RUST_LOG", "warn")
         .env_remove("OTEL_EXPORTER_OTLP_ENDPOINT")
@@ -358,15 +349,8 @@ fn an_unsupported_otel_setting_is_refused_naming_it() {
             "only http://",
         ),
     ] {
-        let out = Command::new(IDEM)
-            .args([
-                "serve",
-                "--store",
-                "memory:",
-                "--upstream",
-                "http://127.0.0.1:1",
-            ])
-            .args(["--listen", "127.0.0.1:0", "--admin-listen", "off"])
+        let out = serve("off")
+            .args(["--store", "memory:", "--upstream", "http://127.0.0.1:1"])
             .env("OTEL_EXPORTER_OTLP_ENDPOINT", "http://127.0.0.1:1")
             .env(var, value)
             .output()

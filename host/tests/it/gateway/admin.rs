@@ -125,18 +125,14 @@ async fn the_admin_token_is_enforced_and_required_off_loopback() {
 async fn admin_keys_list_get_release_expire_delete() {
     let mut h = start(Config::default()).await;
     let done = h.post("/echo", "k-done", "hello").await;
-    let slow = h.spawn_slow("k-busy");
-    h.arrivals.recv().await.unwrap();
+    let slow = h.slow_held("k-busy").await;
     h.post("/echo", "k-done", "hello").await; // one replay
 
     let list = h.admin_get("/v1/keys").await.json();
-    let keys: Vec<&str> = list["keys"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|k| k["key"].as_str().unwrap())
-        .collect();
-    assert_eq!(keys, ["anon/k-busy", "anon/k-done"]);
+    assert_eq!(
+        crate::support::each_str(&list["keys"], "key"),
+        ["anon/k-busy", "anon/k-done"]
+    );
     let busy = &list["keys"][0];
     assert_eq!(
         (
@@ -201,8 +197,7 @@ async fn admin_keys_list_get_release_expire_delete() {
     assert_eq!(released.status, 200);
     assert_eq!(released.json()["lease_remaining_ms"], 0);
     // The lease is over: a retry takes the key over (a second execution, as the operator asked).
-    let takeover = h.spawn_slow("k-busy");
-    h.arrivals.recv().await.unwrap();
+    let takeover = h.slow_held("k-busy").await;
     h.upstream.go.add_permits(2);
     assert_eq!(takeover.await.unwrap().status, 200);
     // The released holder's completion is refused: its client is told the
@@ -325,8 +320,7 @@ async fn a_claim_running_here_is_held_here_and_its_renewals_are_in_its_history()
     );
     assert_eq!(stats["gateway"]["version"], env!("CARGO_PKG_VERSION"));
 
-    let slow = h.spawn_slow("k-held");
-    h.arrivals.recv().await.unwrap();
+    let slow = h.slow_held("k-held").await;
     let held = h.admin_get("/v1/keys/anon%2Fk-held").await.json();
     assert_eq!(held["state"], "processing");
     assert_eq!(held["held_here"], true, "{held}");

@@ -67,11 +67,8 @@ async fn a_repeat_in_flight_gets_409_with_retry_after_then_the_replay() {
         ..Config::default()
     })
     .await;
-    let first = h.spawn_slow("k");
-    h.arrivals.recv().await.unwrap();
-    let busy = h
-        .send("POST", "/slow", &[("idempotency-key", "k")], "")
-        .await;
+    let first = h.slow_held("k").await;
+    let busy = h.post_slow("k").await;
     assert_problem(&busy, 409, "idempotency-key-in-flight");
     let retry_after: u64 = busy.header("retry-after").unwrap().parse().unwrap();
     assert!(
@@ -83,9 +80,7 @@ async fn a_repeat_in_flight_gets_409_with_retry_after_then_the_replay() {
     h.upstream.go.add_permits(1);
     let Reply { status, body, .. } = first.await.unwrap();
     assert_eq!((status, &body[..]), (200, &b"slow call 1"[..]));
-    let replay = h
-        .send("POST", "/slow", &[("idempotency-key", "k")], "")
-        .await;
+    let replay = h.post_slow("k").await;
     assert_eq!(
         (replay.status, &replay.body[..]),
         (200, &b"slow call 1"[..])
@@ -259,15 +254,12 @@ async fn a_client_that_disconnects_mid_request_does_not_strand_its_key() {
         ..Config::default()
     })
     .await;
-    let gone = h.spawn_slow("d");
-    h.arrivals.recv().await.unwrap();
+    let gone = h.slow_held("d").await;
     gone.abort();
     let _ = gone.await;
     h.upstream.go.add_permits(1);
     // The first request still completes and is stored: the retry gets its response.
-    let retry = h
-        .send("POST", "/slow", &[("idempotency-key", "d")], "")
-        .await;
+    let retry = h.post_slow("d").await;
     assert_replayed(&retry, 200, b"slow call 1");
     assert_eq!(h.calls(), 1);
     h.shutdown().await;
@@ -315,11 +307,8 @@ async fn stored_responses_tell_when_their_key_expires() {
     let conflict = h.post("/echo", "k-exp", r#"{"amount":6}"#).await;
     assert_eq!(conflict.status, 422);
     assert_eq!(conflict.header("idempotency-expires"), None);
-    let _slow = h.spawn_slow("k-exp-busy");
-    h.arrivals.recv().await.unwrap();
-    let busy = h
-        .send("POST", "/slow", &[("idempotency-key", "k-exp-busy")], "")
-        .await;
+    let _slow = h.slow_held("k-exp-busy").await;
+    let busy = h.post_slow("k-exp-busy").await;
     assert_eq!(busy.status, 409);
     assert_eq!(busy.header("idempotency-expires"), None);
     h.upstream.go.add_permits(1);

@@ -16,11 +16,8 @@ async fn the_stripe_profile_speaks_stripe() {
     let replay = h.post("/echo", "s", "one").await;
     assert_eq!(replay.header("idempotent-replayed"), Some("true"));
 
-    let first = h.spawn_slow("busy");
-    h.arrivals.recv().await.unwrap();
-    let busy = h
-        .send("POST", "/slow", &[("idempotency-key", "busy")], "")
-        .await;
+    let first = h.slow_held("busy").await;
+    let busy = h.post_slow("busy").await;
     assert_eq!(busy.status, 409);
     assert_eq!(busy.json()["error"]["code"], "idempotency_key_in_use");
     h.upstream.go.add_permits(1);
@@ -102,8 +99,7 @@ async fn malformed_http_gets_an_error_and_the_gateway_keeps_serving() {
 #[tokio::test]
 async fn shutdown_lets_in_flight_requests_finish() {
     let mut h = start(Config::default()).await;
-    let in_flight = h.spawn_slow("g");
-    h.arrivals.recv().await.unwrap();
+    let in_flight = h.slow_held("g").await;
     let _ = h.stop.take().unwrap().send(());
     let proxy = h.proxy;
     // New connections are refused once the listener is closed; wait for that state.

@@ -278,11 +278,19 @@ impl Harness {
         self.admin("PUT", "/v1/faults", &[], body).await
     }
 
-    /// `POST /slow` with `key` on a task of its own: it arrives upstream and
-    /// waits there for a permit on `upstream.go`.
-    pub(crate) fn spawn_slow(&self, key: &str) -> tokio::task::JoinHandle<Reply> {
+    /// `POST /slow` with `key` on a task of its own, once it has arrived
+    /// upstream: it waits there for a permit on `upstream.go`.
+    pub(crate) async fn slow_held(&mut self, key: &str) -> tokio::task::JoinHandle<Reply> {
         let (client, proxy, key) = (self.client.clone(), self.proxy, key.to_owned());
-        tokio::spawn(async move { post_empty(&client, proxy, "/slow", &key).await })
+        let reply = tokio::spawn(async move { post_empty(&client, proxy, "/slow", &key).await });
+        self.arrivals.recv().await.unwrap();
+        reply
+    }
+
+    /// `POST /slow` with `key` and no body, answered.
+    async fn post_slow(&self, key: &str) -> Reply {
+        self.send("POST", "/slow", &[("idempotency-key", key)], "")
+            .await
     }
 
     pub(crate) async fn post(&self, path: &str, key: &str, body: &str) -> Reply {

@@ -115,8 +115,7 @@ async fn too_many_concurrent_requests_are_shed_with_503() {
         ..Config::default()
     })
     .await;
-    let first = h.spawn_slow("c");
-    h.arrivals.recv().await.unwrap();
+    let first = h.slow_held("c").await;
     let shed = h.post("/echo", "other", "").await;
     assert_problem(&shed, 503, "overloaded");
     h.upstream.go.add_permits(1);
