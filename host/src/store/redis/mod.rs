@@ -44,11 +44,14 @@
 //! naming any of its nodes (the client learns the rest and follows the slots
 //! as they move; a record is one key, so every primitive is still one
 //! command on one node). `rediss://` for TLS is not built in. Operations
-//! take turns over `connections` (default 4) multiplexed connections, each
-//! pipelining the commands of concurrent callers and reconnecting by itself
-//! when the server comes back. More than one spreads the client's work over
-//! the runtime's threads: with 32 concurrent callers, 4 connections gave
-//! 1.05–1.25× the guarded ops of one (`benches/netstores.rs`).
+//! take turns over `connections` (default 4) connections, each pipelining
+//! the commands of concurrent callers and reconnecting by itself when the
+//! server comes back. To a lone server they are this module's own RESP
+//! client (`conn.rs`): a caller writes its command to the socket itself and
+//! one reader task per connection parses the replies in place, with no task
+//! between the caller and the socket; to a cluster they are the `redis`
+//! crate's, which follows slots as they move. More than one connection
+//! spreads the reading over the runtime's threads.
 //!
 //! Durability: Redis replicates asynchronously, so a claim a primary
 //! acknowledged and lost before its replica had it is gone after a failover,
