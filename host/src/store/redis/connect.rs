@@ -221,14 +221,9 @@ impl RedisStore {
             // Loaded now so that the first claim is one round trip too (on a
             // cluster, `SCRIPT LOAD` goes to every node).
             for script in [&*CLAIM_EXPIRED, &*REPLACE, &*DELETE_AT, &*PURGE, &*TIME] {
-                load(&conns[0], script)
-                    .await
-                    .map_err(|e| unreachable(e.to_string()))?;
+                load(&conns[0], script).await.map_err(unreachable)?;
             }
-            let native = native_cas
-                && has_ifeq(&conns[0], &prefix)
-                    .await
-                    .map_err(|e| unreachable(e.to_string()))?;
+            let native = native_cas && has_ifeq(&conns[0], &prefix).await.map_err(unreachable)?;
             Ok((conns, native))
         };
         let (conns, native) =
