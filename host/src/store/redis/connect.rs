@@ -1,53 +1,130 @@
 //! The connections to a server or a cluster, and sending a command on them
 //! within the timeout.
 
-use super::scripts::{CLAIM_EXPIRED, DELETE_AT, PURGE, REPLACE, TIME, evalsha};
+use super::conn::{Address, Failure, Server};
+use super::resp::{Command, Reply};
+use super::scripts::{CLAIM_EXPIRED, DELETE_AT, PURGE, REPLACE, Script, TIME, evalsha};
 use super::{NAME, RedisStore, wrong_type};
 use crate::clock::SyncedClock;
 use crate::store::codec::{driver_failed, unavailable};
 use crate::store::params::StoreUrl;
 use crate::store::{OpenError, Result};
-use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
+use bytes::Bytes;
+use redis::aio::ConnectionLike;
 use redis::cluster_async::ClusterConnection;
-use redis::{Cmd, ErrorKind, FromRedisValue, Script, ServerErrorKind, Value};
+use redis::{ConnectionAddr, ProtocolVersion, RedisError, Value};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
-/// One multiplexed connection: to a lone server, or to a cluster (a
-/// connection per node, each command sent to the node that holds its key's
-/// slot). Either pipelines the commands of concurrent callers.
+/// One connection: to a lone server (this module's own client, see
+/// [`super::conn`]), or to a cluster (the `redis` crate's: a connection
+/// per node, each command sent to the node that holds its key's slot,
+/// following slots as they move). Either pipelines the commands of
+/// concurrent callers.
 #[derive(Clone)]
 pub(super) enum Conn {
-    Server(ConnectionManager),
+    Server(Arc<Server>),
     Cluster(ClusterConnection),
 }
 
-impl ConnectionLike for Conn {
-    fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> redis::RedisFuture<'a, Value> {
+/// Why commands got no reply.
+pub(super) enum Failed {
+    Server(Failure),
+    Cluster(RedisError),
+}
+
+impl Conn {
+    /// Sends `commands` in one pipeline and returns their replies in order;
+    /// a server's refusal is a [`Reply::Error`], not a failure. On a
+    /// cluster, a refused connection means the commands never left this
+    /// process, so they are tried once more: that try waits for the
+    /// reconnection the refusal started.
+    pub(super) async fn ask<const N: usize>(
+        &self,
+        commands: [&Command; N],
+    ) -> Result<[Reply; N], Failed> {
         match self {
-            Conn::Server(c) => c.req_packed_command(cmd),
-            Conn::Cluster(c) => c.req_packed_command(cmd),
+            Conn::Server(server) => server.ask(commands).await.map_err(Failed::Server),
+            Conn::Cluster(conn) => {
+                let once = async || {
+                    let mut conn = conn.clone();
+                    if N == 1 {
+                        let cmd = driver_cmd(commands[0]);
+                        conn.req_packed_command(&cmd).await.map(|v| vec![v])
+                    } else {
+                        let mut pipe = redis::pipe();
+                        for command in commands {
+                            pipe.add_command(driver_cmd(command));
+                        }
+                        conn.req_packed_commands(&pipe, 0, N).await
+                    }
+                };
+                let values = match once().await {
+                    Err(e) if e.is_connection_refusal() => once().await,
+                    done => done,
+                };
+                let mut values = match values {
+                    Ok(values) if values.len() == N => values.into_iter(),
+                    Ok(_) => {
+                        let e = RedisError::from((redis::ErrorKind::Client, "replies miscounted"));
+                        return Err(Failed::Cluster(e));
+                    }
+                    // The server refused the command: a reply like any other.
+                    Err(e) if e.code().is_some() => {
+                        let text = format!(
+                            "{} {}",
+                            e.code().unwrap_or_default(),
+                            e.detail().unwrap_or_default()
+                        );
+                        let mut replies = [const { Reply::Nil }; N];
+                        replies[0] = Reply::Error(Bytes::from(text));
+                        return Ok(replies);
+                    }
+                    Err(e) => return Err(Failed::Cluster(e)),
+                };
+                Ok(std::array::from_fn(|_| {
+                    reply_of(values.next().unwrap_or_default())
+                }))
+            }
         }
     }
+}
 
-    fn req_packed_commands<'a>(
-        &'a mut self,
-        pipeline: &'a redis::Pipeline,
-        offset: usize,
-        count: usize,
-    ) -> redis::RedisFuture<'a, Vec<Value>> {
-        match self {
-            Conn::Server(c) => c.req_packed_commands(pipeline, offset, count),
-            Conn::Cluster(c) => c.req_packed_commands(pipeline, offset, count),
-        }
+/// The `redis` crate's command for ours.
+pub(super) fn driver_cmd(command: &Command) -> redis::Cmd {
+    let mut args = command.args();
+    let mut cmd = redis::cmd(&String::from_utf8_lossy(args.next().unwrap_or_default()));
+    for arg in args {
+        cmd.arg(arg);
     }
+    cmd
+}
 
-    fn get_db(&self) -> i64 {
-        match self {
-            Conn::Server(c) => c.get_db(),
-            Conn::Cluster(c) => c.get_db(),
-        }
+/// The `redis` crate's reply as ours.
+pub(super) fn reply_of(value: Value) -> Reply {
+    let text = |s: String| Reply::Bulk(Bytes::from(s));
+    let all = |items: Vec<Value>| Reply::Array(items.into_iter().map(reply_of).collect());
+    match value {
+        Value::Nil => Reply::Nil,
+        Value::Int(n) => Reply::Int(n),
+        Value::BulkString(b) => Reply::Bulk(Bytes::from(b)),
+        Value::SimpleString(s) => Reply::Status(Bytes::from(s)),
+        Value::Okay => Reply::Status(Bytes::from_static(b"OK")),
+        Value::Array(items) | Value::Set(items) => all(items),
+        Value::Map(pairs) => all(pairs.into_iter().flat_map(|(k, v)| [k, v]).collect()),
+        Value::Attribute { data, .. } => reply_of(*data),
+        Value::Double(d) => text(d.to_string()),
+        Value::Boolean(b) => Reply::Int(i64::from(b)),
+        Value::VerbatimString { text: t, .. } => text(t),
+        Value::BigNumber(n) => Reply::Bulk(Bytes::from(n)),
+        Value::Push { data, .. } => all(data),
+        Value::ServerError(e) => Reply::Error(Bytes::from(format!(
+            "{} {}",
+            e.code(),
+            e.details().unwrap_or_default()
+        ))),
+        other => text(format!("{other:?}")),
     }
 }
 
@@ -110,10 +187,10 @@ impl RedisStore {
                 Some(nodes) => {
                     let client = redis::cluster::ClusterClientBuilder::new(nodes.clone())
                         .connection_timeout(timeout)
-                        // As for a lone server: few, quick retries, each
-                        // operation bounded by `timeout` as a whole. A retry
-                        // is what follows a slot that moved (`MOVED`) or a
-                        // primary that failed over.
+                        // Few, quick retries, each operation bounded by
+                        // `timeout` as a whole. A retry is what follows a
+                        // slot that moved (`MOVED`) or a primary that
+                        // failed over.
                         .retries(2)
                         .min_retry_wait(10)
                         .max_retry_wait(100)
@@ -128,42 +205,25 @@ impl RedisStore {
                     }
                 }
                 None => {
-                    let client = redis::Client::open(url.driver.as_str())
-                        .map_err(|e| bad_url(e.to_string()))?;
-                    let config = ConnectionManagerConfig::new()
-                        .set_connection_timeout(Some(timeout))
-                        // No per-request timer in the driver: `call` bounds
-                        // each whole operation (connecting, a retry, the
-                        // reply) by `timeout` itself, and one timer per
-                        // operation is measurably cheaper than two.
-                        .set_response_timeout(None)
-                        // Few, quick retries: while the server is down each
-                        // operation fails fast as unavailable, and the next
-                        // one tries again.
-                        .set_number_of_retries(1)
-                        .set_min_delay(Duration::from_millis(10))
-                        .set_max_delay(Duration::from_millis(100));
+                    let (address, setup) = server_setup(&url.driver).map_err(bad_url)?;
                     for _ in 0..connections {
-                        let conn =
-                            ConnectionManager::new_with_config(client.clone(), config.clone())
-                                .await
-                                .map_err(|e| unreachable(e.to_string()))?;
-                        conns.push(Conn::Server(conn));
+                        let server = Arc::new(Server::new(address.clone(), setup.clone()));
+                        // Connected now, so that an unreachable server
+                        // fails the open.
+                        server
+                            .ask([&Command::new("PING")])
+                            .await
+                            .map_err(|f| unreachable(f.reason().to_owned()))?;
+                        conns.push(Conn::Server(server));
                     }
                 }
             }
             // Loaded now so that the first claim is one round trip too (on a
             // cluster, `SCRIPT LOAD` goes to every node).
             for script in [&*CLAIM_EXPIRED, &*REPLACE, &*DELETE_AT, &*PURGE, &*TIME] {
-                script
-                    .load_async(&mut conns[0])
-                    .await
-                    .map_err(|e| unreachable(e.to_string()))?;
+                load(&conns[0], script).await.map_err(unreachable)?;
             }
-            let native = native_cas
-                && has_ifeq(&mut conns[0], &prefix)
-                    .await
-                    .map_err(|e| unreachable(e.to_string()))?;
+            let native = native_cas && has_ifeq(&conns[0], &prefix).await.map_err(unreachable)?;
             Ok((conns, native))
         };
         let (conns, native) =
@@ -206,26 +266,23 @@ impl RedisStore {
         })
     }
 
-    /// Runs one operation within the timeout. A refused connection means the
-    /// command never left this process, so it is tried once more: that try
-    /// waits for the reconnection the refusal started, which is what makes
-    /// the first operation after the server comes back succeed.
-    pub(super) async fn call<T, Fut>(&self, key: &str, op: impl Fn(Conn) -> Fut) -> Result<T>
-    where
-        Fut: Future<Output = redis::RedisResult<T>>,
-    {
+    /// The connection the next operation takes.
+    pub(super) fn turn(&self) -> (usize, &Conn) {
         let turn = self.next.fetch_add(1, Ordering::Relaxed) % self.conns.len();
-        let conn = &self.conns[turn];
-        let attempt = async {
-            match op(conn.clone()).await {
-                Err(e) if e.is_connection_refusal() => op(conn.clone()).await,
-                done => done,
-            }
-        };
+        (turn, &self.conns[turn])
+    }
+
+    /// Runs `attempt`, one operation on the connection `turn`, within the
+    /// timeout.
+    pub(super) async fn bounded<T>(
+        &self,
+        turn: usize,
+        attempt: impl Future<Output = Result<T, Failed>>,
+    ) -> Result<T> {
         match tokio::time::timeout(self.timeout, attempt).await {
             Ok(Ok(v)) => Ok(v),
-            Ok(Err(e)) if e.code() == Some("WRONGTYPE") => Err(wrong_type(key)),
-            Ok(Err(e)) => {
+            Ok(Err(Failed::Server(failure))) => Err(unavailable(NAME, failure.reason())),
+            Ok(Err(Failed::Cluster(e))) => {
                 if e.is_connection_dropped() || e.is_io_error() {
                     self.wake_others(turn).await;
                 }
@@ -238,95 +295,152 @@ impl RedisStore {
         }
     }
 
-    /// One connection found the server gone. A `PING` on each of the others
-    /// makes a dead one notice now and start reconnecting, so that once the
-    /// server is back the first operation on any connection goes through (by
-    /// the retry above) instead of failing on a socket that died unnoticed.
+    /// One cluster connection found a node gone. A `PING` on each of the
+    /// others makes a dead one notice now and start reconnecting, so that
+    /// once the node is back the first operation on any connection goes
+    /// through (by the retry of a refusal) instead of failing on a socket
+    /// that died unnoticed. (A lone server's connections each notice by
+    /// themselves: each has a reader on its socket.)
     async fn wake_others(&self, failed: usize) {
-        let ping = redis::cmd("PING");
+        let ping = Command::new("PING");
         for (i, conn) in self.conns.iter().enumerate() {
             if i != failed {
-                let mut conn = conn.clone();
-                let _ = tokio::time::timeout(self.timeout, conn.req_packed_command(&ping)).await;
+                let _ = tokio::time::timeout(self.timeout, conn.ask([&ping])).await;
             }
         }
     }
 
-    /// Sends `cmd`, which reads or writes `key` alone. When it runs
-    /// `script` and the server does not have it (restarted, or a replica
-    /// promoted since), loads it and sends `cmd` again. When `write` and the
-    /// URL asks for `wait=N`, `WAIT N wait_ms` follows in the same pipeline,
-    /// on the same connection to the same node, and fewer than N replicas
-    /// acknowledging fails the operation as unavailable.
-    pub(super) async fn send<T: FromRedisValue>(
+    /// Sends `cmd`, which reads or writes `key` alone, and returns its
+    /// reply; a refusal by the server fails it (`WRONGTYPE` as a corrupt
+    /// record). When it runs `script` and the server does not have it
+    /// (restarted, or a replica promoted since), loads it and sends `cmd`
+    /// again. When `write` and the URL asks for `wait=N`, `WAIT N wait_ms`
+    /// follows in the same pipeline, on the same connection to the same
+    /// node, and fewer than N replicas acknowledging fails the operation as
+    /// unavailable.
+    pub(super) async fn send(
         &self,
         key: &str,
-        cmd: &Cmd,
+        cmd: &Command,
         script: Option<&Script>,
         write: bool,
-    ) -> Result<T> {
+    ) -> Result<Reply> {
         let wait = self.wait;
-        let pipe = (write && wait.replicas > 0).then(|| {
-            let mut pipe = redis::pipe();
-            pipe.add_command(cmd.clone())
-                .cmd("WAIT")
-                .arg(wait.replicas)
-                .arg(wait.ms);
-            pipe
+        let wait_cmd = (write && wait.replicas > 0).then(|| {
+            let mut cmd = Command::new("WAIT");
+            cmd.arg(wait.replicas).arg(wait.ms);
+            cmd
         });
-        let pipe = pipe.as_ref();
-        let once = async |mut conn: Conn| match pipe {
-            None => cmd.query_async::<T>(&mut conn).await.map(|v| (v, None)),
-            Some(pipe) => pipe
-                .query_async::<(T, u64)>(&mut conn)
-                .await
-                .map(|(v, acked)| (v, Some(acked))),
-        };
-        let once = &once;
-        let (value, acked) = self
-            .call(key, |conn| async move {
-                match (once(conn.clone()).await, script) {
-                    (Err(e), Some(script))
-                        if e.kind() == ErrorKind::Server(ServerErrorKind::NoScript) =>
-                    {
-                        script.load_async(&mut conn.clone()).await?;
-                        once(conn).await
+        let (turn, conn) = self.turn();
+        let attempt = async {
+            let mut loaded = false;
+            loop {
+                let (reply, acked) = match &wait_cmd {
+                    None => {
+                        let [reply] = conn.ask([cmd]).await?;
+                        (reply, None)
                     }
-                    (done, _) => done,
+                    Some(wait_cmd) => {
+                        let [reply, acked] = conn.ask([cmd, wait_cmd]).await?;
+                        (reply, Some(acked))
+                    }
+                };
+                match script {
+                    Some(script) if !loaded && reply.error_code() == Some(b"NOSCRIPT") => {
+                        loaded = true;
+                        let [_] = conn.ask([&script.load()]).await?;
+                    }
+                    _ => return Ok((reply, acked)),
                 }
-            })
-            .await?;
-        match acked {
-            Some(acked) if acked < wait.replicas => Err(unavailable(
-                NAME,
-                format!(
-                    "the write reached {acked} of the {} replicas wait= asks for within {} ms; failing closed",
-                    wait.replicas, wait.ms
-                ),
-            )),
-            _ => Ok(value),
+            }
+        };
+        let (reply, acked) = self.bounded(turn, attempt).await?;
+        refused(key, &reply)?;
+        if let Some(acked) = acked {
+            refused(key, &acked)?;
+            match acked.number() {
+                Some(n) if u64::try_from(n).is_ok_and(|n| n >= wait.replicas) => {}
+                _ => {
+                    return Err(unavailable(
+                        NAME,
+                        format!(
+                            "the write reached {} of the {} replicas wait= asks for within {} ms; failing closed",
+                            acked.number().unwrap_or(0),
+                            wait.replicas,
+                            wait.ms
+                        ),
+                    ));
+                }
+            }
+        }
+        Ok(reply)
+    }
+}
+
+/// A reply the server refused with: `WRONGTYPE` is a key that holds no
+/// record; anything else leaves the store unavailable.
+fn refused(key: &str, reply: &Reply) -> Result<()> {
+    match reply {
+        Reply::Error(_) if reply.error_code() == Some(b"WRONGTYPE") => Err(wrong_type(key)),
+        Reply::Error(message) => Err(unavailable(NAME, String::from_utf8_lossy(message))),
+        _ => Ok(()),
+    }
+}
+
+/// Loads `script` on `conn` (on a cluster, on every primary).
+async fn load(conn: &Conn, script: &Script) -> Result<(), String> {
+    match conn.ask([&script.load()]).await {
+        Ok([Reply::Error(e)]) => Err(String::from_utf8_lossy(&e).into_owned()),
+        Ok(_) => Ok(()),
+        Err(failed) => Err(failed.to_string()),
+    }
+}
+
+impl std::fmt::Display for Failed {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Failed::Server(failure) => f.write_str(failure.reason()),
+            Failed::Cluster(e) => e.fmt(f),
         }
     }
 }
 
 /// The server's time in milliseconds since the Unix epoch: `time.lua` on
 /// `key`, within `timeout`.
-async fn server_time(mut conn: Conn, key: String, timeout: Duration) -> Result<u64, String> {
-    let cmd = evalsha(&TIME, key.as_bytes());
+async fn server_time(conn: Conn, key: String, timeout: Duration) -> Result<u64, String> {
+    let cmd = evalsha(&TIME, key.as_bytes(), 0);
     let ask = async {
-        match cmd.query_async::<(u64, u64)>(&mut conn).await {
-            Err(e) if e.kind() == ErrorKind::Server(ServerErrorKind::NoScript) => {
-                TIME.load_async(&mut conn).await?;
-                cmd.query_async::<(u64, u64)>(&mut conn).await
-            }
-            done => done,
+        let mut reply = ask_one(&conn, &cmd).await?;
+        if reply.error_code() == Some(b"NOSCRIPT") {
+            load(&conn, &TIME).await?;
+            reply = ask_one(&conn, &cmd).await?;
+        }
+        match &reply {
+            Reply::Array(parts) => match parts.as_slice() {
+                [seconds, micros] => {
+                    let n = |r: &Reply| r.number().and_then(|n| u64::try_from(n).ok());
+                    n(seconds)
+                        .zip(n(micros))
+                        .ok_or_else(|| format!("TIME answered {reply:?}"))
+                }
+                _ => Err(format!("TIME answered {reply:?}")),
+            },
+            Reply::Error(e) => Err(String::from_utf8_lossy(e).into_owned()),
+            _ => Err(format!("TIME answered {reply:?}")),
         }
     };
     match tokio::time::timeout(timeout, ask).await {
         Ok(Ok((seconds, micros))) => Ok(time_ms(seconds, micros)),
-        Ok(Err(e)) => Err(e.to_string()),
+        Ok(Err(e)) => Err(e),
         Err(_) => Err(format!("no answer within {} ms", timeout.as_millis())),
     }
+}
+
+async fn ask_one(conn: &Conn, cmd: &Command) -> Result<Reply, String> {
+    conn.ask([cmd])
+        .await
+        .map(|[reply]| reply)
+        .map_err(|e| e.to_string())
 }
 
 /// `TIME`'s reply in milliseconds since the Unix epoch.
@@ -368,17 +482,57 @@ fn cluster_nodes(driver_url: &str) -> Result<Option<Vec<String>>, String> {
 /// Whether the server has `SET … IFEQ` (Valkey 8.1 and later). The probe
 /// key holds no record (it has a control character, which no idem key
 /// has) and `IFEQ` never creates a key, so the probe writes nothing.
-async fn has_ifeq(conn: &mut Conn, prefix: &str) -> redis::RedisResult<bool> {
-    let mut cmd = redis::cmd("SET");
+async fn has_ifeq(conn: &Conn, prefix: &str) -> Result<bool, String> {
+    let mut cmd = Command::new("SET");
     cmd.arg(format!("{prefix}\u{1}ifeq-probe"))
         .arg("probe")
         .arg("IFEQ")
         .arg("probe");
-    match cmd.query_async::<Option<String>>(conn).await {
-        Ok(_) => Ok(true),
-        Err(e) if e.code() == Some("ERR") => Ok(false),
-        Err(e) => Err(e),
+    match ask_one(conn, &cmd).await? {
+        Reply::Error(e) if e.starts_with(b"ERR") => Ok(false),
+        Reply::Error(e) => Err(String::from_utf8_lossy(&e).into_owned()),
+        _ => Ok(true),
     }
+}
+
+/// Where a lone server's URL points, and the commands each new connection
+/// starts with: `HELLO 3` (with `protocol=resp3`), the credentials, the
+/// database. The URL is read as the `redis` crate reads it.
+fn server_setup(driver_url: &str) -> Result<(Address, Vec<Command>), String> {
+    let client = redis::Client::open(driver_url).map_err(|e| e.to_string())?;
+    let info = client.get_connection_info();
+    let address = match info.addr() {
+        ConnectionAddr::Tcp(host, port) => Address::Tcp(host.clone(), *port),
+        ConnectionAddr::Unix(path) => Address::Unix(path.clone()),
+        other => return Err(format!("{other} is not supported: TLS is not built in")),
+    };
+    let settings = info.redis_settings();
+    let mut setup = Vec::new();
+    let password = settings.password();
+    if settings.protocol() == ProtocolVersion::RESP3 {
+        let mut hello = Command::new("HELLO");
+        hello.arg("3");
+        if let Some(password) = password {
+            hello
+                .arg("AUTH")
+                .arg(settings.username().unwrap_or("default"))
+                .arg(password);
+        }
+        setup.push(hello);
+    } else if let Some(password) = password {
+        let mut auth = Command::new("AUTH");
+        if let Some(username) = settings.username() {
+            auth.arg(username);
+        }
+        auth.arg(password);
+        setup.push(auth);
+    }
+    if settings.db() != 0 {
+        let mut select = Command::new("SELECT");
+        select.arg(settings.db().to_string());
+        setup.push(select);
+    }
+    Ok((address, setup))
 }
 
 #[cfg(test)]

@@ -44,11 +44,14 @@
 //! naming any of its nodes (the client learns the rest and follows the slots
 //! as they move; a record is one key, so every primitive is still one
 //! command on one node). `rediss://` for TLS is not built in. Operations
-//! take turns over `connections` (default 4) multiplexed connections, each
-//! pipelining the commands of concurrent callers and reconnecting by itself
-//! when the server comes back. More than one spreads the client's work over
-//! the runtime's threads: with 32 concurrent callers, 4 connections gave
-//! 1.05–1.25× the guarded ops of one (`benches/netstores.rs`).
+//! take turns over `connections` (default 4) connections, each pipelining
+//! the commands of concurrent callers and reconnecting by itself when the
+//! server comes back. To a lone server they are this module's own RESP
+//! client (`conn.rs`): a caller writes its command to the socket itself and
+//! one reader task per connection parses the replies in place, with no task
+//! between the caller and the socket; to a cluster they are the `redis`
+//! crate's, which follows slots as they move. More than one connection
+//! spreads the reading over the runtime's threads.
 //!
 //! Durability: Redis replicates asynchronously, so a claim a primary
 //! acknowledged and lost before its replica had it is gone after a failover,
@@ -69,7 +72,9 @@
 //! # Ok(()) }
 //! ```
 
+mod conn;
 mod connect;
+mod resp;
 mod scan;
 mod scripts;
 mod value;
@@ -78,14 +83,15 @@ use super::codec::{corrupt, unavailable};
 use super::{Entry, InsertOutcome, ListQuery, Record, Result, State, Store, StoreError};
 use crate::clock::{Clock, SyncedClock, Syncing};
 use async_trait::async_trait;
+use bytes::Bytes;
 use connect::{Conn, Wait};
-use redis::Value;
+use resp::{Command, Reply};
 use scripts::{CLAIM_EXPIRED, DELETE_AT, REPLACE, evalsha};
 use std::collections::HashMap;
 use std::sync::atomic::AtomicUsize;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
-use value::{bytes, decode, encode, header, number};
+use value::{decode, encode, header};
 
 const NAME: &str = "redis";
 /// At most this many unfinished records' bytes are remembered for the native
@@ -183,6 +189,15 @@ impl RedisStore {
     }
 }
 
+/// A string's bytes, or `None` for no value.
+fn value_or_nil(reply: Reply) -> Result<Option<Bytes>> {
+    match reply {
+        Reply::Nil => Ok(None),
+        Reply::Bulk(value) => Ok(Some(value)),
+        other => Err(unavailable(NAME, format!("unexpected reply {other:?}"))),
+    }
+}
+
 fn wrong_type(key: &str) -> StoreError {
     corrupt(
         NAME,
@@ -199,9 +214,10 @@ impl Store for RedisStore {
 
     async fn get(&self, key: &str, now_ms: u64) -> Result<Option<Entry>> {
         let full = self.full_key(key);
-        let mut cmd = redis::cmd("GET");
+        let mut cmd = Command::with_capacity("GET", full.len());
         cmd.arg(&full);
-        let Some(value) = self.send::<Option<Vec<u8>>>(key, &cmd, None, false).await? else {
+        let reply = self.send(key, &cmd, None, false).await?;
+        let Some(value) = value_or_nil(reply)? else {
             return Ok(None);
         };
         let entry = decode(key, &value)?;
@@ -216,14 +232,15 @@ impl Store for RedisStore {
         let full = self.full_key(key);
         let ttl = self.ttl_ms(&record, now_ms);
         let value = encode(1, &record);
-        let mut cmd = redis::cmd("SET");
+        let mut cmd = Command::with_capacity("SET", full.len() + value.len() + 48);
         cmd.arg(&full)
             .arg(&value)
             .arg("NX")
             .arg("GET")
             .arg("PX")
             .arg(ttl);
-        let Some(held) = self.send::<Option<Vec<u8>>>(key, &cmd, None, true).await? else {
+        let reply = self.send(key, &cmd, None, true).await?;
+        let Some(held) = value_or_nil(reply)? else {
             self.remember(&full, 1, record.state, &value);
             return Ok(InsertOutcome::Inserted(1));
         };
@@ -234,35 +251,37 @@ impl Store for RedisStore {
         }
         // Expired by the guard's clock, still held by Redis (the grace period).
         let (start, _, _) = header(&value).expect("encode writes a header");
-        let mut cmd = evalsha(&CLAIM_EXPIRED, full.as_bytes());
+        let mut cmd = evalsha(&CLAIM_EXPIRED, full.as_bytes(), value.len() + 64);
         cmd.arg(now_ms)
             .arg(ttl)
             .arg(record.expires_at_ms)
             .arg(&value[start..]);
-        let reply: Value = self.send(key, &cmd, Some(&CLAIM_EXPIRED), true).await?;
-        match reply {
-            Value::Array(parts) => match parts.as_slice() {
-                [Value::Int(0), version] => {
-                    let version = number(version)
-                        .and_then(|v| u64::try_from(v).ok())
-                        .ok_or_else(|| unavailable(NAME, "unexpected version reply"))?;
-                    self.remember(&full, version, record.state, &encode(version, &record));
-                    Ok(InsertOutcome::Inserted(version))
-                }
-                [Value::Int(1), live] => {
-                    let live =
-                        bytes(live).ok_or_else(|| unavailable(NAME, "unexpected record reply"))?;
-                    let entry = decode(key, live)?;
-                    self.remember(&full, entry.version, entry.record.state, live);
-                    Ok(InsertOutcome::Existing(entry))
-                }
-                [Value::Int(2)] => Err(corrupt(
-                    NAME,
-                    key,
-                    "the stored record has no \"{version} {expires_at_ms}\" header",
-                )),
-                _ => Err(unavailable(NAME, "unexpected script reply")),
-            },
+        let reply = self.send(key, &cmd, Some(&CLAIM_EXPIRED), true).await?;
+        let Reply::Array(parts) = reply else {
+            return Err(unavailable(NAME, "unexpected script reply"));
+        };
+        match parts.as_slice() {
+            [Reply::Int(0), version] => {
+                let version = version
+                    .number()
+                    .and_then(|v| u64::try_from(v).ok())
+                    .ok_or_else(|| unavailable(NAME, "unexpected version reply"))?;
+                self.remember(&full, version, record.state, &encode(version, &record));
+                Ok(InsertOutcome::Inserted(version))
+            }
+            [Reply::Int(1), live] => {
+                let live = live
+                    .bytes()
+                    .ok_or_else(|| unavailable(NAME, "unexpected record reply"))?;
+                let entry = decode(key, live)?;
+                self.remember(&full, entry.version, entry.record.state, live);
+                Ok(InsertOutcome::Existing(entry))
+            }
+            [Reply::Int(2)] => Err(corrupt(
+                NAME,
+                key,
+                "the stored record has no \"{version} {expires_at_ms}\" header",
+            )),
             _ => Err(unavailable(NAME, "unexpected script reply")),
         }
     }
@@ -280,24 +299,23 @@ impl Store for RedisStore {
             if header(&old).is_none_or(|(_, _, expires_at_ms)| expires_at_ms <= now_ms) {
                 return Ok(false);
             }
-            let mut cmd = redis::cmd("SET");
+            let mut cmd = Command::with_capacity("SET", full.len() + value.len() + old.len() + 64);
             cmd.arg(&full)
                 .arg(&value)
                 .arg("IFEQ")
                 .arg(&old)
                 .arg("PX")
                 .arg(ttl);
-            let written: Option<String> = self.send(key, &cmd, None, true).await?;
-            if written.is_none() {
+            if self.send(key, &cmd, None, true).await? == Reply::Nil {
                 return Ok(false);
             }
             self.remember(&full, version, record.state, &value);
             return Ok(true);
         }
-        let mut cmd = evalsha(&REPLACE, full.as_bytes());
+        let mut cmd = evalsha(&REPLACE, full.as_bytes(), value.len() + 64);
         cmd.arg(expected).arg(now_ms).arg(ttl).arg(&value);
-        let reply: Value = self.send(key, &cmd, Some(&REPLACE), true).await?;
-        match number(&reply) {
+        let reply = self.send(key, &cmd, Some(&REPLACE), true).await?;
+        match reply.number() {
             Some(1) => {
                 self.remember(&full, version, record.state, &value);
                 Ok(true)
@@ -315,14 +333,14 @@ impl Store for RedisStore {
     async fn delete(&self, key: &str, expected_version: Option<u64>, now_ms: u64) -> Result<bool> {
         let full = self.full_key(key);
         self.forget(&full);
-        let mut cmd = evalsha(&DELETE_AT, full.as_bytes());
+        let mut cmd = evalsha(&DELETE_AT, full.as_bytes(), 48);
         match expected_version {
             Some(v) => cmd.arg(v),
             None => cmd.arg(""),
         };
         cmd.arg(now_ms);
-        let reply: Value = self.send(key, &cmd, Some(&DELETE_AT), false).await?;
-        Ok(number(&reply).unwrap_or(0) > 0)
+        let reply = self.send(key, &cmd, Some(&DELETE_AT), false).await?;
+        Ok(reply.number().unwrap_or(0) > 0)
     }
 
     /// The server's `TIME` (`time.lua`), read every second.

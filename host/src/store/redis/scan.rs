@@ -1,14 +1,13 @@
 //! What walks the keys under the prefix: `list` for operators, and the
 //! purge of records Redis still holds past their expiry.
 
-use super::connect::Conn;
+use super::connect::{Conn, Failed};
+use super::resp::{Command, Reply};
 use super::scripts::PURGE;
-use super::value::{decode, number};
-use super::{NAME, RedisStore};
-use crate::store::codec::{corrupt, driver_failed, unavailable};
+use super::value::decode;
+use super::{NAME, RedisStore, value_or_nil};
+use crate::store::codec::{corrupt, unavailable};
 use crate::store::{Entry, ListQuery, Result};
-use redis::Value;
-use redis::aio::ConnectionLike;
 use redis::cluster_routing::{RoutingInfo, SingleNodeRoutingInfo};
 
 /// Keys asked of one `SCAN` page, and sent to one purge script, by a purge.
@@ -88,9 +87,9 @@ impl RedisStore {
             // One `GET` per key, all sent at once: the connection pipelines
             // them, and on a cluster each goes to its own node.
             let values = futures_util::future::join_all(chunk.iter().map(|key| async move {
-                let mut cmd = redis::cmd("GET");
+                let mut cmd = Command::new("GET");
                 cmd.arg(self.full_key(key));
-                self.send::<Option<Vec<u8>>>(key, &cmd, None, false).await
+                value_or_nil(self.send(key, &cmd, None, false).await?)
             }))
             .await;
             for (key, value) in chunk.iter().zip(values) {
@@ -182,14 +181,16 @@ impl RedisStore {
 
     /// Deletes at most `limit` of `keys` whose records expired by `now_ms`.
     async fn purge_keys(&self, keys: &[Vec<u8>], now_ms: u64, limit: usize) -> Result<usize> {
-        let mut cmd = redis::cmd("EVALSHA");
-        cmd.arg(PURGE.get_hash()).arg(keys.len());
+        let size: usize = keys.iter().map(|k| k.len() + 16).sum();
+        let mut cmd = Command::with_capacity("EVALSHA", size + 96);
+        cmd.arg(PURGE.hash()).arg(keys.len());
         for key in keys {
             cmd.arg(key.as_slice());
         }
         cmd.arg(now_ms).arg(limit);
-        let reply: Value = self.send(&self.prefix, &cmd, Some(&PURGE), false).await?;
-        Ok(number(&reply)
+        let reply = self.send(&self.prefix, &cmd, Some(&PURGE), false).await?;
+        Ok(reply
+            .number()
             .and_then(|n| usize::try_from(n).ok())
             .unwrap_or(0))
     }
@@ -200,9 +201,13 @@ impl RedisStore {
         if !self.is_cluster() {
             return Ok(vec![None]);
         }
-        let mut cmd = redis::cmd("CLUSTER");
+        let mut cmd = Command::new("CLUSTER");
         cmd.arg("NODES");
-        let nodes: String = self.send(&self.prefix, &cmd, None, false).await?;
+        let reply = self.send(&self.prefix, &cmd, None, false).await?;
+        let nodes = reply
+            .bytes()
+            .ok_or_else(|| unavailable(NAME, format!("CLUSTER NODES answered {reply:?}")))?;
+        let nodes = String::from_utf8_lossy(nodes);
         Ok(cluster_primaries(&nodes).into_iter().map(Some).collect())
     }
 
@@ -214,29 +219,48 @@ impl RedisStore {
         pattern: &str,
         count: usize,
     ) -> Result<(u64, Vec<Vec<u8>>)> {
-        let mut cmd = redis::cmd("SCAN");
+        let mut cmd = Command::new("SCAN");
         cmd.arg(cursor)
             .arg("MATCH")
             .arg(pattern)
             .arg("COUNT")
             .arg(count);
-        let cmd = &cmd;
-        let value = self
-            .call(&self.prefix, |conn| async move {
-                match (conn, node) {
-                    (Conn::Cluster(mut c), Some((host, port))) => {
-                        let to = SingleNodeRoutingInfo::ByAddress {
-                            host: host.clone(),
-                            port: *port,
-                        };
-                        c.route_command(cmd.clone(), RoutingInfo::SingleNode(to))
-                            .await
-                    }
-                    (mut conn, _) => conn.req_packed_command(cmd).await,
+        let (turn, conn) = self.turn();
+        let attempt = async {
+            match (conn, node) {
+                (Conn::Cluster(c), Some((host, port))) => {
+                    let to = SingleNodeRoutingInfo::ByAddress {
+                        host: host.clone(),
+                        port: *port,
+                    };
+                    let mut c = c.clone();
+                    c.route_command(
+                        super::connect::driver_cmd(&cmd),
+                        RoutingInfo::SingleNode(to),
+                    )
+                    .await
+                    .map(super::connect::reply_of)
+                    .map_err(Failed::Cluster)
                 }
-            })
-            .await?;
-        redis::from_redis_value(value).map_err(|e| driver_failed(NAME, e))
+                (conn, _) => conn.ask([&cmd]).await.map(|[reply]| reply),
+            }
+        };
+        let reply = self.bounded(turn, attempt).await?;
+        let page = match &reply {
+            Reply::Array(parts) => match parts.as_slice() {
+                [next, Reply::Array(keys)] => next
+                    .bytes()
+                    .and_then(|n| std::str::from_utf8(n).ok()?.parse::<u64>().ok())
+                    .zip(
+                        keys.iter()
+                            .map(|k| k.bytes().map(|k| k.to_vec()))
+                            .collect::<Option<Vec<_>>>(),
+                    ),
+                _ => None,
+            },
+            _ => None,
+        };
+        page.ok_or_else(|| unavailable(NAME, format!("SCAN answered {reply:?}")))
     }
 }
 

@@ -2,9 +2,33 @@
 //! is part of the on-store layout (`wit/store-layout/`), shared with the
 //! JavaScript and Python stores, so every host loads the same scripts.
 
+use super::resp::Command;
 use super::value::HEADER_MAX;
-use redis::{Cmd, Script};
 use std::sync::LazyLock;
+
+/// A script's text and its SHA-1, by which `EVALSHA` names it.
+pub(super) struct Script {
+    code: &'static str,
+    hash: String,
+}
+
+impl Script {
+    fn new(code: &'static str) -> Self {
+        let hash = redis::Script::new(code).get_hash().to_owned();
+        Script { code, hash }
+    }
+
+    pub(super) fn hash(&self) -> &str {
+        &self.hash
+    }
+
+    /// `SCRIPT LOAD` of this script (on a cluster, sent to every primary).
+    pub(super) fn load(&self) -> Command {
+        let mut cmd = Command::with_capacity("SCRIPT", self.code.len() + 16);
+        cmd.arg("LOAD").arg(self.code);
+        cmd
+    }
+}
 
 /// Overwrites an expired record at its version + 1, or returns the live one
 /// that a concurrent claimer wrote meanwhile: `{0, version}` or `{1, value}`;
@@ -45,9 +69,10 @@ pub(super) static PURGE: LazyLock<Script> =
 /// The scripts read a header with `GETRANGE key 0 41`: the last byte it can use.
 const _: () = assert!(HEADER_MAX - 1 == 41);
 
-/// `EVALSHA` of `script` on one key; its arguments follow.
-pub(super) fn evalsha(script: &Script, key: &[u8]) -> Cmd {
-    let mut cmd = redis::cmd("EVALSHA");
-    cmd.arg(script.get_hash()).arg(1).arg(key);
+/// `EVALSHA` of `script` on one key, with room for `capacity` bytes of
+/// the arguments that follow.
+pub(super) fn evalsha(script: &Script, key: &[u8], capacity: usize) -> Command {
+    let mut cmd = Command::with_capacity("EVALSHA", script.hash.len() + key.len() + capacity + 32);
+    cmd.arg(script.hash()).arg(1u64).arg(key);
     cmd
 }

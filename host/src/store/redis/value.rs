@@ -4,7 +4,6 @@ use super::NAME;
 use crate::store::codec::{self, Reader, corrupt};
 use crate::store::{Entry, Record, Result, State};
 use idem_guest::model::{Checkpoint, Response};
-use redis::Value;
 use std::io::Write as _;
 
 /// The header `"{version} {expires_at_ms}\n"` fits in this many bytes (two u64s).
@@ -128,21 +127,6 @@ fn decode_after_header(r: &mut Reader<'_>, expires_at_ms: u64) -> Result<Record,
         response,
         checkpoint,
     })
-}
-
-pub(super) fn bytes(value: &Value) -> Option<&[u8]> {
-    match value {
-        Value::BulkString(b) => Some(b),
-        Value::SimpleString(s) => Some(s.as_bytes()),
-        _ => None,
-    }
-}
-
-pub(super) fn number(value: &Value) -> Option<i64> {
-    match value {
-        Value::Int(n) => Some(*n),
-        other => std::str::from_utf8(bytes(other)?).ok()?.parse().ok(),
-    }
 }
 
 #[cfg(test)]
