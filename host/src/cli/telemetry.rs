@@ -9,7 +9,10 @@ use opentelemetry::trace::TracerProvider as _;
 use opentelemetry_sdk::Resource;
 use opentelemetry_sdk::trace::{SdkTracer, SdkTracerProvider};
 use std::io::IsTerminal;
+use tracing::Subscriber;
 use tracing_subscriber::EnvFilter;
+use tracing_subscriber::fmt::MakeWriter;
+use tracing_subscriber::layer::Layer;
 use tracing_subscriber::layer::SubscriberExt as _;
 use tracing_subscriber::util::SubscriberInitExt as _;
 
@@ -50,35 +53,40 @@ pub fn init_logs(format: LogFormat) -> anyhow::Result<()> {
             .with_context(|| format!("RUST_LOG={text:?} is not a log filter (e.g. info, warn, idem::request=info,warn)"))?,
         _ => EnvFilter::new(DEFAULT_FILTER),
     };
-    // Off a terminal (where logs are collected, and a line is written per
-    // request), our own layer writes the very same lines at a fraction of
-    // the cost; on one, `tracing-subscriber`'s formatter colours them.
-    let line = match format {
-        LogFormat::Text if std::io::stderr().is_terminal() => None,
-        LogFormat::Text => Some(LogLine::Text),
-        LogFormat::Json => Some(LogLine::Json),
-    };
     // A second call in one process (the test rigs run `cli::run` more than
     // once) keeps the first subscriber: `try_init` fails, and that is fine.
-    match line {
-        None => {
-            let _ = tracing_subscriber::fmt()
-                .with_env_filter(filter)
-                .with_writer(std::io::stderr)
-                .with_ansi(true)
-                .try_init();
-        }
-        Some(format) => {
-            let _ = tracing_subscriber::registry()
-                .with(filter)
-                .with(Lines {
-                    format,
-                    make: std::io::stderr,
-                })
-                .try_init();
-        }
+    if format == LogFormat::Text && std::io::stderr().is_terminal() {
+        let _ = tracing_subscriber::fmt()
+            .with_env_filter(filter)
+            .with_writer(std::io::stderr)
+            .with_ansi(true)
+            .try_init();
+    } else {
+        let _ = tracing_subscriber::registry()
+            .with(filter)
+            .with(log_lines(format, std::io::stderr))
+            .try_init();
     }
     Ok(())
+}
+
+/// `idem serve`'s log lines off a terminal (where logs are collected, and
+/// a line is written per request), in `format`, as a `tracing` layer
+/// writing each line to `make` with one `write_all`: the very same lines
+/// as `tracing-subscriber`'s formatters (uncoloured), at a fraction of the
+/// cost. On a terminal `idem serve` colours its text with
+/// `tracing-subscriber`'s own. `idem serve` writes to stderr; the gateway
+/// bench puts a filter of its own in front and writes to a file.
+pub fn log_lines<S, W>(format: LogFormat, make: W) -> impl Layer<S>
+where
+    S: Subscriber,
+    W: for<'w> MakeWriter<'w> + 'static,
+{
+    let format = match format {
+        LogFormat::Text => LogLine::Text,
+        LogFormat::Json => LogLine::Json,
+    };
+    Lines { format, make }
 }
 
 /// The OTLP trace exporter `idem serve` runs, and where it sends.
