@@ -51,7 +51,8 @@ struct Args {
 }
 
 /// Switches the gateways' log between off and info (a reloadable filter in
-/// front of `idem serve`'s text format, written to `--log-file`).
+/// front of `idem serve`'s text lines off a terminal, written to
+/// `--log-file`).
 struct Logs(
     tracing_subscriber::reload::Handle<tracing_subscriber::EnvFilter, tracing_subscriber::Registry>,
 );
@@ -66,11 +67,10 @@ impl Logs {
             tracing_subscriber::reload::Layer::new(tracing_subscriber::EnvFilter::new("off"));
         tracing_subscriber::registry()
             .with(filter)
-            .with(
-                tracing_subscriber::fmt::layer()
-                    .with_writer(Arc::new(file))
-                    .with_ansi(false),
-            )
+            .with(idem::cli::log_lines(
+                idem::cli::LogFormat::Text,
+                Arc::new(file),
+            ))
             .try_init()?;
         Ok(Logs(handle))
     }

@@ -1,26 +1,27 @@
 //! The log lines `idem serve` writes when stderr is not a terminal: the
 //! same bytes as `tracing-subscriber`'s own text (`Full`, no colours) and
-//! flattened JSON formatters, written straight into the line.
+//! flattened JSON formatters, written by a `tracing` layer of our own.
 //!
-//! At `info` the gateway writes a line for every guarded request, and
+//! At `info` the gateway writes a line for every guarded request.
 //! `tracing-subscriber`'s formatters made that line cost 9.3k instructions,
-//! 17 % of a replay (BENCHMARKS.md, "Issue 47"): each field went through
+//! 17 % of a replay (benchmarks/log.md, "Issue 47"): each field went through
 //! `fmt` machinery, the date was worked out from the epoch for every line,
 //! and the text format painted styles even with colours off. Here strings
-//! and numbers are copied, the date is formatted once a second per thread,
-//! and nothing is styled. On a terminal the text format stays
-//! `tracing-subscriber`'s, coloured.
+//! and numbers are copied straight into one reused buffer, the date is
+//! formatted once a second per thread, nothing is styled, and the line is
+//! one write. On a terminal the text format stays `tracing-subscriber`'s,
+//! coloured.
 //!
 //! The gateway makes no `tracing` spans, so a line says nothing of spans.
 
-use std::cell::Cell;
+use std::cell::{Cell, RefCell};
 use std::fmt::{self, Write};
+use std::io::Write as _;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use tracing::field::{Field, Visit};
 use tracing::{Event, Level, Subscriber};
-use tracing_subscriber::fmt::format::Writer;
-use tracing_subscriber::fmt::{FmtContext, FormatEvent, FormatFields};
-use tracing_subscriber::registry::LookupSpan;
+use tracing_subscriber::fmt::MakeWriter;
+use tracing_subscriber::layer::{Context, Layer};
 
 /// How a line is laid out.
 #[derive(Clone, Copy, Debug)]
@@ -31,193 +32,212 @@ pub(super) enum LogLine {
     Json,
 }
 
-impl<S, N> FormatEvent<S, N> for LogLine
+/// A `tracing` layer writing each event it sees as one [`LogLine`] to the
+/// writers `make` makes (stderr for `idem serve`), with one `write_all`.
+pub(super) struct Lines<W> {
+    pub(super) format: LogLine,
+    pub(super) make: W,
+}
+
+/// Lines longer than this (a huge reason, say) are written from a buffer
+/// of their own, so that a thread does not keep one this size.
+const KEPT_CAPACITY: usize = 4096;
+
+thread_local! {
+    /// The line being written, reused: a line costs no allocation.
+    static LINE: RefCell<String> = const { RefCell::new(String::new()) };
+}
+
+impl<S, W> Layer<S> for Lines<W>
 where
-    S: Subscriber + for<'a> LookupSpan<'a>,
-    N: for<'a> FormatFields<'a> + 'static,
+    S: Subscriber,
+    W: for<'w> MakeWriter<'w> + 'static,
 {
-    fn format_event(
-        &self,
-        _: &FmtContext<'_, S, N>,
-        mut out: Writer<'_>,
-        event: &Event<'_>,
-    ) -> fmt::Result {
+    fn on_event(&self, event: &Event<'_>, _: Context<'_, S>) {
+        LINE.with(|kept| {
+            // `tracing` drops an event logged while this one is written (by
+            // a value's `Debug`, say), so the buffer is free; were it not,
+            // the line would get one of its own rather than panic.
+            let (mut borrowed, mut own);
+            let line: &mut String = match kept.try_borrow_mut() {
+                Ok(line) => {
+                    borrowed = line;
+                    &mut borrowed
+                }
+                Err(_) => {
+                    own = String::new();
+                    &mut own
+                }
+            };
+            line.clear();
+            self.format.write(line, event);
+            // As `tracing-subscriber` does, a line that cannot be written
+            // is dropped: there is nowhere left to say so.
+            let _ = self
+                .make
+                .make_writer_for(event.metadata())
+                .write_all(line.as_bytes());
+            if line.capacity() > KEPT_CAPACITY {
+                *line = String::new();
+            }
+        });
+    }
+}
+
+impl LogLine {
+    /// `event` as one line, its newline included, onto `line`.
+    fn write(self, line: &mut String, event: &Event<'_>) {
         let meta = event.metadata();
         match self {
             LogLine::Text => {
-                write_timestamp(&mut out, SystemTime::now())?;
-                out.write_str(match *meta.level() {
+                write_timestamp(line, SystemTime::now());
+                line.push_str(match *meta.level() {
                     Level::TRACE => " TRACE ",
                     Level::DEBUG => " DEBUG ",
                     Level::INFO => "  INFO ",
                     Level::WARN => "  WARN ",
                     Level::ERROR => " ERROR ",
-                })?;
-                out.write_str(meta.target())?;
-                out.write_str(": ")?;
-                let mut fields = TextFields {
-                    out: &mut out,
-                    first: true,
-                    result: Ok(()),
-                };
-                event.record(&mut fields);
-                fields.result?;
+                });
+                line.push_str(meta.target());
+                line.push_str(": ");
+                event.record(&mut TextFields { line, first: true });
             }
             LogLine::Json => {
-                out.write_str("{\"timestamp\":\"")?;
-                write_timestamp(&mut out, SystemTime::now())?;
-                out.write_str("\",\"level\":\"")?;
-                out.write_str(meta.level().as_str())?;
-                out.write_char('"')?;
-                let mut fields = JsonFields {
-                    out: &mut out,
-                    result: Ok(()),
-                };
-                event.record(&mut fields);
-                fields.result?;
-                out.write_str(",\"target\":")?;
-                json_string(&mut out, meta.target())?;
-                out.write_char('}')?;
+                line.push_str("{\"timestamp\":\"");
+                write_timestamp(line, SystemTime::now());
+                line.push_str("\",\"level\":\"");
+                line.push_str(meta.level().as_str());
+                line.push('"');
+                event.record(&mut JsonFields { line });
+                line.push_str(",\"target\":");
+                json_string(line, meta.target());
+                line.push('}');
             }
         }
-        out.write_char('\n')
+        line.push('\n');
     }
 }
 
 /// The event's fields as `tracing-subscriber`'s `DefaultFields` writes them:
 /// the message as it is, then ` name=value` (strings quoted and escaped as
 /// Rust's `{:?}` does).
-struct TextFields<'a, 'w> {
-    out: &'a mut Writer<'w>,
+struct TextFields<'a> {
+    line: &'a mut String,
     first: bool,
-    result: fmt::Result,
 }
 
-impl TextFields<'_, '_> {
+impl TextFields<'_> {
     /// Starts a field: a space before all but the first, then `name=`
-    /// (nothing for the message).
-    fn name(&mut self, field: &Field) -> fmt::Result {
+    /// (nothing for the message); the line, to write the value on.
+    fn name(&mut self, field: &Field) -> &mut String {
         if self.first {
             self.first = false;
         } else {
-            self.out.write_char(' ')?;
+            self.line.push(' ');
         }
         let name = field.name();
         if name != "message" {
-            self.out
-                .write_str(name.strip_prefix("r#").unwrap_or(name))?;
-            self.out.write_char('=')?;
+            self.line.push_str(name.strip_prefix("r#").unwrap_or(name));
+            self.line.push('=');
         }
-        Ok(())
-    }
-
-    fn record(&mut self, field: &Field, value: impl FnOnce(&mut Writer<'_>) -> fmt::Result) {
-        if self.result.is_ok() {
-            self.result = self.name(field).and_then(|()| value(self.out));
-        }
+        self.line
     }
 }
 
-impl Visit for TextFields<'_, '_> {
+impl Visit for TextFields<'_> {
     fn record_str(&mut self, field: &Field, value: &str) {
         if field.name() == "message" {
-            self.record(field, |out| Sanitized(out).write_str(value));
+            let _ = Sanitized(self.name(field)).write_str(value);
         } else {
-            self.record(field, |out| quoted(out, value));
+            quoted(self.name(field), value);
         }
     }
 
     fn record_u64(&mut self, field: &Field, value: u64) {
-        self.record(field, |out| decimal(out, value));
+        decimal(self.name(field), value);
     }
 
     fn record_i64(&mut self, field: &Field, value: i64) {
-        self.record(field, |out| signed(out, value));
+        signed(self.name(field), value);
     }
 
     fn record_bool(&mut self, field: &Field, value: bool) {
-        self.record(field, |out| boolean(out, value));
+        boolean(self.name(field), value);
     }
 
     /// The message (`format_args!`) and `%display` / `?debug` values; their
     /// escape sequences are escaped, as `tracing-subscriber` does the
     /// message's, so that no value can drive the terminal the log is read on.
     fn record_debug(&mut self, field: &Field, value: &dyn fmt::Debug) {
-        self.record(field, |out| write!(Sanitized(out), "{value:?}"));
+        let _ = write!(Sanitized(self.name(field)), "{value:?}");
     }
 }
 
 /// The event's fields as `tracing-subscriber`'s flattened JSON writes them:
 /// `,"name":value`, numbers and booleans as such, anything else a string.
-struct JsonFields<'a, 'w> {
-    out: &'a mut Writer<'w>,
-    result: fmt::Result,
+struct JsonFields<'a> {
+    line: &'a mut String,
 }
 
-impl JsonFields<'_, '_> {
-    fn record(&mut self, field: &Field, value: impl FnOnce(&mut Writer<'_>) -> fmt::Result) {
-        if self.result.is_ok() {
-            self.result = (|| {
-                self.out.write_str(",\"")?;
-                json_escaped(self.out, field.name())?;
-                self.out.write_str("\":")?;
-                value(self.out)
-            })();
-        }
+impl JsonFields<'_> {
+    /// Starts a field: `,"name":`; the line, to write the value on.
+    fn name(&mut self, field: &Field) -> &mut String {
+        self.line.push_str(",\"");
+        json_escaped(self.line, field.name());
+        self.line.push_str("\":");
+        self.line
     }
 }
 
-impl Visit for JsonFields<'_, '_> {
+impl Visit for JsonFields<'_> {
     fn record_str(&mut self, field: &Field, value: &str) {
-        self.record(field, |out| json_string(out, value));
+        json_string(self.name(field), value);
     }
 
     fn record_u64(&mut self, field: &Field, value: u64) {
-        self.record(field, |out| decimal(out, value));
+        decimal(self.name(field), value);
     }
 
     fn record_i64(&mut self, field: &Field, value: i64) {
-        self.record(field, |out| signed(out, value));
+        signed(self.name(field), value);
     }
 
     fn record_bool(&mut self, field: &Field, value: bool) {
-        self.record(field, |out| boolean(out, value));
+        boolean(self.name(field), value);
     }
 
     fn record_f64(&mut self, field: &Field, value: f64) {
-        self.record(field, |out| {
-            if value.is_finite() {
-                write!(out, "{value:?}")
-            } else {
-                out.write_str("null")
-            }
-        });
+        let line = self.name(field);
+        if value.is_finite() {
+            let _ = write!(line, "{value:?}");
+        } else {
+            line.push_str("null");
+        }
     }
 
     fn record_debug(&mut self, field: &Field, value: &dyn fmt::Debug) {
-        self.record(field, |out| {
-            out.write_char('"')?;
-            write!(JsonEscaped(out), "{value:?}")?;
-            out.write_char('"')
-        });
+        let line = self.name(field);
+        line.push('"');
+        let _ = write!(JsonEscaped(line), "{value:?}");
+        line.push('"');
     }
 }
 
 /// A signed `value` in decimal, as [`decimal`].
-fn signed(out: &mut impl Write, value: i64) -> fmt::Result {
+fn signed(line: &mut String, value: i64) {
     if value < 0 {
-        out.write_char('-')?;
+        line.push('-');
     }
-    decimal(out, value.unsigned_abs())
+    decimal(line, value.unsigned_abs());
 }
 
 /// `true` or `false`, as both formats write a boolean.
-fn boolean(out: &mut impl Write, value: bool) -> fmt::Result {
-    out.write_str(if value { "true" } else { "false" })
+fn boolean(line: &mut String, value: bool) {
+    line.push_str(if value { "true" } else { "false" });
 }
 
 /// `value` in decimal, without `fmt` machinery.
-fn decimal(out: &mut impl Write, mut value: u64) -> fmt::Result {
+fn decimal(line: &mut String, mut value: u64) {
     let mut digits = [0u8; 20];
     let mut start = digits.len();
     loop {
@@ -228,43 +248,44 @@ fn decimal(out: &mut impl Write, mut value: u64) -> fmt::Result {
             break;
         }
     }
-    out.write_str(std::str::from_utf8(&digits[start..]).expect("ASCII digits"))
+    line.push_str(std::str::from_utf8(&digits[start..]).expect("ASCII digits"));
 }
 
 /// `value` as `{:?}` writes it; a string of printable ASCII without a
 /// quote or backslash (a key, a decision) is copied as it is.
-fn quoted(out: &mut impl Write, value: &str) -> fmt::Result {
+fn quoted(line: &mut String, value: &str) {
     let plain = value
         .bytes()
         .all(|b| (b' '..=b'~').contains(&b) && b != b'"' && b != b'\\');
     if plain {
-        out.write_char('"')?;
-        out.write_str(value)?;
-        out.write_char('"')
+        line.push('"');
+        line.push_str(value);
+        line.push('"');
     } else {
-        write!(out, "{value:?}")
+        let _ = write!(line, "{value:?}");
     }
 }
 
 /// Writes through, with the characters that start terminal escape
 /// sequences escaped as `tracing-subscriber` escapes them in a message.
-struct Sanitized<'a, W: Write>(&'a mut W);
+struct Sanitized<'a>(&'a mut String);
 
-impl<W: Write> Write for Sanitized<'_, W> {
+impl Write for Sanitized<'_> {
     fn write_str(&mut self, s: &str) -> fmt::Result {
         let harmless = |b: &u8| b.is_ascii() && !matches!(b, 0x1b | 0x07 | 0x08 | 0x0c | 0x7f);
         if s.as_bytes().iter().all(harmless) {
-            return self.0.write_str(s);
+            self.0.push_str(s);
+            return Ok(());
         }
         for c in s.chars() {
             match c {
-                '\x1b' => self.0.write_str("\\x1b")?,
-                '\x07' => self.0.write_str("\\x07")?,
-                '\x08' => self.0.write_str("\\x08")?,
-                '\x0c' => self.0.write_str("\\x0c")?,
-                '\x7f' => self.0.write_str("\\x7f")?,
+                '\x1b' => self.0.push_str("\\x1b"),
+                '\x07' => self.0.push_str("\\x07"),
+                '\x08' => self.0.push_str("\\x08"),
+                '\x0c' => self.0.push_str("\\x0c"),
+                '\x7f' => self.0.push_str("\\x7f"),
                 '\u{80}'..='\u{9f}' => write!(self.0, "\\u{{{:x}}}", u32::from(c))?,
-                c => self.0.write_char(c)?,
+                c => self.0.push(c),
             }
         }
         Ok(())
@@ -272,15 +293,15 @@ impl<W: Write> Write for Sanitized<'_, W> {
 }
 
 /// `value` as a JSON string.
-fn json_string(out: &mut impl Write, value: &str) -> fmt::Result {
-    out.write_char('"')?;
-    json_escaped(out, value)?;
-    out.write_char('"')
+fn json_string(line: &mut String, value: &str) {
+    line.push('"');
+    json_escaped(line, value);
+    line.push('"');
 }
 
 /// `value` escaped for the inside of a JSON string, as `serde_json` escapes
 /// it: `"`, `\` and the control characters below U+0020.
-fn json_escaped(out: &mut impl Write, value: &str) -> fmt::Result {
+fn json_escaped(line: &mut String, value: &str) {
     let mut plain_from = 0;
     for (at, byte) in value.bytes().enumerate() {
         let escape = match byte {
@@ -295,23 +316,24 @@ fn json_escaped(out: &mut impl Write, value: &str) -> fmt::Result {
             _ => continue,
         };
         // `byte` is ASCII: `at` and `at + 1` are character boundaries.
-        out.write_str(&value[plain_from..at])?;
+        line.push_str(&value[plain_from..at]);
         if escape.is_empty() {
-            write!(out, "\\u{byte:04x}")?;
+            let _ = write!(line, "\\u{byte:04x}");
         } else {
-            out.write_str(escape)?;
+            line.push_str(escape);
         }
         plain_from = at + 1;
     }
-    out.write_str(&value[plain_from..])
+    line.push_str(&value[plain_from..]);
 }
 
 /// Writes through, escaped for the inside of a JSON string.
-struct JsonEscaped<'a, W: Write>(&'a mut W);
+struct JsonEscaped<'a>(&'a mut String);
 
-impl<W: Write> Write for JsonEscaped<'_, W> {
+impl Write for JsonEscaped<'_> {
     fn write_str(&mut self, s: &str) -> fmt::Result {
-        json_escaped(self.0, s)
+        json_escaped(self.0, s);
+        Ok(())
     }
 }
 
@@ -324,23 +346,23 @@ thread_local! {
 /// `now` in RFC 3339, UTC, to the microsecond, as `tracing-subscriber`
 /// writes it (`2026-12-07T02:53:51.876207Z`; years 1970 to 9999, a clock
 /// set before 1970 reads 1970).
-fn write_timestamp(out: &mut impl Write, now: SystemTime) -> fmt::Result {
+fn write_timestamp(line: &mut String, now: SystemTime) {
     let since_epoch = now.duration_since(UNIX_EPOCH).unwrap_or(Duration::ZERO);
     let second = since_epoch.as_secs();
-    let mut line = SECOND.get();
-    if line.0 != second {
-        line = (second, date_and_time(second));
-        SECOND.set(line);
+    let mut cached = SECOND.get();
+    if cached.0 != second {
+        cached = (second, date_and_time(second));
+        SECOND.set(cached);
     }
     let mut stamp = [0u8; 27];
-    stamp[..20].copy_from_slice(&line.1);
+    stamp[..20].copy_from_slice(&cached.1);
     let mut micros = since_epoch.subsec_micros();
     for digit in stamp[20..26].iter_mut().rev() {
         *digit = b'0' + (micros % 10) as u8;
         micros /= 10;
     }
     stamp[26] = b'Z';
-    out.write_str(std::str::from_utf8(&stamp).expect("ASCII date"))
+    line.push_str(std::str::from_utf8(&stamp).expect("ASCII date"));
 }
 
 /// `YYYY-MM-DDTHH:MM:SS.` of the second `second` since the epoch (the
@@ -382,17 +404,19 @@ mod tests {
     use super::*;
     use std::io;
     use std::sync::{Arc, Mutex, PoisonError};
+    use tracing_subscriber::layer::SubscriberExt as _;
 
-    /// What a subscriber wrote, line by line.
+    /// What a subscriber wrote, write by write.
     #[derive(Clone, Default)]
-    struct Captured(Arc<Mutex<Vec<u8>>>);
+    struct Captured(Arc<Mutex<Vec<String>>>);
 
     impl io::Write for Captured {
         fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+            let text = String::from_utf8(buf.to_vec()).expect("UTF-8");
             self.0
                 .lock()
                 .unwrap_or_else(PoisonError::into_inner)
-                .extend_from_slice(buf);
+                .push(text);
             Ok(buf.len())
         }
         fn flush(&mut self) -> io::Result<()> {
@@ -401,13 +425,15 @@ mod tests {
     }
 
     impl Captured {
+        fn writes(&self) -> Vec<String> {
+            self.0
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .clone()
+        }
+
         fn lines(&self) -> Vec<String> {
-            let bytes = self.0.lock().unwrap_or_else(PoisonError::into_inner);
-            String::from_utf8(bytes.clone())
-                .unwrap()
-                .lines()
-                .map(str::to_owned)
-                .collect()
+            self.writes().concat().lines().map(str::to_owned).collect()
         }
     }
 
@@ -437,6 +463,17 @@ mod tests {
         tracing::error!(target: "idem", "no fields");
     }
 
+    /// Our layer alone, writing `format` lines into `out`.
+    fn ours(format: LogLine, out: &Captured) -> tracing::Dispatch {
+        let out = out.clone();
+        tracing_subscriber::registry()
+            .with(Lines {
+                format,
+                make: move || out.clone(),
+            })
+            .into()
+    }
+
     fn lines_of(subscriber: impl FnOnce(Captured) -> tracing::Dispatch) -> Vec<String> {
         let captured = Captured::default();
         tracing::dispatcher::with_default(&subscriber(captured.clone()), log_events);
@@ -457,13 +494,7 @@ mod tests {
 
     #[test]
     fn text_lines_are_tracing_subscribers_without_colours() {
-        let ours = lines_of(|out| {
-            tracing_subscriber::fmt()
-                .with_writer(move || out.clone())
-                .event_format(LogLine::Text)
-                .finish()
-                .into()
-        });
+        let ours = lines_of(|out| ours(LogLine::Text, &out));
         let theirs = lines_of(|out| {
             tracing_subscriber::fmt()
                 .with_writer(move || out.clone())
@@ -485,12 +516,7 @@ mod tests {
     #[test]
     fn a_display_value_cannot_drive_the_terminal() {
         let captured = Captured::default();
-        let out = captured.clone();
-        let subscriber = tracing_subscriber::fmt()
-            .with_writer(move || out.clone())
-            .event_format(LogLine::Text)
-            .finish();
-        tracing::subscriber::with_default(subscriber, || {
+        tracing::dispatcher::with_default(&ours(LogLine::Text, &captured), || {
             tracing::warn!(target: "idem::store", error = %Shown("a\u{1b}[2Jb\u{9b}c"), "store call failed");
         });
         let line = &captured.lines()[0];
@@ -500,15 +526,41 @@ mod tests {
         );
     }
 
+    /// A value that logs while it is formatted.
+    struct Logging;
+    impl fmt::Debug for Logging {
+        fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+            tracing::warn!(target: "idem::store", "logged from inside a value");
+            f.write_str("the value")
+        }
+    }
+
+    /// Lines from many threads cannot interleave in the log: each is one
+    /// write of a whole line. A value that logs while it is formatted
+    /// breaks nothing (`tracing` drops the event it logs).
+    #[test]
+    fn each_line_is_one_write_even_with_a_value_that_logs() {
+        let captured = Captured::default();
+        tracing::dispatcher::with_default(&ours(LogLine::Json, &captured), || {
+            tracing::info!(target: "idem::request", key = "anon/o-1", value = ?Logging, "decided");
+            tracing::info!(target: "idem::request", key = "anon/o-2", "decided");
+        });
+        let writes = captured.writes();
+        assert_eq!(writes.len(), 2, "{writes:#?}");
+        for write in &writes {
+            assert!(
+                write.ends_with('\n') && write.matches('\n').count() == 1,
+                "{write:?}"
+            );
+            serde_json::from_str::<serde_json::Value>(write).expect("a JSON object");
+        }
+        assert!(writes[0].contains("\"key\":\"anon/o-1\",\"value\":\"the value\""));
+        assert!(writes[1].contains("\"key\":\"anon/o-2\""));
+    }
+
     #[test]
     fn json_lines_are_tracing_subscribers_flattened_json() {
-        let ours = lines_of(|out| {
-            tracing_subscriber::fmt()
-                .with_writer(move || out.clone())
-                .event_format(LogLine::Json)
-                .finish()
-                .into()
-        });
+        let ours = lines_of(|out| ours(LogLine::Json, &out));
         let theirs = lines_of(|out| {
             tracing_subscriber::fmt()
                 .with_writer(move || out.clone())
@@ -534,7 +586,7 @@ mod tests {
     fn timestamps_are_rfc_3339_utc_to_the_microsecond() {
         let at = |micros: u64| {
             let mut text = String::new();
-            write_timestamp(&mut text, UNIX_EPOCH + Duration::from_micros(micros)).unwrap();
+            write_timestamp(&mut text, UNIX_EPOCH + Duration::from_micros(micros));
             text
         };
         for (micros, text) in [
@@ -550,7 +602,7 @@ mod tests {
             assert_eq!(at(micros), text, "{micros} µs after the epoch");
         }
         let mut before_1970 = String::new();
-        write_timestamp(&mut before_1970, UNIX_EPOCH - Duration::from_secs(1)).unwrap();
+        write_timestamp(&mut before_1970, UNIX_EPOCH - Duration::from_secs(1));
         assert_eq!(before_1970, "1970-01-01T00:00:00.000000Z");
     }
 }

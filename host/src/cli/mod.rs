@@ -17,6 +17,8 @@ mod log_line;
 mod options;
 mod telemetry;
 
+pub use telemetry::{LogFormat, log_lines};
+
 #[derive(Parser)]
 #[command(
     name = "idem",

@@ -3,13 +3,18 @@
 //! `--log-format json`, levels by `RUST_LOG`), and OpenTelemetry traces
 //! exported over OTLP/HTTP when the standard `OTEL_*` variables ask for them.
 
-use super::log_line::LogLine;
+use super::log_line::{Lines, LogLine};
 use anyhow::{Context as _, bail};
 use opentelemetry::trace::TracerProvider as _;
 use opentelemetry_sdk::Resource;
 use opentelemetry_sdk::trace::{SdkTracer, SdkTracerProvider};
 use std::io::IsTerminal;
+use tracing::Subscriber;
 use tracing_subscriber::EnvFilter;
+use tracing_subscriber::fmt::MakeWriter;
+use tracing_subscriber::layer::Layer;
+use tracing_subscriber::layer::SubscriberExt as _;
+use tracing_subscriber::util::SubscriberInitExt as _;
 
 /// How log lines are written.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -48,21 +53,40 @@ pub fn init_logs(format: LogFormat) -> anyhow::Result<()> {
             .with_context(|| format!("RUST_LOG={text:?} is not a log filter (e.g. info, warn, idem::request=info,warn)"))?,
         _ => EnvFilter::new(DEFAULT_FILTER),
     };
-    let builder = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr);
-    // Off a terminal (where logs are collected, and a line is written per
-    // request), our own formatter writes the very same lines at a fraction
-    // of the cost; on one, `tracing-subscriber`'s colours them.
-    let installed = match format {
-        LogFormat::Text if std::io::stderr().is_terminal() => builder.with_ansi(true).try_init(),
-        LogFormat::Text => builder.event_format(LogLine::Text).try_init(),
-        LogFormat::Json => builder.event_format(LogLine::Json).try_init(),
-    };
     // A second call in one process (the test rigs run `cli::run` more than
-    // once) keeps the first subscriber.
-    let _ = installed;
+    // once) keeps the first subscriber: `try_init` fails, and that is fine.
+    if format == LogFormat::Text && std::io::stderr().is_terminal() {
+        let _ = tracing_subscriber::fmt()
+            .with_env_filter(filter)
+            .with_writer(std::io::stderr)
+            .with_ansi(true)
+            .try_init();
+    } else {
+        let _ = tracing_subscriber::registry()
+            .with(filter)
+            .with(log_lines(format, std::io::stderr))
+            .try_init();
+    }
     Ok(())
+}
+
+/// `idem serve`'s log lines off a terminal (where logs are collected, and
+/// a line is written per request), in `format`, as a `tracing` layer
+/// writing each line to `make` with one `write_all`: the very same lines
+/// as `tracing-subscriber`'s formatters (uncoloured), at a fraction of the
+/// cost. On a terminal `idem serve` colours its text with
+/// `tracing-subscriber`'s own. `idem serve` writes to stderr; the gateway
+/// bench puts a filter of its own in front and writes to a file.
+pub fn log_lines<S, W>(format: LogFormat, make: W) -> impl Layer<S>
+where
+    S: Subscriber,
+    W: for<'w> MakeWriter<'w> + 'static,
+{
+    let format = match format {
+        LogFormat::Text => LogLine::Text,
+        LogFormat::Json => LogLine::Json,
+    };
+    Lines { format, make }
 }
 
 /// The OTLP trace exporter `idem serve` runs, and where it sends.
