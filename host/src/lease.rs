@@ -9,19 +9,41 @@ use std::time::Duration;
 /// lease ends even when it takes the whole store timeout. So the lease must
 /// be at least twice the store timeout. A shorter one could lapse while its
 /// holder is alive and renewing, and a repeat would run the key a second time.
-pub fn check_lease_renewable(lease: Duration, store_timeout: Duration) -> Result<(), String> {
+pub fn check_lease_renewable(
+    lease: Duration,
+    store_timeout: Duration,
+) -> Result<(), LeaseTooShort> {
     if lease < store_timeout.saturating_mul(2) {
-        return Err(format!(
-            "lease ({} ms) must be at least twice store-timeout ({} ms), i.e. at least {} ms: \
-             a renewal starts a third into the lease and may take the whole store timeout, so a \
-             shorter lease could lapse while its holder is alive; lengthen the lease or shorten \
-             the store timeout",
-            lease.as_millis(),
-            store_timeout.as_millis(),
-            store_timeout.saturating_mul(2).as_millis()
-        ));
+        return Err(LeaseTooShort {
+            lease,
+            store_timeout,
+        });
     }
     Ok(())
+}
+
+/// A lease renewals cannot keep alive: shorter than twice the store's
+/// timeout (see [`check_lease_renewable`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
+#[error(
+    "lease ({} ms) must be at least twice store-timeout ({} ms), i.e. at least {} ms: \
+     a renewal starts a third into the lease and may take the whole store timeout, so a \
+     shorter lease could lapse while its holder is alive; lengthen the lease or shorten \
+     the store timeout",
+    .lease.as_millis(),
+    .store_timeout.as_millis(),
+    .store_timeout.saturating_mul(2).as_millis()
+)]
+pub struct LeaseTooShort {
+    pub lease: Duration,
+    pub store_timeout: Duration,
+}
+
+impl LeaseTooShort {
+    /// The shortest lease this store timeout allows.
+    pub fn shortest(&self) -> Duration {
+        self.store_timeout.saturating_mul(2)
+    }
 }
 
 #[cfg(test)]
@@ -33,7 +55,8 @@ mod tests {
         let ms = Duration::from_millis;
         assert!(check_lease_renewable(ms(10_000), ms(5_000)).is_ok());
         let err = check_lease_renewable(ms(9_999), ms(5_000)).unwrap_err();
-        assert!(err.contains("at least 10000 ms"), "{err}");
+        assert_eq!(err.shortest(), ms(10_000));
+        assert!(err.to_string().contains("at least 10000 ms"), "{err}");
         assert!(check_lease_renewable(ms(2_000), ms(5_000)).is_err());
     }
 }

@@ -52,7 +52,7 @@ pub use guard::{
 pub use idem_guest::model::{
     Checkpoint, Claim, Decision, Entry, GuardError, Policy, Record, Response, State,
 };
-pub use lease::check_lease_renewable;
+pub use lease::{LeaseTooShort, check_lease_renewable};
 #[cfg(feature = "engine")]
 pub use store::{FaultHandle, Faulty, MemoryStore, Store, StoreError, SyncStore};
 pub use store::{FaultKind, FaultRule, Op};

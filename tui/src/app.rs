@@ -5,15 +5,7 @@
 //! The state of each view lives with the view (`views::keys`, `faults`,
 //! `activity`); `App` holds what is shared — the connection, the dialogs,
 //! the status line — and routes to the view on screen.
-//!
-//! ```
-//! use idem_tui::action::Action;
-//! use idem_tui::app::App;
-//! use idem_tui::views::View;
-//! let mut app = App::new("http://127.0.0.1:9090", 0);
-//! app.update(Action::ShowView(View::Faults));
-//! assert_eq!(app.view, View::Faults);
-//! ```
+//! `tests::update` drives it key by key, as the console's loop does.
 
 use crate::action::{Action, Mode};
 use crate::protocol::{Command, Update};

@@ -42,15 +42,6 @@ pub enum ClientError {
     Decode(String),
 }
 
-impl ClientError {
-    pub fn status(&self) -> Option<u16> {
-        match self {
-            ClientError::Refused { status, .. } => Some(*status),
-            _ => None,
-        }
-    }
-}
-
 fn transport(e: &reqwest::Error) -> ClientError {
     // The innermost cause names the problem ("Connection refused"); the outer
     // layers only say "error sending request".

@@ -5,22 +5,27 @@
 //! guard's decisions. The binary is a thin shell over [`run`]; `idem demo`
 //! calls [`run`] too.
 //!
-//! The parts: [`protocol`] is what the admin client ([`client`]) and the
-//! state ([`app`]) tell each other; [`views`] holds the three views, each
-//! with its state, update, key table and rendering; [`action`] maps key
-//! presses to actions through the views' tables; [`ui`] draws the frame
-//! around the view on screen (`impl Widget for &App`).
+//! The library's API is what those two callers need: [`run`],
+//! [`run_with_banner`], [`token_from`] and [`check_admin_url`]. The parts
+//! are private: `protocol` is what the admin client (`client`) and the
+//! state (`app`) tell each other; `views` holds the three views, each with
+//! its state, update, key table and rendering; `action` maps key presses to
+//! actions through the views' tables; `ui` draws the frame around the view
+//! on screen (`impl Widget for &App`). Their tests are in the crate
+//! (`src/tests/`); `tests/it/` drives the binary in a pseudo-terminal.
 
-pub mod action;
-pub mod api;
-pub mod app;
-pub mod client;
-pub mod format;
-pub mod keymap;
-pub mod protocol;
-pub mod theme;
-pub mod ui;
-pub mod views;
+mod action;
+mod api;
+mod app;
+mod client;
+mod format;
+mod keymap;
+mod protocol;
+#[cfg(test)]
+mod tests;
+mod theme;
+mod ui;
+mod views;
 
 use crate::action::{Action, from_key};
 use crate::app::App;
@@ -56,8 +61,7 @@ pub async fn run_with_banner(
     banner: watch::Receiver<Option<String>>,
 ) -> io::Result<()> {
     let has_token = token.as_ref().is_some_and(|t| !t.is_empty());
-    let client = Client::new(admin_url, token)
-        .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))?;
+    let client = Client::new(admin_url, token).map_err(invalid_url)?;
     let _restore = RestoreOnDrop;
     let mut terminal = ratatui::try_init()?;
     let mut app = App::new(admin_url, local_ms());
@@ -66,6 +70,17 @@ pub async fn run_with_banner(
     let result = event_loop(&mut terminal, &mut app, &mut session, banner).await;
     session.shutdown().await;
     result
+}
+
+/// Whether `admin_url` is an admin listener's URL the console can use, so
+/// that a wrong one is named before the terminal is touched. The error is
+/// the one [`run`] would return.
+pub fn check_admin_url(admin_url: &str) -> io::Result<()> {
+    Client::new(admin_url, None).map(drop).map_err(invalid_url)
+}
+
+fn invalid_url(e: client::ClientError) -> io::Error {
+    io::Error::new(io::ErrorKind::InvalidInput, e)
 }
 
 /// Leaves raw mode and the alternate screen and shows the cursor — also

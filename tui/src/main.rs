@@ -35,7 +35,7 @@ async fn main() -> ExitCode {
         }
     };
     // A wrong URL is named before the terminal is touched.
-    if let Err(e) = idem_tui::client::Client::new(&args.admin, None) {
+    if let Err(e) = idem_tui::check_admin_url(&args.admin) {
         eprintln!("idem-tui: {e}");
         return ExitCode::from(2);
     }

@@ -7,10 +7,6 @@ use crate::api::{
 };
 pub use crate::api::{KeyQuery, Order, Sort};
 
-/// Rows per page asked of the server: a screenful or two. The server pages
-/// through the rest, so the console holds one page whatever the store holds.
-pub const PAGE_SIZE: u32 = crate::api::DEFAULT_LIMIT;
-
 /// What the console asks of the admin client.
 #[derive(Clone, Debug, PartialEq)]
 pub enum Command {

@@ -20,8 +20,6 @@ use ratatui::widgets::{Clear, Paragraph, Widget, Wrap};
 /// The smallest screen the layout is made for.
 pub const MIN_SIZE: (u16, u16) = (80, 24);
 
-pub use crate::format::short_fingerprint;
-
 impl Widget for &App {
     fn render(self, area: Rect, buf: &mut Buffer) {
         if area.width < MIN_SIZE.0 || area.height < MIN_SIZE.1 {

@@ -274,7 +274,7 @@ impl GuardBuilder {
         if self.renew_lease && self.clock.is_none() && self.store.as_sync().is_none() {
             let lease = Duration::from_millis(self.policy.lease_ms);
             crate::lease::check_lease_renewable(lease, self.store_timeout)
-                .map_err(GuardError::InvalidInput)?;
+                .map_err(|e| GuardError::InvalidInput(e.to_string()))?;
         }
         let clock = self.clock.unwrap_or_else(|| self.store.clock());
         let purger = self

@@ -47,7 +47,9 @@ impl std::str::FromStr for InFlight {
             return Ok(InFlight::Reject);
         }
         match s.strip_prefix("wait:") {
-            Some(d) => parse_duration(d).map(InFlight::Wait),
+            Some(d) => parse_duration(d)
+                .map(InFlight::Wait)
+                .map_err(|e| e.to_string()),
             None => Err(format!(
                 "{s:?}: expected reject or wait:DURATION (e.g. wait:2s)"
             )),
@@ -179,80 +181,78 @@ impl Default for Config {
 
 impl Config {
     /// Checks the values against each other; the error names the field and the limit.
-    pub fn validate(&self) -> Result<(), String> {
+    pub fn validate(&self) -> Result<(), ConfigError> {
         if self.methods.is_empty() {
-            return Err("methods: at least one method must be guarded".into());
+            return Err(ConfigError::NoMethods);
         }
         if self.lease.is_zero() || self.lease >= self.retention {
-            return Err(format!(
-                "lease ({} ms) must be at least 1 ms and shorter than retention ({} ms)",
-                self.lease.as_millis(),
-                self.retention.as_millis()
-            ));
+            return Err(ConfigError::LeaseNotUnderRetention {
+                lease: self.lease,
+                retention: self.retention,
+            });
         }
         crate::lease::check_lease_renewable(self.lease, self.store_timeout)?;
         if self.upstream_timeout >= self.lease {
-            return Err(format!(
-                "upstream-timeout ({} ms) must be shorter than the lease ({} ms), or a repeat could take over a request that is still running",
-                self.upstream_timeout.as_millis(),
-                self.lease.as_millis()
-            ));
+            return Err(ConfigError::UpstreamTimeoutNotUnderLease {
+                upstream_timeout: self.upstream_timeout,
+                lease: self.lease,
+            });
         }
         if self.max_response_bytes > u32::MAX as usize {
-            return Err(format!(
-                "max-response-bytes {} is over the limit of {}",
-                self.max_response_bytes,
-                u32::MAX
-            ));
+            return Err(ConfigError::OverLimit {
+                field: "max-response-bytes",
+                value: self.max_response_bytes,
+                limit: u32::MAX as usize,
+            });
         }
-        if self.max_header_bytes < 8192 {
-            return Err(format!(
-                "max-header-bytes {} is under the minimum of 8192",
-                self.max_header_bytes
-            ));
+        if self.max_header_bytes < MIN_HEADER_BYTES {
+            return Err(ConfigError::UnderMinimum {
+                field: "max-header-bytes",
+                value: self.max_header_bytes,
+                minimum: MIN_HEADER_BYTES,
+            });
         }
-        if self.max_concurrent == 0 {
-            return Err("max-concurrent must be at least 1".into());
+        for (field, value) in [
+            ("max-concurrent", self.max_concurrent),
+            ("max-concurrent-unguarded", self.max_concurrent_unguarded),
+            ("max-connections", self.max_connections),
+            ("max-event-listeners", self.max_event_listeners),
+        ] {
+            if value == 0 {
+                return Err(ConfigError::Zero { field });
+            }
         }
-        if self.max_concurrent_unguarded == 0 {
-            return Err("max-concurrent-unguarded must be at least 1".into());
-        }
-        if self.max_connections == 0 {
-            return Err("max-connections must be at least 1".into());
-        }
-        if self.max_event_listeners == 0 {
-            return Err("max-event-listeners must be at least 1".into());
-        }
-        for (name, value) in [
+        for (field, value) in [
             ("store-timeout", self.store_timeout),
             ("header-read-timeout", self.header_read_timeout),
             ("body-read-timeout", self.body_read_timeout),
             ("purge-interval", self.purge_interval),
         ] {
             if value.is_zero() {
-                return Err(format!("{name} must be at least 1 ms"));
+                return Err(ConfigError::ZeroDuration { field });
             }
         }
         if self.max_response_bytes < MIN_RESPONSE_BYTES {
-            return Err(format!(
-                "max-response-bytes {} is under the minimum of {MIN_RESPONSE_BYTES}, which the gateway's own stored answers need",
-                self.max_response_bytes
-            ));
+            return Err(ConfigError::ResponseLimitUnderMinimum {
+                value: self.max_response_bytes,
+            });
         }
         if self.history_events > MAX_HISTORY_EVENTS {
-            return Err(format!(
-                "history-events {} is over the limit of {MAX_HISTORY_EVENTS}",
-                self.history_events
-            ));
+            return Err(ConfigError::OverLimit {
+                field: "history-events",
+                value: self.history_events,
+                limit: MAX_HISTORY_EVENTS,
+            });
         }
         if self.key_header.is_empty() || self.replay_header.is_empty() {
-            return Err("key-header and replay-header must not be empty".into());
+            return Err(ConfigError::EmptyHeaderName);
         }
-        if http::HeaderName::try_from(self.expiry_header.as_str()).is_err() {
-            return Err(format!(
-                "expiry-header {:?} is not a header name (letters, digits and !#$%&'*+-.^_`|~)",
-                self.expiry_header
-            ));
+        if let Err(source) = http::HeaderName::try_from(self.expiry_header.as_str()) {
+            return Err(ConfigError::NotAHeaderName {
+                field: "expiry-header",
+                value: self.expiry_header.clone(),
+                source,
+            });
         }
         Ok(())
     }
@@ -278,26 +278,102 @@ impl Config {
 /// a response too large to keep must fit.
 pub const MIN_RESPONSE_BYTES: usize = 1024;
 
+/// The smallest `max-header-bytes`.
+pub const MIN_HEADER_BYTES: usize = 8192;
+
+/// Why [`Config::validate`] refused a configuration: the field (named as
+/// its flag is, without `--`), its value and the limit it breaks.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("methods: at least one method must be guarded")]
+    NoMethods,
+    #[error(
+        "lease ({} ms) must be at least 1 ms and shorter than retention ({} ms)",
+        .lease.as_millis(),
+        .retention.as_millis()
+    )]
+    LeaseNotUnderRetention {
+        lease: Duration,
+        retention: Duration,
+    },
+    /// Renewals could not keep the lease alive on this store timeout.
+    #[error(transparent)]
+    LeaseTooShort(#[from] crate::lease::LeaseTooShort),
+    #[error(
+        "upstream-timeout ({} ms) must be shorter than the lease ({} ms), or a repeat could take over a request that is still running",
+        .upstream_timeout.as_millis(),
+        .lease.as_millis()
+    )]
+    UpstreamTimeoutNotUnderLease {
+        upstream_timeout: Duration,
+        lease: Duration,
+    },
+    #[error("{field} {value} is over the limit of {limit}")]
+    OverLimit {
+        field: &'static str,
+        value: usize,
+        limit: usize,
+    },
+    #[error("{field} {value} is under the minimum of {minimum}")]
+    UnderMinimum {
+        field: &'static str,
+        value: usize,
+        minimum: usize,
+    },
+    /// `max-response-bytes` under [`MIN_RESPONSE_BYTES`].
+    #[error(
+        "max-response-bytes {value} is under the minimum of {MIN_RESPONSE_BYTES}, which the gateway's own stored answers need"
+    )]
+    ResponseLimitUnderMinimum { value: usize },
+    /// A count that must be at least 1.
+    #[error("{field} must be at least 1")]
+    Zero { field: &'static str },
+    /// A duration that must be at least 1 ms.
+    #[error("{field} must be at least 1 ms")]
+    ZeroDuration { field: &'static str },
+    #[error("key-header and replay-header must not be empty")]
+    EmptyHeaderName,
+    #[error("{field} {value:?} is not a header name (letters, digits and !#$%&'*+-.^_`|~)")]
+    NotAHeaderName {
+        field: &'static str,
+        value: String,
+        source: http::header::InvalidHeaderName,
+    },
+}
+
 /// Parses `250ms`, `10s`, `2m`, `1h` or a bare number of seconds.
-pub fn parse_duration(text: &str) -> Result<Duration, String> {
+pub fn parse_duration(text: &str) -> Result<Duration, DurationError> {
     let t = text.trim();
     let (digits, unit) = t.split_at(t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len()));
     let n: u64 = digits
         .parse()
-        .map_err(|_| format!("{text:?} is not a duration; expected e.g. 250ms, 10s, 2m, 1h"))?;
+        .map_err(|_| DurationError::NotADuration { text: text.into() })?;
     let ms = match unit {
         "ms" => Some(n),
         "" | "s" => n.checked_mul(1000),
         "m" => n.checked_mul(60_000),
         "h" => n.checked_mul(3_600_000),
         _ => {
-            return Err(format!(
-                "{text:?} has an unknown unit {unit:?}; expected ms, s, m or h"
-            ));
+            return Err(DurationError::UnknownUnit {
+                text: text.into(),
+                unit: unit.into(),
+            });
         }
     };
     ms.map(Duration::from_millis)
-        .ok_or_else(|| format!("{text:?} is too long"))
+        .ok_or_else(|| DurationError::TooLong { text: text.into() })
+}
+
+/// Why [`parse_duration`] refused a text; each says the text as given.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum DurationError {
+    #[error("{text:?} is not a duration; expected e.g. 250ms, 10s, 2m, 1h")]
+    NotADuration { text: String },
+    #[error("{text:?} has an unknown unit {unit:?}; expected ms, s, m or h")]
+    UnknownUnit { text: String, unit: String },
+    /// Over `u64::MAX` milliseconds.
+    #[error("{text:?} is too long")]
+    TooLong { text: String },
 }
 
 #[cfg(test)]
@@ -310,12 +386,21 @@ mod tests {
         assert_eq!(parse_duration("10s"), Ok(Duration::from_secs(10)));
         assert_eq!(parse_duration("3"), Ok(Duration::from_secs(3)));
         assert_eq!(parse_duration("2m"), Ok(Duration::from_mins(2)));
+        let parsecs = parse_duration("10 parsecs").unwrap_err();
         assert!(
-            parse_duration("10 parsecs")
-                .unwrap_err()
-                .contains("unknown unit")
+            matches!(&parsecs, DurationError::UnknownUnit { unit, .. } if unit == " parsecs"),
+            "{parsecs:?}"
         );
-        assert!(parse_duration("soon").is_err());
+        assert_eq!(
+            parsecs.to_string(),
+            "\"10 parsecs\" has an unknown unit \" parsecs\"; expected ms, s, m or h"
+        );
+        assert_eq!(
+            parse_duration("soon"),
+            Err(DurationError::NotADuration {
+                text: "soon".into()
+            })
+        );
     }
 
     #[test]
@@ -338,9 +423,24 @@ mod tests {
             ),
         ];
         for (config, says) in refused {
-            let err = config.validate().unwrap_err();
+            let err = config.validate().unwrap_err().to_string();
             assert!(err.contains(says), "{err:?} should say {says:?}");
         }
         assert!(Config::default().validate().is_ok());
+    }
+
+    #[test]
+    fn a_bad_header_name_keeps_the_parse_error() {
+        let config = Config {
+            expiry_header: "expires at".into(),
+            ..Config::default()
+        };
+        let err = config.validate().unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "expiry-header \"expires at\" is not a header name (letters, digits and !#$%&'*+-.^_`|~)"
+        );
+        let source = std::error::Error::source(&err).expect("the header-name error");
+        assert!(source.is::<http::header::InvalidHeaderName>(), "{source:?}");
     }
 }

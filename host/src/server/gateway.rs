@@ -17,10 +17,10 @@ use tokio::sync::watch;
 /// Why a gateway could not be built.
 #[derive(Debug, thiserror::Error)]
 pub enum BuildError {
-    #[error("invalid configuration: {0}")]
-    Config(String),
-    #[error("{0}")]
-    Upstream(String),
+    #[error("invalid configuration")]
+    Config(#[from] super::ConfigError),
+    #[error(transparent)]
+    Upstream(#[from] super::UpstreamError),
     #[error("the guard could not be built: {0}")]
     Guard(#[from] idem_guest::model::GuardError),
 }
@@ -79,8 +79,8 @@ impl GatewayBuilder {
     }
 
     pub fn build(self) -> Result<Gateway, BuildError> {
-        self.config.validate().map_err(BuildError::Config)?;
-        let upstream = Upstream::new(&self.upstream).map_err(BuildError::Upstream)?;
+        self.config.validate()?;
+        let upstream = Upstream::new(&self.upstream)?;
         let gate = Gate::over(self.config, self.store, self.clock, self.tracer)?;
         gate.observer.set_name(&self.name);
         Ok(Gateway {

@@ -37,7 +37,9 @@ pub mod serve;
 #[cfg(feature = "engine")]
 pub mod traces;
 
-pub use config::{Config, InFlight, Profile, StorePolicy, parse_duration};
+pub use config::{
+    Config, ConfigError, DurationError, InFlight, Profile, StorePolicy, parse_duration,
+};
 pub use problem::Problem;
 
 #[cfg(feature = "engine")]
@@ -51,6 +53,6 @@ pub use gateway::{BuildError, Gateway, GatewayBuilder, run};
 #[cfg(feature = "engine")]
 pub use layer::IdempotencyLayer;
 #[cfg(feature = "engine")]
-pub use proxy::Upstream;
+pub use proxy::{Upstream, UpstreamError};
 #[cfg(feature = "engine")]
 pub use traces::Traces;

@@ -34,49 +34,65 @@ pub const HOP_BY_HOP: [&str; 8] = [
 /// (`"…"`, as the draft specifies, escaping only `"` and `\`) or, as many
 /// clients send it, a bare token of visible ASCII. 1 to [`MAX_KEY_BYTES`]
 /// bytes once unquoted. The error says what is wrong, for a 400.
-pub fn idempotency_key(raw: &[u8]) -> Result<String, String> {
+pub fn idempotency_key(raw: &[u8]) -> Result<String, KeyError> {
     let key = if let Some(rest) = raw.strip_prefix(b"\"") {
-        let inner = rest
-            .strip_suffix(b"\"")
-            .ok_or("the quoted key has no closing '\"'")?;
+        let inner = rest.strip_suffix(b"\"").ok_or(KeyError::Unclosed)?;
         let mut key = Vec::with_capacity(inner.len());
         let mut bytes = inner.iter();
         while let Some(&b) = bytes.next() {
             match b {
                 b'\\' => match bytes.next() {
                     Some(&e @ (b'"' | b'\\')) => key.push(e),
-                    _ => return Err("a quoted key may only escape '\"' and '\\'".into()),
+                    _ => return Err(KeyError::BadEscape),
                 },
-                b'"' => return Err("a quoted key contains an unescaped '\"'".into()),
+                b'"' => return Err(KeyError::UnescapedQuote),
                 0x20..=0x7e => key.push(b),
-                other => {
-                    return Err(format!(
-                        "the key contains byte 0x{other:02x}; keys are printable ASCII"
-                    ));
-                }
+                other => return Err(KeyError::QuotedByte(other)),
             }
         }
         key
     } else {
-        if let Some(b) = raw.iter().find(|b| !b.is_ascii_graphic()) {
-            return Err(format!(
-                "the key contains byte 0x{b:02x}; an unquoted key is visible ASCII without spaces (quote it as a structured-field string otherwise)"
-            ));
+        if let Some(&b) = raw.iter().find(|b| !b.is_ascii_graphic()) {
+            return Err(KeyError::TokenByte(b));
         }
         raw.to_vec()
     };
     if key.is_empty() {
-        return Err(format!(
-            "the key is empty; keys are 1 to {MAX_KEY_BYTES} bytes"
-        ));
+        return Err(KeyError::Empty);
     }
     if key.len() > MAX_KEY_BYTES {
-        return Err(format!(
-            "the key is {} bytes; the limit is {MAX_KEY_BYTES}",
-            key.len()
-        ));
+        return Err(KeyError::TooLong(key.len()));
     }
-    String::from_utf8(key).map_err(|_| "the key is not UTF-8".into())
+    String::from_utf8(key).map_err(|source| KeyError::NotUtf8 { source })
+}
+
+/// Why a client's key was refused (a `400`): the message says what to fix.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum KeyError {
+    #[error("the quoted key has no closing '\"'")]
+    Unclosed,
+    #[error("a quoted key may only escape '\"' and '\\'")]
+    BadEscape,
+    #[error("a quoted key contains an unescaped '\"'")]
+    UnescapedQuote,
+    /// A byte outside printable ASCII inside the quotes.
+    #[error("the key contains byte 0x{0:02x}; keys are printable ASCII")]
+    QuotedByte(u8),
+    /// A byte outside visible ASCII in an unquoted key.
+    #[error(
+        "the key contains byte 0x{0:02x}; an unquoted key is visible ASCII without spaces (quote it as a structured-field string otherwise)"
+    )]
+    TokenByte(u8),
+    #[error("the key is empty; keys are 1 to {MAX_KEY_BYTES} bytes")]
+    Empty,
+    /// Longer than [`MAX_KEY_BYTES`]: the key's length in bytes.
+    #[error("the key is {0} bytes; the limit is {MAX_KEY_BYTES}")]
+    TooLong(usize),
+    /// More than one key header (the gateway's `client_key`).
+    #[error("more than one {header} header; send exactly one")]
+    Repeated { header: String },
+    #[error("the key is not UTF-8")]
+    NotUtf8 { source: std::string::FromUtf8Error },
 }
 
 /// The store key for a client's key: the client's scope, `/`, the key. The
@@ -142,19 +158,30 @@ mod tests {
         );
         assert_eq!(idempotency_key(b"\"a \\\"b\\\\\"").unwrap(), "a \"b\\");
         assert_eq!(idempotency_key(b"order-1").unwrap(), "order-1");
-        assert!(idempotency_key(b"\"open").unwrap_err().contains("closing"));
-        assert!(idempotency_key(b"has space").unwrap_err().contains("0x20"));
-        assert!(idempotency_key(b"\"\"").unwrap_err().contains("empty"));
-        assert!(
-            idempotency_key(&[b'k'; 201])
-                .unwrap_err()
-                .contains("limit is 200")
-        );
-        assert!(
-            idempotency_key(b"\"a\\nb\"")
-                .unwrap_err()
-                .contains("escape")
-        );
+        let refused = |raw: &[u8]| idempotency_key(raw).unwrap_err();
+        assert_eq!(refused(b"\"open"), KeyError::Unclosed);
+        assert_eq!(refused(b"has space"), KeyError::TokenByte(b' '));
+        assert_eq!(refused(b"\"\""), KeyError::Empty);
+        assert_eq!(refused(&[b'k'; 201]), KeyError::TooLong(201));
+        assert_eq!(refused(b"\"a\\nb\""), KeyError::BadEscape);
+        // The messages, as a 400's detail says them.
+        for (raw, says) in [
+            (&b"\"open"[..], "the quoted key has no closing '\"'"),
+            (
+                b"has space",
+                "the key contains byte 0x20; an unquoted key is visible ASCII without spaces (quote it as a structured-field string otherwise)",
+            ),
+            (b"\"\"", "the key is empty; keys are 1 to 200 bytes"),
+            (&[b'k'; 201], "the key is 201 bytes; the limit is 200"),
+            (b"\"a\\nb\"", "a quoted key may only escape '\"' and '\\'"),
+            (b"\"a\"b\"", "a quoted key contains an unescaped '\"'"),
+            (
+                b"\"tab\there\"",
+                "the key contains byte 0x09; keys are printable ASCII",
+            ),
+        ] {
+            assert_eq!(refused(raw).to_string(), says, "{raw:?}");
+        }
     }
 
     #[test]

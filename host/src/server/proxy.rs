@@ -17,31 +17,54 @@ pub struct Upstream {
     host: HeaderValue,
 }
 
+/// Why [`Upstream::new`] refused a URL. Each names the URL; a parse
+/// error is the [`source`](std::error::Error::source), not repeated in the
+/// message (`{:#}` of an `anyhow::Error` shows both, as `idem serve` does).
+#[derive(Debug, thiserror::Error)]
+pub enum UpstreamError {
+    #[error("upstream URL {url:?} does not parse")]
+    Unparsable {
+        url: String,
+        source: axum::http::uri::InvalidUri,
+    },
+    #[error(
+        "upstream URL {url:?}: scheme {scheme:?} is not supported; the gateway speaks plain HTTP to an upstream beside it (use http://)"
+    )]
+    Scheme { url: String, scheme: String },
+    #[error("upstream URL {url:?} has no scheme; expected http://HOST:PORT")]
+    NoScheme { url: String },
+    #[error("upstream URL {url:?} has no host")]
+    NoHost { url: String },
+    /// The URL's authority is not a `Host` header value.
+    #[error("upstream host")]
+    Host {
+        source: axum::http::header::InvalidHeaderValue,
+    },
+}
+
 impl Upstream {
     /// An upstream at `url` (`http://HOST:PORT[/PREFIX]`).
-    pub fn new(url: &str) -> Result<Upstream, String> {
-        let uri: Uri = url
-            .parse()
-            .map_err(|e| format!("upstream URL {url:?} does not parse: {e}"))?;
+    pub fn new(url: &str) -> Result<Upstream, UpstreamError> {
+        let uri: Uri = url.parse().map_err(|source| UpstreamError::Unparsable {
+            url: url.into(),
+            source,
+        })?;
         match uri.scheme_str() {
             Some("http") => {}
             Some(other) => {
-                return Err(format!(
-                    "upstream URL {url:?}: scheme {other:?} is not supported; the gateway speaks plain HTTP to an upstream beside it (use http://)"
-                ));
+                return Err(UpstreamError::Scheme {
+                    url: url.into(),
+                    scheme: other.into(),
+                });
             }
-            None => {
-                return Err(format!(
-                    "upstream URL {url:?} has no scheme; expected http://HOST:PORT"
-                ));
-            }
+            None => return Err(UpstreamError::NoScheme { url: url.into() }),
         }
         let authority = uri
             .authority()
-            .ok_or_else(|| format!("upstream URL {url:?} has no host"))?
+            .ok_or_else(|| UpstreamError::NoHost { url: url.into() })?
             .clone();
-        let host =
-            HeaderValue::from_str(authority.as_str()).map_err(|e| format!("upstream host: {e}"))?;
+        let host = HeaderValue::from_str(authority.as_str())
+            .map_err(|source| UpstreamError::Host { source })?;
         let prefix = uri.path().trim_end_matches('/');
         let mut connector = HttpConnector::new();
         connector.set_nodelay(true);

@@ -4,12 +4,8 @@
 //! never half-made on its first key press. Turning a fault off (`o`, or
 //! `Space` on a fault that is on) applies at once: taking a fault away is
 //! always safe. A whole rule typed with `R` applies on its own `Enter`.
-//!
-//! ```
-//! use idem_tui::api::Op;
-//! use idem_tui::views::faults::FaultsView;
-//! assert_eq!(FaultsView::default().selected_op(), Op::Insert, "the one the guard claims with");
-//! ```
+//! The cursor starts on `insert`, the operation the guard claims with
+//! (`tests::update::faults::the_cursor_starts_on_insert`).
 
 use super::{Effects, Field, Input, Severity};
 use crate::api::{FaultKind, FaultRule, Faults, MAX_LATENCY_MS, Op};

@@ -14,7 +14,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
 use futures_util::StreamExt;
-use idem_tui::api::{
+use idem_admin_api::{
     DecisionEvent, Event, FaultEvent, FaultSet, Faults, KEEP_ALIVE, KeyDetail, KeyInfo,
     KeyListParams, KeyPage, KeyState, Order, Problem, SetFaults, Sort, Stats, StoredResponse,
     Verdict,
@@ -140,11 +140,6 @@ impl Fake {
         fake
     }
 
-    /// A client of this fake, without a token.
-    pub fn client(&self) -> idem_tui::client::Client {
-        idem_tui::client::Client::new(&self.url, None).unwrap()
-    }
-
     /// Adds keys `prefix-00000`…: processing ones with a lease of 30 s, done
     /// ones with a stored JSON response.
     pub fn seed(&self, prefix: &str, n: usize, state: KeyState) {
@@ -249,7 +244,7 @@ async fn list(State(shared): State<Arc<Shared>>, Query(p): Query<KeyListParams>)
         p.sort,
         p.order,
         p.after,
-        p.limit.unwrap_or(idem_tui::api::DEFAULT_LIMIT)
+        p.limit.unwrap_or(idem_admin_api::DEFAULT_LIMIT)
     ));
     // The real gateway's checks and messages: the contract's own.
     let query = match p.check() {

@@ -1,10 +1,7 @@
-//! idem-tui's one integration test binary.
+//! idem-tui's one integration test binary: the real `idem-tui` binary in a
+//! pseudo-terminal against a fake admin server. The tests of the console's
+//! parts (update, frames, the admin client) are in the crate, in
+//! `src/tests/`, which reaches the same fake server through a `#[path]`.
 
-// Probabilities are set to exact tenths and compared as such.
-#![allow(clippy::float_cmp)]
-
-mod client;
 mod fake;
-mod frames;
 mod terminal;
-mod update;

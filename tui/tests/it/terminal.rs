@@ -2,8 +2,8 @@
 //! as a person would, against the fake admin server.
 
 use crate::fake::Fake;
+use idem_admin_api::{KeyState, Verdict};
 use idem_harness::Tmux;
-use idem_tui::api::{KeyState, Verdict};
 use std::process::Command;
 use std::time::{Duration, Instant};
 

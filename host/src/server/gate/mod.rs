@@ -9,15 +9,15 @@ mod waiter;
 
 use paced::{Paced, TooSlow};
 pub(crate) use parts::to_http;
+use parts::{Read, Unread, body_timeout, expiry_date};
 pub use parts::{client_key, scoped_key};
-use parts::{expiry_date, fingerprint};
 use run_to_completion::RunToCompletion;
 use waiter::Waiter;
 
 use super::BuildError;
 use super::config::{Config, InFlight};
 use super::events::{Observer, Verdict};
-use super::parse::{HOP_BY_HOP, fingerprinted_headers, idempotency_key};
+use super::parse::{HOP_BY_HOP, KeyError, fingerprinted_headers, idempotency_key};
 pub use super::parse::{MAX_KEY_BYTES, strip_hop_by_hop};
 use super::problem::Problem;
 use super::traces::Traces;
@@ -86,7 +86,7 @@ impl Gate {
         clock: Option<Arc<dyn Clock>>,
         tracer: Option<SdkTracer>,
     ) -> Result<Gate, BuildError> {
-        config.validate().map_err(BuildError::Config)?;
+        config.validate()?;
         let observer = Arc::new(Observer::new(
             config.history_events,
             tracer.map(|t| Arc::new(Traces::new(t, backend.name()))),
@@ -139,6 +139,12 @@ impl Gate {
     /// Handles one request: `exec` forwards it (to the upstream, or to the
     /// inner service) and is called at most once. With traces on, a guarded
     /// request runs inside its span (see [`Traces`]).
+    ///
+    /// A guarded request goes through two halves: [`parts::read`] reads and
+    /// checks it (its key, scope and body: what makes its fingerprint), and
+    /// [`Gate::decide`] takes what was read and runs the guard's decision on
+    /// it — forwards it once, replays, refuses, or waits for the request
+    /// in flight with its key.
     pub async fn handle<F, Fut>(self: &Arc<Self>, req: Request<Body>, exec: F) -> HttpResponse
     where
         F: FnOnce(Request<Body>) -> Fut + Send + 'static,
@@ -156,105 +162,69 @@ impl Gate {
         response
     }
 
-    #[allow(clippy::too_many_lines)] // one request's path through the guard, read top to bottom
     async fn guarded<F, Fut>(self: &Arc<Self>, req: Request<Body>, exec: F) -> HttpResponse
     where
         F: FnOnce(Request<Body>) -> Fut + Send + 'static,
         Fut: Future<Output = Result<HttpResponse, Problem>> + Send + 'static,
     {
         let started = Instant::now();
-        let key = match client_key(req.headers(), &self.config) {
-            Ok(Some(key)) => key,
-            Ok(None) if !self.config.require_key => return self.pass_through(req, exec).await,
-            Ok(None) => {
-                let problem = Problem::KeyMissing {
-                    header: self.config.key_header.clone(),
-                };
-                return self.refuse("", Verdict::Invalid, problem, started);
+        match parts::read(req, &self.config).await {
+            Ok(read) => self.decide(read, exec, started).await,
+            Err(Unread::Unkeyed(req)) => self.pass_through(req, exec).await,
+            Err(Unread::Refused { scoped, problem }) => {
+                self.refuse(&scoped, Verdict::Invalid, problem, started)
             }
-            Err(why) => {
-                return self.refuse("", Verdict::Invalid, Problem::KeyMalformed(why), started);
-            }
-        };
-        let scoped = scoped_key(req.headers(), &self.config, &key);
-        let (parts, body) = req.into_parts();
-        // The body is read before a slot is taken, so slow clients hold
-        // connections (capped apart), never the slots others need.
-        let body = match self.read_body(body).await {
-            Ok(body) => body,
-            Err(problem) => return self.refuse(&scoped, Verdict::Invalid, problem, started),
-        };
+        }
+    }
+
+    /// The wait half of a guarded request, once read: within a slot, the
+    /// guard's decision on its key and fingerprint, then the request run
+    /// once under its claim, its stored response replayed, or a refusal —
+    /// after waiting (under `InFlight::Wait`) for a request in flight with
+    /// its key to complete.
+    async fn decide<F, Fut>(self: &Arc<Self>, read: Read, exec: F, started: Instant) -> HttpResponse
+    where
+        F: FnOnce(Request<Body>) -> Fut + Send + 'static,
+        Fut: Future<Output = Result<HttpResponse, Problem>> + Send + 'static,
+    {
         let Some(_slot) = self.guarded.take() else {
             let problem = Problem::Overloaded {
                 limit: self.config.max_concurrent,
                 guarded: true,
             };
-            return self.refuse(&scoped, Verdict::Unavailable, problem, started);
+            return self.refuse(&read.scoped, Verdict::Unavailable, problem, started);
         };
-        // The canonical fingerprint, computed natively (the component's own
-        // code, compiled for the host): the body never crosses into the
-        // component. benchmarks/log.md, "Contract 0.2 (issue 19)", measures
-        // the choice.
-        let fingerprint = fingerprint(&parts, &body, &self.config);
-
+        // Computed natively (the component's own code, compiled for the
+        // host): the body never crosses into the component.
+        let fingerprint = read.fingerprint(&self.config);
         let deadline = match self.config.in_flight {
             InFlight::Reject => None,
             InFlight::Wait(bound) => Some(started + bound),
         };
         loop {
             // Registered before `begin`, so a completion between the two still wakes us.
-            let waiter = deadline.map(|_| Waiter::new(self, &scoped));
+            let waiter = deadline.map(|_| Waiter::new(self, &read.scoped));
             let mut notified = waiter.as_ref().map(|w| Box::pin(w.notify().notified()));
             if let Some(n) = notified.as_mut() {
                 n.as_mut().enable();
             }
             let (decision, expires_at_ms) =
-                match self.guard.begin_expiring(&scoped, &fingerprint).await {
+                match self.guard.begin_expiring(&read.scoped, &fingerprint).await {
                     Ok(begun) => begun,
-                    Err(e) => return self.refuse_guard_error(&scoped, e, started),
+                    Err(e) => return self.refuse_guard_error(&read.scoped, e, started),
                 };
             match decision {
                 Decision::Proceed(claim) => {
                     drop(notified);
                     drop(waiter);
-                    // The claimed request runs to completion even if the client
-                    // disconnects, so that its key is never left held until the
-                    // lease ends. It runs right here, on this task; only when this
-                    // future is dropped half-way does the rest move to a task of its own.
-                    let gate = Arc::clone(self);
-                    let request = Request::from_parts(parts, Body::from(body));
-                    return RunToCompletion::new(async move {
-                        gate.execute(scoped, claim, request, exec, started).await
-                    })
-                    .await
-                    .unwrap_or_else(|_panic| {
-                        Problem::Internal(
-                            "the request's handler panicked; its key is held until the lease runs out"
-                                .into(),
-                        )
-                        .into_response(self.config.profile)
-                    });
+                    return self.run(read, claim, exec, started).await;
                 }
                 Decision::Replay(stored) => {
-                    let mut response = to_http(&stored);
-                    response.headers_mut().insert(
-                        HeaderName::try_from(self.config.replay_header.as_str())
-                            .unwrap_or(HeaderName::from_static("idempotent-replayed")),
-                        HeaderValue::from_static("true"),
-                    );
-                    self.tell_expiry(&mut response, expires_at_ms);
-                    self.observer.decided(
-                        &scoped,
-                        Verdict::Replayed,
-                        Some(stored.status),
-                        started.elapsed(),
-                        None,
-                        None,
-                    );
-                    return response;
+                    return self.replay(&read.scoped, &stored, expires_at_ms, started);
                 }
                 Decision::Conflict => {
-                    return self.refuse(&scoped, Verdict::Conflict, Problem::KeyMismatch, started);
+                    let problem = Problem::KeyMismatch;
+                    return self.refuse(&read.scoped, Verdict::Conflict, problem, started);
                 }
                 Decision::InFlight { retry_after_ms } => {
                     let retry_after = self.retry_after(Duration::from_millis(retry_after_ms));
@@ -270,7 +240,7 @@ impl Gate {
                         }
                         _ => {
                             return self.refuse(
-                                &scoped,
+                                &read.scoped,
                                 Verdict::InFlight,
                                 Problem::InFlight { retry_after },
                                 started,
@@ -280,6 +250,61 @@ impl Gate {
                 }
             }
         }
+    }
+
+    /// Runs a claimed request to completion even if the client disconnects,
+    /// so that its key is never left held until the lease ends. It runs
+    /// right here, on this task; only when this future is dropped half-way
+    /// does the rest move to a task of its own.
+    async fn run<F, Fut>(
+        self: &Arc<Self>,
+        read: Read,
+        claim: Claim,
+        exec: F,
+        started: Instant,
+    ) -> HttpResponse
+    where
+        F: FnOnce(Request<Body>) -> Fut + Send + 'static,
+        Fut: Future<Output = Result<HttpResponse, Problem>> + Send + 'static,
+    {
+        let gate = Arc::clone(self);
+        RunToCompletion::new(async move {
+            let (scoped, request) = read.into_request();
+            gate.execute(scoped, claim, request, exec, started).await
+        })
+        .await
+        .unwrap_or_else(|_panic| {
+            Problem::Internal(
+                "the request's handler panicked; its key is held until the lease runs out".into(),
+            )
+            .into_response(self.config.profile)
+        })
+    }
+
+    /// A stored response replayed: marked as a replay, with its expiry.
+    fn replay(
+        &self,
+        scoped: &str,
+        stored: &Stored,
+        expires_at_ms: Option<u64>,
+        started: Instant,
+    ) -> HttpResponse {
+        let mut response = to_http(stored);
+        response.headers_mut().insert(
+            HeaderName::try_from(self.config.replay_header.as_str())
+                .unwrap_or(HeaderName::from_static("idempotent-replayed")),
+            HeaderValue::from_static("true"),
+        );
+        self.tell_expiry(&mut response, expires_at_ms);
+        self.observer.decided(
+            scoped,
+            Verdict::Replayed,
+            Some(stored.status),
+            started.elapsed(),
+            None,
+            None,
+        );
+        response
     }
 
     /// Forwards a request the key does not guard, within a slot of its own
@@ -328,7 +353,7 @@ impl Gate {
         // Whatever the upstream made of a body cut short, the client is told
         // that its body was too slow.
         if progress.is_some_and(|p| p.was_cut()) {
-            return self.body_timeout().into_response(config.profile);
+            return body_timeout(config).into_response(config.profile);
         }
         match forwarded {
             Ok(Ok(response)) => response,
@@ -336,33 +361,6 @@ impl Gate {
             Err(_) => {
                 Problem::UpstreamTimeout(config.upstream_timeout).into_response(config.profile)
             }
-        }
-    }
-
-    fn body_timeout(&self) -> Problem {
-        Problem::BodyTimeout {
-            after: self.config.body_read_timeout,
-            min_rate: self.config.min_body_rate,
-        }
-    }
-
-    /// Reads a guarded request's body: at most `max_request_bytes`, within
-    /// the slow-client bounds of [`Paced`].
-    async fn read_body(&self, body: Body) -> Result<Bytes, Problem> {
-        let config = &self.config;
-        let (paced, _progress) = Paced::new(body, config.body_read_timeout, config.min_body_rate);
-        match Limited::new(paced, config.max_request_bytes)
-            .collect()
-            .await
-        {
-            Ok(collected) => Ok(collected.to_bytes()),
-            Err(e) if e.is::<TooSlow>() => Err(self.body_timeout()),
-            Err(e) if e.is::<http_body_util::LengthLimitError>() => Err(Problem::BodyTooLarge {
-                limit: config.max_request_bytes,
-            }),
-            Err(e) => Err(Problem::BadRequest(format!(
-                "the request body could not be read: {e}"
-            ))),
         }
     }
 

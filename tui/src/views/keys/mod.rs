@@ -1,12 +1,7 @@
 //! The keys view: one page of keys from the server, where the operator is
 //! in it, the detail pane, and the operator's actions on a key.
-//!
-//! ```
-//! use idem_tui::views::keys::{KeysAction, KeysView};
-//! let mut keys = KeysView::default();
-//! let effects = keys.update(KeysAction::Search);
-//! assert!(effects.input.is_some(), "`/` asks what to search for");
-//! ```
+//! `KeysView::update` takes the view's own actions and says what else must
+//! happen as `Effects` (`tests::update::keys::the_view_alone_asks_what_to_search_for`).
 
 mod render;
 
@@ -19,8 +14,6 @@ use crate::theme::lapsed;
 use crossterm::event::KeyCode;
 use std::cell::Cell;
 use std::collections::HashMap;
-
-pub use render::{KeyColumns, scope_tags};
 
 /// The keys view's own actions.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -1,13 +1,13 @@
 //! The activity view: the decision log and the history behind the charts.
 
 use super::{ch, key, loaded, press};
+use crate::action::{Action, from_key};
+use crate::api::{AdminAction, AdminEvent, DecisionEvent, Event, Stats, Verdict};
+use crate::app::App;
+use crate::protocol::Update;
+use crate::views::View;
+use crate::views::activity::{ActivityAction, HISTORY, LOG_LINES};
 use crossterm::event::KeyCode;
-use idem_tui::action::{Action, from_key};
-use idem_tui::api::{AdminAction, AdminEvent, DecisionEvent, Event, Stats, Verdict};
-use idem_tui::app::App;
-use idem_tui::protocol::Update;
-use idem_tui::views::View;
-use idem_tui::views::activity::{ActivityAction, HISTORY, LOG_LINES};
 
 #[test]
 fn the_decision_log_scrolls_and_pauses() {
@@ -91,7 +91,7 @@ fn history_and_log_stay_bounded() {
     }
     assert_eq!(app.activity.log.lines.len(), LOG_LINES);
     assert!(
-        matches!(app.activity.log.lines.front(), Some(idem_tui::views::activity::LogLine::Decision(d)) if d.ts_ms == 50),
+        matches!(app.activity.log.lines.front(), Some(crate::views::activity::LogLine::Decision(d)) if d.ts_ms == 50),
         "oldest dropped"
     );
     for _ in 0..HISTORY + 5 {

@@ -2,11 +2,21 @@
 //! applies, or typed whole; off at once.
 
 use super::{NOW, assert_prompt_opened, ch, loaded, press, status, type_text};
+use crate::api::{FaultEvent, FaultKind, FaultRule, Op};
+use crate::app::App;
+use crate::protocol::{Command, Update};
+use crate::views::Severity;
 use crossterm::event::KeyCode;
-use idem_tui::api::{FaultEvent, FaultKind, FaultRule, Op};
-use idem_tui::app::App;
-use idem_tui::protocol::{Command, Update};
-use idem_tui::views::Severity;
+
+#[test]
+fn the_cursor_starts_on_insert() {
+    use crate::views::faults::FaultsView;
+    assert_eq!(
+        FaultsView::default().selected_op(),
+        Op::Insert,
+        "the one the guard claims with"
+    );
+}
 
 fn faults_app() -> App {
     let mut app = loaded(1, None);

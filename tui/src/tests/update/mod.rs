@@ -6,17 +6,24 @@ mod activity;
 mod faults;
 mod keys;
 
+use crate::action::{Action, Mode, from_key};
+use crate::api::{FaultKind, Faults, KeyInfo, KeyPage, KeyState};
+use crate::app::{App, Connection};
+use crate::protocol::{Command, KeyQuery, Update};
+use crate::views::View;
+use crate::views::faults::FaultsAction;
+use crate::views::keys::KeysAction;
 use crossterm::event::{KeyCode, KeyEvent, KeyEventKind, KeyModifiers};
-use idem_tui::action::{Action, Mode, from_key};
-use idem_tui::api::{FaultKind, Faults, KeyInfo, KeyPage, KeyState};
-use idem_tui::app::{App, Connection};
-use idem_tui::protocol::{Command, KeyQuery, Update};
-use idem_tui::views::View;
-use idem_tui::views::faults::FaultsAction;
-use idem_tui::views::keys::KeysAction;
 use ratatui::buffer::Buffer;
 use ratatui::layout::Rect;
 use ratatui::widgets::Widget;
+
+#[test]
+fn a_fresh_app_shows_the_view_asked_for() {
+    let mut app = App::new("http://127.0.0.1:9090", 0);
+    app.update(Action::ShowView(View::Faults));
+    assert_eq!(app.view, View::Faults);
+}
 
 pub const NOW: u64 = 1_764_669_600_000; // 2025-12-02 10:00:00 UTC
 
@@ -329,10 +336,7 @@ fn server_reports_show_in_the_status_line() {
     app.apply(Update::Failed("409: not processing".into()));
     assert_eq!(
         app.status.as_ref().unwrap(),
-        &(
-            "409: not processing".into(),
-            idem_tui::views::Severity::Error
-        )
+        &("409: not processing".into(), crate::views::Severity::Error)
     );
 }
 

@@ -1,15 +1,15 @@
 //! Whole frames on a `TestBackend`, fixed clock and data: text as insta
 //! snapshots, and the colours that carry meaning checked on the buffer.
 
-use crate::update::{NOW, loaded, row};
-use idem_tui::action::Action;
-use idem_tui::api::{
+use super::update::{NOW, loaded, row};
+use crate::action::Action;
+use crate::api::{
     ConnectionState, DecisionEvent, FaultEvent, FaultKind, FaultRule, Faults, KeyDetail, KeyState,
     Op, Stats, StoreConnection, StoredResponse, Verdict, Verdicts,
 };
-use idem_tui::app::App;
-use idem_tui::protocol::Update;
-use idem_tui::views::keys::KeysAction;
+use crate::app::App;
+use crate::protocol::Update;
+use crate::views::keys::KeysAction;
 use ratatui::Terminal;
 use ratatui::backend::TestBackend;
 use ratatui::buffer::Buffer;
@@ -209,7 +209,7 @@ fn clients() -> App {
         "d747bee75cd0ee92/2026-12-03T10:00:00Z-checkout-session-0002",
         "d747bee7ffffffff/order-1",
     ];
-    let page = idem_tui::api::KeyPage {
+    let page = crate::api::KeyPage {
         now_ms: NOW,
         keys: keys
             .iter()
@@ -336,7 +336,7 @@ fn faults_panel() {
         None,
         Some("store: insert failed"),
     ));
-    app.update(Action::ShowView(idem_tui::views::View::Faults));
+    app.update(Action::ShowView(crate::views::View::Faults));
     let buf = &snapshot(&app, "faults", 120, 40);
     assert_colours(
         buf,
@@ -366,7 +366,7 @@ fn activity_view() {
         s.store_latency_us.p99 = 500 + u64::from(i % 10) * 300;
         app.apply(Update::Stats(s));
     }
-    app.update(Action::ShowView(idem_tui::views::View::Activity));
+    app.update(Action::ShowView(crate::views::View::Activity));
     let buf = &snapshot(&app, "activity", 120, 40);
     assert_colours(
         buf,
@@ -436,7 +436,7 @@ fn too_small_says_so() {
 
 #[test]
 fn fingerprints_are_shortened_past_their_algorithm() {
-    use idem_tui::ui::short_fingerprint;
+    use crate::format::short_fingerprint;
     assert_eq!(short_fingerprint("sha256:9f86d081884c7d65"), "9f86d081");
     assert_eq!(short_fingerprint("9f86d081884c7d65"), "9f86d081");
     assert_eq!(short_fingerprint("abc"), "abc");
@@ -511,9 +511,9 @@ fn active_faults_lead_the_summary_on_a_narrow_screen() {
 #[test]
 fn a_paused_log_says_so_and_counts_what_it_holds_back() {
     let mut app = busy();
-    app.update(Action::ShowView(idem_tui::views::View::Activity));
+    app.update(Action::ShowView(crate::views::View::Activity));
     app.update(Action::Activity(
-        idem_tui::views::activity::ActivityAction::Pause,
+        crate::views::activity::ActivityAction::Pause,
     ));
     app.apply(decision(9, "order-010", Verdict::Executed, Some(201), None));
     let text = screen(&draw(&app, 80, 24));
@@ -606,7 +606,7 @@ fn keys_the_store_cannot_list_keep_the_last_page_and_say_why() {
 /// last, a 503's reason whole under it.
 #[test]
 fn history_of_a_key() {
-    use idem_tui::api::{AdminAction, AdminEvent, Event, KeyHistory, StoreErrorEvent};
+    use crate::api::{AdminAction, AdminEvent, Event, KeyHistory, StoreErrorEvent};
     let mut app = loaded(3, None);
     let key = app.keys.rows[0].key.clone();
     app.update(Action::Keys(KeysAction::History));

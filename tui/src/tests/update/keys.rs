@@ -2,12 +2,20 @@
 //! the key actions.
 
 use super::{NOW, assert_prompt_opened, ch, draw_at, loaded, page, press, row, status, type_text};
+use crate::action::{Action, Mode};
+use crate::api::{DecisionEvent, Event, KeyDetail, KeyHistory, KeyPage, KeyState, Verdict};
+use crate::protocol::{Command, KeyQuery, Order, Sort, Update};
+use crate::views::KeyVerb;
+use crate::views::keys::StateFilter;
 use crossterm::event::KeyCode;
-use idem_tui::action::{Action, Mode};
-use idem_tui::api::{DecisionEvent, Event, KeyDetail, KeyHistory, KeyPage, KeyState, Verdict};
-use idem_tui::protocol::{Command, KeyQuery, Order, Sort, Update};
-use idem_tui::views::KeyVerb;
-use idem_tui::views::keys::StateFilter;
+
+#[test]
+fn the_view_alone_asks_what_to_search_for() {
+    use crate::views::keys::{KeysAction, KeysView};
+    let mut keys = KeysView::default();
+    let effects = keys.update(KeysAction::Search);
+    assert!(effects.input.is_some(), "`/` asks what to search for");
+}
 
 #[test]
 fn moving_stays_in_the_page_and_keeps_the_selection_on_screen() {
@@ -470,7 +478,7 @@ fn status_lines_fade() {
 #[test]
 fn the_detail_pane_says_which_gateway_holds_a_processing_key() {
     let mut app = loaded(0, None);
-    let mut stats = idem_tui::api::Stats::default();
+    let mut stats = crate::api::Stats::default();
     stats.gateway.name = "gw-1".into();
     stats.gateway.listen = "127.0.0.1:8080".into();
     app.apply(Update::Stats(stats));
