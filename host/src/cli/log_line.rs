@@ -59,15 +59,12 @@ where
             // a value's `Debug`, say), so the buffer is free; were it not,
             // the line would get one of its own rather than panic.
             let (mut borrowed, mut own);
-            let line: &mut String = match kept.try_borrow_mut() {
-                Ok(line) => {
-                    borrowed = line;
-                    &mut borrowed
-                }
-                Err(_) => {
-                    own = String::new();
-                    &mut own
-                }
+            let line: &mut String = if let Ok(line) = kept.try_borrow_mut() {
+                borrowed = line;
+                &mut borrowed
+            } else {
+                own = String::new();
+                &mut own
             };
             line.clear();
             self.format.write(line, event);
