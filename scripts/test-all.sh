@@ -5,6 +5,14 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 bash scripts/services.sh
+# libfaketime's `faketime` wrapper makes a named semaphore and shared memory
+# per process id and refuses to start if one is already there: a wrapper
+# killed with SIGKILL leaves its pair behind, and a later process given the
+# same id fails with "sem_open: File exists". Remove those of dead processes.
+for left in /dev/shm/sem.faketime_sem_* /dev/shm/faketime_shm_*; do
+  [ -e "$left" ] || continue
+  kill -0 "${left##*_}" 2>/dev/null || rm -f "$left"
+done
 export IDEM_TEST_REDIS_URL="${IDEM_TEST_REDIS_URL:-redis://127.0.0.1:6379}"
 export IDEM_TEST_POSTGRES_URL="${IDEM_TEST_POSTGRES_URL:-postgres://postgres@127.0.0.1:5432/test}"
 export IDEM_TEST_REDIS_CLUSTER_URL="${IDEM_TEST_REDIS_CLUSTER_URL:-redis+cluster://127.0.0.1:7000,127.0.0.1:7001,127.0.0.1:7002}"
