@@ -97,7 +97,11 @@ impl LogLine {
                 });
                 line.push_str(meta.target());
                 line.push_str(": ");
-                event.record(&mut TextFields { line, first: true });
+                event.record(&mut Fields {
+                    line,
+                    json: false,
+                    first: true,
+                });
             }
             LogLine::Json => {
                 line.push_str("{\"timestamp\":\"");
@@ -105,7 +109,11 @@ impl LogLine {
                 line.push_str("\",\"level\":\"");
                 line.push_str(meta.level().as_str());
                 line.push('"');
-                event.record(&mut JsonFields { line });
+                event.record(&mut Fields {
+                    line,
+                    json: true,
+                    first: true,
+                });
                 line.push_str(",\"target\":");
                 json_string(line, meta.target());
                 line.push('}');
@@ -115,24 +123,34 @@ impl LogLine {
     }
 }
 
-/// The event's fields as `tracing-subscriber`'s `DefaultFields` writes them:
-/// the message as it is, then ` name=value` (strings quoted and escaped as
-/// Rust's `{:?}` does).
-struct TextFields<'a> {
+/// The event's fields as `tracing-subscriber` writes them. Text
+/// (`DefaultFields`): the message as it is, then ` name=value` (strings
+/// quoted and escaped as Rust's `{:?}` does). JSON (flattened):
+/// `,"name":value`, numbers and booleans as such, anything else a string.
+struct Fields<'a> {
     line: &'a mut String,
+    json: bool,
+    /// Text: no field written yet.
     first: bool,
 }
 
-impl TextFields<'_> {
-    /// Starts a field: a space before all but the first, then `name=`
-    /// (nothing for the message); the line, to write the value on.
+impl Fields<'_> {
+    /// Starts a field: text, a space before all but the first, then
+    /// `name=` (nothing for the message); JSON, `,"name":`. The line, to
+    /// write the value on.
     fn name(&mut self, field: &Field) -> &mut String {
+        let name = field.name();
+        if self.json {
+            self.line.push_str(",\"");
+            json_escaped(self.line, name);
+            self.line.push_str("\":");
+            return self.line;
+        }
         if self.first {
             self.first = false;
         } else {
             self.line.push(' ');
         }
-        let name = field.name();
         if name != "message" {
             self.line.push_str(name.strip_prefix("r#").unwrap_or(name));
             self.line.push('=');
@@ -141,9 +159,11 @@ impl TextFields<'_> {
     }
 }
 
-impl Visit for TextFields<'_> {
+impl Visit for Fields<'_> {
     fn record_str(&mut self, field: &Field, value: &str) {
-        if field.name() == "message" {
+        if self.json {
+            json_string(self.name(field), value);
+        } else if field.name() == "message" {
             let _ = Sanitized(self.name(field)).write_str(value);
         } else {
             quoted(self.name(field), value);
@@ -151,101 +171,46 @@ impl Visit for TextFields<'_> {
     }
 
     fn record_u64(&mut self, field: &Field, value: u64) {
-        decimal(self.name(field), value);
+        self.name(field).push_str(itoa::Buffer::new().format(value));
     }
 
     fn record_i64(&mut self, field: &Field, value: i64) {
-        signed(self.name(field), value);
+        self.name(field).push_str(itoa::Buffer::new().format(value));
     }
 
     fn record_bool(&mut self, field: &Field, value: bool) {
-        boolean(self.name(field), value);
+        self.name(field)
+            .push_str(if value { "true" } else { "false" });
     }
 
-    /// The message (`format_args!`) and `%display` / `?debug` values; their
-    /// escape sequences are escaped, as `tracing-subscriber` does the
-    /// message's, so that no value can drive the terminal the log is read on.
-    fn record_debug(&mut self, field: &Field, value: &dyn fmt::Debug) {
-        let _ = write!(Sanitized(self.name(field)), "{value:?}");
-    }
-}
-
-/// The event's fields as `tracing-subscriber`'s flattened JSON writes them:
-/// `,"name":value`, numbers and booleans as such, anything else a string.
-struct JsonFields<'a> {
-    line: &'a mut String,
-}
-
-impl JsonFields<'_> {
-    /// Starts a field: `,"name":`; the line, to write the value on.
-    fn name(&mut self, field: &Field) -> &mut String {
-        self.line.push_str(",\"");
-        json_escaped(self.line, field.name());
-        self.line.push_str("\":");
-        self.line
-    }
-}
-
-impl Visit for JsonFields<'_> {
-    fn record_str(&mut self, field: &Field, value: &str) {
-        json_string(self.name(field), value);
-    }
-
-    fn record_u64(&mut self, field: &Field, value: u64) {
-        decimal(self.name(field), value);
-    }
-
-    fn record_i64(&mut self, field: &Field, value: i64) {
-        signed(self.name(field), value);
-    }
-
-    fn record_bool(&mut self, field: &Field, value: bool) {
-        boolean(self.name(field), value);
-    }
-
+    /// JSON has no NaN or infinity: `null` for those, as `serde_json` writes them.
     fn record_f64(&mut self, field: &Field, value: f64) {
+        let json = self.json;
         let line = self.name(field);
-        if value.is_finite() {
+        if !json {
+            let _ = write!(Sanitized(line), "{value:?}");
+        } else if value.is_finite() {
             let _ = write!(line, "{value:?}");
         } else {
             line.push_str("null");
         }
     }
 
+    /// The message (`format_args!`) and `%display` / `?debug` values. In
+    /// text their escape sequences are escaped, as `tracing-subscriber` does
+    /// the message's, so that no value can drive the terminal the log is
+    /// read on; in JSON they are strings.
     fn record_debug(&mut self, field: &Field, value: &dyn fmt::Debug) {
+        let json = self.json;
         let line = self.name(field);
-        line.push('"');
-        let _ = write!(JsonEscaped(line), "{value:?}");
-        line.push('"');
-    }
-}
-
-/// A signed `value` in decimal, as [`decimal`].
-fn signed(line: &mut String, value: i64) {
-    if value < 0 {
-        line.push('-');
-    }
-    decimal(line, value.unsigned_abs());
-}
-
-/// `true` or `false`, as both formats write a boolean.
-fn boolean(line: &mut String, value: bool) {
-    line.push_str(if value { "true" } else { "false" });
-}
-
-/// `value` in decimal, without `fmt` machinery.
-fn decimal(line: &mut String, mut value: u64) {
-    let mut digits = [0u8; 20];
-    let mut start = digits.len();
-    loop {
-        start -= 1;
-        digits[start] = b'0' + (value % 10) as u8;
-        value /= 10;
-        if value == 0 {
-            break;
+        if json {
+            line.push('"');
+            let _ = write!(JsonEscaped(line), "{value:?}");
+            line.push('"');
+        } else {
+            let _ = write!(Sanitized(line), "{value:?}");
         }
     }
-    line.push_str(std::str::from_utf8(&digits[start..]).expect("ASCII digits"));
 }
 
 /// `value` as `{:?}` writes it; a string of printable ASCII without a

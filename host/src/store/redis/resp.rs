@@ -4,7 +4,6 @@
 //! RESP3 types a server may answer with once `HELLO 3` was sent.
 
 use bytes::Bytes;
-use std::io::Write as _;
 
 /// A command as it goes on the wire: `*argc\r\n` then each argument as a
 /// bulk string. Arguments are written as they are added, so sending one is
@@ -22,7 +21,7 @@ pub(super) trait Arg {
 
 impl Arg for [u8] {
     fn put(&self, out: &mut Vec<u8>) {
-        let _ = write!(out, "${}\r\n", self.len());
+        header(out, b'$', self.len());
         out.extend_from_slice(self);
         out.extend_from_slice(b"\r\n");
     }
@@ -52,32 +51,23 @@ impl Arg for String {
     }
 }
 
+/// A number is sent as its decimal digits.
 macro_rules! number_arg {
     ($($t:ty),*) => {$(
         impl Arg for $t {
             fn put(&self, out: &mut Vec<u8>) {
-                let mut digits = [0u8; 20];
-                let mut at = digits.len();
-                let mut n = u64::from(*self);
-                loop {
-                    at -= 1;
-                    digits[at] = b'0' + (n % 10) as u8;
-                    n /= 10;
-                    if n == 0 {
-                        break;
-                    }
-                }
-                digits[at..].put(out);
+                itoa::Buffer::new().format(*self).put(out);
             }
         }
     )*};
 }
-number_arg!(u64, u32);
+number_arg!(u64, u32, usize);
 
-impl Arg for usize {
-    fn put(&self, out: &mut Vec<u8>) {
-        (*self as u64).put(out);
-    }
+/// `{kind}{n}\r\n`: a bulk string's or an array's length line.
+fn header(out: &mut Vec<u8>, kind: u8, n: usize) {
+    out.push(kind);
+    out.extend_from_slice(itoa::Buffer::new().format(n).as_bytes());
+    out.extend_from_slice(b"\r\n");
 }
 
 impl Command {
@@ -100,7 +90,7 @@ impl Command {
 
     /// Appends the command's bytes to `out`.
     pub(super) fn encode(&self, out: &mut Vec<u8>) {
-        let _ = write!(out, "*{}\r\n", self.argc);
+        header(out, b'*', self.argc);
         out.extend_from_slice(&self.args);
     }
 
