@@ -23,6 +23,7 @@ use std::collections::VecDeque;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
+use tokio::io::{Interest, Ready};
 use tokio::net::{TcpStream, UnixStream};
 use tokio::sync::oneshot;
 
@@ -192,12 +193,21 @@ impl Drop for LoseOnDrop {
     }
 }
 
+/// A TCP or Unix socket; both are read and written the same way.
 enum Stream {
     Tcp(TcpStream),
     Unix(UnixStream),
 }
 
 impl Stream {
+    /// Waits until the socket can be read or written, as `interest` says.
+    async fn ready(&self, interest: Interest) -> std::io::Result<Ready> {
+        match self {
+            Stream::Tcp(s) => s.ready(interest).await,
+            Stream::Unix(s) => s.ready(interest).await,
+        }
+    }
+
     fn try_write(&self, bytes: &[u8]) -> std::io::Result<usize> {
         match self {
             Stream::Tcp(s) => s.try_write(bytes),
@@ -205,24 +215,10 @@ impl Stream {
         }
     }
 
-    async fn writable(&self) -> std::io::Result<()> {
-        match self {
-            Stream::Tcp(s) => s.writable().await,
-            Stream::Unix(s) => s.writable().await,
-        }
-    }
-
     fn try_read_buf(&self, buf: &mut BytesMut) -> std::io::Result<usize> {
         match self {
             Stream::Tcp(s) => s.try_read_buf(buf),
             Stream::Unix(s) => s.try_read_buf(buf),
-        }
-    }
-
-    async fn readable(&self) -> std::io::Result<()> {
-        match self {
-            Stream::Tcp(s) => s.readable().await,
-            Stream::Unix(s) => s.readable().await,
         }
     }
 }
@@ -356,7 +352,7 @@ impl Live {
                 return;
             }
             tokio::select! {
-                writable = self.stream.writable() => if let Err(e) = writable {
+                writable = self.stream.ready(Interest::WRITABLE) => if let Err(e) = writable {
                     self.lose(format!("writing: {e}"));
                     return;
                 },
@@ -401,7 +397,7 @@ async fn read(live: Arc<Live>) {
         if buf.capacity() - buf.len() < READ_CHUNK / 4 {
             buf.reserve(READ_CHUNK);
         }
-        if let Err(e) = live.stream.readable().await {
+        if let Err(e) = live.stream.ready(Interest::READABLE).await {
             live.lose(format!("reading: {e}"));
             return;
         }
