@@ -1,10 +1,10 @@
 //! The admin client and its tasks against the fake server.
 
-use super::fake::Fake;
 use crate::api::{FaultKind, FaultRule, KeyState, Op, Verdict};
 use crate::client::{Client, ClientError, Session, SseEvent, SseParser, decode_event};
 use crate::protocol::Update;
 use crate::protocol::{Command, KeyQuery, Order, Sort};
+use idem_fake_admin::Fake;
 use std::time::Duration;
 
 /// A client of `fake`, without a token.

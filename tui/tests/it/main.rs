@@ -1,7 +1,6 @@
 //! idem-tui's one integration test binary: the real `idem-tui` binary in a
 //! pseudo-terminal against a fake admin server. The tests of the console's
 //! parts (update, frames, the admin client) are in the crate, in
-//! `src/tests/`, which reaches the same fake server through a `#[path]`.
+//! `src/tests/`; both run against the fake server of `testkit/fake-admin`.
 
-mod fake;
 mod terminal;

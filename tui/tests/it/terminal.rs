@@ -1,8 +1,8 @@
 //! The real `idem-tui` binary in a pseudo-terminal (tmux), driven by keys
 //! as a person would, against the fake admin server.
 
-use crate::fake::Fake;
 use idem_admin_api::{KeyState, Verdict};
+use idem_fake_admin::Fake;
 use idem_harness::Tmux;
 use std::process::Command;
 use std::time::{Duration, Instant};
