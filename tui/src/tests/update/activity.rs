@@ -1,7 +1,7 @@
 //! The activity view: the decision log and the history behind the charts.
 
-use super::{ch, key, loaded, press};
-use crate::action::{Action, from_key};
+use super::{assert_keymap, ch, loaded, press};
+use crate::action::Action;
 use crate::api::{AdminAction, AdminEvent, DecisionEvent, Event, Stats, Verdict};
 use crate::app::App;
 use crate::protocol::Update;
@@ -13,23 +13,32 @@ use crossterm::event::KeyCode;
 fn the_decision_log_scrolls_and_pauses() {
     let mut app = loaded(1, None);
     app.update(Action::ShowView(View::Activity));
-    for (code, action) in [
-        (KeyCode::Char('c'), ActivityAction::ClearLog),
-        (KeyCode::Char('k'), ActivityAction::ScrollUp),
-        (KeyCode::Char('j'), ActivityAction::ScrollDown),
-        (KeyCode::PageUp, ActivityAction::PageUp),
-        (KeyCode::PageDown, ActivityAction::PageDown),
-        (KeyCode::Char('g'), ActivityAction::Oldest),
-        (KeyCode::Char('G'), ActivityAction::Follow),
-        (KeyCode::Char('p'), ActivityAction::Pause),
-        (KeyCode::Char(' '), ActivityAction::Pause),
-    ] {
-        assert_eq!(
-            from_key(app.mode(), app.view, key(code)),
-            Some(Action::Activity(action)),
-            "activity view: {code:?}"
-        );
-    }
+    assert_keymap(
+        &app,
+        &[
+            (
+                KeyCode::Char('c'),
+                Action::Activity(ActivityAction::ClearLog),
+            ),
+            (
+                KeyCode::Char('k'),
+                Action::Activity(ActivityAction::ScrollUp),
+            ),
+            (
+                KeyCode::Char('j'),
+                Action::Activity(ActivityAction::ScrollDown),
+            ),
+            (KeyCode::PageUp, Action::Activity(ActivityAction::PageUp)),
+            (
+                KeyCode::PageDown,
+                Action::Activity(ActivityAction::PageDown),
+            ),
+            (KeyCode::Char('g'), Action::Activity(ActivityAction::Oldest)),
+            (KeyCode::Char('G'), Action::Activity(ActivityAction::Follow)),
+            (KeyCode::Char('p'), Action::Activity(ActivityAction::Pause)),
+            (KeyCode::Char(' '), Action::Activity(ActivityAction::Pause)),
+        ],
+    );
     let decide = |app: &mut App, i: u64| {
         app.apply(Update::Decision(DecisionEvent {
             ts_ms: i,
@@ -120,17 +129,17 @@ fn decided(i: u64, outcome: Verdict, detail: Option<&str>) -> Update {
 fn the_log_shows_one_kind_of_line_and_opens_its_bottom_line_in_full() {
     let mut app = loaded(1, None);
     app.update(Action::ShowView(View::Activity));
-    for (code, action) in [
-        (KeyCode::Char('f'), ActivityAction::NextFilter),
-        (KeyCode::Enter, ActivityAction::Expand),
-        (KeyCode::Esc, ActivityAction::Collapse),
-    ] {
-        assert_eq!(
-            from_key(app.mode(), app.view, key(code)),
-            Some(Action::Activity(action)),
-            "activity view: {code:?}"
-        );
-    }
+    assert_keymap(
+        &app,
+        &[
+            (
+                KeyCode::Char('f'),
+                Action::Activity(ActivityAction::NextFilter),
+            ),
+            (KeyCode::Enter, Action::Activity(ActivityAction::Expand)),
+            (KeyCode::Esc, Action::Activity(ActivityAction::Collapse)),
+        ],
+    );
     let reason = "store unavailable: the store failed: insert failed for key \"anon/k-3\": memory store unavailable: injected on insert";
     app.apply(decided(1, Verdict::Executed, None));
     app.apply(decided(2, Verdict::Replayed, None));

@@ -104,6 +104,18 @@ pub fn key(code: KeyCode) -> KeyEvent {
     KeyEvent::new(code, KeyModifiers::NONE)
 }
 
+/// Each key, pressed in `app`'s view and mode, maps to its action.
+pub fn assert_keymap(app: &App, bindings: &[(KeyCode, Action)]) {
+    for (code, action) in bindings {
+        assert_eq!(
+            from_key(app.mode(), app.view, key(*code)).as_ref(),
+            Some(action),
+            "{:?} view: {code:?}",
+            app.view
+        );
+    }
+}
+
 /// One key press, then a redraw, as the console's loop does.
 pub fn press(app: &mut App, code: KeyCode) -> Vec<Command> {
     let commands = match from_key(app.mode(), app.view, key(code)) {
@@ -181,13 +193,7 @@ fn every_binding_maps_to_its_action() {
         (KeyCode::Char('y'), A::Keys(K::Copy)),
         (KeyCode::Char('h'), A::Keys(K::History)),
     ];
-    for (code, action) in keys {
-        assert_eq!(
-            from_key(app.mode(), app.view, key(*code)).as_ref(),
-            Some(action),
-            "keys view: {code:?}"
-        );
-    }
+    assert_keymap(&app, keys);
     let mut app = loaded(10, None);
     app.update(Action::ShowView(View::Faults));
     let faults: &[(KeyCode, Action)] = &[
@@ -215,13 +221,7 @@ fn every_binding_maps_to_its_action() {
         (KeyCode::Char('j'), A::Faults(F::Down)),
         (KeyCode::Char('q'), A::Quit),
     ];
-    for (code, action) in faults {
-        assert_eq!(
-            from_key(app.mode(), app.view, key(*code)).as_ref(),
-            Some(action),
-            "faults view: {code:?}"
-        );
-    }
+    assert_keymap(&app, faults);
     app.update(Action::ShowView(View::Activity));
     assert_eq!(
         from_key(app.mode(), app.view, key(KeyCode::Char('e'))),
