@@ -49,7 +49,7 @@
 // one. So a store needs no dependency.
 
 import { createHash } from 'node:crypto';
-import { checkedSyncMs, redisTimeMs, SYNC_EVERY_MS, SyncedClock } from './clock.js';
+import { checkedSyncMs, redisTimeMs, SYNC_EVERY_MS, SyncedClock, startSyncing } from './clock.js';
 import { StoreError } from './index.js';
 import { layoutFile } from './layout.js';
 import { Connection, check, pack, parseUrl, ReplyError } from './resp.js';
@@ -309,10 +309,7 @@ export class RedisStore {
       if (cas === 'auto' && (await hasIfeq(conn, prefix))) store.#seen = new Map();
       // The time authority: read once now (a guard on a clock never read
       // fails every call closed) and every clockSyncMs after.
-      await store.#clock.read(() => store.#serverTime());
-      const unknown = store.#clock.unknown();
-      if (unknown !== null) throw new Error(unknown);
-      store.#clock.keepSynced(clockSyncMs, () => store.#serverTime());
+      await startSyncing(store.#clock, clockSyncMs, () => store.#serverTime());
     } catch (e) {
       store.close();
       throw new Error(`${NAME} store: cannot open ${shown(url)}: ${e?.message ?? e}`);
