@@ -6,6 +6,28 @@ use alloc::vec::Vec;
 
 use sha2::{Digest, Sha256};
 
+/// The parts of a request that make its fingerprint (`wit/guard.wit`'s
+/// `request-parts`), as hosts hold them.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct RequestParts {
+    pub method: String,
+    pub path: String,
+    pub headers: Vec<(String, Vec<u8>)>,
+    pub body: Vec<u8>,
+}
+
+impl RequestParts {
+    /// The canonical fingerprint of `wit/guard.wit`, [`fingerprint`] of
+    /// these parts: the component's own code, so a host that compiles it
+    /// natively (the Rust host does) never moves the request into the
+    /// component to hash it, and gets the same answer as the component's
+    /// `fingerprint` export (tested on the conformance vectors and on random
+    /// requests).
+    pub fn fingerprint(&self) -> String {
+        fingerprint(&self.method, &self.path, &self.headers, &self.body)
+    }
+}
+
 /// The fingerprint of a request: `sha256:` and 64 lowercase hex digits.
 ///
 /// The hash covers a length-prefixed encoding (so no two part lists collide)

@@ -53,6 +53,7 @@ macro_rules! bindings {
 
 macro_rules! flavour {
     (asyncness: [$($async:tt)?], awaiting: [$($await:tt)*], call_store: $call_store:ident $(,)?) => {
+        use idem_guest::fingerprint::RequestParts;
         use idem_guest::model::{self, GuardError};
         use wasmtime::component::{Resource, ResourceTable, ResourceTableError};
         use super::ResponseRep;
@@ -96,8 +97,8 @@ macro_rules! flavour {
             }
         }
 
-        impl From<&crate::RequestParts> for wit::RequestParts {
-            fn from(parts: &crate::RequestParts) -> Self {
+        impl From<&RequestParts> for wit::RequestParts {
+            fn from(parts: &RequestParts) -> Self {
                 Self {
                     method: parts.method.clone(),
                     path: parts.path.clone(),
@@ -244,7 +245,7 @@ macro_rules! flavour {
 
             pub(super) $($async)? fn fingerprint(
                 &mut self,
-                parts: &crate::RequestParts,
+                parts: &RequestParts,
             ) -> wasmtime::Result<String> {
                 let Instance { store, guard } = self;
                 guard

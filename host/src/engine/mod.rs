@@ -13,6 +13,7 @@ mod sync_host;
 
 use crate::clock::Clock;
 use crate::store::{Store, SyncStore};
+use idem_guest::fingerprint::RequestParts;
 use idem_guest::model::{self, GuardError};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
@@ -385,10 +386,7 @@ impl Pool {
         i.finish(r)?
     }
 
-    pub(crate) async fn fingerprint(
-        &self,
-        parts: &crate::RequestParts,
-    ) -> Result<String, GuardError> {
+    pub(crate) async fn fingerprint(&self, parts: &RequestParts) -> Result<String, GuardError> {
         let mut i = self.enter().await?;
         let r = call!(i, fingerprint(parts));
         i.finish(r)

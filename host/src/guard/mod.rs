@@ -126,25 +126,10 @@ pub enum Settled<E> {
     NotStarted(GuardError),
 }
 
-/// The parts of a request that make its fingerprint.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct RequestParts {
-    pub method: String,
-    pub path: String,
-    pub headers: Vec<(String, Vec<u8>)>,
-    pub body: Vec<u8>,
-}
-
-impl RequestParts {
-    /// The canonical fingerprint of `wit/guard.wit`, computed natively: the
-    /// component's own fingerprint code, compiled for the host, so the
-    /// request never crosses into the component to be hashed. Equal to
-    /// [`Guard::fingerprint`] for every request (tested on the conformance
-    /// vectors and on random requests).
-    pub fn fingerprint(&self) -> String {
-        idem_guest::fingerprint::fingerprint(&self.method, &self.path, &self.headers, &self.body)
-    }
-}
+/// The parts of a request that make its fingerprint, with
+/// [`RequestParts::fingerprint`] computed natively: the same code as the
+/// component's (equal to [`Guard::fingerprint`] for every request).
+pub use idem_guest::fingerprint::RequestParts;
 
 /// An idempotency guard over one store. Cheap to clone; clones share instances.
 #[derive(Clone)]
