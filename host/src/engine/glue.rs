@@ -5,7 +5,8 @@
 //! async and the sync bindings generate distinct, identical types).
 //!
 //! What differs between the flavours is in their own modules, and only that:
-//! - the options given to `bindings!`: `async` imports and exports, or none;
+//! - the options given to `bindings!`: `async` store imports and exports, or
+//!   none;
 //! - `State`: the store the imports reach (`dyn Store` and a store timeout,
 //!   or `dyn SyncStore`);
 //! - `call_store!`: how an import calls that store (awaited within the store
@@ -22,13 +23,16 @@
 //! `GuardError` into it.
 
 /// The world's bindings, with the host's `response` resource, in a module
-/// `bindings`; a flavour says whether its imports and exports are `async`.
+/// `bindings`; a flavour says whether its store imports and its exports are
+/// `async`. The clock, `random` and the response's functions are plain calls
+/// in both flavours: they never wait, and an `async` import costs a boxed
+/// future per call.
 /// The response's functions may trap (a handle the table does not hold, a
 /// table full of responses a guest made): a trap, never a host panic.
 macro_rules! bindings {
     (async) => {
         $crate::engine::glue::bindings!(@generate
-            imports: { "idem:guard/types": async | trappable, default: async },
+            imports: { "idem:guard/store": async, "idem:guard/types": trappable },
             exports: { default: async },
         );
     };
@@ -263,7 +267,7 @@ macro_rules! flavour {
         /// The guard calls `status`, `size` and `same-as`; the constructor,
         /// `headers` and `body` are for a store written as a component.
         impl wit_types::HostResponse for State {
-            $($async)? fn new(
+            fn new(
                 &mut self,
                 status: u16,
                 headers: Vec<(String, Vec<u8>)>,
@@ -273,15 +277,15 @@ macro_rules! flavour {
                 Ok(self.table.push(ResponseRep { response: Arc::new(response), expires_at_ms: None })?)
             }
 
-            $($async)? fn status(&mut self, response: Resource<ResponseRep>) -> wasmtime::Result<u16> {
+            fn status(&mut self, response: Resource<ResponseRep>) -> wasmtime::Result<u16> {
                 Ok(self.table.get(&response)?.response.status)
             }
 
-            $($async)? fn size(&mut self, response: Resource<ResponseRep>) -> wasmtime::Result<u64> {
+            fn size(&mut self, response: Resource<ResponseRep>) -> wasmtime::Result<u64> {
                 Ok(self.table.get(&response)?.response.size_bytes() as u64)
             }
 
-            $($async)? fn same_as(
+            fn same_as(
                 &mut self,
                 response: Resource<ResponseRep>,
                 other: Resource<ResponseRep>,
@@ -291,25 +295,25 @@ macro_rules! flavour {
                 Ok(Arc::ptr_eq(a, b) || a == b)
             }
 
-            $($async)? fn headers(
+            fn headers(
                 &mut self,
                 response: Resource<ResponseRep>,
             ) -> wasmtime::Result<Vec<(String, Vec<u8>)>> {
                 Ok(self.table.get(&response)?.response.headers.clone())
             }
 
-            $($async)? fn body(&mut self, response: Resource<ResponseRep>) -> wasmtime::Result<Vec<u8>> {
+            fn body(&mut self, response: Resource<ResponseRep>) -> wasmtime::Result<Vec<u8>> {
                 Ok(self.table.get(&response)?.response.body.clone())
             }
 
-            $($async)? fn drop(&mut self, response: Resource<ResponseRep>) -> wasmtime::Result<()> {
+            fn drop(&mut self, response: Resource<ResponseRep>) -> wasmtime::Result<()> {
                 self.table.delete(response)?;
                 Ok(())
             }
         }
 
         impl bindings::idem::guard::clock::Host for State {
-            $($async)? fn now_ms(&mut self) -> u64 {
+            fn now_ms(&mut self) -> u64 {
                 self.clock.now_ms()
             }
         }
@@ -318,7 +322,7 @@ macro_rules! flavour {
             /// Holder ids: a per-thread wyrand generator seeded from the
             /// OS's randomness (`fastrand`). Unique, not secret: an id
             /// only tells a holder's own writes from another's.
-            $($async)? fn random_u64(&mut self) -> u64 {
+            fn random_u64(&mut self) -> u64 {
                 fastrand::u64(..)
             }
         }
