@@ -32,6 +32,7 @@ use tokio::net::TcpListener;
 
 /// One order as clients send it.
 #[derive(Clone, Debug, Deserialize, Serialize)]
+#[allow(clippy::struct_field_names)] // `order` is the wire format's name for the order's id
 pub struct Order {
     pub order: String,
     pub sku: String,
