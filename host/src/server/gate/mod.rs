@@ -168,31 +168,39 @@ impl Gate {
         Fut: Future<Output = Result<HttpResponse, Problem>> + Send + 'static,
     {
         let started = Instant::now();
-        match parts::read(req, &self.config).await {
-            Ok(read) => self.decide(read, exec, started).await,
-            Err(Unread::Unkeyed(req)) => self.pass_through(req, exec).await,
+        let read = match parts::read(req, &self.config).await {
+            Ok(read) => read,
+            Err(Unread::Unkeyed(req)) => return self.pass_through(req, exec).await,
             Err(Unread::Refused { scoped, problem }) => {
-                self.refuse(&scoped, Verdict::Invalid, problem, started)
+                return self.refuse(&scoped, Verdict::Invalid, problem, started);
             }
+        };
+        // The run is awaited here, not inside `decide`: its future (the
+        // upstream call's) is then moved once, not once per level.
+        match self.decide(&read, started).await {
+            Decided::Run { claim, slot } => {
+                let response = self.run(read, claim, exec, started).await;
+                drop(slot);
+                response
+            }
+            Decided::Answered(response) => response,
         }
     }
 
     /// The wait half of a guarded request, once read: within a slot, the
-    /// guard's decision on its key and fingerprint, then the request run
-    /// once under its claim, its stored response replayed, or a refusal —
+    /// guard's decision on its key and fingerprint — the request to run
+    /// once under its claim (in the slot, which the caller holds while it
+    /// runs), or the answer: its stored response replayed, or a refusal,
     /// after waiting (under `InFlight::Wait`) for a request in flight with
     /// its key to complete.
-    async fn decide<F, Fut>(self: &Arc<Self>, read: Read, exec: F, started: Instant) -> HttpResponse
-    where
-        F: FnOnce(Request<Body>) -> Fut + Send + 'static,
-        Fut: Future<Output = Result<HttpResponse, Problem>> + Send + 'static,
-    {
-        let Some(_slot) = self.guarded.take() else {
+    async fn decide(&self, read: &Read, started: Instant) -> Decided<'_> {
+        let Some(slot) = self.guarded.take() else {
             let problem = Problem::Overloaded {
                 limit: self.config.max_concurrent,
                 guarded: true,
             };
-            return self.refuse(&read.scoped, Verdict::Unavailable, problem, started);
+            let refused = self.refuse(&read.scoped, Verdict::Unavailable, problem, started);
+            return Decided::Answered(refused);
         };
         // Computed natively (the component's own code, compiled for the
         // host): the body never crosses into the component.
@@ -208,23 +216,30 @@ impl Gate {
             if let Some(n) = notified.as_mut() {
                 n.as_mut().enable();
             }
-            let (decision, expires_at_ms) =
-                match self.guard.begin_expiring(&read.scoped, &fingerprint).await {
-                    Ok(begun) => begun,
-                    Err(e) => return self.refuse_guard_error(&read.scoped, e, started),
-                };
+            let (decision, expires_at_ms) = match self
+                .guard
+                .begin_expiring(&read.scoped, &fingerprint)
+                .await
+            {
+                Ok(begun) => begun,
+                Err(e) => {
+                    return Decided::Answered(self.refuse_guard_error(&read.scoped, e, started));
+                }
+            };
             match decision {
                 Decision::Proceed(claim) => {
                     drop(notified);
                     drop(waiter);
-                    return self.run(read, claim, exec, started).await;
+                    return Decided::Run { claim, slot };
                 }
                 Decision::Replay(stored) => {
-                    return self.replay(&read.scoped, &stored, expires_at_ms, started);
+                    let replayed = self.replay(&read.scoped, &stored, expires_at_ms, started);
+                    return Decided::Answered(replayed);
                 }
                 Decision::Conflict => {
                     let problem = Problem::KeyMismatch;
-                    return self.refuse(&read.scoped, Verdict::Conflict, problem, started);
+                    let refused = self.refuse(&read.scoped, Verdict::Conflict, problem, started);
+                    return Decided::Answered(refused);
                 }
                 Decision::InFlight { retry_after_ms } => {
                     let retry_after = self.retry_after(Duration::from_millis(retry_after_ms));
@@ -239,12 +254,12 @@ impl Gate {
                             let _ = tokio::time::timeout(nap, notified).await;
                         }
                         _ => {
-                            return self.refuse(
+                            return Decided::Answered(self.refuse(
                                 &read.scoped,
                                 Verdict::InFlight,
                                 Problem::InFlight { retry_after },
                                 started,
-                            );
+                            ));
                         }
                     }
                 }
@@ -649,6 +664,16 @@ impl Gate {
             ),
         }
     }
+}
+
+/// What [`Gate::decide`] made of a request: run it under its claim, in the
+/// slot taken for it, or the answer already made.
+enum Decided<'a> {
+    Run {
+        claim: Claim,
+        slot: tokio::sync::SemaphorePermit<'a>,
+    },
+    Answered(HttpResponse),
 }
 
 /// The slots of one class of requests: taken for the time a request is
