@@ -175,16 +175,31 @@ impl Gate {
                 return self.refuse(&scoped, Verdict::Invalid, problem, started);
             }
         };
-        // The run is awaited here, not inside `decide`: its future (the
-        // upstream call's) is then moved once, not once per level.
-        match self.decide(&read, started).await {
-            Decided::Run { claim, slot } => {
-                let response = self.run(read, claim, exec, started).await;
-                drop(slot);
-                response
-            }
-            Decided::Answered(response) => response,
-        }
+        let (claim, slot) = match self.decide(&read, started).await {
+            Decided::Run { claim, slot } => (claim, slot),
+            Decided::Answered(response) => return response,
+        };
+        // The claimed request runs to completion even if the client
+        // disconnects, so that its key is never left held until the lease
+        // ends: right here, on this task; only when this future is dropped
+        // half-way does the rest move to a task of its own. Written here,
+        // not in a function of its own or inside `decide`: the upstream
+        // call's future is large, and each level it is returned through
+        // copies it once more.
+        let gate = Arc::clone(self);
+        let response = RunToCompletion::new(async move {
+            let (scoped, request) = read.into_request();
+            gate.execute(scoped, claim, request, exec, started).await
+        })
+        .await
+        .unwrap_or_else(|_panic| {
+            Problem::Internal(
+                "the request's handler panicked; its key is held until the lease runs out".into(),
+            )
+            .into_response(self.config.profile)
+        });
+        drop(slot);
+        response
     }
 
     /// The wait half of a guarded request, once read: within a slot, the
@@ -265,35 +280,6 @@ impl Gate {
                 }
             }
         }
-    }
-
-    /// Runs a claimed request to completion even if the client disconnects,
-    /// so that its key is never left held until the lease ends. It runs
-    /// right here, on this task; only when this future is dropped half-way
-    /// does the rest move to a task of its own.
-    async fn run<F, Fut>(
-        self: &Arc<Self>,
-        read: Read,
-        claim: Claim,
-        exec: F,
-        started: Instant,
-    ) -> HttpResponse
-    where
-        F: FnOnce(Request<Body>) -> Fut + Send + 'static,
-        Fut: Future<Output = Result<HttpResponse, Problem>> + Send + 'static,
-    {
-        let gate = Arc::clone(self);
-        RunToCompletion::new(async move {
-            let (scoped, request) = read.into_request();
-            gate.execute(scoped, claim, request, exec, started).await
-        })
-        .await
-        .unwrap_or_else(|_panic| {
-            Problem::Internal(
-                "the request's handler panicked; its key is held until the lease runs out".into(),
-            )
-            .into_response(self.config.profile)
-        })
     }
 
     /// A stored response replayed: marked as a replay, with its expiry.
