@@ -142,9 +142,9 @@ impl Gate {
     ///
     /// A guarded request goes through two halves: [`parts::read`] reads and
     /// checks it (its key, scope and body: what makes its fingerprint), and
-    /// [`Gate::decide`] takes what was read and runs the guard's decision on
-    /// it — forwards it once, replays, refuses, or waits for the request
-    /// in flight with its key.
+    /// [`Gate::decide`] takes what was read and gets the guard's decision on
+    /// it — run it once (forwarded here, under the claim), replay, refuse, or
+    /// wait for the request in flight with its key.
     pub async fn handle<F, Fut>(self: &Arc<Self>, req: Request<Body>, exec: F) -> HttpResponse
     where
         F: FnOnce(Request<Body>) -> Fut + Send + 'static,
