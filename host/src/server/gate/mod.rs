@@ -175,7 +175,8 @@ impl Gate {
                 return self.refuse(&scoped, Verdict::Invalid, problem, started);
             }
         };
-        let (claim, slot) = match self.decide(&read, started).await {
+        // The slot is held until the run is over.
+        let (claim, _slot) = match self.decide(&read, started).await {
             Decided::Run { claim, slot } => (claim, slot),
             Decided::Answered(response) => return response,
         };
@@ -187,7 +188,7 @@ impl Gate {
         // call's future is large, and each level it is returned through
         // copies it once more.
         let gate = Arc::clone(self);
-        let response = RunToCompletion::new(async move {
+        RunToCompletion::new(async move {
             let (scoped, request) = read.into_request();
             gate.execute(scoped, claim, request, exec, started).await
         })
@@ -197,9 +198,7 @@ impl Gate {
                 "the request's handler panicked; its key is held until the lease runs out".into(),
             )
             .into_response(self.config.profile)
-        });
-        drop(slot);
-        response
+        })
     }
 
     /// The wait half of a guarded request, once read: within a slot, the
@@ -242,11 +241,9 @@ impl Gate {
                 }
             };
             match decision {
-                Decision::Proceed(claim) => {
-                    drop(notified);
-                    drop(waiter);
-                    return Decided::Run { claim, slot };
-                }
+                // The waiter goes with this function: no wait is registered
+                // while the request runs.
+                Decision::Proceed(claim) => return Decided::Run { claim, slot },
                 Decision::Replay(stored) => {
                     let replayed = self.replay(&read.scoped, &stored, expires_at_ms, started);
                     return Decided::Answered(replayed);
