@@ -2,8 +2,8 @@
 // DynamoDB in the shared on-store layout (wit/store-layout/README.md).
 // Needs the optional peer dependency `@aws-sdk/client-dynamodb`.
 
-import type { AsyncStore, Entry, StoredRecord } from './index.js';
-import type { ServerStore } from './server-store.js';
+import type { Entry, StoredRecord } from './index.js';
+import { ServerStore } from './server-store.js';
 
 export interface DynamoDbStoreOptions {
   /** A DynamoDB-compatible server (`http://127.0.0.1:8000`) or another endpoint; default AWS's for the region. */
@@ -27,8 +27,7 @@ export type Item = Record<string, Record<string, unknown>>;
  * The store primitives on DynamoDB (`ServerStore`); a `Guard` over it is an `AsyncGuard`. Its clock is AWS's,
  * from the `Date` header of DynamoDB's responses (whole seconds); `close()` closes the client's connections.
  */
-export interface DynamoDbStore extends ServerStore {}
-export declare class DynamoDbStore implements AsyncStore {
+export declare class DynamoDbStore extends ServerStore {
   /** Creates the table if it is absent, reads the clock; rejects if the endpoint does not answer. */
   static open(options?: DynamoDbStoreOptions): Promise<DynamoDbStore>;
   private constructor();

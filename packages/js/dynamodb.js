@@ -35,8 +35,9 @@ import {
   UpdateItemCommand,
   UpdateTimeToLiveCommand,
 } from '@aws-sdk/client-dynamodb';
-import { checkedSyncMs, SYNC_EVERY_MS, SyncedClock, startSyncing } from './clock.js';
+import { checkedSyncMs, SYNC_EVERY_MS, startSyncing } from './clock.js';
 import { StoreError } from './index.js';
+import { checkedTimeoutMs, ServerStore } from './server-store.js';
 
 const NAME = 'dynamodb';
 const TABLE = /^[a-zA-Z0-9_.-]{3,255}$/;
@@ -165,16 +166,13 @@ const failedCondition = (e) => e?.name === 'ConditionalCheckFailedException';
 
 /**
  * The store primitives on a DynamoDB table, asynchronous (`async: true`): a
- * `Guard` over it replays each call from a journal and returns Promises.
+ * `Guard` over it replays each call from a journal and returns Promises. Its
+ * clock is AWS's, from the Date header of DynamoDB's responses, kept synced
+ * while the store is open; its timeout bounds a request.
  */
-export class DynamoDbStore {
-  /** Tells `Guard` that the primitives return Promises. */
-  async = true;
+export class DynamoDbStore extends ServerStore {
   #client;
   #table;
-  #timeoutMs;
-  /** AWS's clock from the Date header of DynamoDB's responses, the store's time authority. */
-  #clock = new SyncedClock("AWS's clock, from the Date header of DynamoDB's responses (whole seconds)", { resolutionMs: 1_000 });
 
   /**
    * Creates the table if it is absent (on-demand, partition key `key`, TTL
@@ -193,7 +191,7 @@ export class DynamoDbStore {
     if (typeof table !== 'string' || !TABLE.test(table)) {
       throw new RangeError(`table=${JSON.stringify(table)} must be 3 to 255 characters of a-z, A-Z, 0-9, _, - and .`);
     }
-    if (!(Number.isInteger(timeoutMs) && timeoutMs > 0)) throw new RangeError(`timeoutMs ${timeoutMs} must be a positive whole number of milliseconds`);
+    checkedTimeoutMs(timeoutMs);
     checkedSyncMs(clockSyncMs);
     const local = typeof endpoint === 'string' && endpoint.startsWith('http:');
     const config = { maxAttempts: 1 };
@@ -206,7 +204,7 @@ export class DynamoDbStore {
     const store = new DynamoDbStore(client, table, timeoutMs);
     try {
       await store.#ensureTable();
-      await startSyncing(store.#clock, clockSyncMs, () => store.#serverTime());
+      await startSyncing(store.clock, clockSyncMs, () => store.#serverTime());
       return store;
     } catch (e) {
       client.destroy();
@@ -215,9 +213,9 @@ export class DynamoDbStore {
   }
 
   constructor(client, table, timeoutMs) {
+    super("AWS's clock, from the Date header of DynamoDB's responses (whole seconds)", timeoutMs, { resolutionMs: 1_000 });
     this.#client = client;
     this.#table = table;
-    this.#timeoutMs = timeoutMs;
   }
 
   /** The table the records are in. */
@@ -225,25 +223,15 @@ export class DynamoDbStore {
     return this.#table;
   }
 
-  /** The store's time authority (wit/clock.wit): AWS's clock from DynamoDB's Date headers, kept synced while the store is open. */
-  get clock() {
-    return this.#clock;
-  }
-
-  /** How long a request may take: a guard that renews its leases needs a lease of twice this at least. */
-  get timeoutMs() {
-    return this.#timeoutMs;
-  }
-
   /** Stops reading the clock and closes the client's connections. */
   async close() {
-    this.#clock.stop();
+    this.clock.stop();
     this.#client.destroy();
   }
 
   /** Sends `command` within the timeout; rejects with what the SDK said. */
   async #send(command) {
-    return this.#client.send(command, { abortSignal: AbortSignal.timeout(this.#timeoutMs) });
+    return this.#client.send(command, { abortSignal: AbortSignal.timeout(this.timeoutMs) });
   }
 
   /** `command`, whose failed condition resolves to `undefined`; other failures are unavailable. */
@@ -252,7 +240,7 @@ export class DynamoDbStore {
       return await this.#send(command);
     } catch (e) {
       if (failedCondition(e)) return undefined;
-      throw unavailable(describe(e, this.#timeoutMs));
+      throw unavailable(describe(e, this.timeoutMs));
     }
   }
 
@@ -321,7 +309,7 @@ export class DynamoDbStore {
     try {
       out = await this.#send(new GetItemCommand({ TableName: this.#table, Key: { key: { S: key } }, ConsistentRead: true }));
     } catch (e) {
-      throw unavailable(describe(e, this.#timeoutMs));
+      throw unavailable(describe(e, this.timeoutMs));
     }
     if (!out.Item) return undefined;
     const entry = decodeItem(key, out.Item);
@@ -363,7 +351,7 @@ export class DynamoDbStore {
       }
     } catch (e) {
       if (e instanceof StoreError) throw e;
-      if (!failedCondition(e)) throw unavailable(describe(e, this.#timeoutMs));
+      if (!failedCondition(e)) throw unavailable(describe(e, this.timeoutMs));
       if (!e.Item) throw unavailable("the claim's condition failed but DynamoDB returned no item (ReturnValuesOnConditionCheckFailure unsupported?)");
       const entry = decodeItem(key, e.Item);
       // Only an attribute of another type fails the condition so.
@@ -392,7 +380,7 @@ export class DynamoDbStore {
    * only at `expectedVersion` when given: whether it did. An expired item is
    * left alone (false); DynamoDB's TTL frees it.
    */
-  async delete(key, expectedVersion, nowMs = this.#clock.nowMs()) {
+  async delete(key, expectedVersion, nowMs = this.clock.nowMs()) {
     const at = expectedVersion !== undefined;
     const out = await this.#conditional(
       new DeleteItemCommand({
@@ -429,7 +417,7 @@ export class DynamoDbStore {
           }),
         );
       } catch (e) {
-        throw unavailable(describe(e, this.#timeoutMs));
+        throw unavailable(describe(e, this.timeoutMs));
       }
       expired.push(...(page.Items ?? []));
       start = page.LastEvaluatedKey;

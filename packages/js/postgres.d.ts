@@ -2,8 +2,8 @@
 // PostgreSQL in the shared on-store layout (wit/store-layout/README.md).
 // Needs the optional peer dependency `pg`.
 
-import type { AsyncStore, Entry, StoredRecord } from './index.js';
-import type { ServerStore } from './server-store.js';
+import type { Entry, StoredRecord } from './index.js';
+import { ServerStore } from './server-store.js';
 
 export interface PostgresStoreOptions {
   /** `postgres://user[:password]@host[:port]/db`. */
@@ -25,8 +25,7 @@ export declare const SCHEMA_VERSION: number;
  * The store primitives on PostgreSQL (`ServerStore`); a `Guard` over it is an `AsyncGuard`. Its clock is the
  * server's `clock_timestamp()`; `close()` closes every connection of the pool.
  */
-export interface PostgresStore extends ServerStore {}
-export declare class PostgresStore implements AsyncStore {
+export declare class PostgresStore extends ServerStore {
   /** Creates the table if needed, checks its schema version, opens the pool, reads the server's clock; rejects if the server does not answer. */
   static open(options: PostgresStoreOptions): Promise<PostgresStore>;
   private constructor();

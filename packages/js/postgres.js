@@ -26,9 +26,10 @@
 // server whose clock cannot be read at open is not opened.
 
 import pg from 'pg';
-import { checkedSyncMs, SYNC_EVERY_MS, SyncedClock, startSyncing } from './clock.js';
+import { checkedSyncMs, SYNC_EVERY_MS, startSyncing } from './clock.js';
 import { StoreError } from './index.js';
 import { layoutFile } from './layout.js';
+import { checkedTimeoutMs, ServerStore } from './server-store.js';
 
 const NAME = 'postgres';
 /** The table layout this package reads and writes, kept in `idem_schema`. */
@@ -123,17 +124,13 @@ function statement(file, name) {
 /**
  * The store primitives on a PostgreSQL database, asynchronous (`async:
  * true`): a `Guard` over it replays each call from a journal and returns
- * Promises.
+ * Promises. Its clock is the server's `clock_timestamp()`; its timeout bounds
+ * a connection and a statement.
  */
-export class PostgresStore {
-  /** Tells `Guard` that the primitives return Promises. */
-  async = true;
+export class PostgresStore extends ServerStore {
   #pool;
   #table;
   #sql;
-  #timeoutMs;
-  /** The server's clock, the store's time authority. */
-  #clock = new SyncedClock("the PostgreSQL server's clock (clock_timestamp())");
 
   /**
    * Creates the table if needed (the layout's schema.sql), checks its schema
@@ -152,7 +149,7 @@ export class PostgresStore {
     if (typeof table !== 'string' || !TABLE.test(table)) {
       throw new RangeError(`table=${JSON.stringify(table)} must be 1 to 48 characters of a-z, 0-9 and _, not starting with a digit`);
     }
-    if (!(Number.isInteger(timeoutMs) && timeoutMs > 0)) throw new RangeError(`timeoutMs ${timeoutMs} must be a positive whole number of milliseconds`);
+    checkedTimeoutMs(timeoutMs);
     checkedSyncMs(clockSyncMs);
     const pool = new pg.Pool({
       connectionString: url,
@@ -178,7 +175,7 @@ export class PostgresStore {
       // The time authority: read once now (a guard on a clock never read
       // fails every call closed) and every clockSyncMs after.
       const store = new PostgresStore(pool, table, timeoutMs);
-      await startSyncing(store.#clock, clockSyncMs, () => store.#serverTime());
+      await startSyncing(store.clock, clockSyncMs, () => store.#serverTime());
       return store;
     } catch (e) {
       await pool.end().catch(() => {});
@@ -187,9 +184,9 @@ export class PostgresStore {
   }
 
   constructor(pool, table, timeoutMs) {
+    super("the PostgreSQL server's clock (clock_timestamp())", timeoutMs);
     this.#pool = pool;
     this.#table = table;
-    this.#timeoutMs = timeoutMs;
     const file = layoutFile('postgres/statements.sql');
     this.#sql = Object.fromEntries(
       ['claim', 'settle', 'get', 'replace', 'delete', 'purge', 'now'].map((name) => [
@@ -205,19 +202,6 @@ export class PostgresStore {
     return this.#table;
   }
 
-  /**
-   * The store's time authority (wit/clock.wit): the server's clock, kept
-   * synced while the store is open. A `Guard` over the store uses it.
-   */
-  get clock() {
-    return this.#clock;
-  }
-
-  /** How long a connection or a statement may take: a guard that renews its leases needs a lease of twice this at least. */
-  get timeoutMs() {
-    return this.#timeoutMs;
-  }
-
   /** The server's time in ms since the epoch: the `now` statement. */
   async #serverTime() {
     const { rows } = await this.#query('now', []);
@@ -226,7 +210,7 @@ export class PostgresStore {
 
   /** Stops reading the server's clock and closes every connection of the pool. */
   async close() {
-    this.#clock.stop();
+    this.clock.stop();
     await this.#pool.end();
   }
 
@@ -234,7 +218,7 @@ export class PostgresStore {
     try {
       return await this.#pool.query({ ...this.#sql[name], values });
     } catch (e) {
-      throw unavailable(/timeout/i.test(e?.message ?? '') ? `no answer within ${this.#timeoutMs} ms (${describe(e)})` : describe(e));
+      throw unavailable(/timeout/i.test(e?.message ?? '') ? `no answer within ${this.timeoutMs} ms (${describe(e)})` : describe(e));
     }
   }
 
@@ -271,7 +255,7 @@ export class PostgresStore {
    * only at `expectedVersion` when given: whether it did. An expired row is
    * left alone (false); the purge frees it.
    */
-  async delete(key, expectedVersion, nowMs = this.#clock.nowMs()) {
+  async delete(key, expectedVersion, nowMs = this.clock.nowMs()) {
     const { rowCount } = await this.#query('delete', [key, expectedVersion === undefined ? null : int(expectedVersion), int(BigInt(nowMs))]);
     return rowCount === 1;
   }

@@ -2,8 +2,8 @@
 // shared on-store layout (wit/store-layout/README.md), over a connection of
 // its own (resp.js): no client package needed.
 
-import type { AsyncStore, Entry, StoredRecord } from './index.js';
-import type { ServerStore } from './server-store.js';
+import type { Entry, StoredRecord } from './index.js';
+import { ServerStore } from './server-store.js';
 
 export interface RedisStoreOptions {
   /** `redis://[[user]:password@]host[:port][/db]`, or `rediss://` for TLS (default redis://127.0.0.1:6379). */
@@ -34,8 +34,7 @@ export interface RedisStoreOptions {
  * The store primitives on Redis (`ServerStore`); a `Guard` over it is an `AsyncGuard`. Its clock is the
  * server's `TIME`; `close()` fails the commands still unanswered as unavailable.
  */
-export interface RedisStore extends ServerStore {}
-export declare class RedisStore implements AsyncStore {
+export declare class RedisStore extends ServerStore {
   /** Connects, loads the layout's scripts and reads the server's clock; rejects if the server does not answer. */
   static open(options?: RedisStoreOptions): Promise<RedisStore>;
   private constructor();

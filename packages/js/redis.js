@@ -49,10 +49,11 @@
 // one. So a store needs no dependency.
 
 import { createHash } from 'node:crypto';
-import { checkedSyncMs, redisTimeMs, SYNC_EVERY_MS, SyncedClock, startSyncing } from './clock.js';
+import { checkedSyncMs, redisTimeMs, SYNC_EVERY_MS, startSyncing } from './clock.js';
 import { StoreError } from './index.js';
 import { layoutFile } from './layout.js';
 import { Connection, check, pack, parseUrl, ReplyError } from './resp.js';
+import { checkedTimeoutMs, ServerStore } from './server-store.js';
 
 const NAME = 'redis';
 /** How many records' bytes a store keeps for `SET … IFEQ` before it forgets them all (as the Rust store). */
@@ -244,18 +245,14 @@ const CLOCK_KEY = '\u0001clock';
 
 /**
  * The store primitives on a Redis server, asynchronous (`async: true`): a
- * `Guard` over it replays each call from a journal and returns Promises.
+ * `Guard` over it replays each call from a journal and returns Promises. Its
+ * clock is the server's `TIME`; its timeout bounds connecting and a command.
  */
-export class RedisStore {
-  /** Tells `Guard` that the primitives return Promises. */
-  async = true;
+export class RedisStore extends ServerStore {
   #target;
   #prefix;
   #graceMs;
-  #timeoutMs;
   #tlsOptions;
-  /** The server's clock, the store's time authority. */
-  #clock;
   /** The live connection, or the promise of one being opened. */
   #conn = null;
   #opening = null;
@@ -295,7 +292,7 @@ export class RedisStore {
     checkedSyncMs(clockSyncMs);
     if (cas !== 'auto' && cas !== 'script') throw new RangeError(`cas ${JSON.stringify(cas)} is not one of auto, script`);
     if (!(Number.isInteger(graceMs) && graceMs >= 0)) throw new RangeError(`graceMs ${graceMs} must be a whole number of milliseconds`);
-    if (!(Number.isInteger(timeoutMs) && timeoutMs > 0)) throw new RangeError(`timeoutMs ${timeoutMs} must be a positive whole number of milliseconds`);
+    checkedTimeoutMs(timeoutMs);
     let target;
     try {
       target = parseUrl(url);
@@ -309,7 +306,7 @@ export class RedisStore {
       if (cas === 'auto' && (await hasIfeq(conn, prefix))) store.#seen = new Map();
       // The time authority: read once now (a guard on a clock never read
       // fails every call closed) and every clockSyncMs after.
-      await startSyncing(store.#clock, clockSyncMs, () => store.#serverTime());
+      await startSyncing(store.clock, clockSyncMs, () => store.#serverTime());
     } catch (e) {
       store.close();
       throw new Error(`${NAME} store: cannot open ${shown(url)}: ${e?.message ?? e}`);
@@ -318,30 +315,16 @@ export class RedisStore {
   }
 
   constructor(target, prefix, graceMs, timeoutMs, tlsOptions) {
+    super("the Redis server's clock (TIME)", timeoutMs);
     this.#target = target;
     this.#prefix = prefix;
     this.#graceMs = BigInt(graceMs);
-    this.#timeoutMs = timeoutMs;
     this.#tlsOptions = tlsOptions;
-    this.#clock = new SyncedClock("the Redis server's clock (TIME)");
   }
 
   /** The prefix every key is stored under. */
   get prefix() {
     return this.#prefix;
-  }
-
-  /**
-   * The store's time authority (wit/clock.wit): the server's clock, kept
-   * synced while the store is open. A `Guard` over the store uses it.
-   */
-  get clock() {
-    return this.#clock;
-  }
-
-  /** How long connecting or a command may take: a guard that renews its leases needs a lease of twice this at least. */
-  get timeoutMs() {
-    return this.#timeoutMs;
   }
 
   /** The server's time in ms since the epoch: time.lua on "{prefix}\x01clock". */
@@ -377,7 +360,7 @@ export class RedisStore {
 
   /** Closes the connection (commands still unanswered fail as unavailable) and stops reading the server's clock. */
   async close() {
-    this.#clock.stop();
+    this.clock.stop();
     this.#conn?.close();
     this.#conn = null;
   }
@@ -385,7 +368,7 @@ export class RedisStore {
   /** The live connection, or a new one (concurrent callers share one attempt). */
   #connection() {
     if (usable(this.#conn)) return this.#conn;
-    const options = { timeoutMs: this.#timeoutMs, tlsOptions: this.#tlsOptions, failure: unavailable };
+    const options = { timeoutMs: this.timeoutMs, tlsOptions: this.#tlsOptions, failure: unavailable };
     this.#opening ??= Connection.open(this.#target, options).then(
       (conn) => {
         this.#opening = null;
@@ -529,7 +512,7 @@ export class RedisStore {
    * does not decode is removed only without a version (the layout's
    * delete_at.lua).
    */
-  async delete(key, expectedVersion, nowMs = this.#clock.nowMs()) {
+  async delete(key, expectedVersion, nowMs = this.clock.nowMs()) {
     this.#seen?.delete(this.#full(key));
     const removed = await this.#eval(key, 'delete_at', [expectedVersion === undefined ? '' : String(expectedVersion), String(nowMs)]);
     return removed === 1;

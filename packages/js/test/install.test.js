@@ -83,6 +83,7 @@ test('the package is ESM with exports, types and no runtime dependencies', () =>
     'redis.js',
     'resp.js',
     'server-store.d.ts',
+    'server-store.js',
     'store-layout',
     'telemetry.js',
   ]);
@@ -261,6 +262,7 @@ test('each declaration file names every export of its module, and nothing else',
     ['../redis.js', 'redis.d.ts'],
     ['../postgres.js', 'postgres.d.ts'],
     ['../dynamodb.js', 'dynamodb.d.ts'],
+    ['../server-store.js', 'server-store.d.ts'],
   ]) {
     const runtime = Object.keys(await import(module)).sort();
     const declared = [...readFileSync(join(pkg, types), 'utf8').matchAll(/^export declare (?:class|const|function) (\w+)/gm)].map((m) => m[1]).sort();

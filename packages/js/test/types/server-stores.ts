@@ -1,5 +1,5 @@
 // The network stores as a user types them, checked by `npx tsc`
-// (tsconfig.json) in CI: each declares only what is its own and merges in
+// (tsconfig.json) in CI: each declares only what is its own and extends
 // server-store.d.ts's `ServerStore` (the primitives, `async`, `clock`,
 // `timeoutMs`, `delete`, `close`), so each must still type as all of it.
 
