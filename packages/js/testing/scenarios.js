@@ -92,18 +92,22 @@ function errorJson(e) {
   throw e;
 }
 
+/** Each decision's value as the fields beside its name in a result, by its tag. */
+const DECISION_FIELDS = {
+  proceed: claimJson,
+  replay: responseJson,
+  'in-flight': (retryAfterMs) => ({ retry_after_ms: Number(retryAfterMs) }),
+  conflict: () => ({}),
+};
+
+/** The fields of decision `d`'s value: a `begin` step's result and a `run` step's outcome both carry them. */
+function decisionFields(d) {
+  if (!Object.hasOwn(DECISION_FIELDS, d.tag)) throw new Error(`unknown decision ${d.tag}`);
+  return DECISION_FIELDS[d.tag](d.val);
+}
+
 export function decisionJson(d) {
-  switch (d.tag) {
-    case 'proceed':
-      return { decision: 'proceed', ...claimJson(d.val) };
-    case 'replay':
-      return { decision: 'replay', ...responseJson(d.val) };
-    case 'in-flight':
-      return { decision: 'in-flight', retry_after_ms: Number(d.val) };
-    case 'conflict':
-      return { decision: 'conflict' };
-  }
-  throw new Error(`unknown decision ${d.tag}`);
+  return { decision: d.tag, ...decisionFields(d) };
 }
 
 /** `ok` of what `call` returns (or resolves to), else the guard error as JSON. */
@@ -183,14 +187,7 @@ async function run(host, step, effects) {
     if (e instanceof Failure) return { outcome: 'unavailable', message: e.detail };
     throw e;
   }
-  switch (decision.tag) {
-    case 'replay':
-      return { outcome: 'replayed', ...responseJson(decision.val) };
-    case 'in-flight':
-      return { outcome: 'in-flight', retry_after_ms: Number(decision.val) };
-    case 'conflict':
-      return { outcome: 'conflict' };
-  }
+  if (decision.tag !== 'proceed') return { outcome: decision.tag === 'replay' ? 'replayed' : decision.tag, ...decisionFields(decision) };
   let claim = decision.val;
   const resumed = checkpointJson(claim.checkpoint);
   const name = step.effect ?? 'effect';
