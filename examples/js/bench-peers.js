@@ -37,6 +37,7 @@ import { RedisStorageAdapter } from '@node-idempotency/storage-adapter-redis';
 import express from 'express';
 import { Redis } from 'ioredis';
 import { Connection, pack, parseUrl } from '../../packages/js/resp.js';
+import { removeKeys, timed } from './bench-turns.js';
 
 const args = process.argv.slice(2);
 const beforeAt = args.indexOf('--before');
@@ -267,16 +268,6 @@ if (before !== null) {
   add('Express over HTTP, Redis, replay', replayed(viaHttp(servers['before redis'])));
 }
 
-/** Wall-clock and CPU microseconds `call` took over `from` to `to`. */
-async function timed(from, to, call) {
-  const cpu = process.cpuUsage();
-  const start = process.hrtime.bigint();
-  for (let i = from; i < to; i++) await call(i);
-  const wall = Number(process.hrtime.bigint() - start) / 1000;
-  const used = process.cpuUsage(cpu);
-  return [wall, used.user + used.system];
-}
-
 const results = {};
 const block = Math.max(1, Math.floor(ops / 20));
 try {
@@ -305,14 +296,7 @@ try {
   }
   agent.destroy();
   const raw = new Redis(url);
-  for (const pattern of [`${prefix}*`, `*${prefix}*`]) {
-    let cursor = '0';
-    do {
-      const [next, keys] = await raw.scan(cursor, 'MATCH', pattern, 'COUNT', 5000);
-      if (keys.length) await raw.del(...keys);
-      cursor = next;
-    } while (cursor !== '0');
-  }
+  await removeKeys(raw, prefix);
   raw.disconnect();
   bare.close?.();
   await redisAdapter.disconnect();

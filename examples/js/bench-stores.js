@@ -26,6 +26,7 @@ import { RedisStore } from '@idem/guard/redis';
 import { Idempotency } from '@node-idempotency/core';
 import { RedisStorageAdapter } from '@node-idempotency/storage-adapter-redis';
 import { Redis } from 'ioredis';
+import { removeKeys, timed } from './bench-turns.js';
 
 const ops = Number(process.argv[2] ?? 2_000);
 const rounds = Number(process.argv[3] ?? 5);
@@ -77,16 +78,6 @@ const rows = {
   },
 };
 
-/** Wall-clock and CPU microseconds `call` took over keys `from` to `to`. */
-async function timed(from, to, call) {
-  const cpu = process.cpuUsage();
-  const start = process.hrtime.bigint();
-  for (let i = from; i < to; i++) await call(i);
-  const wall = Number(process.hrtime.bigint() - start) / 1000;
-  const used = process.cpuUsage(cpu);
-  return [wall, used.user + used.system];
-}
-
 const results = Object.fromEntries(Object.keys(rows).map((name) => [name, []]));
 const block = Math.max(1, Math.floor(ops / 20));
 try {
@@ -105,15 +96,7 @@ try {
     for (const name of order) results[name].push([spent[name][0] / ops, spent[name][1] / ops]);
   }
 } finally {
-  // node-idempotency writes its own keys (under its own prefix, holding ours).
-  for (const pattern of [`${prefix}*`, `*${prefix}*`]) {
-    let cursor = '0';
-    do {
-      const [next, keys] = await raw.scan(cursor, 'MATCH', pattern, 'COUNT', 5000);
-      if (keys.length) await raw.del(...keys);
-      cursor = next;
-    } while (cursor !== '0');
-  }
+  await removeKeys(raw, prefix);
   raw.disconnect();
   await adapter.disconnect();
   await store.close();
