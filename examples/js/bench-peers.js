@@ -211,6 +211,12 @@ if (before !== null) {
 /** Each group: its rows, by name → `(tag) => (i) => a call`; `replay` rows repeat one completed key. */
 const fresh = (call) => (tag) => (i) => call(`${tag}${i}`);
 const replayed = (call) => (tag) => async () => call(`replayed-${tag.split('-')[0]}`); // one key per row, completed in warm-up
+/** An Express group on `store` (memory, redis): each middleware's row (`calls`: fresh or replayed), and Express alone, which keeps nothing (always fresh). */
+const overHttp = (store, calls) => ({
+  '@idem/guard/express': calls(viaHttp(servers[`idem ${store}`])),
+  'node-idempotency': calls(viaHttp(servers[`ni ${store}`])),
+  'floor: Express, no idempotency': fresh(viaHttp(servers.none)),
+});
 
 const groups = {
   'in memory, new key': {
@@ -232,26 +238,10 @@ const groups = {
     'node-idempotency': replayed(nodeIdempotency(nodeRedis)),
     'floor: one GET, bare RESP': () => floorRead,
   },
-  'Express over HTTP, in memory, new key': {
-    '@idem/guard/express': fresh(viaHttp(servers['idem memory'])),
-    'node-idempotency': fresh(viaHttp(servers['ni memory'])),
-    'floor: Express, no idempotency': fresh(viaHttp(servers.none)),
-  },
-  'Express over HTTP, in memory, replay': {
-    '@idem/guard/express': replayed(viaHttp(servers['idem memory'])),
-    'node-idempotency': replayed(viaHttp(servers['ni memory'])),
-    'floor: Express, no idempotency': fresh(viaHttp(servers.none)),
-  },
-  'Express over HTTP, Redis, new key': {
-    '@idem/guard/express': fresh(viaHttp(servers['idem redis'])),
-    'node-idempotency': fresh(viaHttp(servers['ni redis'])),
-    'floor: Express, no idempotency': fresh(viaHttp(servers.none)),
-  },
-  'Express over HTTP, Redis, replay': {
-    '@idem/guard/express': replayed(viaHttp(servers['idem redis'])),
-    'node-idempotency': replayed(viaHttp(servers['ni redis'])),
-    'floor: Express, no idempotency': fresh(viaHttp(servers.none)),
-  },
+  'Express over HTTP, in memory, new key': overHttp('memory', fresh),
+  'Express over HTTP, in memory, replay': overHttp('memory', replayed),
+  'Express over HTTP, Redis, new key': overHttp('redis', fresh),
+  'Express over HTTP, Redis, replay': overHttp('redis', replayed),
 };
 
 if (before !== null) {
