@@ -99,6 +99,20 @@ def guarded(guard: Any) -> Callable[[str], Callable[[int], None]]:
     return row
 
 
+def aguarded(guard: Any) -> Callable[[str], Callable[[int], Any]]:
+    """The row of `await guard.begin` + `await guard.complete` on new keys (an `AsyncGuard`)."""
+
+    def row(tag: str) -> Callable[[int], Any]:
+        async def call(i: int) -> None:
+            kind, claim = await guard.begin(f"{tag}{i}", "sku=A&qty=1")
+            assert kind == "proceed", kind
+            await guard.complete(claim, response)
+
+        return call
+
+    return row
+
+
 def package_rows(pkg: Any, tag: str, closers: list[Callable[[], Any]], loop: asyncio.AbstractEventLoop) -> dict[str, Callable[[str], Callable[[int], Any]]]:
     """The rows of one copy of the package (`idem_guard`, or the `--before` one): `Guard`,
     `AsyncGuard` and the decorator on Redis; `tag` goes after each row's name."""
@@ -109,14 +123,6 @@ def package_rows(pkg: Any, tag: str, closers: list[Callable[[], Any]], loop: asy
     aguard = pkg.AsyncGuard(store=astore)
     decorated_guard = pkg.Guard(store=stores.RedisStore(redis_url, prefix=f"{prefix}d{tag}:"))
     closers += [store.close, lambda: loop.run_until_complete(astore.close()), decorated_guard.store.close]
-
-    def aguarded(tag: str) -> Callable[[int], Any]:
-        async def call(i: int) -> None:
-            kind, claim = await aguard.begin(f"{tag}{i}", "sku=A&qty=1")
-            assert kind == "proceed", kind
-            await aguard.complete(claim, response)
-
-        return call
 
     @pkg.idempotent_function(guard=decorated_guard, data_keyword_argument="order")
     def pay_idem(order: dict[str, Any]) -> dict[str, Any]:
@@ -139,7 +145,7 @@ def package_rows(pkg: Any, tag: str, closers: list[Callable[[], Any]], loop: asy
     return {
         f"redis raw SET NX + SET (AsyncRedisStore's connection){tag}": wire_pair,
         f"redis Guard begin+complete{tag}": guarded(guard),
-        f"redis AsyncGuard begin+complete{tag}": aguarded,
+        f"redis AsyncGuard begin+complete{tag}": aguarded(aguard),
         f"redis idem_guard @idempotent_function{tag}": decorated,
     }
 
@@ -213,15 +219,7 @@ def main() -> None:
         async def delete(self, *a: Any) -> Any:
             return self.m.delete(*a)
 
-    mguard = AsyncGuard(store=MemoryAsync())
-
-    def amemory(tag: str) -> Callable[[int], Any]:
-        async def call(i: int) -> None:
-            kind, claim = await mguard.begin(f"{tag}{i}", "sku=A&qty=1")
-            assert kind == "proceed", kind
-            await mguard.complete(claim, response)
-
-        return call
+    amemory = aguarded(AsyncGuard(store=MemoryAsync()))
 
     rows: dict[str, Callable[[str], Callable[[int], Any]]] = {
         "redis raw SET NX + SET (redis-py)": raw_pair,
