@@ -44,13 +44,14 @@ import sys
 import time
 import urllib.parse
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import redis
 import redis.asyncio as aredis
 
 import idem_guard
-from idem_guard import AsyncGuard, Guard, MemoryStore, Response
+from idem_guard import AsyncGuard, Guard, Response
 
 argv = sys.argv[1:]
 before_src: str | None = None
@@ -65,6 +66,8 @@ postgres_url = os.environ.get("IDEM_TEST_POSTGRES_URL")
 prefix = f"idembench_{os.getpid()}_"
 response = Response(200, [("content-type", b"text/plain")], b"paid")
 value = b"x" * 120  # about a record's size
+# The package's tests (packages/python/tests): the memory floor's store is theirs (stores.py).
+TESTS = Path(__file__).resolve().parents[2] / "packages" / "python" / "tests"
 
 
 def timed(keys: range, call: Callable[[int], Any]) -> tuple[int, int]:
@@ -201,25 +204,12 @@ def main() -> None:
         return call
 
     # The floor under AsyncGuard's row: its component calls and journal replays over an
-    # asynchronous store that answers from memory (no I/O): add the streams row for the round trips.
-    class MemoryAsync:
-        def __init__(self) -> None:
-            self.m = MemoryStore()
-            self.clock = self.m.clock  # its time authority: the process's
+    # asynchronous store that answers from memory (no I/O, the package tests' `AsyncMemory`):
+    # add the streams row for the round trips. No purge: it would run batches on the loop.
+    sys.path.insert(0, str(TESTS))
+    from stores import AsyncMemory
 
-        async def get(self, *a: Any) -> Any:
-            return self.m.get(*a)
-
-        async def insert(self, *a: Any) -> Any:
-            return self.m.insert(*a)
-
-        async def replace(self, *a: Any) -> Any:
-            return self.m.replace(*a)
-
-        async def delete(self, *a: Any) -> Any:
-            return self.m.delete(*a)
-
-    amemory = aguarded(AsyncGuard(store=MemoryAsync()))
+    amemory = aguarded(AsyncGuard(store=AsyncMemory(), purge_every_ms=0))
 
     rows: dict[str, Callable[[str], Callable[[int], Any]]] = {
         "redis raw SET NX + SET (redis-py)": raw_pair,
