@@ -44,13 +44,14 @@ import sys
 import time
 import urllib.parse
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import redis
 import redis.asyncio as aredis
 
 import idem_guard
-from idem_guard import AsyncGuard, Guard, MemoryStore, Response
+from idem_guard import AsyncGuard, Guard, Response
 
 argv = sys.argv[1:]
 before_src: str | None = None
@@ -65,6 +66,8 @@ postgres_url = os.environ.get("IDEM_TEST_POSTGRES_URL")
 prefix = f"idembench_{os.getpid()}_"
 response = Response(200, [("content-type", b"text/plain")], b"paid")
 value = b"x" * 120  # about a record's size
+# The package's tests (packages/python/tests): the memory floor's store is theirs (stores.py).
+TESTS = Path(__file__).resolve().parents[2] / "packages" / "python" / "tests"
 
 
 def timed(keys: range, call: Callable[[int], Any]) -> tuple[int, int]:
@@ -99,6 +102,20 @@ def guarded(guard: Any) -> Callable[[str], Callable[[int], None]]:
     return row
 
 
+def aguarded(guard: Any) -> Callable[[str], Callable[[int], Any]]:
+    """The row of `await guard.begin` + `await guard.complete` on new keys (an `AsyncGuard`)."""
+
+    def row(tag: str) -> Callable[[int], Any]:
+        async def call(i: int) -> None:
+            kind, claim = await guard.begin(f"{tag}{i}", "sku=A&qty=1")
+            assert kind == "proceed", kind
+            await guard.complete(claim, response)
+
+        return call
+
+    return row
+
+
 def package_rows(pkg: Any, tag: str, closers: list[Callable[[], Any]], loop: asyncio.AbstractEventLoop) -> dict[str, Callable[[str], Callable[[int], Any]]]:
     """The rows of one copy of the package (`idem_guard`, or the `--before` one): `Guard`,
     `AsyncGuard` and the decorator on Redis; `tag` goes after each row's name."""
@@ -109,14 +126,6 @@ def package_rows(pkg: Any, tag: str, closers: list[Callable[[], Any]], loop: asy
     aguard = pkg.AsyncGuard(store=astore)
     decorated_guard = pkg.Guard(store=stores.RedisStore(redis_url, prefix=f"{prefix}d{tag}:"))
     closers += [store.close, lambda: loop.run_until_complete(astore.close()), decorated_guard.store.close]
-
-    def aguarded(tag: str) -> Callable[[int], Any]:
-        async def call(i: int) -> None:
-            kind, claim = await aguard.begin(f"{tag}{i}", "sku=A&qty=1")
-            assert kind == "proceed", kind
-            await aguard.complete(claim, response)
-
-        return call
 
     @pkg.idempotent_function(guard=decorated_guard, data_keyword_argument="order")
     def pay_idem(order: dict[str, Any]) -> dict[str, Any]:
@@ -139,7 +148,7 @@ def package_rows(pkg: Any, tag: str, closers: list[Callable[[], Any]], loop: asy
     return {
         f"redis raw SET NX + SET (AsyncRedisStore's connection){tag}": wire_pair,
         f"redis Guard begin+complete{tag}": guarded(guard),
-        f"redis AsyncGuard begin+complete{tag}": aguarded,
+        f"redis AsyncGuard begin+complete{tag}": aguarded(aguard),
         f"redis idem_guard @idempotent_function{tag}": decorated,
     }
 
@@ -195,33 +204,12 @@ def main() -> None:
         return call
 
     # The floor under AsyncGuard's row: its component calls and journal replays over an
-    # asynchronous store that answers from memory (no I/O): add the streams row for the round trips.
-    class MemoryAsync:
-        def __init__(self) -> None:
-            self.m = MemoryStore()
-            self.clock = self.m.clock  # its time authority: the process's
+    # asynchronous store that answers from memory (no I/O, the package tests' `AsyncMemory`):
+    # add the streams row for the round trips. No purge: it would run batches on the loop.
+    sys.path.insert(0, str(TESTS))
+    from stores import AsyncMemory
 
-        async def get(self, *a: Any) -> Any:
-            return self.m.get(*a)
-
-        async def insert(self, *a: Any) -> Any:
-            return self.m.insert(*a)
-
-        async def replace(self, *a: Any) -> Any:
-            return self.m.replace(*a)
-
-        async def delete(self, *a: Any) -> Any:
-            return self.m.delete(*a)
-
-    mguard = AsyncGuard(store=MemoryAsync())
-
-    def amemory(tag: str) -> Callable[[int], Any]:
-        async def call(i: int) -> None:
-            kind, claim = await mguard.begin(f"{tag}{i}", "sku=A&qty=1")
-            assert kind == "proceed", kind
-            await mguard.complete(claim, response)
-
-        return call
+    amemory = aguarded(AsyncGuard(store=AsyncMemory(), purge_every_ms=0))
 
     rows: dict[str, Callable[[str], Callable[[int], Any]]] = {
         "redis raw SET NX + SET (redis-py)": raw_pair,

@@ -147,25 +147,6 @@ class HttpGuard:
         limit = self.max_request_bytes
         return problem("body-too-large", f"the request body is over the limit of {limit} bytes")
 
-    async def decide(
-        self,
-        key: str,
-        method: str,
-        target: str,
-        headers: list[tuple[bytes, bytes]],
-        body: bytes,
-        run: Callable[[dict[str, Any]], Awaitable[Response]],
-    ) -> Response:
-        """Runs `run(idempotency)` at most once for the key (and the request's
-        fingerprint) and answers what a client gets: the app's response (with
-        the expiry header once stored), a replay of it (with the replay and
-        expiry headers), or a problem. `idempotency` is the dict the app sees as
-        `scope["extensions"]["idempotency"]`: `key`, `store_key`, `fence`, and
-        `store` — set it to False and the app's answer is sent but not stored
-        (the key is released)."""
-        response, added = await self.answer(key, method, target, headers, body, run)
-        return _with_headers(response, added)
-
     async def answer(
         self,
         key: str,
@@ -175,12 +156,17 @@ class HttpGuard:
         body: bytes,
         run: Callable[[dict[str, Any]], Awaitable[Response]],
     ) -> tuple[Response, list[tuple[str, bytes]]]:
-        """`decide`'s answer apart from the headers the guard adds to a stored
-        response: the response (the very one `run` returned when it ran and was
-        stored) and those headers — on a replay the replay header, and on every
-        stored response the expiry header, until when the key replays it (its
-        stored record's `expires_at_ms` as an HTTP-date, rounded down to the
-        second); none on a problem or a response not stored."""
+        """Runs `run(idempotency)` at most once for the key (and the request's
+        fingerprint) and answers what a client gets, apart from the headers the
+        guard adds to a stored response: the app's response (the very one `run`
+        returned when it ran and was stored), a replay of it, or a problem; and
+        those headers — on a replay the replay header, and on every stored
+        response the expiry header, until when the key replays it (its stored
+        record's `expires_at_ms` as an HTTP-date, rounded down to the second);
+        none on a problem or a response not stored. `idempotency` is the dict
+        the app sees as `scope["extensions"]["idempotency"]`: `key`,
+        `store_key`, `fence`, and `store` — set it to False and the app's
+        answer is sent but not stored (the key is released)."""
         client = next((v for n, v in headers if n == self.client_header), None) if self.client_header else None
         scoped = scoped_key(client, key)
         printed = [(name, v) for name in self.fingerprint_headers for n, v in headers if n == name.encode("latin-1")]
@@ -325,7 +311,8 @@ class IdempotencyMiddleware:
             inner = {**scope, "extensions": {**(scope.get("extensions") or {}), "idempotency": extension}}
             return await self._captured(inner, body, receive)
 
-        await _send(send, await http.decide(key, scope["method"].upper(), _target(scope), headers, body, run))
+        response, added = await http.answer(key, scope["method"].upper(), _target(scope), headers, body, run)
+        await _send(send, _with_headers(response, added))
 
     async def _captured(self, scope: Scope, body: bytes, receive: Receive) -> Response:
         """Runs the app on the buffered body and captures its response: nothing

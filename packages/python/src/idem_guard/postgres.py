@@ -148,15 +148,31 @@ _Steps = Generator[tuple[str, list[Any]], tuple[list[Any], int], Any]
 
 
 class _Layout:
-    def __init__(self, table: str, timeout_ms: int, clock_sync_ms: int):
+    """What both stores share: options, statements, and the primitives as statement sequences."""
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        table: str = DEFAULT_TABLE,
+        pool: int = 4,
+        timeout_ms: int = DEFAULT_TIMEOUT_MS,
+        clock_sync_ms: int = CLOCK_SYNC_MS,
+    ):
         if timeout_ms < 1:
             raise ValueError("timeout_ms must be at least 1")
+        self.url = url
         self.table = layout.check_table(table)
         self.timeout_ms = timeout_ms
+        self._max_size = max(1, pool)
         # The store's time authority (wit/clock.wit): the server's clock_timestamp(), read by the store itself.
         self.clock = SyncedClock("the PostgreSQL server's clock (clock_timestamp())", clock_sync_ms)
         self._sql = {name: layout.postgres_statement(name, table) for name in STATEMENTS}
         self._schema = layout.postgres_schema(table)
+        self._opened()
+
+    def _opened(self) -> None:
+        """What a store sets up once its options are checked."""
 
     def _connect_options(self) -> dict[str, Any]:
         # libpq's connect_timeout is in whole seconds, at least 2.
@@ -265,35 +281,26 @@ class PostgresStore(_Layout, Steps):
     server that cannot be reached fails here (`StoreFault("unavailable")`).
     """
 
-    def __init__(
-        self,
-        url: str,
-        *,
-        table: str = DEFAULT_TABLE,
-        pool: int = 4,
-        timeout_ms: int = DEFAULT_TIMEOUT_MS,
-        clock_sync_ms: int = CLOCK_SYNC_MS,
-    ):
-        super().__init__(table, timeout_ms, clock_sync_ms)
-        timeout_s = timeout_ms / 1000
+    def _opened(self) -> None:
+        timeout_s = self.timeout_ms / 1000
         try:
-            with psycopg.connect(url, autocommit=True, **self._connect_options()) as conn:
+            with psycopg.connect(self.url, autocommit=True, **self._connect_options()) as conn:
                 conn.execute(self._schema)  # no parameters: one simple query, one implicit transaction
-                found = conn.execute("SELECT version FROM idem_schema WHERE table_name = %s", [table]).fetchone()
+                found = conn.execute("SELECT version FROM idem_schema WHERE table_name = %s", [self.table]).fetchone()
         except psycopg.Error as e:
             raise self._fault(e) from e
         self._checked_version(found)
         self.pool = psycopg_pool.ConnectionPool(
-            url,
+            self.url,
             min_size=1,
-            max_size=max(1, pool),
+            max_size=self._max_size,
             kwargs={**self._pool_options(), **self._connect_options()},
             # The client's own deadline, as the async store's: twice the server's statement_timeout.
             connection_class=type("_Deadline", (_DeadlineConnection,), {"deadline_s": timeout_s * 2}),
             configure=self._configure,
             timeout=timeout_s,
             open=False,
-            name=f"idem-{table}",
+            name=f"idem-{self.table}",
         )
         try:
             self.pool.open(wait=True, timeout=max(timeout_s, 2.0))
@@ -336,19 +343,8 @@ class AsyncPostgresStore(_Layout, AsyncSteps):
     for `AsyncGuard`. Open it with `await AsyncPostgresStore.open(url, ...)`
     (options as `PostgresStore`'s) or `async with`; close with `await store.close()`."""
 
-    def __init__(
-        self,
-        url: str,
-        *,
-        table: str = DEFAULT_TABLE,
-        pool: int = 4,
-        timeout_ms: int = DEFAULT_TIMEOUT_MS,
-        clock_sync_ms: int = CLOCK_SYNC_MS,
-    ):
-        super().__init__(table, timeout_ms, clock_sync_ms)
-        self.url = url
-        self._max_size = max(1, pool)
-        self.pool: psycopg_pool.AsyncConnectionPool | None = None
+    def _opened(self) -> None:
+        self.pool: psycopg_pool.AsyncConnectionPool | None = None  # opened by `open` (or `async with`)
 
     @classmethod
     async def open(cls, url: str, **options: Any) -> AsyncPostgresStore:
