@@ -428,7 +428,8 @@ pub(crate) mod postgres {
     use deadpool_postgres::tokio_postgres::{self, NoTls};
     use idem::store::PostgresStore;
 
-    fn url() -> Option<String> {
+    /// The PostgreSQL test server's URL; `None` when none is configured.
+    pub(crate) fn url() -> Option<String> {
         server_url("IDEM_TEST_POSTGRES_URL")
     }
 

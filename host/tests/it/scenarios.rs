@@ -103,10 +103,8 @@ async fn every_conformance_scenario_passes_on_redis() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_conformance_scenario_passes_on_postgres() {
-    let Some(url) = server_url("IDEM_TEST_POSTGRES_URL") else {
-        return;
-    };
-    use crate::netstores::postgres::{drop_table, raw, table, with};
+    use crate::netstores::postgres::{self, drop_table, raw, table, with};
+    let Some(url) = postgres::url() else { return };
     let table = table();
     let store_url = with(&url, &format!("table={table}"));
     // One table for the run; each scenario's keys are its own (the table is

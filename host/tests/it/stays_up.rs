@@ -9,7 +9,7 @@
 
 use crate::cluster::redis_cli;
 use crate::hostile::Stack;
-use crate::netstores::postgres::{drop_table, raw, table, with};
+use crate::netstores::postgres::{self, drop_table, raw, table, with};
 use crate::netstores::{closed_port, host_port, via};
 use crate::proxy::Proxy;
 use crate::support::{IDEM, Proc, assert_answer, assert_replay, http};
@@ -181,9 +181,7 @@ async fn replays_go_on_while_another_process_holds_the_sqlite_write_lock() {
 /// another wrote, replays its done keys and refuses new ones.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn replays_go_on_from_a_read_only_postgres_session() {
-    let Some(url) = server_url("IDEM_TEST_POSTGRES_URL") else {
-        return;
-    };
+    let Some(url) = postgres::url() else { return };
     let t = table();
     let writer = Stack::start(
         "0ms",

@@ -19,6 +19,24 @@ fn console(name: &str, width: u16, height: u16, url: &str) -> Tmux {
     )
 }
 
+/// A fake server with `in_flight` keys `order-…` being processed and `paid`
+/// keys `paid-…` done, and the console on it in a `width`×`height` pane.
+async fn console_on_orders(
+    name: &str,
+    width: u16,
+    height: u16,
+    in_flight: usize,
+    paid: usize,
+) -> (Fake, Tmux) {
+    let fake = Fake::with_keys(&[
+        ("order", in_flight, KeyState::Processing),
+        ("paid", paid, KeyState::Done),
+    ])
+    .await;
+    let tmux = console(name, width, height, &fake.url);
+    (fake, tmux)
+}
+
 async fn wait_for_request(fake: &Fake, what: &str, pred: impl Fn(&str) -> bool) -> String {
     let deadline = Instant::now() + Duration::from_secs(10);
     loop {
@@ -44,12 +62,7 @@ fn line_with<'a>(screen: &'a str, text: &str) -> &'a str {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[allow(clippy::too_many_lines)] // one session at the console, top to bottom
 async fn keys_appear_a_fault_is_flipped_from_the_keyboard_and_q_restores_the_terminal() {
-    let fake = Fake::with_keys(&[
-        ("order", 200, KeyState::Processing),
-        ("paid", 50, KeyState::Done),
-    ])
-    .await;
-    let tmux = console("main", 120, 40, &fake.url);
+    let (fake, tmux) = console_on_orders("main", 120, 40, 200, 50).await;
 
     let screen = tmux.wait_for("keys and a live connection", |s| {
         s.contains("order-00000") && s.contains("● connected")
@@ -165,12 +178,7 @@ async fn keys_appear_a_fault_is_flipped_from_the_keyboard_and_q_restores_the_ter
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_key_is_found_by_search_inspected_and_deleted_after_confirmation() {
-    let fake = Fake::with_keys(&[
-        ("order", 30, KeyState::Processing),
-        ("paid", 5, KeyState::Done),
-    ])
-    .await;
-    let tmux = console("detail", 100, 30, &fake.url);
+    let (fake, tmux) = console_on_orders("detail", 100, 30, 30, 5).await;
     tmux.wait_for_text("order-00000");
 
     // Anywhere in the key, not only its start.
@@ -307,56 +315,45 @@ async fn a_hundred_thousand_keys_are_paged_by_the_server() {
     tmux.quit();
 }
 
+/// Runs `idem-tui` as `command` sets it up: it must fail, saying `says` on
+/// stderr.
+#[track_caller]
+fn assert_refused(command: &mut Command, says: &str) {
+    let out = command.output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{err}");
+    assert!(err.contains(says), "{err}");
+}
+
 #[test]
 fn bad_arguments_are_refused_before_touching_the_terminal() {
-    let out = Command::new(BIN)
-        .args(["--admin", "127.0.0.1:9090"])
-        .output()
-        .unwrap();
-    assert!(!out.status.success());
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert!(err.contains("write it as http://127.0.0.1:9090"), "{err}");
-
-    let out = Command::new(BIN)
-        .env_remove("IDEM_ADMIN_URL")
-        .output()
-        .unwrap();
-    assert!(!out.status.success());
-    assert!(String::from_utf8_lossy(&out.stderr).contains("--admin <URL>"));
-
-    let out = Command::new(BIN)
-        .args(["--admin", "http://127.0.0.1:1", "--token", "t"])
-        .args(["--token-file", "/dev/null"])
-        .output()
-        .unwrap();
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert!(
-        !out.status.success() && err.contains("--token (or IDEM_ADMIN_TOKEN) and --token-file"),
-        "{err}"
+    assert_refused(
+        Command::new(BIN).args(["--admin", "127.0.0.1:9090"]),
+        "write it as http://127.0.0.1:9090",
     );
-    let out = Command::new(BIN)
-        .args([
+    assert_refused(
+        Command::new(BIN).env_remove("IDEM_ADMIN_URL"),
+        "--admin <URL>",
+    );
+    assert_refused(
+        Command::new(BIN)
+            .args(["--admin", "http://127.0.0.1:1", "--token", "t"])
+            .args(["--token-file", "/dev/null"]),
+        "--token (or IDEM_ADMIN_TOKEN) and --token-file",
+    );
+    assert_refused(
+        Command::new(BIN).args([
             "--admin",
             "http://127.0.0.1:1",
             "--token-file",
             "/no/such/file",
-        ])
-        .output()
-        .unwrap();
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert!(
-        !out.status.success() && err.contains("--token-file /no/such/file"),
-        "{err}"
+        ]),
+        "--token-file /no/such/file",
     );
-
-    let out = Command::new(BIN)
-        .env("IDEM_ADMIN_URL", "http://127.0.0.1:1")
-        .output()
-        .unwrap();
-    assert!(!out.status.success());
-    assert!(
-        String::from_utf8_lossy(&out.stderr).contains("not a terminal"),
-        "the env var is read, then the tty checked"
+    // The env var is read, then the tty checked.
+    assert_refused(
+        Command::new(BIN).env("IDEM_ADMIN_URL", "http://127.0.0.1:1"),
+        "not a terminal",
     );
 }
 

@@ -9,36 +9,32 @@ use crate::views::View;
 use crate::views::activity::{ActivityAction, HISTORY, LOG_LINES};
 use crossterm::event::KeyCode;
 
-#[test]
-fn the_decision_log_scrolls_and_pauses() {
+/// A loaded console on the activity view, where each of `bindings`' keys
+/// does its action.
+fn activity_view(bindings: &[(KeyCode, ActivityAction)]) -> App {
     let mut app = loaded(1, None);
     app.update(Action::ShowView(View::Activity));
-    assert_keymap(
-        &app,
-        &[
-            (
-                KeyCode::Char('c'),
-                Action::Activity(ActivityAction::ClearLog),
-            ),
-            (
-                KeyCode::Char('k'),
-                Action::Activity(ActivityAction::ScrollUp),
-            ),
-            (
-                KeyCode::Char('j'),
-                Action::Activity(ActivityAction::ScrollDown),
-            ),
-            (KeyCode::PageUp, Action::Activity(ActivityAction::PageUp)),
-            (
-                KeyCode::PageDown,
-                Action::Activity(ActivityAction::PageDown),
-            ),
-            (KeyCode::Char('g'), Action::Activity(ActivityAction::Oldest)),
-            (KeyCode::Char('G'), Action::Activity(ActivityAction::Follow)),
-            (KeyCode::Char('p'), Action::Activity(ActivityAction::Pause)),
-            (KeyCode::Char(' '), Action::Activity(ActivityAction::Pause)),
-        ],
-    );
+    let bindings: Vec<(KeyCode, Action)> = bindings
+        .iter()
+        .map(|&(code, action)| (code, Action::Activity(action)))
+        .collect();
+    assert_keymap(&app, &bindings);
+    app
+}
+
+#[test]
+fn the_decision_log_scrolls_and_pauses() {
+    let mut app = activity_view(&[
+        (KeyCode::Char('c'), ActivityAction::ClearLog),
+        (KeyCode::Char('k'), ActivityAction::ScrollUp),
+        (KeyCode::Char('j'), ActivityAction::ScrollDown),
+        (KeyCode::PageUp, ActivityAction::PageUp),
+        (KeyCode::PageDown, ActivityAction::PageDown),
+        (KeyCode::Char('g'), ActivityAction::Oldest),
+        (KeyCode::Char('G'), ActivityAction::Follow),
+        (KeyCode::Char('p'), ActivityAction::Pause),
+        (KeyCode::Char(' '), ActivityAction::Pause),
+    ]);
     let decide = |app: &mut App, i: u64| {
         app.apply(Update::Decision(DecisionEvent {
             ts_ms: i,
@@ -127,19 +123,11 @@ fn decided(i: u64, outcome: Verdict, detail: Option<&str>) -> Update {
 
 #[test]
 fn the_log_shows_one_kind_of_line_and_opens_its_bottom_line_in_full() {
-    let mut app = loaded(1, None);
-    app.update(Action::ShowView(View::Activity));
-    assert_keymap(
-        &app,
-        &[
-            (
-                KeyCode::Char('f'),
-                Action::Activity(ActivityAction::NextFilter),
-            ),
-            (KeyCode::Enter, Action::Activity(ActivityAction::Expand)),
-            (KeyCode::Esc, Action::Activity(ActivityAction::Collapse)),
-        ],
-    );
+    let mut app = activity_view(&[
+        (KeyCode::Char('f'), ActivityAction::NextFilter),
+        (KeyCode::Enter, ActivityAction::Expand),
+        (KeyCode::Esc, ActivityAction::Collapse),
+    ]);
     let reason = "store unavailable: the store failed: insert failed for key \"anon/k-3\": memory store unavailable: injected on insert";
     app.apply(decided(1, Verdict::Executed, None));
     app.apply(decided(2, Verdict::Replayed, None));
