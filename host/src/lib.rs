@@ -30,6 +30,9 @@ mod engine;
 pub mod fuzzing;
 #[cfg(feature = "engine")]
 pub mod guard;
+// A flag set once and its wait: the gate's body progress, the Redis connection's loss.
+#[cfg(feature = "engine")]
+mod latch;
 pub mod lease;
 // The demo upstream: `idem ledger` and `idem demo` run it, and the tests
 // through [`testing`].

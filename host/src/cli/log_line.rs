@@ -454,20 +454,34 @@ mod tests {
         format!("{}{}", &line[..at], &line[at + 27..])
     }
 
+    /// Our `format` lines of [`log_events`], each checked against what
+    /// `theirs` (tracing-subscriber's own formatter) writes, timestamps aside.
+    fn lines_as_theirs(
+        format: LogLine,
+        theirs: impl FnOnce(Captured) -> tracing::Dispatch,
+    ) -> Vec<String> {
+        let json = matches!(format, LogLine::Json);
+        let ours = lines_of(|out| ours(format, &out));
+        let theirs = lines_of(theirs);
+        assert_eq!(ours.len(), 5, "{ours:#?}");
+        for (ours, theirs) in ours.iter().zip(&theirs) {
+            assert_eq!(untimed(ours, json), untimed(theirs, json));
+            if json {
+                serde_json::from_str::<serde_json::Value>(ours).expect("a JSON object");
+            }
+        }
+        ours
+    }
+
     #[test]
     fn text_lines_are_tracing_subscribers_without_colours() {
-        let ours = lines_of(|out| ours(LogLine::Text, &out));
-        let theirs = lines_of(|out| {
+        let ours = lines_as_theirs(LogLine::Text, |out| {
             tracing_subscriber::fmt()
                 .with_writer(move || out.clone())
                 .with_ansi(false)
                 .finish()
                 .into()
         });
-        assert_eq!(ours.len(), 5, "{ours:#?}");
-        for (ours, theirs) in ours.iter().zip(&theirs) {
-            assert_eq!(untimed(ours, false), untimed(theirs, false));
-        }
         assert_eq!(
             untimed(&ours[0], false),
             "  INFO idem::request: decided key=\"anon/o-1\" decision=\"executed\" fence=1 status=201 latency_us=1210"
@@ -522,8 +536,7 @@ mod tests {
 
     #[test]
     fn json_lines_are_tracing_subscribers_flattened_json() {
-        let ours = lines_of(|out| ours(LogLine::Json, &out));
-        let theirs = lines_of(|out| {
+        let ours = lines_as_theirs(LogLine::Json, |out| {
             tracing_subscriber::fmt()
                 .with_writer(move || out.clone())
                 .json()
@@ -533,11 +546,6 @@ mod tests {
                 .finish()
                 .into()
         });
-        assert_eq!(ours.len(), 5, "{ours:#?}");
-        for (ours, theirs) in ours.iter().zip(&theirs) {
-            assert_eq!(untimed(ours, true), untimed(theirs, true));
-            serde_json::from_str::<serde_json::Value>(ours).expect("a JSON object");
-        }
         assert_eq!(
             untimed(&ours[0], true),
             "{\"timestamp\":\"\",\"level\":\"INFO\",\"message\":\"decided\",\"key\":\"anon/o-1\",\"decision\":\"executed\",\"fence\":1,\"status\":201,\"latency_us\":1210,\"target\":\"idem::request\"}"

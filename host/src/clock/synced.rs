@@ -92,21 +92,27 @@ impl SyncedClock {
 
     /// What a store does as it opens: reads the server's clock with `read`
     /// once now, then keeps it synced every `every` ([`SyncedClock::keep_synced`]).
-    /// `Err` says why the first reading failed: a store whose clock is
-    /// unknown would fail every guard call closed, so it does not open.
-    pub async fn start_syncing<F, Fut, E>(
+    /// Each reading gets its own clone of `from`, what it needs of the store
+    /// (its connection, pool or client, and its timeout); the store's clones
+    /// share the returned [`Syncing`]. `Err` says why the first reading
+    /// failed: a store whose clock is unknown would fail every guard call
+    /// closed, so it does not open.
+    pub async fn start_syncing<S, F, Fut, E>(
         self: &Arc<Self>,
         every: Duration,
+        from: S,
         read: F,
-    ) -> Result<Syncing, String>
+    ) -> Result<Arc<Syncing>, String>
     where
-        F: Fn() -> Fut + Send + 'static,
+        S: Clone + Send + 'static,
+        F: Fn(S) -> Fut + Send + 'static,
         Fut: Future<Output = Result<u64, E>> + Send,
         E: std::fmt::Display,
     {
+        let read = move || read(from.clone());
         self.read(read()).await;
         self.known()?;
-        Ok(self.keep_synced(every, read))
+        Ok(Arc::new(self.keep_synced(every, read)))
     }
 
     /// Reads the server's clock with `read` every `every` (the first time

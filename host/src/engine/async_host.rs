@@ -3,48 +3,42 @@
 //! the runtime's thread.
 //!
 //! What is this flavour's own: `async` bindings (the options it gives
-//! `glue::bindings!`), a `State` holding a `dyn Store` and the store timeout,
-//! store calls awaited within that timeout (`call_store!`), and
-//! `instantiate_async`. The rest is the body both flavours share
-//! (`glue::flavour!`), expanded with `async`/`.await`.
+//! `glue::bindings!`), a `State` whose store is a `dyn Store` with the store
+//! timeout (`Timed`), store calls awaited within that timeout
+//! (`call_store!`), and `instantiate_async`. The rest is the body both
+//! flavours share (`glue::flavour!`), expanded with `async`/`.await`.
 
-use super::HostState;
-use crate::clock::Clock;
 use crate::store::{Store, StoreError};
 use std::sync::Arc;
 use std::time::Duration;
-use wasmtime::{Result, StoreLimits};
+use wasmtime::Result;
 
 super::glue::bindings!(async);
 
-/// What the host gives one instance.
-pub(super) struct State {
+/// What this flavour's imports reach: the store, and how long one call of
+/// it may take. Past that the import answers `unavailable` (a write may
+/// still be applied, as with a lost reply), so a hung store fails the guard
+/// call closed instead of holding it.
+pub(super) struct Timed {
     pub(super) store: Arc<dyn Store>,
-    pub(super) clock: Arc<dyn Clock>,
-    pub(super) limits: StoreLimits,
-    /// The `response` handles the guest holds during a call.
-    pub(super) table: wasmtime::component::ResourceTable,
-    /// The expiry of the last done record a store call of this guard call
-    /// wrote or returned (`complete` reports it).
-    pub(super) done_expires_at_ms: Option<u64>,
-    /// How long one store call may take. Past it the import answers
-    /// `unavailable` (a write may still be applied, as with a lost reply),
-    /// so a hung store fails the guard call closed instead of holding it.
-    pub(super) store_timeout: Duration,
+    pub(super) timeout: Duration,
 }
+
+/// What the host gives one instance: its imports reach a store within the timeout.
+type State = super::State<Timed>;
 
 /// A store call awaited within the store timeout. It borrows the store
 /// alone, not the whole `State` (whose handle table is not `Sync`).
 async fn bounded<T>(
-    store: &Arc<dyn Store>,
-    timeout: Duration,
+    timed: &Timed,
     op: &str,
     call: impl Future<Output = Result<T, StoreError>>,
 ) -> Result<T, StoreError> {
+    let timeout = timed.timeout;
     match tokio::time::timeout(timeout, call).await {
         Ok(result) => result,
         Err(_) => Err(StoreError::Unavailable {
-            store: store.name(),
+            store: timed.store.name(),
             reason: format!(
                 "{op} did not answer within the store timeout of {} ms",
                 timeout.as_millis()
@@ -58,13 +52,7 @@ async fn bounded<T>(
 /// timeout (`state.get(..)` calls `Store::get`).
 macro_rules! call_store {
     ($state:ident.$op:ident($($arg:expr),*)) => {
-        bounded(
-            &$state.store,
-            $state.store_timeout,
-            stringify!($op),
-            $state.store.$op($($arg),*),
-        )
-        .await
+        bounded(&$state.store, stringify!($op), $state.store.store.$op($($arg),*)).await
     };
 }
 

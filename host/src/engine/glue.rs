@@ -7,8 +7,8 @@
 //! What differs between the flavours is in their own modules, and only that:
 //! - the options given to `bindings!`: `async` store imports and exports, or
 //!   none;
-//! - `State`: the store the imports reach (`dyn Store` and a store timeout,
-//!   or `dyn SyncStore`);
+//! - `State`'s store: the store the imports reach (`dyn Store` and a store
+//!   timeout, or `dyn SyncStore`);
 //! - `call_store!`: how an import calls that store (awaited within the store
 //!   timeout, or a plain call of the sync store);
 //! - `Instance::new`: `instantiate_async` or `instantiate`;
@@ -19,7 +19,7 @@
 //!
 //! The expanding module must have in scope what `bindings!` brings (`wit`,
 //! the exported guard interface; `wit_store` and `wit_types`, the imported
-//! interfaces), `State` and `HostState`. The expansion brings `model` and
+//! interfaces) and `State`. The expansion brings `model` and
 //! `GuardError` into it.
 
 /// The world's bindings, with the host's `response` resource, in a module
@@ -109,12 +109,6 @@ macro_rules! flavour {
                     headers: parts.headers.clone(),
                     body: parts.body.clone(),
                 }
-            }
-        }
-
-        impl HostState for State {
-            fn limits(&mut self) -> &mut wasmtime::StoreLimits {
-                &mut self.limits
             }
         }
 
@@ -324,17 +318,6 @@ macro_rules! flavour {
             /// only tells a holder's own writes from another's.
             fn random_u64(&mut self) -> u64 {
                 fastrand::u64(..)
-            }
-        }
-
-        impl State {
-            /// Notes a done record a store call returned: when a completion
-            /// writes nothing (its response already stored), its expiry is
-            /// this record's.
-            fn saw<R>(&mut self, record: &model::Record<R>) {
-                if record.state == model::State::Done {
-                    self.done_expires_at_ms = Some(record.expires_at_ms);
-                }
             }
         }
 

@@ -135,10 +135,29 @@ impl ResponseRep {
     }
 }
 
-/// What the host gives one instance: the store primitives (async
-/// `dyn Store` or sync `dyn SyncStore`) and the clock.
-trait HostState: Send + 'static {
-    fn limits(&mut self) -> &mut StoreLimits;
+/// What the host gives one instance, of either flavour: `store` is how its
+/// store imports reach the store, the flavour's own (`async_host::Timed`:
+/// a `dyn Store` and the store timeout; or a `dyn SyncStore`).
+struct State<S> {
+    store: S,
+    clock: Arc<dyn Clock>,
+    limits: StoreLimits,
+    /// The `response` handles the guest holds during a call.
+    table: wasmtime::component::ResourceTable,
+    /// The expiry of the last done record a store call of this guard call
+    /// wrote or returned (`complete` reports it).
+    done_expires_at_ms: Option<u64>,
+}
+
+impl<S> State<S> {
+    /// Notes a done record a store call returned: when a completion
+    /// writes nothing (its response already stored), its expiry is
+    /// this record's.
+    fn saw<R>(&mut self, record: &model::Record<R>) {
+        if record.state == model::State::Done {
+            self.done_expires_at_ms = Some(record.expires_at_ms);
+        }
+    }
 }
 
 /// One instance of the component, in a wasmtime store of its own.
@@ -265,22 +284,12 @@ impl Pool {
     async fn instantiate(&self, sync: bool) -> Result<Instance, GuardError> {
         let inner = &self.runtime.inner;
         let instance = if let Some(store) = self.sync_store.as_ref().filter(|_| sync) {
-            let store = self.wasm_store(|clock, limits| sync_host::State {
-                store: store.clone(),
-                clock,
-                limits,
-                table: wasmtime::component::ResourceTable::new(),
-                done_expires_at_ms: None,
-            });
+            let store = self.wasm_store(store.clone());
             sync_host::Instance::new(&inner.sync_pre, store).map(Instance::Sync)
         } else {
-            let store = self.wasm_store(|clock, limits| async_host::State {
+            let store = self.wasm_store(async_host::Timed {
                 store: self.store.clone(),
-                clock,
-                limits,
-                table: wasmtime::component::ResourceTable::new(),
-                store_timeout: self.store_timeout,
-                done_expires_at_ms: None,
+                timeout: self.store_timeout,
             });
             async_host::Instance::new(&inner.async_pre, store)
                 .await
@@ -301,18 +310,21 @@ impl Pool {
     }
 
     /// A wasmtime store for one instance, with its memory limit and deadline.
-    fn wasm_store<S: HostState>(
-        &self,
-        state: impl FnOnce(Arc<dyn Clock>, StoreLimits) -> S,
-    ) -> wasmtime::Store<S> {
+    fn wasm_store<S: Send + 'static>(&self, store: S) -> wasmtime::Store<State<S>> {
         let limits = self.runtime.inner.limits;
         let limits = StoreLimitsBuilder::new()
             .memory_size(limits.memory_bytes)
             .instances(16)
             .build();
-        let state = state(self.clock.clone(), limits);
+        let state = State {
+            store,
+            clock: self.clock.clone(),
+            limits,
+            table: wasmtime::component::ResourceTable::new(),
+            done_expires_at_ms: None,
+        };
         let mut store = wasmtime::Store::new(&self.runtime.inner.engine, state);
-        store.limiter(|state| state.limits());
+        store.limiter(|state| &mut state.limits);
         store.epoch_deadline_trap();
         store.set_epoch_deadline(self.deadline_ticks());
         store

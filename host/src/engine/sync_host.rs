@@ -8,25 +8,14 @@
 //! `instantiate`. The rest is the body both flavours share
 //! (`glue::flavour!`), expanded with no `async` and no `.await`.
 
-use super::HostState;
-use crate::clock::Clock;
 use crate::store::SyncStore;
 use std::sync::Arc;
-use wasmtime::{Result, StoreLimits};
+use wasmtime::Result;
 
 super::glue::bindings!();
 
-/// What the host gives one instance.
-pub(super) struct State {
-    pub(super) store: Arc<dyn SyncStore>,
-    pub(super) clock: Arc<dyn Clock>,
-    pub(super) limits: StoreLimits,
-    /// The `response` handles the guest holds during a call.
-    pub(super) table: wasmtime::component::ResourceTable,
-    /// The expiry of the last done record a store call of this guard call
-    /// wrote or returned (`complete` reports it).
-    pub(super) done_expires_at_ms: Option<u64>,
-}
+/// What the host gives one instance: its imports reach a sync store.
+type State = super::State<Arc<dyn SyncStore>>;
 
 /// A store import's call: a plain call of the sync store's method
 /// (`state.get(..)` calls `SyncStore::get_now`).

@@ -6,6 +6,7 @@
 //! it to the upstream, so that neither kind lets a slow client hold what it
 //! holds (a connection; for an unguarded request, a slot) for longer.
 
+use crate::latch::Latch;
 use axum::body::{Body, HttpBody};
 use bytes::Bytes;
 use hyper::body::{Frame, SizeHint};
@@ -14,7 +15,6 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::task::{Context, Poll, ready};
 use std::time::Duration;
-use tokio::sync::Notify;
 use tokio::time::{Instant, Sleep};
 
 /// How long a slow body may take before the minimum rate applies.
@@ -31,8 +31,7 @@ pub(crate) struct TooSlow;
 #[derive(Default)]
 pub(crate) struct Progress {
     cut: AtomicBool,
-    over: AtomicBool,
-    ended: Notify,
+    over: Latch,
 }
 
 impl Progress {
@@ -42,23 +41,14 @@ impl Progress {
 
     /// Resolves once the body has all been read, or was cut.
     pub(crate) async fn over(&self) {
-        loop {
-            let ended = self.ended.notified();
-            tokio::pin!(ended);
-            ended.as_mut().enable();
-            if self.over.load(Ordering::Acquire) {
-                return;
-            }
-            ended.await;
-        }
+        self.over.wait().await;
     }
 
     fn end(&self, cut: bool) {
         if cut {
             self.cut.store(true, Ordering::Relaxed);
         }
-        self.over.store(true, Ordering::Release);
-        self.ended.notify_waiters();
+        self.over.set();
     }
 }
 

@@ -164,16 +164,14 @@ impl DynamoDbStore {
             1_000,
         );
         let table: Arc<str> = table.into();
-        let read = {
-            let (client, table) = (client.clone(), table.clone());
-            move || server_time(client.clone(), table.clone(), timeout)
-        };
-        let syncing = Arc::new(
-            clock
-                .start_syncing(clock_sync, read)
-                .await
-                .map_err(unreachable)?,
-        );
+        let syncing = clock
+            .start_syncing(
+                clock_sync,
+                (client.clone(), table.clone(), timeout),
+                server_time,
+            )
+            .await
+            .map_err(unreachable)?;
         Ok(DynamoDbStore {
             client,
             table,
@@ -395,7 +393,9 @@ fn date_ms(date: &str) -> Result<u64, String> {
 /// AWS's time as a DynamoDB response dates it (whole seconds), within
 /// `timeout`: an eventually consistent read of [`CLOCK_KEY`], the cheapest
 /// request there is (half a read unit).
-async fn server_time(client: Client, table: Arc<str>, timeout: Duration) -> Result<u64, String> {
+async fn server_time(
+    (client, table, timeout): (Client, Arc<str>, Duration),
+) -> Result<u64, String> {
     let date = DateHeader::default();
     let ask = client
         .get_item()

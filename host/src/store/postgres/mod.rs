@@ -207,16 +207,14 @@ impl PostgresStore {
         // whose clock is unknown fails every guard call closed) and every
         // second after.
         let clock = SyncedClock::new("the PostgreSQL server's clock (clock_timestamp())");
-        let read = {
-            let (pool, sql) = (pool.clone(), sql.clone());
-            move || server_time(pool.clone(), sql.clone(), timeout)
-        };
-        let syncing = Arc::new(
-            clock
-                .start_syncing(clock_sync, read)
-                .await
-                .map_err(unreachable)?,
-        );
+        let syncing = clock
+            .start_syncing(
+                clock_sync,
+                (pool.clone(), sql.clone(), timeout),
+                server_time,
+            )
+            .await
+            .map_err(unreachable)?;
         Ok(PostgresStore {
             pool,
             sql,
@@ -283,7 +281,7 @@ impl PostgresStore {
 
 /// The server's time in milliseconds since the Unix epoch (the `now`
 /// statement), within `timeout`.
-async fn server_time(pool: Pool, sql: Arc<Sql>, timeout: Duration) -> Result<u64, String> {
+async fn server_time((pool, sql, timeout): (Pool, Arc<Sql>, Duration)) -> Result<u64, String> {
     let ask = async {
         let client = pool.get().await.map_err(|e| e.to_string())?;
         let statement = client

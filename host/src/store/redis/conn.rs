@@ -18,10 +18,10 @@
 //! gave up keeps its slot, and its reply is dropped when it comes.
 
 use super::resp::{self, Command, Reply};
+use crate::latch::Latch;
 use bytes::BytesMut;
 use std::collections::VecDeque;
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use tokio::io::{Interest, Ready};
 use tokio::net::{TcpStream, UnixStream};
@@ -109,9 +109,7 @@ impl Server {
 
     fn current(&self) -> Option<Arc<Live>> {
         let live = self.live.lock().expect("connection lock");
-        live.as_ref()
-            .filter(|live| !live.lost.load(Ordering::Acquire))
-            .cloned()
+        live.as_ref().filter(|live| !live.lost.is_set()).cloned()
     }
 
     async fn live(&self) -> Result<Arc<Live>, Failure> {
@@ -153,8 +151,7 @@ impl Server {
         let live = Arc::new(Live {
             stream,
             pipe: Mutex::new(Pipe::default()),
-            lost: AtomicBool::new(false),
-            closed: tokio::sync::Notify::new(),
+            lost: Latch::default(),
             reader: OnceLock::new(),
         });
         let reader = tokio::spawn(read(live.clone()));
@@ -230,10 +227,8 @@ struct Live {
     stream: Stream,
     pipe: Mutex<Pipe>,
     /// Set once, when the connection is lost (as `Pipe::lost`, readable
-    /// without the lock).
-    lost: AtomicBool,
-    /// Notified when the connection is lost, for a write waiting on the socket.
-    closed: tokio::sync::Notify,
+    /// without the lock), and waited on by a write waiting on the socket.
+    lost: Latch,
     reader: OnceLock<tokio::task::AbortHandle>,
 }
 
@@ -345,18 +340,13 @@ impl Live {
         loop {
             // Until the socket takes more, or the connection is lost (a
             // server that stops reading keeps no task waiting on it).
-            let lost = self.closed.notified();
-            tokio::pin!(lost);
-            lost.as_mut().enable();
-            if self.lost.load(Ordering::Acquire) {
-                return;
-            }
             tokio::select! {
+                biased;
+                () = self.lost.wait() => return,
                 writable = self.stream.ready(Interest::WRITABLE) => if let Err(e) = writable {
                     self.lose(format!("writing: {e}"));
                     return;
                 },
-                () = lost => return,
             }
             match self.write(bytes, sent) {
                 Wrote::Blocked {
@@ -372,7 +362,7 @@ impl Live {
     /// next one opens a new connection.
     fn lose(&self, why: impl Into<Arc<str>>) {
         let why = why.into();
-        self.lost.store(true, Ordering::Release);
+        self.lost.set();
         let waiting = {
             let mut pipe = self.pipe.lock().expect("pipe lock");
             pipe.lost.get_or_insert(why.clone());
@@ -381,7 +371,6 @@ impl Live {
         for slot in waiting {
             let _ = slot.send(Err(Failure::Lost(why.clone())));
         }
-        self.closed.notify_waiters();
         if let Some(reader) = self.reader.get() {
             reader.abort();
         }

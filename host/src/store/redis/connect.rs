@@ -242,16 +242,14 @@ impl RedisStore {
             "the Redis server's clock (TIME)"
         });
         let clock_key = format!("{prefix}\u{1}clock");
-        let read = {
-            let (conns, key) = (conns.clone(), clock_key);
-            move || server_time(conns[0].clone(), key.clone(), timeout)
-        };
-        let syncing = Arc::new(
-            clock
-                .start_syncing(clock_sync, read)
-                .await
-                .map_err(unreachable)?,
-        );
+        let syncing = clock
+            .start_syncing(
+                clock_sync,
+                (conns[0].clone(), clock_key, timeout),
+                server_time,
+            )
+            .await
+            .map_err(unreachable)?;
         Ok(RedisStore {
             conns,
             next: Arc::new(AtomicUsize::new(0)),
@@ -407,7 +405,7 @@ impl std::fmt::Display for Failed {
 
 /// The server's time in milliseconds since the Unix epoch: `time.lua` on
 /// `key`, within `timeout`.
-async fn server_time(conn: Conn, key: String, timeout: Duration) -> Result<u64, String> {
+async fn server_time((conn, key, timeout): (Conn, String, Duration)) -> Result<u64, String> {
     let cmd = evalsha(&TIME, key.as_bytes(), 0);
     let ask = async {
         let mut reply = ask_one(&conn, &cmd).await?;
