@@ -8,7 +8,7 @@
 
 use criterion::{BenchmarkId, Criterion, criterion_group, criterion_main};
 use idem::store::{AsyncOnly, MemoryStore, SyncStore};
-use idem::testing::MISBEHAVING_COMPONENT;
+use idem::testing::{MISBEHAVING_COMPONENT, large, paid};
 use idem::{Clock, Decision, Entry, Guard, Limits, LocalClock, Policy, Record, Response, Runtime};
 use idem_guest::guard::{self as native, Primitives};
 use idem_guest::model::{InsertOutcome, StoreFailure};
@@ -51,23 +51,6 @@ impl Primitives for Native<'_> {
             .store
             .replace_now(key, expected_version, record.clone(), now_ms)
             .unwrap())
-    }
-}
-
-fn paid() -> Response {
-    Response {
-        status: 200,
-        headers: vec![],
-        body: b"paid".to_vec(),
-    }
-}
-
-/// A 64 KiB JSON-ish response with one header.
-fn large() -> Response {
-    Response {
-        status: 200,
-        headers: vec![("content-type".into(), b"application/json".to_vec())],
-        body: vec![b'x'; 64 << 10],
     }
 }
 

@@ -64,6 +64,25 @@ pub use store::{FaultKind, FaultRule, Op};
 /// feature `testing`; not part of the library's API.
 #[cfg(feature = "testing")]
 pub mod testing {
+    use crate::Response;
     pub use crate::component::MISBEHAVING_COMPONENT;
     pub use crate::ledger::{Books, Ledger, Order, Run, run};
+
+    /// The guard bench's small response: 200, no header, `paid`.
+    pub fn paid() -> Response {
+        Response {
+            status: 200,
+            headers: vec![],
+            body: b"paid".to_vec(),
+        }
+    }
+
+    /// The guard bench's large response: 200, one header, a 64 KiB body.
+    pub fn large() -> Response {
+        Response {
+            status: 200,
+            headers: vec![("content-type".into(), b"application/json".to_vec())],
+            body: vec![b'x'; 64 << 10],
+        }
+    }
 }
