@@ -30,7 +30,8 @@ pub enum BuildError {
 #[derive(Clone)]
 pub struct Gateway {
     gate: Arc<Gate>,
-    upstream: Upstream,
+    /// Shared: the proxy's handler gets a clone of the gateway per request.
+    upstream: Arc<Upstream>,
     connection: Connection,
 }
 
@@ -85,7 +86,7 @@ impl GatewayBuilder {
         gate.observer.set_name(&self.name);
         Ok(Gateway {
             gate: Arc::new(gate),
-            upstream,
+            upstream: Arc::new(upstream),
             connection: self.connection,
         })
     }
@@ -131,10 +132,8 @@ impl Gateway {
     /// The reverse proxy: every request goes through the gate.
     pub fn proxy_router(&self) -> Router {
         async fn proxy(State(gateway): State<Gateway>, req: Request) -> axum::http::Response<Body> {
-            let upstream = gateway.upstream.clone();
-            gateway
-                .gate
-                .handle(req, |req| async move { upstream.forward(req).await })
+            let Gateway { gate, upstream, .. } = gateway;
+            gate.handle(req, |req| async move { upstream.forward(req).await })
                 .await
         }
         Router::new().fallback(proxy).with_state(self.clone())
@@ -161,11 +160,18 @@ pub async fn run(
         proxy,
         gateway.proxy_router(),
         limits,
+        serve::Peer::Untold,
         stop.clone(),
     ));
     if let Some(admin) = admin {
         let router = admin::router(gateway.clone(), admin.token, stop.clone());
-        tasks.spawn(serve::serve(admin.listener, router, limits, stop.clone()));
+        tasks.spawn(serve::serve(
+            admin.listener,
+            router,
+            limits,
+            serve::Peer::Told,
+            stop.clone(),
+        ));
     }
     shutdown.await;
     let _ = stop_tx.send(true);

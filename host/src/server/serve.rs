@@ -10,10 +10,11 @@ use hyper::server::conn::http1;
 use hyper_util::rt::{TokioIo, TokioTimer};
 use hyper_util::server::graceful::GracefulShutdown;
 use hyper_util::service::TowerToHyperService;
+use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::net::TcpListener;
-use tokio::sync::{Semaphore, watch};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore, watch};
 use tower::ServiceExt as _;
 
 /// Limits on what a client may send before a request is routed.
@@ -42,12 +43,23 @@ impl From<&super::Config> for HttpLimits {
     }
 }
 
+/// Whether handlers see the client's address (`ConnectInfo<SocketAddr>`
+/// among a request's extensions): the admin API's audit says who asked;
+/// the proxy has no use for it, and an extension costs each request two
+/// allocations.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Peer {
+    Told,
+    Untold,
+}
+
 /// Serves `router` on `listener` until `stop` turns true, then stops
 /// accepting and waits (up to the drain timeout) for open requests.
 pub async fn serve(
     listener: TcpListener,
     router: Router,
     limits: HttpLimits,
+    peer_to_handlers: Peer,
     mut stop: watch::Receiver<bool>,
 ) {
     let graceful = GracefulShutdown::new();
@@ -76,25 +88,38 @@ pub async fn serve(
                     continue;
                 };
                 let _ = stream.set_nodelay(true);
-                // The client's address, for handlers that say who asked (the admin API's audit).
-                let service = TowerToHyperService::new(router.clone().map_request(
-                    move |mut req: hyper::Request<hyper::body::Incoming>| {
-                        req.extensions_mut().insert(ConnectInfo(peer));
-                        req
-                    },
-                ));
-                let connection = builder.serve_connection(TokioIo::new(stream), service);
-                let connection = graceful.watch(connection);
-                tokio::spawn(PollAgain::new(async move {
-                    let _ = connection.await;
-                    drop(slot);
-                }));
+                if peer_to_handlers == Peer::Told {
+                    // The client's address, for handlers that say who asked.
+                    let service = TowerToHyperService::new(router.clone().map_request(
+                        move |mut req: hyper::Request<hyper::body::Incoming>| {
+                            req.extensions_mut().insert(ConnectInfo(peer));
+                            req
+                        },
+                    ));
+                    let connection = builder.serve_connection(TokioIo::new(stream), service);
+                    spawn_connection(graceful.watch(connection), slot);
+                } else {
+                    let service = TowerToHyperService::new(router.clone());
+                    let connection = builder.serve_connection(TokioIo::new(stream), service);
+                    spawn_connection(graceful.watch(connection), slot);
+                }
             }
             () = stopped(&mut stop) => break,
         }
     }
     drop(listener);
     let _ = tokio::time::timeout(limits.drain_timeout, graceful.shutdown()).await;
+}
+
+/// Runs one connection to its end, then frees its slot.
+fn spawn_connection<C>(connection: C, slot: OwnedSemaphorePermit)
+where
+    C: Future + Send + 'static,
+{
+    tokio::spawn(PollAgain::new(async move {
+        let _ = connection.await;
+        drop(slot);
+    }));
 }
 
 /// Resolves once `stop` turns true (or its sender is gone).
