@@ -14,7 +14,7 @@
 //!
 //! The gateway makes no `tracing` spans, so a line says nothing of spans.
 
-use std::cell::{Cell, RefCell};
+use std::cell::RefCell;
 use std::fmt::{self, Write};
 use std::io::Write as _;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -264,8 +264,15 @@ fn json_string(line: &mut String, value: &str) {
 /// `value` escaped for the inside of a JSON string, as `serde_json` escapes
 /// it: `"`, `\` and the control characters below U+0020.
 fn json_escaped(line: &mut String, value: &str) {
-    let mut plain_from = 0;
-    for (at, byte) in value.bytes().enumerate() {
+    // Most values (names, keys, decisions) need none: one scan, one copy.
+    let Some(first) = first_json_special(value.as_bytes()) else {
+        line.push_str(value);
+        return;
+    };
+    // The byte at `first` is ASCII: a character boundary.
+    line.push_str(&value[..first]);
+    let mut plain_from = first;
+    for (at, byte) in value.bytes().enumerate().skip(first) {
         let escape = match byte {
             b'"' => "\\\"",
             b'\\' => "\\\\",
@@ -289,6 +296,38 @@ fn json_escaped(line: &mut String, value: &str) {
     line.push_str(&value[plain_from..]);
 }
 
+/// Where the first byte JSON escapes (`"`, `\\`, below U+0020) is, if any:
+/// eight bytes at a time while none is, then byte by byte.
+fn first_json_special(bytes: &[u8]) -> Option<usize> {
+    const ONES: u64 = u64::from_ne_bytes([0x01; 8]);
+    const HIGHS: u64 = u64::from_ne_bytes([0x80; 8]);
+    // A byte of `word` is zero, or below `n` (n ≤ 0x80): its high bit is
+    // set in the result (the classic "has a zero byte" test; exact as to
+    // whether any byte is, which is all that is asked of it).
+    let below = |word: u64, n: u8| word.wrapping_sub(ONES * u64::from(n)) & !word & HIGHS;
+    let zero = |word: u64| below(word, 1);
+    let special = |b: u8| b < 0x20 || b == b'"' || b == b'\\';
+    let mut chunks = bytes.chunks_exact(8);
+    let mut at = 0;
+    for chunk in &mut chunks {
+        let word = u64::from_ne_bytes(chunk.try_into().expect("eight bytes"));
+        let hit = below(word, 0x20)
+            | zero(word ^ (ONES * u64::from(b'"')))
+            | zero(word ^ (ONES * u64::from(b'\\')));
+        if hit != 0
+            && let Some(i) = chunk.iter().position(|&b| special(b))
+        {
+            return Some(at + i);
+        }
+        at += 8;
+    }
+    chunks
+        .remainder()
+        .iter()
+        .position(|&b| special(b))
+        .map(|i| at + i)
+}
+
 /// Writes through, escaped for the inside of a JSON string.
 struct JsonEscaped<'a>(&'a mut String);
 
@@ -302,29 +341,34 @@ impl Write for JsonEscaped<'_> {
 thread_local! {
     /// The second this thread last wrote a line in, since the epoch, and
     /// its date and time to the second: `2026-12-07T02:53:51.`.
-    static SECOND: Cell<(u64, [u8; 20])> = const { Cell::new((u64::MAX, [0; 20])) };
+    static SECOND: RefCell<(u64, String)> = const { RefCell::new((u64::MAX, String::new())) };
 }
 
 /// `now` in RFC 3339, UTC, to the microsecond, as `tracing-subscriber`
 /// writes it (`2026-12-07T02:53:51.876207Z`; years 1970 to 9999, a clock
-/// set before 1970 reads 1970).
+/// set before 1970 reads 1970). The date is kept as text, so a line
+/// copies it without checking it again.
 fn write_timestamp(line: &mut String, now: SystemTime) {
     let since_epoch = now.duration_since(UNIX_EPOCH).unwrap_or(Duration::ZERO);
     let second = since_epoch.as_secs();
-    let mut cached = SECOND.get();
-    if cached.0 != second {
-        cached = (second, date_and_time(second));
-        SECOND.set(cached);
-    }
-    let mut stamp = [0u8; 27];
-    stamp[..20].copy_from_slice(&cached.1);
+    SECOND.with_borrow_mut(|(cached, text)| {
+        if *cached != second {
+            *cached = second;
+            text.clear();
+            text.push_str(std::str::from_utf8(&date_and_time(second)).expect("ASCII date"));
+        }
+        line.push_str(text);
+    });
+    let mut digits = [b'0'; 6];
     let mut micros = since_epoch.subsec_micros();
-    for digit in stamp[20..26].iter_mut().rev() {
+    for digit in digits.iter_mut().rev() {
         *digit = b'0' + (micros % 10) as u8;
         micros /= 10;
     }
-    stamp[26] = b'Z';
-    line.push_str(std::str::from_utf8(&stamp).expect("ASCII date"));
+    for digit in digits {
+        line.push(char::from(digit));
+    }
+    line.push('Z');
 }
 
 /// `YYYY-MM-DDTHH:MM:SS.` of the second `second` since the epoch (the
@@ -367,6 +411,35 @@ mod tests {
     use std::io;
     use std::sync::{Arc, Mutex, PoisonError};
     use tracing_subscriber::layer::SubscriberExt as _;
+
+    /// The word-at-a-time scan finds what a byte-by-byte one finds: every
+    /// byte value at every place of strings around the word size, on a
+    /// background of plain bytes and of bytes with the high bit set.
+    #[test]
+    fn the_json_scan_finds_the_first_byte_to_escape() {
+        let by_byte = |bytes: &[u8]| {
+            bytes
+                .iter()
+                .position(|&b| b < 0x20 || b == b'"' || b == b'\\')
+        };
+        let mut checked = 0;
+        for background in [b'a', b'~', 0xc3, 0xff, b' '] {
+            for len in 0..=19 {
+                for at in 0..len {
+                    for byte in 0..=255u8 {
+                        let mut bytes = vec![background; len];
+                        bytes[at] = byte;
+                        assert_eq!(first_json_special(&bytes), by_byte(&bytes), "{bytes:?}");
+                        checked += 1;
+                    }
+                }
+                assert_eq!(first_json_special(&vec![background; len]), None);
+            }
+        }
+        assert!(checked > 200_000);
+        assert_eq!(first_json_special(b"abcdefgh\\ \""), Some(8));
+        assert_eq!(first_json_special(b"ab\n\""), Some(2));
+    }
 
     /// What a subscriber wrote, write by write.
     #[derive(Clone, Default)]
