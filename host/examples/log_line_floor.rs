@@ -12,18 +12,37 @@
 //!   target/release/examples/log_line_floor text $n 2>/dev/null; done    # or json
 //! ```
 //!
-//! The gateway's own cost is `scripts/gateway-instructions.sh` at `info`
-//! less the same at `RUST_LOG=warn` (BENCHMARKS.md, "Instructions per
-//! gateway request").
+//! `text-layer` and `json-layer` write the same line the way the gateway
+//! does: a `tracing::info!` event with the gateway's fields through an
+//! `info` filter and idem's own layer (`idem::cli::log_lines`), to stderr
+//! — so the floor and the layer are counted by one program, and the
+//! layer's profile (`callgrind_annotate --inclusive=yes`) says where the
+//! difference goes. The gateway's own cost is `scripts/gateway-instructions.sh`
+//! at `info` less the same at `RUST_LOG=warn` (BENCHMARKS.md, "Instructions
+//! per gateway request").
 
 use std::io::Write as _;
 use std::time::{SystemTime, UNIX_EPOCH};
 
 fn main() {
     let mut args = std::env::args().skip(1);
+    let mode = args.next();
+    let lines: u64 = args
+        .next()
+        .and_then(|n| n.parse().ok())
+        .expect("LINES is a number");
+    let layer = match mode.as_deref() {
+        Some("text-layer") => Some(idem::cli::LogFormat::Text),
+        Some("json-layer") => Some(idem::cli::LogFormat::Json),
+        _ => None,
+    };
+    if let Some(format) = layer {
+        through_the_layer(format, lines);
+        return;
+    }
     // The line's constant pieces, around the timestamp, the key, the fence,
     // the status and the latency.
-    let pieces: [&[u8]; 6] = match args.next().as_deref() {
+    let pieces: [&[u8]; 6] = match mode.as_deref() {
         Some("text") => [
             b"",
             b"  INFO idem::request: decided key=\"",
@@ -40,12 +59,8 @@ fn main() {
             b",\"latency_us\":",
             b",\"target\":\"idem::request\"}\n",
         ],
-        _ => panic!("usage: log_line_floor text|json LINES"),
+        _ => panic!("usage: log_line_floor text|json|text-layer|json-layer LINES"),
     };
-    let lines: u64 = args
-        .next()
-        .and_then(|n| n.parse().ok())
-        .expect("LINES is a number");
     let mut stderr = std::io::stderr().lock();
     let mut line = Vec::with_capacity(256);
     let mut key = *b"anon/new-x-000000";
@@ -78,6 +93,35 @@ fn main() {
         decimal(&mut line, latency_us);
         line.extend_from_slice(pieces[5]);
         stderr.write_all(&line).expect("write stderr");
+    }
+}
+
+/// The same lines as the gateway writes them: its event (`Observer::decided`),
+/// an `info` filter, idem's layer, stderr.
+fn through_the_layer(format: idem::cli::LogFormat, lines: u64) {
+    use tracing_subscriber::layer::SubscriberExt as _;
+    use tracing_subscriber::util::SubscriberInitExt as _;
+    tracing_subscriber::registry()
+        .with(tracing_subscriber::EnvFilter::new("info"))
+        .with(idem::cli::log_lines(format, std::io::stderr))
+        .init();
+    let mut key = *b"anon/new-x-000000";
+    for i in 0..lines {
+        let at = key.len() - 6;
+        digits(&mut key[at..], i);
+        let key = std::str::from_utf8(&key).expect("ASCII key");
+        let (fence, status, latency_us) = (Some(1u64), Some(201u16), 1000 + i % 1000);
+        let reason: Option<String> = None;
+        tracing::info!(
+            target: "idem::request",
+            message = "decided",
+            key,
+            decision = "executed",
+            fence,
+            status,
+            latency_us,
+            reason = reason.as_deref(),
+        );
     }
 }
 
