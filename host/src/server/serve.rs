@@ -10,11 +10,10 @@ use hyper::server::conn::http1;
 use hyper_util::rt::{TokioIo, TokioTimer};
 use hyper_util::server::graceful::GracefulShutdown;
 use hyper_util::service::TowerToHyperService;
-use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::net::TcpListener;
-use tokio::sync::{OwnedSemaphorePermit, Semaphore, watch};
+use tokio::sync::{Semaphore, watch};
 use tower::ServiceExt as _;
 
 /// Limits on what a client may send before a request is routed.
@@ -88,38 +87,28 @@ pub async fn serve(
                     continue;
                 };
                 let _ = stream.set_nodelay(true);
-                if peer_to_handlers == Peer::Told {
-                    // The client's address, for handlers that say who asked.
-                    let service = TowerToHyperService::new(router.clone().map_request(
-                        move |mut req: hyper::Request<hyper::body::Incoming>| {
-                            req.extensions_mut().insert(ConnectInfo(peer));
-                            req
-                        },
-                    ));
-                    let connection = builder.serve_connection(TokioIo::new(stream), service);
-                    spawn_connection(graceful.watch(connection), slot);
-                } else {
-                    let service = TowerToHyperService::new(router.clone());
-                    let connection = builder.serve_connection(TokioIo::new(stream), service);
-                    spawn_connection(graceful.watch(connection), slot);
-                }
+                // The client's address, for handlers that say who asked.
+                let told = (peer_to_handlers == Peer::Told).then_some(ConnectInfo(peer));
+                let service = TowerToHyperService::new(router.clone().map_request(
+                    move |mut req: hyper::Request<hyper::body::Incoming>| {
+                        if let Some(peer) = told {
+                            req.extensions_mut().insert(peer);
+                        }
+                        req
+                    },
+                ));
+                let connection = builder.serve_connection(TokioIo::new(stream), service);
+                let connection = graceful.watch(connection);
+                tokio::spawn(PollAgain::new(async move {
+                    let _ = connection.await;
+                    drop(slot);
+                }));
             }
             () = stopped(&mut stop) => break,
         }
     }
     drop(listener);
     let _ = tokio::time::timeout(limits.drain_timeout, graceful.shutdown()).await;
-}
-
-/// Runs one connection to its end, then frees its slot.
-fn spawn_connection<C>(connection: C, slot: OwnedSemaphorePermit)
-where
-    C: Future + Send + 'static,
-{
-    tokio::spawn(PollAgain::new(async move {
-        let _ = connection.await;
-        drop(slot);
-    }));
 }
 
 /// Resolves once `stop` turns true (or its sender is gone).
