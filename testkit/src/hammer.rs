@@ -6,7 +6,10 @@
 //! Protocol: after opening the store and the guard it prints `ready` and
 //! waits for one line on stdin, so that both processes start together; then
 //! it prints `executed KEY` per handler run, and `summary executed=N
-//! replayed=N in_flight=N` at the end.
+//! replayed=N in_flight=N unavailable=N` at the end. A key answered in
+//! flight, or unavailable (the guard failed closed: the store did not
+//! answer, and nothing ran), is asked again in a later pass, as a client
+//! retries.
 
 use anyhow::{Context, bail};
 use idem::{Guard, Outcome, Response};
@@ -39,6 +42,7 @@ struct Tally {
     executed: AtomicUsize,
     replayed: AtomicUsize,
     in_flight: AtomicUsize,
+    unavailable: AtomicUsize,
 }
 
 pub async fn hammer(args: HammerArgs) -> anyhow::Result<()> {
@@ -108,6 +112,11 @@ pub async fn hammer(args: HammerArgs) -> anyhow::Result<()> {
                             tally.in_flight.fetch_add(1, Ordering::Relaxed);
                             continue;
                         }
+                        // Failed closed (a store timeout under load, say): nothing ran.
+                        Ok(Outcome::Unavailable(_)) => {
+                            tally.unavailable.fetch_add(1, Ordering::Relaxed);
+                            continue;
+                        }
                         other => bail!("{key}: unexpected {other:?}"),
                     };
                     settled.lock().unwrap().insert(i);
@@ -126,10 +135,11 @@ pub async fn hammer(args: HammerArgs) -> anyhow::Result<()> {
     let mut out = out.lock().unwrap();
     writeln!(
         out,
-        "summary executed={} replayed={} in_flight={}",
+        "summary executed={} replayed={} in_flight={} unavailable={}",
         tally.executed.load(Ordering::Relaxed),
         tally.replayed.load(Ordering::Relaxed),
-        tally.in_flight.load(Ordering::Relaxed)
+        tally.in_flight.load(Ordering::Relaxed),
+        tally.unavailable.load(Ordering::Relaxed)
     )?;
     out.flush()?;
     Ok(())
