@@ -64,6 +64,9 @@ pub struct Gate {
     /// it completes or is released. An entry lives only while a request
     /// waits on it (see [`Waiter`]).
     waiters: Mutex<HashMap<String, Arc<Notify>>>,
+    /// `config.replay_header` and `config.expiry_header`, parsed once.
+    replay_header: HeaderName,
+    expiry_header: Option<HeaderName>,
 }
 
 /// A forwarded request that ended without a response to store: what the
@@ -99,7 +102,12 @@ impl Gate {
             guard = guard.clock(clock);
         }
         let guard = guard.build()?;
+        let replay_header = HeaderName::try_from(config.replay_header.as_str())
+            .unwrap_or(HeaderName::from_static("idempotent-replayed"));
+        let expiry_header = HeaderName::try_from(config.expiry_header.as_str()).ok();
         Ok(Gate {
+            replay_header,
+            expiry_header,
             guarded: Slots::new(config.max_concurrent),
             unguarded: Slots::new(config.max_concurrent_unguarded),
             guard,
@@ -288,11 +296,9 @@ impl Gate {
         started: Instant,
     ) -> HttpResponse {
         let mut response = to_http(stored);
-        response.headers_mut().insert(
-            HeaderName::try_from(self.config.replay_header.as_str())
-                .unwrap_or(HeaderName::from_static("idempotent-replayed")),
-            HeaderValue::from_static("true"),
-        );
+        response
+            .headers_mut()
+            .insert(self.replay_header.clone(), HeaderValue::from_static("true"));
         self.tell_expiry(&mut response, expires_at_ms);
         self.observer.decided(
             scoped,
@@ -328,7 +334,7 @@ impl Gate {
             (body, None)
         } else {
             let (paced, progress) =
-                Paced::new(body, config.body_read_timeout, config.min_body_rate);
+                Paced::watched(body, config.body_read_timeout, config.min_body_rate);
             (Body::new(paced), Some(progress))
         };
         let exec = exec(Request::from_parts(parts, body));
@@ -366,9 +372,8 @@ impl Gate {
     /// (`Config::expiry_header`). Nothing when the expiry is unknown.
     fn tell_expiry(&self, response: &mut HttpResponse, expires_at_ms: Option<u64>) {
         let value = expires_at_ms.and_then(expiry_date);
-        let name = HeaderName::try_from(self.config.expiry_header.as_str());
-        if let (Some(value), Ok(name)) = (value, name) {
-            response.headers_mut().insert(name, value);
+        if let (Some(value), Some(name)) = (value, &self.expiry_header) {
+            response.headers_mut().insert(name.clone(), value);
         }
     }
 

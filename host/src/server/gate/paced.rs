@@ -61,27 +61,42 @@ pub(crate) struct Paced {
     min_rate: u64,
     received: u64,
     timer: Option<Pin<Box<Sleep>>>,
-    progress: Arc<Progress>,
+    /// Told how far the body has come, when someone watches
+    /// ([`Paced::watched`]).
+    progress: Option<Arc<Progress>>,
     done: bool,
 }
 
 impl Paced {
     /// `body`, from now on bounded by `timeout` in all and `min_rate` bytes
-    /// per second after [`BODY_GRACE`], and its [`Progress`].
-    pub(crate) fn new(body: Body, timeout: Duration, min_rate: u64) -> (Paced, Arc<Progress>) {
+    /// per second after [`BODY_GRACE`].
+    pub(crate) fn new(body: Body, timeout: Duration, min_rate: u64) -> Paced {
         let started = Instant::now();
-        let progress = Arc::new(Progress::default());
-        let paced = Paced {
+        Paced {
             inner: body,
             started,
             overall: started + timeout,
             min_rate: min_rate.max(1),
             received: 0,
             timer: None,
-            progress: progress.clone(),
+            progress: None,
             done: false,
-        };
+        }
+    }
+
+    /// [`Paced::new`], and its [`Progress`] for whoever forwards it.
+    pub(crate) fn watched(body: Body, timeout: Duration, min_rate: u64) -> (Paced, Arc<Progress>) {
+        let progress = Arc::new(Progress::default());
+        let mut paced = Paced::new(body, timeout, min_rate);
+        paced.progress = Some(Arc::clone(&progress));
         (paced, progress)
+    }
+
+    fn end(&mut self, cut: bool) {
+        self.done = true;
+        if let Some(progress) = &self.progress {
+            progress.end(cut);
+        }
     }
 
     /// When the bytes received so far fall under the minimum rate, or the
@@ -111,8 +126,7 @@ impl HttpBody for Paced {
             }
             // The last frame: a reader may stop here, on `is_end_stream`.
             if !matches!(frame, Some(Ok(_))) || self.inner.is_end_stream() {
-                self.done = true;
-                self.progress.end(false);
+                self.end(false);
             }
             return Poll::Ready(frame.map(|f| f.map_err(Into::into)));
         }
@@ -124,8 +138,7 @@ impl HttpBody for Paced {
             timer.as_mut().reset(deadline);
         }
         ready!(timer.as_mut().poll(cx));
-        self.done = true;
-        self.progress.end(true);
+        self.end(true);
         Poll::Ready(Some(Err(TooSlow.into())))
     }
 

@@ -4,6 +4,9 @@
 
 #[allow(clippy::wildcard_imports)]
 use super::*;
+use bytes::BytesMut;
+use hyper::body::Frame;
+use std::cell::RefCell;
 
 /// The key a client sent, if any: a structured-field string (`"…"`, as the
 /// draft specifies) or, as many clients send it, a bare token. `None`
@@ -90,22 +93,40 @@ impl Unread {
 }
 
 /// Reads a guarded request's body: at most `max_request_bytes`, within
-/// the slow-client bounds of [`Paced`].
+/// the slow-client bounds of [`Paced`]. A body that comes in one frame (a
+/// small one usually does) is kept as it came, not copied.
 async fn read_body(body: Body, config: &Config) -> Result<Bytes, Problem> {
-    let (paced, _progress) = Paced::new(body, config.body_read_timeout, config.min_body_rate);
-    match Limited::new(paced, config.max_request_bytes)
-        .collect()
-        .await
-    {
-        Ok(collected) => Ok(collected.to_bytes()),
-        Err(e) if e.is::<TooSlow>() => Err(body_timeout(config)),
-        Err(e) if e.is::<http_body_util::LengthLimitError>() => Err(Problem::BodyTooLarge {
-            limit: config.max_request_bytes,
-        }),
-        Err(e) => Err(Problem::BadRequest(format!(
-            "the request body could not be read: {e}"
-        ))),
+    let limit = config.max_request_bytes;
+    let mut paced = Paced::new(body, config.body_read_timeout, config.min_body_rate);
+    let mut whole = Bytes::new();
+    let mut joined: Option<BytesMut> = None;
+    while let Some(frame) = paced.frame().await {
+        let data = match frame.map(Frame::into_data) {
+            Ok(Ok(data)) => data,
+            Ok(Err(_trailers)) => continue,
+            Err(e) if e.is::<TooSlow>() => return Err(body_timeout(config)),
+            Err(e) => {
+                return Err(Problem::BadRequest(format!(
+                    "the request body could not be read: {e}"
+                )));
+            }
+        };
+        let so_far = joined.as_ref().map_or(whole.len(), BytesMut::len);
+        if data.len() > limit.saturating_sub(so_far) {
+            return Err(Problem::BodyTooLarge { limit });
+        }
+        match &mut joined {
+            Some(joined) => joined.extend_from_slice(&data),
+            None if whole.is_empty() => whole = data,
+            None => {
+                let mut both = BytesMut::with_capacity(so_far + data.len());
+                both.extend_from_slice(&whole);
+                both.extend_from_slice(&data);
+                joined = Some(both);
+            }
+        }
     }
+    Ok(joined.map_or(whole, BytesMut::freeze))
 }
 
 /// The answer to a body that fell behind the slow-client bounds.
@@ -148,12 +169,28 @@ impl Read {
 /// HTTP-date cannot name.
 pub(crate) fn expiry_date(expires_at_ms: u64) -> Option<HeaderValue> {
     const LAST_HTTP_DATE_SECS: u64 = 253_402_300_799; // 9999-12-31T23:59:59Z
+    thread_local! {
+        /// The last value made on this thread: keys claimed within a second
+        /// of each other expire in the same second, and a replayed key's
+        /// expiry does not move, so most requests need no formatting.
+        static LAST: RefCell<Option<(u64, HeaderValue)>> = const { RefCell::new(None) };
+    }
     let secs = expires_at_ms / 1000;
     if secs > LAST_HTTP_DATE_SECS {
         return None;
     }
-    let at = std::time::UNIX_EPOCH + std::time::Duration::from_secs(secs);
-    HeaderValue::from_str(&httpdate::fmt_http_date(at)).ok()
+    LAST.with(|last| {
+        let mut last = last.try_borrow_mut().ok()?;
+        if let Some((at, value)) = last.as_ref()
+            && *at == secs
+        {
+            return Some(value.clone());
+        }
+        let at = std::time::UNIX_EPOCH + std::time::Duration::from_secs(secs);
+        let value = HeaderValue::from_str(&httpdate::fmt_http_date(at)).ok()?;
+        *last = Some((secs, value.clone()));
+        Some(value)
+    })
 }
 
 pub(crate) fn to_http(stored: &Stored) -> HttpResponse {
