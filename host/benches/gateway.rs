@@ -69,7 +69,7 @@ impl Logs {
             .with(filter)
             .with(idem::cli::log_lines(
                 idem::cli::LogFormat::Text,
-                Arc::new(file),
+                idem::cli::Batched::new(file),
             ))
             .try_init()?;
         Ok(Logs(handle))

@@ -14,9 +14,11 @@ use std::path::PathBuf;
 
 mod demo;
 mod log_line;
+mod log_writer;
 mod options;
 mod telemetry;
 
+pub use log_writer::{Batched, Flush, GATHER, Line, PENDING_LIMIT, WAKE_BYTES};
 pub use telemetry::{LogFormat, log_lines};
 
 #[derive(Parser)]

@@ -307,7 +307,8 @@ pub(crate) fn read_token_file(file: &std::path::Path) -> anyhow::Result<String> 
 /// Runs the gateway until Ctrl-C or SIGTERM.
 pub async fn serve(options: ServeOptions) -> anyhow::Result<()> {
     let serve = options.resolve()?;
-    telemetry::init_logs(serve.log_format)?;
+    // Held to the end: dropped, it writes the log lines still pending.
+    let logs = telemetry::init_logs(serve.log_format)?;
     let traces = telemetry::traces_from_env()?;
     raise_file_limit(serve.config.max_connections);
     // Listening first, the admin token checked with its listener: a bad one
@@ -366,6 +367,8 @@ pub async fn serve(options: ServeOptions) -> anyhow::Result<()> {
         // Flushing blocks on the exporter's thread: not on a runtime worker.
         let _ = tokio::task::spawn_blocking(move || traces.shutdown()).await;
     }
+    // Every request's line before the last one.
+    drop(logs);
     eprintln!("idem serve: stopped");
     Ok(())
 }

@@ -4,6 +4,7 @@
 //! exported over OTLP/HTTP when the standard `OTEL_*` variables ask for them.
 
 use super::log_line::{Lines, LogLine};
+use super::log_writer::{Batched, Flush};
 use anyhow::{Context as _, bail};
 use opentelemetry::trace::TracerProvider as _;
 use opentelemetry_sdk::Resource;
@@ -46,7 +47,10 @@ const DEFAULT_FILTER: &str = "info";
 
 /// Sends this process's `tracing` events to stderr, filtered by `RUST_LOG`
 /// (default `info`). A `RUST_LOG` that does not parse is an error naming it.
-pub fn init_logs(format: LogFormat) -> anyhow::Result<()> {
+/// Off a terminal the lines go through a writer thread ([`Batched`]); the
+/// [`Flush`] returned writes those still pending when dropped, so hold it
+/// until the process is done logging.
+pub fn init_logs(format: LogFormat) -> anyhow::Result<Option<Flush>> {
     let filter = match std::env::var("RUST_LOG") {
         Ok(text) if !text.trim().is_empty() => EnvFilter::builder()
             .parse(&text)
@@ -61,13 +65,16 @@ pub fn init_logs(format: LogFormat) -> anyhow::Result<()> {
             .with_writer(std::io::stderr)
             .with_ansi(true)
             .try_init();
+        Ok(None)
     } else {
-        let _ = tracing_subscriber::registry()
+        let out = Batched::new(std::io::stderr());
+        let flush = out.flush_handle();
+        let installed = tracing_subscriber::registry()
             .with(filter)
-            .with(log_lines(format, std::io::stderr))
+            .with(log_lines(format, out))
             .try_init();
+        Ok(installed.is_ok().then_some(flush))
     }
-    Ok(())
 }
 
 /// `idem serve`'s log lines off a terminal (where logs are collected, and
@@ -75,8 +82,9 @@ pub fn init_logs(format: LogFormat) -> anyhow::Result<()> {
 /// writing each line to `make` with one `write_all`: the very same lines
 /// as `tracing-subscriber`'s formatters (uncoloured), at a fraction of the
 /// cost. On a terminal `idem serve` colours its text with
-/// `tracing-subscriber`'s own. `idem serve` writes to stderr; the gateway
-/// bench puts a filter of its own in front and writes to a file.
+/// `tracing-subscriber`'s own. `idem serve` writes to stderr through a
+/// [`Batched`] writer; the gateway bench puts a filter of its own in front
+/// and writes to a file the same way.
 pub fn log_lines<S, W>(format: LogFormat, make: W) -> impl Layer<S>
 where
     S: Subscriber,

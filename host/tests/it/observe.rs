@@ -345,3 +345,46 @@ async fn the_log_the_audit_events_and_the_history_tell_a_keys_story() {
     );
     assert_eq!(history["kept"], 10_000);
 }
+
+/// The log's lines gather on a writer thread for a few milliseconds before
+/// they are written: a gateway stopped by SIGTERM right after its last
+/// request still writes every request's line, before its last line.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_gateway_stopped_by_sigterm_writes_every_line_first() {
+    let (_ledger, mut serve, proxy, _admin, log) =
+        tokio::task::spawn_blocking(|| serve_logged(&[]))
+            .await
+            .unwrap();
+    let run = idem_harness::unique("stopping");
+    let sent = 200;
+    for i in 0..sent {
+        assert_eq!(place(proxy, &format!("{run}-{i}"), 1).await, 201);
+    }
+    // At once: the last lines are still gathering.
+    let pid = serve.0.id().to_string();
+    let killed = std::process::Command::new("kill")
+        .args(["-TERM", &pid])
+        .status()
+        .unwrap();
+    assert!(killed.success());
+    let status = tokio::task::spawn_blocking(move || serve.0.wait())
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(status.success(), "idem serve exited with {status}");
+    let lines = log.wait_for("idem serve: stopped", |lines| {
+        lines.last().is_some_and(|l| l == "idem serve: stopped")
+    });
+    let logged = records(&lines, "idem::request")
+        .iter()
+        .filter(|r| {
+            r["key"]
+                .as_str()
+                .is_some_and(|k| k.starts_with(&format!("anon/{run}-")))
+        })
+        .count();
+    assert_eq!(
+        logged, sent,
+        "every request's line written before the gateway stopped"
+    );
+}
