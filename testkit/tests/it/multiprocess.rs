@@ -1,6 +1,9 @@
 //! Two `idem-testkit hammer` processes guard the same 1,000 keys against one shared store,
 //! each requesting every key five times: across both, every key's handler
-//! runs exactly once.
+//! runs exactly once — or, for a key whose run was reported not recorded
+//! (its completion did not answer within the store timeout, which a loaded
+//! machine can make moto's DynamoDB miss), once more per such report, as the
+//! guard documents for a lost completion.
 
 use crate::support::{TESTKIT, dynamodb_test_url, server_url};
 use std::collections::HashMap;
@@ -11,6 +14,7 @@ const KEYS: usize = 1000;
 
 struct Run {
     executed: Vec<String>,
+    not_recorded: Vec<String>,
     summary: String,
 }
 
@@ -65,19 +69,33 @@ fn hammer_twice(store_url: &str) {
                     .iter()
                     .filter_map(|l| l.strip_prefix("executed ").map(str::to_owned))
                     .collect(),
+                not_recorded: lines
+                    .iter()
+                    .filter_map(|l| l.strip_prefix("not_recorded ").map(str::to_owned))
+                    .collect(),
                 summary: lines.last().cloned().unwrap_or_default(),
             }
         })
         .collect();
 
     let mut times: HashMap<&str, usize> = HashMap::new();
+    let mut lost: HashMap<&str, usize> = HashMap::new();
     for run in &runs {
         for key in &run.executed {
             *times.entry(key.as_str()).or_default() += 1;
         }
+        for key in &run.not_recorded {
+            *lost.entry(key.as_str()).or_default() += 1;
+        }
     }
-    let twice: Vec<_> = times.iter().filter(|&(_, &n)| n > 1).collect();
-    assert!(twice.is_empty(), "keys executed more than once: {twice:?}");
+    let twice: Vec<_> = times
+        .iter()
+        .filter(|&(key, &n)| n > 1 + lost.get(key).copied().unwrap_or(0))
+        .collect();
+    assert!(
+        twice.is_empty(),
+        "keys executed more than once without a lost completion: {twice:?}"
+    );
     let missing: Vec<_> = (0..KEYS)
         .map(|i| format!("{prefix}{i}"))
         .filter(|k| !times.contains_key(k.as_str()))
