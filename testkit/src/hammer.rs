@@ -93,7 +93,7 @@ pub async fn hammer(args: HammerArgs) -> anyhow::Result<()> {
         }
         let next = Arc::new(AtomicUsize::new(0));
         let todo = Arc::new(todo);
-        let mut workers = tokio::task::JoinSet::new();
+        let mut workers = tokio::task::JoinSet::<anyhow::Result<()>>::new();
         for _ in 0..args.concurrency.max(1) {
             let (guard, tally, settled, out, next, todo) = (
                 guard.clone(),
@@ -107,39 +107,9 @@ pub async fn hammer(args: HammerArgs) -> anyhow::Result<()> {
             workers.spawn(async move {
                 while let Some(&i) = todo.get(next.fetch_add(1, Ordering::Relaxed)) {
                     let key = format!("{prefix}{i}");
-                    let handler = |_| async {
-                        writeln!(out.lock().unwrap(), "executed {key}")?;
-                        // The work: long enough for the twin to find the key in flight.
-                        tokio::time::sleep(Duration::from_millis(1)).await;
-                        Ok::<_, std::io::Error>(Response {
-                            status: 200,
-                            headers: vec![],
-                            body: key.as_bytes().to_vec(),
-                        })
-                    };
-                    match guard.run(&key, "hammer", handler).await {
-                        Ok(Outcome::Executed(_)) => tally.executed.fetch_add(1, Ordering::Relaxed),
-                        Ok(Outcome::Replayed(r)) if r.body == key.as_bytes() => {
-                            tally.replayed.fetch_add(1, Ordering::Relaxed)
-                        }
-                        Ok(Outcome::InFlight { .. }) => {
-                            tally.in_flight.fetch_add(1, Ordering::Relaxed);
-                            continue;
-                        }
-                        // Failed closed (a store timeout under load, say): nothing ran.
-                        Ok(Outcome::Unavailable(_)) => {
-                            tally.unavailable.fetch_add(1, Ordering::Relaxed);
-                            continue;
-                        }
-                        // It ran, and its completion did not answer in time.
-                        Err(RunError::NotRecorded { .. }) => {
-                            writeln!(out.lock().unwrap(), "not_recorded {key}")?;
-                            tally.not_recorded.fetch_add(1, Ordering::Relaxed);
-                            continue;
-                        }
-                        other => bail!("{key}: unexpected {other:?}"),
-                    };
-                    settled.lock().unwrap().insert(i);
+                    if ask(&guard, &key, &out, &tally).await? {
+                        settled.lock().unwrap().insert(i);
+                    }
                 }
                 Ok(())
             });
@@ -164,4 +134,46 @@ pub async fn hammer(args: HammerArgs) -> anyhow::Result<()> {
     )?;
     out.flush()?;
     Ok(())
+}
+
+/// Asks for `key` once, as a client would: whether it settled (ran here,
+/// or replayed the response stored for it), or is to be asked again.
+async fn ask(
+    guard: &Guard,
+    key: &str,
+    out: &Mutex<std::io::Stdout>,
+    tally: &Tally,
+) -> anyhow::Result<bool> {
+    let handler = |_| async {
+        writeln!(out.lock().unwrap(), "executed {key}")?;
+        // The work: long enough for the twin to find the key in flight.
+        tokio::time::sleep(Duration::from_millis(1)).await;
+        Ok::<_, std::io::Error>(Response {
+            status: 200,
+            headers: vec![],
+            body: key.as_bytes().to_vec(),
+        })
+    };
+    let counter = match guard.run(key, "hammer", handler).await {
+        Ok(Outcome::Executed(_)) => &tally.executed,
+        Ok(Outcome::Replayed(r)) if r.body == key.as_bytes() => &tally.replayed,
+        Ok(Outcome::InFlight { .. }) => {
+            tally.in_flight.fetch_add(1, Ordering::Relaxed);
+            return Ok(false);
+        }
+        // Failed closed (a store timeout under load, say): nothing ran.
+        Ok(Outcome::Unavailable(_)) => {
+            tally.unavailable.fetch_add(1, Ordering::Relaxed);
+            return Ok(false);
+        }
+        // It ran, and its completion did not answer in time.
+        Err(RunError::NotRecorded { .. }) => {
+            writeln!(out.lock().unwrap(), "not_recorded {key}")?;
+            tally.not_recorded.fetch_add(1, Ordering::Relaxed);
+            return Ok(false);
+        }
+        other => bail!("{key}: unexpected {other:?}"),
+    };
+    counter.fetch_add(1, Ordering::Relaxed);
+    Ok(true)
 }
