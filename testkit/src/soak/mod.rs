@@ -312,8 +312,11 @@ impl Soak {
                 &format!("{}ms", (args.lease / 2).as_millis()),
                 "--upstream-timeout",
                 &format!("{}ms", upstream_timeout.as_millis()),
+                // Longer than any soak runs (the DynamoDB soak may take its
+                // 12 minutes under load): the final check reads every key's
+                // kept response, and one expired would read as lost.
                 "--retention",
-                "10m",
+                "1h",
             ]
             .map(str::to_owned)
             .to_vec();
