@@ -164,6 +164,7 @@ fn soak_on_dynamodb_has_no_violations() {
     // moto's server is one Python process, and a 5 s lease makes every
     // takeover wait: about 3.5 minutes on an idle machine (218 s,
     // 2026-12-07), and with a release build beside the suite (load 4–5.6)
-    // only 1,943 of the 2,000 orders were placed in 6 minutes.
-    soak(&url, "5s", "12m");
+    // only 1,943 of the 2,000 orders were placed in 6 minutes; beside a
+    // cold release build on 2026-12-08, 1,752 in 12 minutes (no violation).
+    soak(&url, "5s", "20m");
 }
