@@ -154,26 +154,19 @@ async fn ask(
             body: key.as_bytes().to_vec(),
         })
     };
-    let counter = match guard.run(key, "hammer", handler).await {
-        Ok(Outcome::Executed(_)) => &tally.executed,
-        Ok(Outcome::Replayed(r)) if r.body == key.as_bytes() => &tally.replayed,
-        Ok(Outcome::InFlight { .. }) => {
-            tally.in_flight.fetch_add(1, Ordering::Relaxed);
-            return Ok(false);
-        }
+    let (counter, settled) = match guard.run(key, "hammer", handler).await {
+        Ok(Outcome::Executed(_)) => (&tally.executed, true),
+        Ok(Outcome::Replayed(r)) if r.body == key.as_bytes() => (&tally.replayed, true),
+        Ok(Outcome::InFlight { .. }) => (&tally.in_flight, false),
         // Failed closed (a store timeout under load, say): nothing ran.
-        Ok(Outcome::Unavailable(_)) => {
-            tally.unavailable.fetch_add(1, Ordering::Relaxed);
-            return Ok(false);
-        }
+        Ok(Outcome::Unavailable(_)) => (&tally.unavailable, false),
         // It ran, and its completion did not answer in time.
         Err(RunError::NotRecorded { .. }) => {
             writeln!(out.lock().unwrap(), "not_recorded {key}")?;
-            tally.not_recorded.fetch_add(1, Ordering::Relaxed);
-            return Ok(false);
+            (&tally.not_recorded, false)
         }
         other => bail!("{key}: unexpected {other:?}"),
     };
     counter.fetch_add(1, Ordering::Relaxed);
-    Ok(true)
+    Ok(settled)
 }

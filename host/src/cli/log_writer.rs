@@ -131,8 +131,7 @@ impl Drop for Batched {
 impl Flush {
     /// Returns once every line made before the call is written.
     pub fn flush(&self) {
-        let state = self.0.lock();
-        drop(self.0.written_all(state));
+        self.0.flush();
     }
 }
 
@@ -178,6 +177,11 @@ impl Shared {
         let plenty = before < WAKE_BYTES && state.pending.len() >= WAKE_BYTES;
         self.wake_writer(&mut state, plenty);
         state
+    }
+
+    /// Returns once every line made before the call is written.
+    fn flush(&self) {
+        drop(self.written_all(self.lock()));
     }
 
     /// Waits until nothing made before is unwritten.
@@ -274,8 +278,7 @@ impl Write for Line<'_> {
     }
 
     fn flush(&mut self) -> io::Result<()> {
-        let state = self.shared.lock();
-        drop(self.shared.written_all(state));
+        self.shared.flush();
         Ok(())
     }
 }

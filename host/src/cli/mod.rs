@@ -18,7 +18,7 @@ mod log_writer;
 mod options;
 mod telemetry;
 
-pub use log_writer::{Batched, Flush, GATHER, Line, PENDING_LIMIT, WAKE_BYTES};
+pub use log_writer::{Batched, Flush};
 pub use telemetry::{LogFormat, log_lines};
 
 #[derive(Parser)]

@@ -312,11 +312,14 @@ impl Soak {
                 &format!("{}ms", (args.lease / 2).as_millis()),
                 "--upstream-timeout",
                 &format!("{}ms", upstream_timeout.as_millis()),
-                // Longer than any soak runs (the DynamoDB soak may take its
-                // 12 minutes under load): the final check reads every key's
-                // kept response, and one expired would read as lost.
+                // An hour past the last order's start, longer than a soak
+                // runs: the final check reads every key's kept response, and
+                // one expired would read as lost.
                 "--retention",
-                "1h",
+                &format!(
+                    "{}s",
+                    (args.duration_limit + Duration::from_hours(1)).as_secs()
+                ),
             ]
             .map(str::to_owned)
             .to_vec();

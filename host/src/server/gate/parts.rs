@@ -180,7 +180,7 @@ pub(crate) fn expiry_date(expires_at_ms: u64) -> Option<HeaderValue> {
         return None;
     }
     LAST.with(|last| {
-        let mut last = last.try_borrow_mut().ok()?;
+        let mut last = last.borrow_mut();
         if let Some((at, value)) = last.as_ref()
             && *at == secs
         {
